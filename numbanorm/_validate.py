@@ -1,0 +1,226 @@
+"""The one validation layer every public function passes through first.
+
+Everything here looks only at types, shapes and dtypes: it never allocates an
+output, never launches a kernel and never makes a CUDA call, so a bad argument is
+reported before anything is written (contract, "Errors").
+
+The checks return small plans (plain tuples of ints) describing the flattened
+problem the kernels see: ``(rows, cols)`` for layer/RMS norm and
+``(N, C, spatial)`` for group norm.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import numpy as np
+
+HOST = "host"
+DEVICE = "device"
+
+_FLOAT_KINDS = ("f",)
+_DLPACK_CUDA_DEVICES = (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+
+
+def side_of(a):
+    """``HOST``, ``DEVICE`` or ``None`` for one argument, from its type alone."""
+    if a is None:
+        return None
+    if type(a) is np.ndarray:  # the common case, decided without attribute probing
+        return HOST
+    if hasattr(a, "__cuda_array_interface__"):
+        return DEVICE
+    dev = getattr(a, "__dlpack_device__", None)
+    if dev is not None:
+        try:
+            kind = dev()[0]
+        except Exception:  # a library that cannot say: treat as host memory
+            return HOST
+        return DEVICE if int(kind) in _DLPACK_CUDA_DEVICES else HOST
+    return HOST
+
+
+def common_side(**arrays):
+    """The side all given arrays live on; ``TypeError`` naming the odd one out."""
+    first_name = side = None
+    for name, a in arrays.items():
+        s = side_of(a)
+        if s is None:
+            continue
+        if side is None:
+            first_name, side = name, s
+        elif s != side:
+            raise TypeError(
+                f"`{name}` is a {s} array but `{first_name}` is a {side} array: all "
+                "arrays of one call must live on the same side (nothing is copied "
+                "silently; move them explicitly or use numbanorm.cuda, which copies "
+                "host arrays in and out)"
+            )
+    return side or HOST
+
+
+def float_dtype(name, a):
+    """The NumPy dtype of ``a``; ``TypeError`` unless it is a floating dtype."""
+    dt = getattr(a, "dtype", None)
+    if dt is None:
+        raise TypeError(f"`{name}` must be an array, got {type(a).__name__}")
+    try:
+        dt = np.dtype(dt)
+    except TypeError:
+        # torch dtypes and other non-NumPy dtype objects
+        dt = _foreign_dtype(dt)
+    if dt is None or dt.kind not in _FLOAT_KINDS:
+        if dt is not None and dt.name == "bfloat16":
+            return dt
+        raise TypeError(
+            f"`{name}` has dtype {getattr(a, 'dtype', type(a).__name__)}; numbanorm "
+            "normalizes floating-point arrays only (float16, float32, float64, and "
+            "bfloat16 on the GPU)"
+        )
+    return dt
+
+
+def _foreign_dtype(dt):
+    s = str(dt).replace("torch.", "")
+    if s in ("float16", "half"):
+        return np.dtype(np.float16)
+    if s in ("float32", "float"):
+        return np.dtype(np.float32)
+    if s in ("float64", "double"):
+        return np.dtype(np.float64)
+    if s == "bfloat16":
+        try:
+            import ml_dtypes  # noqa: F401  (gives NumPy a bfloat16 dtype)
+
+            return np.dtype("bfloat16")
+        except Exception:
+            return _BF16
+    return None
+
+
+class _BFloat16Marker:
+    """Stands for bfloat16 where NumPy has no such dtype (no ml_dtypes)."""
+
+    kind = "f"
+    name = "bfloat16"
+    itemsize = 2
+
+
+_BF16 = _BFloat16Marker()
+
+
+def acc_dtype(dt):
+    """Accumulation/statistics dtype: float64 for float64, float32 otherwise."""
+    return np.dtype(np.float64) if dt == np.float64 else np.dtype(np.float32)
+
+
+def check_eps(eps, *, allow_none=False):
+    if eps is None and allow_none:
+        return None
+    try:
+        e = float(eps)
+    except (TypeError, ValueError):
+        raise TypeError(f"`eps` must be a real number, got {eps!r}") from None
+    if not math.isfinite(e) or e < 0:
+        raise ValueError(f"`eps` must be finite and >= 0, got {eps!r}")
+    return e
+
+
+def rms_eps(eps, dt):
+    """``eps=None`` means the machine epsilon of the accumulation dtype."""
+    e = check_eps(eps, allow_none=True)
+    return float(np.finfo(acc_dtype(dt)).eps) if e is None else e
+
+
+def _as_shape(normalized_shape):
+    if isinstance(normalized_shape, (int, np.integer)):
+        return (operator.index(normalized_shape),)
+    try:
+        return tuple(operator.index(d) for d in normalized_shape)
+    except TypeError:
+        raise TypeError(
+            f"`normalized_shape` must be an int or a tuple of ints, got {normalized_shape!r}"
+        ) from None
+
+
+def rows(x_shape, normalized_shape):
+    """``(rows, cols, nshape)`` for normalizing the trailing ``nshape`` of ``x``."""
+    nshape = _as_shape(normalized_shape)
+    k = len(nshape)
+    x_shape = tuple(x_shape)
+    if k == 0 or k > len(x_shape) or x_shape[len(x_shape) - k :] != nshape:
+        raise ValueError(
+            f"normalized_shape {nshape} does not match the trailing dimensions of "
+            f"x of shape {x_shape}"
+        )
+    cols = math.prod(nshape)
+    if cols == 0:
+        raise ValueError(
+            f"normalized_shape {nshape} has no elements: a norm over zero elements is undefined"
+        )
+    return math.prod(x_shape[: len(x_shape) - k]), cols, nshape
+
+
+def param(name, a, shape):
+    """Check an affine parameter (or ``None``) against its expected shape."""
+    if a is None:
+        return None
+    float_dtype(name, a)
+    if tuple(a.shape) != tuple(shape):
+        raise ValueError(f"`{name}` has shape {tuple(a.shape)}, expected {tuple(shape)}")
+    return a
+
+
+def same_as_x(name, a, x_shape, x_dt, *, check_dtype=True):
+    """``dy``, ``ds``, ``residual`` and ``out`` must be shaped like ``x``."""
+    if a is None:
+        return None
+    dt = float_dtype(name, a)
+    if tuple(a.shape) != tuple(x_shape):
+        raise ValueError(f"`{name}` has shape {tuple(a.shape)}, expected x's shape {tuple(x_shape)}")
+    if check_dtype and dt != x_dt:
+        raise ValueError(f"`{name}` has dtype {dt}, expected x's dtype {x_dt}")
+    return a
+
+
+def stats(name, a, x_shape, batch_shape, k):
+    """Statistics fit ``x`` in the keep-dims shape or the plain batch shape."""
+    float_dtype(name, a)
+    keep = tuple(batch_shape) + (1,) * k
+    if tuple(a.shape) not in (keep, tuple(batch_shape)):
+        raise ValueError(
+            f"`{name}` has shape {tuple(a.shape)}, which does not fit x of shape "
+            f"{tuple(x_shape)} normalized over its last {k} dimension(s): expected {keep}"
+        )
+    return a
+
+
+def groups(x_shape, num_groups):
+    """``(N, C, spatial)`` for group norm, with all the contract's checks."""
+    x_shape = tuple(x_shape)
+    if len(x_shape) < 2:
+        raise ValueError(f"group_norm expects x of shape (N, C, *spatial), got {x_shape}")
+    try:
+        g = operator.index(num_groups)
+    except TypeError:
+        raise TypeError(f"`num_groups` must be an int, got {num_groups!r}") from None
+    n, c = x_shape[0], x_shape[1]
+    if g <= 0:
+        raise ValueError(f"num_groups must be positive, got {g}")
+    if c % g != 0:
+        raise ValueError(f"num_groups={g} does not divide the {c} channels of x of shape {x_shape}")
+    spatial = math.prod(x_shape[2:])
+    if c == 0 or spatial == 0:
+        raise ValueError(f"x of shape {x_shape} has empty groups: a norm over zero elements is undefined")
+    return n, c, spatial, g
+
+
+def group_stats(name, a, n, g, x_shape):
+    float_dtype(name, a)
+    if tuple(a.shape) != (n, g):
+        raise ValueError(
+            f"`{name}` has shape {tuple(a.shape)}, expected (N, num_groups) = ({n}, {g}) "
+            f"for x of shape {tuple(x_shape)}"
+        )
+    return a

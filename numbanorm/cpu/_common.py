@@ -1,0 +1,60 @@
+"""What the three CPU norm modules share: staging of float16 and the fastmath set.
+
+Numba has no float16 arithmetic on the CPU (``NotImplementedError: float16`` from
+its data model), so float16 arrays are staged through float32 copies: the
+contract's "computed in float32 and cast back". float32/float64 arrays go to the
+kernels as they are, without a copy.
+"""
+
+import numpy as np
+
+# 'reassoc' lets LLVM split each row reduction over several vector accumulators
+# (a float32 row sum is otherwise one serial chain of dependent adds).
+# No 'contract': fused multiply-adds computed wdy - c2 with wdy unrounded, which
+# left 5e-5 (x rstd = 316) where the exact answer is 0 for one-element groups.
+# No 'nnan'/'ninf': NaN and Inf must propagate exactly as IEEE says (the contract
+# keeps a NaN inside its own row, and the tests check that it does get there).
+FASTMATH = {"reassoc"}
+
+F16 = np.dtype(np.float16)
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+
+
+def acc_of(dtype):
+    """Accumulation dtype: float64 for float64 arrays, float32 otherwise."""
+    return F64 if dtype == F64 else F32
+
+
+def compute_view(a):
+    """``a`` as the kernels read it: float16 staged to float32, others untouched."""
+    if a is None or a.dtype != F16:
+        return a
+    return a.astype(F32)
+
+
+def scratch_for(out):
+    """Where a kernel writes ``out``: itself, or a float32 scratch for float16."""
+    return out if out.dtype != F16 else np.empty(out.shape, F32)
+
+
+def finish(scratch, out):
+    if scratch is not out:
+        np.copyto(out, scratch, casting="same_kind")
+
+
+def param(a, dtype):
+    """Affine parameters (tiny) in the accumulation dtype, contiguous."""
+    return None if a is None else np.ascontiguousarray(a, dtype=dtype)
+
+
+def n_chunks(rows):
+    """How many row blocks the backward splits into for its dweight/dbias partials.
+
+    Depends on the row count alone, never on the thread count, so the summation
+    order of dweight/dbias (and so every bit of them) is the same on any machine
+    with any ``NUMBA_NUM_THREADS``.  At least 64 blocks keeps up to 64 threads
+    busy; at most 256 rows per block keeps each float32 partial sum short
+    (its error grows with the number of rows summed serially).
+    """
+    return min(rows, max(64, -(-rows // 256)))

@@ -1,0 +1,127 @@
+"""GroupNorm (and InstanceNorm, one channel per group) on the CPU.
+
+x is seen as (N, C, S) with S the product of the spatial dimensions; the C
+channels split into G groups of C/G channels.  A group's C/G * S elements are
+contiguous in memory, so each (sample, group) is a "row" for the statistics:
+
+    mean, rstd over x[n, g*Cg:(g+1)*Cg, :]      (two-pass, as LayerNorm)
+    y[n, c, :] = (x[n, c, :] - mean) * rstd * weight[c] + bias[c]
+"""
+
+import numpy as np
+from numba import njit, prange
+
+from ._common import FASTMATH, acc_of, compute_view, finish, param, scratch_for
+
+
+@njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
+def _forward(
+    x,      # (N, C, S) input, float32/float64
+    w,      # (C,) per-channel weight in the accumulation dtype, or None
+    b,      # (C,) per-channel bias in the accumulation dtype, or None
+    eps,    # scalar in the accumulation dtype
+    y,      # (N, C, S) output, x's dtype
+    mean,   # (N, G) per-(sample, group) mean, accumulation dtype
+    rstd,   # (N, G) per-(sample, group) 1/sqrt(var + eps), accumulation dtype
+):
+    N, C, S = x.shape
+    G = mean.shape[1]
+    Cg = C // G
+    zero = mean.dtype.type(0)
+    one = mean.dtype.type(1)
+    inv_n = one / mean.dtype.type(Cg * S)
+    for ng in prange(N * G):
+        n = ng // G
+        g = ng % G
+        c0 = g * Cg
+        total = zero
+        for c in range(c0, c0 + Cg):
+            for k in range(S):
+                total += x[n, c, k]
+        mu = total * inv_n
+        sq = zero
+        for c in range(c0, c0 + Cg):
+            for k in range(S):
+                d = x[n, c, k] - mu
+                sq += d * d
+        r = one / np.sqrt(sq * inv_n + eps)
+        mean[n, g] = mu
+        rstd[n, g] = r
+        for c in range(c0, c0 + Cg):
+            # (x - mu) * a + bc, not x * a + (bc - mu * a): folding mu into the
+            # offset cancels catastrophically when |mean| >> std (the contract's
+            # mean 1e4, std 1e-2 case lost two digits that way in float32)
+            a = r * w[c] if w is not None else r
+            bc = b[c] if b is not None else zero
+            for k in range(S):
+                y[n, c, k] = (x[n, c, k] - mu) * a + bc
+
+
+@njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
+def _backward(
+    dy,       # (N, C, S) gradient of y
+    x,        # (N, C, S) forward input
+    mean,     # (N, G) saved mean
+    rstd,     # (N, G) saved rstd
+    w,        # (C,) weight in the accumulation dtype, or None (ones)
+    dx,       # (N, C, S) output: gradient of x
+    dw_part,  # (N, C) per-sample partial sums of dy * xhat, accumulation dtype
+    db_part,  # (N, C) per-sample partial sums of dy, accumulation dtype
+):
+    N, C, S = x.shape
+    G = mean.shape[1]
+    Cg = C // G
+    zero = mean.dtype.type(0)
+    inv_n = mean.dtype.type(1) / mean.dtype.type(Cg * S)
+    for ng in prange(N * G):
+        n = ng // G
+        g = ng % G
+        c0 = g * Cg
+        mu = mean[n, g]
+        r = rstd[n, g]
+        # pass 1: c1 = mean(xhat * wdy), c2 = mean(wdy) over the group;
+        # per channel, sum(dy * xhat) and sum(dy) are dweight/dbias partials
+        c1 = zero
+        c2 = zero
+        for c in range(c0, c0 + Cg):
+            dyx = zero
+            dys = zero
+            for k in range(S):
+                xhat = (x[n, c, k] - mu) * r
+                dyx += dy[n, c, k] * xhat
+                dys += dy[n, c, k]
+            wc = w[c] if w is not None else mean.dtype.type(1)
+            c1 += wc * dyx
+            c2 += wc * dys
+            dw_part[n, c] = dyx
+            db_part[n, c] = dys
+        c1 *= inv_n
+        c2 *= inv_n
+        # pass 2: dx = (wdy - (xhat * c1 + c2)) * rstd
+        for c in range(c0, c0 + Cg):
+            wc = w[c] if w is not None else mean.dtype.type(1)
+            for k in range(S):
+                xhat = (x[n, c, k] - mu) * r
+                dx[n, c, k] = (dy[n, c, k] * wc - (xhat * c1 + c2)) * r
+
+
+def forward(x, weight, bias, eps, y, mean, rstd):
+    """Fill ``y`` (N, C, S) and ``mean``/``rstd`` (N, G) for group norm."""
+    acc = acc_of(x.dtype)
+    ys = scratch_for(y)
+    _forward(compute_view(x), param(weight, acc), param(bias, acc), acc.type(eps), ys, mean, rstd)
+    finish(ys, y)
+
+
+def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
+    """Fill ``dx`` (N, C, S) and ``dweight``/``dbias`` (C,) in the accumulation dtype."""
+    N, C, S = x.shape
+    acc = acc_of(x.dtype)
+    dw_part = np.empty((N, C), acc)
+    db_part = np.empty((N, C), acc)
+    dxs = scratch_for(dx)
+    _backward(compute_view(dy), compute_view(x), mean, rstd, param(weight, acc), dxs, dw_part, db_part)
+    finish(dxs, dx)
+    # per-sample partials summed in sample order: deterministic for any thread count
+    np.sum(dw_part, axis=0, out=dweight)
+    np.sum(db_part, axis=0, out=dbias)

@@ -1,0 +1,136 @@
+"""LayerNorm on the CPU: forward and backward kernels with their launchers.
+
+    mean = sum(x) / N                 (first pass over the row)
+    rstd = 1 / sqrt(sum((x - mean)^2) / N + eps)   (second pass: two-pass variance)
+    y    = (x - mean) * rstd * weight + bias
+
+One row (up to tens of KiB) stays in L1/L2 between the passes, so x is streamed
+from memory once; the extra passes cost cache bandwidth only.
+"""
+
+import numpy as np
+from numba import njit, prange
+
+from ._common import FASTMATH, acc_of, compute_view, finish, n_chunks, param, scratch_for
+
+
+@njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
+def _forward(
+    x,      # (M, N) input rows, float32/float64
+    w,      # (N,) weight in the accumulation dtype, or None
+    b,      # (N,) bias in the accumulation dtype, or None
+    eps,    # scalar in the accumulation dtype
+    y,      # (M, N) output, x's dtype
+    mean,   # (M,) per-row mean, accumulation dtype
+    rstd,   # (M,) per-row 1/sqrt(var + eps), accumulation dtype
+):
+    M, N = x.shape
+    # Every scalar is made in the accumulation dtype: a bare Python int or float
+    # would promote float32 arithmetic to float64 (NumPy's scalar rules).
+    zero = mean.dtype.type(0)
+    one = mean.dtype.type(1)
+    inv_n = one / mean.dtype.type(N)
+    for i in prange(M):
+        row = x[i]
+        total = zero
+        for j in range(N):
+            total += row[j]
+        mu = total * inv_n
+        sq = zero
+        for j in range(N):
+            d = row[j] - mu
+            sq += d * d
+        r = one / np.sqrt(sq * inv_n + eps)
+        mean[i] = mu
+        rstd[i] = r
+        out = y[i]
+        for j in range(N):
+            v = (row[j] - mu) * r
+            if w is not None:
+                v = v * w[j]
+            if b is not None:
+                v = v + b[j]
+            out[j] = v
+
+
+@njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
+def _backward(
+    dy,       # (M, N) gradient of y
+    x,        # (M, N) forward input
+    mean,     # (M,) saved mean
+    rstd,     # (M,) saved rstd
+    w,        # (N,) weight in the accumulation dtype, or None (ones)
+    ds,       # (M, N) gradient added straight to dx (fused residual), or None
+    dx,       # (M, N) output: gradient of x
+    dw_part,  # (B, N) per-row-block partial sums of dy * xhat, accumulation dtype
+    db_part,  # (B, N) per-row-block partial sums of dy, accumulation dtype
+):
+    M, N = x.shape
+    B = dw_part.shape[0]
+    zero = mean.dtype.type(0)
+    inv_n = mean.dtype.type(1) / mean.dtype.type(N)
+    for blk in prange(B):
+        dwp = dw_part[blk]
+        dbp = db_part[blk]
+        for j in range(N):
+            dwp[j] = zero
+            dbp[j] = zero
+        for i in range(blk * M // B, (blk + 1) * M // B):
+            mu = mean[i]
+            r = rstd[i]
+            # pass 1: c1 = mean(xhat * wdy), c2 = mean(wdy)
+            c1 = zero
+            c2 = zero
+            for j in range(N):
+                xhat = (x[i, j] - mu) * r
+                wdy = dy[i, j] * w[j] if w is not None else dy[i, j]
+                c1 += xhat * wdy
+                c2 += wdy
+            c1 *= inv_n
+            c2 *= inv_n
+            # pass 2 (row still in cache): dx and this block's dweight/dbias
+            for j in range(N):
+                g = dy[i, j]
+                xhat = (x[i, j] - mu) * r
+                wdy = g * w[j] if w is not None else g
+                v = (wdy - (xhat * c1 + c2)) * r
+                if ds is not None:
+                    v = v + ds[i, j]
+                dx[i, j] = v
+                dwp[j] += g * xhat
+                dbp[j] += g
+
+
+def forward(x, weight, bias, eps, y, mean, rstd):
+    """Fill ``y``, ``mean``, ``rstd`` for the rows of ``x``.
+
+    x, y: (M, N) C-contiguous of x's dtype; weight, bias: (N,) any float dtype or
+    None; mean, rstd: (M,) C-contiguous, float32 (float64 for float64 x).
+    """
+    acc = acc_of(x.dtype)
+    ys = scratch_for(y)
+    _forward(compute_view(x), param(weight, acc), param(bias, acc), acc.type(eps), ys, mean, rstd)
+    finish(ys, y)
+
+
+def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None):
+    """Fill ``dx`` (M, N) and ``dweight``/``dbias`` (N,) in the accumulation dtype.
+
+    ``ds`` (M, N) or None is added to ``dx`` (the fused residual's gradient).
+    """
+    M, N = x.shape
+    acc = acc_of(x.dtype)
+    if M == 0:
+        dweight[:] = 0
+        dbias[:] = 0
+        return
+    B = n_chunks(M)
+    dw_part = np.empty((B, N), acc)
+    db_part = np.empty((B, N), acc)
+    dxs = scratch_for(dx)
+    _backward(compute_view(dy), compute_view(x), mean, rstd, param(weight, acc),
+              compute_view(ds), dxs, dw_part, db_part)
+    finish(dxs, dx)
+    # fixed-order sum of the block partials: bit-identical for any thread count
+    np.sum(dw_part, axis=0, out=dweight)
+    np.sum(db_part, axis=0, out=dbias)

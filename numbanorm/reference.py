@@ -1,0 +1,183 @@
+"""The NumPy oracle: every kernel in numbanorm is tested against these functions.
+
+Plain NumPy, computed in float64 whatever the input dtype, written from the
+formulas (the backward from its derivation, see the book's chapter on it), with
+the signatures of the public API. Results are float64 arrays; statistics have the
+keep-dims shape of the public API (``(N, num_groups)`` for group norm).
+
+The intermediate terms of the backward carry the names the kernels use:
+
+    xhat = (x - mean) * rstd          normalized input
+    wdy  = weight * dy                gradient reaching xhat
+    c1   = mean(xhat * wdy)           over the normalized elements
+    c2   = mean(wdy)                  (layer/group norm only)
+    dx   = (wdy - (xhat * c1 + c2)) * rstd
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "layer_norm", "layer_norm_forward", "layer_norm_backward",
+    "rms_norm", "rms_norm_forward", "rms_norm_backward",
+    "group_norm", "group_norm_forward", "group_norm_backward",
+    "add_layer_norm", "add_layer_norm_forward", "add_layer_norm_backward",
+    "add_rms_norm", "add_rms_norm_forward", "add_rms_norm_backward",
+]
+
+
+def _f64(a):
+    return None if a is None else np.asarray(a, dtype=np.float64)
+
+
+def _axes(x, normalized_shape):
+    k = 1 if np.ndim(normalized_shape) == 0 else len(normalized_shape)
+    return tuple(range(x.ndim - k, x.ndim))
+
+
+def _rms_eps(x_dtype, eps):
+    if eps is not None:
+        return eps
+    acc = np.float64 if np.dtype(x_dtype) == np.float64 else np.float32
+    return float(np.finfo(acc).eps)
+
+
+# ---------------------------------------------------------------- LayerNorm
+
+def layer_norm_forward(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    x = _f64(x)
+    axes = _axes(x, normalized_shape)
+    mean = x.mean(axis=axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)  # biased variance
+    rstd = 1.0 / np.sqrt(var + eps)
+    y = (x - mean) * rstd
+    if weight is not None:
+        y = y * _f64(weight)
+    if bias is not None:
+        y = y + _f64(bias)
+    return y, mean, rstd
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    return layer_norm_forward(x, normalized_shape, weight, bias, eps)[0]
+
+
+def layer_norm_backward(dy, x, mean, rstd, normalized_shape, weight=None):
+    dy, x, mean, rstd = _f64(dy), _f64(x), _f64(mean), _f64(rstd)
+    axes = _axes(x, normalized_shape)
+    batch = tuple(range(x.ndim - len(axes)))
+    mean = mean.reshape(x.shape[: x.ndim - len(axes)] + (1,) * len(axes))
+    rstd = rstd.reshape(mean.shape)
+    xhat = (x - mean) * rstd
+    wdy = dy if weight is None else dy * _f64(weight)
+    c1 = (xhat * wdy).mean(axis=axes, keepdims=True)
+    c2 = wdy.mean(axis=axes, keepdims=True)
+    dx = (wdy - (xhat * c1 + c2)) * rstd
+    dweight = (dy * xhat).sum(axis=batch)
+    dbias = dy.sum(axis=batch)
+    return dx, dweight, dbias
+
+
+# ---------------------------------------------------------------- RMSNorm
+
+def rms_norm_forward(x, normalized_shape, weight=None, eps=None):
+    eps = _rms_eps(np.asarray(x).dtype, eps)
+    x = _f64(x)
+    axes = _axes(x, normalized_shape)
+    rstd = 1.0 / np.sqrt((x * x).mean(axis=axes, keepdims=True) + eps)
+    y = x * rstd
+    if weight is not None:
+        y = y * _f64(weight)
+    return y, rstd
+
+
+def rms_norm(x, normalized_shape, weight=None, eps=None):
+    return rms_norm_forward(x, normalized_shape, weight, eps)[0]
+
+
+def rms_norm_backward(dy, x, rstd, normalized_shape, weight=None):
+    dy, x, rstd = _f64(dy), _f64(x), _f64(rstd)
+    axes = _axes(x, normalized_shape)
+    batch = tuple(range(x.ndim - len(axes)))
+    rstd = rstd.reshape(x.shape[: x.ndim - len(axes)] + (1,) * len(axes))
+    xhat = x * rstd
+    wdy = dy if weight is None else dy * _f64(weight)
+    c1 = (xhat * wdy).mean(axis=axes, keepdims=True)
+    dx = (wdy - xhat * c1) * rstd
+    dweight = (dy * xhat).sum(axis=batch)
+    return dx, dweight
+
+
+# ---------------------------------------------------------------- GroupNorm
+
+def _channel(v, ndim):
+    """A per-channel vector shaped to broadcast against (N, C, *spatial)."""
+    return _f64(v).reshape((1, -1) + (1,) * (ndim - 2))
+
+
+def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
+    x = _f64(x)
+    n = x.shape[0]
+    xg = x.reshape(n, num_groups, -1)
+    mean = xg.mean(axis=2, keepdims=True)
+    var = ((xg - mean) ** 2).mean(axis=2, keepdims=True)
+    rstd = 1.0 / np.sqrt(var + eps)
+    y = ((xg - mean) * rstd).reshape(x.shape)
+    if weight is not None:
+        y = y * _channel(weight, x.ndim)
+    if bias is not None:
+        y = y + _channel(bias, x.ndim)
+    return y, mean[:, :, 0], rstd[:, :, 0]
+
+
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
+    return group_norm_forward(x, num_groups, weight, bias, eps)[0]
+
+
+def group_norm_backward(dy, x, mean, rstd, weight=None):
+    dy, x, mean, rstd = _f64(dy), _f64(x), _f64(mean), _f64(rstd)
+    n, g = mean.shape
+    reduce_axes = (0,) + tuple(range(2, x.ndim))
+    xhat = ((x.reshape(n, g, -1) - mean[:, :, None]) * rstd[:, :, None]).reshape(x.shape)
+    wdy = dy if weight is None else dy * _channel(weight, x.ndim)
+    xhat_g, wdy_g = xhat.reshape(n, g, -1), wdy.reshape(n, g, -1)
+    c1 = (xhat_g * wdy_g).mean(axis=2, keepdims=True)
+    c2 = wdy_g.mean(axis=2, keepdims=True)
+    dx = ((wdy_g - (xhat_g * c1 + c2)) * rstd[:, :, None]).reshape(x.shape)
+    dweight = (dy * xhat).sum(axis=reduce_axes)
+    dbias = dy.sum(axis=reduce_axes)
+    return dx, dweight, dbias
+
+
+# ---------------------------------------------------------------- fused residual add
+
+def add_layer_norm_forward(x, residual, normalized_shape, weight=None, bias=None, eps=1e-5):
+    s = _f64(x) + _f64(residual)
+    y, mean, rstd = layer_norm_forward(s, normalized_shape, weight, bias, eps)
+    return y, s, mean, rstd
+
+
+def add_layer_norm(x, residual, normalized_shape, weight=None, bias=None, eps=1e-5):
+    return add_layer_norm_forward(x, residual, normalized_shape, weight, bias, eps)[:2]
+
+
+def add_layer_norm_backward(dy, ds, s, mean, rstd, normalized_shape, weight=None):
+    dx, dweight, dbias = layer_norm_backward(dy, s, mean, rstd, normalized_shape, weight)
+    return (dx if ds is None else dx + _f64(ds)), dweight, dbias
+
+
+def add_rms_norm_forward(x, residual, normalized_shape, weight=None, eps=None):
+    eps = _rms_eps(np.asarray(x).dtype, eps)
+    s = _f64(x) + _f64(residual)
+    y, rstd = rms_norm_forward(s, normalized_shape, weight, eps)
+    return y, s, rstd
+
+
+def add_rms_norm(x, residual, normalized_shape, weight=None, eps=None):
+    return add_rms_norm_forward(x, residual, normalized_shape, weight, eps)[:2]
+
+
+def add_rms_norm_backward(dy, ds, s, rstd, normalized_shape, weight=None):
+    dx, dweight = rms_norm_backward(dy, s, rstd, normalized_shape, weight)
+    return (dx if ds is None else dx + _f64(ds)), dweight

@@ -1,0 +1,127 @@
+"""Every kernel against the NumPy oracle: odd shapes, all dtypes, every affine combination."""
+
+import numpy as np
+import pytest
+
+from conftest import DTYPES, ORACLE, SIMULATED, assert_close, to_host
+
+# (x shape, number of trailing dims normalized): 1x1, 1x1023, a row count that is
+# not a multiple of any block size, rows of 4099 (prime-ish, > 4096), 1-3 dims
+ROW_CASES = [
+    ((1, 1), 1), ((1, 1023), 1), ((3, 5, 33), 1), ((3, 5, 33), 2),
+    ((2, 3, 4, 5), 1), ((2, 3, 4, 5), 2), ((2, 3, 4, 5), 3),
+    ((5, 4099), 1), ((64, 768), 1), ((7,), 1),
+]
+# (x shape, num_groups): instance norm (G == C), layer-norm-like (G == 1), odd spatial sizes
+GROUP_CASES = [
+    ((1, 1, 1), 1), ((2, 6, 4, 5), 3), ((2, 6, 7), 6), ((2, 6, 7), 1),
+    ((3, 4, 1023), 2), ((4, 32, 8, 8), 8), ((2, 64, 33), 32), ((1, 3), 3),
+]
+# the simulator runs one Python thread per CUDA thread: keep its shapes tiny, yet
+# covering partial blocks, 1-3 normalized dims and both row mappings
+SIM_ROW_CASES = [((1, 1), 1), ((3, 33), 1), ((2, 3, 4, 5), 2), ((2, 3, 4, 5), 3), ((5, 70), 1)]
+SIM_GROUP_CASES = [((1, 1, 1), 1), ((2, 6, 4, 5), 3), ((2, 6, 7), 6), ((2, 4, 9), 1)]
+
+AFFINE = ["none", "weight", "bias", "both"]
+
+
+def row_cases(impl_name):
+    return SIM_ROW_CASES if impl_name == "cuda" and SIMULATED else ROW_CASES
+
+
+def group_cases(impl_name):
+    return SIM_GROUP_CASES if impl_name == "cuda" and SIMULATED else GROUP_CASES
+
+
+def params(rng, shape, affine, dtype):
+    w = rng.uniform(0.5, 1.5, shape).astype(dtype) if affine in ("weight", "both") else None
+    b = rng.standard_normal(shape).astype(dtype) if affine in ("bias", "both") else None
+    return w, b
+
+
+def inputs(rng, shape, dtype):
+    return (rng.standard_normal(shape) * 2 + 0.5).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("affine", AFFINE)
+def test_layer_norm(impl, impl_name, rng, dtype, affine):
+    for shape, k in row_cases(impl_name):
+        ns = shape[len(shape) - k:]
+        x = inputs(rng, shape, dtype)
+        w, b = params(rng, ns, affine, dtype)
+        y, mean, rstd = map(to_host, impl.layer_norm_forward(x, ns, w, b, 1e-5))
+        yr, mr, rr = ORACLE.layer_norm_forward(x, ns, w, b, 1e-5)
+        assert y.dtype == dtype and mean.dtype == (np.float64 if dtype == np.float64 else np.float32)
+        assert_close(y, yr, dtype, f"y {shape} {k}")
+        assert_close(mean, mr, np.float32 if dtype == np.float16 else dtype, "mean")
+        assert_close(rstd, rr, np.float32 if dtype == np.float16 else dtype, "rstd")
+        np.testing.assert_array_equal(to_host(impl.layer_norm(x, ns, w, b)), y)
+
+        dy = inputs(rng, shape, dtype)
+        dx, dw, db = map(to_host, impl.layer_norm_backward(dy, x, mean, rstd, ns, w))
+        dxr, dwr, dbr = ORACLE.layer_norm_backward(dy, x, mr, rr, ns, w)
+        assert dx.dtype == dtype and dw.dtype == dtype and dw.shape == ns and db.shape == ns
+        assert_close(dx, dxr, dtype, f"dx {shape} {k}")
+        assert_close(dw, dwr, dtype, "dweight")
+        assert_close(db, dbr, dtype, "dbias")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("affine", ["none", "weight"])
+@pytest.mark.parametrize("eps", [None, 1e-6])
+def test_rms_norm(impl, impl_name, rng, dtype, affine, eps):
+    for shape, k in row_cases(impl_name):
+        ns = shape[len(shape) - k:]
+        x = inputs(rng, shape, dtype)
+        w, _ = params(rng, ns, affine, dtype)
+        y, rstd = map(to_host, impl.rms_norm_forward(x, ns, w, eps))
+        yr, rr = ORACLE.rms_norm_forward(x, ns, w, eps)
+        assert y.dtype == dtype
+        assert_close(y, yr, dtype, f"y {shape} {k}")
+        assert_close(rstd, rr, np.float32 if dtype == np.float16 else dtype, "rstd")
+
+        dy = inputs(rng, shape, dtype)
+        dx, dw = map(to_host, impl.rms_norm_backward(dy, x, rstd, ns, w))
+        dxr, dwr = ORACLE.rms_norm_backward(dy, x, rr, ns, w)
+        assert dx.dtype == dtype and dw.shape == ns
+        assert_close(dx, dxr, dtype, f"dx {shape} {k}")
+        assert_close(dw, dwr, dtype, "dweight")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("affine", AFFINE)
+def test_group_norm(impl, impl_name, rng, dtype, affine):
+    for shape, g in group_cases(impl_name):
+        x = inputs(rng, shape, dtype)
+        w, b = params(rng, (shape[1],), affine, dtype)
+        y, mean, rstd = map(to_host, impl.group_norm_forward(x, g, w, b, 1e-5))
+        yr, mr, rr = ORACLE.group_norm_forward(x, g, w, b, 1e-5)
+        assert y.dtype == dtype and mean.shape == (shape[0], g)
+        assert_close(y, yr, dtype, f"y {shape} G={g}")
+        assert_close(mean, mr, np.float32 if dtype == np.float16 else dtype, "mean")
+        assert_close(rstd, rr, np.float32 if dtype == np.float16 else dtype, "rstd")
+
+        dy = inputs(rng, shape, dtype)
+        dx, dw, db = map(to_host, impl.group_norm_backward(dy, x, mean, rstd, w))
+        dxr, dwr, dbr = ORACLE.group_norm_backward(dy, x, mr, rr, w)
+        assert dx.dtype == dtype and dw.shape == (shape[1],)
+        assert_close(dx, dxr, dtype, f"dx {shape} G={g}")
+        assert_close(dw, dwr, dtype, "dweight")
+        assert_close(db, dbr, dtype, "dbias")
+
+
+@pytest.mark.parametrize("pdtype", [np.float32, np.float64])
+def test_parameters_of_another_dtype(impl, rng, pdtype):
+    """float32 parameters with float16 activations: outputs take x's dtype, grads the weight's."""
+    x = inputs(rng, (4, 40), np.float16)
+    w = rng.uniform(0.5, 1.5, 40).astype(pdtype)
+    b = rng.standard_normal(40).astype(pdtype)
+    y, mean, rstd = map(to_host, impl.layer_norm_forward(x, 40, w, b))
+    assert y.dtype == np.float16
+    assert_close(y, ORACLE.layer_norm(x, 40, w, b), np.float16)
+    dx, dw, db = map(to_host, impl.layer_norm_backward(x, x, mean, rstd, 40, w))
+    assert dx.dtype == np.float16 and dw.dtype == pdtype and db.dtype == pdtype
+    dxr, dwr, dbr = ORACLE.layer_norm_backward(x, x, mean, rstd, 40, w)
+    assert_close(dx, dxr, np.float16)
+    assert_close(dw, dwr, np.float32)
