@@ -39,22 +39,42 @@ def _forward(
             for k in range(S):
                 total += x[n, c, k]
         mu = total * inv_n
+        # corrected two-pass, as in layer_norm._forward (and for the same reason)
+        dsum = zero
         sq = zero
         for c in range(c0, c0 + Cg):
             for k in range(S):
                 d = x[n, c, k] - mu
+                dsum += d
                 sq += d * d
-        r = one / np.sqrt(sq * inv_n + eps)
-        mean[n, g] = mu
+        corr = dsum * inv_n
+        var = sq * inv_n - corr * corr
+        if var < zero:
+            var = zero
+        r = one / np.sqrt(var + eps)
+        mean[n, g] = mu + corr
         rstd[n, g] = r
         for c in range(c0, c0 + Cg):
-            # (x - mu) * a + bc, not x * a + (bc - mu * a): folding mu into the
-            # offset cancels catastrophically when |mean| >> std (the contract's
-            # mean 1e4, std 1e-2 case lost two digits that way in float32)
+            # per channel, the affine folds into the scale: (x - mean) * (r * w[c]) + b[c]
             a = r * w[c] if w is not None else r
             bc = b[c] if b is not None else zero
-            for k in range(S):
-                y[n, c, k] = (x[n, c, k] - mu) * a + bc
+            scale_shift_row(x[n, c], mu, corr, a, bc, y[n, c])
+
+
+@njit(cache=True, nogil=True)
+def scale_shift_row(
+    row,    # (S,) one channel of one sample
+    mu,     # scalar: first-pass group mean
+    corr,   # scalar: its correction, mean = mu + corr
+    a,      # scalar: rstd * weight[c]
+    bc,     # scalar: bias[c]
+    out,    # (S,) the output channel
+):
+    # Without fastmath, as layer_norm.normalize_row and for the same reason.
+    # Also never x * a + (bc - mean * a): that folding cancels catastrophically
+    # when |mean| >> std (two digits lost in float32 at mean 1e4, std 1e-2).
+    for k in range(row.shape[0]):
+        out[k] = ((row[k] - mu) - corr) * a + bc
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)

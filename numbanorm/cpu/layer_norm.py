@@ -36,21 +36,46 @@ def _forward(
         for j in range(N):
             total += row[j]
         mu = total * inv_n
+        # Second pass over deviations from mu; their sum corrects the rounding
+        # error of mu itself (Chan, Golub & LeVeque's corrected two-pass).
+        dsum = zero
         sq = zero
         for j in range(N):
             d = row[j] - mu
+            dsum += d
             sq += d * d
-        r = one / np.sqrt(sq * inv_n + eps)
-        mean[i] = mu
+        corr = dsum * inv_n
+        var = sq * inv_n - corr * corr
+        if var < zero:  # rounding on a constant row (a NaN fails the test and stays NaN)
+            var = zero
+        r = one / np.sqrt(var + eps)
+        mean[i] = mu + corr
         rstd[i] = r
-        out = y[i]
-        for j in range(N):
-            v = (row[j] - mu) * r
-            if w is not None:
-                v = v * w[j]
-            if b is not None:
-                v = v + b[j]
-            out[j] = v
+        normalize_row(row, mu, corr, r, w, b, y[i])
+
+
+@njit(cache=True, nogil=True)
+def normalize_row(
+    row,    # (N,) one input row
+    mu,     # scalar: first-pass mean
+    corr,   # scalar: its correction, mean = mu + corr
+    r,      # scalar: rstd
+    w,      # (N,) weight or None
+    b,      # (N,) bias or None
+    out,    # (N,) the output row
+):
+    # Compiled without fastmath on purpose: (x - mu) - corr must not be
+    # reassociated into x - (mu + corr).  mu + corr rounds to the float32 grid,
+    # which at a mean of 1e4 is 1e-3 -- a tenth of the std of the contract's
+    # large-offset case -- and shifted every output by up to 0.05.  Elementwise
+    # loops vectorize without fastmath, so this costs nothing.
+    for j in range(row.shape[0]):
+        v = ((row[j] - mu) - corr) * r
+        if w is not None:
+            v = v * w[j]
+        if b is not None:
+            v = v + b[j]
+        out[j] = v
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)

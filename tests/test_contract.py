@@ -1,0 +1,222 @@
+"""The contract's promises beyond single values: determinism, non-contiguous
+inputs, untouched inputs, NaN/Inf isolation, large offsets, ``out=``, layers."""
+
+import numba
+import numpy as np
+import pytest
+
+import numbanorm as nn
+from conftest import ORACLE, assert_close, to_host
+
+
+def _all_calls(impl, x, x4, w, b, dy, dy4):
+    """Every forward and backward of one implementation, as a list of arrays."""
+    y, m, r = impl.layer_norm_forward(x, x.shape[-1], w, b)
+    res = [y, m, r, *impl.layer_norm_backward(dy, x, m, r, x.shape[-1], w)]
+    y, r = impl.rms_norm_forward(x, x.shape[-1], w)
+    res += [y, r, *impl.rms_norm_backward(dy, x, r, x.shape[-1], w)]
+    y, m, r = impl.group_norm_forward(x4, 2, w[: x4.shape[1]], b[: x4.shape[1]])
+    res += [y, m, r, *impl.group_norm_backward(dy4, x4, m, r, w[: x4.shape[1]])]
+    return [to_host(a) for a in res]
+
+
+def _inputs(rng, rows=9, cols=37, dtype=np.float32):
+    x = rng.standard_normal((rows, cols)).astype(dtype)
+    dy = rng.standard_normal((rows, cols)).astype(dtype)
+    x4 = rng.standard_normal((3, 4, 2, 5)).astype(dtype)
+    dy4 = rng.standard_normal((3, 4, 2, 5)).astype(dtype)
+    w = rng.uniform(0.5, 1.5, cols).astype(dtype)
+    b = rng.standard_normal(cols).astype(dtype)
+    return x, x4, w, b, dy, dy4
+
+
+def test_deterministic_run_to_run(impl, rng):
+    args = _inputs(rng)
+    first = _all_calls(impl, *args)
+    second = _all_calls(impl, *args)
+    for a, c in zip(first, second):
+        np.testing.assert_array_equal(a, c)
+
+
+def test_cpu_backward_bit_identical_for_any_thread_count(rng):
+    """dweight/dbias partials are split by rows, never by threads."""
+    x = rng.standard_normal((1000, 96)).astype(np.float32)
+    dy = rng.standard_normal((1000, 96)).astype(np.float32)
+    w = rng.standard_normal(96).astype(np.float32)
+    _, m, r = nn.layer_norm_forward(x, 96, w)
+    before = numba.get_num_threads()
+    try:
+        results = []
+        for t in sorted({1, before}):
+            numba.set_num_threads(t)
+            results.append(nn.layer_norm_backward(dy, x, m, r, 96, w))
+    finally:
+        numba.set_num_threads(before)
+    for a, c in zip(results[0], results[-1]):
+        np.testing.assert_array_equal(a, c)
+
+
+def test_inputs_are_never_modified(impl, rng):
+    args = _inputs(rng)
+    copies = [a.copy() for a in args]
+    _all_calls(impl, *args)
+    for a, c in zip(args, copies):
+        np.testing.assert_array_equal(a, c)
+
+
+def test_non_contiguous_inputs_equal_their_contiguous_copies(impl, rng):
+    big = rng.standard_normal((9, 80)).astype(np.float32)
+    big4 = rng.standard_normal((3, 4, 4, 10)).astype(np.float32)
+    x, dy = big[:, ::2], big[::-1, 1::2]           # strided and reversed
+    x4, dy4 = big4[:, :, ::2, ::2], big4[:, :, 1::2, 1::2][..., ::-1]
+    w = rng.uniform(0.5, 1.5, 80).astype(np.float32)[::2]
+    b = rng.standard_normal(40).astype(np.float32)
+    strided = _all_calls(impl, x, x4, w, b, dy, dy4)
+    dense = _all_calls(impl, *(np.ascontiguousarray(a) for a in (x, x4, w, b, dy, dy4)))
+    for a, c in zip(strided, dense):
+        np.testing.assert_array_equal(a, c)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nan_and_inf_stay_in_their_row(impl, rng, bad):
+    x, x4, w, b, dy, dy4 = _inputs(rng)
+    clean = _all_calls(impl, x, x4, w, b, dy, dy4)
+    x, x4 = x.copy(), x4.copy()
+    x[4, 7] = bad
+    x4[1, 2, 1, 3] = bad    # sample 1, group 1 (channels 2-3)
+    dirty = _all_calls(impl, x, x4, w, b, dy, dy4)
+    rows = [i for i in range(9) if i != 4]
+    # layer norm: y, mean, rstd, dx ; rms norm: y, rstd, dx (indices in _all_calls' list)
+    for k in (0, 1, 2, 3, 6, 7, 8):
+        np.testing.assert_array_equal(dirty[k][rows], clean[k][rows])
+        if k != 7:  # RMS rstd of a row holding +-inf is 1/sqrt(inf) = 0, as in torch
+            assert not np.all(np.isfinite(dirty[k][4]))
+    # group norm: y, mean, rstd, dx; the other (sample, group) pairs are exact
+    gy, gm, gr, gdx = dirty[10], dirty[11], dirty[12], dirty[13]
+    cy, cm, cr, cdx = clean[10], clean[11], clean[12], clean[13]
+    keep = np.ones((3, 2), bool)
+    keep[1, 1] = False
+    np.testing.assert_array_equal(gm[keep], cm[keep])
+    np.testing.assert_array_equal(gr[keep], cr[keep])
+    yg, cyg = gy.reshape(3, 2, -1), cy.reshape(3, 2, -1)
+    np.testing.assert_array_equal(yg[keep], cyg[keep])
+    np.testing.assert_array_equal(gdx.reshape(3, 2, -1)[keep], cdx.reshape(3, 2, -1)[keep])
+    assert not np.all(np.isfinite(yg[1, 1]))
+
+
+def test_large_common_offset(impl, rng):
+    """mean 1e4, std 1e-2 in float32 still normalizes to unit variance within 1e-3.
+
+    With eps=0: the default eps=1e-5 is a tenth of this row's variance (1e-4),
+    so any correct kernel gives variance 1e-4 / (1e-4 + 1e-5) = 0.909 there;
+    with eps the check is against the oracle instead.
+    """
+    x = (1e4 + 1e-2 * rng.standard_normal((4, 1024))).astype(np.float32)
+    y = to_host(impl.layer_norm(x, 1024, eps=0.0)).astype(np.float64)
+    np.testing.assert_allclose(y.var(axis=1), 1.0, atol=1e-3)
+    np.testing.assert_allclose(y.mean(axis=1), 0.0, atol=1e-3)
+    assert_close(to_host(impl.layer_norm(x, 1024)), ORACLE.layer_norm(x, 1024), np.float32)
+    x4 = (1e4 + 1e-2 * rng.standard_normal((2, 4, 16, 16))).astype(np.float32)
+    w = np.full(4, 2.0, np.float32)
+    y4 = to_host(impl.group_norm(x4, 2, w, eps=0.0)).astype(np.float64).reshape(2, 2, -1)
+    np.testing.assert_allclose(y4.var(axis=2), 4.0, atol=4e-3)
+    assert_close(to_host(impl.group_norm(x4, 2, w)), ORACLE.group_norm(x4, 2, w), np.float32)
+
+
+def test_out_is_filled_and_returned(rng):
+    x = rng.standard_normal((6, 10)).astype(np.float32)
+    for out in (np.empty_like(x), np.empty((10, 6), np.float32).T):   # C-contiguous and strided
+        got = nn.layer_norm(x, 10, out=out)
+        assert got is out
+        np.testing.assert_array_equal(out, nn.layer_norm(x, 10))
+        assert nn.rms_norm(x, 10, out=out) is out
+        np.testing.assert_array_equal(out, nn.rms_norm(x, 10))
+    x4 = x.reshape(3, 4, 5)
+    out = np.empty_like(x4)
+    assert nn.group_norm(x4, 2, out=out) is out
+    np.testing.assert_array_equal(out, nn.group_norm(x4, 2))
+
+
+def test_out_float16(rng):
+    x = rng.standard_normal((6, 10)).astype(np.float16)
+    out = np.empty_like(x)
+    assert nn.layer_norm(x, 10, out=out) is out
+    assert_close(out, ORACLE.layer_norm(x, 10), np.float16)
+
+
+def test_statistics_dtypes_and_shapes():
+    for dt, acc in [(np.float16, np.float32), (np.float32, np.float32), (np.float64, np.float64)]:
+        x = np.ones((2, 3, 4), dt)
+        y, m, r = nn.layer_norm_forward(x, (3, 4))
+        assert m.shape == (2, 1, 1) and m.dtype == acc and r.dtype == acc and y.dtype == dt
+        y, r = nn.rms_norm_forward(x, 4)
+        assert r.shape == (2, 3, 1) and r.dtype == acc
+        y, m, r = nn.group_norm_forward(x, 3)
+        assert m.shape == (2, 3) and r.dtype == acc
+
+
+def test_rms_eps_none_is_machine_epsilon_of_accumulation():
+    x = np.zeros((1, 4), np.float32)
+    _, r = nn.rms_norm_forward(x, 4)
+    assert r[0, 0] == np.float32(1 / np.sqrt(np.finfo(np.float32).eps))
+    _, r = nn.rms_norm_forward(x.astype(np.float64), 4)
+    assert r[0, 0] == 1 / np.sqrt(np.finfo(np.float64).eps)
+
+
+def test_dweight_dtype_follows_weight_or_x():
+    x = np.ones((3, 4), np.float16)
+    _, m, r = nn.layer_norm_forward(x, 4)
+    dx, dw, db = nn.layer_norm_backward(x, x, m, r, 4)
+    assert dx.dtype == dw.dtype == db.dtype == np.float16
+    dx, dw, db = nn.layer_norm_backward(x, x, m, r, 4, np.ones(4, np.float64))
+    assert dx.dtype == np.float16 and dw.dtype == db.dtype == np.float64
+
+
+def test_host_array_likes_run_on_the_cpu():
+    y = nn.layer_norm([[1.0, 2.0, 3.0]], 3)
+    assert isinstance(y, np.ndarray) and y.dtype == np.float64
+
+
+# ---------------------------------------------------------------- layers
+
+def test_layer_norm_layer_trains_like_the_functions(rng):
+    layer = nn.LayerNorm((3, 8), dtype=np.float64)
+    assert layer.weight.shape == (3, 8) and np.all(layer.weight == 1) and np.all(layer.bias == 0)
+    layer.weight = rng.uniform(0.5, 1.5, (3, 8))
+    x = rng.standard_normal((5, 3, 8))
+    dy = rng.standard_normal((5, 3, 8))
+    y = layer(x)
+    dx = layer.backward(dy)
+    yr, m, r = ORACLE.layer_norm_forward(x, (3, 8), layer.weight, layer.bias)
+    dxr, dwr, dbr = ORACLE.layer_norm_backward(dy, x, m, r, (3, 8), layer.weight)
+    for a, c in [(y, yr), (dx, dxr), (layer.grad_weight, dwr), (layer.grad_bias, dbr)]:
+        assert_close(a, c, np.float64)
+
+
+def test_layers_without_affine_have_no_parameters_or_grads(rng):
+    x = rng.standard_normal((2, 4, 3)).astype(np.float32)
+    for layer in (nn.LayerNorm(3, elementwise_affine=False), nn.RMSNorm(3, elementwise_affine=False),
+                  nn.GroupNorm(2, 4, affine=False)):
+        layer(x)
+        dx = layer.backward(np.ones_like(x))
+        assert dx.shape == x.shape
+        assert layer.weight is None and layer.bias is None
+        assert layer.grad_weight is None and layer.grad_bias is None
+    layer = nn.LayerNorm(3, bias=False)
+    layer(x)
+    layer.backward(x)
+    assert layer.bias is None and layer.grad_bias is None and layer.grad_weight.shape == (3,)
+
+
+def test_rms_and_group_norm_layers(rng):
+    x = rng.standard_normal((2, 4, 3)).astype(np.float32)
+    rms = nn.RMSNorm(3)
+    np.testing.assert_array_equal(rms(x), nn.rms_norm(x, 3, rms.weight))
+    rms.backward(x)
+    assert rms.grad_weight.shape == (3,) and rms.grad_bias is None
+    gn = nn.GroupNorm(2, 4)
+    np.testing.assert_array_equal(gn(x), nn.group_norm(x, 2, gn.weight, gn.bias))
+    gn.backward(x)
+    assert gn.grad_weight.shape == (4,) and gn.grad_bias.shape == (4,)
+    with pytest.raises(ValueError):
+        nn.GroupNorm(3, 4)
