@@ -27,6 +27,10 @@ A backend is an object with these members (``numbanorm.cpu._backend`` and
     layer_norm, rms_norm, group_norm
                                   modules with the ``forward``/``backward`` launchers
                                   of ``numbanorm.cpu.layer_norm`` and its siblings
+                                  (the row backward launchers take ``ds=None``, a
+                                  gradient added to dx: the fused residual's)
+    add_norm                      module with the fused residual-add forward
+                                  launchers of ``numbanorm.cpu.add_norm``
 """
 
 from __future__ import annotations
@@ -92,11 +96,17 @@ class Frontend:
         return self.layer_norm_forward(x, normalized_shape, weight, bias, eps, out=out)[0]
 
     def layer_norm_backward(self, dy, x, mean, rstd, normalized_shape, weight=None):
+        return self._layer_norm_backward(dy, None, x, mean, rstd, normalized_shape, weight, "x")
+
+    def _layer_norm_backward(self, dy, ds, x, mean, rstd, normalized_shape, weight, x_name):
+        """LayerNorm backward with ``ds`` (None or like x) added to dx; ``x_name`` for errors."""
         ox = x
-        dy, x, mean, rstd, weight = self._native(dy=dy, x=x, mean=mean, rstd=rstd, weight=weight)
-        xdt = V.float_dtype("x", x)
+        dy, ds, x, mean, rstd, weight = self._native(
+            dy=dy, ds=ds, **{x_name: x}, mean=mean, rstd=rstd, weight=weight)
+        xdt = V.float_dtype(x_name, x)
         M, N, nshape = V.rows(x.shape, normalized_shape)
         V.same_as_x("dy", dy, x.shape, xdt, check_dtype=False)
+        V.same_as_x("ds", ds, x.shape, xdt, check_dtype=False)
         batch = x.shape[: len(x.shape) - len(nshape)]
         V.stats("mean", mean, x.shape, batch, len(nshape))
         V.stats("rstd", rstd, x.shape, batch, len(nshape))
@@ -110,7 +120,7 @@ class Frontend:
         be.layer_norm.backward(
             self._rows_like(dy, (M, N), xdt), be.contiguous(x, (M, N)),
             self._stat(mean, (M,), acc), self._stat(rstd, (M,), acc),
-            self._param(weight, N), dx, dw, db)
+            self._param(weight, N), dx, dw, db, ds=self._rows_or_none(ds, (M, N), xdt))
         pdt = self._param_dtype(weight, xdt)
         return (be.wrap(dx.reshape(x.shape), ox),
                 be.wrap(be.cast(dw, pdt).reshape(nshape), ox),
@@ -141,11 +151,16 @@ class Frontend:
         return self.rms_norm_forward(x, normalized_shape, weight, eps, out=out)[0]
 
     def rms_norm_backward(self, dy, x, rstd, normalized_shape, weight=None):
+        return self._rms_norm_backward(dy, None, x, rstd, normalized_shape, weight, "x")
+
+    def _rms_norm_backward(self, dy, ds, x, rstd, normalized_shape, weight, x_name):
+        """RMSNorm backward with ``ds`` (None or like x) added to dx; ``x_name`` for errors."""
         ox = x
-        dy, x, rstd, weight = self._native(dy=dy, x=x, rstd=rstd, weight=weight)
-        xdt = V.float_dtype("x", x)
+        dy, ds, x, rstd, weight = self._native(dy=dy, ds=ds, **{x_name: x}, rstd=rstd, weight=weight)
+        xdt = V.float_dtype(x_name, x)
         M, N, nshape = V.rows(x.shape, normalized_shape)
         V.same_as_x("dy", dy, x.shape, xdt, check_dtype=False)
+        V.same_as_x("ds", ds, x.shape, xdt, check_dtype=False)
         batch = x.shape[: len(x.shape) - len(nshape)]
         V.stats("rstd", rstd, x.shape, batch, len(nshape))
         V.param("weight", weight, nshape)
@@ -156,7 +171,8 @@ class Frontend:
         dw = be.empty((N,), acc)
         be.rms_norm.backward(
             self._rows_like(dy, (M, N), xdt), be.contiguous(x, (M, N)),
-            self._stat(rstd, (M,), acc), self._param(weight, N), dx, dw)
+            self._stat(rstd, (M,), acc), self._param(weight, N), dx, dw,
+            ds=self._rows_or_none(ds, (M, N), xdt))
         pdt = self._param_dtype(weight, xdt)
         return (be.wrap(dx.reshape(x.shape), ox), be.wrap(be.cast(dw, pdt).reshape(nshape), ox))
 
@@ -212,11 +228,76 @@ class Frontend:
         return (be.wrap(dx.reshape(x.shape), ox),
                 be.wrap(be.cast(dw, pdt), ox), be.wrap(be.cast(db, pdt), ox))
 
+    # ------------------------------------------------------------ fused residual add
+
+    def add_layer_norm_forward(self, x, residual, normalized_shape, weight=None, bias=None, eps=1e-5):
+        ox = x
+        x, residual, weight, bias = self._native(x=x, residual=residual, weight=weight, bias=bias)
+        xdt = V.float_dtype("x", x)
+        V.float_dtype("residual", residual)
+        M, N, nshape = V.rows(x.shape, normalized_shape)
+        V.same_as_x("residual", residual, x.shape, xdt)
+        V.param("weight", weight, nshape)
+        V.param("bias", bias, nshape)
+        eps = V.check_eps(eps)
+        # ----
+        be = self.be
+        acc = V.acc_dtype(xdt)
+        y = be.empty((M, N), xdt)
+        s = be.empty((M, N), xdt)
+        mean = be.empty((M,), acc)
+        rstd = be.empty((M,), acc)
+        if M:
+            be.add_norm.layer_norm_forward(
+                be.contiguous(x, (M, N)), be.contiguous(residual, (M, N)),
+                self._param(weight, N), self._param(bias, N), eps, y, s, mean, rstd)
+        stat_shape = _stat_shape(x.shape, len(nshape))
+        return (be.wrap(y.reshape(x.shape), ox), be.wrap(s.reshape(x.shape), ox),
+                be.wrap(mean.reshape(stat_shape), ox), be.wrap(rstd.reshape(stat_shape), ox))
+
+    def add_layer_norm(self, x, residual, normalized_shape, weight=None, bias=None, eps=1e-5):
+        return self.add_layer_norm_forward(x, residual, normalized_shape, weight, bias, eps)[:2]
+
+    def add_layer_norm_backward(self, dy, ds, s, mean, rstd, normalized_shape, weight=None):
+        return self._layer_norm_backward(dy, ds, s, mean, rstd, normalized_shape, weight, "s")
+
+    def add_rms_norm_forward(self, x, residual, normalized_shape, weight=None, eps=None):
+        ox = x
+        x, residual, weight = self._native(x=x, residual=residual, weight=weight)
+        xdt = V.float_dtype("x", x)
+        V.float_dtype("residual", residual)
+        M, N, nshape = V.rows(x.shape, normalized_shape)
+        V.same_as_x("residual", residual, x.shape, xdt)
+        V.param("weight", weight, nshape)
+        eps = V.rms_eps(eps, xdt)
+        # ----
+        be = self.be
+        acc = V.acc_dtype(xdt)
+        y = be.empty((M, N), xdt)
+        s = be.empty((M, N), xdt)
+        rstd = be.empty((M,), acc)
+        if M:
+            be.add_norm.rms_norm_forward(
+                be.contiguous(x, (M, N)), be.contiguous(residual, (M, N)),
+                self._param(weight, N), eps, y, s, rstd)
+        stat_shape = _stat_shape(x.shape, len(nshape))
+        return (be.wrap(y.reshape(x.shape), ox), be.wrap(s.reshape(x.shape), ox),
+                be.wrap(rstd.reshape(stat_shape), ox))
+
+    def add_rms_norm(self, x, residual, normalized_shape, weight=None, eps=None):
+        return self.add_rms_norm_forward(x, residual, normalized_shape, weight, eps)[:2]
+
+    def add_rms_norm_backward(self, dy, ds, s, rstd, normalized_shape, weight=None):
+        return self._rms_norm_backward(dy, ds, s, rstd, normalized_shape, weight, "s")
+
     # ------------------------------------------------------------ small pieces
 
     def _rows_like(self, a, shape, dtype):
         """``dy``/``ds`` flattened and in x's dtype (the kernels read both as x's type)."""
         return self.be.contiguous(self.be.cast(a, dtype), shape)
+
+    def _rows_or_none(self, a, shape, dtype):
+        return None if a is None else self._rows_like(a, shape, dtype)
 
     def _stat(self, a, shape, acc):
         return self.be.contiguous(self.be.cast(a, acc), shape)

@@ -1,0 +1,150 @@
+"""Fused residual add + LayerNorm / RMSNorm on the CPU: the forward kernels and launchers.
+
+    s = x + residual                  (written once, returned for the next residual branch)
+    y = layer_norm(s) or rms_norm(s)
+
+Unfused, ``np.add`` streams x and residual in and s out, then the norm streams s in
+again and y out.  Here each row's s is formed, stored and reduced while the row
+is still in L1/L2 (a 4096-wide float32 row of x, residual and s is 48 KiB), so s
+is never read back from memory: the row's later passes cost cache bandwidth only.
+
+What is normalized is the *returned* s, rounded to x's dtype: ``(y, mean, rstd)``
+are exactly what ``layer_norm_forward(s)`` would give for the s handed back.  That
+keeps the forward consistent with the backward, which reads that same s, and
+makes the fused call a drop-in for ``s = x + r; y = norm(s)`` in every dtype
+(PyTorch's unfused composition and vLLM's fused_add_rms_norm do the same; Triton
+kernels that keep s in float32 normalize the unrounded sum instead, which differs
+for float16 only, by at most half an ulp of s per element).  float32 and float64
+rows are added in their own dtype, so the kernel's s *is* the rounded one.
+
+float16 has no CPU arithmetic in Numba and is staged through float32 anyway
+(``_common``); there the sum is rounded to float16 by ``np.add`` and the float32
+LayerNorm/RMSNorm kernel normalizes it.  The fusion is a bandwidth optimisation
+for float32/float64; float16 on the CPU already makes extra staging passes.
+
+There are no fused backward kernels: the backward of ``y = norm(x + residual)`` is
+the norm's backward evaluated at s with the gradient reaching s added to dx, which
+the ``layer_norm``/``rms_norm`` backward launchers do through their ``ds`` argument.
+"""
+
+import numpy as np
+from numba import njit, prange
+
+from . import layer_norm as _layer_norm
+from . import rms_norm as _rms_norm
+from ._common import F16, FASTMATH, acc_of, param
+
+
+@njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
+def _layer_norm_forward(
+    x,      # (M, N) input rows, float32/float64
+    r,      # (M, N) residual rows, x's dtype
+    w,      # (N,) weight in the accumulation dtype, or None
+    b,      # (N,) bias in the accumulation dtype, or None
+    eps,    # scalar in the accumulation dtype
+    y,      # (M, N) output, x's dtype
+    s,      # (M, N) output x + r, x's dtype
+    mean,   # (M,) per-row mean of s, accumulation dtype
+    rstd,   # (M,) per-row 1/sqrt(var(s) + eps), accumulation dtype
+):
+    M, N = x.shape
+    zero = mean.dtype.type(0)
+    one = mean.dtype.type(1)
+    inv_n = one / mean.dtype.type(N)
+    for i in prange(M):
+        xr = x[i]
+        rr = r[i]
+        srow = s[i]
+        # pass 1 (memory): s = x + r, stored once, summed as stored
+        total = zero
+        for j in range(N):
+            v = xr[j] + rr[j]
+            srow[j] = v
+            total += v
+        mu = total * inv_n
+        # pass 2 (cache): corrected two-pass variance, as in layer_norm._forward --
+        # the sum of deviations corrects mu's own rounding when |mean| >> std
+        dsum = zero
+        sq = zero
+        for j in range(N):
+            d = srow[j] - mu
+            dsum += d
+            sq += d * d
+        corr = dsum * inv_n
+        mu = mu + corr
+        var = sq * inv_n - corr * corr
+        if var < zero:  # rounding on a constant row; NaN fails the test and stays NaN
+            var = zero
+        rs = one / np.sqrt(var + eps)
+        mean[i] = mu
+        rstd[i] = rs
+        # pass 3 (cache in, memory out): y
+        out = y[i]
+        for j in range(N):
+            v = (srow[j] - mu) * rs
+            if w is not None:
+                v = v * w[j]
+            if b is not None:
+                v = v + b[j]
+            out[j] = v
+
+
+@njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
+def _rms_norm_forward(
+    x,      # (M, N) input rows, float32/float64
+    r,      # (M, N) residual rows, x's dtype
+    w,      # (N,) weight in the accumulation dtype, or None
+    eps,    # scalar in the accumulation dtype
+    y,      # (M, N) output, x's dtype
+    s,      # (M, N) output x + r, x's dtype
+    rstd,   # (M,) per-row 1/sqrt(mean(s^2) + eps), accumulation dtype
+):
+    M, N = x.shape
+    zero = rstd.dtype.type(0)
+    one = rstd.dtype.type(1)
+    inv_n = one / rstd.dtype.type(N)
+    for i in prange(M):
+        xr = x[i]
+        rr = r[i]
+        srow = s[i]
+        # pass 1 (memory): s = x + r, stored once, its squares summed as stored
+        sq = zero
+        for j in range(N):
+            v = xr[j] + rr[j]
+            srow[j] = v
+            sq += v * v
+        rs = one / np.sqrt(sq * inv_n + eps)
+        rstd[i] = rs
+        # pass 2 (cache in, memory out): y
+        out = y[i]
+        for j in range(N):
+            v = srow[j] * rs
+            if w is not None:
+                v = v * w[j]
+            out[j] = v
+
+
+def layer_norm_forward(x, residual, weight, bias, eps, y, s, mean, rstd):
+    """Fill ``y``, ``s``, ``mean``, ``rstd`` for the rows of ``x + residual``.
+
+    x, residual, y, s: (M, N) C-contiguous of x's dtype; weight, bias: (N,) any
+    float dtype or None; mean, rstd: (M,) C-contiguous, float32 (float64 for
+    float64 x).
+    """
+    if x.dtype == F16:
+        np.add(x, residual, out=s)
+        _layer_norm.forward(s, weight, bias, eps, y, mean, rstd)
+        return
+    acc = acc_of(x.dtype)
+    _layer_norm_forward(x, residual, param(weight, acc), param(bias, acc), acc.type(eps),
+                        y, s, mean, rstd)
+
+
+def rms_norm_forward(x, residual, weight, eps, y, s, rstd):
+    """Fill ``y``, ``s`` (M, N) and ``rstd`` (M,); shapes and dtypes as in layer_norm_forward."""
+    if x.dtype == F16:
+        np.add(x, residual, out=s)
+        _rms_norm.forward(s, weight, eps, y, rstd)
+        return
+    acc = acc_of(x.dtype)
+    _rms_norm_forward(x, residual, param(weight, acc), acc.type(eps), y, s, rstd)
