@@ -1,33 +1,299 @@
-"""``python -m numbanorm``: check every kernel on this machine against the oracle."""
+"""The ``numbanorm`` command (also ``python -m numbanorm``).
 
+    numbanorm            check, then a quick bench (the README's main job)
+    numbanorm info       versions, threads, which implementations (CPU, GPU) can run here
+    numbanorm check      every kernel, forward and backward, on every usable
+                         implementation against the NumPy oracle; exit code 1 on a failure
+    numbanorm bench      a quick sweep of representative shapes: time, GB/s, and the
+                         ratios to the bandwidth floor and to PyTorch (when installed)
+
+The timing lives in ``numbanorm._bench``, which the full benchmark suite in the
+repository's ``benchmarks/`` folder uses too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
 import sys
 
 import numpy as np
 
+DTYPES = ("float16", "float32", "float64")
+# The tests' tolerances (tests/conftest.py gives the reasons), relative to the
+# largest magnitude of the reference array: float16 outputs are rounded once
+# from float32, float32 results carry a few ulps of a length-N reduction.
+TOL = {"float16": 2e-3, "float32": 2e-5, "float64": 1e-11}
 
-def check():
-    from . import registry
 
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((64, 768)).astype(np.float32)
-    x4 = rng.standard_normal((4, 32, 8, 8)).astype(np.float32)
-    w = rng.uniform(0.5, 1.5, 768).astype(np.float32)
+# ------------------------------------------------------------------ info
+
+
+def info(out=None):
+    import numba
+
+    from . import _bench, registry
+
+    v = _bench.versions()
+    m = _bench.machine_info(include_gpu=False)
+    p = lambda *a: print(*a, file=out or sys.stdout)  # noqa: E731
+    p(f"numbanorm   {v['numbanorm']}")
+    p(f"python      {v['python']} ({sys.executable})")
+    p(f"numba       {v['numba']}    numpy {v['numpy']}")
+    p(f"numba-cuda  {v['numba-cuda'] or 'not installed'}")
+    p(f"torch       {v['torch'] or 'not installed (optional: the benchmark peer)'}")
+    p(f"cpu         {m['cpu']}, {m['cores']} cores, {m['mem_gib']} GiB")
+    p(f"threads     {numba.get_num_threads()} of NUMBA_NUM_THREADS={numba.config.NUMBA_NUM_THREADS} "
+      f"(threading layer setting: {numba.config.THREADING_LAYER})")
+    p("implementations (numbanorm.registry):")
+    for name in registry.IMPLEMENTATIONS:
+        ok, why = registry.usable(name)
+        p(f"  {name:<8} {'usable' if ok else 'not usable: ' + why.splitlines()[0][:120]}")
+    ok, desc = _bench.gpu_status()
+    p(f"gpu         {desc if ok else 'none usable (' + desc.splitlines()[0][:100] + ')'}")
+    return 0
+
+
+# ------------------------------------------------------------------ check
+
+
+def _check_inputs(dtype):
+    """Embedded default inputs: odd sizes, a common offset, non-trivial affine parameters."""
+    rng = np.random.default_rng(2024)
+    ln = (3.0 + 2.0 * rng.standard_normal((48, 769))).astype(dtype)
+    gn = (3.0 + 2.0 * rng.standard_normal((4, 32, 5, 7))).astype(dtype)
+    inn = (3.0 + 2.0 * rng.standard_normal((3, 12, 4, 5))).astype(dtype)
+    cases = []
+    for norm, x, groups in (("layer_norm", ln, None), ("rms_norm", ln, None),
+                            ("group_norm", gn, 8), ("instance_norm", inn, inn.shape[1])):
+        n = x.shape[-1] if groups is None else x.shape[1]
+        w = rng.uniform(0.5, 1.5, n).astype(dtype)
+        b = (0.1 * rng.standard_normal(n)).astype(dtype)
+        dy = rng.standard_normal(x.shape).astype(dtype)
+        cases.append((norm, x, groups, w, b, dy))
+    return cases
+
+
+def _host(a):
+    if a is None or isinstance(a, np.ndarray):
+        return a
+    if hasattr(a, "copy_to_host"):
+        return a.copy_to_host()
+    return np.asarray(a)
+
+
+def _error(got, want):
+    """max |got - want| relative to max(1, max |want|); inf on a shape mismatch."""
+    got = np.asarray(_host(got), dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    if got.shape != want.shape:
+        return math.inf
+    if not want.size:
+        return 0.0
+    scale = max(1.0, float(np.max(np.abs(want))))
+    return float(np.max(np.abs(got - want))) / scale  # NaN propagates: NaN fails
+
+
+def _run_one(impl, oracle, norm, direction, x, groups, w, b, dy, dtype):
+    """``[(what, error)]`` of one kernel against the oracle."""
+    n = x.shape[-1]
+    acc = np.float64 if dtype == "float64" else np.float32
+    if norm == "layer_norm":
+        ref = oracle.layer_norm_forward(x, n, w, b)
+        if direction == "forward":
+            got = impl.layer_norm_forward(x, n, w, b)
+            return list(zip(("y", "mean", "rstd"), map(_error, got, ref)))
+        mean, rstd = (s.astype(acc) for s in ref[1:])
+        want = oracle.layer_norm_backward(dy, x, mean, rstd, n, w)
+        got = impl.layer_norm_backward(dy, x, mean, rstd, n, w)
+        return list(zip(("dx", "dweight", "dbias"), map(_error, got, want)))
+    if norm == "rms_norm":
+        ref = oracle.rms_norm_forward(x, n, w)
+        if direction == "forward":
+            got = impl.rms_norm_forward(x, n, w)
+            return list(zip(("y", "rstd"), map(_error, got, ref)))
+        rstd = ref[1].astype(acc)
+        want = oracle.rms_norm_backward(dy, x, rstd, n, w)
+        got = impl.rms_norm_backward(dy, x, rstd, n, w)
+        return list(zip(("dx", "dweight"), map(_error, got, want)))
+    ref = oracle.group_norm_forward(x, groups, w, b)
+    if direction == "forward":
+        got = impl.group_norm_forward(x, groups, w, b)
+        return list(zip(("y", "mean", "rstd"), map(_error, got, ref)))
+    mean, rstd = (s.astype(acc) for s in ref[1:])
+    want = oracle.group_norm_backward(dy, x, mean, rstd, w)
+    got = impl.group_norm_backward(dy, x, mean, rstd, w)
+    return list(zip(("dx", "dweight", "dbias"), map(_error, got, want)))
+
+
+def check(impls=None, dtypes=DTYPES, out=None):
+    """Every kernel of every usable implementation against the oracle; 0 if all pass, else 1."""
+    from . import _bench, registry
+
+    p = lambda *a: print(*a, file=out or sys.stdout)  # noqa: E731
     oracle = registry.get("oracle")
-    ok = True
-    print(f"{'implementation':<14} {'function':<20} {'max |error|':>12}  result")
-    for name in registry.available(include_oracle=False):
+    names = registry.available(include_oracle=False)
+    if impls:
+        unknown = [i for i in impls if i not in registry.IMPLEMENTATIONS]
+        if unknown:
+            p(f"unknown implementation(s) {unknown}; registered: {list(registry.IMPLEMENTATIONS)}")
+            return 2
+        missing = [i for i in impls if i not in names]
+        for i in missing:
+            p(f"{i}: not usable here: {registry.usable(i)[1].splitlines()[0]}")
+        if missing:
+            return 1
+        names = [n for n in names if n in impls]
+    if "cuda" in names and _bench._cuda_simulated():
+        p("note: 'cuda' runs in numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)")
+    head = f"{'impl':<6} {'norm':<14} {'direction':<9} {'dtype':<8} {'shape':<12} {'worst':<8} {'rel. error':>10} {'tol':>8}  result"
+    p(head)
+    p("-" * len(head))
+    failures = 0
+    for name in names:
         impl = registry.get(name)
-        for fn, args in [("layer_norm", (x, 768, w)), ("rms_norm", (x, 768, w)), ("group_norm", (x4, 8))]:
-            got = np.asarray(getattr(impl, fn)(*args), dtype=np.float64)
-            err = float(np.max(np.abs(got - getattr(oracle, fn)(*args))))
-            passed = err < 1e-4
-            ok &= passed
-            print(f"{name:<14} {fn:<20} {err:12.2e}  {'pass' if passed else 'FAIL'}")
-    return 0 if ok else 1
+        for dtype in dtypes:
+            for norm, x, groups, w, b, dy in _check_inputs(dtype):
+                for direction in ("forward", "backward"):
+                    shape = "x".join(map(str, x.shape))
+                    try:
+                        errs = _run_one(impl, oracle, norm, direction, x, groups, w, b, dy, dtype)
+                        what, err = max(errs, key=lambda e: (not e[1] <= TOL[dtype], e[1]))
+                        ok = all(e <= TOL[dtype] for _, e in errs)
+                        note = ""
+                    except Exception as e:  # a crash is a failure, reported and counted
+                        what, err, ok, note = "-", math.nan, False, f"  {type(e).__name__}: {e}"[:200]
+                    failures += not ok
+                    p(f"{name:<6} {norm:<14} {direction:<9} {dtype:<8} {shape:<12} {what:<8} "
+                      f"{err:10.2e} {TOL[dtype]:8.0e}  {'pass' if ok else 'FAIL'}{note}")
+    total = len(names) * len(dtypes) * 8
+    p(f"{total - failures} of {total} kernel checks passed" + (f", {failures} FAILED" if failures else ""))
+    return 1 if failures else 0
+
+
+# ------------------------------------------------------------------ bench
+
+
+def quick_cases(dtypes=("float32",), device="cpu", tiny=False):
+    """The representative shapes of ``numbanorm bench`` (the full sweep is in benchmarks/)."""
+    from ._bench import Case
+
+    if tiny:
+        shapes = [("layer_norm", (64, 256), None), ("rms_norm", (64, 256), None),
+                  ("group_norm", (2, 16, 8, 8), 4), ("instance_norm", (2, 16, 8, 8), None)]
+    else:
+        shapes = [("layer_norm", (256, 768), None), ("layer_norm", (4096, 4096), None),
+                  ("rms_norm", (256, 768), None), ("rms_norm", (4096, 4096), None),
+                  ("group_norm", (8, 64, 64, 64), 8)]
+    return [Case(norm, d, shape, dt, groups, device)
+            for dt in dtypes for norm, shape, groups in shapes for d in ("forward", "backward")]
+
+
+def bench(threads=None, repeats=None, budget=0.3, dtypes=("float32",), impls=None, torch=True,
+          oracle=False, tiny=False, show_progress=True, allow_simulator=False, out=None):
+    from . import _bench
+
+    p = lambda *a: print(*a, file=out or sys.stdout)  # noqa: E731
+    threads = _bench.set_threads(threads)
+    peers = ["floor"] + (["torch"] if torch else []) + (["oracle"] if oracle else [])
+    have_torch = _bench._torch() is not None
+    cases = quick_cases(dtypes, "cpu", tiny) if _bench.kernel_impls("cpu", impls) else []
+    gpu_ok, gpu_desc = _bench.gpu_status()
+    if _bench.kernel_impls("gpu", impls, allow_simulator=allow_simulator):
+        side = _bench.side_for("gpu")
+        gdt = ["float16", "float32"] + (["bfloat16"] if isinstance(side, _bench.TorchCudaSide) else [])
+        cases += quick_cases(gdt, "gpu", tiny or side.simulated)
+    load0 = _bench.loadavg()
+    v = _bench.versions()
+    p(f"numbanorm bench: {threads} thread(s) for numba and torch; cpu: {_bench.cpu_model()}; "
+      f"gpu: {gpu_desc if gpu_ok else 'none'}")
+    p(f"versions: numbanorm {v['numbanorm']}, numba {v['numba']}, numpy {v['numpy']}, torch {v['torch']}")
+    if torch and not have_torch:
+        p("torch is not installed: no torch column (pip install torch to compare)")
+    if not cases:
+        p("nothing to run: no usable implementation selected")
+        return 1
+    timing = {"budget_s": budget} if repeats is None else {"repeats": repeats}
+    rows = _bench.sweep(cases, impls, peers, threads, show_progress=show_progress,
+                        allow_simulator=allow_simulator, **timing)
+    p(_bench.format_rows(rows))
+    p(f"median of {'%d' % repeats if repeats else 'budgeted'} round-robin repeats; load average "
+      f"{load0} before, {_bench.loadavg()} after. x floor: time over np.copyto of the same bytes "
+      "(forward: x to y; backward: x and dy); x torch: time over torch.nn.functional's "
+      "(backward via autograd); below 1 is faster.")
+    return 0
+
+
+# ------------------------------------------------------------------ command line
+
+
+def _parser():
+    ap = argparse.ArgumentParser(
+        prog="numbanorm",
+        description="Numba normalization kernels: check them against the NumPy oracle and "
+                    "benchmark them. With no command: check, then a quick bench.")
+    sub = ap.add_subparsers(dest="command", metavar="{info,check,bench}")
+    sub.add_parser("info", help="versions, threads, usable implementations and GPU")
+    c = sub.add_parser("check", help="every kernel against the oracle (exit code 1 on a failure)")
+    c.add_argument("--impl", action="append", metavar="NAME",
+                   help="only this registry implementation (repeatable; default: every usable one)")
+    c.add_argument("--dtype", action="append", choices=DTYPES, help="only this dtype (repeatable)")
+    b = sub.add_parser("bench", help="a quick benchmark of representative shapes")
+    _bench_args(b)
+    return ap
+
+
+def _positive_int(s):
+    v = int(s)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {s}")
+    return v
+
+
+def _positive_float(s):
+    v = float(s)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {s}")
+    return v
+
+
+def _bench_args(b):
+    b.add_argument("--threads", type=_positive_int, help="threads for numba and torch alike (default: all)")
+    b.add_argument("--repeats", type=_positive_int, help="round-robin repeats per case (default: fit --budget)")
+    b.add_argument("--budget", type=_positive_float, default=0.3, help="seconds of timed repeats per case (default 0.3)")
+    b.add_argument("--dtype", action="append", choices=("float16", "float32", "float64"),
+                   help="CPU dtype (repeatable; default float32)")
+    b.add_argument("--impl", action="append", metavar="NAME", help="only this registry implementation")
+    b.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
+    b.add_argument("--oracle", action="store_true", help="time the NumPy oracle too")
+    b.add_argument("--tiny", action="store_true", help="tiny shapes: a smoke test, the numbers mean nothing")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _bench_from(a):
+    return bench(threads=a.threads, repeats=a.repeats, budget=a.budget, dtypes=tuple(a.dtype or ("float32",)),
+                 impls=a.impl, torch=not a.no_torch, oracle=a.oracle, tiny=a.tiny,
+                 show_progress=not a.no_progress)
 
 
 def main(argv=None):
-    return check()
+    ap = _parser()
+    a = ap.parse_args(argv)
+    if a.command == "info":
+        return info()
+    if a.command == "check":
+        return check(impls=a.impl, dtypes=tuple(a.dtype or DTYPES))
+    if a.command == "bench":
+        try:
+            return _bench_from(a)
+        except ValueError as e:  # e.g. --threads above NUMBA_NUM_THREADS
+            ap.error(str(e))
+    rc = check()
+    print()
+    if rc:
+        print("bench skipped: a kernel failed its check")
+        return rc
+    return bench()
 
 
 if __name__ == "__main__":

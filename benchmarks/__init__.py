@@ -1,0 +1,4 @@
+"""numbanorm's benchmark suite (run from the repository root: ``python -m benchmarks.run``).
+
+The timing core is ``numbanorm._bench``, shared with the ``numbanorm bench`` command.
+"""

@@ -1,0 +1,214 @@
+"""The benchmark sweep: which shapes, how big, and where the results go.
+
+The timing itself is ``numbanorm._bench`` (the same code ``numbanorm bench``
+runs); this module adds the full grid of shapes, the memory bound, the
+metadata of a run and the result files:
+
+    benchmarks/results/<stem>.json   {"meta": ..., "rows": [...], "cold_start": {...}}
+    benchmarks/results/<stem>.csv    one line per row, the main metadata repeated as columns
+
+Run it with ``python -m benchmarks.run`` (see ``--help``).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+from numbanorm import _bench
+from numbanorm._bench import Case
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# The shapes people use: transformer hidden sizes by batch*sequence rows, and the
+# GroupNorm/InstanceNorm shapes of convolutional nets (diffusion U-Nets use 32 groups).
+ROWS = (256, 1024, 4096, 16384, 65536)
+HIDDEN = (768, 1024, 4096, 8192)
+GROUP_SHAPES = (((32, 256, 32, 32), 32), ((8, 64, 64, 64), 8))
+INSTANCE_SHAPES = ((32, 256, 32, 32), (8, 64, 64, 64))
+CPU_DTYPES = ("float32", "float64")
+GPU_DTYPES = ("float16", "bfloat16", "float32")
+ALL_NORMS = ("layer_norm", "rms_norm", "group_norm", "instance_norm")
+
+# Arrays of x's size alive at once while a case runs: forward x, y (out=), the
+# allocating forward's y, torch's y, the floor's copy = 5; backward x, dy,
+# numbanorm's dx, torch's y and dx, the floor's two copies = 7; one more each
+# for a transient (an output being freed while the next is allocated).
+BUFFERS = {"forward": 6, "backward": 8}
+MEM_FRACTION = 0.5  # "fits comfortably": all buffers in half of the machine's memory
+
+
+def mem_limit_bytes(device="cpu"):
+    """Half the memory of ``device`` (host RAM, or the GPU's)."""
+    if device == "cpu":
+        total = _bench.mem_total_bytes() or 8 * 2**30
+    else:
+        total = _gpu_mem_bytes() or 8 * 2**30
+    return int(MEM_FRACTION * total)
+
+
+def _gpu_mem_bytes():
+    try:
+        from numba import cuda
+
+        return int(cuda.current_context().get_memory_info()[1])
+    except Exception:
+        return None
+
+
+def fits(case, limit):
+    return BUFFERS[case.direction] * case.nbytes <= limit
+
+
+def sweep_cases(norms=ALL_NORMS, dtypes=CPU_DTYPES, rows=ROWS, hidden=HIDDEN,
+                directions=_bench.DIRECTIONS, device="cpu", mem_limit=None, groups_shapes=GROUP_SHAPES,
+                instance_shapes=INSTANCE_SHAPES):
+    """``(cases, skipped)``: the grid in run order (shape by shape, forward then backward)."""
+    limit = mem_limit_bytes(device) if mem_limit is None else mem_limit
+    cases, skipped = [], []
+    for dtype in dtypes:
+        for norm in norms:
+            if norm in ("layer_norm", "rms_norm"):
+                shapes = [((m, n), None) for n in hidden for m in rows]
+            elif norm == "group_norm":
+                shapes = list(groups_shapes)
+            else:
+                shapes = [(s, None) for s in instance_shapes]
+            for shape, groups in shapes:
+                for d in directions:
+                    c = Case(norm, d, shape, dtype, groups, device)
+                    (cases if fits(c, limit) else skipped).append(c)
+    return cases, skipped
+
+
+def metadata(threads, note="", load_before=None, load_after=None, skipped=(), timing=None):
+    import numba
+
+    try:
+        layer = numba.threading_layer()
+    except ValueError:  # no parallel region has run yet
+        layer = None
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": _bench.machine_info(),
+        "versions": _bench.versions(),
+        "threads": threads,
+        "threading_layer": layer,
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
+        "note": note,
+        "command": " ".join([os.path.basename(sys.executable), "-m", "benchmarks.run", *sys.argv[1:]]),
+        "timing": timing or {},
+        "skipped_for_memory": [c.label for c in skipped],
+        "bytes": "forward: x read + y written; backward: x and dy read + dx written "
+                 "(weight, bias and statistics left out); floor rows: the bytes their copies move",
+        "floor": "np.copyto (one thread) of the same arrays: forward x into y; backward x and dy "
+                 "into two buffers; on a GPU a device-to-device copy",
+        "torch_backward": "torch.autograd.grad(y, (x, weight, bias), dy, retain_graph=True) on a graph "
+                          "built once outside the timing",
+    }
+
+
+def run(cases, threads=None, impls=None, peers=_bench.PEERS, note="", skipped=(), cold=True,
+        compile_times=True, show_progress=True, **timing):
+    """Run ``cases`` (and the cold-start measurements); returns the results dict."""
+    threads = _bench.set_threads(threads)
+    load_before = _bench.loadavg()
+    rows = _bench.sweep(cases, impls, peers, threads, show_progress=show_progress, desc="sweep", **timing)
+    cold_start = {}
+    if cold:
+        cold_start = cold_start_runs(threads, compile_times)
+    meta = metadata(threads, note, load_before, _bench.loadavg(), skipped, timing)
+    return {"meta": meta, "rows": rows, "cold_start": cold_start}
+
+
+COLD_CASES = tuple(Case(n, d, s, "float32", g) for n, s, g in
+                   (("layer_norm", (256, 768), None), ("rms_norm", (256, 768), None),
+                    ("group_norm", (8, 64, 64, 64), 8))
+                   for d in _bench.DIRECTIONS)
+
+
+def cold_start_runs(threads, compile_times=True):
+    """Each float32 kernel's first call in a fresh process: cached, and compiled from nothing."""
+    out = {"cached": _bench.cold_start(COLD_CASES, threads)}
+    if compile_times:
+        out["fresh_cache"] = _bench.cold_start(COLD_CASES, threads, fresh_cache=True)
+    return out
+
+
+# ------------------------------------------------------------------ files
+
+CSV_META = ("date", "cpu", "cores", "gpu", "threads", "numbanorm", "numba", "numpy", "torch", "python",
+            "loadavg_before", "loadavg_after")
+CSV_FIELDS = ("norm", "direction", "mode", "dtype", "shape", "groups", "device", "impl", "threads",
+              "elements", "bytes", "median_s", "q20_s", "q80_s", "repeats", "number", "first_call_s",
+              "gbps", "x_floor", "x_torch", "x_oracle")
+
+
+def _csv_meta(meta):
+    m, v = meta["machine"], meta["versions"]
+    la = lambda x: "" if not x else " ".join(map(str, x))  # noqa: E731
+    return {"date": meta["date"], "cpu": m["cpu"], "cores": m["cores"], "gpu": m["gpu"] or "",
+            "threads": meta["threads"], "numbanorm": v["numbanorm"], "numba": v["numba"],
+            "numpy": v["numpy"], "torch": v["torch"] or "", "python": v["python"],
+            "loadavg_before": la(meta["loadavg_before"]), "loadavg_after": la(meta["loadavg_after"])}
+
+
+def write_results(results, stem, folder=RESULTS):
+    """Write ``<stem>.json`` and ``<stem>.csv``; returns both paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    jpath, cpath = folder / f"{stem}.json", folder / f"{stem}.csv"
+    with open(jpath, "w") as f:
+        json.dump(_clean(results), f, indent=1, sort_keys=False)
+        f.write("\n")
+    extra = _csv_meta(results["meta"])
+    with open(cpath, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(CSV_FIELDS) + [k for k in CSV_META if k not in CSV_FIELDS])
+        w.writeheader()
+        for r in results["rows"]:
+            row = {k: r.get(k) for k in CSV_FIELDS}
+            row["shape"] = "x".join(map(str, r["shape"]))
+            row.update({k: v for k, v in extra.items() if k not in CSV_FIELDS})
+            w.writerow({k: ("" if v is None else v) for k, v in row.items()})
+    return jpath, cpath
+
+
+def _clean(o):
+    """JSON without NaN/Infinity (not JSON): they become null."""
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {k: _clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_clean(v) for v in o]
+    return o
+
+
+def load_results(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def case_key(row):
+    return (row["norm"], row["direction"], tuple(row["shape"]), row["dtype"], row["groups"], row["device"])
+
+
+def merge(old, new):
+    """``old`` with every case that ``new`` measured replaced by ``new``'s rows.
+
+    For re-running a subset into an existing results file; the metadata of each
+    run is kept (``meta`` is the newest, earlier ones under ``meta['merged']``).
+    """
+    redone = {case_key(r) for r in new["rows"]}
+    rows = [r for r in old["rows"] if case_key(r) not in redone] + new["rows"]
+    earlier = old["meta"].pop("merged", [])
+    meta = dict(new["meta"], merged=earlier + [dict(old["meta"], rows_kept=len(old["rows"]) -
+                                                     sum(case_key(r) in redone for r in old["rows"]))])
+    cold = new.get("cold_start") or old.get("cold_start") or {}
+    return {"meta": meta, "rows": rows, "cold_start": cold}

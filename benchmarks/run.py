@@ -1,0 +1,118 @@
+"""Run the benchmark sweep and write ``benchmarks/results/<stem>.{json,csv}`` (and plots).
+
+    python -m benchmarks.run                       # the full CPU sweep (float32, float64)
+    python -m benchmarks.run --targets             # only the cases of the speed targets + summary
+    python -m benchmarks.run --norm layer_norm --dtype float32 --hidden 4096 --merge
+                                                   # re-run a subset into the existing file
+    python -m benchmarks.run --device gpu          # float16/bfloat16/float32 on a CUDA GPU
+    python -m benchmarks.run --list                # print the cases and exit
+
+Run from the repository root.  Threads default to every core numba sees, the same
+count for numba and torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from numbanorm import _bench
+
+from . import harness, targets
+
+
+def _ints(s):
+    return tuple(int(v) for v in s.split(","))
+
+
+def _strs(s):
+    return tuple(v.strip() for v in s.split(",") if v.strip())
+
+
+def parser():
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n".join(__doc__.splitlines()[2:]))
+    ap.add_argument("--targets", action="store_true", help="only the cases of the speed targets (float32, cpu)")
+    ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    ap.add_argument("--norm", type=_strs, help=f"comma-separated, of {','.join(harness.ALL_NORMS)}")
+    ap.add_argument("--dtype", type=_strs, help="comma-separated (default float32,float64 on cpu; "
+                                                "float16,bfloat16,float32 on gpu)")
+    ap.add_argument("--rows", type=_ints, default=harness.ROWS, help="layer/rms norm rows, comma-separated")
+    ap.add_argument("--hidden", type=_ints, default=harness.HIDDEN, help="layer/rms norm hidden sizes")
+    ap.add_argument("--direction", type=_strs, default=_bench.DIRECTIONS, help="forward,backward")
+    ap.add_argument("--threads", type=int, help="threads for numba and torch (default: all)")
+    ap.add_argument("--impl", type=_strs, help="registry implementations (default: all that run on --device)")
+    ap.add_argument("--peers", type=_strs, default=_bench.PEERS, help="of torch,floor,oracle")
+    ap.add_argument("--budget", type=float, default=1.0, help="seconds of timed rounds per case (default 1)")
+    ap.add_argument("--min-repeats", type=int, default=5)
+    ap.add_argument("--max-repeats", type=int, default=50)
+    ap.add_argument("--mem-gib", type=float, help="skip cases whose buffers exceed this (default: half the memory)")
+    ap.add_argument("--no-cold-start", action="store_true", help="skip the fresh-process first-call measurements")
+    ap.add_argument("--no-compile-times", action="store_true", help="skip compiling from an empty cache")
+    ap.add_argument("--out", help="result file stem under benchmarks/results (default: cpu, gpu or targets)")
+    ap.add_argument("--merge", action="store_true", help="replace the re-run cases in an existing <stem> file")
+    ap.add_argument("--note", default="", help="a note stored in the metadata (e.g. 'shared machine, noisy')")
+    ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--list", action="store_true", help="print the cases and exit")
+    return ap
+
+
+def main(argv=None):
+    ap = parser()
+    a = ap.parse_args(argv)
+    if a.targets:
+        cases, skipped = targets.target_cases(), []
+        stem = a.out or "targets"
+    else:
+        dtypes = a.dtype or (harness.CPU_DTYPES if a.device == "cpu" else harness.GPU_DTYPES)
+        limit = None if a.mem_gib is None else int(a.mem_gib * 2**30)
+        try:
+            cases, skipped = harness.sweep_cases(a.norm or harness.ALL_NORMS, dtypes, a.rows, a.hidden,
+                                                 a.direction, a.device, limit)
+        except ValueError as e:
+            ap.error(str(e))
+        stem = a.out or a.device
+    if a.list:
+        for c in cases:
+            print(f"{c.label}   ({harness.BUFFERS[c.direction] * c.nbytes / 2**30:.2f} GiB of buffers)")
+        for c in skipped:
+            print(f"skipped (memory): {c.label}")
+        return 0
+    if not cases:
+        ap.error("no case selected")
+    try:
+        threads = _bench.set_threads(a.threads)
+    except ValueError as e:
+        ap.error(str(e))
+    timing = {"budget_s": a.budget, "min_repeats": a.min_repeats, "max_repeats": a.max_repeats}
+    t0 = time.perf_counter()
+    print(f"{len(cases)} cases on {a.device}, {threads} thread(s); {len(skipped)} skipped for memory",
+          file=sys.stderr)
+    res = harness.run(cases, threads, a.impl, a.peers, a.note, skipped,
+                      cold=a.device == "cpu" and not a.no_cold_start,
+                      compile_times=not a.no_compile_times, show_progress=not a.no_progress, **timing)
+    res["meta"]["wall_s"] = round(time.perf_counter() - t0, 1)
+    if a.merge:
+        path = harness.RESULTS / f"{stem}.json"
+        if path.exists():
+            res = harness.merge(harness.load_results(path), res)
+    jpath, cpath = harness.write_results(res, stem)
+    print(f"wrote {jpath} and {cpath} ({res['meta']['wall_s']} s)")
+    if not a.no_plot:
+        try:
+            from . import plot
+        except ImportError as e:  # matplotlib missing
+            print(f"no plots: {e}")
+        else:
+            for p in plot.plot_results(res, stem):
+                print(f"wrote {p}")
+    if any(targets._find(res["rows"], t) for t in targets.TARGETS):
+        print(targets.summary(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

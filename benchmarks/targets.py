@@ -1,0 +1,158 @@
+"""The speed targets, checked against a results file: each with its measured value and PASS/FAIL.
+
+    python -m benchmarks.targets benchmarks/results/cpu.json
+
+All targets are for float32 on the CPU, numba and torch on the same thread
+count (2 threads); a ratio is numbanorm's median time over the peer's, so
+``<= 0.7x torch`` means at most 70 % of torch's time.  ``python -m
+benchmarks.run --targets`` measures exactly the cases below (a few minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+from numbanorm._bench import Case
+
+THREADS = 2
+LARGE = ((16384, 4096), (65536, 768))
+SMALL = ((256, 768),)
+CONV = (("group_norm", (32, 256, 32, 32), 32), ("group_norm", (8, 64, 64, 64), 8),
+        ("instance_norm", (32, 256, 32, 32), 256), ("instance_norm", (8, 64, 64, 64), 64))
+ROW_NORMS = ("layer_norm", "rms_norm")
+
+
+@dataclass(frozen=True)
+class Target:
+    rule: str        # the target as stated
+    norm: str
+    shape: tuple
+    groups: int | None
+    direction: str
+    mode: str        # 'out' or 'alloc'
+    versus: str      # 'floor' or 'torch'
+    limit: float
+
+    def case(self):
+        return Case(self.norm, self.direction, self.shape, "float32", self.groups)
+
+
+def _targets():
+    t = []
+    rows = [(n, s, None) for s in LARGE for n in ROW_NORMS]
+    small = [(n, s, None) for s in SMALL for n in ROW_NORMS]
+    for n, s, g in rows + list(CONV):
+        t.append(Target("forward out= <= 1.15x np.copyto", n, s, g, "forward", "out", "floor", 1.15))
+    for n, s, g in rows:
+        t.append(Target("forward <= 0.7x torch (large)", n, s, g, "forward", "alloc", "torch", 0.7))
+    for n, s, g in CONV:
+        t.append(Target("forward <= 0.9x torch (GroupNorm)", n, s, g, "forward", "alloc", "torch", 0.9))
+    for n, s, g in small:
+        t.append(Target("forward <= 1.0x torch (small)", n, s, g, "forward", "alloc", "torch", 1.0))
+    for s in LARGE:
+        t.append(Target("backward LN <= 1.6x copy of x and dy", "layer_norm", s, None, "backward", "alloc",
+                        "floor", 1.6))
+    for n, s, g in rows:
+        t.append(Target("backward <= 0.7x torch autograd (large)", n, s, g, "backward", "alloc", "torch", 0.7))
+    for n, s, g in CONV:
+        t.append(Target("backward <= 0.9x torch autograd (GroupNorm)", n, s, g, "backward", "alloc", "torch", 0.9))
+    for n, s, g in small:
+        t.append(Target("backward <= 1.0x torch autograd (small)", n, s, g, "backward", "alloc", "torch", 1.0))
+    return tuple(t)
+
+
+TARGETS = _targets()
+COLD_LIMITS = {"import_s": 1.0, "first_call_s": 0.3}
+
+
+def target_cases():
+    """The cases the targets need, each once, in sweep order (forward before backward)."""
+    seen, out = set(), []
+    for t in sorted(TARGETS, key=lambda t: (t.norm, t.shape, t.direction)):
+        c = t.case()
+        if c not in seen:
+            seen.add(c)
+            out.append(c)
+    return out
+
+
+def _find(rows, t):
+    for r in rows:
+        if (r["impl"] == "numbanorm.cpu" and r["device"] == "cpu" and r["dtype"] == "float32"
+                and r["norm"] == t.norm and tuple(r["shape"]) == tuple(t.shape)
+                and r["direction"] == t.direction and r["mode"] == t.mode
+                and (t.groups is None or r["groups"] == t.groups)):
+            return r
+    return None
+
+
+def evaluate(results):
+    """One dict per target: ``rule``, ``case``, ``value`` (ratio or seconds), ``limit``, ``status``."""
+    out = []
+    rows = results.get("rows", [])
+    for t in TARGETS:
+        r = _find(rows, t)
+        v = None if r is None else r.get(f"x_{t.versus}")
+        status = "MISSING" if v is None else ("PASS" if v <= t.limit else "FAIL")
+        shape = "x".join(map(str, t.shape)) + (f" G={t.groups}" if t.norm == "group_norm" else "")
+        out.append({"rule": t.rule, "case": f"{t.norm} {shape}", "value": v, "unit": f"x {t.versus}",
+                    "limit": t.limit, "status": status})
+    cold = (results.get("cold_start") or {}).get("cached") or []
+    imports = sorted(c["import_s"] for c in cold)
+    med = imports[len(imports) // 2] if imports else None
+    out.append({"rule": "import numbanorm < 1 s (new process, median)", "case": f"{len(imports)} processes",
+                "value": med, "unit": "s", "limit": COLD_LIMITS["import_s"],
+                "status": "MISSING" if med is None else ("PASS" if med < COLD_LIMITS["import_s"] else "FAIL")})
+    for c in cold:
+        shape = "x".join(map(str, c["shape"]))
+        v = c["first_call_s"]
+        out.append({"rule": "first call, cached kernel < 0.3 s (new process)",
+                    "case": f"{c['norm']} {c['direction']} {shape}", "value": v, "unit": "s",
+                    "limit": COLD_LIMITS["first_call_s"],
+                    "status": "PASS" if v < COLD_LIMITS["first_call_s"] else "FAIL"})
+    if not cold:
+        out.append({"rule": "first call, cached kernel < 0.3 s (new process)", "case": "-", "value": None,
+                    "unit": "s", "limit": COLD_LIMITS["first_call_s"], "status": "MISSING"})
+    return out
+
+
+def summary(results):
+    """The targets as a text table, with a header saying how the run was made."""
+    meta = results.get("meta", {})
+    lines = []
+    threads = meta.get("threads")
+    lines.append(f"speed targets (float32, {THREADS} threads) -- this run: {threads} thread(s), "
+                 f"{meta.get('machine', {}).get('cpu')}, load average {meta.get('loadavg_before')} before / "
+                 f"{meta.get('loadavg_after')} after")
+    if threads != THREADS:
+        lines.append(f"NOTE: the targets are stated for {THREADS} threads; this run used {threads}")
+    if meta.get("note"):
+        lines.append(f"NOTE: {meta['note']}")
+    ev = evaluate(results)
+    w = max(len(e["rule"]) for e in ev)
+    wc = max(len(e["case"]) for e in ev)
+    for e in ev:
+        v = "-" if e["value"] is None else (f"{e['value']:.2f}{e['unit']}" if e["unit"].startswith("x")
+                                            else f"{e['value']:.3f} s")
+        lim = f"{e['limit']}{e['unit']}" if e["unit"].startswith("x") else f"{e['limit']} s"
+        lines.append(f"{e['rule']:<{w}}  {e['case']:<{wc}}  {v:>12}  (limit {lim:>10})  {e['status']}")
+    n = {s: sum(e["status"] == s for e in ev) for s in ("PASS", "FAIL", "MISSING")}
+    lines.append(f"{n['PASS']} PASS, {n['FAIL']} FAIL, {n['MISSING']} MISSING of {len(ev)} targets")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    from .harness import load_results
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.targets", description=__doc__.splitlines()[0])
+    ap.add_argument("results", help="a results JSON file (benchmarks/results/*.json)")
+    a = ap.parse_args(argv)
+    res = load_results(a.results)
+    print(summary(res))
+    return 1 if any(e["status"] == "FAIL" for e in evaluate(res)) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

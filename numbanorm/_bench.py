@@ -1,0 +1,867 @@
+"""The timing core shared by ``numbanorm bench`` and the benchmark suite in ``benchmarks/``.
+
+It lives in the package (not in the repository's ``benchmarks/`` folder) because
+``python -m numbanorm bench`` must work after a plain ``pip install .``; the
+sweep scripts in ``benchmarks/`` import it, so there is one timing
+implementation.
+
+What one measurement is
+-----------------------
+A :class:`Case` is one norm, direction, shape and dtype on one device.  For it
+:func:`build_runners` makes zero-argument callables ("runners") over the same
+input arrays:
+
+* ``numbanorm.<name>`` for every kernel implementation of the registry
+  (``numbanorm.registry``) that runs on the case's device -- forward both
+  allocating (``mode='alloc'``) and into a preallocated ``out=``
+  (``mode='out'``);
+* ``torch`` -- ``torch.nn.functional`` on the same thread count (CPU) or on
+  the GPU; its backward goes through autograd (see :func:`_torch_calls`);
+* ``oracle`` -- the NumPy reference, on small host shapes only (it is slow by
+  design: float64 temporaries, several passes);
+* ``floor`` -- the bandwidth floor: ``np.copyto`` of the same bytes on the host
+  (forward: x into y; backward: x and dy into two buffers), a device-to-device
+  copy on the GPU.  ``np.copyto`` runs on one thread; on a machine whose
+  memory bandwidth one core cannot saturate, a multi-threaded kernel can beat
+  it, which shows up as a ratio below 1.
+
+Byte accounting (``Case.bytes``): forward reads x and writes y (2 arrays of
+x's size), backward reads x and dy and writes dx (3 arrays).  The O(N) weight,
+bias and statistics traffic is left out (below 1/rows of the total).  The
+floor copies ``Case.floor_bytes``: 2 arrays forward, 4 backward (each copy
+reads one array and writes another).
+
+How it is timed (:func:`time_runners`)
+--------------------------------------
+1. each runner's first call is timed alone (``first_call_s``: numba's compile
+   or cache load for the first case of a signature, torch's lazy set-up);
+2. one more untimed warm-up call, then one timed call picks ``number``, the
+   calls per sample, so a sample lasts at least ``min_sample_s`` (timer
+   resolution and call overhead amortised);
+3. ``repeats`` rounds, round-robin over the runners (each round starting one
+   runner later), so machine noise -- other jobs, frequency changes -- hits
+   every implementation alike; the garbage collector is off meanwhile;
+4. median and 20/80 % quantiles of the per-call times of the samples.
+
+On the GPU every sample ends with a device synchronisation, so the time is
+that of the queued kernels, launch overhead included.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+NORMS = ("layer_norm", "rms_norm", "group_norm", "instance_norm")
+DIRECTIONS = ("forward", "backward")
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+EPS = 1e-5  # layer/group norm eps; rms_norm runs with eps=None (machine epsilon) on both sides
+
+
+# ------------------------------------------------------------------ cases
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measurement: norm, direction, input shape, dtype, device.
+
+    ``groups`` is the number of groups for group/instance norm (instance norm
+    is group norm with ``groups == C``); layer and RMS norm normalise the last
+    axis of a 2-D ``(rows, hidden)`` input.
+    """
+
+    norm: str
+    direction: str
+    shape: tuple
+    dtype: str = "float32"
+    groups: int | None = None
+    device: str = "cpu"
+
+    def __post_init__(self):
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
+        if self.dtype not in ITEMSIZE:
+            raise ValueError(f"dtype must be one of {tuple(ITEMSIZE)}, got {self.dtype!r}")
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        if self.norm in ("group_norm", "instance_norm"):
+            if len(self.shape) < 2:
+                raise ValueError(f"{self.norm} needs (N, C, *spatial), got {self.shape}")
+            c = self.shape[1]
+            g = c if self.norm == "instance_norm" and self.groups is None else self.groups
+            if g is None or c % g:
+                raise ValueError(f"{self.norm} on C={c} needs a number of groups dividing C, got {g}")
+            if self.norm == "instance_norm" and g != c:
+                raise ValueError(f"instance_norm has one group per channel: groups={g}, C={c}")
+            object.__setattr__(self, "groups", int(g))
+        elif len(self.shape) != 2:
+            raise ValueError(f"{self.norm} cases are (rows, hidden), got {self.shape}")
+
+    @property
+    def elements(self):
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self):
+        """Bytes of one array of x's shape and dtype."""
+        return self.elements * ITEMSIZE[self.dtype]
+
+    @property
+    def bytes(self):
+        """Bytes a kernel must move: forward x + y, backward x + dy + dx."""
+        return (2 if self.direction == "forward" else 3) * self.nbytes
+
+    @property
+    def floor_bytes(self):
+        """Bytes the floor's copies move: x -> y forward; x and dy copied backward."""
+        return (2 if self.direction == "forward" else 4) * self.nbytes
+
+    @property
+    def params(self):
+        """Length of weight/bias: hidden for layer/RMS norm, C for group norm."""
+        return self.shape[-1] if self.norm in ("layer_norm", "rms_norm") else self.shape[1]
+
+    @property
+    def label(self):
+        shp = "x".join(map(str, self.shape))
+        g = f" G={self.groups}" if self.norm == "group_norm" else ""
+        return f"{self.norm} {self.direction} {shp}{g} {self.dtype} {self.device}"
+
+    def to_dict(self):
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(**{k: d[k] for k in ("norm", "direction", "shape", "dtype", "groups", "device") if k in d})
+
+
+# ------------------------------------------------------------------ where arrays live
+
+
+class HostSide:
+    """NumPy arrays; torch tensors share their memory (``torch.from_numpy``)."""
+
+    name = "cpu"
+    simulated = False
+
+    def array(self, a, dtype):
+        if dtype == "bfloat16":
+            raise ValueError("bfloat16 has no NumPy dtype: host cases are float16/32/64")
+        return np.ascontiguousarray(a, dtype=dtype)
+
+    def empty_like(self, a):
+        return np.empty_like(a)
+
+    def copy(self, dst, src):
+        np.copyto(dst, src)
+
+    def sync(self):
+        pass
+
+    def to_torch(self, a):
+        import torch
+
+        return torch.from_numpy(a)
+
+
+class TorchCudaSide:
+    """CUDA torch tensors (every dtype, bfloat16 included); numbanorm takes them as they are."""
+
+    name = "gpu"
+    simulated = False
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+
+    def array(self, a, dtype):
+        t = self.torch
+        return t.from_numpy(np.ascontiguousarray(a)).to(device="cuda", dtype=getattr(t, dtype)).contiguous()
+
+    def empty_like(self, a):
+        return self.torch.empty_like(a)
+
+    def copy(self, dst, src):
+        dst.copy_(src)  # device-to-device
+
+    def sync(self):
+        self.torch.cuda.synchronize()
+
+    def to_torch(self, a):
+        return a
+
+
+class NumbaCudaSide:
+    """numba device arrays (float16/32/64), for machines without a CUDA torch.
+
+    This is also the side the tests drive under numba's CUDA simulator.
+    """
+
+    name = "gpu"
+
+    def __init__(self):
+        from numba import cuda
+
+        self.cuda = cuda
+        self.simulated = bool(getattr(cuda, "simulator_enabled", False)) or os.environ.get(
+            "NUMBA_ENABLE_CUDASIM") == "1"
+
+    def array(self, a, dtype):
+        if dtype == "bfloat16":
+            raise ValueError("bfloat16 device arrays need a CUDA build of torch")
+        return self.cuda.to_device(np.ascontiguousarray(a, dtype=dtype))
+
+    def empty_like(self, a):
+        return self.cuda.device_array_like(a)
+
+    def copy(self, dst, src):
+        dst.copy_to_device(src)  # device-to-device
+
+    def sync(self):
+        self.cuda.synchronize()
+
+    def to_torch(self, a):
+        return None
+
+
+def side_for(device):
+    """The array side for ``'cpu'`` or ``'gpu'``: torch tensors on the GPU when torch has CUDA."""
+    if device == "cpu":
+        return HostSide()
+    torch = _torch()
+    if torch is not None and torch.cuda.is_available():
+        return TorchCudaSide()
+    return NumbaCudaSide()
+
+
+# ------------------------------------------------------------------ optional peers and environment
+
+
+def _torch():
+    """``torch`` if it is installed, else None (never required)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def set_threads(n=None):
+    """Set numba's and torch's thread counts to the same ``n`` (default: all numba threads)."""
+    import numba
+
+    limit = numba.config.NUMBA_NUM_THREADS
+    n = limit if n is None else int(n)
+    if not 1 <= n <= limit:
+        raise ValueError(f"threads must be in 1..{limit} (NUMBA_NUM_THREADS), got {n}")
+    numba.set_num_threads(n)
+    torch = _torch()
+    if torch is not None:
+        torch.set_num_threads(n)
+    return n
+
+
+def kernel_impls(device, names=None, allow_simulator=False):
+    """``[(name, module)]``: the registry's kernel implementations that run on ``device``.
+
+    An implementation runs on the GPU when its frontend's backend is 'cuda' (the
+    ``_api`` protocol); the simulator counts only when ``allow_simulator``.
+    """
+    from . import registry
+
+    out = []
+    for name in registry.available(include_oracle=False):
+        if names is not None and name not in names:
+            continue
+        mod = registry.get(name)
+        dev = {"cuda": "gpu", "cpu": "cpu"}.get(_backend_name(mod))
+        if dev != device:
+            continue
+        if dev == "gpu" and not (allow_simulator if _cuda_simulated() else gpu_name()):
+            continue  # the simulator only when asked for; else a real device must answer
+        out.append((name, mod))
+    return out
+
+
+def _backend_name(mod):
+    fe = getattr(mod, "_frontend", None)
+    return getattr(getattr(fe, "be", None), "name", None)
+
+
+def _cuda_simulated():
+    return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+
+
+def gpu_status():
+    """``(usable, description)`` of the registry's 'cuda' implementation on this machine."""
+    from . import registry
+
+    if "cuda" not in registry.IMPLEMENTATIONS:
+        return False, "no 'cuda' implementation registered"
+    ok, why = registry.usable("cuda")
+    if not ok:
+        return False, why
+    if _cuda_simulated():
+        return True, "numba CUDA simulator (NUMBA_ENABLE_CUDASIM=1): correct but not fast"
+    name = gpu_name()
+    return (True, name) if name else (False, "numba.cuda finds no CUDA device")
+
+
+def gpu_name():
+    """Name of the current CUDA device, or None (never raises, never starts the simulator)."""
+    if _cuda_simulated():
+        return None
+    try:
+        from numba import cuda
+
+        if not cuda.is_available():
+            return None
+        name = cuda.get_current_device().name
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:
+        return None
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def mem_total_bytes():
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def machine_info(include_gpu=True):
+    mem = mem_total_bytes()
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "mem_gib": round(mem / 2**30, 1) if mem else None,
+        "gpu": gpu_name() if include_gpu else None,
+        "platform": platform.platform(),
+    }
+
+
+def _dist_version(name):
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:
+        return None
+
+
+def versions():
+    import numba
+
+    from . import __version__
+
+    torch = _torch()
+    return {
+        "numbanorm": __version__,
+        "numba": numba.__version__,
+        "numpy": np.__version__,
+        "numba-cuda": _dist_version("numba-cuda"),
+        "torch": torch.__version__ if torch is not None else None,
+        "python": platform.python_version(),
+    }
+
+
+def loadavg():
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
+# ------------------------------------------------------------------ inputs and runners
+
+
+class Inputs:
+    """x, weight, bias (and dy, made on first use) of one shape and dtype on one side."""
+
+    def __init__(self, case, side, seed=0):
+        self.shape, self.dtype, self.side, self.seed = case.shape, case.dtype, side, seed
+        self._gen = np.float64 if case.dtype == "float64" else np.float32
+        rng = np.random.default_rng(seed)
+        # mean 0.5, std 1: a realistic activation; the numerics of large offsets are
+        # the tests' business, not the benchmark's
+        host_x = rng.standard_normal(case.shape, dtype=self._gen)
+        host_x += self._gen(0.5)
+        self.x = side.array(host_x, case.dtype)
+        del host_x
+        n = case.params
+        self.w = side.array(rng.uniform(0.5, 1.5, n), case.dtype)
+        self.b = side.array(0.1 * rng.standard_normal(n), case.dtype)
+        self._dy = None
+
+    @property
+    def dy(self):
+        if self._dy is None:
+            rng = np.random.default_rng(self.seed + 1)
+            self._dy = self.side.array(rng.standard_normal(self.shape, dtype=self._gen), self.dtype)
+        return self._dy
+
+
+def _nb_calls(mod, case, inp, host_stats=False):
+    """``{mode: fn}`` calling implementation ``mod`` (public signatures) on ``inp``.
+
+    Backward statistics come from the implementation's own forward, computed once
+    here, outside the timing; ``host_stats`` takes them from the oracle instead
+    (so a cold-start process compiles the backward alone).
+    """
+    x, dy, w, b = inp.x, inp.dy, inp.w, inp.b
+    norm, n = case.norm, case.shape[-1]
+    if norm == "layer_norm":
+        fwd = lambda out=None: mod.layer_norm(x, n, w, b, EPS, out=out)  # noqa: E731
+    elif norm == "rms_norm":
+        fwd = lambda out=None: mod.rms_norm(x, n, w, None, out=out)  # noqa: E731
+    else:
+        g = case.groups
+        fwd = lambda out=None: mod.group_norm(x, g, w, b, EPS, out=out)  # noqa: E731
+
+    if case.direction == "forward":
+        y = inp.side.empty_like(x)
+        return {"out": lambda: fwd(out=y), "alloc": lambda: fwd()}
+
+    stats = _stats(mod, case, inp, host_stats)
+    if norm == "layer_norm":
+        mean, rstd = stats
+        return {"alloc": lambda: mod.layer_norm_backward(dy, x, mean, rstd, n, w)}
+    if norm == "rms_norm":
+        (rstd,) = stats
+        return {"alloc": lambda: mod.rms_norm_backward(dy, x, rstd, n, w)}
+    mean, rstd = stats
+    return {"alloc": lambda: mod.group_norm_backward(dy, x, mean, rstd, w)}
+
+
+def _stats(mod, case, inp, from_oracle):
+    x, w, b, n = inp.x, inp.w, inp.b, case.shape[-1]
+    src = mod
+    if from_oracle:
+        from . import reference as src
+    if case.norm == "layer_norm":
+        out = src.layer_norm_forward(x, n, w, b, EPS)[1:]
+    elif case.norm == "rms_norm":
+        out = src.rms_norm_forward(x, n, w, None)[1:]
+    else:
+        out = src.group_norm_forward(x, case.groups, w, b, EPS)[1:]
+    if from_oracle:
+        acc = "float64" if case.dtype == "float64" else "float32"
+        out = tuple(inp.side.array(s, acc) for s in out)
+    return out
+
+
+def _oracle_calls(case, inp):
+    """The NumPy oracle (host only; it has no ``out=``)."""
+    from . import reference as ref
+
+    x, dy, w, b, n = inp.x, inp.dy, inp.w, inp.b, case.shape[-1]
+    if case.direction == "forward":
+        if case.norm == "layer_norm":
+            return {"alloc": lambda: ref.layer_norm(x, n, w, b, EPS)}
+        if case.norm == "rms_norm":
+            return {"alloc": lambda: ref.rms_norm(x, n, w, None)}
+        return {"alloc": lambda: ref.group_norm(x, case.groups, w, b, EPS)}
+    stats = _stats(ref, case, inp, from_oracle=False)
+    if case.norm == "layer_norm":
+        return {"alloc": lambda: ref.layer_norm_backward(dy, x, *stats, n, w)}
+    if case.norm == "rms_norm":
+        return {"alloc": lambda: ref.rms_norm_backward(dy, x, *stats, n, w)}
+    return {"alloc": lambda: ref.group_norm_backward(dy, x, *stats, w)}
+
+
+def _torch_calls(case, inp):
+    """``torch.nn.functional`` on the same memory (host) or the same tensors (GPU).
+
+    Forward: F.layer_norm / F.rms_norm / F.group_norm on tensors that do not
+    require grad (no graph is recorded); torch has no ``out=`` for these, so only
+    the allocating forward is compared.  Instance norm runs as F.group_norm with
+    one group per channel: the same arithmetic as numbanorm's, and faster than
+    F.instance_norm (which goes through batch_norm on a reshaped view).
+
+    Backward: the graph is built ONCE here, outside the timing, and every timed
+    call is ``torch.autograd.grad(y, (x, weight, bias), dy, retain_graph=True)``.
+    So a sample is exactly autograd's backward (the native *_backward kernel
+    plus the engine's overhead) -- a fresh graph per repeat would add the
+    forward, and ``y.backward(dy)`` would add an accumulation pass into
+    ``x.grad`` (one more read and write of dx) from the second repeat on.
+    """
+    torch = _torch()
+    if torch is None:
+        return {}
+    side = inp.side
+    xt = side.to_torch(inp.x)
+    if xt is None:
+        return {}
+    F = torch.nn.functional
+    wt, bt = side.to_torch(inp.w), side.to_torch(inp.b)
+    n, norm = case.shape[-1], case.norm
+
+    def fwd(x, w, b):
+        if norm == "layer_norm":
+            return F.layer_norm(x, (n,), w, b, EPS)
+        if norm == "rms_norm":
+            return F.rms_norm(x, (n,), w, None)
+        return F.group_norm(x, case.groups, w, b, EPS)
+
+    if case.direction == "forward":
+        return {"alloc": lambda: fwd(xt, wt, bt)}
+    leaves = [t.detach().requires_grad_(True) for t in (xt, wt, bt)]
+    if norm == "rms_norm":
+        leaves = leaves[:2]
+        y = fwd(leaves[0], leaves[1], None)
+    else:
+        y = fwd(*leaves)
+    dyt = side.to_torch(inp.dy)
+    return {"alloc": lambda: torch.autograd.grad(y, leaves, dyt, retain_graph=True)}
+
+
+def _floor_calls(case, inp):
+    side, x = inp.side, inp.x
+    if case.direction == "forward":
+        y = side.empty_like(x)
+        return {"out": lambda: side.copy(y, x)}
+    a, b, dy = side.empty_like(x), side.empty_like(x), inp.dy
+
+    def copy_both():
+        side.copy(a, x)
+        side.copy(b, dy)
+
+    return {"out": copy_both}
+
+
+@dataclass
+class Runner:
+    impl: str            # 'numbanorm.cpu', 'numbanorm.cuda', 'torch', 'oracle', 'floor'
+    mode: str            # 'out' (preallocated output) or 'alloc'
+    fn: object = field(repr=False)
+    first_call_s: float = math.nan
+    number: int = 1
+    samples: list = field(default_factory=list, repr=False)
+
+    def quantiles(self):
+        """``(q20, median, q80)`` of the per-call times in seconds."""
+        if not self.samples:
+            return (math.nan,) * 3
+        return tuple(float(v) for v in np.quantile(self.samples, [0.2, 0.5, 0.8]))
+
+
+PEERS = ("torch", "floor", "oracle")
+ORACLE_MAX_ELEMENTS = 1 << 20  # the oracle takes ~0.1 s at 1M elements; larger shapes skip it
+
+
+def build_runners(case, inp, impls, peers=PEERS, oracle_max_elements=ORACLE_MAX_ELEMENTS):
+    """Runners for ``case`` over inputs ``inp``: ``impls`` is ``[(name, module)]``."""
+    runners = []
+    for name, mod in impls:
+        for mode, fn in _nb_calls(mod, case, inp).items():
+            runners.append(Runner(f"numbanorm.{name}", mode, fn))
+    if "torch" in peers:
+        for mode, fn in _torch_calls(case, inp).items():
+            runners.append(Runner("torch", mode, fn))
+    if "oracle" in peers and case.device == "cpu" and case.elements <= oracle_max_elements:
+        for mode, fn in _oracle_calls(case, inp).items():
+            runners.append(Runner("oracle", mode, fn))
+    if "floor" in peers:
+        for mode, fn in _floor_calls(case, inp).items():
+            runners.append(Runner("floor", mode, fn))
+    return runners
+
+
+# ------------------------------------------------------------------ timing
+
+
+def time_runners(runners, sync=lambda: None, *, repeats=None, budget_s=1.0, min_repeats=5,
+                 max_repeats=50, max_s=None, min_sample_s=2e-3, max_number=1000):
+    """Time ``runners`` in place (``first_call_s``, ``number``, ``samples``); returns the rounds run.
+
+    ``repeats`` fixes the number of round-robin rounds.  Otherwise rounds go on
+    until ``budget_s`` seconds of them have run (at least ``min_repeats``, at
+    most ``max_repeats``); ``max_s`` (default ``5 * budget_s``) cuts a case
+    short after 3 rounds when a loaded machine makes every call slow.
+    """
+    clock = time.perf_counter
+    for r in runners:
+        t0 = clock()
+        r.fn()
+        sync()
+        r.first_call_s = clock() - t0
+    for r in runners:
+        t0 = clock()
+        r.fn()
+        sync()
+        t1 = clock()
+        r.fn()
+        sync()
+        # the slower of two calls: a lucky fast call would make the samples long
+        one = max(t1 - t0, clock() - t1, 1e-9)
+        r.number = int(min(max_number, max(1, math.ceil(min_sample_s / one))))
+    if max_s is None:
+        max_s = 5 * budget_s
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    k, rounds, start = len(runners), 0, clock()
+    try:
+        while True:
+            if repeats is not None:
+                if rounds >= repeats:
+                    break
+            else:
+                spent = clock() - start
+                if rounds >= max_repeats or (rounds >= min_repeats and spent >= budget_s) or (
+                        rounds >= 3 and spent >= max_s):
+                    break
+            for r in runners[rounds % k:] + runners[: rounds % k]:
+                fn, n = r.fn, r.number
+                t0 = clock()
+                for _ in range(n):
+                    fn()
+                sync()
+                r.samples.append((clock() - t0) / n)
+            rounds += 1
+    finally:
+        if gc_was_on:
+            gc.enable()
+    return rounds
+
+
+def result_rows(case, runners, threads):
+    """One dict per runner: times, GB/s and ratios to the floor and each peer.
+
+    ``x_floor`` is this runner's median over the floor's; ``x_torch`` and
+    ``x_oracle`` compare with that peer in the same mode (torch has no ``out=``,
+    so preallocated rows have no torch ratio).  Floor rows count the bytes their
+    copies move (``floor_bytes``), so their GB/s is the machine's copy bandwidth.
+    """
+    med = {}
+    for r in runners:
+        med[(r.impl, r.mode)] = r.quantiles()[1]
+    floor = next((v for (impl, _), v in med.items() if impl == "floor"), None)
+    rows = []
+    for r in runners:
+        q20, m, q80 = r.quantiles()
+        nbytes = case.floor_bytes if r.impl == "floor" else case.bytes
+        row = {
+            "norm": case.norm, "direction": case.direction, "mode": r.mode,
+            "dtype": case.dtype, "shape": list(case.shape), "groups": case.groups,
+            "device": case.device, "impl": r.impl, "threads": threads,
+            "elements": case.elements, "bytes": nbytes,
+            "median_s": m, "q20_s": q20, "q80_s": q80,
+            "repeats": len(r.samples), "number": r.number, "first_call_s": r.first_call_s,
+            "gbps": nbytes / m / 1e9 if m > 0 else math.nan,
+            "x_floor": m / floor if floor else None,
+        }
+        for peer in ("torch", "oracle"):
+            p = med.get((peer, r.mode))
+            row[f"x_{peer}"] = m / p if p else None
+        rows.append(row)
+    return rows
+
+
+def run_case(case, impls=None, peers=PEERS, threads=None, *, inputs=None, allow_simulator=False,
+             oracle_max_elements=ORACLE_MAX_ELEMENTS, **timing):
+    """Measure one case: build inputs and runners, time them, return the result rows.
+
+    ``impls`` is a list of registry names (default: every kernel implementation
+    that runs on ``case.device``).  ``timing`` goes to :func:`time_runners`.
+    """
+    threads = set_threads(threads)
+    chosen = kernel_impls(case.device, impls, allow_simulator=allow_simulator)
+    if inputs is None:
+        inputs = Inputs(case, side_for(case.device))
+    runners = build_runners(case, inputs, chosen, peers, oracle_max_elements)
+    time_runners(runners, inputs.side.sync, **timing)
+    return result_rows(case, runners, threads)
+
+
+# ------------------------------------------------------------------ progress
+
+
+def progress(total, desc="", disable=False):
+    """A progress bar on stderr: tqdm when installed, else a small built-in one.
+
+    The object has ``update(n=1)``, ``set_postfix_str(s)`` and ``close()``.
+    """
+    if disable:
+        return _TextBar(total, desc, stream=None)
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _TextBar(total, desc)
+    return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, leave=False)
+
+
+class _TextBar:
+    """tqdm's small interface in plain text; on a non-terminal, a line per tenth."""
+
+    width = 28
+
+    def __init__(self, total, desc="", stream=sys.stderr):
+        self.total, self.desc, self.n, self.post = max(int(total), 1), desc, 0, ""
+        self.stream = stream
+        self.tty = bool(stream is not None and getattr(stream, "isatty", lambda: False)())
+        self.t0 = time.perf_counter()
+        self._last_tenth = -1
+
+    def update(self, n=1):
+        self.n = min(self.total, self.n + n)
+        self._draw()
+
+    def set_postfix_str(self, s, refresh=True):
+        self.post = s
+        if refresh and self.tty:
+            self._draw()
+
+    def _draw(self):
+        if self.stream is None:
+            return
+        frac = self.n / self.total
+        bar = "#" * int(frac * self.width) + "." * (self.width - int(frac * self.width))
+        line = f"{self.desc} [{bar}] {self.n}/{self.total} {time.perf_counter() - self.t0:5.0f}s {self.post}"
+        if self.tty:
+            self.stream.write("\r" + line[:150].ljust(150))
+        elif int(frac * 10) != self._last_tenth:
+            self._last_tenth = int(frac * 10)
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self):
+        if self.stream is not None and self.tty:
+            self.stream.write("\r" + " " * 150 + "\r")
+            self.stream.flush()
+
+
+# ------------------------------------------------------------------ a sweep and its table
+
+
+def sweep(cases, impls=None, peers=PEERS, threads=None, show_progress=True, desc="bench",
+          allow_simulator=False, **timing):
+    """Run ``cases`` in order with a progress bar; returns the result rows.
+
+    Consecutive cases of the same shape and dtype (forward then backward) share
+    their inputs, which are generated once.
+    """
+    threads = set_threads(threads)
+    rows, bar = [], progress(len(cases), desc, disable=not show_progress)
+    inputs = None
+    try:
+        for case in cases:
+            bar.set_postfix_str(case.label)
+            key = (case.norm, case.shape, case.dtype, case.groups, case.device)
+            if inputs is None or inputs[0] != key:
+                inputs = None  # free the last case's arrays before allocating new ones
+                inputs = (key, Inputs(case, side_for(case.device)))
+            rows += run_case(case, impls, peers, threads, inputs=inputs[1],
+                             allow_simulator=allow_simulator, **timing)
+            bar.update(1)
+    finally:
+        bar.close()
+    return rows
+
+
+def _fmt_time(s):
+    if s is None or not math.isfinite(s):
+        return "-"
+    for unit, scale in (("s", 1), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s * 1e9:.3g} ns"
+
+
+def _fmt_ratio(v):
+    return "-" if v is None or not math.isfinite(v) else f"{v:.2f}x"
+
+
+def format_rows(rows):
+    """A fixed-width text table of result rows (the ``numbanorm bench`` output)."""
+    head = ("case", "impl", "mode", "median", "20-80%", "GB/s", "x floor", "x torch")
+    lines = []
+    for r in rows:
+        shp = "x".join(map(str, r["shape"]))
+        g = f" G={r['groups']}" if r["norm"] == "group_norm" else ""
+        case = f"{r['norm']} {r['direction']} {shp}{g} {r['dtype']}"
+        spread = f"{_fmt_time(r['q20_s'])}..{_fmt_time(r['q80_s'])}"
+        lines.append((case, r["impl"], r["mode"], _fmt_time(r["median_s"]), spread,
+                      f"{r['gbps']:.1f}", _fmt_ratio(r["x_floor"]), _fmt_ratio(r["x_torch"])))
+    widths = [max(len(head[i]), *(len(line[i]) for line in lines)) if lines else len(head[i])
+              for i in range(len(head))]
+    fmt = "  ".join(f"{{:<{w}}}" if i < 3 else f"{{:>{w}}}" for i, w in enumerate(widths))
+    return "\n".join([fmt.format(*head)] + [fmt.format(*line) for line in lines])
+
+
+# ------------------------------------------------------------------ cold start, in fresh processes
+
+_COLD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import numbanorm
+t_import = time.perf_counter() - t0
+from numbanorm import _bench
+case = _bench.Case.from_dict(json.loads(sys.argv[1]))
+mod = numbanorm.cpu
+inp = _bench.Inputs(case, _bench.HostSide())
+fn = _bench._nb_calls(mod, case, inp, host_stats=True)["alloc"]
+t0 = time.perf_counter(); fn(); t_first = time.perf_counter() - t0
+steady = []
+for _ in range(20):
+    t0 = time.perf_counter(); fn(); steady.append(time.perf_counter() - t0)
+steady.sort()
+print(json.dumps({"import_s": t_import, "first_call_s": t_first, "steady_s": steady[len(steady) // 2]}))
+"""
+
+
+def cold_start(cases, threads=None, fresh_cache=False, python=None, timeout=600):
+    """First call of each case's CPU kernel in a new Python process.
+
+    Each case runs in its own process: ``import numbanorm`` is timed, then the
+    first call (numba's type dispatch, cache load -- or, with ``fresh_cache``,
+    the whole compile into an empty ``NUMBA_CACHE_DIR`` -- and the start of the
+    threading layer), then the median of 20 more calls (steady state).
+    Backward statistics come from the oracle so that only the kernel under test
+    is compiled.  Returns one dict per case.
+    """
+    import tempfile
+
+    env = dict(os.environ)
+    if threads is not None:
+        env["NUMBA_NUM_THREADS"] = str(threads)
+    env.pop("NUMBA_DISABLE_JIT", None)
+    out = []
+    for case in cases:
+        with tempfile.TemporaryDirectory(prefix="numbanorm-cold-") as tmp:
+            if fresh_cache:
+                env["NUMBA_CACHE_DIR"] = tmp
+            proc = subprocess.run([python or sys.executable, "-c", _COLD, json.dumps(case.to_dict())],
+                                  env=env, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode:
+            raise RuntimeError(f"cold-start process for {case.label} failed:\n{proc.stderr[-2000:]}")
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+        res.update(case.to_dict(), fresh_cache=bool(fresh_cache))
+        res["shape"] = list(case.shape)
+        out.append(res)
+    return out

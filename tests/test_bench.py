@@ -1,0 +1,357 @@
+"""The benchmark harness: byte accounting, ratio arithmetic, result files, README table, targets.
+
+Everything here runs on tiny shapes (or on synthetic timings, where the
+arithmetic is the point), so it takes seconds.
+"""
+
+import csv
+import io
+import json
+import math
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from numbanorm import _bench
+from numbanorm._bench import Case, Runner
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the repository's benchmarks/ package (not installed)
+
+from benchmarks import harness, readme_table, targets  # noqa: E402
+
+
+# ------------------------------------------------------------------ byte accounting
+
+
+def test_bytes_forward_backward_and_floor():
+    c = Case("layer_norm", "forward", (4, 8), "float32")
+    assert c.elements == 32 and c.nbytes == 128
+    assert c.bytes == 2 * 128          # x read + y written
+    assert c.floor_bytes == 2 * 128    # np.copyto(y, x) reads x, writes y
+    b = Case("layer_norm", "backward", (4, 8), "float64")
+    assert b.nbytes == 256
+    assert b.bytes == 3 * 256          # x, dy read + dx written
+    assert b.floor_bytes == 4 * 256    # x and dy each copied: 2 reads + 2 writes
+    h = Case("rms_norm", "backward", (3, 5), "bfloat16", device="gpu")
+    assert h.bytes == 3 * 15 * 2
+
+
+def test_group_and_instance_cases():
+    g = Case("group_norm", "forward", (2, 6, 3, 4), "float32", groups=3)
+    assert g.params == 6 and g.nbytes == 2 * 6 * 12 * 4
+    i = Case("instance_norm", "forward", (2, 6, 3, 4))
+    assert i.groups == 6
+    with pytest.raises(ValueError, match="dividing C"):
+        Case("group_norm", "forward", (2, 6, 3), groups=4)
+    with pytest.raises(ValueError, match="one group per channel"):
+        Case("instance_norm", "forward", (2, 6, 3), groups=3)
+    with pytest.raises(ValueError, match="norm must be"):
+        Case("batch_norm", "forward", (2, 6))
+    assert Case.from_dict(json.loads(json.dumps(g.to_dict()))) == g
+
+
+def _runner(impl, mode, samples):
+    r = Runner(impl, mode, fn=lambda: None)
+    r.samples = list(samples)
+    return r
+
+
+def test_ratio_arithmetic_on_synthetic_timings():
+    case = Case("layer_norm", "forward", (256, 768), "float32")
+    runners = [
+        _runner("numbanorm.cpu", "out", [1.0e-3, 1.1e-3, 1.2e-3, 0.9e-3, 5e-3]),  # median 1.1e-3
+        _runner("numbanorm.cpu", "alloc", [2e-3] * 5),
+        _runner("torch", "alloc", [4e-3] * 5),
+        _runner("floor", "out", [0.5e-3] * 5),
+    ]
+    rows = {(r["impl"], r["mode"]): r for r in _bench.result_rows(case, runners, threads=2)}
+    out = rows[("numbanorm.cpu", "out")]
+    assert out["median_s"] == pytest.approx(1.1e-3)
+    assert out["q20_s"] == pytest.approx(np.quantile([1.0, 1.1, 1.2, 0.9, 5.0], 0.2) * 1e-3)
+    assert out["x_floor"] == pytest.approx(1.1e-3 / 0.5e-3)
+    assert out["x_torch"] is None             # torch has no out=: no like-for-like ratio
+    assert out["gbps"] == pytest.approx(case.bytes / 1.1e-3 / 1e9)
+    alloc = rows[("numbanorm.cpu", "alloc")]
+    assert alloc["x_torch"] == pytest.approx(0.5)
+    assert alloc["x_floor"] == pytest.approx(4.0)
+    assert alloc["x_oracle"] is None          # not measured
+    floor = rows[("floor", "out")]
+    assert floor["x_floor"] == pytest.approx(1.0)
+    assert floor["bytes"] == case.floor_bytes
+    assert all(r["threads"] == 2 and r["repeats"] == 5 for r in rows.values())
+
+
+def test_round_robin_timing_counts_and_order():
+    calls = []
+    runners = [Runner(name, "out", fn=(lambda n=name: calls.append(n))) for name in "abc"]
+    rounds = _bench.time_runners(runners, repeats=4, min_sample_s=0, max_number=1)
+    assert rounds == 4
+    assert all(len(r.samples) == 4 and r.number == 1 and r.first_call_s >= 0 for r in runners)
+    timed = calls[9:]  # 3 first calls + 2 warm-up calls each
+    assert timed == list("abc" "bca" "cab" "abc")  # each round starts one runner later
+
+
+def test_budget_bounds_the_rounds():
+    r = [Runner("a", "out", fn=lambda: None)]
+    assert _bench.time_runners(r, budget_s=0.0, min_repeats=3) == 3
+    r = [Runner("a", "out", fn=lambda: None)]
+    assert _bench.time_runners(r, budget_s=10.0, min_repeats=1, max_repeats=7) == 7
+
+
+def test_run_case_on_a_tiny_shape():
+    pytest.importorskip("numba")
+    case = Case("layer_norm", "backward", (8, 32), "float32")
+    rows = _bench.run_case(case, impls=["cpu"], peers=("floor", "oracle"), threads=1, repeats=3)
+    by = {r["impl"]: r for r in rows}
+    assert set(by) == {"numbanorm.cpu", "floor", "oracle"}
+    for r in rows:
+        assert r["repeats"] == 3 and r["median_s"] > 0 and r["q20_s"] <= r["median_s"] <= r["q80_s"]
+        assert r["threads"] == 1
+    assert by["floor"]["x_floor"] == 1.0
+    assert by["numbanorm.cpu"]["x_floor"] == pytest.approx(by["numbanorm.cpu"]["median_s"] / by["floor"]["median_s"])
+
+
+def test_torch_peer_forward_and_autograd_backward():
+    torch = pytest.importorskip("torch")
+    import numbanorm.cpu as cpu
+
+    for norm, shape, g in (("layer_norm", (4, 16), None), ("rms_norm", (4, 16), None),
+                           ("group_norm", (2, 4, 3), 2)):
+        case = Case(norm, "backward", shape, "float64", g)
+        inp = _bench.Inputs(case, _bench.HostSide())
+        fn = _bench._torch_calls(case, inp)["alloc"]
+        grads = fn()
+        ours = _bench._nb_calls(cpu, case, inp)["alloc"]()
+        # the same gradients (dx, dweight[, dbias]): the peer computes what numbanorm computes
+        assert len(grads) == len(ours)
+        for t, a in zip(grads, ours):
+            np.testing.assert_allclose(t.numpy(), a, rtol=1e-9, atol=1e-9)
+        again = fn()  # the graph is retained: every repeat is a full backward, no accumulation
+        for t, u in zip(grads, again):
+            assert torch.equal(t, u)
+        fwd = _bench._torch_calls(Case(norm, "forward", shape, "float64", g), inp)["alloc"]()
+        assert not fwd.requires_grad  # the forward peer records no graph
+
+
+def test_threads_are_set_alike_and_checked():
+    import numba
+
+    n = _bench.set_threads(1)
+    assert n == 1 and numba.get_num_threads() == 1
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        assert torch.get_num_threads() == 1
+    with pytest.raises(ValueError, match="threads must be"):
+        _bench.set_threads(numba.config.NUMBA_NUM_THREADS + 1)
+    _bench.set_threads(None)
+
+
+# ------------------------------------------------------------------ progress bar
+
+
+def test_text_progress_bar_without_tqdm(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    bar = _bench.progress(4, "x")
+    assert isinstance(bar, _bench._TextBar)
+    s = io.StringIO()
+    bar = _bench._TextBar(4, "sweep", stream=s)
+    for i in range(4):
+        bar.set_postfix_str(f"case {i}")
+        bar.update()
+    bar.close()
+    text = s.getvalue()
+    assert "sweep [" in text and "4/4" in text and "case 3" in text
+
+
+# ------------------------------------------------------------------ results files
+
+
+@pytest.fixture
+def tiny_results():
+    cases = [Case("rms_norm", d, (8, 64), "float32") for d in _bench.DIRECTIONS]
+    return harness.run(cases, threads=1, impls=["cpu"], peers=("floor",), note="test", cold=False,
+                       show_progress=False, repeats=2)
+
+
+def test_results_files_carry_machine_and_versions(tiny_results, tmp_path):
+    jpath, cpath = harness.write_results(tiny_results, "t", tmp_path)
+    res = harness.load_results(jpath)
+    meta = res["meta"]
+    assert meta["machine"]["cpu"] and meta["machine"]["cores"] >= 1
+    assert "gpu" in meta["machine"]
+    for k in ("numbanorm", "numba", "numpy", "torch", "python"):
+        assert k in meta["versions"]
+    assert meta["versions"]["numbanorm"] and meta["versions"]["numba"]
+    assert meta["threads"] == 1 and meta["date"][:2] == "20"
+    assert meta["note"] == "test" and "loadavg_before" in meta and "loadavg_after" in meta
+    assert len(res["rows"]) == 5  # forward: out, alloc, floor; backward: alloc, floor
+    with open(cpath) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 5
+    for k in ("date", "cpu", "cores", "threads", "numbanorm", "numba", "numpy", "torch", "python",
+              "median_s", "gbps", "x_floor", "x_torch"):
+        assert k in rows[0]
+    assert rows[0]["shape"] == "8x64" and rows[0]["threads"] == "1"
+
+
+def test_merge_replaces_only_rerun_cases(tiny_results):
+    new = json.loads(json.dumps(tiny_results))
+    new["rows"] = [dict(r, median_s=1.0) for r in new["rows"] if r["direction"] == "forward"]
+    merged = harness.merge(json.loads(json.dumps(tiny_results)), new)
+    fwd = [r for r in merged["rows"] if r["direction"] == "forward"]
+    bwd = [r for r in merged["rows"] if r["direction"] == "backward"]
+    assert len(fwd) == 3 and all(r["median_s"] == 1.0 for r in fwd)
+    assert len(bwd) == 2 and all(r["median_s"] != 1.0 for r in bwd)
+    assert merged["meta"]["merged"][0]["rows_kept"] == 2
+
+
+def test_sweep_grid_and_memory_bound():
+    cases, skipped = harness.sweep_cases(norms=("layer_norm",), dtypes=("float32",), rows=(256, 65536),
+                                         hidden=(768, 8192), mem_limit=harness.BUFFERS["backward"] * 2**30)
+    big = Case("layer_norm", "backward", (65536, 8192), "float32")  # 2 GiB per array
+    assert big in skipped and big not in cases
+    assert Case("layer_norm", "forward", (256, 768), "float32") in cases
+    assert len(cases) + len(skipped) == 8
+    # forward and backward of one shape run back to back (they share inputs)
+    assert [c.direction for c in cases[:2]] == ["forward", "backward"]
+
+
+# ------------------------------------------------------------------ README table and targets
+
+
+def _synthetic_results(tmp_path):
+    """A results file with every shape the README shows, timings made up (deterministic)."""
+    rows = []
+    for k, (norm, shape) in enumerate(readme_table.SHOWN):
+        g = {"group_norm": 8 if shape[1] == 64 else 32, "instance_norm": shape[1]}.get(norm)
+        for d in _bench.DIRECTIONS:
+            case = Case(norm, d, shape, "float32", g)
+            t = 1e-3 * (k + 1)
+            runners = [_runner("numbanorm.cpu", "alloc", [t] * 3), _runner("torch", "alloc", [2 * t] * 3),
+                       _runner("floor", "out", [t / 2] * 3)]
+            if d == "forward":
+                runners.append(_runner("numbanorm.cpu", "out", [0.6 * t] * 3))
+            rows += _bench.result_rows(case, runners, threads=2)
+    res = {"meta": harness.metadata(2, "synthetic", [0.1, 0.1, 0.1], [0.2, 0.2, 0.2]),
+           "rows": rows, "cold_start": {}}
+    res["meta"]["date"] = "2026-01-01T00:00:00+00:00"
+    path, _ = harness.write_results(res, "synthetic", tmp_path)
+    return path
+
+
+def test_readme_table_is_deterministic_and_round_trips(tmp_path):
+    path = _synthetic_results(tmp_path)
+    res = harness.load_results(path)
+    block = readme_table.render(res, "x.json")
+    assert block == readme_table.render(harness.load_results(path), "x.json")
+    readme = f"# t\n\nintro\n\n{readme_table.START}\nold stuff\n{readme_table.END}\n\nafter\n"
+    once = readme_table.update(readme, block)
+    assert readme_table.update(once, block) == once             # idempotent
+    assert once.startswith("# t\n\nintro\n\n") and once.endswith(f"{readme_table.END}\n\nafter\n")
+    assert "old stuff" not in once
+    cells = readme_table.parse(once)
+    assert cells == readme_table.table_rows(res)                # what is shown is what the file says
+    assert len(cells) == 3 * len(readme_table.SHOWN)
+    first = dict(zip(readme_table.HEADER, cells[0]))
+    assert first["norm"] == "layer_norm" and first["shape"] == "256x768" and first["pass"] == "forward, out="
+    assert first["numbanorm"] == "600.0 us" and first["x copy floor"] == "1.20x" and first["x torch"] == "-"
+    fwd = dict(zip(readme_table.HEADER, cells[1]))
+    assert fwd["x torch"] == "0.50x" and fwd["x copy floor"] == "2.00x"
+    with pytest.raises(ValueError, match="markers"):
+        readme_table.update("no markers", block)
+
+
+def test_readme_table_cli_writes_between_markers(tmp_path):
+    path = _synthetic_results(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"a\n{readme_table.START}\n{readme_table.END}\nb\n")
+    assert readme_table.main([str(path), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert readme_table.main([str(path), "--readme", str(readme)]) == 0
+    assert readme.read_text() == text and "| layer_norm | 16384x4096 |" in text
+
+
+def test_repository_readme_has_the_markers():
+    text = (ROOT / "README.md").read_text()
+    assert text.count(readme_table.START) == 1 and text.count(readme_table.END) == 1
+
+
+def test_targets_pass_fail_and_missing(tmp_path):
+    res = harness.load_results(_synthetic_results(tmp_path))
+    ev = targets.evaluate(res)
+    by = {(e["rule"], e["case"]): e for e in ev}
+    e = by[("forward out= <= 1.15x np.copyto", "layer_norm 16384x4096")]
+    assert e["value"] == pytest.approx(1.2) and e["status"] == "FAIL"  # 0.6 t / 0.5 t
+    e = by[("forward <= 0.7x torch (large)", "layer_norm 16384x4096")]
+    assert e["value"] == pytest.approx(0.5) and e["status"] == "PASS"
+    assert by[("import numbanorm < 1 s (new process, median)", "0 processes")]["status"] == "MISSING"
+    res["cold_start"] = {"cached": [dict(c.to_dict(), shape=list(c.shape), import_s=0.5, first_call_s=0.2 + 0.1 * i)
+                                    for i, c in enumerate(harness.COLD_CASES[:2])]}
+    ev = {e["case"]: e for e in targets.evaluate(res)}
+    assert ev["2 processes"]["status"] == "PASS"
+    assert ev["layer_norm forward 256x768"]["status"] == "PASS"
+    assert ev["layer_norm backward 256x768"]["status"] == "FAIL"  # 0.3 s is not < 0.3 s
+    text = targets.summary(res)
+    assert "FAIL" in text and "PASS" in text and "targets" in text.splitlines()[-1]
+    # every target's case is one the --targets run measures
+    needed = set(targets.target_cases())
+    assert all(t.case() in needed for t in targets.TARGETS)
+
+
+# ------------------------------------------------------------------ the GPU path, in the simulator
+
+
+def _stand_in_cuda():
+    """A 'cuda' implementation for the harness test when numbanorm.cuda is not usable:
+    device arrays in and out, the arithmetic done by numbanorm.cpu."""
+    from numba import cuda
+
+    import numbanorm.cpu as cpu
+
+    mod = types.ModuleType("numbanorm_test_fake_cuda")
+    mod._frontend = types.SimpleNamespace(be=types.SimpleNamespace(name="cuda"))
+
+    def wrap(name):
+        def f(*args, out=None, **kw):
+            host = [a.copy_to_host() if hasattr(a, "copy_to_host") else a for a in args]
+            res = getattr(cpu, name)(*host, **kw)
+            if out is not None:
+                out.copy_to_device(res)
+                return out
+            return tuple(cuda.to_device(r) for r in res) if isinstance(res, tuple) else cuda.to_device(res)
+        return f
+
+    for name in cpu.__all__:
+        setattr(mod, name, wrap(name))
+    return mod
+
+
+@pytest.mark.cudasim
+def test_gpu_path_in_the_cuda_simulator(monkeypatch):
+    pytest.importorskip("numba.cuda")
+    if not _bench._cuda_simulated():
+        pytest.skip("runs the GPU path in numba's CUDA simulator only")
+    from numbanorm import registry
+
+    if not registry.usable("cuda")[0] or _bench._backend_name(registry.get("cuda")) != "cuda":
+        fake = _stand_in_cuda()
+        monkeypatch.setitem(sys.modules, fake.__name__, fake)
+        monkeypatch.setitem(registry.IMPLEMENTATIONS, "cuda", fake.__name__)
+    assert not _bench.kernel_impls("gpu", ["cuda"])                      # the simulator only when asked
+    side = _bench.side_for("gpu")
+    assert isinstance(side, _bench.NumbaCudaSide) and side.simulated
+    rows = []
+    for d in _bench.DIRECTIONS:
+        case = Case("layer_norm", d, (4, 32), "float32", device="gpu")
+        rows += _bench.run_case(case, impls=["cuda"], peers=("floor", "oracle"), threads=1,
+                                allow_simulator=True, repeats=2, max_number=1)
+    impls = {(r["direction"], r["impl"], r["mode"]) for r in rows}
+    assert impls == {("forward", "numbanorm.cuda", "out"), ("forward", "numbanorm.cuda", "alloc"),
+                     ("forward", "floor", "out"), ("backward", "numbanorm.cuda", "alloc"),
+                     ("backward", "floor", "out")}  # no oracle on the device
+    assert all(r["device"] == "gpu" and r["repeats"] == 2 and math.isfinite(r["median_s"]) for r in rows)
