@@ -1,0 +1,89 @@
+"""What the book's chapters share: BatchNorm in NumPy and the build stamp.
+
+Chapter 1 shows ``BatchNorm1d`` with ``literalinclude`` and chapter 10 trains
+with it, so both read this one definition.  The LayerNorm the book uses is
+numbanorm's own; numbanorm ships no BatchNorm, so the book brings this one as
+its point of comparison.  (Lines stay under 80 columns: the book shows them.)
+"""
+
+import datetime
+import os
+import platform
+
+import numpy as np
+
+
+class BatchNorm1d:
+    """BatchNorm over the batch axis of (B, D) activations, as in torch.
+
+    Training mode normalizes each feature with the statistics of the current
+    batch and updates the running averages; eval mode normalizes with the
+    running averages.  The backward is LayerNorm's with the axes swapped: the
+    same xhat, wdy, c1, c2, averaged over the batch instead of the features.
+    """
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1,
+                 dtype=np.float32):
+        self.eps, self.momentum = eps, momentum
+        self.weight = np.ones(num_features, dtype)      # gamma, per feature
+        self.bias = np.zeros(num_features, dtype)       # beta, per feature
+        self.running_mean = np.zeros(num_features, dtype)
+        self.running_var = np.ones(num_features, dtype)
+        self.training = True
+        self.grad_weight = self.grad_bias = None
+        self._saved = None
+
+    def __call__(self, x):
+        if self.training:
+            B = x.shape[0]
+            if B < 2:  # torch raises too: one value per feature, no spread
+                raise ValueError("BatchNorm1d needs more than 1 value per "
+                                 f"feature when training, got batch {B}")
+            mean = x.mean(axis=0)
+            var = ((x - mean) ** 2).mean(axis=0)   # biased: normalizes
+            # the running variance is the unbiased estimate, as in torch
+            m = self.momentum
+            self.running_mean = ((1 - m) * self.running_mean
+                                 + m * mean).astype(x.dtype)
+            self.running_var = ((1 - m) * self.running_var
+                                + m * var * (B / (B - 1))).astype(x.dtype)
+        else:
+            mean, var = self.running_mean, self.running_var
+        rstd = (1 / np.sqrt(var + self.eps)).astype(x.dtype)
+        xhat = (x - mean) * rstd
+        self._saved = (xhat, rstd, self.training)
+        return xhat * self.weight + self.bias
+
+    def backward(self, dy):
+        if self._saved is None:
+            raise RuntimeError("BatchNorm1d.backward called before a forward")
+        xhat, rstd, training = self._saved
+        self.grad_weight = (dy * xhat).sum(axis=0)
+        self.grad_bias = dy.sum(axis=0)
+        wdy = dy * self.weight
+        if not training:  # eval mode is a fixed affine map
+            return wdy * rstd
+        c1 = (xhat * wdy).mean(axis=0)
+        c2 = wdy.mean(axis=0)
+        return (wdy - (xhat * c1 + c2)) * rstd
+
+
+def stamp():
+    """One line naming when, where and with what a chapter was executed."""
+    import numba
+    import numbanorm
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f
+                       if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return (f"Executed {now:%Y-%m-%d %H:%M} UTC on {cpu} "
+            f"({os.cpu_count()} logical CPUs, {numba.get_num_threads()} "
+            f"Numba threads), {platform.system()}, "
+            f"Python {platform.python_version()}, "
+            f"numbanorm {numbanorm.__version__}, numba {numba.__version__}, "
+            f"numpy {np.__version__}.")
