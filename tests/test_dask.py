@@ -1,0 +1,247 @@
+"""numbanorm.dask against numbanorm on the computed array: threaded scheduler and a real LocalCluster.
+
+Forward outputs and dx are compared bit for bit (each block is a set of whole
+rows, run by the same kernels); dweight/dbias, summed over row blocks in
+another order, to the dtype's tolerance.
+"""
+
+import logging
+import re
+
+import numpy as np
+import pytest
+
+da = pytest.importorskip("dask.array")
+dask = pytest.importorskip("dask")
+
+import numbanorm  # noqa: E402
+import numbanorm.dask as nd  # noqa: E402
+from conftest import assert_close  # noqa: E402
+
+DTYPES = [np.float16, np.float32, np.float64]
+
+
+def data(rng, shape, dtype, low=None):
+    if low is not None:
+        return rng.uniform(low, low + 1, shape).astype(dtype)
+    return (rng.standard_normal(shape) * 2 + 0.5).astype(dtype)
+
+
+def check(lazy, eager, dtype, exact, what):
+    """``lazy`` (computed) against ``eager``: bit for bit, or to ``dtype``'s tolerance."""
+    assert isinstance(lazy, np.ndarray) and lazy.dtype == eager.dtype and lazy.shape == eager.shape, what
+    if exact:
+        np.testing.assert_array_equal(lazy, eager, err_msg=what)
+    else:
+        assert_close(lazy, eager, dtype, what)
+
+
+# (shape, normalized dims, chunks): along rows only, along the normalized axes
+# too (merged by the function), several batch axes, one block
+ROW_CASES = [
+    ((37, 64), 1, (10, 64)),
+    ((37, 64), 1, (9, 20)),
+    ((6, 5, 48), 2, (4, 2, 16)),
+    ((3, 4, 5, 6), 1, (2, 3, 5, 4)),
+    ((11, 30), 1, -1),
+]
+# (shape, groups, chunks): channels split inside groups, spatial axes chunked, instance norm
+GROUP_CASES = [
+    ((7, 12, 5, 4), 4, (3, 5, 2, 4)),
+    ((5, 8, 33), 8, (2, 3, 10)),
+    ((6, 6, 9), 1, (4, 2, 9)),
+    ((4, 6, 10), 3, (1, 2, 10)),
+]
+
+
+def _compute(*arrays, **kw):
+    return dask.compute(*arrays, **kw)
+
+
+def run_layer_norm(rng, dtype, shape, k, chunks, weight_kind, **compute_kw):
+    ns = shape[len(shape) - k:]
+    x, dy = data(rng, shape, dtype), data(rng, shape, dtype)
+    w = data(rng, ns, dtype, low=0.5) if weight_kind != "none" else None
+    b = data(rng, ns, dtype) if weight_kind != "none" else None
+    X, DY = da.from_array(x, chunks=chunks), da.from_array(dy, chunks=chunks)
+    W = da.from_array(w, chunks=tuple(max(1, d // 2) for d in ns)) if weight_kind == "dask" else w
+    y, mean, rstd = nd.layer_norm_forward(X, ns, W, b, 1e-5)
+    assert all(isinstance(a, da.Array) for a in (y, mean, rstd))
+    dx, dw, db = nd.layer_norm_backward(DY, X, mean, rstd, ns, W)
+    got = _compute(y, mean, rstd, dx, dw, db, **compute_kw)
+    ye, me, re_ = numbanorm.layer_norm_forward(x, ns, w, b, 1e-5)
+    dxe, dwe, dbe = numbanorm.layer_norm_backward(dy, x, me, re_, ns, w)
+    for g, e, exact, what in zip(got, (ye, me, re_, dxe, dwe, dbe), (1, 1, 1, 1, 0, 0),
+                                 ("y", "mean", "rstd", "dx", "dweight", "dbias")):
+        check(g, e, dtype, exact, f"{what} {shape} {chunks}")
+    np.testing.assert_array_equal(nd.layer_norm(X, ns, W, b).compute(**compute_kw), ye)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weight_kind", ["none", "numpy", "dask"])
+def test_layer_norm(rng, dtype, weight_kind):
+    for shape, k, chunks in ROW_CASES:
+        run_layer_norm(rng, dtype, shape, k, chunks, weight_kind, scheduler="threads")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weight_kind", ["none", "numpy", "dask"])
+@pytest.mark.parametrize("eps", [None, 1e-6])
+def test_rms_norm(rng, dtype, weight_kind, eps):
+    for shape, k, chunks in ROW_CASES:
+        ns = shape[len(shape) - k:]
+        x, dy = data(rng, shape, dtype), data(rng, shape, dtype)
+        w = data(rng, ns, dtype, low=0.5) if weight_kind != "none" else None
+        W = da.from_array(w, chunks=1) if weight_kind == "dask" else w
+        X = da.from_array(x, chunks=chunks)
+        y, rstd = nd.rms_norm_forward(X, ns, W, eps)
+        # statistics may come back in the plain batch shape too (the contract accepts both)
+        dx, dw = nd.rms_norm_backward(da.from_array(dy, chunks=chunks), X, rstd.reshape(shape[: len(shape) - k]),
+                                      ns, W)
+        got = _compute(y, rstd, dx, dw, scheduler="threads")
+        ye, re_ = numbanorm.rms_norm_forward(x, ns, w, eps)
+        dxe, dwe = numbanorm.rms_norm_backward(dy, x, re_, ns, w)
+        for g, e, exact, what in zip(got, (ye, re_, dxe, dwe), (1, 1, 1, 0), ("y", "rstd", "dx", "dweight")):
+            check(g, e, dtype, exact, f"{what} {shape} {chunks}")
+        np.testing.assert_array_equal(nd.rms_norm(X, ns, W, eps).compute(scheduler="threads"), ye)
+
+
+def run_group_norm(rng, dtype, shape, g, chunks, weight_kind, **compute_kw):
+    c = shape[1]
+    x, dy = data(rng, shape, dtype), data(rng, shape, dtype)
+    w = data(rng, (c,), dtype, low=0.5) if weight_kind != "none" else None
+    b = data(rng, (c,), dtype) if weight_kind != "none" else None
+    W = da.from_array(w, chunks=max(1, c // 3)) if weight_kind == "dask" else w
+    X = da.from_array(x, chunks=chunks)
+    y, mean, rstd = nd.group_norm_forward(X, g, W, b)
+    assert mean.shape == (shape[0], g)
+    # channel chunks land on group boundaries, spatial axes are whole
+    assert all(ch % (c // g) == 0 for ch in y.chunks[1]) and all(len(ch) == 1 for ch in y.chunks[2:])
+    dx, dw, db = nd.group_norm_backward(da.from_array(dy, chunks=chunks), X, mean, rstd, W)
+    got = _compute(y, mean, rstd, dx, dw, db, **compute_kw)
+    ye, me, re_ = numbanorm.group_norm_forward(x, g, w, b)
+    dxe, dwe, dbe = numbanorm.group_norm_backward(dy, x, me, re_, w)
+    for gv, e, exact, what in zip(got, (ye, me, re_, dxe, dwe, dbe), (1, 1, 1, 1, 0, 0),
+                                  ("y", "mean", "rstd", "dx", "dweight", "dbias")):
+        check(gv, e, dtype, exact, f"{what} {shape} G={g} {chunks}")
+    np.testing.assert_array_equal(nd.group_norm(X, g, W, b).compute(**compute_kw), ye)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weight_kind", ["none", "numpy", "dask"])
+def test_group_norm(rng, dtype, weight_kind):
+    for shape, g, chunks in GROUP_CASES:
+        run_group_norm(rng, dtype, shape, g, chunks, weight_kind, scheduler="threads")
+
+
+def test_numpy_inputs_and_empty_batch(rng):
+    x = data(rng, (5, 16), np.float32)
+    np.testing.assert_array_equal(nd.layer_norm(x, 16).compute(), numbanorm.layer_norm(x, 16))
+    e = da.zeros((0, 16), np.float32, chunks=(4, 8))
+    y, mean, rstd = dask.compute(*nd.layer_norm_forward(e, 16))
+    assert y.shape == (0, 16) and mean.shape == (0, 1)
+    dx, dw, db = dask.compute(*nd.layer_norm_backward(e, e, mean, rstd, 16))
+    assert dx.shape == (0, 16) and dw.shape == (16,)
+    np.testing.assert_array_equal(dw, 0)
+
+
+def test_lazy_until_computed(rng):
+    calls = []
+
+    def source(block):
+        calls.append(block.shape)
+        return block
+
+    x = da.from_array(data(rng, (20, 12), np.float32), chunks=(5, 6)).map_blocks(source, meta=np.empty((0, 0), np.float32))
+    outs = [*nd.layer_norm_forward(x, 12), nd.rms_norm(x, 12), nd.group_norm(x.reshape(20, 3, 4), 3)]
+    y, mean, rstd = outs[:3]
+    outs += list(nd.layer_norm_backward(x, x, mean, rstd, 12, np.ones(12, np.float32)))
+    assert calls == [] and all(isinstance(o, da.Array) for o in outs)
+    outs[-1].compute(scheduler="sync")
+    assert calls
+
+
+# ------------------------------------------------------------ errors at graph construction
+
+def _same_error(lazy, eager):
+    with pytest.raises(Exception) as want:
+        eager()
+    with pytest.raises(want.type, match=re.escape(str(want.value))):
+        lazy()
+
+
+def test_errors_at_graph_construction(rng):
+    x = data(rng, (6, 8), np.float32)
+    X = da.from_array(x, chunks=(3, 4))
+    xi = np.ones((6, 8), np.int32)
+    g = data(rng, (4, 6, 5), np.float32)
+    G = da.from_array(g, chunks=(2, 2, 5))
+    m, r = numbanorm.layer_norm_forward(x, 8)[1:]
+    gm, gr = numbanorm.group_norm_forward(g, 3)[1:]
+    cases = [
+        (lambda: nd.layer_norm(X, 7), lambda: numbanorm.layer_norm(x, 7)),
+        (lambda: nd.layer_norm(X, (2, 8)), lambda: numbanorm.layer_norm(x, (2, 8))),
+        (lambda: nd.layer_norm(da.from_array(xi), 8), lambda: numbanorm.layer_norm(xi, 8)),
+        (lambda: nd.layer_norm(X, 8, np.ones(7, np.float32)), lambda: numbanorm.layer_norm(x, 8, np.ones(7, np.float32))),
+        (lambda: nd.layer_norm(X, 8, None, da.ones(9, chunks=3)), lambda: numbanorm.layer_norm(x, 8, None, np.ones(9))),
+        (lambda: nd.layer_norm(X, 8, eps=-1.0), lambda: numbanorm.layer_norm(x, 8, eps=-1.0)),
+        (lambda: nd.rms_norm(X, 8, eps=float("nan")), lambda: numbanorm.rms_norm(x, 8, eps=float("nan"))),
+        (lambda: nd.rms_norm_forward(X, 0), lambda: numbanorm.rms_norm_forward(x, 0)),
+        (lambda: nd.layer_norm_backward(X[:5], X, m, r, 8), lambda: numbanorm.layer_norm_backward(x[:5], x, m, r, 8)),
+        (lambda: nd.layer_norm_backward(X, X, m[:3], r, 8), lambda: numbanorm.layer_norm_backward(x, x, m[:3], r, 8)),
+        (lambda: nd.rms_norm_backward(X, X, r.reshape(3, 2), 8),
+         lambda: numbanorm.rms_norm_backward(x, x, r.reshape(3, 2), 8)),
+        (lambda: nd.group_norm(G, 4), lambda: numbanorm.group_norm(g, 4)),
+        (lambda: nd.group_norm(G, 0), lambda: numbanorm.group_norm(g, 0)),
+        (lambda: nd.group_norm(G, 3, np.ones(5)), lambda: numbanorm.group_norm(g, 3, np.ones(5))),
+        (lambda: nd.group_norm(G[0, 0], 1), lambda: numbanorm.group_norm(g[0, 0], 1)),
+        (lambda: nd.group_norm_backward(G, G, gm[:, :2], gr), lambda: numbanorm.group_norm_backward(g, g, gm[:, :2], gr)),
+        (lambda: nd.group_norm_backward(G[:3], G, gm, gr), lambda: numbanorm.group_norm_backward(g[:3], g, gm, gr)),
+    ]
+    for lazy, eager in cases:
+        _same_error(lazy, eager)
+    with pytest.raises(TypeError, match="out="):
+        nd.layer_norm(X, 8, out=np.empty((6, 8), np.float32))
+    with pytest.raises(ValueError, match="unknown chunk sizes"):
+        nd.layer_norm(X[X[:, 0] > 0], 8)
+
+
+# ------------------------------------------------------------ on a real cluster
+
+@pytest.fixture(scope="module")
+def client():
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       dashboard_address=None, silence_logs=logging.ERROR,
+                                       timeout="60s")
+    try:
+        c = distributed.Client(cluster, timeout="60s")
+        try:
+            c.wait_for_workers(2, timeout=60)
+            yield c
+        finally:
+            c.close(timeout=30)
+    finally:
+        cluster.close(timeout=30)
+
+
+def test_on_local_cluster(client):
+    """Blocks computed in two worker processes give the same results as in memory."""
+    import distributed
+
+    rng = np.random.default_rng(99)
+    workers = set()
+    for shape, k, chunks in ROW_CASES[:3]:
+        for dtype in (np.float32, np.float64):
+            run_layer_norm(rng, dtype, shape, k, chunks, "dask", scheduler=client.get)
+    for shape, g, chunks in GROUP_CASES[:2]:
+        run_group_norm(rng, np.float32, shape, g, chunks, "numpy", scheduler=client.get)
+    x = da.from_array(data(rng, (64, 32), np.float32), chunks=(8, 16))
+    y = client.persist(nd.rms_norm(x, 32))
+    distributed.wait(y, timeout=60)
+    held = client.who_has(y)
+    for ws in held.values():
+        workers.update(ws)
+    # every block lives in a worker process (which of the two is the scheduler's choice)
+    assert len(held) == 8 and all(held.values()) and workers <= set(client.scheduler_info()["workers"])
+    np.testing.assert_array_equal(y.compute(), numbanorm.rms_norm(x.compute(), 32))

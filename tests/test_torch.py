@@ -1,0 +1,309 @@
+"""numbanorm.torch: gradcheck, drop-in modules in real models, state_dict, memory sharing."""
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import numbanorm.torch as nt  # noqa: E402
+from conftest import TOL  # noqa: E402
+
+F = torch.nn.functional
+
+
+def t64(*shape, seed=0, requires_grad=True, low=None):
+    g = torch.Generator().manual_seed(seed)
+    if low is not None:
+        a = torch.rand(*shape, generator=g, dtype=torch.float64) + low
+    else:
+        a = torch.randn(*shape, generator=g, dtype=torch.float64)
+    return a.requires_grad_(requires_grad)
+
+
+AFFINE = ["none", "weight", "bias", "both"]
+
+
+def affine(shape, which, seed=1):
+    w = t64(*shape, seed=seed, low=0.5) if which in ("weight", "both") else None
+    b = t64(*shape, seed=seed + 1) if which in ("bias", "both") else None
+    return w, b
+
+
+# ------------------------------------------------------------ gradcheck (float64)
+
+@pytest.mark.parametrize("which", AFFINE)
+def test_gradcheck_layer_norm(which):
+    x = t64(3, 4, 5)
+    w, b = affine((4, 5), which)
+    assert torch.autograd.gradcheck(lambda x, w, b: nt.layer_norm(x, (4, 5), w, b), (x, w, b))
+    assert torch.autograd.gradcheck(lambda x, w, b: nt.layer_norm(x, 5, w[0] if w is not None else None,
+                                                                  b[0] if b is not None else None), (x, w, b))
+
+
+@pytest.mark.parametrize("which", ["none", "weight"])
+@pytest.mark.parametrize("eps", [None, 1e-6])
+def test_gradcheck_rms_norm(which, eps):
+    x = t64(4, 7)
+    w, _ = affine((7,), which)
+    assert torch.autograd.gradcheck(lambda x, w: nt.rms_norm(x, [7], w, eps), (x, w))
+
+
+@pytest.mark.parametrize("which", AFFINE)
+@pytest.mark.parametrize("shape,groups", [((2, 6, 5), 3), ((2, 4, 3, 2), 4), ((3, 4), 1)])
+def test_gradcheck_group_norm(which, shape, groups):
+    x = t64(*shape)
+    w, b = affine((shape[1],), which)
+    assert torch.autograd.gradcheck(lambda x, w, b: nt.group_norm(x, groups, w, b), (x, w, b))
+
+
+@pytest.mark.parametrize("which", AFFINE)
+def test_gradcheck_add_layer_norm(which):
+    x, r = t64(3, 9), t64(3, 9, seed=5)
+    w, b = affine((9,), which)
+    # both outputs, y and s, are checked: s's gradient reaches x and r as ds
+    assert torch.autograd.gradcheck(lambda x, r, w, b: nt.add_layer_norm(x, r, 9, w, b), (x, r, w, b))
+
+
+@pytest.mark.parametrize("which", ["none", "weight"])
+def test_gradcheck_add_rms_norm(which):
+    x, r = t64(2, 3, 8), t64(2, 3, 8, seed=5)
+    w, _ = affine((3, 8), which)
+    assert torch.autograd.gradcheck(lambda x, r, w: nt.add_rms_norm(x, r, (3, 8), w), (x, r, w))
+
+
+# ------------------------------------------------------------ against torch.nn.functional
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_functional_matches_torch(dtype):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 6, 10, generator=g, dtype=dtype)
+    w = torch.rand(6, 10, generator=g, dtype=dtype) + 0.5
+    b = torch.randn(6, 10, generator=g, dtype=dtype)
+    tol = TOL[np.float32 if dtype == torch.float32 else np.float64]
+    close = dict(rtol=tol, atol=tol)
+    torch.testing.assert_close(nt.layer_norm(x, (6, 10), w, b), F.layer_norm(x, (6, 10), w, b), **close)
+    torch.testing.assert_close(nt.rms_norm(x, [10], w[0]), F.rms_norm(x, [10], w[0]), **close)
+    torch.testing.assert_close(nt.group_norm(x, 3, w[:, 0], b[:, 0]), F.group_norm(x, 3, w[:, 0], b[:, 0]), **close)
+    y, s = nt.add_layer_norm(x, b.expand_as(x), 10, w[0], b[0])
+    torch.testing.assert_close(s, x + b)
+    torch.testing.assert_close(y, F.layer_norm(x + b, (10,), w[0], b[0]), **close)
+
+
+def test_weight_grads_only_when_required():
+    x = t64(3, 8)
+    w = t64(8, seed=3, low=0.5, requires_grad=False)
+    b = t64(8, seed=4)
+    nt.layer_norm(x, 8, w, b).sum().backward()
+    assert w.grad is None and b.grad is not None and x.grad is not None
+    x2 = t64(3, 8, requires_grad=False)
+    w2 = t64(8, seed=3, low=0.5)
+    nt.layer_norm(x2, 8, w2).square().sum().backward()
+    assert x2.grad is None and w2.grad is not None
+
+
+def test_fused_grads_when_only_one_output_is_used():
+    x, r, w = t64(3, 8), t64(3, 8, seed=1), t64(8, seed=2, low=0.5)
+    y, s = nt.add_rms_norm(x, r, 8, w)
+    (s * 3).sum().backward()  # y unused: dx = ds, no weight gradient
+    torch.testing.assert_close(x.grad, torch.full_like(x, 3))
+    torch.testing.assert_close(r.grad, torch.full_like(r, 3))
+    assert w.grad is None
+    x.grad = r.grad = None
+    y, s = nt.add_layer_norm(x, r, 8, w)
+    ty = F.layer_norm(x + r, (8,), w)
+    g = t64(3, 8, seed=9, requires_grad=False)
+    want = torch.autograd.grad((ty * g).sum(), (x, r, w))
+    got = torch.autograd.grad((y * g).sum(), (x, r, w))  # s unused: ds is None
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e)
+
+
+def test_cpu_tensors_cross_without_copies(monkeypatch):
+    """What numbanorm receives is a view of the tensor, what comes back is the kernel's own buffer."""
+    import numbanorm
+
+    seen = {}
+    real = numbanorm.add_layer_norm_forward
+
+    def spy(x, residual, *args):
+        out = real(x, residual, *args)
+        seen.update(x=x, residual=residual, y=out[0], s=out[1])
+        return out
+
+    monkeypatch.setattr(numbanorm, "add_layer_norm_forward", spy)
+    x, r = torch.randn(5, 16), torch.randn(5, 16, requires_grad=True)
+    keep = x.clone()
+    y, s = nt.add_layer_norm(x, r, 16)
+    assert isinstance(seen["x"], np.ndarray) and seen["x"].ctypes.data == x.data_ptr()
+    assert seen["residual"].ctypes.data == r.data_ptr()
+    assert y.data_ptr() == seen["y"].ctypes.data and s.data_ptr() == seen["s"].ctypes.data
+    assert y.dtype == s.dtype == torch.float32 and y.requires_grad and s.requires_grad
+    torch.testing.assert_close(s, x + r, rtol=0, atol=0)
+    torch.testing.assert_close(x, keep, rtol=0, atol=0)
+    x_nc = torch.randn(16, 5).t()  # non-contiguous input
+    torch.testing.assert_close(nt.layer_norm(x_nc, 16), nt.layer_norm(x_nc.contiguous(), 16), rtol=0, atol=0)
+
+
+def test_errors_cross_unchanged():
+    x = torch.randn(3, 8)
+    with pytest.raises(ValueError, match="normalized_shape"):
+        nt.layer_norm(x, 7)
+    with pytest.raises(ValueError, match="residual"):
+        nt.add_layer_norm(x, torch.randn(3, 8, dtype=torch.float64), 8)
+    with pytest.raises(TypeError, match="int64"):
+        nt.rms_norm(torch.ones(3, 8, dtype=torch.int64), 8)
+    with pytest.raises(ValueError, match="num_groups"):
+        nt.group_norm(torch.randn(2, 6, 3), 4)
+    with pytest.raises(TypeError, match="bfloat16"):
+        nt.layer_norm(x.to(torch.bfloat16), 8)
+
+
+def test_double_backward_raises():
+    x = t64(3, 8)
+    (gx,) = torch.autograd.grad(nt.layer_norm(x, 8).pow(3).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError):
+        gx.sum().backward()
+
+
+# ------------------------------------------------------------ modules
+
+@pytest.mark.parametrize("ours,theirs,args,kwargs", [
+    (nt.LayerNorm, torch.nn.LayerNorm, ((4, 6),), {"eps": 1e-6}),
+    (nt.LayerNorm, torch.nn.LayerNorm, (6,), {"bias": False}),
+    (nt.LayerNorm, torch.nn.LayerNorm, (6,), {"elementwise_affine": False}),
+    (nt.RMSNorm, torch.nn.RMSNorm, (6,), {}),
+    (nt.RMSNorm, torch.nn.RMSNorm, ([4, 6],), {"eps": 1e-5, "elementwise_affine": False}),
+    (nt.GroupNorm, torch.nn.GroupNorm, (2, 4), {}),
+    (nt.GroupNorm, torch.nn.GroupNorm, (4, 4), {"affine": False}),
+])
+def test_modules_are_their_namesakes(ours, theirs, args, kwargs):
+    a = ours(*args, **kwargs, dtype=torch.float64, device="cpu")
+    ref = theirs(*args, **kwargs, dtype=torch.float64, device="cpu")
+    assert isinstance(a, theirs)
+    assert repr(a) == repr(ref).replace(theirs.__name__, ours.__name__, 1)
+    assert [n for n, _ in a.named_parameters()] == [n for n, _ in ref.named_parameters()]
+    with torch.no_grad():  # non-trivial parameters, then a state_dict round trip both ways
+        for p in ref.parameters():
+            p.copy_(torch.rand_like(p) + 0.5)
+    a.load_state_dict(ref.state_dict())
+    ref2 = theirs(*args, **kwargs, dtype=torch.float64)
+    ref2.load_state_dict(a.state_dict())
+    x = t64(2, 4, 6)
+    ya, yr = a(x), ref(x)
+    torch.testing.assert_close(ya, yr)
+    torch.testing.assert_close(ref2(x), yr)
+    g = t64(2, 4, 6, seed=7, requires_grad=False)
+    ga = torch.autograd.grad((ya * g).sum(), [x, *a.parameters()])
+    gr = torch.autograd.grad((yr * g).sum(), [x, *ref.parameters()])
+    for u, v in zip(ga, gr):
+        torch.testing.assert_close(u, v)
+    a.reset_parameters()
+    ref.reset_parameters()
+    for p, q in zip(a.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
+
+
+class Block(torch.nn.Module):
+    """A pre-norm transformer block without attention: norm, MLP, residual; twice."""
+
+    def __init__(self, d, dtype):
+        super().__init__()
+        self.norm1 = torch.nn.LayerNorm(d, dtype=dtype)
+        self.mlp1 = torch.nn.Sequential(torch.nn.Linear(d, 4 * d, dtype=dtype), torch.nn.GELU(),
+                                        torch.nn.Linear(4 * d, d, dtype=dtype))
+        self.norm2 = torch.nn.RMSNorm(d, dtype=dtype)
+        self.mlp2 = torch.nn.Linear(d, d, dtype=dtype)
+        self.norm_out = torch.nn.LayerNorm(d, dtype=dtype)
+
+    def forward(self, x):
+        x = x + self.mlp1(self.norm1(x))
+        x = x + self.mlp2(self.norm2(x))
+        return self.norm_out(x)
+
+
+class ConvNet(torch.nn.Module):
+    def __init__(self, dtype):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1, dtype=dtype), torch.nn.GroupNorm(2, 8, dtype=dtype),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 8, 3, padding=1, dtype=dtype), torch.nn.GroupNorm(8, 8, dtype=dtype),  # instance
+            torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 5, dtype=dtype))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def _perturb(model):
+    """Norm weights and biases away from ones/zeros, so their gradients are exercised."""
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (torch.nn.LayerNorm, torch.nn.RMSNorm, torch.nn.GroupNorm)):
+                for p in m.parameters():
+                    p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("make,shape", [(lambda dt: Block(32, dt), (4, 7, 32)),
+                                        (lambda dt: ConvNet(dt), (3, 3, 9, 9))], ids=["block", "convnet"])
+def test_models_with_swapped_norms(dtype, make, shape):
+    torch.manual_seed(0)
+    ref = make(dtype)
+    _perturb(ref)
+    ours = nt.replace_norms(copy.deepcopy(ref))
+    kinds = {type(m) for m in ours.modules()}
+    assert kinds & {nt.LayerNorm, nt.RMSNorm, nt.GroupNorm}
+    assert not kinds & {torch.nn.LayerNorm, torch.nn.RMSNorm, torch.nn.GroupNorm}
+    x = torch.randn(*shape, dtype=dtype)
+    xa, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yr = ours(xa), ref(xr)
+    tol = TOL[np.float32 if dtype == torch.float32 else np.float64]
+    # float32: ulp-level differences in the norms pass through a few layers
+    close = dict(rtol=10 * tol, atol=10 * tol)
+    torch.testing.assert_close(ya, yr, **close)
+    g = torch.randn_like(ya)
+    (ya * g).sum().backward()
+    (yr * g).sum().backward()
+    torch.testing.assert_close(xa.grad, xr.grad, **close)
+    for (n, p), (_, q) in zip(ours.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **close, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def test_replace_norms_shares_parameters():
+    model = Block(8, torch.float32)
+    params = {n: p for n, p in model.named_parameters()}
+    out = nt.replace_norms(model)
+    assert out is model and isinstance(model.norm1, nt.LayerNorm) and isinstance(model.norm2, nt.RMSNorm)
+    for n, p in model.named_parameters():
+        assert p is params[n]
+    assert isinstance(nt.replace_norms(torch.nn.GroupNorm(2, 4)), nt.GroupNorm)
+
+
+# ------------------------------------------------------------ GPU (real hardware only)
+
+@pytest.mark.gpu
+def test_float16_autocast_on_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import os
+
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        pytest.skip("numba's CUDA simulator cannot take torch CUDA tensors (set NUMBANORM_TEST_GPU=1)")
+    torch.manual_seed(0)
+    ref = Block(64, torch.float32).cuda()
+    _perturb(ref)
+    ours = nt.replace_norms(copy.deepcopy(ref))
+    x = torch.randn(8, 16, 64, device="cuda")
+    with torch.autocast("cuda", dtype=torch.float16):
+        ya, yr = ours(x), ref(x)
+    torch.testing.assert_close(ya.float(), yr.float(), rtol=2e-2, atol=2e-2)
+    xh = x.half().requires_grad_()
+    y, s = nt.add_layer_norm(xh, xh, 64, ref.norm_out.weight, ref.norm_out.bias)
+    assert y.dtype == s.dtype == torch.float16 and y.device.type == "cuda"
+    torch.testing.assert_close(y.float(), F.layer_norm(2 * x, (64,), ref.norm_out.weight, ref.norm_out.bias),
+                               rtol=2e-2, atol=2e-2)
+    y.float().sum().backward()
+    assert xh.grad is not None and xh.grad.dtype == torch.float16
