@@ -29,7 +29,9 @@ def side_of(a):
         return None
     if type(a) is np.ndarray:  # the common case, decided without attribute probing
         return HOST
-    if hasattr(a, "__cuda_array_interface__"):
+    # numba's device arrays, and the CUDA simulator's (which have no
+    # __cuda_array_interface__ and would otherwise pass for NumPy arrays)
+    if getattr(type(a), "__cuda_ndarray__", False) or hasattr(a, "__cuda_array_interface__"):
         return DEVICE
     dev = getattr(a, "__dlpack_device__", None)
     if dev is not None:

@@ -1,0 +1,69 @@
+"""numbanorm's functions pinned to the GPU kernels (numba-cuda).
+
+CUDA arrays (numba device arrays, CuPy arrays, CUDA torch tensors, CUDA DLPack
+objects) run in place and come back in the caller's array type; host NumPy
+arrays are copied to the GPU and the results copied back.  Under
+``NUMBA_ENABLE_CUDASIM=1`` the same kernels run in numba's CUDA simulator.
+
+Importing this module never fails: where numba-cuda or a GPU is missing,
+``is_available()`` is False, ``why_unavailable()`` says why, and every function
+raises ``RuntimeError`` with that reason.
+"""
+
+from .. import _api
+
+_PUBLIC = [n for n in dir(_api.Frontend) if not n.startswith("_")]
+
+
+def _probe():
+    try:
+        from numba import cuda
+    except Exception as e:  # numba-cuda missing, or its CUDA bindings
+        return f"numba-cuda cannot be imported ({type(e).__name__}: {e}); install numbanorm[cuda]"
+    try:
+        if not cuda.is_available():
+            return ("numba-cuda finds no usable CUDA GPU or driver (numba.cuda.is_available() is "
+                    "False); NUMBA_ENABLE_CUDASIM=1 runs the kernels in numba's CUDA simulator")
+    except Exception as e:  # pragma: no cover - a broken driver
+        return f"the CUDA driver failed to initialise ({type(e).__name__}: {e})"
+    return ""
+
+
+_why = _probe()
+
+
+class _Unavailable:
+    """Stands for the frontend where the GPU kernels cannot run: every function raises."""
+
+    def __getattr__(self, name):
+        if name not in _PUBLIC:
+            raise AttributeError(name)
+
+        def unavailable(*args, **kwargs):
+            raise RuntimeError(f"numbanorm.cuda.{name}: the GPU kernels cannot run here: {_why}")
+
+        unavailable.__name__ = name
+        return unavailable
+
+
+if _why:
+    _frontend = _Unavailable()
+else:
+    from . import _backend
+
+    _frontend = _api.Frontend(_backend)
+
+
+def is_available():
+    """True where the GPU kernels can run (a CUDA GPU, or numba's simulator)."""
+    return not _why
+
+
+def why_unavailable():
+    """Why the GPU kernels cannot run here ('' where they can)."""
+    return _why
+
+
+globals().update({n: getattr(_frontend, n) for n in _PUBLIC})
+
+__all__ = _PUBLIC + ["is_available", "why_unavailable"]

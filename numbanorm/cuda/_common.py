@@ -1,0 +1,347 @@
+"""What the three CUDA norm modules share: dtypes, the row-to-thread mapping, the
+launch path (stream and cached specializations), and two small kernels (the
+fixed-order column sums of partials, and an elementwise cast).
+
+Row mapping
+-----------
+A row of ``N`` elements belongs to a *row group* of ``tpr`` threads (a power of
+two); thread ``t`` of the group owns elements ``t, t + tpr, t + 2*tpr, ...`` so
+each load instruction of a warp reads consecutive addresses (coalesced).  ``tpr``
+is picked so that each thread holds about ``REG_ELEMS`` elements:
+
+* short rows (``N <= 256``): groups of up to 32 threads -- a warp or part of one
+  per row, several rows per block, reductions in registers by warp shuffles;
+* long rows: ``tpr`` up to ``MAX_TPR`` threads -- a block per row, reductions
+  through shared memory across the warps;
+* rows up to ``MAX_TPR * MAX_VPT`` elements (8192) stay in registers
+  (``vpt`` per thread, a compile-time constant, so the arrays are registers), so
+  x is read from global memory once; longer rows take the loop path, which
+  re-reads the row (from L2) for each pass.
+
+The grid is persistent: at most a few blocks per SM, each striding over rows, so
+per-thread copies of weight/bias (and, in the backward, of the dweight/dbias
+partial sums) are loaded or written once per block instead of once per row.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import namedtuple
+
+import numpy as np
+from numba import cuda
+
+from ._reduce import SIMULATED
+
+F16 = np.dtype(np.float16)
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+
+# numba-cuda types arrays of ml_dtypes' bfloat16 as its own bfloat16 (compute
+# capability >= 8.0 on hardware; the simulator has no bfloat16 at all)
+try:
+    import ml_dtypes as _ml_dtypes
+
+    BF16 = np.dtype(_ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - depends on the environment
+    BF16 = None
+
+# ---------------------------------------------------------------- tuning knobs
+# (module constants so that tests can shrink them and reach every mapping with
+# the simulator's tiny shapes; ``row_config.cache_clear()`` after changing them)
+REG_ELEMS = 8          # elements per thread aimed at: 8 independent loads in flight
+MAX_VPT = 8            # elements per thread held in registers at most (halved for float64)
+MAX_TPR = 1024         # threads per row at most
+BLOCK_THREADS = 256    # threads per block for short rows (several rows per block)
+THREADS_PER_SM = 2048  # resident threads per SM on sm_80/sm_90: sizes the persistent grid
+MIN_RESIDENT = 1024    # threads per SM the register budget must allow (64 regs/thread)
+SUM_COLS = 32          # column-sum kernel: columns per block (one warp, coalesced)
+SUM_SLICES = 32        # column-sum kernel: partial rows summed in parallel per column
+SUM_ROWS_PER_SLICE = 16
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def pow2(n):
+    """The smallest power of two >= n (n >= 1)."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=None)
+def n_sm():
+    # the simulator's device has no attributes: it runs blocks one after another
+    return int(getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", 1))
+
+
+RowConfig = namedtuple("RowConfig", "tpr vpt rows loop block grid")
+
+
+def kernel_jit(block):
+    """``cuda.jit`` for a kernel launched with ``block`` threads per block.
+
+    On hardware the launch bounds cap registers so that ``MIN_RESIDENT``
+    threads fit on an SM (ptxas spills rather than produce a kernel that cannot
+    launch); the simulator's ``jit`` takes no such option.
+    """
+    if SIMULATED:
+        return cuda.jit
+    return cuda.jit(launch_bounds=(block, max(1, MIN_RESIDENT // block)))
+
+
+@functools.lru_cache(maxsize=4096)
+def row_config(M, N, wide=False):
+    """How ``M`` rows of ``N`` elements map onto threads (see the module docstring).
+
+    ``wide``: float64 accumulation, whose values take two registers each, so
+    half as many elements per thread fit the register budget.
+    """
+    elems, max_vpt = (REG_ELEMS // 2, MAX_VPT // 2) if wide else (REG_ELEMS, MAX_VPT)
+    tpr = min(MAX_TPR, pow2(cdiv(N, elems)))
+    per_thread = cdiv(N, tpr)
+    loop = per_thread > max_vpt
+    vpt = 1 if loop else pow2(per_thread)
+    # several rows per block for short rows, but not more than there are rows
+    # for each SM to work on (a few short rows still spread over many SMs);
+    # the loop path keeps its partial sums per block in memory: one row group
+    rows = 1 if loop else max(1, min(BLOCK_THREADS // tpr, pow2(cdiv(M, n_sm()))))
+    block = tpr * rows
+    grid = max(1, min(cdiv(M, rows), n_sm() * max(1, THREADS_PER_SM // block)))
+    return RowConfig(tpr, vpt, rows, loop, block, grid)
+
+
+# ---------------------------------------------------------------- dtypes
+
+def acc_type(dtype):
+    """numba type of the accumulation: float64 for float64, float32 otherwise."""
+    return cuda.float64 if dtype == F64 else cuda.float32
+
+
+def kview(a):
+    """``a`` as the kernels index it: bfloat16 arrays as their uint16 bit patterns.
+
+    numba-cuda's own bfloat16 conversions are calls into a linked C++ shim that
+    pass their operands through local memory (96 calls and a .local frame in
+    the PTX of one LayerNorm forward, sm_90); shifting the bits is two integer
+    instructions.
+    """
+    return a.view(np.uint16) if is_bfloat16(a.dtype) else a
+
+
+@functools.lru_cache(maxsize=None)
+def load_fn(dtype, acc_name):
+    """Device function: an element of an array of ``dtype`` (as ``kview`` shows it) -> acc."""
+    ACC = getattr(cuda, acc_name)
+    if is_bfloat16(dtype):
+        from numba.cuda import libdevice
+
+        I32, U32 = cuda.int32, cuda.uint32
+
+        @cuda.jit(device=True)
+        def load_bf16(u):
+            # bfloat16 is the upper half of a float32
+            return libdevice.int_as_float(I32(U32(u) << 16))
+
+        return load_bf16
+
+    @cuda.jit(device=True)
+    def load(v):
+        return ACC(v)
+
+    return load
+
+
+@functools.lru_cache(maxsize=None)
+def store_fn(dtype):
+    """Device function: an accumulation-dtype value -> what is stored into ``dtype``."""
+    if is_bfloat16(dtype):
+        from numba.cuda import libdevice
+
+        U16, U32, F32T = cuda.uint16, cuda.uint32, cuda.float32
+
+        @cuda.jit(device=True)
+        def store_bf16(f):
+            if f != f:
+                return U16(0x7FC0)  # a quiet NaN
+            bits = U32(libdevice.float_as_int(F32T(f)))
+            # round to nearest, ties to even, as the hardware conversion does
+            return U16((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16)
+
+        return store_bf16
+    OUT = {F16: cuda.types.float16, F32: cuda.float32, F64: cuda.float64}[np.dtype(dtype)]
+
+    @cuda.jit(device=True)
+    def store(v):
+        return OUT(v)
+
+    return store
+
+
+def bfloat16_unsupported():
+    """Why bfloat16 cannot run here, or '' when it can."""
+    if BF16 is None:
+        return "bfloat16 arrays need the ml_dtypes package (numba-cuda types them through it)"
+    if SIMULATED:
+        return "numba's CUDA simulator has no bfloat16 (numba.cuda.bf16 is hardware-only)"
+    if not cuda.is_bfloat16_supported():
+        return "bfloat16 needs a GPU of compute capability 8.0 or newer"
+    return ""
+
+
+def check_bfloat16():
+    why = bfloat16_unsupported()
+    if why:
+        raise TypeError(f"bfloat16 input: {why}")
+
+
+def is_bfloat16(dtype):
+    return getattr(dtype, "name", None) == "bfloat16"
+
+
+# ---------------------------------------------------------------- launching
+
+class _Call(threading.local):
+    """Where the current public call runs: set by the backend from the arrays' library."""
+
+    stream = 0      # numba stream (0: the default stream)
+    lib = None      # 'torch' or 'cupy' when the caller's arrays come from them
+    like = None     # one of the caller's arrays (allocation device/library)
+
+
+CALL = _Call()
+
+# Resolved kernel specializations.  A numba-cuda dispatcher call types every
+# argument and looks the signature up each time; our launchers know the
+# specialization from a few dtypes, so after the first (ordinary) launch the
+# compiled kernel is kept here and launched directly.
+_RESOLVED = {}
+
+
+def launch(kernel, grid, block, *args):
+    """``kernel[grid, block, stream](*args)`` on the current call's stream.
+
+    Launchers pass C-contiguous arrays of fixed rank for every argument of a
+    given kernel, so the arrays' dtypes (and scalars' types) identify the
+    specialization.
+    """
+    stream = CALL.stream
+    key = (kernel, *(getattr(a, "dtype", type(a)) for a in args))
+    compiled = _RESOLVED.get(key)
+    if compiled is not None:
+        compiled.launch(args, (grid, 1, 1), (block, 1, 1), stream, 0)
+        return
+    kernel[grid, block, stream](*args)
+    overloads = getattr(kernel, "overloads", None)  # None in the simulator
+    if overloads:
+        compiled = overloads.get(tuple(kernel.typeof_pyval(a) for a in args))
+        if compiled is not None:
+            _RESOLVED[key] = compiled
+
+
+@functools.lru_cache(maxsize=None)
+def _dummy_cached(dtype, ndim):
+    return cuda.device_array((1,) * ndim, dtype)
+
+
+def dummy(dtype, ndim):
+    """A one-element device array of rank ``ndim`` standing for an absent argument.
+
+    The kernels are specialized on which arguments exist and never read a
+    dummy; numba-cuda cannot pass ``None`` to a kernel.
+    """
+    return _dummy_cached(np.dtype(dtype), ndim)
+
+
+def optional(a, like, ndim):
+    """What a kernel indexes for an optional array argument: ``a``, or a dummy like ``like``."""
+    return dummy(like.dtype, ndim) if a is None else kview(a)
+
+
+def dtype_or_none(a):
+    """The dtype a kernel is specialized on for an optional argument."""
+    return None if a is None else np.dtype(a.dtype)
+
+
+def device_empty(shape, dtype):
+    return cuda.device_array(shape, dtype)
+
+
+# ---------------------------------------------------------------- column sums
+
+@functools.lru_cache(maxsize=None)
+def _column_sums_kernel(K, COLS, SLICES, acc_name):
+    ACC = getattr(cuda, acc_name)
+
+    @cuda.jit
+    def column_sums(
+        part,  # (K, P, N) partial sums, one row per block of the kernel that made them
+        out0,  # (N,) sum over P of part[0], accumulation dtype
+        out1,  # (N,) sum over P of part[1] (K == 2), else a dummy
+    ):
+        P = part.shape[1]
+        N = part.shape[2]
+        c = cuda.threadIdx.x % COLS
+        sl = cuda.threadIdx.x // COLS
+        col = cuda.blockIdx.x * COLS + c
+        a = ACC(0)
+        b = ACC(0)
+        if col < N:
+            # fixed order: slice sl sums rows sl, sl + SLICES, ... in turn
+            for p in range(sl, P, SLICES):
+                a += part[0, p, col]
+                if K == 2:
+                    b += part[1, p, col]
+        if SLICES > 1:
+            sh = cuda.shared.array((2, SLICES, COLS), ACC)
+            sh[0, sl, c] = a
+            sh[1, sl, c] = b
+            cuda.syncthreads()
+            if sl == 0:
+                for k in range(1, SLICES):
+                    a += sh[0, k, c]
+                    b += sh[1, k, c]
+        if sl == 0 and col < N:
+            out0[col] = a
+            if K == 2:
+                out1[col] = b
+
+    return column_sums
+
+
+def column_sums(part, out0, out1=None):
+    """out0[:] = part[0].sum(0) (and out1 from part[1]) in a fixed order: deterministic."""
+    K, P, N = part.shape
+    cols = min(SUM_COLS, pow2(N))
+    slices = min(SUM_SLICES, pow2(cdiv(P, SUM_ROWS_PER_SLICE))) if P else 1
+    acc = "float64" if part.dtype == F64 else "float32"
+    kern = _column_sums_kernel(K, cols, slices, acc)
+    launch(kern, cdiv(N, cols), cols * slices, part, out0, out0 if out1 is None else out1)
+
+
+# ---------------------------------------------------------------- cast
+
+@functools.lru_cache(maxsize=None)
+def _cast_kernel(src_dtype, dst_dtype):
+    LOAD = load_fn(src_dtype, "float64")
+    STORE = store_fn(dst_dtype)
+
+    @cuda.jit
+    def cast(
+        src,  # (n,) values in any float dtype
+        dst,  # (n,) the same values in dst's dtype
+    ):
+        i = cuda.grid(1)
+        if i < src.shape[0]:
+            dst[i] = STORE(LOAD(src[i]))
+
+    return cast
+
+
+def cast_into(src, dst):
+    """dst[:] = src (1-D, contiguous, same length) with conversion."""
+    n = src.shape[0]
+    if n:
+        kern = _cast_kernel(np.dtype(src.dtype), np.dtype(dst.dtype))
+        launch(kern, cdiv(n, 256), 256, kview(src), kview(dst))
