@@ -9,6 +9,7 @@ its point of comparison.  (Lines stay under 80 columns: the book shows them.)
 import datetime
 import os
 import platform
+import textwrap
 
 import numpy as np
 
@@ -37,8 +38,8 @@ class BatchNorm1d:
         if self.training:
             B = x.shape[0]
             if B < 2:  # torch raises too: one value per feature, no spread
-                raise ValueError("BatchNorm1d needs more than 1 value per "
-                                 f"feature when training, got batch {B}")
+                raise ValueError("BatchNorm1d in training needs a batch "
+                                 f"of 2 or more, got {B}")
             mean = x.mean(axis=0)
             var = ((x - mean) ** 2).mean(axis=0)   # biased: normalizes
             # the running variance is the unbiased estimate, as in torch
@@ -69,7 +70,7 @@ class BatchNorm1d:
 
 
 def stamp():
-    """One line naming when, where and with what a chapter was executed."""
+    """When, where and with what a chapter was executed (78 columns)."""
     import numba
     import numbanorm
 
@@ -81,9 +82,10 @@ def stamp():
     except (OSError, StopIteration):
         pass
     now = datetime.datetime.now(datetime.timezone.utc)
-    return (f"Executed {now:%Y-%m-%d %H:%M} UTC on {cpu} "
-            f"({os.cpu_count()} logical CPUs, {numba.get_num_threads()} "
-            f"Numba threads), {platform.system()}, "
-            f"Python {platform.python_version()}, "
-            f"numbanorm {numbanorm.__version__}, numba {numba.__version__}, "
-            f"numpy {np.__version__}.")
+    return textwrap.fill(
+        f"Executed {now:%Y-%m-%d %H:%M} UTC on {cpu} "
+        f"({os.cpu_count()} logical CPUs, {numba.get_num_threads()} "
+        f"Numba threads), {platform.system()}, "
+        f"Python {platform.python_version()}, "
+        f"numbanorm {numbanorm.__version__}, numba {numba.__version__}, "
+        f"numpy {np.__version__}.", width=78)
