@@ -212,7 +212,7 @@ def _dx_kernel(xdt, wdt, cfg):
     ):
         M = x.shape[0]
         S = x.shape[1]
-        C_ = w.shape[0] if has_w else M  # channels (only read with a weight)
+        C_ = w.shape[0] if has_w else Cg  # channels (only used with a weight)
         tid = cuda.threadIdx.x
         t = tid & (TPR - 1)
         zero = ACC(0)
@@ -225,12 +225,14 @@ def _dx_kernel(xdt, wdt, cfg):
             rr = min(row, M - 1)
             grp = rr // Cg
             first = grp * Cg             # the row of the group's first channel
+            c = rr % C_                  # this row's channel
+            c0 = c - (rr - first)        # the group's first channel
             # c1 = mean(xhat * wdy), c2 = mean(wdy) over the group, from the
             # per-channel sums: sum over the group's channels of w * dyx, w * dys
             c1 = zero
             c2 = zero
             for cc in range(t, Cg, TPR):
-                wc = LW(w[(first + cc) % C_]) if has_w else ACC(1)
+                wc = LW(w[c0 + cc]) if has_w else ACC(1)
                 c1 += wc * part[0, first + cc]
                 c2 += wc * part[1, first + cc]
             c1, c2 = group_sum2(c1, c2, scratch, it & 1, tid, TPR)
@@ -243,10 +245,10 @@ def _dx_kernel(xdt, wdt, cfg):
                 dxr = dx[rr]
                 mu = mean[grp]
                 r = rstd[grp]
-                wc = LW(w[rr % C_]) if has_w else ACC(1)
+                wr = (LW(w[c]) if has_w else ACC(1)) * r
                 for j in range(t, S, TPR):
                     xhat = (LX(xr[j]) - mu) * r
-                    dxr[j] = SX((LX(dyr[j]) * wc - (xhat * c1 + c2)) * r)
+                    dxr[j] = SX(LX(dyr[j]) * wr - (xhat * c1 + c2) * r)
 
     return dx_kernel
 

@@ -1,0 +1,170 @@
+"""Compile every GPU kernel for a given architecture without a GPU, and check
+what the compiler did with it.
+
+    python -m numbanorm.cuda._ptx [--check] [--cc 9.0]
+
+NVVM (numba-cuda's compiler) runs without a driver; ptxas, where installed,
+reports registers and spills.  Checked for every kernel at the mapping an
+H100 gets for rows of 64 ... 20000 elements:
+
+* registers x threads per block fit the SM (65536 registers) -- a kernel over
+  budget compiles but fails to launch;
+* float16/bfloat16/float32 kernels keep their row in registers: no local
+  memory (``.local``) in the PTX and at most a few spilled words.
+
+Exit status: 0 all good, 1 a check failed, 3 NVVM/NVRTC not installed
+(``pip install nvidia-nvvm nvidia-cuda-nvrtc`` or a CUDA toolkit), so
+the caller can skip.
+"""
+
+import argparse
+import glob
+import importlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+SM_REGISTERS = 65536
+# a few spilled words (an index or two outside the element loops, in L1) are
+# tolerated; a spilled row is not
+SPILL_BYTES = 64
+
+
+def _ptxas():
+    found = shutil.which("ptxas")
+    if found:
+        return found
+    try:
+        import nvidia
+
+        for root in nvidia.__path__:
+            hits = glob.glob(os.path.join(root, "*", "bin", "ptxas"))
+            if hits:
+                return hits[0]
+    except ImportError:
+        pass
+    return None
+
+
+def _resources(ptxas, ptx, cc):
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        out = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-v", src, "-o", os.path.join(d, "k.cubin")],
+                             capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(out.stderr)
+    regs = int(re.search(r"Used (\d+) registers", out.stderr).group(1))
+    spills = sum(int(v) for v in re.findall(r"(\d+) bytes spill (?:stores|loads)", out.stderr))
+    return regs, spills
+
+
+def _cases():
+    """(name, kernel dispatcher, numba argument types, threads per block, wide)."""
+    import ml_dtypes
+    from numba.cuda import types as T
+
+    from . import _common as C
+
+    # the submodules by their full names: the package's own attributes
+    # layer_norm/rms_norm/group_norm are the public functions
+    GN, LN, RN = (importlib.import_module(f"numbanorm.cuda.{m}") for m in ("group_norm", "layer_norm", "rms_norm"))
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    elem = {np.dtype(np.float16): T.float16, np.dtype(np.float32): T.float32,
+            np.dtype(np.float64): T.float64, bf16: T.uint16}
+    i64 = T.int64
+
+    def arr(t, nd):
+        return T.Array(t, nd, "C")
+
+    for dt in (np.dtype(np.float16), bf16, np.dtype(np.float32), np.dtype(np.float64)):
+        X = elem[dt]
+        A = T.float64 if dt == np.float64 else T.float32
+        X1, X2, A1, A2, A3 = arr(X, 1), arr(X, 2), arr(A, 1), arr(A, 2), arr(A, 3)
+        wide = dt == np.float64
+        for n in (64, 2048, 8192, 20000):
+            cfg = C.row_config(32768, n, wide)
+            tag = f"{dt.name} N={n} tpr={cfg.tpr} vpt={cfg.vpt} rows={cfg.rows} loop={cfg.loop}"
+            yield (f"layer_norm.forward {tag}", LN._forward_kernel(dt, dt, dt, cfg, True),
+                   (X2, X2, X1, X1, A, X2, X2, A1, A1), cfg.block, wide)
+            yield (f"layer_norm.backward {tag}", LN._backward_kernel(dt, dt, cfg, True),
+                   (X2, X2, A1, A1, X1, X2, X2, A3), cfg.block, wide)
+            yield (f"rms_norm.forward {tag}", RN._forward_kernel(dt, dt, cfg, True),
+                   (X2, X2, X1, A, X2, X2, A1), cfg.block, wide)
+            yield (f"rms_norm.backward {tag}", RN._backward_kernel(dt, dt, cfg, True),
+                   (X2, X2, A1, X1, X2, X2, A3), cfg.block, wide)
+            gcfg = C.row_config(4 * 32, n * 10, wide)  # (4, 320 channels, 32 groups, S=n)
+            yield (f"group_norm.forward {dt.name} L={n * 10}", GN._forward_kernel(dt, dt, dt, gcfg),
+                   (X2, X1, X1, A, i64, i64, X2, A1, A1), gcfg.block, wide)
+            ccfg = C.row_config(4 * 320, n, wide)
+            yield (f"group_norm.channel_sums {dt.name} S={n}", GN._channel_sums_kernel(dt, ccfg),
+                   (X2, X2, A1, A1, i64, A2), ccfg.block, wide)
+            yield (f"group_norm.dx {dt.name} S={n}", GN._dx_kernel(dt, dt, ccfg),
+                   (X2, X2, A1, A1, X1, A2, i64, X2), ccfg.block, wide)
+        yield (f"cast float32->{dt.name}", C._cast_kernel(np.dtype(np.float32), dt),
+               (arr(T.float32, 1), X1), 256, wide)
+    for acc, A in (("float32", T.float32), ("float64", T.float64)):
+        yield (f"column_sums {acc}", C._column_sums_kernel(2, 32, 32, acc),
+               (arr(A, 3), arr(A, 1), arr(A, 1)), 1024, acc == "float64")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true", help="exit 1 if a kernel breaks its budget")
+    p.add_argument("--cc", default="9.0", help="compute capability (default 9.0, H100)")
+    args = p.parse_args(argv)
+    cc = tuple(int(v) for v in args.cc.split("."))
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        print("the CUDA simulator is on: set NUMBA_ENABLE_CUDASIM=0")
+        return 3
+
+    from numba import cuda
+    from numba.cuda import dispatcher
+
+    from . import _common as C
+
+    class _Device:  # device functions ask the current device for its capability
+        compute_capability = cc
+
+    dispatcher.get_current_device = lambda: _Device()
+    C.n_sm = lambda: 132  # an H100's SMs: the mapping it would get
+
+    try:
+        cuda.compile_ptx(lambda a: None, (cuda.types.float32[::1],), cc=cc)
+    except Exception as e:  # libnvvm / libnvrtc missing
+        print(f"cannot compile without the CUDA toolkit's NVVM/NVRTC: {type(e).__name__}: {str(e).splitlines()[0]}")
+        return 3
+    ptxas = _ptxas()
+    failed = []
+    for name, kern, sig, block, wide in _cases():
+        bounds = kern.targetoptions.get("launch_bounds")
+        ptx, _ = cuda.compile_ptx(kern.py_func, sig, cc=cc, launch_bounds=bounds)
+        line = f"{name:<72} block={block:<5}"
+        problems = []
+        if not wide and ".local" in ptx:
+            problems.append("local memory")
+        if ptxas:
+            regs, spills = _resources(ptxas, ptx, cc)
+            line += f" regs={regs:<4} spill={spills}"
+            if regs * block > SM_REGISTERS:
+                problems.append(f"{regs} registers x {block} threads > {SM_REGISTERS}")
+            if spills > SPILL_BYTES and not wide:
+                problems.append(f"{spills} bytes spilled")
+        print(line + ("  FAIL: " + "; ".join(problems) if problems else ""))
+        if problems:
+            failed.append(name)
+    if not ptxas:
+        print("ptxas not found: registers and spills not checked")
+    print(f"{len(failed)} kernel(s) over budget" if failed else "all kernels within budget")
+    return 1 if failed and args.check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

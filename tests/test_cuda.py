@@ -1,0 +1,498 @@
+"""What is specific to the GPU kernels: the row mapping, both reduction paths,
+array interop, determinism, availability -- and, ``gpu``-marked, what needs a
+real GPU (large shapes, bfloat16, CuPy/PyTorch arrays and streams, and the
+compiled kernels' register budget).
+
+The unmarked tests run the kernels in numba's CUDA simulator (conftest switches
+it on); the ``gpu`` ones run with ``NUMBANORM_TEST_GPU=1`` on a machine with a
+CUDA GPU and skip elsewhere.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import numbanorm
+import numbanorm.cuda as nc
+from conftest import ORACLE, SIMULATED, assert_close, to_host
+
+if not nc.is_available():
+    pytest.skip(f"numbanorm.cuda unavailable: {nc.why_unavailable()}", allow_module_level=True)
+
+from numba import cuda  # noqa: E402
+
+from numbanorm.cuda import _common as C  # noqa: E402
+from numbanorm.cuda import _reduce  # noqa: E402
+
+ON_GPU = not SIMULATED
+gpu = [pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="needs a real CUDA GPU (NUMBANORM_TEST_GPU=1)")]
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture
+def knobs(monkeypatch):
+    """Change the mapping's tuning constants for one test (and forget cached configs)."""
+
+    def set_(**kw):
+        for k, v in kw.items():
+            monkeypatch.setattr(C, k, v)
+        C.row_config.cache_clear()
+
+    yield set_
+    monkeypatch.undo()
+    C.row_config.cache_clear()
+
+
+def _numba_array(a):
+    """A numba device array (the simulator's included)."""
+    return bool(getattr(type(a), "__cuda_ndarray__", False))
+
+
+def _rows(rng, shape, dtype=np.float32):
+    return (rng.standard_normal(shape) * 2 + 0.5).astype(dtype)
+
+
+# ---------------------------------------------------------------- the mapping
+
+def test_row_mapping_by_row_length(knobs, monkeypatch):
+    """Short rows share a warp or a block; long rows get a block; longer still, the loop."""
+    monkeypatch.setattr(C, "n_sm", lambda: 132)  # an H100
+    knobs()
+    cfg = C.row_config(32768, 64)
+    assert (cfg.tpr, cfg.vpt, cfg.rows, cfg.loop) == (8, 8, 32, False)  # 4 rows per warp
+    cfg = C.row_config(32768, 256)
+    assert (cfg.tpr, cfg.rows) == (32, 8)                               # a warp per row
+    cfg = C.row_config(32768, 1024)
+    assert (cfg.tpr, cfg.vpt, cfg.rows) == (128, 8, 2)
+    for n, tpr in ((2048, 256), (4096, 512), (8192, 1024)):
+        cfg = C.row_config(32768, n)                                    # a block per row
+        assert (cfg.tpr, cfg.vpt, cfg.rows, cfg.loop) == (tpr, 8, 1, False)
+        assert cfg.block == tpr and cfg.grid == 132 * (2048 // tpr)     # persistent grid
+    assert C.row_config(32768, 8193).loop                               # past the registers
+    assert C.row_config(32768, 4096, True)[:4] == (1024, 4, 1, False)   # float64: half per thread
+    assert C.row_config(32768, 4097, True).loop
+    # a few short rows spread over SMs instead of filling one block
+    assert C.row_config(100, 64).rows == 1 and C.row_config(100, 64).grid == 100
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 31, 33, 255, 257, 1000, 4095, 8192, 8193, 100000])
+@pytest.mark.parametrize("m", [1, 7, 5000])
+def test_row_mapping_invariants(n, m):
+    for wide in (False, True):
+        cfg = C.row_config(m, n, wide)
+        assert cfg.tpr & (cfg.tpr - 1) == 0 and cfg.vpt & (cfg.vpt - 1) == 0
+        assert cfg.block == cfg.tpr * cfg.rows <= 1024
+        assert cfg.loop or cfg.tpr * cfg.vpt >= n                       # every element owned
+        assert not cfg.loop or cfg.rows == 1
+        assert 1 <= cfg.grid <= m
+
+
+# ---------------------------------------------------------------- both mappings, all paths
+
+# (mapping knobs, shapes): the default mapping; rows forced onto the loop path; a
+# grid of one block striding over all rows (several rows per block, partial
+# last block); 16 threads per row with 4 rows per block
+MAPPINGS = {
+    "default": ({}, [(5, 70), (2, 300)]),
+    "loop": ({"MAX_TPR": 16, "MAX_VPT": 2}, [(3, 70), (2, 33)]),
+    "one_block": ({"THREADS_PER_SM": 1, "BLOCK_THREADS": 32}, [(7, 20), (5, 9)]),
+    "subwarp": ({"REG_ELEMS": 2, "BLOCK_THREADS": 64}, [(6, 30)]),
+}
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("mapping", list(MAPPINGS))
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_every_mapping_against_the_oracle(knobs, rng, mapping, dtype):
+    kw, shapes = MAPPINGS[mapping]
+    knobs(**kw)
+    tol = np.float32 if dtype == np.float16 else dtype
+    for shape in shapes:
+        n = shape[-1]
+        x, dy, ds = _rows(rng, shape, dtype), _rows(rng, shape, dtype), _rows(rng, shape, dtype)
+        w = rng.uniform(0.5, 1.5, n).astype(dtype)
+        b = rng.standard_normal(n).astype(dtype)
+        y, m, r = nc.layer_norm_forward(x, n, w, b)
+        yr, mr, rr = ORACLE.layer_norm_forward(x, n, w, b)
+        assert_close(y, yr, dtype, f"LN y {mapping} {shape}")
+        assert_close(m, mr, tol, "LN mean")
+        assert_close(r, rr, tol, "LN rstd")
+        dxr, dwr, dbr = ORACLE.add_layer_norm_backward(dy, ds, x, mr, rr, n, w)
+        for got, ref in zip(nc.add_layer_norm_backward(dy, ds, x, m, r, n, w), (dxr, dwr, dbr)):
+            assert_close(got, ref, dtype, f"LN backward {mapping} {shape}")
+        y, s = nc.add_rms_norm(x, dy, n, w)
+        np.testing.assert_array_equal(s, x + dy)
+        yr, rr = ORACLE.rms_norm_forward(s, n, w)
+        assert_close(y, yr, dtype, f"RMS y {mapping} {shape}")
+        _, r = nc.rms_norm_forward(x, n, w)
+        for got, ref in zip(nc.rms_norm_backward(dy, x, r, n, w),
+                            ORACLE.rms_norm_backward(dy, x, ORACLE.rms_norm_forward(x, n, w)[1], n, w)):
+            assert_close(got, ref, dtype, f"RMS backward {mapping} {shape}")
+        # group norm over (rows, 2 groups of channels, spatial)
+        if n % 2 == 0:
+            x4, dy4 = x.reshape(shape[0], 2, -1), dy.reshape(shape[0], 2, -1)
+            w4, b4 = w[:2], b[:2]
+            y, m, r = nc.group_norm_forward(x4, 1, w4, b4)
+            yr, mr, rr = ORACLE.group_norm_forward(x4, 1, w4, b4)
+            assert_close(y, yr, dtype, f"GN y {mapping} {shape}")
+            for got, ref in zip(nc.group_norm_backward(dy4, x4, m, r, w4),
+                                ORACLE.group_norm_backward(dy4, x4, mr, rr, w4)):
+                assert_close(got, ref, dtype, f"GN backward {mapping} {shape}")
+
+
+@pytest.mark.cudasim
+def test_grid_stride_backward_is_deterministic(knobs, rng):
+    """One block strides over every row: partial sums across rows, bit for bit again."""
+    knobs(THREADS_PER_SM=1, BLOCK_THREADS=32)
+    x, dy = _rows(rng, (9, 24)), _rows(rng, (9, 24))
+    w = rng.uniform(0.5, 1.5, 24).astype(np.float32)
+    _, m, r = nc.layer_norm_forward(x, 24, w)
+    first = nc.layer_norm_backward(dy, x, m, r, 24, w)
+    again = nc.layer_norm_backward(dy, x, m, r, 24, w)
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    assert_close(first[1], ORACLE.layer_norm_backward(dy, x, m, r, 24, w)[1], np.float32)
+
+
+def test_column_sums_in_fixed_order(knobs, rng):
+    """The partial-row reduction: exact on integers, identical on every run."""
+    knobs(SUM_SLICES=4, SUM_ROWS_PER_SLICE=2, SUM_COLS=8)
+    part = rng.integers(-50, 50, (2, 37, 11)).astype(np.float32)
+    out0, out1 = cuda.device_array(11, np.float32), cuda.device_array(11, np.float32)
+    C.column_sums(cuda.to_device(part), out0, out1)
+    np.testing.assert_array_equal(out0.copy_to_host(), part[0].sum(0))
+    np.testing.assert_array_equal(out1.copy_to_host(), part[1].sum(0))
+    zero = cuda.device_array(11, np.float32)
+    C.column_sums(cuda.to_device(np.zeros((1, 0, 11), np.float32)), zero)  # no rows: zeros
+    np.testing.assert_array_equal(zero.copy_to_host(), 0)
+
+
+# ---------------------------------------------------------------- the reductions
+
+def _reduce_kernel(tpr, block):
+    from numba.cuda import float64
+
+    slots = _reduce.slots(block)
+
+    @cuda.jit
+    def kernel(vals, sums, pairs):
+        tid = cuda.threadIdx.x
+        scratch = cuda.shared.array((2, 2, slots), float64)
+        v = vals[tid]
+        a, b = _reduce.group_sum2(v, -2 * v, scratch, 0, tid, tpr)
+        s = _reduce.group_sum(v, scratch, 1, tid, tpr)
+        s2 = _reduce.group_sum(3 * v, scratch, 0, tid, tpr)  # buffer 0 again
+        sums[tid, 0] = s
+        sums[tid, 1] = s2
+        pairs[tid, 0] = a
+        pairs[tid, 1] = b
+
+    return kernel
+
+
+def _check_group_sums(tpr, block):
+    vals = np.arange(block, dtype=np.float64) * 3 - 7  # integers: every order sums exactly
+    sums, pairs = cuda.device_array((block, 2)), cuda.device_array((block, 2))
+    _reduce_kernel(tpr, block)[1, block](cuda.to_device(vals), sums, pairs)
+    want = np.repeat(vals.reshape(-1, tpr).sum(1), tpr)
+    np.testing.assert_array_equal(sums.copy_to_host(), np.stack([want, 3 * want], 1))
+    np.testing.assert_array_equal(pairs.copy_to_host(), np.stack([want, -2 * want], 1))
+
+
+def test_reduction_path_chosen_at_import():
+    assert _reduce.SHUFFLE is (not SIMULATED)
+    assert _reduce.slots(256) == (8 if _reduce.SHUFFLE else 256)
+
+
+@pytest.mark.cudasim
+@pytest.mark.skipif(not SIMULATED, reason="the shared-memory path runs in the simulator")
+@pytest.mark.parametrize("tpr,block", [(1, 4), (4, 16), (32, 64), (64, 64)])
+def test_shared_memory_reduction(tpr, block):
+    _check_group_sums(tpr, block)
+
+
+@pytest.mark.parametrize("tpr,block", [(1, 32), (8, 64), (32, 64), (64, 256), (1024, 1024)])
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="the warp-shuffle path needs a real CUDA GPU")
+def test_shuffle_reduction(tpr, block):
+    _check_group_sums(tpr, block)
+
+
+# ---------------------------------------------------------------- arrays in and out
+
+def test_device_arrays_in_device_arrays_out(rng):
+    x, dy = _rows(rng, (4, 3, 10)), _rows(rng, (4, 3, 10))
+    w = rng.uniform(0.5, 1.5, 10).astype(np.float32)
+    xd, dyd, wd = cuda.to_device(x), cuda.to_device(dy), cuda.to_device(w)
+    y, m, r = numbanorm.layer_norm_forward(xd, 10, wd)  # the top level dispatches on the type
+    assert all(_numba_array(a) for a in (y, m, r))
+    assert y.shape == x.shape and m.shape == (4, 3, 1) and y.dtype == np.float32
+    yh, mh, rh = nc.layer_norm_forward(x, 10, w)  # host in, host out
+    assert type(yh) is np.ndarray and type(mh) is np.ndarray
+    np.testing.assert_array_equal(to_host(y), yh)
+    dx, dw, db = numbanorm.layer_norm_backward(dyd, xd, m, r, 10, wd)
+    assert _numba_array(dx) and _numba_array(dw) and dw.shape == (10,)
+    np.testing.assert_array_equal(to_host(dw), nc.layer_norm_backward(dy, x, mh, rh, 10, w)[1])
+    g, mg, rg = numbanorm.group_norm_forward(xd, 3)
+    assert _numba_array(g) and mg.shape == (4, 3)
+
+
+def test_host_arrays_and_out(rng):
+    x = _rows(rng, (6, 16), np.float16)
+    out = np.full_like(x, np.nan)
+    res = nc.rms_norm(x, 16, out=out)
+    assert res is out and type(out) is np.ndarray
+    assert_close(out, ORACLE.rms_norm(x, 16), np.float16)
+    xd = cuda.to_device(x)
+    outd = cuda.device_array(x.shape, x.dtype)
+    assert nc.rms_norm(xd, 16, out=outd) is outd
+    np.testing.assert_array_equal(outd.copy_to_host(), out)
+    # a strided device `out` is filled through a temporary
+    big = cuda.device_array((6, 32), x.dtype)
+    strided = big[:, ::2]
+    nc.rms_norm(xd, 16, out=strided)
+    np.testing.assert_array_equal(strided.copy_to_host(), out)
+
+
+def test_non_contiguous_device_input(rng):
+    x = _rows(rng, (5, 40))
+    xd = cuda.to_device(x)[:, ::2]
+    np.testing.assert_array_equal(to_host(nc.layer_norm(xd, 20)), nc.layer_norm(x[:, ::2], 20))
+
+
+def test_mixed_host_and_device_raise_before_any_kernel(rng, monkeypatch):
+    def no_launch(*a, **k):
+        raise AssertionError("a kernel was launched")
+
+    monkeypatch.setattr(C, "launch", no_launch)
+    xd = cuda.to_device(_rows(rng, (2, 8)))
+    with pytest.raises(TypeError, match="`weight` is a host array"):
+        nc.layer_norm(xd, 8, np.ones(8, np.float32))
+    with pytest.raises(TypeError, match="`dy` is a host array"):
+        numbanorm.rms_norm_backward(np.ones((2, 8), np.float32), xd, cuda.to_device(np.ones(2, np.float32)), 8)
+
+
+def test_mixed_sides_rejected_without_importing_numba_cuda():
+    """The top level checks the arrays' types before numbanorm.cuda is imported."""
+    code = textwrap.dedent("""
+        import sys, numpy as np, numbanorm
+        class Dev:  # looks like a CUDA array, is none
+            __cuda_array_interface__ = {"shape": (2, 4), "typestr": "<f4", "data": (0, False), "version": 3}
+            shape, dtype = (2, 4), np.dtype(np.float32)
+        try:
+            numbanorm.layer_norm(Dev(), 4, np.ones(4, np.float32))
+        except TypeError as e:
+            assert "`weight` is a host array" in str(e), e
+        else:
+            raise SystemExit("no TypeError")
+        assert "numba.cuda" not in sys.modules and "numbanorm.cuda" not in sys.modules
+        print("ok")
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_unavailable_without_numba_cuda():
+    """No numba-cuda: importing works, is_available() is False, every function says why."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["numba.cuda"] = None  # as if numba-cuda were not installed
+        import numbanorm, numbanorm.cuda as nc
+        from numbanorm import registry
+        assert not nc.is_available() and "numba-cuda" in nc.why_unavailable()
+        assert registry.usable("cuda")[0] is False and "cuda" not in registry.available()
+        try:
+            nc.layer_norm(None, 4)
+        except RuntimeError as e:
+            assert "numba-cuda" in str(e)
+        else:
+            raise SystemExit("no RuntimeError")
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_bfloat16_refused_clearly_where_unsupported():
+    why = C.bfloat16_unsupported()
+    if not why:
+        pytest.skip("bfloat16 runs here")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = np.ones((2, 4), ml_dtypes.bfloat16)
+    with pytest.raises(TypeError, match="bfloat16"):
+        nc.layer_norm(x, 4)
+
+
+# ---------------------------------------------------------------- real hardware only
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("n", [64, 1024, 4096, 8192, 12288])
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a real CUDA GPU")
+def test_large_shapes_against_the_oracle(rng, dtype, n):
+    m = 4096 if n <= 1024 else 256
+    x, dy = _rows(rng, (m, n), dtype), _rows(rng, (m, n), dtype)
+    w = rng.uniform(0.5, 1.5, n).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype)
+    y, mean, rstd = nc.layer_norm_forward(x, n, w, b)
+    yr, mr, rr = ORACLE.layer_norm_forward(x, n, w, b)
+    assert_close(y, yr, dtype, f"y {m}x{n}")
+    for got, ref in zip(nc.layer_norm_backward(dy, x, mean, rstd, n, w),
+                        ORACLE.layer_norm_backward(dy, x, mr, rr, n, w)):
+        assert_close(got, ref, dtype, f"backward {m}x{n}")
+    y, rstd = nc.rms_norm_forward(x, n, w)
+    assert_close(y, ORACLE.rms_norm(x, n, w), dtype)
+    for got, ref in zip(nc.rms_norm_backward(dy, x, rstd, n, w),
+                        ORACLE.rms_norm_backward(dy, x, ORACLE.rms_norm_forward(x, n, w)[1], n, w)):
+        assert_close(got, ref, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a real CUDA GPU")
+def test_group_norm_large(rng):
+    x, dy = _rows(rng, (4, 64, 32, 32)), _rows(rng, (4, 64, 32, 32))
+    w = rng.uniform(0.5, 1.5, 64).astype(np.float32)
+    y, m, r = nc.group_norm_forward(x, 8, w, w)
+    yr, mr, rr = ORACLE.group_norm_forward(x, 8, w, w)
+    assert_close(y, yr, np.float32)
+    for got, ref in zip(nc.group_norm_backward(dy, x, m, r, w), ORACLE.group_norm_backward(dy, x, mr, rr, w)):
+        assert_close(got, ref, np.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a real CUDA GPU")
+def test_bfloat16_on_gpu(rng):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    if C.bfloat16_unsupported():
+        pytest.skip(C.bfloat16_unsupported())
+    bf16 = ml_dtypes.bfloat16
+    x32 = _rows(rng, (300, 2048))
+    x = x32.astype(bf16)
+    w = rng.uniform(0.5, 1.5, 2048).astype(np.float32)
+    y, m, r = nc.layer_norm_forward(x, 2048, w, w)
+    assert y.dtype == bf16 and m.dtype == np.float32
+    # bfloat16 has 8 bits of mantissa: one rounding of the output is 2**-9 relative
+    yr = ORACLE.layer_norm(x.astype(np.float32), 2048, w, w)
+    np.testing.assert_allclose(y.astype(np.float32), yr, rtol=8e-3, atol=8e-3 * np.abs(yr).max())
+    dx, dw, db = nc.layer_norm_backward(x, x, m, r, 2048, w)
+    assert dx.dtype == bf16 and dw.dtype == np.float32
+    dxr, dwr, _ = ORACLE.layer_norm_backward(x.astype(np.float32), x.astype(np.float32), m, r, 2048, w)
+    np.testing.assert_allclose(dw, dwr, rtol=1e-3, atol=1e-3 * np.abs(dwr).max())
+    y, s = nc.add_rms_norm(x, x, 2048, w)
+    np.testing.assert_array_equal(s.astype(np.float32), (x.astype(np.float32) * 2).astype(bf16).astype(np.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a real CUDA GPU")
+def test_torch_tensors_in_and_out_on_the_current_stream(rng):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    x = torch.randn(512, 1024, device="cuda", dtype=torch.float16)
+    w = torch.rand(1024, device="cuda", dtype=torch.float16) + 0.5
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # results are queued on torch's current stream
+        x2 = x * 2
+        y = numbanorm.layer_norm(x2, 1024, w)
+        z = y.float().sum()
+    side.synchronize()
+    assert isinstance(y, torch.Tensor) and y.device.type == "cuda" and y.dtype == torch.float16
+    ref = torch.nn.functional.layer_norm(x2.float(), (1024,), w.float()).half()
+    torch.testing.assert_close(y, ref, rtol=2e-3, atol=2e-3)
+    assert torch.isfinite(z)
+    xb = x.to(torch.bfloat16)
+    yb = numbanorm.rms_norm(xb, 1024, w.to(torch.bfloat16))
+    assert yb.dtype == torch.bfloat16
+    torch.testing.assert_close(yb.float(), torch.nn.functional.rms_norm(xb.float(), (1024,), w.float()),
+                               rtol=1e-2, atol=1e-2)
+
+    class DLPackOnly:  # an array known only through DLPack
+        def __init__(self, t):
+            self.t = t
+
+        def __dlpack__(self, **kw):
+            return self.t.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self.t.__dlpack_device__()
+
+    torch.cuda.synchronize()
+    yd = numbanorm.layer_norm(DLPackOnly(x), 1024)
+    assert _numba_array(yd)
+    torch.testing.assert_close(torch.as_tensor(yd, device="cuda"), torch.nn.functional.layer_norm(x, (1024,)),
+                               rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a real CUDA GPU")
+def test_cupy_arrays_in_and_out():
+    cupy = pytest.importorskip("cupy")
+    x = cupy.random.standard_normal((256, 512), dtype=cupy.float32)
+    with cupy.cuda.Stream(non_blocking=True):
+        y, m, r = numbanorm.layer_norm_forward(x, 512)
+        assert isinstance(y, cupy.ndarray) and isinstance(m, cupy.ndarray)
+        dx, dw, db = numbanorm.layer_norm_backward(x, x, m, r, 512)
+        assert isinstance(dx, cupy.ndarray)
+    cupy.cuda.get_current_stream().synchronize()
+    ref = ORACLE.layer_norm(cupy.asnumpy(x), 512)
+    assert_close(cupy.asnumpy(y), ref, np.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a real CUDA GPU")
+def test_resolved_specialization_is_the_dispatched_one(rng):
+    """The second launch goes straight to the compiled kernel; same bits as the first."""
+    x = _rows(rng, (333, 777))
+    C._RESOLVED.clear()
+    first = nc.layer_norm_forward(x, 777)
+    assert C._RESOLVED, "the compiled specialization was not kept"
+    for a, b in zip(first, nc.layer_norm_forward(x, 777)):
+        np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------- the compiled kernels
+
+_PTX_CMD = [sys.executable, "-m", "numbanorm.cuda._ptx", "--check"]
+
+
+def test_kernels_compile_for_sm90_within_the_register_budget():
+    """Compile every LayerNorm/RMSNorm/GroupNorm kernel to sm_90 PTX (NVVM; no GPU needed)
+    and, where ptxas is installed, check 64 registers and no spills for float16/float32.
+
+    Skips where the CUDA toolkit's NVVM/NVRTC libraries are not installed (CI)."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    out = subprocess.run(_PTX_CMD, capture_output=True, text=True,
+                         env=env, timeout=1200)
+    if out.returncode == 3:
+        pytest.skip(out.stdout.strip().splitlines()[-1])
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+
+
+# ---------------------------------------------------------------- the GPU benchmark
+
+_BENCH = os.path.join(HERE, "..", "benchmarks", "gpu_bench.py")
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the refusal without a GPU")
+def test_gpu_bench_refuses_clearly_without_a_gpu():
+    out = subprocess.run([sys.executable, _BENCH], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "gpu_bench:" in out.stderr, out.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a real CUDA GPU")
+def test_gpu_bench_runs(tmp_path):
+    pytest.importorskip("torch")
+    path = tmp_path / "bench.json"
+    out = subprocess.run([sys.executable, _BENCH, "--rows", "512", "--cols", "256", "1024", "--repeats", "2",
+                          "--iters", "1", "--out", str(path)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    import json
+
+    data = json.loads(path.read_text())
+    assert data["meta"]["device"] and len(data["results"]) >= 6
