@@ -91,6 +91,23 @@ def test_row_mapping_invariants(n, m):
         assert 1 <= cfg.grid <= m
 
 
+def test_rows_move_in_8_byte_words_where_they_can(rng):
+    a16 = cuda.to_device(np.zeros((3, 64), np.float16))
+    a32 = cuda.to_device(np.zeros((3, 64), np.float32))
+    assert C.vec_width(64, a16) == 4 and C.vec_width(64, a32) == 2
+    assert C.vec_width(64, cuda.to_device(np.zeros((3, 64)))) == 1          # float64: a word already
+    assert C.vec_width(62, cuda.to_device(np.zeros((3, 62), np.float16))) == 1  # rows split words
+    flat = cuda.to_device(np.zeros(3 * 64 + 1, np.float16))
+    assert C.vec_width(64, flat[1:].reshape(3, 64)) == 1                  # an offset start
+    assert C.vec_width(64, a16, None, flat[1:].reshape(3, 64)) == 1       # any array decides
+    assert C.words(a16, 4).shape == (3, 16) and C.words(a16, 4).dtype == np.uint64
+    # the same results through words and element by element
+    x = _rows(rng, (4, 64), np.float16)
+    by_words = nc.layer_norm(x, 64)
+    odd = cuda.to_device(np.concatenate([np.zeros(1, np.float16), x.ravel()]))[1:].reshape(4, 64)
+    np.testing.assert_array_equal(to_host(nc.layer_norm(odd, 64)), by_words)
+
+
 # ---------------------------------------------------------------- both mappings, all paths
 
 # (mapping knobs, shapes): the default mapping; rows forced onto the loop path; a

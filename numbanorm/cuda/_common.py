@@ -76,7 +76,7 @@ def n_sm():
     return int(getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", 1))
 
 
-RowConfig = namedtuple("RowConfig", "tpr vpt rows loop block grid")
+RowConfig = namedtuple("RowConfig", "tpr vpt rows loop block grid vec")
 
 
 def kernel_jit(block):
@@ -92,24 +92,26 @@ def kernel_jit(block):
 
 
 @functools.lru_cache(maxsize=4096)
-def row_config(M, N, wide=False):
+def row_config(M, N, wide=False, vec=1):
     """How ``M`` rows of ``N`` elements map onto threads (see the module docstring).
 
     ``wide``: float64 accumulation, whose values take two registers each, so
-    half as many elements per thread fit the register budget.
+    half as many elements per thread fit the register budget.  ``vec``: the
+    elements moved by one 8-byte load (``vec_width``); a thread's ``vpt``
+    elements are then ``vpt // vec`` such words.
     """
     elems, max_vpt = (REG_ELEMS // 2, MAX_VPT // 2) if wide else (REG_ELEMS, MAX_VPT)
     tpr = min(MAX_TPR, pow2(cdiv(N, elems)))
     per_thread = cdiv(N, tpr)
     loop = per_thread > max_vpt
-    vpt = 1 if loop else pow2(per_thread)
+    vpt = vec if loop else max(vec, pow2(per_thread))
     # several rows per block for short rows, but not more than there are rows
     # for each SM to work on (a few short rows still spread over many SMs);
     # the loop path keeps its partial sums per block in memory: one row group
     rows = 1 if loop else max(1, min(BLOCK_THREADS // tpr, pow2(cdiv(M, n_sm()))))
     block = tpr * rows
     grid = max(1, min(cdiv(M, rows), n_sm() * max(1, THREADS_PER_SM // block)))
-    return RowConfig(tpr, vpt, rows, loop, block, grid)
+    return RowConfig(tpr, vpt, rows, loop, block, grid, vec)
 
 
 # ---------------------------------------------------------------- dtypes
@@ -128,6 +130,85 @@ def kview(a):
     instructions.
     """
     return a.view(np.uint16) if is_bfloat16(a.dtype) else a
+
+
+WORD = np.dtype(np.uint64)  # the widest load numba-cuda emits: one 8-byte word per thread
+
+
+def _address(a):
+    p = getattr(a, "device_ctypes_pointer", None)  # numba's device arrays
+    if p is not None:
+        return p.value or 0
+    return a.__array_interface__["data"][0]  # the simulator's, which wrap NumPy arrays
+
+
+def vec_width(n, *rows):
+    """Elements per 8-byte word for row arrays of ``n`` elements, or 1.
+
+    Words need rows that split into whole words (``n % vec == 0``) and arrays
+    that start on an 8-byte boundary (any fresh allocation does; an offset view
+    may not).  Loading 4 float16 at once instead of 1 cuts the load and store
+    instructions per element by 4 and moves 4 times the bytes per request in
+    flight -- what a bandwidth-bound kernel is short of with 2-byte loads.
+    """
+    vec = WORD.itemsize // rows[0].dtype.itemsize
+    if vec == 1 or n % vec:
+        return 1
+    for a in rows:
+        if a is not None and _address(a) % WORD.itemsize:
+            return 1
+    return vec
+
+
+def words(a, vec):
+    """A C-contiguous (..., n) array as the kernels index it: (..., n // vec) words."""
+    a = kview(a)
+    return a.view(WORD) if vec > 1 else a
+
+
+@functools.lru_cache(maxsize=None)
+def word_fns(dtype, acc_name, vec):
+    """Device functions moving one word of ``vec`` elements between memory and registers.
+
+    ``load_word(row, q, out, e)``: out[e:e + vec] = word q of row, in the
+    accumulation dtype; ``store_word(row, q, vals, e)``: word q of row =
+    vals[e:e + vec] converted to ``dtype``.  The word is split through a local
+    array viewed as the element type, which the compiler turns into register
+    moves (no local memory in the PTX), and which the simulator runs as NumPy
+    views -- the same code on both.
+    """
+    LOAD, STORE = load_fn(dtype, acc_name), store_fn(dtype)
+    ELEM = np.uint16 if is_bfloat16(dtype) else np.dtype(dtype).type
+    ELEM_T = cuda.uint16 if is_bfloat16(dtype) else {F16: cuda.types.float16, F32: cuda.float32,
+                                                     F64: cuda.float64}[np.dtype(dtype)]
+    U64 = cuda.uint64
+    if vec == 1:
+        @cuda.jit(device=True)
+        def load_word(row, q, out, e):
+            out[e] = LOAD(row[q])
+
+        @cuda.jit(device=True)
+        def store_word(row, q, vals, e):
+            row[q] = STORE(vals[e])
+
+        return load_word, store_word
+
+    @cuda.jit(device=True)
+    def load_word(row, q, out, e):
+        w = cuda.local.array(1, U64)
+        w[0] = row[q]
+        h = w.view(ELEM)
+        for v in range(vec):
+            out[e + v] = LOAD(h[v])
+
+    @cuda.jit(device=True)
+    def store_word(row, q, vals, e):
+        h = cuda.local.array(vec, ELEM_T)
+        for v in range(vec):
+            h[v] = STORE(vals[e + v])
+        row[q] = h.view(np.uint64)[0]
+
+    return load_word, store_word
 
 
 @functools.lru_cache(maxsize=None)
@@ -167,7 +248,8 @@ def store_fn(dtype):
                 return U16(0x7FC0)  # a quiet NaN
             bits = U32(libdevice.float_as_int(F32T(f)))
             # round to nearest, ties to even, as the hardware conversion does
-            return U16((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16)
+            # (uint32 constants keep the arithmetic in 32 bits)
+            return U16((bits + (U32(0x7FFF) + ((bits >> U32(16)) & U32(1)))) >> U32(16))
 
         return store_bf16
     OUT = {F16: cuda.types.float16, F32: cuda.float32, F64: cuda.float64}[np.dtype(dtype)]
@@ -254,9 +336,10 @@ def dummy(dtype, ndim):
     return _dummy_cached(np.dtype(dtype), ndim)
 
 
-def optional(a, like, ndim):
-    """What a kernel indexes for an optional array argument: ``a``, or a dummy like ``like``."""
-    return dummy(like.dtype, ndim) if a is None else kview(a)
+def optional(a, like, ndim, vec=1):
+    """What a kernel indexes for an optional array argument: ``a`` (as ``vec``-element
+    words), or a dummy of ``like``'s dtype."""
+    return dummy(like.dtype, ndim) if a is None else words(a, vec)
 
 
 def dtype_or_none(a):

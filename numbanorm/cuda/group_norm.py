@@ -40,30 +40,33 @@ from ._reduce import group_sum, group_sum2, slots
 @functools.lru_cache(maxsize=None)
 def _forward_kernel(xdt, wdt, bdt, cfg):
     ACC = C.acc_type(xdt)
-    LX, SX = C.load_fn(xdt, ACC.name), C.store_fn(xdt)
+    LOADW, STOREW = C.word_fns(xdt, ACC.name, cfg.vec)
     has_w, has_b = wdt is not None, bdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
     LB = C.load_fn(xdt if bdt is None else bdt, ACC.name)
-    TPR, VPT, R, LOOP, BLOCK = cfg.tpr, cfg.vpt, cfg.rows, cfg.loop, cfg.block
+    TPR, VPT, V, R, LOOP, BLOCK = cfg.tpr, cfg.vpt, cfg.vec, cfg.rows, cfg.loop, cfg.block
+    WPT = VPT // V
     SHIFT = TPR.bit_length() - 1
     SLOTS = slots(BLOCK)
     I32 = cuda.int32
 
     @C.kernel_jit(BLOCK)
     def forward(
-        x,      # (N*G, L) input, one row per (sample, group)
+        x,      # (N*G, LW) input, one row of LW words of V elements per (sample, group)
         w,      # (C,) per-channel weight, or a dummy
         b,      # (C,) per-channel bias, or a dummy
         eps,    # scalar, accumulation dtype
-        S,      # int: elements per channel (product of the spatial dims)
+        S,      # int: elements per channel (product of the spatial dims), a multiple of V
         G,      # int: groups per sample
-        y,      # (N*G, L) output, x's dtype
+        y,      # (N*G, LW) output, x's dtype
         mean,   # (N*G,) per-(sample, group) mean, accumulation dtype
         rstd,   # (N*G,) per-(sample, group) 1/sqrt(var + eps), accumulation dtype
     ):
         M = x.shape[0]
-        L = x.shape[1]
+        NW = x.shape[1]
+        L = NW * V
         Cg = L // S
+        SW = S // V                      # words per channel
         tid = cuda.threadIdx.x
         t = tid & (TPR - 1)
         g = tid >> SHIFT
@@ -71,10 +74,11 @@ def _forward_kernel(xdt, wdt, bdt, cfg):
         inv_n = ACC(1) / ACC(L)
         scratch = cuda.shared.array((2, 2, SLOTS), ACC)
         xs = cuda.local.array(VPT, ACC)
+        tmp = cuda.local.array(V, ACC)
         ch = cuda.local.array(VPT, I32)  # channel within the group of each element
         if not LOOP:
-            for k in range(VPT):
-                ch[k] = (t + k * TPR) // S
+            for e in range(VPT):
+                ch[e] = ((t + (e // V) * TPR) * V + e % V) // S
         for row0 in range(cuda.blockIdx.x * R, M, cuda.gridDim.x * R):
             row = row0 + g
             live = row < M
@@ -85,31 +89,38 @@ def _forward_kernel(xdt, wdt, bdt, cfg):
             total = zero
             if LOOP:
                 if live:
-                    for j in range(t, L, TPR):
-                        total += LX(xr[j])
+                    for q in range(t, NW, TPR):
+                        LOADW(xr, q, xs, 0)
+                        for v in range(V):
+                            total += xs[v]
             else:
-                for k in range(VPT):
-                    j = t + k * TPR
-                    v = zero
-                    if live and j < L:
-                        v = LX(xr[j])
-                    xs[k] = v
-                    total += v
+                for k in range(WPT):
+                    q = t + k * TPR
+                    if live and q < NW:
+                        LOADW(xr, q, xs, k * V)
+                    else:
+                        for v in range(V):
+                            xs[k * V + v] = zero
+                    for v in range(V):
+                        total += xs[k * V + v]
             mu = group_sum(total, scratch, 0, tid, TPR) * inv_n
             dsum = zero
             sq = zero
             if LOOP:
                 if live:
-                    for j in range(t, L, TPR):
-                        d = LX(xr[j]) - mu
-                        dsum += d
-                        sq += d * d
+                    for q in range(t, NW, TPR):
+                        LOADW(xr, q, xs, 0)
+                        for v in range(V):
+                            d = xs[v] - mu
+                            dsum += d
+                            sq += d * d
             else:
-                for k in range(VPT):
-                    if live and t + k * TPR < L:
-                        d = xs[k] - mu
-                        dsum += d
-                        sq += d * d
+                for k in range(WPT):
+                    if live and t + k * TPR < NW:
+                        for v in range(V):
+                            d = xs[k * V + v] - mu
+                            dsum += d
+                            sq += d * d
             dsum, sq = group_sum2(dsum, sq, scratch, 1, tid, TPR)
             corr = dsum * inv_n
             var = sq * inv_n - corr * corr
@@ -125,17 +136,23 @@ def _forward_kernel(xdt, wdt, bdt, cfg):
                         c = c0 + cc
                         a = r * LW(w[c]) if has_w else r
                         bc = LB(b[c]) if has_b else zero
-                        for k in range(t, S, TPR):
-                            j = cc * S + k
-                            yr[j] = SX(((LX(xr[j]) - mu) - corr) * a + bc)
+                        for qs in range(t, SW, TPR):
+                            q = cc * SW + qs
+                            LOADW(xr, q, xs, 0)
+                            for v in range(V):
+                                tmp[v] = ((xs[v] - mu) - corr) * a + bc
+                            STOREW(yr, q, tmp, 0)
                 else:
-                    for k in range(VPT):
-                        j = t + k * TPR
-                        if j < L:
-                            c = c0 + ch[k]
-                            a = r * LW(w[c]) if has_w else r
-                            bc = LB(b[c]) if has_b else zero
-                            yr[j] = SX(((xs[k] - mu) - corr) * a + bc)
+                    for k in range(WPT):
+                        q = t + k * TPR
+                        if q < NW:
+                            for v in range(V):
+                                e = k * V + v
+                                c = c0 + ch[e]
+                                a = r * LW(w[c]) if has_w else r
+                                bc = LB(b[c]) if has_b else zero
+                                tmp[v] = ((xs[e] - mu) - corr) * a + bc
+                            STOREW(yr, q, tmp, 0)
 
     return forward
 
@@ -143,26 +160,28 @@ def _forward_kernel(xdt, wdt, bdt, cfg):
 @functools.lru_cache(maxsize=None)
 def _channel_sums_kernel(xdt, cfg):
     ACC = C.acc_type(xdt)
-    LX = C.load_fn(xdt, ACC.name)
-    TPR, R, BLOCK = cfg.tpr, cfg.rows, cfg.block
+    LOADW = C.word_fns(xdt, ACC.name, cfg.vec)[0]
+    TPR, V, R, BLOCK = cfg.tpr, cfg.vec, cfg.rows, cfg.block
     SHIFT = TPR.bit_length() - 1
     SLOTS = slots(BLOCK)
 
     @C.kernel_jit(BLOCK)
     def channel_sums(
-        dy,     # (N*C, S) gradient of y, one row per (sample, channel)
-        x,      # (N*C, S) forward input
+        dy,     # (N*C, SW) gradient of y, one row of SW words per (sample, channel)
+        x,      # (N*C, SW) forward input
         mean,   # (N*G,) saved mean
         rstd,   # (N*G,) saved rstd
         Cg,     # int: channels per group
         part,   # (2, N*C) output: sum(dy * xhat) and sum(dy) per (sample, channel)
     ):
         M = x.shape[0]
-        S = x.shape[1]
+        SW = x.shape[1]
         tid = cuda.threadIdx.x
         t = tid & (TPR - 1)
         zero = ACC(0)
         scratch = cuda.shared.array((2, 2, SLOTS), ACC)
+        xs = cuda.local.array(V, ACC)
+        gs = cuda.local.array(V, ACC)
         it = 0
         for row0 in range(cuda.blockIdx.x * R, M, cuda.gridDim.x * R):
             row = row0 + (tid >> SHIFT)
@@ -176,10 +195,12 @@ def _channel_sums_kernel(xdt, cfg):
             dyx = zero
             dys = zero
             if live:
-                for j in range(t, S, TPR):
-                    gv = LX(dyr[j])
-                    dyx += gv * ((LX(xr[j]) - mu) * r)
-                    dys += gv
+                for q in range(t, SW, TPR):
+                    LOADW(xr, q, xs, 0)
+                    LOADW(dyr, q, gs, 0)
+                    for v in range(V):
+                        dyx += gs[v] * ((xs[v] - mu) * r)
+                        dys += gs[v]
             dyx, dys = group_sum2(dyx, dys, scratch, it & 1, tid, TPR)
             it += 1
             if live and t == 0:
@@ -192,32 +213,34 @@ def _channel_sums_kernel(xdt, cfg):
 @functools.lru_cache(maxsize=None)
 def _dx_kernel(xdt, wdt, cfg):
     ACC = C.acc_type(xdt)
-    LX, SX = C.load_fn(xdt, ACC.name), C.store_fn(xdt)
+    LOADW, STOREW = C.word_fns(xdt, ACC.name, cfg.vec)
     has_w = wdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
-    TPR, R, BLOCK = cfg.tpr, cfg.rows, cfg.block
+    TPR, V, R, BLOCK = cfg.tpr, cfg.vec, cfg.rows, cfg.block
     SHIFT = TPR.bit_length() - 1
     SLOTS = slots(BLOCK)
 
     @C.kernel_jit(BLOCK)
     def dx_kernel(
-        dy,     # (N*C, S) gradient of y, one row per (sample, channel)
-        x,      # (N*C, S) forward input
+        dy,     # (N*C, SW) gradient of y, one row of SW words per (sample, channel)
+        x,      # (N*C, SW) forward input
         mean,   # (N*G,) saved mean
         rstd,   # (N*G,) saved rstd
         w,      # (C,) weight, or a dummy (ones)
         part,   # (2, N*C) sum(dy * xhat), sum(dy) per (sample, channel), from channel_sums
         Cg,     # int: channels per group
-        dx,     # (N*C, S) output: gradient of x
+        dx,     # (N*C, SW) output: gradient of x
     ):
         M = x.shape[0]
-        S = x.shape[1]
+        SW = x.shape[1]
         C_ = w.shape[0] if has_w else Cg  # channels (only used with a weight)
         tid = cuda.threadIdx.x
         t = tid & (TPR - 1)
         zero = ACC(0)
-        inv_n = ACC(1) / ACC(Cg * S)
+        inv_n = ACC(1) / ACC(Cg * SW * V)
         scratch = cuda.shared.array((2, 2, SLOTS), ACC)
+        xs = cuda.local.array(V, ACC)
+        gs = cuda.local.array(V, ACC)
         it = 0
         for row0 in range(cuda.blockIdx.x * R, M, cuda.gridDim.x * R):
             row = row0 + (tid >> SHIFT)
@@ -246,9 +269,13 @@ def _dx_kernel(xdt, wdt, cfg):
                 mu = mean[grp]
                 r = rstd[grp]
                 wr = (LW(w[c]) if has_w else ACC(1)) * r
-                for j in range(t, S, TPR):
-                    xhat = (LX(xr[j]) - mu) * r
-                    dxr[j] = SX(LX(dyr[j]) * wr - (xhat * c1 + c2) * r)
+                for q in range(t, SW, TPR):
+                    LOADW(xr, q, xs, 0)
+                    LOADW(dyr, q, gs, 0)
+                    for v in range(V):
+                        xhat = (xs[v] - mu) * r
+                        gs[v] = gs[v] * wr - (xhat * c1 + c2) * r
+                    STOREW(dxr, q, gs, 0)
 
     return dx_kernel
 
@@ -260,12 +287,14 @@ def forward(x, weight, bias, eps, y, mean, rstd):
     if n == 0:
         return
     L = (c // G) * S
-    cfg = C.row_config(n * G, L, x.dtype == C.F64)
+    # words must not straddle channels: the per-channel loop steps over S
+    vec = C.vec_width(S, x, y)
+    cfg = C.row_config(n * G, L, x.dtype == C.F64, vec)
     kern = _forward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), C.dtype_or_none(bias), cfg)
-    xk = C.kview(x)
-    C.launch(kern, cfg.grid, cfg.block, xk.reshape(n * G, L), C.optional(weight, xk, 1),
-             C.optional(bias, xk, 1), np.dtype(mean.dtype).type(eps), S, G,
-             C.kview(y).reshape(n * G, L), mean.reshape(n * G), rstd.reshape(n * G))
+    xe = C.kview(x)
+    C.launch(kern, cfg.grid, cfg.block, C.words(x, vec).reshape(n * G, L // vec), C.optional(weight, xe, 1),
+             C.optional(bias, xe, 1), np.dtype(mean.dtype).type(eps), S, G,
+             C.words(y, vec).reshape(n * G, L // vec), mean.reshape(n * G), rstd.reshape(n * G))
 
 
 def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
@@ -276,11 +305,12 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
     part = C.device_empty((2, n, c), acc)
     if n:
         xdt = np.dtype(x.dtype)
-        cfg = C.row_config(n * c, S, xdt == C.F64)
-        xk = C.kview(x).reshape(n * c, S)
-        dyk = C.kview(dy).reshape(n * c, S)
+        vec = C.vec_width(S, x, dy, dx)
+        cfg = C.row_config(n * c, S, xdt == C.F64, vec)
+        xk = C.words(x, vec).reshape(n * c, S // vec)
+        dyk = C.words(dy, vec).reshape(n * c, S // vec)
         m1, r1, p1 = mean.reshape(n * G), rstd.reshape(n * G), part.reshape(2, n * c)
         C.launch(_channel_sums_kernel(xdt, cfg), cfg.grid, cfg.block, dyk, xk, m1, r1, c // G, p1)
         C.launch(_dx_kernel(xdt, C.dtype_or_none(weight), cfg), cfg.grid, cfg.block, dyk, xk, m1, r1,
-                 C.optional(weight, xk, 1), p1, c // G, C.kview(dx).reshape(n * c, S))
+                 C.optional(weight, C.kview(x), 1), p1, c // G, C.words(dx, vec).reshape(n * c, S // vec))
     C.column_sums(part, dweight, dbias)

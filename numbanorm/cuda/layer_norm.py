@@ -5,8 +5,9 @@
                                                    (pass 2: corrected two-pass)
     y    = ((x - mean) - corr) * rstd * weight + bias
 
-The row mapping (a thread group per row, the row in registers where it fits) is
-described in ``_common``; the group reductions are ``_reduce``.  Kernels are
+The row mapping (a thread group per row, the row in registers where it fits,
+moved in 8-byte words of ``vec`` elements where the rows allow) is described in
+``_common``; the group reductions are ``_reduce``.  Kernels are
 specialized by closure constants (dtype, mapping, which optional arrays exist),
 so absent weight/bias/residual cost nothing; absent arrays are passed as
 one-element dummies that are never read.
@@ -38,32 +39,35 @@ from ._reduce import group_sum, group_sum2, slots
 def _forward_kernel(xdt, wdt, bdt, cfg, has_r):
     ACC = C.acc_type(xdt)
     LX, SX = C.load_fn(xdt, ACC.name), C.store_fn(xdt)
+    LOADW, STOREW = C.word_fns(xdt, ACC.name, cfg.vec)
     has_w, has_b = wdt is not None, bdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
     LB = C.load_fn(xdt if bdt is None else bdt, ACC.name)
-    TPR, VPT, R, LOOP, BLOCK = cfg.tpr, cfg.vpt, cfg.rows, cfg.loop, cfg.block
+    TPR, VPT, V, R, LOOP, BLOCK = cfg.tpr, cfg.vpt, cfg.vec, cfg.rows, cfg.loop, cfg.block
+    WPT = VPT // V                    # words per thread
     SHIFT = TPR.bit_length() - 1
     SLOTS = slots(BLOCK)
 
     @C.kernel_jit(BLOCK)
     def forward(
-        x,      # (M, N) input rows
-        res,    # (M, N) residual added to x (fused add), or a dummy
+        x,      # (M, NW) input rows, NW words of V elements
+        res,    # (M, NW) residual added to x (fused add), or a dummy
         w,      # (N,) weight, or a dummy
         b,      # (N,) bias, or a dummy
         eps,    # scalar, accumulation dtype
-        y,      # (M, N) output, x's dtype
-        s,      # (M, N) output x + res in x's dtype (fused add), or a dummy
+        y,      # (M, NW) output, x's dtype
+        s,      # (M, NW) output x + res in x's dtype (fused add), or a dummy
         mean,   # (M,) per-row mean, accumulation dtype
         rstd,   # (M,) per-row 1/sqrt(var + eps), accumulation dtype
     ):
         M = x.shape[0]
-        N = x.shape[1]
+        NW = x.shape[1]
+        N = NW * V
         tid = cuda.threadIdx.x
-        # bit operations, not % and //: they let the compiler see that column
-        # indices are never negative, which drops numba's wraparound code and
-        # folds each element's address into an immediate offset (PTX of the
-        # N=4096 float16 forward: 127 -> see the module docstring for counts)
+        # bit operations, not % and //: they let the compiler see that indices
+        # are never negative, which drops numba's wraparound code and folds each
+        # word's address into an immediate offset (107 -> 55 registers for the
+        # N=1024 float16 forward, sm_90, before the launch bounds)
         t = tid & (TPR - 1)            # thread within the row group
         g = tid >> SHIFT               # row group within the block
         zero = ACC(0)
@@ -72,11 +76,12 @@ def _forward_kernel(xdt, wdt, bdt, cfg, has_r):
         xs = cuda.local.array(VPT, ACC)     # this thread's elements of the row
         ws = cuda.local.array(VPT, ACC)     # ... of weight and bias, loaded once
         bs = cuda.local.array(VPT, ACC)
+        tmp = cuda.local.array(V, ACC)      # one word in flight
         if not LOOP:
-            for k in range(VPT):
-                j = t + k * TPR
-                ws[k] = LW(w[j]) if has_w and j < N else ACC(1)
-                bs[k] = LB(b[j]) if has_b and j < N else zero
+            for e in range(VPT):
+                j = (t + (e // V) * TPR) * V + e % V
+                ws[e] = LW(w[j]) if has_w and j < N else ACC(1)
+                bs[e] = LB(b[j]) if has_b and j < N else zero
         for row0 in range(cuda.blockIdx.x * R, M, cuda.gridDim.x * R):
             row = row0 + g
             live = row < M
@@ -89,41 +94,52 @@ def _forward_kernel(xdt, wdt, bdt, cfg, has_r):
             total = zero
             if LOOP:
                 if live:
-                    for j in range(t, N, TPR):
-                        v = LX(xr[j])
+                    for q in range(t, NW, TPR):
+                        LOADW(xr, q, xs, 0)
                         if has_r:
-                            sv = SX(v + LX(resr[j]))
-                            sr[j] = sv
-                            v = LX(sv)      # normalize the s handed back, rounded
-                        total += v
+                            LOADW(resr, q, tmp, 0)
+                            for v in range(V):
+                                xs[v] += tmp[v]
+                            STOREW(sr, q, xs, 0)
+                        for v in range(V):
+                            # fused: normalize the s handed back, rounded
+                            total += LX(SX(xs[v])) if has_r else xs[v]
             else:
-                for k in range(VPT):
-                    j = t + k * TPR
-                    v = zero
-                    if live and j < N:
-                        v = LX(xr[j])
+                for k in range(WPT):
+                    q = t + k * TPR
+                    if live and q < NW:
+                        LOADW(xr, q, xs, k * V)
                         if has_r:
-                            sv = SX(v + LX(resr[j]))
-                            sr[j] = sv
-                            v = LX(sv)
-                    xs[k] = v
-                    total += v
+                            LOADW(resr, q, tmp, 0)
+                            for v in range(V):
+                                xs[k * V + v] += tmp[v]
+                            STOREW(sr, q, xs, k * V)
+                            for v in range(V):
+                                xs[k * V + v] = LX(SX(xs[k * V + v]))
+                    else:
+                        for v in range(V):
+                            xs[k * V + v] = zero
+                    for v in range(V):
+                        total += xs[k * V + v]
             mu = group_sum(total, scratch, 0, tid, TPR) * inv_n
             # pass 2: deviations from mu; their sum corrects mu's rounding
             dsum = zero
             sq = zero
             if LOOP:
                 if live:
-                    for j in range(t, N, TPR):
-                        d = (LX(sr[j]) if has_r else LX(xr[j])) - mu
-                        dsum += d
-                        sq += d * d
+                    for q in range(t, NW, TPR):
+                        LOADW(sr if has_r else xr, q, xs, 0)
+                        for v in range(V):
+                            d = xs[v] - mu
+                            dsum += d
+                            sq += d * d
             else:
-                for k in range(VPT):
-                    if live and t + k * TPR < N:
-                        d = xs[k] - mu
-                        dsum += d
-                        sq += d * d
+                for k in range(WPT):
+                    if live and t + k * TPR < NW:
+                        for v in range(V):
+                            d = xs[k * V + v] - mu
+                            dsum += d
+                            sq += d * d
             dsum, sq = group_sum2(dsum, sq, scratch, 1, tid, TPR)
             corr = dsum * inv_n
             var = sq * inv_n - corr * corr
@@ -138,18 +154,24 @@ def _forward_kernel(xdt, wdt, bdt, cfg, has_r):
             # the contract's large-offset case)
             if live:
                 if LOOP:
-                    for j in range(t, N, TPR):
-                        v = ((LX(sr[j]) if has_r else LX(xr[j])) - mu - corr) * r
-                        if has_w:
-                            v *= LW(w[j])
-                        if has_b:
-                            v += LB(b[j])
-                        yr[j] = SX(v)
+                    for q in range(t, NW, TPR):
+                        LOADW(sr if has_r else xr, q, xs, 0)
+                        for v in range(V):
+                            val = ((xs[v] - mu) - corr) * r
+                            if has_w:
+                                val *= LW(w[q * V + v])
+                            if has_b:
+                                val += LB(b[q * V + v])
+                            tmp[v] = val
+                        STOREW(yr, q, tmp, 0)
                 else:
-                    for k in range(VPT):
-                        j = t + k * TPR
-                        if j < N:
-                            yr[j] = SX(((xs[k] - mu) - corr) * r * ws[k] + bs[k])
+                    for k in range(WPT):
+                        q = t + k * TPR
+                        if q < NW:
+                            for v in range(V):
+                                e = k * V + v
+                                tmp[v] = ((xs[e] - mu) - corr) * r * ws[e] + bs[e]
+                            STOREW(yr, q, tmp, 0)
 
     return forward
 
@@ -157,27 +179,29 @@ def _forward_kernel(xdt, wdt, bdt, cfg, has_r):
 @functools.lru_cache(maxsize=None)
 def _backward_kernel(xdt, wdt, cfg, has_ds):
     ACC = C.acc_type(xdt)
-    LX, SX = C.load_fn(xdt, ACC.name), C.store_fn(xdt)
+    LOADW, STOREW = C.word_fns(xdt, ACC.name, cfg.vec)
     has_w = wdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
-    TPR, VPT, R, LOOP, BLOCK = cfg.tpr, cfg.vpt, cfg.rows, cfg.loop, cfg.block
+    TPR, VPT, V, R, LOOP, BLOCK = cfg.tpr, cfg.vpt, cfg.vec, cfg.rows, cfg.loop, cfg.block
+    WPT = VPT // V
     SHIFT = TPR.bit_length() - 1
     SLOTS = slots(BLOCK)
     COLS = TPR * VPT  # columns a row group holds in registers
 
     @C.kernel_jit(BLOCK)
     def backward(
-        dy,     # (M, N) gradient of y, x's dtype
-        x,      # (M, N) forward input
+        dy,     # (M, NW) gradient of y, x's dtype, NW words of V elements
+        x,      # (M, NW) forward input
         mean,   # (M,) saved mean, accumulation dtype
         rstd,   # (M,) saved rstd, accumulation dtype
         w,      # (N,) weight, or a dummy (ones)
-        ds,     # (M, N) gradient added to dx (fused residual), or a dummy
-        dx,     # (M, N) output: gradient of x, x's dtype
+        ds,     # (M, NW) gradient added to dx (fused residual), or a dummy
+        dx,     # (M, NW) output: gradient of x, x's dtype
         part,   # (2, grid, N) output: per-block sums of dy * xhat and of dy
     ):
         M = x.shape[0]
-        N = x.shape[1]
+        NW = x.shape[1]
+        N = NW * V
         tid = cuda.threadIdx.x
         t = tid & (TPR - 1)
         g = tid >> SHIFT
@@ -190,6 +214,7 @@ def _backward_kernel(xdt, wdt, cfg, has_ds):
         ws = cuda.local.array(VPT, ACC)
         dwa = cuda.local.array(VPT, ACC)    # running sum of dy * xhat, per column
         dba = cuda.local.array(VPT, ACC)    # running sum of dy, per column
+        tmp = cuda.local.array(V, ACC)
         dwp = part[0, blk]
         dbp = part[1, blk]
         if LOOP:
@@ -198,11 +223,11 @@ def _backward_kernel(xdt, wdt, cfg, has_ds):
                 dwp[j] = zero
                 dbp[j] = zero
         else:
-            for k in range(VPT):
-                j = t + k * TPR
-                ws[k] = LW(w[j]) if has_w and j < N else ACC(1)
-                dwa[k] = zero
-                dba[k] = zero
+            for e in range(VPT):
+                j = (t + (e // V) * TPR) * V + e % V
+                ws[e] = LW(w[j]) if has_w and j < N else ACC(1)
+                dwa[e] = zero
+                dba[e] = zero
         it = 0
         for row0 in range(blk * R, M, cuda.gridDim.x * R):
             row = row0 + g
@@ -219,25 +244,28 @@ def _backward_kernel(xdt, wdt, cfg, has_ds):
             c2 = zero
             if LOOP:
                 if live:
-                    for j in range(t, N, TPR):
-                        xhat = (LX(xr[j]) - mu) * r
-                        wdy = LX(dyr[j]) * LW(w[j]) if has_w else LX(dyr[j])
-                        c1 += xhat * wdy
-                        c2 += wdy
+                    for q in range(t, NW, TPR):
+                        LOADW(xr, q, xs, 0)
+                        LOADW(dyr, q, gs, 0)
+                        for v in range(V):
+                            wdy = gs[v] * LW(w[q * V + v]) if has_w else gs[v]
+                            c1 += (xs[v] - mu) * r * wdy
+                            c2 += wdy
             else:
-                for k in range(VPT):
-                    j = t + k * TPR
-                    xv = zero
-                    gv = zero
-                    if live and j < N:
-                        xv = LX(xr[j])
-                        gv = LX(dyr[j])
-                    xs[k] = xv
-                    gs[k] = gv
-                    xhat = (xv - mu) * r
-                    wdy = gv * ws[k]
-                    c1 += xhat * wdy
-                    c2 += wdy
+                for k in range(WPT):
+                    q = t + k * TPR
+                    if live and q < NW:
+                        LOADW(xr, q, xs, k * V)
+                        LOADW(dyr, q, gs, k * V)
+                    else:
+                        for v in range(V):
+                            xs[k * V + v] = zero
+                            gs[k * V + v] = zero
+                    for v in range(V):
+                        e = k * V + v
+                        wdy = gs[e] * ws[e]
+                        c1 += (xs[e] - mu) * r * wdy
+                        c2 += wdy
             c1, c2 = group_sum2(c1, c2, scratch, it & 1, tid, TPR)
             it += 1
             c1 *= inv_n
@@ -245,44 +273,52 @@ def _backward_kernel(xdt, wdt, cfg, has_ds):
             # pass 2: dx, and this thread's columns of dweight/dbias
             if live:
                 if LOOP:
-                    for j in range(t, N, TPR):
-                        gv = LX(dyr[j])
-                        xhat = (LX(xr[j]) - mu) * r
-                        wdy = gv * LW(w[j]) if has_w else gv
-                        v = (wdy - (xhat * c1 + c2)) * r
+                    for q in range(t, NW, TPR):
+                        LOADW(xr, q, xs, 0)
+                        LOADW(dyr, q, gs, 0)
                         if has_ds:
-                            v += LX(dsr[j])
-                        dxr[j] = SX(v)
-                        # the block's rows are visited in order by the one
-                        # thread owning column j: a deterministic running sum
-                        dwp[j] += gv * xhat
-                        dbp[j] += gv
+                            LOADW(dsr, q, tmp, 0)
+                        for v in range(V):
+                            j = q * V + v
+                            xhat = (xs[v] - mu) * r
+                            wdy = gs[v] * LW(w[j]) if has_w else gs[v]
+                            val = (wdy - (xhat * c1 + c2)) * r
+                            tmp[v] = tmp[v] + val if has_ds else val
+                            # the block's rows are visited in order by the one
+                            # thread owning column j: a deterministic running sum
+                            dwp[j] += gs[v] * xhat
+                            dbp[j] += gs[v]
+                        STOREW(dxr, q, tmp, 0)
                 else:
-                    for k in range(VPT):
-                        j = t + k * TPR
-                        if j < N:
-                            xhat = (xs[k] - mu) * r
-                            v = (gs[k] * ws[k] - (xhat * c1 + c2)) * r
+                    for k in range(WPT):
+                        q = t + k * TPR
+                        if q < NW:
                             if has_ds:
-                                v += LX(dsr[j])
-                            dxr[j] = SX(v)
-                            dwa[k] += gs[k] * xhat
-                            dba[k] += gs[k]
+                                LOADW(dsr, q, tmp, 0)
+                            for v in range(V):
+                                e = k * V + v
+                                xhat = (xs[e] - mu) * r
+                                val = (gs[e] * ws[e] - (xhat * c1 + c2)) * r
+                                tmp[v] = tmp[v] + val if has_ds else val
+                                dwa[e] += gs[e] * xhat
+                                dba[e] += gs[e]
+                            STOREW(dxr, q, tmp, 0)
         if LOOP:
             return
         if R == 1:
-            for k in range(VPT):
-                j = t + k * TPR
+            for e in range(VPT):
+                j = (t + (e // V) * TPR) * V + e % V
                 if j < N:
-                    dwp[j] = dwa[k]
-                    dbp[j] = dba[k]
+                    dwp[j] = dwa[e]
+                    dbp[j] = dba[e]
         else:
             # the R row groups of the block hold partials of the same columns:
             # add them in group order through shared memory
             sh = cuda.shared.array((2, R, COLS), ACC)
-            for k in range(VPT):
-                sh[0, g, t + k * TPR] = dwa[k]
-                sh[1, g, t + k * TPR] = dba[k]
+            for e in range(VPT):
+                j = (t + (e // V) * TPR) * V + e % V
+                sh[0, g, j] = dwa[e]
+                sh[1, g, j] = dba[e]
             cuda.syncthreads()
             for j in range(tid, min(N, COLS), BLOCK):
                 a = sh[0, 0, j]
@@ -307,11 +343,14 @@ def forward(x, weight, bias, eps, y, mean, rstd, residual=None, s=None):
     M, N = x.shape
     if M == 0:
         return
-    cfg = C.row_config(M, N, x.dtype == C.F64)
-    kern = _forward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), C.dtype_or_none(bias), cfg, residual is not None)
-    xk = C.kview(x)
-    C.launch(kern, cfg.grid, cfg.block, xk, C.optional(residual, xk, 2), C.optional(weight, xk, 1),
-             C.optional(bias, xk, 1), np.dtype(mean.dtype).type(eps), C.kview(y), C.optional(s, xk, 2), mean, rstd)
+    vec = C.vec_width(N, x, y, residual, s)
+    cfg = C.row_config(M, N, x.dtype == C.F64, vec)
+    kern = _forward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), C.dtype_or_none(bias), cfg,
+                           residual is not None)
+    xe, xk = C.kview(x), C.words(x, vec)  # elements (dummy parameters), words (rows)
+    C.launch(kern, cfg.grid, cfg.block, xk, C.optional(residual, xk, 2, vec), C.optional(weight, xe, 1),
+             C.optional(bias, xe, 1), np.dtype(mean.dtype).type(eps), C.words(y, vec),
+             C.optional(s, xk, 2, vec), mean, rstd)
 
 
 def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None):
@@ -324,10 +363,11 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None):
     if M == 0:
         C.column_sums(C.device_empty((2, 0, N), acc), dweight, dbias)
         return
-    cfg = C.row_config(M, N, x.dtype == C.F64)
+    vec = C.vec_width(N, x, dy, dx, ds)
+    cfg = C.row_config(M, N, x.dtype == C.F64, vec)
     part = C.device_empty((2, cfg.grid, N), acc)
     kern = _backward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), cfg, ds is not None)
-    xk = C.kview(x)
-    C.launch(kern, cfg.grid, cfg.block, C.kview(dy), xk, mean, rstd, C.optional(weight, xk, 1),
-             C.optional(ds, xk, 2), C.kview(dx), part)
+    xe, xk = C.kview(x), C.words(x, vec)
+    C.launch(kern, cfg.grid, cfg.block, C.words(dy, vec), xk, mean, rstd, C.optional(weight, xe, 1),
+             C.optional(ds, xk, 2, vec), C.words(dx, vec), part)
     C.column_sums(part, dweight, dbias)

@@ -26,24 +26,27 @@ from ._reduce import group_sum, slots
 def _forward_kernel(xdt, wdt, cfg, has_r):
     ACC = C.acc_type(xdt)
     LX, SX = C.load_fn(xdt, ACC.name), C.store_fn(xdt)
+    LOADW, STOREW = C.word_fns(xdt, ACC.name, cfg.vec)
     has_w = wdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
-    TPR, VPT, R, LOOP, BLOCK = cfg.tpr, cfg.vpt, cfg.rows, cfg.loop, cfg.block
+    TPR, VPT, V, R, LOOP, BLOCK = cfg.tpr, cfg.vpt, cfg.vec, cfg.rows, cfg.loop, cfg.block
+    WPT = VPT // V
     SHIFT = TPR.bit_length() - 1
     SLOTS = slots(BLOCK)
 
     @C.kernel_jit(BLOCK)
     def forward(
-        x,      # (M, N) input rows
-        res,    # (M, N) residual added to x (fused add), or a dummy
+        x,      # (M, NW) input rows, NW words of V elements
+        res,    # (M, NW) residual added to x (fused add), or a dummy
         w,      # (N,) weight, or a dummy
         eps,    # scalar, accumulation dtype
-        y,      # (M, N) output, x's dtype
-        s,      # (M, N) output x + res in x's dtype (fused add), or a dummy
+        y,      # (M, NW) output, x's dtype
+        s,      # (M, NW) output x + res in x's dtype (fused add), or a dummy
         rstd,   # (M,) per-row 1/sqrt(mean(x^2) + eps), accumulation dtype
     ):
         M = x.shape[0]
-        N = x.shape[1]
+        NW = x.shape[1]
+        N = NW * V
         tid = cuda.threadIdx.x
         t = tid & (TPR - 1)
         g = tid >> SHIFT
@@ -52,10 +55,11 @@ def _forward_kernel(xdt, wdt, cfg, has_r):
         scratch = cuda.shared.array((2, 2, SLOTS), ACC)
         xs = cuda.local.array(VPT, ACC)
         ws = cuda.local.array(VPT, ACC)
+        tmp = cuda.local.array(V, ACC)
         if not LOOP:
-            for k in range(VPT):
-                j = t + k * TPR
-                ws[k] = LW(w[j]) if has_w and j < N else ACC(1)
+            for e in range(VPT):
+                j = (t + (e // V) * TPR) * V + e % V
+                ws[e] = LW(w[j]) if has_w and j < N else ACC(1)
         it = 0
         for row0 in range(cuda.blockIdx.x * R, M, cuda.gridDim.x * R):
             row = row0 + g
@@ -68,25 +72,33 @@ def _forward_kernel(xdt, wdt, cfg, has_r):
             sq = zero
             if LOOP:
                 if live:
-                    for j in range(t, N, TPR):
-                        v = LX(xr[j])
+                    for q in range(t, NW, TPR):
+                        LOADW(xr, q, xs, 0)
                         if has_r:
-                            sv = SX(v + LX(resr[j]))
-                            sr[j] = sv
-                            v = LX(sv)      # normalize the s handed back, rounded
-                        sq += v * v
+                            LOADW(resr, q, tmp, 0)
+                            for v in range(V):
+                                xs[v] += tmp[v]
+                            STOREW(sr, q, xs, 0)
+                        for v in range(V):
+                            val = LX(SX(xs[v])) if has_r else xs[v]  # the s handed back, rounded
+                            sq += val * val
             else:
-                for k in range(VPT):
-                    j = t + k * TPR
-                    v = zero
-                    if live and j < N:
-                        v = LX(xr[j])
+                for k in range(WPT):
+                    q = t + k * TPR
+                    if live and q < NW:
+                        LOADW(xr, q, xs, k * V)
                         if has_r:
-                            sv = SX(v + LX(resr[j]))
-                            sr[j] = sv
-                            v = LX(sv)
-                    xs[k] = v
-                    sq += v * v
+                            LOADW(resr, q, tmp, 0)
+                            for v in range(V):
+                                xs[k * V + v] += tmp[v]
+                            STOREW(sr, q, xs, k * V)
+                            for v in range(V):
+                                xs[k * V + v] = LX(SX(xs[k * V + v]))
+                    else:
+                        for v in range(V):
+                            xs[k * V + v] = zero
+                    for v in range(V):
+                        sq += xs[k * V + v] * xs[k * V + v]
             sq = group_sum(sq, scratch, it & 1, tid, TPR)
             it += 1
             r = ACC(1) / math.sqrt(sq * inv_n + eps)
@@ -94,16 +106,18 @@ def _forward_kernel(xdt, wdt, cfg, has_r):
                 rstd[row] = r
             if live:
                 if LOOP:
-                    for j in range(t, N, TPR):
-                        v = (LX(sr[j]) if has_r else LX(xr[j])) * r
-                        if has_w:
-                            v *= LW(w[j])
-                        yr[j] = SX(v)
+                    for q in range(t, NW, TPR):
+                        LOADW(sr if has_r else xr, q, xs, 0)
+                        for v in range(V):
+                            tmp[v] = xs[v] * r * LW(w[q * V + v]) if has_w else xs[v] * r
+                        STOREW(yr, q, tmp, 0)
                 else:
-                    for k in range(VPT):
-                        j = t + k * TPR
-                        if j < N:
-                            yr[j] = SX(xs[k] * r * ws[k])
+                    for k in range(WPT):
+                        q = t + k * TPR
+                        if q < NW:
+                            for v in range(V):
+                                tmp[v] = xs[k * V + v] * r * ws[k * V + v]
+                            STOREW(yr, q, tmp, 0)
 
     return forward
 
@@ -111,26 +125,28 @@ def _forward_kernel(xdt, wdt, cfg, has_r):
 @functools.lru_cache(maxsize=None)
 def _backward_kernel(xdt, wdt, cfg, has_ds):
     ACC = C.acc_type(xdt)
-    LX, SX = C.load_fn(xdt, ACC.name), C.store_fn(xdt)
+    LOADW, STOREW = C.word_fns(xdt, ACC.name, cfg.vec)
     has_w = wdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
-    TPR, VPT, R, LOOP, BLOCK = cfg.tpr, cfg.vpt, cfg.rows, cfg.loop, cfg.block
+    TPR, VPT, V, R, LOOP, BLOCK = cfg.tpr, cfg.vpt, cfg.vec, cfg.rows, cfg.loop, cfg.block
+    WPT = VPT // V
     SHIFT = TPR.bit_length() - 1
     SLOTS = slots(BLOCK)
     COLS = TPR * VPT
 
     @C.kernel_jit(BLOCK)
     def backward(
-        dy,     # (M, N) gradient of y, x's dtype
-        x,      # (M, N) forward input
+        dy,     # (M, NW) gradient of y, x's dtype, NW words of V elements
+        x,      # (M, NW) forward input
         rstd,   # (M,) saved rstd, accumulation dtype
         w,      # (N,) weight, or a dummy (ones)
-        ds,     # (M, N) gradient added to dx (fused residual), or a dummy
-        dx,     # (M, N) output: gradient of x, x's dtype
+        ds,     # (M, NW) gradient added to dx (fused residual), or a dummy
+        dx,     # (M, NW) output: gradient of x, x's dtype
         part,   # (1, grid, N) output: per-block sums of dy * xhat
     ):
         M = x.shape[0]
-        N = x.shape[1]
+        NW = x.shape[1]
+        N = NW * V
         tid = cuda.threadIdx.x
         t = tid & (TPR - 1)
         g = tid >> SHIFT
@@ -142,15 +158,16 @@ def _backward_kernel(xdt, wdt, cfg, has_ds):
         gs = cuda.local.array(VPT, ACC)
         ws = cuda.local.array(VPT, ACC)
         dwa = cuda.local.array(VPT, ACC)    # running sum of dy * xhat, per column
+        tmp = cuda.local.array(V, ACC)
         dwp = part[0, blk]
         if LOOP:
             for j in range(t, N, TPR):
                 dwp[j] = zero
         else:
-            for k in range(VPT):
-                j = t + k * TPR
-                ws[k] = LW(w[j]) if has_w and j < N else ACC(1)
-                dwa[k] = zero
+            for e in range(VPT):
+                j = (t + (e // V) * TPR) * V + e % V
+                ws[e] = LW(w[j]) if has_w and j < N else ACC(1)
+                dwa[e] = zero
         it = 0
         for row0 in range(blk * R, M, cuda.gridDim.x * R):
             row = row0 + g
@@ -161,57 +178,70 @@ def _backward_kernel(xdt, wdt, cfg, has_ds):
             dxr = dx[rr]
             dsr = ds[rr if has_ds else 0]
             r = rstd[rr]
+            # c1 = mean(xhat * wdy)
             c1 = zero
             if LOOP:
                 if live:
-                    for j in range(t, N, TPR):
-                        wdy = LX(dyr[j]) * LW(w[j]) if has_w else LX(dyr[j])
-                        c1 += LX(xr[j]) * r * wdy
+                    for q in range(t, NW, TPR):
+                        LOADW(xr, q, xs, 0)
+                        LOADW(dyr, q, gs, 0)
+                        for v in range(V):
+                            wdy = gs[v] * LW(w[q * V + v]) if has_w else gs[v]
+                            c1 += xs[v] * r * wdy
             else:
-                for k in range(VPT):
-                    j = t + k * TPR
-                    xv = zero
-                    gv = zero
-                    if live and j < N:
-                        xv = LX(xr[j])
-                        gv = LX(dyr[j])
-                    xs[k] = xv
-                    gs[k] = gv
-                    c1 += xv * r * (gv * ws[k])
+                for k in range(WPT):
+                    q = t + k * TPR
+                    if live and q < NW:
+                        LOADW(xr, q, xs, k * V)
+                        LOADW(dyr, q, gs, k * V)
+                    else:
+                        for v in range(V):
+                            xs[k * V + v] = zero
+                            gs[k * V + v] = zero
+                    for v in range(V):
+                        e = k * V + v
+                        c1 += xs[e] * r * (gs[e] * ws[e])
             c1 = group_sum(c1, scratch, it & 1, tid, TPR) * inv_n
             it += 1
             if live:
                 if LOOP:
-                    for j in range(t, N, TPR):
-                        gv = LX(dyr[j])
-                        xhat = LX(xr[j]) * r
-                        wdy = gv * LW(w[j]) if has_w else gv
-                        v = (wdy - xhat * c1) * r
+                    for q in range(t, NW, TPR):
+                        LOADW(xr, q, xs, 0)
+                        LOADW(dyr, q, gs, 0)
                         if has_ds:
-                            v += LX(dsr[j])
-                        dxr[j] = SX(v)
-                        dwp[j] += gv * xhat
+                            LOADW(dsr, q, tmp, 0)
+                        for v in range(V):
+                            j = q * V + v
+                            xhat = xs[v] * r
+                            wdy = gs[v] * LW(w[j]) if has_w else gs[v]
+                            val = (wdy - xhat * c1) * r
+                            tmp[v] = tmp[v] + val if has_ds else val
+                            dwp[j] += gs[v] * xhat
+                        STOREW(dxr, q, tmp, 0)
                 else:
-                    for k in range(VPT):
-                        j = t + k * TPR
-                        if j < N:
-                            xhat = xs[k] * r
-                            v = (gs[k] * ws[k] - xhat * c1) * r
+                    for k in range(WPT):
+                        q = t + k * TPR
+                        if q < NW:
                             if has_ds:
-                                v += LX(dsr[j])
-                            dxr[j] = SX(v)
-                            dwa[k] += gs[k] * xhat
+                                LOADW(dsr, q, tmp, 0)
+                            for v in range(V):
+                                e = k * V + v
+                                xhat = xs[e] * r
+                                val = (gs[e] * ws[e] - xhat * c1) * r
+                                tmp[v] = tmp[v] + val if has_ds else val
+                                dwa[e] += gs[e] * xhat
+                            STOREW(dxr, q, tmp, 0)
         if LOOP:
             return
         if R == 1:
-            for k in range(VPT):
-                j = t + k * TPR
+            for e in range(VPT):
+                j = (t + (e // V) * TPR) * V + e % V
                 if j < N:
-                    dwp[j] = dwa[k]
+                    dwp[j] = dwa[e]
         else:
             sh = cuda.shared.array((R, COLS), ACC)
-            for k in range(VPT):
-                sh[g, t + k * TPR] = dwa[k]
+            for e in range(VPT):
+                sh[g, (t + (e // V) * TPR) * V + e % V] = dwa[e]
             cuda.syncthreads()
             for j in range(tid, min(N, COLS), BLOCK):
                 a = sh[0, j]
@@ -227,11 +257,12 @@ def forward(x, weight, eps, y, rstd, residual=None, s=None):
     M, N = x.shape
     if M == 0:
         return
-    cfg = C.row_config(M, N, x.dtype == C.F64)
+    vec = C.vec_width(N, x, y, residual, s)
+    cfg = C.row_config(M, N, x.dtype == C.F64, vec)
     kern = _forward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), cfg, residual is not None)
-    xk = C.kview(x)
-    C.launch(kern, cfg.grid, cfg.block, xk, C.optional(residual, xk, 2), C.optional(weight, xk, 1),
-             np.dtype(rstd.dtype).type(eps), C.kview(y), C.optional(s, xk, 2), rstd)
+    xe, xk = C.kview(x), C.words(x, vec)
+    C.launch(kern, cfg.grid, cfg.block, xk, C.optional(residual, xk, 2, vec), C.optional(weight, xe, 1),
+             np.dtype(rstd.dtype).type(eps), C.words(y, vec), C.optional(s, xk, 2, vec), rstd)
 
 
 def backward(dy, x, rstd, weight, dx, dweight, ds=None):
@@ -241,10 +272,11 @@ def backward(dy, x, rstd, weight, dx, dweight, ds=None):
     if M == 0:
         C.column_sums(C.device_empty((1, 0, N), acc), dweight)
         return
-    cfg = C.row_config(M, N, x.dtype == C.F64)
+    vec = C.vec_width(N, x, dy, dx, ds)
+    cfg = C.row_config(M, N, x.dtype == C.F64, vec)
     part = C.device_empty((1, cfg.grid, N), acc)
     kern = _backward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), cfg, ds is not None)
-    xk = C.kview(x)
-    C.launch(kern, cfg.grid, cfg.block, C.kview(dy), xk, rstd, C.optional(weight, xk, 1),
-             C.optional(ds, xk, 2), C.kview(dx), part)
+    xe, xk = C.kview(x), C.words(x, vec)
+    C.launch(kern, cfg.grid, cfg.block, C.words(dy, vec), xk, rstd, C.optional(weight, xe, 1),
+             C.optional(ds, xk, 2, vec), C.words(dx, vec), part)
     C.column_sums(part, dweight)
