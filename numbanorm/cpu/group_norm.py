@@ -92,37 +92,62 @@ def _backward(
     G = mean.shape[1]
     Cg = C // G
     zero = mean.dtype.type(0)
-    inv_n = mean.dtype.type(1) / mean.dtype.type(Cg * S)
+    one = mean.dtype.type(1)
+    inv_n = one / mean.dtype.type(Cg * S)
     for ng in prange(N * G):
         n = ng // G
         g = ng % G
         c0 = g * Cg
         mu = mean[n, g]
         r = rstd[n, g]
-        # pass 1: c1 = mean(xhat * wdy), c2 = mean(wdy) over the group;
-        # per channel, sum(dy * xhat) and sum(dy) are dweight/dbias partials
+        # pass 1, per channel: A = sum(dy * (x - mu)) and dbias's sum(dy); over
+        # the group, corr = mean(x - mu) corrects the saved mean's rounding (as
+        # in layer_norm._backward), so that sum(dy * xhat) = r * (A - corr * sum(dy))
+        dsum = zero
+        for c in range(c0, c0 + Cg):
+            a = zero
+            dys = zero
+            for k in range(S):
+                d = x[n, c, k] - mu
+                dsum += d
+                a += dy[n, c, k] * d
+                dys += dy[n, c, k]
+            dw_part[n, c] = a
+            db_part[n, c] = dys
+        corr = dsum * inv_n
+        # c1 = mean(xhat * wdy), c2 = mean(wdy) over the group
         c1 = zero
         c2 = zero
         for c in range(c0, c0 + Cg):
-            dyx = zero
-            dys = zero
-            for k in range(S):
-                xhat = (x[n, c, k] - mu) * r
-                dyx += dy[n, c, k] * xhat
-                dys += dy[n, c, k]
-            wc = w[c] if w is not None else mean.dtype.type(1)
-            c1 += wc * dyx
-            c2 += wc * dys
+            dyx = r * (dw_part[n, c] - corr * db_part[n, c])
             dw_part[n, c] = dyx
-            db_part[n, c] = dys
+            wc = w[c] if w is not None else one
+            c1 += wc * dyx
+            c2 += wc * db_part[n, c]
         c1 *= inv_n
         c2 *= inv_n
-        # pass 2: dx = (wdy - (xhat * c1 + c2)) * rstd
+        # pass 2: dx = (wdy - (xhat * c1 + c2)) * rstd, channel by channel
         for c in range(c0, c0 + Cg):
-            wc = w[c] if w is not None else mean.dtype.type(1)
-            for k in range(S):
-                xhat = (x[n, c, k] - mu) * r
-                dx[n, c, k] = (dy[n, c, k] * wc - (xhat * c1 + c2)) * r
+            wc = w[c] if w is not None else one
+            backward_channel(dy[n, c], x[n, c], mu, corr, r, wc, c1, c2, dx[n, c])
+
+
+@njit(cache=True, nogil=True)
+def backward_channel(
+    dy,     # (S,) gradient of y, one channel of one sample
+    x,      # (S,) the same channel of the input
+    mu,     # scalar: saved group mean
+    corr,   # scalar: its correction, mean(x - mu) over the group
+    r,      # scalar: saved group rstd
+    wc,     # scalar: weight[c] (1 without weight)
+    c1,     # scalar: mean(xhat * wdy) over the group
+    c2,     # scalar: mean(wdy) over the group
+    dx,     # (S,) output channel
+):
+    # Without fastmath, as layer_norm.backward_row and for the same reason.
+    for k in range(x.shape[0]):
+        xhat = ((x[k] - mu) - corr) * r
+        dx[k] = (dy[k] * wc - (xhat * c1 + c2)) * r
 
 
 def forward(x, weight, bias, eps, y, mean, rstd):
