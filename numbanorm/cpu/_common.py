@@ -6,6 +6,7 @@ contract's "computed in float32 and cast back". float32/float64 arrays go to the
 kernels as they are, without a copy.
 """
 
+import numba
 import numpy as np
 
 # 'reassoc' lets LLVM split each row reduction over several vector accumulators
@@ -58,3 +59,25 @@ def n_chunks(rows):
     (its error grows with the number of rows summed serially).
     """
     return min(rows, max(64, -(-rows // 256)))
+
+
+# Below this many elements a kernel runs on the calling thread alone.  A (2, 128)
+# LayerNorm forward took 58 us with 2 threads and 6 us with one, measured here
+# with a little Python between calls while other processes loaded both cores (the
+# idle OpenMP worker spins against the caller); unloaded both took ~14 us.
+# 32768 is PyTorch's grain size for its CPU parallel_for (at::internal::GRAIN_SIZE).
+SERIAL_BELOW = 32768
+
+
+def launch(kernel, size, *args):
+    """``kernel(*args)``, on one thread when ``size`` elements are too few to share."""
+    if size >= SERIAL_BELOW:
+        return kernel(*args)
+    threads = numba.get_num_threads()
+    if threads == 1:
+        return kernel(*args)
+    numba.set_num_threads(1)
+    try:
+        return kernel(*args)
+    finally:
+        numba.set_num_threads(threads)

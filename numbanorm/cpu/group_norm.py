@@ -11,7 +11,7 @@ contiguous in memory, so each (sample, group) is a "row" for the statistics:
 import numpy as np
 from numba import njit, prange
 
-from ._common import FASTMATH, acc_of, compute_view, finish, param, scratch_for
+from ._common import FASTMATH, acc_of, compute_view, finish, launch, param, scratch_for
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -154,7 +154,8 @@ def forward(x, weight, bias, eps, y, mean, rstd):
     """Fill ``y`` (N, C, S) and ``mean``/``rstd`` (N, G) for group norm."""
     acc = acc_of(x.dtype)
     ys = scratch_for(y)
-    _forward(compute_view(x), param(weight, acc), param(bias, acc), acc.type(eps), ys, mean, rstd)
+    launch(_forward, x.size, compute_view(x), param(weight, acc), param(bias, acc),
+           acc.type(eps), ys, mean, rstd)
     finish(ys, y)
 
 
@@ -165,7 +166,8 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
     dw_part = np.empty((N, C), acc)
     db_part = np.empty((N, C), acc)
     dxs = scratch_for(dx)
-    _backward(compute_view(dy), compute_view(x), mean, rstd, param(weight, acc), dxs, dw_part, db_part)
+    launch(_backward, x.size, compute_view(dy), compute_view(x), mean, rstd,
+           param(weight, acc), dxs, dw_part, db_part)
     finish(dxs, dx)
     # per-sample partials summed in sample order: deterministic for any thread count
     np.sum(dw_part, axis=0, out=dweight)

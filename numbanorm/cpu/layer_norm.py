@@ -11,7 +11,7 @@ from memory once; the extra passes cost cache bandwidth only.
 import numpy as np
 from numba import njit, prange
 
-from ._common import FASTMATH, acc_of, compute_view, finish, n_chunks, param, scratch_for
+from ._common import FASTMATH, acc_of, compute_view, finish, launch, n_chunks, param, scratch_for
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -161,7 +161,8 @@ def forward(x, weight, bias, eps, y, mean, rstd):
     """
     acc = acc_of(x.dtype)
     ys = scratch_for(y)
-    _forward(compute_view(x), param(weight, acc), param(bias, acc), acc.type(eps), ys, mean, rstd)
+    launch(_forward, x.size, compute_view(x), param(weight, acc), param(bias, acc),
+           acc.type(eps), ys, mean, rstd)
     finish(ys, y)
 
 
@@ -180,8 +181,8 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None):
     dw_part = np.empty((B, N), acc)
     db_part = np.empty((B, N), acc)
     dxs = scratch_for(dx)
-    _backward(compute_view(dy), compute_view(x), mean, rstd, param(weight, acc),
-              compute_view(ds), dxs, dw_part, db_part)
+    launch(_backward, x.size, compute_view(dy), compute_view(x), mean, rstd,
+           param(weight, acc), compute_view(ds), dxs, dw_part, db_part)
     finish(dxs, dx)
     # fixed-order sum of the block partials: bit-identical for any thread count
     np.sum(dw_part, axis=0, out=dweight)

@@ -9,7 +9,7 @@ No mean is subtracted, so one pass gives the statistic and a second writes y.
 import numpy as np
 from numba import njit, prange
 
-from ._common import FASTMATH, acc_of, compute_view, finish, n_chunks, param, scratch_for
+from ._common import FASTMATH, acc_of, compute_view, finish, launch, n_chunks, param, scratch_for
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -81,7 +81,7 @@ def forward(x, weight, eps, y, rstd):
     """Fill ``y`` (M, N) and ``rstd`` (M,); shapes and dtypes as in layer_norm.forward."""
     acc = acc_of(x.dtype)
     ys = scratch_for(y)
-    _forward(compute_view(x), param(weight, acc), acc.type(eps), ys, rstd)
+    launch(_forward, x.size, compute_view(x), param(weight, acc), acc.type(eps), ys, rstd)
     finish(ys, y)
 
 
@@ -94,6 +94,7 @@ def backward(dy, x, rstd, weight, dx, dweight, ds=None):
         return
     dw_part = np.empty((n_chunks(M), N), acc)
     dxs = scratch_for(dx)
-    _backward(compute_view(dy), compute_view(x), rstd, param(weight, acc), compute_view(ds), dxs, dw_part)
+    launch(_backward, x.size, compute_view(dy), compute_view(x), rstd, param(weight, acc),
+           compute_view(ds), dxs, dw_part)
     finish(dxs, dx)
     np.sum(dw_part, axis=0, out=dweight)
