@@ -1,0 +1,149 @@
+"""How numbanorm.dask's throughput scales from 1 to 2 (or more) Dask workers.
+
+    python benchmarks/dask_scaling.py                    # (131072, 1024) float32, 1 and 2 workers
+    python benchmarks/dask_scaling.py --rows 262144 --workers 1 2 4
+
+For each worker count a ``LocalCluster`` of worker processes with one thread
+each is started (``NUMBA_NUM_THREADS=1`` in the workers: the parallelism is
+Dask's, one block per worker at a time), ``x`` and ``dy`` are generated on the
+workers and persisted, and then, round after round:
+
+* forward: ``numbanorm.dask.layer_norm_forward`` persisted (y, mean, rstd stay
+  on the workers; nothing large travels to the client);
+* backward: ``layer_norm_backward`` persisted, dweight/dbias tree-reduced.
+
+Throughput counts the bytes the kernels must move: forward reads x and writes
+y, backward reads x and dy and writes dx (statistics and weights are O(rows)
+and O(hidden)).  For reference the same work runs in memory in this process on
+one Numba thread.  On a machine shared with other jobs the medians move with
+their load: the script prints the 20-80 % range of every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def timed(fn, rounds):
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return np.quantile(times, [0.2, 0.5, 0.8])
+
+
+def on_cluster(n_workers, shape, chunk_rows, dtype, rounds):
+    import dask.array as da
+    import distributed
+
+    import numbanorm.dask as nd
+
+    with distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                                  dashboard_address=None, silence_logs=logging.ERROR,
+                                  env={"NUMBA_NUM_THREADS": "1"}) as cluster, \
+            distributed.Client(cluster) as client:
+        threads = client.run(lambda: __import__("numba").get_num_threads())
+        assert set(threads.values()) == {1}, threads
+        rng = da.random.default_rng(0)
+        chunks = (chunk_rows, shape[1])
+        x = client.persist(rng.standard_normal(shape, dtype=dtype, chunks=chunks))
+        dy = client.persist(rng.standard_normal(shape, dtype=dtype, chunks=chunks))
+        w = np.linspace(0.5, 1.5, shape[1], dtype=dtype)
+        b = np.zeros(shape[1], dtype)
+        distributed.wait([x, dy])
+        # Dask names results by a hash of their inputs, so persisting the same
+        # call twice would find the first result still in memory: every round
+        # changes eps by 1e-12 (far below any effect on the output) to make it
+        # new work, and drops the previous round's results first.
+        state = {"round": 0}
+
+        def forward():
+            state.pop("bwd", None)
+            state["round"] += 1
+            eps = 1e-5 + 1e-12 * state["round"]
+            state["fwd"] = client.persist(list(nd.layer_norm_forward(x, shape[1], w, b, eps)))
+            distributed.wait(state["fwd"])
+
+        def backward():
+            _, mean, rstd = state["fwd"]
+            state["bwd"] = client.persist(list(nd.layer_norm_backward(dy, x, mean, rstd, shape[1], w)))
+            distributed.wait(state["bwd"])
+
+        forward()  # first calls: numba's cache load in each worker, the scheduler's warm-up
+        backward()
+        fwd, bwd = [], []
+        for _ in range(rounds):  # interleaved, so the machine's load hits both alike
+            fwd.append(timed(forward, 1)[1])
+            bwd.append(timed(backward, 1)[1])
+        return np.quantile(fwd, [0.2, 0.5, 0.8]), np.quantile(bwd, [0.2, 0.5, 0.8])
+
+
+def in_memory(shape, dtype, rounds):
+    import numba
+
+    import numbanorm
+
+    x = np.random.default_rng(0).standard_normal(shape, dtype=np.float64).astype(dtype)
+    w = np.linspace(0.5, 1.5, shape[1], dtype=dtype)
+    b = np.zeros(shape[1], dtype)
+    keep = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        y, mean, rstd = numbanorm.layer_norm_forward(x, shape[1], w, b)
+        fwd = timed(lambda: numbanorm.layer_norm_forward(x, shape[1], w, b), rounds)
+        bwd = timed(lambda: numbanorm.layer_norm_backward(x, x, mean, rstd, shape[1], w), rounds)
+    finally:
+        numba.set_num_threads(keep)
+    return fwd, bwd
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=131072)
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--chunk-rows", type=int, default=8192)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--json", help="write the results here")
+    a = ap.parse_args(argv)
+    shape, dt = (a.rows, a.hidden), np.dtype(a.dtype)
+    nbytes = a.rows * a.hidden * dt.itemsize
+    moved = {"forward": 2 * nbytes, "backward": 3 * nbytes}
+    print(f"# {shape} {dt} in blocks of {a.chunk_rows} rows ({nbytes / 2**20:.0f} MiB per array), "
+          f"{os.cpu_count()} logical CPUs, load average {os.getloadavg()[0]:.1f}")
+    rows = []
+
+    def report(label, quantiles):
+        for direction, (q20, med, q80) in zip(("forward", "backward"), quantiles):
+            gbs = moved[direction] / med / 1e9
+            rows.append({"setup": label, "direction": direction, "median_s": med, "q20_s": q20,
+                         "q80_s": q80, "GB/s": gbs})
+            print(f"{label:24s} {direction:8s} {med * 1e3:8.1f} ms  [{q20 * 1e3:.1f}-{q80 * 1e3:.1f}]"
+                  f"  {gbs:6.2f} GB/s")
+
+    report("in memory, 1 thread", in_memory(shape, dt, a.rounds))
+    for n in a.workers:
+        report(f"LocalCluster {n} worker(s)", on_cluster(n, shape, a.chunk_rows, dt, a.rounds))
+    base = {r["direction"]: r["median_s"] for r in rows if r["setup"] == f"LocalCluster {a.workers[0]} worker(s)"}
+    for r in rows:
+        if r["setup"].startswith("LocalCluster"):
+            print(f"speed-up of {r['setup']} over {a.workers[0]} worker(s), {r['direction']}: "
+                  f"{base[r['direction']] / r['median_s']:.2f}x")
+    print(f"# load average after: {os.getloadavg()[0]:.1f}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"shape": shape, "dtype": str(dt), "chunk_rows": a.chunk_rows, "results": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

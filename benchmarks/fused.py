@@ -1,0 +1,102 @@
+"""Fused residual add + norm against the unfused pair, on the CPU.
+
+    python benchmarks/fused.py                       # (16384, 4096) float32, all threads
+    python benchmarks/fused.py --shape 4096 1024 --dtype float64 --threads 1
+
+For each norm it times, round-robin with ``numbanorm._bench.time_runners`` (the
+suite's one timing function, so machine noise hits every variant alike):
+
+* ``unfused``   ``s = np.add(x, r); y = numbanorm.<norm>(s, ...)``
+* ``fused``     ``y, s = numbanorm.add_<norm>(x, r, ...)``
+* ``torch``     ``torch.nn.functional.<norm>(x + r, ...)`` on the same thread
+  count (when PyTorch is installed), for context
+
+and prints the fastest and the median sample per call, the effective bandwidth
+of the fastest (fused traffic: x and r read, s and y written) and ``unfused /
+variant`` for both statistics.  On a machine shared with other jobs their load
+only adds time: the fastest sample is the least disturbed one, the median shows
+how much the load moved things.  Every call allocates its outputs, as a caller
+of the public API does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+import numbanorm
+from numbanorm import _bench
+
+
+def runners(norm, x, r, w, b, torch):
+    n = x.shape[-1]
+    if norm == "layer_norm":
+        fused = lambda: numbanorm.add_layer_norm(x, r, n, w, b)  # noqa: E731
+        unfused = lambda: numbanorm.layer_norm(np.add(x, r), n, w, b)  # noqa: E731
+    else:
+        fused = lambda: numbanorm.add_rms_norm(x, r, n, w)  # noqa: E731
+        unfused = lambda: numbanorm.rms_norm(np.add(x, r), n, w)  # noqa: E731
+    out = [_bench.Runner("unfused", "alloc", unfused), _bench.Runner("fused", "alloc", fused)]
+    if torch is not None:
+        tx, tr, tw, tb = (torch.from_numpy(a) for a in (x, r, w, b))
+        F = torch.nn.functional
+        if norm == "layer_norm":
+            fn = lambda: F.layer_norm(tx + tr, (n,), tw, tb, 1e-5)  # noqa: E731
+        else:
+            fn = lambda: F.rms_norm(tx + tr, (n,), tw)  # noqa: E731
+        out.append(_bench.Runner("torch", "alloc", fn))
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", type=int, nargs=2, default=(16384, 4096), metavar=("ROWS", "HIDDEN"))
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--norms", nargs="+", default=["layer_norm", "rms_norm"], choices=["layer_norm", "rms_norm"])
+    ap.add_argument("--budget", type=float, default=10.0, help="seconds of round-robin rounds per norm")
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--json", help="write the results here")
+    a = ap.parse_args(argv)
+
+    threads = _bench.set_threads(a.threads)
+    torch = None if a.no_torch else _bench._torch()
+    rng = np.random.default_rng(0)
+    shape, dt = tuple(a.shape), np.dtype(a.dtype)
+    x = rng.standard_normal(shape, dtype=np.float64).astype(dt)
+    r = rng.standard_normal(shape, dtype=np.float64).astype(dt)
+    w = rng.uniform(0.5, 1.5, shape[1]).astype(dt)
+    b = rng.standard_normal(shape[1]).astype(dt)
+    fused_bytes = 4 * x.nbytes
+
+    print(f"# {_bench.cpu_model()}, {threads} thread(s), {shape} {dt}, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    results = []
+    for norm in a.norms:
+        rs = runners(norm, x, r, w, b, torch)
+        rounds = _bench.time_runners(rs, budget_s=a.budget, min_repeats=7, max_repeats=40)
+        med = {q.impl: q.quantiles()[1] for q in rs}
+        best = {q.impl: min(q.samples) for q in rs}
+        for q in rs:
+            q20, m, q80 = q.quantiles()
+            row = {"norm": norm, "variant": q.impl, "shape": shape, "dtype": str(dt), "threads": threads,
+                   "min_s": best[q.impl], "median_s": m, "q20_s": q20, "q80_s": q80, "rounds": rounds,
+                   "GB/s": fused_bytes / best[q.impl] / 1e9,
+                   "unfused/this (min)": best["unfused"] / best[q.impl],
+                   "unfused/this (median)": med["unfused"] / m}
+            results.append(row)
+            print(f"{norm:11s} {q.impl:15s} min {best[q.impl] * 1e3:7.1f} ms  median {m * 1e3:7.1f} ms "
+                  f"[{q20 * 1e3:.1f}-{q80 * 1e3:.1f}]  {row['GB/s']:5.1f} GB/s  unfused/this: "
+                  f"{row['unfused/this (min)']:.2f}x (min) {row['unfused/this (median)']:.2f}x (median)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"machine": _bench.cpu_model(), "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
