@@ -32,7 +32,7 @@ from numba import njit, prange
 
 from . import layer_norm as _layer_norm
 from . import rms_norm as _rms_norm
-from ._common import F16, FASTMATH, acc_of, param
+from ._common import F16, FASTMATH, acc_of, launch, param
 from .layer_norm import normalize_row
 
 # Streaming (non-temporal) stores for s and y were tried and dropped: on this
@@ -135,7 +135,8 @@ def layer_norm_forward(x, residual, weight, bias, eps, y, s, mean, rstd):
         _layer_norm.forward(s, weight, bias, eps, y, mean, rstd)
         return
     acc = acc_of(x.dtype)
-    _layer_norm_forward(x, residual, param(weight, acc), param(bias, acc), acc.type(eps), y, s, mean, rstd)
+    launch(_layer_norm_forward, x.size, x, residual, param(weight, acc), param(bias, acc), acc.type(eps),
+           y, s, mean, rstd)
 
 
 def rms_norm_forward(x, residual, weight, eps, y, s, rstd):
@@ -145,4 +146,4 @@ def rms_norm_forward(x, residual, weight, eps, y, s, rstd):
         _rms_norm.forward(s, weight, eps, y, rstd)
         return
     acc = acc_of(x.dtype)
-    _rms_norm_forward(x, residual, param(weight, acc), acc.type(eps), y, s, rstd)
+    launch(_rms_norm_forward, x.size, x, residual, param(weight, acc), acc.type(eps), y, s, rstd)
