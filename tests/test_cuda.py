@@ -75,8 +75,9 @@ def test_row_mapping_by_row_length(knobs, monkeypatch):
     assert C.row_config(32768, 8193).loop                               # past the registers
     assert C.row_config(32768, 4096, True)[:4] == (1024, 4, 1, False)   # float64: half per thread
     assert C.row_config(32768, 4097, True).loop
-    # a few short rows spread over SMs instead of filling one block
-    assert C.row_config(100, 64).rows == 1 and C.row_config(100, 64).grid == 100
+    # a few short rows spread over SMs instead of filling one block (a warp each)
+    assert C.row_config(100, 64).rows == 4 and C.row_config(100, 64).grid == 25
+    assert C.row_config(100, 512).rows == 1 and C.row_config(100, 512).grid == 100
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 31, 33, 255, 257, 1000, 4095, 8192, 8193, 100000])
@@ -86,6 +87,7 @@ def test_row_mapping_invariants(n, m):
         cfg = C.row_config(m, n, wide)
         assert cfg.tpr & (cfg.tpr - 1) == 0 and cfg.vpt & (cfg.vpt - 1) == 0
         assert cfg.block == cfg.tpr * cfg.rows <= 1024
+        assert cfg.block % 32 == 0                                      # whole warps: shuffles
         assert cfg.loop or cfg.tpr * cfg.vpt >= n                       # every element owned
         assert not cfg.loop or cfg.rows == 1
         assert 1 <= cfg.grid <= m

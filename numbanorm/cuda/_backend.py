@@ -5,11 +5,12 @@ with ``__cuda_array_interface__`` (CuPy, CUDA torch tensors), and objects with a
 CUDA ``__dlpack__``.  Host NumPy arrays are accepted too and copied in (by
 ``contiguous``, after validation) and out (by ``wrap``).
 
-Each public call runs on its caller's stream: ``native`` notes, from the arrays'
-library, the stream (PyTorch's or CuPy's current one; the default stream for
-numba arrays and host copies) and how outputs are allocated (PyTorch's caching
-allocator for tensors, CuPy's pool for CuPy arrays, numba otherwise), so that
-``wrap`` hands back the caller's array type around the same memory.
+Each public call runs on its caller's stream: ``native`` notes, from the library
+of the call's leading array (x, or dy in a backward), the stream (PyTorch's or
+CuPy's current one; the array's own for numba arrays, the default stream for
+host copies) and how outputs are allocated (PyTorch's caching allocator for
+tensors, CuPy's pool for CuPy arrays, numba otherwise), so that ``wrap`` hands
+back the caller's array type around the same memory.
 """
 
 import functools
@@ -95,33 +96,42 @@ def _check_dtype(name, a):
             raise TypeError(f"`{name}` is bfloat16: {why}")
 
 
+# The call's stream and allocator follow its leading array -- x, or dy in a
+# backward, which the frontend views first and whose type the results take.
+_LEADING = ("x", "dy")
+
+
+def _set_call(arg, stream, lib, like):
+    if arg in _LEADING:
+        _CALL.stream, _CALL.lib, _CALL.like = stream, lib, like
+
+
 def native(arg, a):
     if a is None:
         return None
     _check_dtype(arg, a)
     if type(a) is np.ndarray or V.side_of(a) == V.HOST:
-        _CALL.stream, _CALL.lib, _CALL.like = 0, None, None
+        _set_call(arg, 0, None, None)
         return a if type(a) is np.ndarray else np.asarray(a)
     if getattr(type(a), "__cuda_ndarray__", False):  # numba's (or the simulator's) own
-        _CALL.stream, _CALL.lib, _CALL.like = a.stream, None, None
+        _set_call(arg, a.stream, None, None)
         return a
     if _is_torch(a):
-        import torch
+        if arg in _LEADING:
+            import torch
 
-        _CALL.stream = _stream(torch.cuda.current_stream(a.device).cuda_stream)
-        _CALL.lib, _CALL.like = "torch", a
+            _set_call(arg, _stream(torch.cuda.current_stream(a.device).cuda_stream), "torch", a)
         return _torch_view(a)
     if _is_cupy(a):
-        import cupy
+        if arg in _LEADING:
+            import cupy
 
-        _CALL.stream = _stream(cupy.cuda.get_current_stream().ptr)
-        _CALL.lib, _CALL.like = "cupy", a
+            _set_call(arg, _stream(cupy.cuda.get_current_stream().ptr), "cupy", a)
         return _cupy_view(a)
     desc = getattr(a, "__cuda_array_interface__", None)
     view = _dlpack_view(a) if desc is None else _view_cai(a, desc)
     producer = (desc or {}).get("stream")
-    _CALL.stream = _stream(producer) if producer not in (None, 1, 2) else 0
-    _CALL.lib, _CALL.like = None, None
+    _set_call(arg, _stream(producer) if producer not in (None, 1, 2) else 0, None, None)
     return view
 
 

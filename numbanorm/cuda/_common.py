@@ -5,22 +5,26 @@ fixed-order column sums of partials, and an elementwise cast).
 Row mapping
 -----------
 A row of ``N`` elements belongs to a *row group* of ``tpr`` threads (a power of
-two); thread ``t`` of the group owns elements ``t, t + tpr, t + 2*tpr, ...`` so
-each load instruction of a warp reads consecutive addresses (coalesced).  ``tpr``
-is picked so that each thread holds about ``REG_ELEMS`` elements:
+two).  Rows move in 8-byte words of ``vec`` elements (4 float16/bfloat16, 2
+float32; 1 for float64, odd lengths and offset views) and thread ``t`` of the
+group owns words ``t, t + tpr, t + 2*tpr, ...``, so each load instruction of a
+warp reads 256 consecutive bytes.  ``tpr`` is picked so that each thread holds
+about ``REG_ELEMS`` elements:
 
 * short rows (``N <= 256``): groups of up to 32 threads -- a warp or part of one
   per row, several rows per block, reductions in registers by warp shuffles;
 * long rows: ``tpr`` up to ``MAX_TPR`` threads -- a block per row, reductions
   through shared memory across the warps;
-* rows up to ``MAX_TPR * MAX_VPT`` elements (8192) stay in registers
-  (``vpt`` per thread, a compile-time constant, so the arrays are registers), so
-  x is read from global memory once; longer rows take the loop path, which
-  re-reads the row (from L2) for each pass.
+* rows up to ``MAX_TPR * MAX_VPT`` elements (8192; 4096 for float64) stay in
+  registers (``vpt`` per thread, a compile-time constant, so the arrays are
+  registers), so x is read from global memory once; longer rows take the loop
+  path, which re-reads the row (from L2) for each pass.
 
 The grid is persistent: at most a few blocks per SM, each striding over rows, so
 per-thread copies of weight/bias (and, in the backward, of the dweight/dbias
 partial sums) are loaded or written once per block instead of once per row.
+Kernels are compiled with launch bounds that cap them at 64 registers
+(``MIN_RESIDENT`` threads per SM); ``numbanorm.cuda._ptx`` checks the result.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from collections import namedtuple
 import numpy as np
 from numba import cuda
 
-from ._reduce import SIMULATED
+from ._reduce import SIMULATED, WARP
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
@@ -106,9 +110,14 @@ def row_config(M, N, wide=False, vec=1):
     loop = per_thread > max_vpt
     vpt = vec if loop else max(vec, pow2(per_thread))
     # several rows per block for short rows, but not more than there are rows
-    # for each SM to work on (a few short rows still spread over many SMs);
-    # the loop path keeps its partial sums per block in memory: one row group
-    rows = 1 if loop else max(1, min(BLOCK_THREADS // tpr, pow2(cdiv(M, n_sm()))))
+    # for each SM to work on (a few short rows still spread over many SMs) --
+    # and never less than a whole warp: the shuffles name all 32 lanes, and a
+    # lane that does not exist makes them undefined.  The loop path keeps its
+    # partial sums per block in memory: one row group of at least a warp.
+    if loop:
+        tpr, rows = max(tpr, WARP), 1
+    else:
+        rows = max(WARP // min(tpr, WARP), min(BLOCK_THREADS // tpr, pow2(cdiv(M, n_sm()))))
     block = tpr * rows
     grid = max(1, min(cdiv(M, rows), n_sm() * max(1, THREADS_PER_SM // block)))
     return RowConfig(tpr, vpt, rows, loop, block, grid, vec)
@@ -270,12 +279,6 @@ def bfloat16_unsupported():
     if not cuda.is_bfloat16_supported():
         return "bfloat16 needs a GPU of compute capability 8.0 or newer"
     return ""
-
-
-def check_bfloat16():
-    why = bfloat16_unsupported()
-    if why:
-        raise TypeError(f"bfloat16 input: {why}")
 
 
 def is_bfloat16(dtype):

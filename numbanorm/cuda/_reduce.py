@@ -17,7 +17,9 @@ Simulator: it has no warp shuffles, so every thread writes its value to shared
 memory, one ``syncthreads``, and every thread sums its group's values in thread
 order.
 
-Shared memory is ``scratch[buf, value, slot]`` with two buffers: callers
+``group_sum2``/``group_sum3`` reduce two/three values at once (one barrier, and
+the shuffles of the values interleave).  Shared memory is
+``scratch[buf, value, slot]`` (value < the number reduced) with two buffers: callers
 alternate ``buf`` between consecutive reductions, so the one barrier inside a
 reduction also separates the reads of the previous use of the other buffer from
 the next writes to it (one barrier per reduction instead of two -- in the
@@ -75,6 +77,30 @@ if SHUFFLE:
                 b += scratch[buf, 1, first + k]
         return a, b
 
+    @cuda.jit(device=True)
+    def group_sum3(a, b, c, scratch, buf, tid, tpr):
+        off = min(tpr, WARP) // 2
+        while off > 0:
+            a += cuda.shfl_xor_sync(_FULL_MASK, a, off)
+            b += cuda.shfl_xor_sync(_FULL_MASK, b, off)
+            c += cuda.shfl_xor_sync(_FULL_MASK, c, off)
+            off //= 2
+        if tpr > WARP:
+            if tid % WARP == 0:
+                scratch[buf, 0, tid // WARP] = a
+                scratch[buf, 1, tid // WARP] = b
+                scratch[buf, 2, tid // WARP] = c
+            cuda.syncthreads()
+            first = (tid // tpr) * (tpr // WARP)
+            a = scratch[buf, 0, first]
+            b = scratch[buf, 1, first]
+            c = scratch[buf, 2, first]
+            for k in range(1, tpr // WARP):
+                a += scratch[buf, 0, first + k]
+                b += scratch[buf, 1, first + k]
+                c += scratch[buf, 2, first + k]
+        return a, b, c
+
 else:
 
     @cuda.jit(device=True)
@@ -99,3 +125,20 @@ else:
             a += scratch[buf, 0, first + k]
             b += scratch[buf, 1, first + k]
         return a, b
+
+
+    @cuda.jit(device=True)
+    def group_sum3(a, b, c, scratch, buf, tid, tpr):
+        scratch[buf, 0, tid] = a
+        scratch[buf, 1, tid] = b
+        scratch[buf, 2, tid] = c
+        cuda.syncthreads()
+        first = (tid // tpr) * tpr
+        a = scratch[buf, 0, first]
+        b = scratch[buf, 1, first]
+        c = scratch[buf, 2, first]
+        for k in range(1, tpr):
+            a += scratch[buf, 0, first + k]
+            b += scratch[buf, 1, first + k]
+            c += scratch[buf, 2, first + k]
+        return a, b, c

@@ -16,12 +16,14 @@ catastrophically when |mean| >> std.
 
 Backward, in three kernels (the dx of a group needs sums over all its channels):
 
-1. per (n, c) row of S elements: dyx[n, c] = sum(dy * xhat), dys[n, c] = sum(dy);
-   these are also the per-sample partials of dweight/dbias;
-2. per (n, c) row: c1 = sum over the group's channels of weight * dyx / L,
-   c2 likewise from dys (a group-wide reduction over Cg values), then
-   dx = (weight * dy - (xhat * c1 + c2)) * rstd;
-3. dweight/dbias = the fixed-order column sums of dyx/dys over the samples.
+1. per (n, c) row of S elements: A = sum(dy * (x - mean)), B = sum(dy) and
+   D = sum(x - mean);
+2. per (n, c) row, from its group's Cg rows of sums (one 3-value reduction):
+   corr = sum(D) / L corrects the saved float32 mean's rounding (as in
+   ``layer_norm``), dyx = rstd * (A - corr * B) = sum(dy * xhat) is this row's
+   dweight partial, c1 = sum(weight * dyx) / L, c2 = sum(weight * B) / L, and
+   dx = (weight * dy - (xhat * c1 + c2)) * rstd with xhat = ((x - mean) - corr) * rstd;
+3. dweight/dbias = the fixed-order column sums of dyx/B over the samples.
 
 x and dy are read twice (kernels 1 and 2): five passes over memory where three
 would do if a whole group fitted on chip -- a fused version is future work.
@@ -34,7 +36,7 @@ import numpy as np
 from numba import cuda
 
 from . import _common as C
-from ._reduce import group_sum, group_sum2, slots
+from ._reduce import group_sum, group_sum2, group_sum3, slots
 
 
 @functools.lru_cache(maxsize=None)
@@ -170,16 +172,15 @@ def _channel_sums_kernel(xdt, cfg):
         dy,     # (N*C, SW) gradient of y, one row of SW words per (sample, channel)
         x,      # (N*C, SW) forward input
         mean,   # (N*G,) saved mean
-        rstd,   # (N*G,) saved rstd
         Cg,     # int: channels per group
-        part,   # (2, N*C) output: sum(dy * xhat) and sum(dy) per (sample, channel)
+        part,   # (4, N*C) output rows 1-3: sum(dy), sum(dy * (x - mean)), sum(x - mean)
     ):
         M = x.shape[0]
         SW = x.shape[1]
         tid = cuda.threadIdx.x
         t = tid & (TPR - 1)
         zero = ACC(0)
-        scratch = cuda.shared.array((2, 2, SLOTS), ACC)
+        scratch = cuda.shared.array((2, 3, SLOTS), ACC)
         xs = cuda.local.array(V, ACC)
         gs = cuda.local.array(V, ACC)
         it = 0
@@ -189,23 +190,25 @@ def _channel_sums_kernel(xdt, cfg):
             rr = min(row, M - 1)
             xr = x[rr]
             dyr = dy[rr]
-            grp = rr // Cg               # n * G + g, as row = n * C + g * Cg + c
-            mu = mean[grp]
-            r = rstd[grp]
-            dyx = zero
+            mu = mean[rr // Cg]          # group n * G + g, as row = n * C + g * Cg + c
             dys = zero
+            dyd = zero
+            dsum = zero
             if live:
                 for q in range(t, SW, TPR):
                     LOADW(xr, q, xs, 0)
                     LOADW(dyr, q, gs, 0)
                     for v in range(V):
-                        dyx += gs[v] * ((xs[v] - mu) * r)
+                        d = xs[v] - mu
                         dys += gs[v]
-            dyx, dys = group_sum2(dyx, dys, scratch, it & 1, tid, TPR)
+                        dyd += gs[v] * d
+                        dsum += d
+            dys, dyd, dsum = group_sum3(dys, dyd, dsum, scratch, it & 1, tid, TPR)
             it += 1
             if live and t == 0:
-                part[0, row] = dyx
                 part[1, row] = dys
+                part[2, row] = dyd
+                part[3, row] = dsum
 
     return channel_sums
 
@@ -227,8 +230,8 @@ def _dx_kernel(xdt, wdt, cfg):
         mean,   # (N*G,) saved mean
         rstd,   # (N*G,) saved rstd
         w,      # (C,) weight, or a dummy (ones)
-        part,   # (2, N*C) sum(dy * xhat), sum(dy) per (sample, channel), from channel_sums
         Cg,     # int: channels per group
+        part,   # (4, N*C) rows 1-3 from channel_sums; row 0 output: sum(dy * xhat)
         dx,     # (N*C, SW) output: gradient of x
     ):
         M = x.shape[0]
@@ -238,7 +241,7 @@ def _dx_kernel(xdt, wdt, cfg):
         t = tid & (TPR - 1)
         zero = ACC(0)
         inv_n = ACC(1) / ACC(Cg * SW * V)
-        scratch = cuda.shared.array((2, 2, SLOTS), ACC)
+        scratch = cuda.shared.array((2, 3, SLOTS), ACC)
         xs = cuda.local.array(V, ACC)
         gs = cuda.local.array(V, ACC)
         it = 0
@@ -250,30 +253,34 @@ def _dx_kernel(xdt, wdt, cfg):
             first = grp * Cg             # the row of the group's first channel
             c = rr % C_                  # this row's channel
             c0 = c - (rr - first)        # the group's first channel
-            # c1 = mean(xhat * wdy), c2 = mean(wdy) over the group, from the
-            # per-channel sums: sum over the group's channels of w * dyx, w * dys
-            c1 = zero
-            c2 = zero
+            mu = mean[grp]
+            r = rstd[grp]
+            # over the group's channels: sum(w * A), sum(w * B), sum(D)
+            swa = zero
+            swb = zero
+            sd = zero
             for cc in range(t, Cg, TPR):
                 wc = LW(w[c0 + cc]) if has_w else ACC(1)
-                c1 += wc * part[0, first + cc]
-                c2 += wc * part[1, first + cc]
-            c1, c2 = group_sum2(c1, c2, scratch, it & 1, tid, TPR)
+                swb += wc * part[1, first + cc]
+                swa += wc * part[2, first + cc]
+                sd += part[3, first + cc]
+            swa, swb, sd = group_sum3(swa, swb, sd, scratch, it & 1, tid, TPR)
             it += 1
-            c1 *= inv_n
-            c2 *= inv_n
+            corr = sd * inv_n
+            c2 = swb * inv_n
+            c1 = (swa - corr * swb) * r * inv_n
             if live:
+                if t == 0:  # this row's own slot: no other row group reads it
+                    part[0, rr] = r * (part[2, rr] - corr * part[1, rr])
                 xr = x[rr]
                 dyr = dy[rr]
                 dxr = dx[rr]
-                mu = mean[grp]
-                r = rstd[grp]
                 wr = (LW(w[c]) if has_w else ACC(1)) * r
                 for q in range(t, SW, TPR):
                     LOADW(xr, q, xs, 0)
                     LOADW(dyr, q, gs, 0)
                     for v in range(V):
-                        xhat = (xs[v] - mu) * r
+                        xhat = ((xs[v] - mu) - corr) * r
                         gs[v] = gs[v] * wr - (xhat * c1 + c2) * r
                     STOREW(dxr, q, gs, 0)
 
@@ -302,15 +309,18 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
     n, c, S = x.shape
     G = mean.shape[1]
     acc = np.dtype(dweight.dtype)
-    part = C.device_empty((2, n, c), acc)
+    # rows: sum(dy * xhat) and sum(dy) (the dweight/dbias partials, summed over
+    # samples at the end), then sum(dy * (x - mean)) and sum(x - mean)
+    part = C.device_empty((4, n, c), acc)
     if n:
         xdt = np.dtype(x.dtype)
         vec = C.vec_width(S, x, dy, dx)
         cfg = C.row_config(n * c, S, xdt == C.F64, vec)
         xk = C.words(x, vec).reshape(n * c, S // vec)
         dyk = C.words(dy, vec).reshape(n * c, S // vec)
-        m1, r1, p1 = mean.reshape(n * G), rstd.reshape(n * G), part.reshape(2, n * c)
-        C.launch(_channel_sums_kernel(xdt, cfg), cfg.grid, cfg.block, dyk, xk, m1, r1, c // G, p1)
-        C.launch(_dx_kernel(xdt, C.dtype_or_none(weight), cfg), cfg.grid, cfg.block, dyk, xk, m1, r1,
-                 C.optional(weight, C.kview(x), 1), p1, c // G, C.words(dx, vec).reshape(n * c, S // vec))
-    C.column_sums(part, dweight, dbias)
+        m1, p1 = mean.reshape(n * G), part.reshape(4, n * c)
+        C.launch(_channel_sums_kernel(xdt, cfg), cfg.grid, cfg.block, dyk, xk, m1, c // G, p1)
+        C.launch(_dx_kernel(xdt, C.dtype_or_none(weight), cfg), cfg.grid, cfg.block, dyk, xk, m1,
+                 rstd.reshape(n * G), C.optional(weight, C.kview(x), 1), c // G, p1,
+                 C.words(dx, vec).reshape(n * c, S // vec))
+    C.column_sums(part[0:2], dweight, dbias)
