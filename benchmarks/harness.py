@@ -103,6 +103,7 @@ def metadata(threads, note="", load_before=None, load_after=None, skipped=(), ti
         "loadavg_after": load_after,
         "note": note,
         "command": " ".join([os.path.basename(sys.executable), "-m", "benchmarks.run", *sys.argv[1:]]),
+        "git": git_state(),
         "timing": timing or {},
         "skipped_for_memory": [c.label for c in skipped],
         "bytes": "forward: x read + y written; backward: x and dy read + dx written "
@@ -112,6 +113,23 @@ def metadata(threads, note="", load_before=None, load_after=None, skipped=(), ti
         "torch_backward": "torch.autograd.grad(y, (x, weight, bias), dy, retain_graph=True) on a graph "
                           "built once outside the timing",
     }
+
+
+def git_state():
+    """The commit measured, and the package files that differed from it (kernels being edited)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    commit = git("rev-parse", "HEAD").strip() or None
+    dirty = [line[3:] for line in git("status", "--porcelain", "--", "numbanorm").splitlines()]
+    return {"commit": commit, "uncommitted": dirty}
 
 
 def run(cases, threads=None, impls=None, peers=_bench.PEERS, note="", skipped=(), cold=True,
@@ -147,7 +165,7 @@ CSV_META = ("date", "cpu", "cores", "gpu", "threads", "numbanorm", "numba", "num
             "loadavg_before", "loadavg_after")
 CSV_FIELDS = ("norm", "direction", "mode", "dtype", "shape", "groups", "device", "impl", "threads",
               "elements", "bytes", "median_s", "q20_s", "q80_s", "repeats", "number", "first_call_s",
-              "gbps", "x_floor", "x_torch", "x_oracle")
+              "gbps", "x_floor", "x_torch", "x_oracle", "case_wall_s")
 
 
 def _csv_meta(meta):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from numbanorm import _bench
 
@@ -45,7 +46,9 @@ def parser():
     ap.add_argument("--threads", type=int, help="threads for numba and torch (default: all)")
     ap.add_argument("--impl", type=_strs, help="registry implementations (default: all that run on --device)")
     ap.add_argument("--peers", type=_strs, default=_bench.PEERS, help="of torch,floor,oracle")
-    ap.add_argument("--budget", type=float, default=1.0, help="seconds of timed rounds per case (default 1)")
+    ap.add_argument("--budget", type=float, default=0.5,
+                    help="seconds of timed rounds per case (default 0.5; at least 3 rounds, "
+                         "at least --min-repeats unless a case passes 5x the budget)")
     ap.add_argument("--min-repeats", type=int, default=5)
     ap.add_argument("--max-repeats", type=int, default=50)
     ap.add_argument("--mem-gib", type=float, help="skip cases whose buffers exceed this (default: half the memory)")
@@ -53,6 +56,7 @@ def parser():
     ap.add_argument("--no-compile-times", action="store_true", help="skip compiling from an empty cache")
     ap.add_argument("--out", help="result file stem under benchmarks/results (default: cpu, gpu or targets)")
     ap.add_argument("--merge", action="store_true", help="replace the re-run cases in an existing <stem> file")
+    ap.add_argument("--dir", default=str(harness.RESULTS), help="results folder (default benchmarks/results)")
     ap.add_argument("--note", default="", help="a note stored in the metadata (e.g. 'shared machine, noisy')")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
@@ -68,6 +72,12 @@ def main(argv=None):
         stem = a.out or "targets"
     else:
         dtypes = a.dtype or (harness.CPU_DTYPES if a.device == "cpu" else harness.GPU_DTYPES)
+        if a.device == "gpu" and "bfloat16" in dtypes and not isinstance(_bench.side_for("gpu"),
+                                                                         _bench.TorchCudaSide):
+            print("bfloat16 skipped: GPU arrays of it need a CUDA build of torch", file=sys.stderr)
+            dtypes = tuple(d for d in dtypes if d != "bfloat16")
+        if a.device == "cpu" and "bfloat16" in dtypes:
+            ap.error("bfloat16 runs on the GPU only")
         limit = None if a.mem_gib is None else int(a.mem_gib * 2**30)
         try:
             cases, skipped = harness.sweep_cases(a.norm or harness.ALL_NORMS, dtypes, a.rows, a.hidden,
@@ -96,10 +106,10 @@ def main(argv=None):
                       compile_times=not a.no_compile_times, show_progress=not a.no_progress, **timing)
     res["meta"]["wall_s"] = round(time.perf_counter() - t0, 1)
     if a.merge:
-        path = harness.RESULTS / f"{stem}.json"
+        path = Path(a.dir) / f"{stem}.json"
         if path.exists():
             res = harness.merge(harness.load_results(path), res)
-    jpath, cpath = harness.write_results(res, stem)
+    jpath, cpath = harness.write_results(res, stem, a.dir)
     print(f"wrote {jpath} and {cpath} ({res['meta']['wall_s']} s)")
     if not a.no_plot:
         try:
@@ -107,10 +117,11 @@ def main(argv=None):
         except ImportError as e:  # matplotlib missing
             print(f"no plots: {e}")
         else:
-            for p in plot.plot_results(res, stem):
+            for p in plot.plot_results(res, stem, a.dir):
                 print(f"wrote {p}")
     if any(targets._find(res["rows"], t) for t in targets.TARGETS):
         print(targets.summary(res))
+    print(f"README table: python -m benchmarks.readme_table {jpath}")
     return 0
 
 

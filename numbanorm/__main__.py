@@ -146,6 +146,8 @@ def check(impls=None, dtypes=DTYPES, out=None):
         names = [n for n in names if n in impls]
     if "cuda" in names and _bench._cuda_simulated():
         p("note: 'cuda' runs in numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)")
+    p("numbanorm check: every kernel against the NumPy oracle (numbanorm.reference), "
+      "error relative to max(1, max |oracle|)")
     head = f"{'impl':<6} {'norm':<14} {'direction':<9} {'dtype':<8} {'shape':<12} {'worst':<8} {'rel. error':>10} {'tol':>8}  result"
     p(head)
     p("-" * len(head))
@@ -207,9 +209,10 @@ def bench(threads=None, repeats=None, budget=0.3, dtypes=("float32",), impls=Non
     v = _bench.versions()
     p(f"numbanorm bench: {threads} thread(s) for numba and torch; cpu: {_bench.cpu_model()}; "
       f"gpu: {gpu_desc if gpu_ok else 'none'}")
-    p(f"versions: numbanorm {v['numbanorm']}, numba {v['numba']}, numpy {v['numpy']}, torch {v['torch']}")
+    p(f"versions: numbanorm {v['numbanorm']}, numba {v['numba']}, numpy {v['numpy']}, "
+      f"torch {v['torch'] or 'not installed'}")
     if torch and not have_torch:
-        p("torch is not installed: no torch column (pip install torch to compare)")
+        p("torch is not installed: no comparison with torch (pip install torch to compare)")
     if not cases:
         p("nothing to run: no usable implementation selected")
         return 1

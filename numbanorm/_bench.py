@@ -35,9 +35,9 @@ How it is timed (:func:`time_runners`)
 --------------------------------------
 1. each runner's first call is timed alone (``first_call_s``: numba's compile
    or cache load for the first case of a signature, torch's lazy set-up);
-2. one more untimed warm-up call, then one timed call picks ``number``, the
-   calls per sample, so a sample lasts at least ``min_sample_s`` (timer
-   resolution and call overhead amortised);
+2. one more (warm) call, timed, picks ``number``, the calls per sample, so a
+   sample lasts at least ``min_sample_s`` (timer resolution and call overhead
+   amortised);
 3. ``repeats`` rounds, round-robin over the runners (each round starting one
    runner later), so machine noise -- other jobs, frequency changes -- hits
    every implementation alike; the garbage collector is off meanwhile;
@@ -612,14 +612,12 @@ def time_runners(runners, sync=lambda: None, *, repeats=None, budget_s=1.0, min_
         sync()
         r.first_call_s = clock() - t0
     for r in runners:
+        # one warm call sets the calls per sample (the first call is no guide: it
+        # may compile); a second warm-up would cost minutes on the largest shapes
         t0 = clock()
         r.fn()
         sync()
-        t1 = clock()
-        r.fn()
-        sync()
-        # the slower of two calls: a lucky fast call would make the samples long
-        one = max(t1 - t0, clock() - t1, 1e-9)
+        one = max(clock() - t0, 1e-9)
         r.number = int(min(max_number, max(1, math.ceil(min_sample_s / one))))
     if max_s is None:
         max_s = 5 * budget_s
@@ -776,8 +774,12 @@ def sweep(cases, impls=None, peers=PEERS, threads=None, show_progress=True, desc
             if inputs is None or inputs[0] != key:
                 inputs = None  # free the last case's arrays before allocating new ones
                 inputs = (key, Inputs(case, side_for(case.device)))
-            rows += run_case(case, impls, peers, threads, inputs=inputs[1],
-                             allow_simulator=allow_simulator, **timing)
+            t0 = time.perf_counter()
+            new = run_case(case, impls, peers, threads, inputs=inputs[1],
+                           allow_simulator=allow_simulator, **timing)
+            for r in new:  # what the case cost, warm-ups included: for planning sweeps
+                r["case_wall_s"] = round(time.perf_counter() - t0, 3)
+            rows += new
             bar.update(1)
     finally:
         bar.close()
@@ -799,7 +801,8 @@ def _fmt_ratio(v):
 
 def format_rows(rows):
     """A fixed-width text table of result rows (the ``numbanorm bench`` output)."""
-    head = ("case", "impl", "mode", "median", "20-80%", "GB/s", "x floor", "x torch")
+    with_torch = any(r["impl"] == "torch" for r in rows)
+    head = ("case", "impl", "mode", "median", "20-80%", "GB/s", "x floor", "x torch")[:8 if with_torch else 7]
     lines = []
     for r in rows:
         shp = "x".join(map(str, r["shape"]))
@@ -807,7 +810,7 @@ def format_rows(rows):
         case = f"{r['norm']} {r['direction']} {shp}{g} {r['dtype']}"
         spread = f"{_fmt_time(r['q20_s'])}..{_fmt_time(r['q80_s'])}"
         lines.append((case, r["impl"], r["mode"], _fmt_time(r["median_s"]), spread,
-                      f"{r['gbps']:.1f}", _fmt_ratio(r["x_floor"]), _fmt_ratio(r["x_torch"])))
+                      f"{r['gbps']:.1f}", _fmt_ratio(r["x_floor"]), _fmt_ratio(r["x_torch"]))[:len(head)])
     widths = [max(len(head[i]), *(len(line[i]) for line in lines)) if lines else len(head[i])
               for i in range(len(head))]
     fmt = "  ".join(f"{{:<{w}}}" if i < 3 else f"{{:>{w}}}" for i, w in enumerate(widths))
@@ -838,7 +841,8 @@ print(json.dumps({"import_s": t_import, "first_call_s": t_first, "steady_s": ste
 def cold_start(cases, threads=None, fresh_cache=False, python=None, timeout=600):
     """First call of each case's CPU kernel in a new Python process.
 
-    Each case runs in its own process: ``import numbanorm`` is timed, then the
+    Each case runs in its own process (after an untimed one that makes sure the
+    cache holds the kernel, unless ``fresh_cache``): ``import numbanorm`` is timed, then the
     first call (numba's type dispatch, cache load -- or, with ``fresh_cache``,
     the whole compile into an empty ``NUMBA_CACHE_DIR`` -- and the start of the
     threading layer), then the median of 20 more calls (steady state).
@@ -852,15 +856,21 @@ def cold_start(cases, threads=None, fresh_cache=False, python=None, timeout=600)
         env["NUMBA_NUM_THREADS"] = str(threads)
     env.pop("NUMBA_DISABLE_JIT", None)
     out = []
+
+    def one(case):
+        proc = subprocess.run([python or sys.executable, "-c", _COLD, json.dumps(case.to_dict())],
+                              env=env, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode:
+            raise RuntimeError(f"cold-start process for {case.label} failed:\n{proc.stderr[-2000:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
     for case in cases:
         with tempfile.TemporaryDirectory(prefix="numbanorm-cold-") as tmp:
             if fresh_cache:
                 env["NUMBA_CACHE_DIR"] = tmp
-            proc = subprocess.run([python or sys.executable, "-c", _COLD, json.dumps(case.to_dict())],
-                                  env=env, capture_output=True, text=True, timeout=timeout)
-        if proc.returncode:
-            raise RuntimeError(f"cold-start process for {case.label} failed:\n{proc.stderr[-2000:]}")
-        res = json.loads(proc.stdout.strip().splitlines()[-1])
+            else:
+                one(case)  # a first process fills the cache if the kernel's source changed since
+            res = one(case)
         res.update(case.to_dict(), fresh_cache=bool(fresh_cache))
         res["shape"] = list(case.shape)
         out.append(res)
