@@ -90,7 +90,12 @@ def _dlpack_view(a):
 
 
 def _check_dtype(name, a):
-    if C.is_bfloat16(getattr(a, "dtype", None)) or str(getattr(a, "dtype", "")).endswith("bfloat16"):
+    dt = getattr(a, "dtype", None)
+    if isinstance(dt, np.dtype):
+        bf16 = C.is_bfloat16(dt)
+    else:  # torch's dtypes, ml_dtypes missing, ...
+        bf16 = dt is not None and str(dt).endswith("bfloat16")
+    if bf16:
         why = C.bfloat16_unsupported()
         if why:
             raise TypeError(f"`{name}` is bfloat16: {why}")
