@@ -257,7 +257,6 @@ def store_fn(dtype):
                 return U16(0x7FC0)  # a quiet NaN
             bits = U32(libdevice.float_as_int(F32T(f)))
             # round to nearest, ties to even, as the hardware conversion does
-            # (uint32 constants keep the arithmetic in 32 bits)
             return U16((bits + (U32(0x7FFF) + ((bits >> U32(16)) & U32(1)))) >> U32(16))
 
         return store_bf16
