@@ -116,11 +116,26 @@ def test_large_common_offset(impl, rng):
     np.testing.assert_allclose(y.var(axis=1), 1.0, atol=1e-3)
     np.testing.assert_allclose(y.mean(axis=1), 0.0, atol=1e-3)
     assert_close(to_host(impl.layer_norm(x, 1024)), ORACLE.layer_norm(x, 1024), np.float32)
+    # the backward recomputes xhat from the saved float32 mean, which the
+    # float32 grid at 1e4 (1e-3) rounds to 5% of this std: it must correct for it
+    dy = rng.standard_normal((4, 1024)).astype(np.float32)
+    w1 = rng.uniform(0.5, 1.5, 1024).astype(np.float32)
+    _, m, r = impl.layer_norm_forward(x, 1024, w1)
+    _, mr, rr = ORACLE.layer_norm_forward(x, 1024, w1)
+    for got, want in zip(impl.layer_norm_backward(dy, x, m, r, 1024, w1),
+                         ORACLE.layer_norm_backward(dy, x, mr, rr, 1024, w1)):
+        assert_close(to_host(got), want, np.float32)
     x4 = (1e4 + 1e-2 * rng.standard_normal((2, 4, 16, 16))).astype(np.float32)
     w = np.full(4, 2.0, np.float32)
     y4 = to_host(impl.group_norm(x4, 2, w, eps=0.0)).astype(np.float64).reshape(2, 2, -1)
     np.testing.assert_allclose(y4.var(axis=2), 4.0, atol=4e-3)
     assert_close(to_host(impl.group_norm(x4, 2, w)), ORACLE.group_norm(x4, 2, w), np.float32)
+    dy4 = rng.standard_normal(x4.shape).astype(np.float32)
+    _, m, r = impl.group_norm_forward(x4, 2, w)
+    _, mr, rr = ORACLE.group_norm_forward(x4, 2, w)
+    for got, want in zip(impl.group_norm_backward(dy4, x4, m, r, w),
+                         ORACLE.group_norm_backward(dy4, x4, mr, rr, w)):
+        assert_close(to_host(got), want, np.float32)
 
 
 def test_out_is_filled_and_returned(rng):
