@@ -57,20 +57,25 @@ def info(out=None):
 # ------------------------------------------------------------------ check
 
 
+# The embedded inputs of ``check``: odd sizes (no multiple of a vector width), and
+# for group norm a spatial size that is not a power of two.
+CHECK_SHAPES = {"layer_norm": (48, 769), "group_norm": (4, 32, 5, 7), "instance_norm": (3, 12, 4, 5)}
+CHECK_GROUPS = 8
+
+
 def _check_inputs(dtype):
-    """Embedded default inputs: odd sizes, a common offset, non-trivial affine parameters."""
+    """Embedded default inputs: a common offset (mean 3, std 2), non-trivial affine parameters."""
     rng = np.random.default_rng(2024)
-    ln = (3.0 + 2.0 * rng.standard_normal((48, 769))).astype(dtype)
-    gn = (3.0 + 2.0 * rng.standard_normal((4, 32, 5, 7))).astype(dtype)
-    inn = (3.0 + 2.0 * rng.standard_normal((3, 12, 4, 5))).astype(dtype)
+    ln, gn, inn = (3.0 + 2.0 * rng.standard_normal(CHECK_SHAPES[k])
+                   for k in ("layer_norm", "group_norm", "instance_norm"))
     cases = []
     for norm, x, groups in (("layer_norm", ln, None), ("rms_norm", ln, None),
-                            ("group_norm", gn, 8), ("instance_norm", inn, inn.shape[1])):
+                            ("group_norm", gn, CHECK_GROUPS), ("instance_norm", inn, inn.shape[1])):
         n = x.shape[-1] if groups is None else x.shape[1]
         w = rng.uniform(0.5, 1.5, n).astype(dtype)
         b = (0.1 * rng.standard_normal(n)).astype(dtype)
         dy = rng.standard_normal(x.shape).astype(dtype)
-        cases.append((norm, x, groups, w, b, dy))
+        cases.append((norm, x.astype(dtype), groups, w, b, dy))
     return cases
 
 

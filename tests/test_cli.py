@@ -1,5 +1,6 @@
 """The ``numbanorm`` command: info, check, bench, the no-argument main job, bad arguments."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,8 +82,14 @@ def test_bench_tiny(capsys):
     rc = cli.main(["bench", "--tiny", "--repeats", "2", "--threads", "1", "--impl", "cpu", "--no-progress"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "x floor" in out and "x torch" in out
-    assert "numbanorm.cpu" in out and "floor" in out
+    head = next(line for line in out.splitlines() if line.startswith("case "))
+    assert "x floor" in head and "numbanorm.cpu" in out
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        assert "x torch" not in head and "torch is not installed" in out
+    else:
+        assert "x torch" in head and sum(bool(re.search(r" torch +alloc ", line)) for line in out.splitlines()) == 8
     # 4 norms x (forward out=, forward, backward) numbanorm rows
     assert sum(" numbanorm.cpu " in line for line in out.splitlines()) == 12
 
@@ -124,3 +131,19 @@ def test_module_and_console_script_entry_points():
         pytest.skip("the console script is installed only by pip install")
     r = subprocess.run([str(script), "info"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "numbanorm" in r.stdout
+
+
+@pytest.mark.cudasim
+def test_check_runs_the_gpu_kernels_when_usable(capsys, monkeypatch):
+    """In numba's CUDA simulator (tests/conftest.py switches it on), on tiny inputs: the
+    simulator runs every GPU thread in Python, so the default inputs would take minutes."""
+    from numbanorm import registry
+
+    if not registry.usable("cuda")[0]:
+        pytest.skip("numbanorm.cuda is not usable here")
+    monkeypatch.setattr(cli, "CHECK_SHAPES", {"layer_norm": (3, 40), "group_norm": (2, 4, 3),
+                                              "instance_norm": (2, 3, 5)})
+    monkeypatch.setattr(cli, "CHECK_GROUPS", 2)
+    assert cli.main(["check", "--impl", "cuda", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert sum(line.startswith("cuda ") and line.endswith("pass") for line in out.splitlines()) == 8
