@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
 import numpy as np
@@ -285,6 +286,14 @@ def _bench_from(a):
 
 
 def main(argv=None):
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `numbanorm check | head`: stop quietly, as other commands do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _main(argv):
     ap = _parser()
     a = ap.parse_args(argv)
     if a.command == "info":
