@@ -8,6 +8,11 @@ suite's one timing function, so machine noise hits every variant alike):
 
 * ``unfused``   ``s = np.add(x, r); y = numbanorm.<norm>(s, ...)``
 * ``fused``     ``y, s = numbanorm.add_<norm>(x, r, ...)``
+* ``unfused-into`` and ``fused-into``: the same into preallocated ``s`` and ``y``
+  (``np.add(out=)`` and ``out=``; the fused CPU launcher, as the public fused
+  functions have no ``out=``): the kernels without the page faults of two
+  fresh outputs, which both variants pay alike and which, on this machine, vary
+  with the kernel's huge-page zeroing and compaction from run to run
 * ``torch``     ``torch.nn.functional.<norm>(x + r, ...)`` on the same thread
   count (when PyTorch is installed), for context
 
@@ -15,13 +20,14 @@ and prints the fastest and the median sample per call, the effective bandwidth
 of the fastest (fused traffic: x and r read, s and y written) and ``unfused /
 variant`` for both statistics.  On a machine shared with other jobs their load
 only adds time: the fastest sample is the least disturbed one, the median shows
-how much the load moved things.  Every call allocates its outputs, as a caller
-of the public API does.
+how much the load moved things.  The ``-into`` variants are compared with
+``unfused-into``, the others (torch included) with ``unfused``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -31,16 +37,27 @@ import numpy as np
 import numbanorm
 from numbanorm import _bench
 
+_launchers = importlib.import_module("numbanorm.cpu.add_norm")
+
 
 def runners(norm, x, r, w, b, torch):
     n = x.shape[-1]
+    s, y = np.ones_like(x), np.ones_like(x)  # touched: their pages are mapped
+    acc = np.float64 if x.dtype == np.float64 else np.float32
+    stat = np.empty(x.shape[0], acc), np.empty(x.shape[0], acc)
     if norm == "layer_norm":
         fused = lambda: numbanorm.add_layer_norm(x, r, n, w, b)  # noqa: E731
         unfused = lambda: numbanorm.layer_norm(np.add(x, r), n, w, b)  # noqa: E731
+        fused_into = lambda: _launchers.layer_norm_forward(x, r, w, b, 1e-5, y, s, *stat)  # noqa: E731
+        unfused_into = lambda: numbanorm.layer_norm(np.add(x, r, out=s), n, w, b, out=y)  # noqa: E731
     else:
         fused = lambda: numbanorm.add_rms_norm(x, r, n, w)  # noqa: E731
         unfused = lambda: numbanorm.rms_norm(np.add(x, r), n, w)  # noqa: E731
-    out = [_bench.Runner("unfused", "alloc", unfused), _bench.Runner("fused", "alloc", fused)]
+        eps = float(np.finfo(acc).eps)
+        fused_into = lambda: _launchers.rms_norm_forward(x, r, w, eps, y, s, stat[0])  # noqa: E731
+        unfused_into = lambda: numbanorm.rms_norm(np.add(x, r, out=s), n, w, out=y)  # noqa: E731
+    out = [_bench.Runner("unfused", "alloc", unfused), _bench.Runner("fused", "alloc", fused),
+           _bench.Runner("unfused-into", "out", unfused_into), _bench.Runner("fused-into", "out", fused_into)]
     if torch is not None:
         tx, tr, tw, tb = (torch.from_numpy(a) for a in (x, r, w, b))
         F = torch.nn.functional
@@ -82,14 +99,15 @@ def main(argv=None):
         med = {q.impl: q.quantiles()[1] for q in rs}
         best = {q.impl: min(q.samples) for q in rs}
         for q in rs:
+            base = "unfused-into" if q.mode == "out" else "unfused"
             q20, m, q80 = q.quantiles()
             row = {"norm": norm, "variant": q.impl, "shape": shape, "dtype": str(dt), "threads": threads,
                    "min_s": best[q.impl], "median_s": m, "q20_s": q20, "q80_s": q80, "rounds": rounds,
                    "GB/s": fused_bytes / best[q.impl] / 1e9,
-                   "unfused/this (min)": best["unfused"] / best[q.impl],
-                   "unfused/this (median)": med["unfused"] / m}
+                   "unfused/this (min)": best[base] / best[q.impl],
+                   "unfused/this (median)": med[base] / m}
             results.append(row)
-            print(f"{norm:11s} {q.impl:15s} min {best[q.impl] * 1e3:7.1f} ms  median {m * 1e3:7.1f} ms "
+            print(f"{norm:11s} {q.impl:13s} min {best[q.impl] * 1e3:7.1f} ms  median {m * 1e3:7.1f} ms "
                   f"[{q20 * 1e3:.1f}-{q80 * 1e3:.1f}]  {row['GB/s']:5.1f} GB/s  unfused/this: "
                   f"{row['unfused/this (min)']:.2f}x (min) {row['unfused/this (median)']:.2f}x (median)")
     if a.json:
