@@ -88,7 +88,10 @@ def _acc_param(a, xdt):
 
     The kernels cast the weight to that dtype anyway, so dx is unchanged, and
     the per-block dweight comes back unrounded (float16 partials would each be
-    rounded before the tree adds them).
+    rounded before the tree adds them).  Without a weight the partials come back
+    in x's dtype: exact for float32/float64; for float16 each block's partial is
+    rounded once to float16 before the float32 tree sum (passing ones instead
+    would compile another kernel specialization and could change dx's last bit).
     """
     return None if a is None else a.astype(V.acc_dtype(xdt))
 
