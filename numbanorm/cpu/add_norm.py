@@ -33,7 +33,7 @@ from numba import njit, prange
 from . import layer_norm as _layer_norm
 from . import rms_norm as _rms_norm
 from ._common import F16, FASTMATH, acc_of, launch, param
-from .layer_norm import normalize_row
+from .layer_norm import deviation_stats, normalize_row
 
 # Streaming (non-temporal) stores for s and y were tried and dropped: on this
 # 2-core Xeon, (16384, 4096) float32 on one thread, they made the kernel 1.2x
@@ -70,17 +70,8 @@ def _layer_norm_forward(
             srow[j] = v
             total += v
         mu = total * inv_n
-        # pass 2 (cache): corrected two-pass variance, exactly as layer_norm._forward
-        dsum = zero
-        sq = zero
-        for j in range(N):
-            d = srow[j] - mu
-            dsum += d
-            sq += d * d
-        corr = dsum * inv_n
-        var = sq * inv_n - corr * corr
-        if var < zero:  # rounding on a constant row (a NaN fails the test and stays NaN)
-            var = zero
+        # pass 2 (cache): corrected two-pass variance, as layer_norm._forward
+        corr, var = deviation_stats(srow, mu, zero, inv_n)
         rs = one / np.sqrt(var + eps)
         mean[i] = mu + corr
         rstd[i] = rs

@@ -36,22 +36,36 @@ def _forward(
         for j in range(N):
             total += row[j]
         mu = total * inv_n
-        # Second pass over deviations from mu; their sum corrects the rounding
-        # error of mu itself (Chan, Golub & LeVeque's corrected two-pass).
-        dsum = zero
-        sq = zero
-        for j in range(N):
-            d = row[j] - mu
-            dsum += d
-            sq += d * d
-        corr = dsum * inv_n
-        var = sq * inv_n - corr * corr
-        if var < zero:  # rounding on a constant row (a NaN fails the test and stays NaN)
-            var = zero
+        corr, var = deviation_stats(row, mu, zero, inv_n)
         r = one / np.sqrt(var + eps)
         mean[i] = mu + corr
         rstd[i] = r
         normalize_row(row, mu, corr, r, w, b, y[i])
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True)
+def deviation_stats(
+    row,    # (N,) one row (of x, or of s = x + residual)
+    mu,     # scalar: its first-pass mean, accumulation dtype
+    zero,   # scalar 0 in the accumulation dtype
+    inv_n,  # scalar 1/N in the accumulation dtype
+):
+    """``(corr, var)`` from a second pass over the deviations from ``mu``.
+
+    Their sum corrects the rounding error of mu itself (Chan, Golub & LeVeque's
+    corrected two-pass), so the row's mean is ``mu + corr``.
+    """
+    dsum = zero
+    sq = zero
+    for j in range(row.shape[0]):
+        d = row[j] - mu
+        dsum += d
+        sq += d * d
+    corr = dsum * inv_n
+    var = sq * inv_n - corr * corr
+    if var < zero:  # rounding on a constant row (a NaN fails the test and stays NaN)
+        var = zero
+    return corr, var
 
 
 @njit(cache=True, nogil=True)
