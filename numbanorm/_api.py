@@ -27,7 +27,9 @@ A backend is an object with these members (``numbanorm.cpu._backend`` and
     layer_norm, rms_norm, group_norm
                                   modules with the ``forward``/``backward`` launchers
                                   of ``numbanorm.cpu.layer_norm`` and its siblings
-                                  (the row backward launchers take ``ds=None``, a
+                                  (the row forward launchers take ``y_mapped``: y is
+                                  the caller's ``out=``, not a fresh allocation; the
+                                  row backward launchers take ``ds=None``, a
                                   gradient added to dx: the fused residual's)
     add_norm                      module with the fused residual-add forward
                                   launchers of ``numbanorm.cpu.add_norm``
@@ -87,7 +89,8 @@ class Frontend:
         rstd = be.empty((M,), acc)
         if M:
             be.layer_norm.forward(be.contiguous(x, (M, N)), self._param(weight, N),
-                                  self._param(bias, N), eps, y, mean, rstd)
+                                  self._param(bias, N), eps, y, mean, rstd,
+                                  y_mapped=out_n is not None and not copy_back)
         stat_shape = _stat_shape(x.shape, len(nshape))
         return (self._result(y, copy_back, out, out_n, x.shape, ox),
                 be.wrap(mean.reshape(stat_shape), ox), be.wrap(rstd.reshape(stat_shape), ox))
@@ -142,7 +145,8 @@ class Frontend:
         y, copy_back = self._output(out_n, (M, N), xdt)
         rstd = be.empty((M,), acc)
         if M:
-            be.rms_norm.forward(be.contiguous(x, (M, N)), self._param(weight, N), eps, y, rstd)
+            be.rms_norm.forward(be.contiguous(x, (M, N)), self._param(weight, N), eps, y, rstd,
+                                y_mapped=out_n is not None and not copy_back)
         stat_shape = _stat_shape(x.shape, len(nshape))
         return (self._result(y, copy_back, out, out_n, x.shape, ox),
                 be.wrap(rstd.reshape(stat_shape), ox))

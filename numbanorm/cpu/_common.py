@@ -34,9 +34,21 @@ def compute_view(a):
     return a.astype(F32)
 
 
-def scratch_for(out):
-    """Where a kernel writes ``out``: itself, or a float32 scratch for float16."""
-    return out if out.dtype != F16 else np.empty(out.shape, F32)
+def scratch_for(out, src=None):
+    """Where a kernel writes ``out``: itself, or a fresh array that ``finish`` copies back.
+
+    Fresh for float16 (a float32 scratch), and where ``out`` shares memory with
+    ``src`` (an in-place ``out=x``): the forward kernels sum the next row in the
+    loop that writes the current one, and LLVM runs that loop in its serial,
+    unvectorized version when the rows overlap, which sums in another order --
+    an in-place call would round differently from the same call into another
+    array.
+    """
+    if out.dtype == F16:
+        return np.empty(out.shape, F32)
+    if src is not None and np.may_share_memory(out, src):
+        return np.empty_like(out)
+    return out
 
 
 def finish(scratch, out):
@@ -61,6 +73,17 @@ def n_chunks(rows):
     (256, 768) backward zeroed and summed 64 partial rows and took 1.25x torch's time.
     """
     return min(rows, max(64, -(-rows // 256)), max(1, rows // 16))
+
+
+def row_block(rows):
+    """Rows per block of a forward kernel's parallel loop.
+
+    Each block pays one extra pass over a row in cache to start its software
+    pipeline (``layer_norm._forward``), so blocks are long (up to 64 rows: under
+    2 % extra); at least four per thread keeps the threads evenly loaded.  Rows
+    are independent in the forward, so the blocking never changes a result.
+    """
+    return max(1, min(64, -(-rows // (4 * numba.get_num_threads()))))
 
 
 # Below this many elements a kernel runs on the calling thread alone.  A (2, 128)

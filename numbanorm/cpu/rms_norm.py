@@ -3,13 +3,15 @@
     rstd = 1 / sqrt(sum(x^2) / N + eps)
     y    = x * rstd * weight
 
-No mean is subtracted, so one pass gives the statistic and a second writes y.
+No mean is subtracted, so one pass gives the statistic and a second writes y;
+the forward overlaps them across rows as LayerNorm's does.
 """
 
 import numpy as np
 from numba import njit, prange
 
-from ._common import FASTMATH, acc_of, compute_view, finish, launch, n_chunks, param, scratch_for
+from ._common import FASTMATH, acc_of, compute_view, finish, launch, n_chunks, param, row_block, scratch_for
+from ._stream import should_stream, store_fence, stream_row
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -19,24 +21,51 @@ def _forward(
     eps,    # scalar in the accumulation dtype
     y,      # (M, N) output, x's dtype
     rstd,   # (M,) per-row 1/sqrt(mean(x^2) + eps), accumulation dtype
+    block,  # scalar: rows per block, the unit of parallel work
+    stream, # scalar bool: write y with streaming stores (_stream)
 ):
     M, N = x.shape
     zero = rstd.dtype.type(0)
     one = rstd.dtype.type(1)
     inv_n = one / rstd.dtype.type(N)
-    for i in prange(M):
-        row = x[i]
-        sq = zero
-        for j in range(N):
-            sq += row[j] * row[j]
-        r = one / np.sqrt(sq * inv_n + eps)
-        rstd[i] = r
-        out = y[i]
-        for j in range(N):
-            v = row[j] * r
-            if w is not None:
-                v = v * w[j]
-            out[j] = v
+    for blk in prange(-(-M // block)):
+        lo = blk * block
+        hi = min(M, lo + block)
+        scratch = np.empty(N, y.dtype)
+        # the software pipeline of layer_norm._forward: row i is written by the
+        # loop that sums the squares of row i + 1
+        sq = scale_row_and_sum_squares(x[lo], zero, w, scratch, x[lo], zero)
+        for i in range(lo, hi):
+            r = one / np.sqrt(sq * inv_n + eps)
+            rstd[i] = r
+            nxt = x[min(i + 1, hi - 1)]
+            if stream:
+                sq = scale_row_and_sum_squares(x[i], r, w, scratch, nxt, zero)
+                stream_row(y[i], scratch)
+            else:
+                sq = scale_row_and_sum_squares(x[i], r, w, y[i], nxt, zero)
+        if stream:
+            store_fence()
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+def scale_row_and_sum_squares(
+    row,    # (N,) the row to write, in cache
+    r,      # scalar: its rstd
+    w,      # (N,) weight or None
+    out,    # (N,) where the scaled row goes
+    nxt,    # (N,) the next row, read from memory
+    zero,   # scalar 0 in the accumulation dtype
+):
+    """Write ``row * r * w`` into ``out``; return the sum of squares of ``nxt``."""
+    sq = zero
+    for j in range(row.shape[0]):
+        sq += nxt[j] * nxt[j]
+        v = row[j] * r
+        if w is not None:
+            v = v * w[j]
+        out[j] = v
+    return sq
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -77,11 +106,12 @@ def _backward(
                 dwp[j] += g * xhat
 
 
-def forward(x, weight, eps, y, rstd):
-    """Fill ``y`` (M, N) and ``rstd`` (M,); shapes and dtypes as in layer_norm.forward."""
+def forward(x, weight, eps, y, rstd, y_mapped=False):
+    """Fill ``y`` (M, N) and ``rstd`` (M,); arguments as in layer_norm.forward."""
     acc = acc_of(x.dtype)
-    ys = scratch_for(y)
-    launch(_forward, x.size, compute_view(x), param(weight, acc), acc.type(eps), ys, rstd)
+    ys = scratch_for(y, x)
+    launch(_forward, x.size, compute_view(x), param(weight, acc), acc.type(eps), ys, rstd,
+           row_block(x.shape[0]), should_stream(ys, y_mapped and ys is y))
     finish(ys, y)
 
 

@@ -339,13 +339,15 @@ def _backward_kernel(xdt, wdt, cfg, has_ds):
     return backward
 
 
-def forward(x, weight, bias, eps, y, mean, rstd, residual=None, s=None):
+def forward(x, weight, bias, eps, y, mean, rstd, residual=None, s=None, y_mapped=False):
     """Fill ``y``, ``mean``, ``rstd`` for the rows of ``x``.
 
     x, y: (M, N) C-contiguous device arrays of x's dtype; weight, bias: (N,) any
     float dtype or None; mean, rstd: (M,) float32 (float64 for float64 x).
     ``residual``/``s`` (both or neither, ``numbanorm.cuda.add_norm``): normalize
-    ``s = x + residual``, stored into ``s``.
+    ``s = x + residual``, stored into ``s``.  ``y_mapped`` (the frontend's hint
+    that y is a caller's ``out=``) chooses CPU store instructions; device memory
+    has no page faults to avoid, and it is unused here.
     """
     M, N = x.shape
     if M == 0:

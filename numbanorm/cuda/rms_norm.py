@@ -252,8 +252,8 @@ def _backward_kernel(xdt, wdt, cfg, has_ds):
     return backward
 
 
-def forward(x, weight, eps, y, rstd, residual=None, s=None):
-    """Fill ``y`` (M, N) and ``rstd`` (M,); shapes and dtypes as in layer_norm.forward."""
+def forward(x, weight, eps, y, rstd, residual=None, s=None, y_mapped=False):
+    """Fill ``y`` (M, N) and ``rstd`` (M,); arguments as in layer_norm.forward."""
     M, N = x.shape
     if M == 0:
         return

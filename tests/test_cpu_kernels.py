@@ -1,0 +1,130 @@
+"""The CPU kernels' own machinery: streaming stores, the row-block pipeline, in-place calls.
+
+Large outputs go out through streaming stores (``numbanorm.cpu._stream``) only
+above the last-level cache size, far beyond the shapes a test can afford; these
+tests lower the threshold so that small odd shapes take that path, and check it
+bit for bit against the ordinary one.
+"""
+
+import importlib
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import numbanorm as nn
+from conftest import ORACLE, assert_close
+
+stream = importlib.import_module("numbanorm.cpu._stream")
+ln_cpu = importlib.import_module("numbanorm.cpu.layer_norm")
+rms_cpu = importlib.import_module("numbanorm.cpu.rms_norm")
+
+SHAPES = [(1, 1), (1, 1023), (3, 5, 33), (5, 4099), (64, 768), (70, 7)]
+
+
+@pytest.fixture
+def stream_everything(monkeypatch):
+    monkeypatch.setattr(stream, "STREAM_MIN_BYTES", 0)
+
+
+@pytest.mark.parametrize("length", [0, 1, 7, 8, 9, 16, 17, 33, 64, 100])
+@pytest.mark.parametrize("dtype,offset", [(dt, off) for dt in (np.float32, np.float64)
+                                          for off in range(0, 64, np.dtype(dt).itemsize)])
+def test_stream_row_copies_every_element(length, offset, dtype):
+    """Every alignment of the destination: unaligned head, streamed middle, tail."""
+    item = np.dtype(dtype).itemsize
+    raw = np.zeros(length * item + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset       # dst at `offset` bytes past a 64-byte line
+    dst = raw[start : start + length * item].view(dtype)
+    src = np.arange(1, length + 1, dtype=dtype)
+    stream.stream_row(dst, src)
+    np.testing.assert_array_equal(dst, src)
+    assert not raw[:start].any() and not raw[start + length * item :].any(), "wrote outside dst"
+
+
+def test_stream_row_unaligned_items():
+    """A float32 row at an odd address (NumPy allows it) takes ordinary stores."""
+    raw = np.zeros(4 * 50 + 1, np.uint8)
+    dst = raw[1:].view(np.float32)
+    src = np.linspace(-1, 1, 50, dtype=np.float32)
+    stream.stream_row(dst, src)
+    np.testing.assert_array_equal(dst, src)
+
+
+def _affine(rng, n, dtype, kind):
+    w = rng.uniform(0.5, 1.5, n).astype(dtype) if kind != "none" else None
+    b = rng.standard_normal(n).astype(dtype) if kind == "both" else None
+    return w, b
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("affine", ["none", "weight", "both"])
+def test_streamed_out_equals_allocating_call(stream_everything, rng, shape, dtype, affine):
+    x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
+    n = shape[-1]
+    w, b = _affine(rng, n, dtype, affine)
+    out = np.full_like(x, np.nan)
+    nn.layer_norm(x, n, w, b, out=out)
+    np.testing.assert_array_equal(out, nn.layer_norm(x, n, w, b))
+    assert_close(out, ORACLE.layer_norm(x, n, w, b), dtype)
+    out[...] = np.nan
+    nn.rms_norm(x, n, w, out=out)
+    np.testing.assert_array_equal(out, nn.rms_norm(x, n, w))
+    assert_close(out, ORACLE.rms_norm(x, n, w), dtype)
+
+
+@pytest.mark.parametrize("offset", [4, 8, 12, 16, 20, 28])
+def test_streamed_out_at_every_alignment(stream_everything, rng, offset):
+    """``out`` rows starting anywhere within a cache line."""
+    x = rng.standard_normal((9, 61)).astype(np.float32)
+    raw = np.zeros(x.nbytes + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    out = raw[start : start + x.nbytes].view(np.float32).reshape(x.shape)
+    nn.layer_norm(x, 61, out=out)
+    np.testing.assert_array_equal(out, nn.layer_norm(x, 61))
+    assert not raw[:start].any() and not raw[start + x.nbytes :].any()
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 7, 64, 1000])
+def test_blocking_never_changes_a_result(rng, block):
+    """The pipeline restarts at every block; each row's bits must not notice."""
+    x = (rng.standard_normal((23, 300)) + 5).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, 300).astype(np.float32)
+    m, r = np.empty(23, np.float32), np.empty(23, np.float32)
+    eps = np.float32(1e-5)
+    want_y, want_m, want_r = nn.layer_norm_forward(x, 300, w)
+    for streamed in (False, True):
+        y = np.empty_like(x)
+        ln_cpu._forward(x, w, None, eps, y, m, r, block, streamed)
+        np.testing.assert_array_equal(y, want_y)
+        np.testing.assert_array_equal(m, want_m.ravel())
+        np.testing.assert_array_equal(r, want_r.ravel())
+        y = np.empty_like(x)
+        rms_eps = np.float32(np.finfo(np.float32).eps)
+        rms_cpu._forward(x, w, rms_eps, y, r, block, streamed)
+        np.testing.assert_array_equal(y, nn.rms_norm(x, 300, w))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_in_place_equals_out_of_place(rng, dtype):
+    x = rng.standard_normal((40, 257)).astype(dtype)
+    w = rng.uniform(0.5, 1.5, 257).astype(dtype)
+    for fn, args in ((nn.layer_norm, (257, w, w)), (nn.rms_norm, (257, w))):
+        want = fn(x, *args)
+        y = x.copy()
+        assert fn(y, *args, out=y) is y
+        np.testing.assert_array_equal(y, want)
+    x4 = x.reshape(40, 1, 257)[:, :, :256].reshape(40, 16, 16).copy()
+    want = nn.group_norm(x4, 4)
+    nn.group_norm(x4, 4, out=x4)
+    np.testing.assert_array_equal(x4, want)
+
+
+def test_stream_threshold_is_the_last_level_cache():
+    assert stream.STREAM_MIN_BYTES >= 1 << 20
+    y = np.empty(8)
+    assert not stream.should_stream(y, True)          # small
+    big = SimpleNamespace(nbytes=stream.STREAM_MIN_BYTES)
+    assert stream.should_stream(big, True)
+    assert not stream.should_stream(big, False)       # fresh outputs take ordinary stores
