@@ -128,3 +128,18 @@ def test_stream_threshold_is_the_last_level_cache():
     big = SimpleNamespace(nbytes=stream.STREAM_MIN_BYTES)
     assert stream.should_stream(big, True)
     assert not stream.should_stream(big, False)       # fresh outputs take ordinary stores
+
+
+def test_backward_dx_of_a_row_does_not_depend_on_the_others(rng):
+    """Every row's sums come from the pipelined loop, wherever the row falls in a block."""
+    x = (rng.standard_normal((37, 129)) + 3).astype(np.float32)
+    dy = rng.standard_normal((37, 129)).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, 129).astype(np.float32)
+    _, m, r = nn.layer_norm_forward(x, 129, w)
+    dx = nn.layer_norm_backward(dy, x, m, r, 129, w)[0]
+    _, rr = nn.rms_norm_forward(x, 129, w)
+    dxr = nn.rms_norm_backward(dy, x, rr, 129, w)[0]
+    for i in (0, 1, 17, 36):
+        one = slice(i, i + 1)
+        np.testing.assert_array_equal(nn.layer_norm_backward(dy[one], x[one], m[one], r[one], 129, w)[0], dx[one])
+        np.testing.assert_array_equal(nn.rms_norm_backward(dy[one], x[one], rr[one], 129, w)[0], dxr[one])

@@ -144,7 +144,7 @@ def backward_channel(
     c2,     # scalar: mean(wdy) over the group
     dx,     # (S,) output channel
 ):
-    # Without fastmath, as layer_norm.backward_row and for the same reason.
+    # Without fastmath, as layer_norm.normalize_row and for the same reason.
     for k in range(x.shape[0]):
         xhat = ((x[k] - mu) - corr) * r
         dx[k] = (dy[k] * wc - (xhat * c1 + c2)) * r

@@ -36,35 +36,41 @@ def _forward(
     for blk in prange(-(-M // block)):
         lo = blk * block
         hi = min(M, lo + block)
-        scratch = np.empty(N, y.dtype)
-        # Software pipeline: the loop that writes row i - 1 also sums row i, so
-        # the core streams row i in from memory while row i - 1 goes out.  One
-        # after the other, a core's reads and writes do not overlap: (65536, 768)
-        # float32 into out= took 1.04x np.copyto pipelined, 1.26x not (numbers
-        # from the machine of _stream's docstring).  The block's first row is
-        # summed by the same loop, normalizing nothing useful into the scratch
-        # row, so every sum comes from one loop and no result depends on the
-        # blocking.  At i == hi there is no next row: the last is summed again.
-        total = normalize_row_and_sum(x[lo], zero, zero, zero, w, b, scratch, x[lo], zero)
-        for i in range(lo, hi):
-            row = x[i]  # in cache: the loop before has just summed it
-            mu = total * inv_n
-            corr, var = deviation_stats(row, mu, zero, inv_n)
-            r = one / np.sqrt(var + eps)
-            mean[i] = mu + corr
-            rstd[i] = r
-            nxt = x[min(i + 1, hi - 1)]
-            # Two calls, not one on an output row chosen at run time: such a
-            # row view keeps an atomically updated reference count, and an
-            # atomic drains the write-combining buffers of streaming stores
-            # (one atomic add per row took a streaming row copy of (65536, 768)
-            # from 0.89x to 1.25x np.copyto; this kernel went to 1.6x).  For
-            # the same reason the helpers are inlined.
-            if stream:
-                total = normalize_row_and_sum(row, mu, corr, r, w, b, scratch, nxt, zero)
-                stream_row(y[i], scratch)
-            else:
-                total = normalize_row_and_sum(row, mu, corr, r, w, b, y[i], nxt, zero)
+        # Software pipeline: the loop that writes row i also sums row i + 1, so
+        # the core reads row i + 1 from memory while row i goes out.  One after
+        # the other, a core's reads and writes do not overlap: (65536, 768)
+        # float32 into out= took 1.04x np.copyto pipelined, 1.26x not (the
+        # machine of _stream's docstring).
+        #
+        # One call site, so that one compiled loop makes every row's sum: two
+        # inlined copies can be vectorized differently and sum in different
+        # orders (the backward's did), and then a row's results would depend on
+        # where it falls in a block.  The first iteration (i = lo - 1) only
+        # needs the sum of row lo; it normalizes garbage into the row it is
+        # about to overwrite.  The last sums row hi - 1 again, unused.
+        #
+        # Streaming stores go through a scratch row.  Which 2-D array the loop
+        # writes into is chosen here, once: a row view chosen at run time inside
+        # the loop keeps an atomically updated reference count, and an atomic
+        # drains the write-combining buffers of streaming stores (one atomic
+        # add per row took a streaming copy of (65536, 768) from 0.89x to 1.25x
+        # np.copyto).  For the same reason the helpers are inlined.
+        scratch = np.empty((1, N), y.dtype)
+        dst = scratch if stream else y
+        mu = corr = r = zero
+        for i in range(lo - 1, hi):
+            cur = max(i, lo)
+            total = normalize_row_and_sum(x[cur], mu, corr, r, w, b, dst[0 if stream else cur],
+                                          x[min(i + 1, hi - 1)], zero)
+            if stream and i >= lo:
+                stream_row(y[i], scratch[0])
+            if i + 1 < hi:
+                row = x[i + 1]  # in cache: the loop above has just summed it
+                mu = total * inv_n
+                corr, var = deviation_stats(row, mu, zero, inv_n)
+                r = one / np.sqrt(var + eps)
+                mean[i + 1] = mu + corr
+                rstd[i + 1] = r
         if stream:
             store_fence()
 
@@ -171,39 +177,41 @@ def _backward(
     zero = mean.dtype.type(0)
     inv_n = mean.dtype.type(1) / mean.dtype.type(N)
     for blk in prange(B):
-        dwp = dw_part[blk]
-        dbp = db_part[blk]
-        for j in range(N):
-            dwp[j] = zero
-            dbp[j] = zero
-        for i in range(blk * M // B, (blk + 1) * M // B):
-            mu = mean[i]
-            r = rstd[i]
-            # pass 1: c1 = mean(xhat * wdy), c2 = mean(wdy), where
-            # xhat = ((x - mu) - corr) * r and corr = mean(x - mu) corrects the
-            # saved mean for its rounding to the float32 grid (at mean 1e4 the
-            # grid is 1e-3, 5% of the std of the contract's large-offset case,
-            # which left dweight 1.4e-2 off; with corr it is 5e-8 off).
-            dsum = zero
-            xw = zero
-            c2 = zero
-            for j in range(N):
-                d = x[i, j] - mu
-                wdy = dy[i, j] * w[j] if w is not None else dy[i, j]
-                dsum += d
-                xw += d * wdy
-                c2 += wdy
-            corr = dsum * inv_n
-            c2 *= inv_n
-            c1 = (xw * inv_n - corr * c2) * r
-            backward_row(dy[i], x[i], mu, corr, r, w, ds[i] if ds is not None else None,
-                         c1, c2, dx[i], dwp, dbp)
+        lo = blk * M // B
+        hi = (blk + 1) * M // B
+        # The forward's software pipeline, with one call site for the same
+        # reason: the loop that writes dx for row i makes the sums of row i + 1
+        # (1.15x instead of 1.38x the time of copying x and dy at (65536, 768)
+        # float32, 2 threads).  At i = lo - 1 it writes garbage into dx[lo],
+        # overwritten next, and its partials into row 0 of these, discarded.
+        dwl = np.zeros((2, N), dw_part.dtype)
+        dbl = np.zeros((2, N), dw_part.dtype)
+        dsum = xw = c2 = c1 = corr = zero
+        for i in range(lo - 1, hi):
+            cur = max(i, lo)
+            part = 1 if i >= lo else 0
+            if i >= lo:
+                # c1 = mean(xhat * wdy), c2 = mean(wdy), where
+                # xhat = ((x - mu) - corr) * r and corr = mean(x - mu) corrects
+                # the saved mean for its rounding to the float32 grid (at mean
+                # 1e4 the grid is 1e-3, 5% of the std of the contract's
+                # large-offset case, which left dweight 1.4e-2 off; with corr
+                # it is 5e-8 off).
+                corr = dsum * inv_n
+                c2 *= inv_n
+                c1 = (xw * inv_n - corr * c2) * rstd[i]
+            k = min(i + 1, hi - 1)
+            dsum, xw, c2 = backward_row_and_sums(
+                dy[cur], x[cur], mean[cur], corr, rstd[cur], w, ds[cur] if ds is not None else None,
+                c1, c2, dx[cur], dwl[part], dbl[part], dy[k], x[k], mean[k], zero)
+        dw_part[blk] = dwl[1]
+        db_part[blk] = dbl[1]
 
 
-@njit(cache=True, nogil=True)
-def backward_row(
-    dy,     # (N,) gradient of y for this row
-    x,      # (N,) this row of the input
+@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+def backward_row_and_sums(
+    dy,     # (N,) gradient of y for this row, in cache
+    x,      # (N,) this row of the input, in cache
     mu,     # scalar: saved mean
     corr,   # scalar: its correction, mean(x - mu)
     r,      # scalar: saved rstd
@@ -214,10 +222,27 @@ def backward_row(
     dx,     # (N,) output row
     dwp,    # (N,) this row block's dweight partial, accumulated into
     dbp,    # (N,) this row block's dbias partial, accumulated into
+    dyn,    # (N,) the next row's gradient, read from memory
+    xn,     # (N,) the next row's input, read from memory
+    mun,    # scalar: the next row's saved mean
+    zero,   # scalar 0 in the accumulation dtype
 ):
-    # pass 2, the row still in cache.  Without fastmath for the reason of
-    # normalize_row: (x - mu) - corr must not become x - (mu + corr).
+    """Write this row's dx and add to the partials; return the next row's
+    ``(sum(x - mu), sum((x - mu) * wdy), sum(wdy))``.
+
+    ``(x - mu) - corr`` stays in that order for the reason of
+    ``normalize_row_and_sum``.  No 'contract' (FASTMATH): fused into a
+    multiply-add, ``wdy - c2`` is not exactly 0 for a one-element row.
+    """
+    dsum = zero
+    xw = zero
+    wsum = zero
     for j in range(x.shape[0]):
+        d = xn[j] - mun
+        wdyn = dyn[j] * w[j] if w is not None else dyn[j]
+        dsum += d
+        xw += d * wdyn
+        wsum += wdyn
         g = dy[j]
         xhat = ((x[j] - mu) - corr) * r
         wdy = g * w[j] if w is not None else g
@@ -227,6 +252,7 @@ def backward_row(
         dx[j] = v
         dwp[j] += g * xhat
         dbp[j] += g
+    return dsum, xw, wsum
 
 
 def forward(x, weight, bias, eps, y, mean, rstd, y_mapped=False):

@@ -31,19 +31,20 @@ def _forward(
     for blk in prange(-(-M // block)):
         lo = blk * block
         hi = min(M, lo + block)
-        scratch = np.empty(N, y.dtype)
-        # the software pipeline of layer_norm._forward: row i is written by the
-        # loop that sums the squares of row i + 1
-        sq = scale_row_and_sum_squares(x[lo], zero, w, scratch, x[lo], zero)
-        for i in range(lo, hi):
-            r = one / np.sqrt(sq * inv_n + eps)
-            rstd[i] = r
-            nxt = x[min(i + 1, hi - 1)]
-            if stream:
-                sq = scale_row_and_sum_squares(x[i], r, w, scratch, nxt, zero)
-                stream_row(y[i], scratch)
-            else:
-                sq = scale_row_and_sum_squares(x[i], r, w, y[i], nxt, zero)
+        # the software pipeline of layer_norm._forward: one call site, the
+        # loop that writes row i sums the squares of row i + 1
+        scratch = np.empty((1, N), y.dtype)
+        dst = scratch if stream else y
+        r = zero
+        for i in range(lo - 1, hi):
+            cur = max(i, lo)
+            sq = scale_row_and_sum_squares(x[cur], r, w, dst[0 if stream else cur],
+                                           x[min(i + 1, hi - 1)], zero)
+            if stream and i >= lo:
+                stream_row(y[i], scratch[0])
+            if i + 1 < hi:
+                r = one / np.sqrt(sq * inv_n + eps)
+                rstd[i + 1] = r
         if stream:
             store_fence()
 
@@ -83,27 +84,49 @@ def _backward(
     zero = rstd.dtype.type(0)
     inv_n = rstd.dtype.type(1) / rstd.dtype.type(N)
     for blk in prange(B):
-        dwp = dw_part[blk]
-        for j in range(N):
-            dwp[j] = zero
-        for i in range(blk * M // B, (blk + 1) * M // B):
-            r = rstd[i]
-            # pass 1: c1 = mean(xhat * wdy)
-            c1 = zero
-            for j in range(N):
-                wdy = dy[i, j] * w[j] if w is not None else dy[i, j]
-                c1 += x[i, j] * r * wdy
-            c1 *= inv_n
-            # pass 2 (row still in cache): dx and this block's dweight
-            for j in range(N):
-                g = dy[i, j]
-                xhat = x[i, j] * r
-                wdy = g * w[j] if w is not None else g
-                v = (wdy - xhat * c1) * r
-                if ds is not None:
-                    v = v + ds[i, j]
-                dx[i, j] = v
-                dwp[j] += g * xhat
+        lo = blk * M // B
+        hi = (blk + 1) * M // B
+        # the software pipeline of layer_norm._backward
+        dwl = np.zeros((2, N), dw_part.dtype)
+        c1 = zero
+        for i in range(lo - 1, hi):
+            cur = max(i, lo)
+            k = min(i + 1, hi - 1)
+            c1 = backward_row_and_sum(dy[cur], x[cur], rstd[cur], w, ds[cur] if ds is not None else None,
+                                      c1 * inv_n, dx[cur], dwl[1 if i >= lo else 0],
+                                      dy[k], x[k], rstd[k], zero)
+        dw_part[blk] = dwl[1]
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+def backward_row_and_sum(
+    dy,     # (N,) gradient of y for this row, in cache
+    x,      # (N,) this row of the input, in cache
+    r,      # scalar: saved rstd
+    w,      # (N,) weight or None
+    ds,     # (N,) fused residual gradient or None
+    c1,     # scalar: mean(xhat * wdy)
+    dx,     # (N,) output row
+    dwp,    # (N,) this row block's dweight partial, accumulated into
+    dyn,    # (N,) the next row's gradient, read from memory
+    xn,     # (N,) the next row's input, read from memory
+    rn,     # scalar: the next row's saved rstd
+    zero,   # scalar 0 in the accumulation dtype
+):
+    """Write this row's dx and add to the partial; return the next row's sum(xhat * wdy)."""
+    c1n = zero
+    for j in range(x.shape[0]):
+        wdyn = dyn[j] * w[j] if w is not None else dyn[j]
+        c1n += xn[j] * rn * wdyn
+        g = dy[j]
+        xhat = x[j] * r
+        wdy = g * w[j] if w is not None else g
+        v = (wdy - xhat * c1) * r
+        if ds is not None:
+            v = v + ds[j]
+        dx[j] = v
+        dwp[j] += g * xhat
+    return c1n
 
 
 def forward(x, weight, eps, y, rstd, y_mapped=False):
