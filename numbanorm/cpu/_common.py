@@ -78,10 +78,11 @@ def n_chunks(rows):
 def row_block(rows):
     """Rows per block of a forward kernel's parallel loop.
 
-    Each block pays one extra pass over a row in cache to start its software
-    pipeline (``layer_norm._forward``), so blocks are long (up to 64 rows: under
-    2 % extra); at least four per thread keeps the threads evenly loaded.  Rows
-    are independent in the forward, so the blocking never changes a result.
+    Each block allocates one scratch row (where a streamed row is staged,
+    ``layer_norm._forward``), so blocks are long, up to 64 rows; at least four
+    per thread keeps the threads evenly loaded.  Rows are independent in the
+    forward, so the blocking never changes a result (a test checks it bit for
+    bit).
     """
     return max(1, min(64, -(-rows // (4 * numba.get_num_threads()))))
 

@@ -4,9 +4,10 @@
     y = layer_norm(s) or rms_norm(s)
 
 Unfused, ``np.add`` streams x and residual in and s out, then the norm streams s in
-again and y out.  Here each row's s is formed, stored and reduced while the row
-is still in L1/L2 (a 4096-wide float32 row of x, residual and s is 48 KiB), so s
-is never read back from memory: the row's later passes cost cache bandwidth only.
+again and y out.  Here each row's s is formed and stored, then reduced and
+normalized while it is still in L1/L2 (a 4096-wide float32 row of x, residual
+and s is 48 KiB), so s is never read back from memory: the row's later passes
+cost cache bandwidth only.
 
 What is normalized is the *returned* s, rounded to x's dtype: ``(y, mean, rstd)``
 are exactly what ``layer_norm_forward(s)`` would give for the s handed back.  That
@@ -32,15 +33,13 @@ from numba import njit, prange
 
 from . import layer_norm as _layer_norm
 from . import rms_norm as _rms_norm
-from ._common import F16, FASTMATH, acc_of, launch, param
-from .layer_norm import deviation_stats, normalize_row
+from ._common import F16, FASTMATH, acc_of, launch, param, row_block
+from .layer_norm import deviation_stats, normalize_row, row_sum
+from .rms_norm import row_sum_squares, scale_row
 
-# Streaming (non-temporal) stores for s and y were tried and dropped: on this
-# 2-core Xeon, (16384, 4096) float32 on one thread, they made the kernel 1.2x
-# faster into preallocated outputs (79 vs 95 ms) but 1.25x slower into freshly
-# allocated ones (180 vs 143 ms) -- and the fused functions always allocate s
-# and y.  A fresh page comes from the kernel zeroed and largely still in cache,
-# which ordinary stores hit and streaming stores must first evict.
+# s and y are always fresh allocations here (the fused functions have no out=),
+# and fresh outputs are faster with ordinary stores than with streaming ones
+# (_memory's measurements), so nothing is streamed.
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -54,29 +53,25 @@ def _layer_norm_forward(
     s,      # (M, N) output x + r, x's dtype
     mean,   # (M,) per-row mean of s, accumulation dtype
     rstd,   # (M,) per-row 1/sqrt(var(s) + eps), accumulation dtype
+    block,  # scalar: rows per block, the unit of parallel work
 ):
     M, N = x.shape
     zero = mean.dtype.type(0)
     one = mean.dtype.type(1)
     inv_n = one / mean.dtype.type(N)
-    for i in prange(M):
-        xr = x[i]
-        rr = r[i]
-        srow = s[i]
-        # pass 1 (memory): s = x + r, stored once, summed as stored
-        total = zero
-        for j in range(N):
-            v = xr[j] + rr[j]
-            srow[j] = v
-            total += v
-        mu = total * inv_n
-        # pass 2 (cache): corrected two-pass variance, as layer_norm._forward
-        corr, var = deviation_stats(srow, mu, zero, inv_n)
-        rs = one / np.sqrt(var + eps)
-        mean[i] = mu + corr
-        rstd[i] = rs
-        # pass 3 (cache in, memory out): y, by LayerNorm's own row writer
-        normalize_row(srow, mu, corr, rs, w, b, y[i])
+    for blk in prange(-(-M // block)):
+        lo = blk * block
+        hi = min(M, lo + block)
+        for i in range(lo, hi):
+            # pass 1: s = x + r, stored once; passes 2 to 4 read s back from cache
+            add_row(x, r, i, s)
+            mu = row_sum(s, i, zero) * inv_n
+            corr, var = deviation_stats(s, i, mu, zero, inv_n)
+            rs = one / np.sqrt(var + eps)
+            mean[i] = mu + corr
+            rstd[i] = rs
+            # pass 4: y, by LayerNorm's own row writer
+            normalize_row(s, i, mu, corr, rs, w, b, y, i)
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -88,30 +83,33 @@ def _rms_norm_forward(
     y,      # (M, N) output, x's dtype
     s,      # (M, N) output x + r, x's dtype
     rstd,   # (M,) per-row 1/sqrt(mean(s^2) + eps), accumulation dtype
+    block,  # scalar: rows per block, the unit of parallel work
 ):
     M, N = x.shape
     zero = rstd.dtype.type(0)
     one = rstd.dtype.type(1)
     inv_n = one / rstd.dtype.type(N)
-    for i in prange(M):
-        xr = x[i]
-        rr = r[i]
-        srow = s[i]
-        # pass 1 (memory): s = x + r, stored once, its squares summed as stored
-        sq = zero
-        for j in range(N):
-            v = xr[j] + rr[j]
-            srow[j] = v
-            sq += v * v
-        rs = one / np.sqrt(sq * inv_n + eps)
-        rstd[i] = rs
-        # pass 2 (cache in, memory out): y
-        out = y[i]
-        for j in range(N):
-            v = srow[j] * rs
-            if w is not None:
-                v = v * w[j]
-            out[j] = v
+    for blk in prange(-(-M // block)):
+        lo = blk * block
+        hi = min(M, lo + block)
+        for i in range(lo, hi):
+            add_row(x, r, i, s)
+            rs = one / np.sqrt(row_sum_squares(s, i, zero) * inv_n + eps)
+            rstd[i] = rs
+            scale_row(s, i, rs, w, y, i)
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+def add_row(
+    x,      # (M, N) input rows
+    r,      # (M, N) residual rows
+    i,      # scalar: the row
+    s,      # (M, N) output x + r
+):
+    """``s[i] = x[i] + r[i]``.  Its sum is made afterwards, from cache, by a loop
+    that stores nothing (see layer_norm.row_sum)."""
+    for j in range(x.shape[1]):
+        s[i, j] = x[i, j] + r[i, j]
 
 
 def layer_norm_forward(x, residual, weight, bias, eps, y, s, mean, rstd):
@@ -127,7 +125,7 @@ def layer_norm_forward(x, residual, weight, bias, eps, y, s, mean, rstd):
         return
     acc = acc_of(x.dtype)
     launch(_layer_norm_forward, x.size, x, residual, param(weight, acc), param(bias, acc), acc.type(eps),
-           y, s, mean, rstd)
+           y, s, mean, rstd, row_block(x.shape[0]))
 
 
 def rms_norm_forward(x, residual, weight, eps, y, s, rstd):
@@ -137,4 +135,5 @@ def rms_norm_forward(x, residual, weight, eps, y, s, rstd):
         _rms_norm.forward(s, weight, eps, y, rstd)
         return
     acc = acc_of(x.dtype)
-    launch(_rms_norm_forward, x.size, x, residual, param(weight, acc), acc.type(eps), y, s, rstd)
+    launch(_rms_norm_forward, x.size, x, residual, param(weight, acc), acc.type(eps), y, s, rstd,
+           row_block(x.shape[0]))

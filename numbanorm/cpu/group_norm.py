@@ -70,7 +70,8 @@ def scale_shift_row(
     bc,     # scalar: bias[c]
     out,    # (S,) the output channel
 ):
-    # Without fastmath, as layer_norm.normalize_row and for the same reason.
+    # Without fastmath: (x - mu) - corr must stay in that order (the reason
+    # is in layer_norm.normalize_row).
     # Also never x * a + (bc - mean * a): that folding cancels catastrophically
     # when |mean| >> std (two digits lost in float32 at mean 1e4, std 1e-2).
     for k in range(row.shape[0]):
@@ -144,7 +145,7 @@ def backward_channel(
     c2,     # scalar: mean(wdy) over the group
     dx,     # (S,) output channel
 ):
-    # Without fastmath, as layer_norm.normalize_row and for the same reason.
+    # Without fastmath, as scale_shift_row.
     for k in range(x.shape[0]):
         xhat = ((x[k] - mu) - corr) * r
         dx[k] = (dy[k] * wc - (xhat * c1 + c2)) * r

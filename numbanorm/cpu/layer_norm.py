@@ -4,15 +4,16 @@
     rstd = 1 / sqrt(sum((x - mean)^2) / N + eps)   (second pass: two-pass variance)
     y    = (x - mean) * rstd * weight + bias
 
-One row (up to tens of KiB) stays in L1/L2 between the passes, so x is streamed
-from memory once; the extra passes cost cache bandwidth only.
+One row (up to tens of KiB) stays in L1/L2 between the passes, so x is read
+from memory once; the extra passes cost cache bandwidth only.  A large
+caller's ``out=`` is written with streaming stores (``_memory``).
 """
 
 import numpy as np
 from numba import njit, prange
 
 from ._common import FASTMATH, acc_of, compute_view, finish, launch, n_chunks, param, row_block, scratch_for
-from ._stream import should_stream, store_fence, stream_row
+from ._memory import should_stream, store_fence, stream_range
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -25,7 +26,7 @@ def _forward(
     mean,   # (M,) per-row mean, accumulation dtype
     rstd,   # (M,) per-row 1/sqrt(var + eps), accumulation dtype
     block,  # scalar: rows per block, the unit of parallel work
-    stream, # scalar bool: write y with streaming stores (_stream)
+    stream, # scalar bool: write y with streaming stores (_memory)
 ):
     M, N = x.shape
     # Every scalar is made in the accumulation dtype: a bare Python int or float
@@ -36,97 +37,67 @@ def _forward(
     for blk in prange(-(-M // block)):
         lo = blk * block
         hi = min(M, lo + block)
-        # Software pipeline: the loop that writes row i also sums row i + 1, so
-        # the core reads row i + 1 from memory while row i goes out.  One after
-        # the other, a core's reads and writes do not overlap: (65536, 768)
-        # float32 into out= took 1.04x np.copyto pipelined, 1.26x not (the
-        # machine of _stream's docstring).
-        #
-        # One call site, so that one compiled loop makes every row's sum: two
-        # inlined copies can be vectorized differently and sum in different
-        # orders (the backward's did), and then a row's results would depend on
-        # where it falls in a block.  The first iteration (i = lo - 1) only
-        # needs the sum of row lo; it normalizes garbage into the row it is
-        # about to overwrite.  The last sums row hi - 1 again, unused.
-        #
-        # Streaming stores go through a scratch row.  Which 2-D array the loop
-        # writes into is chosen here, once: a row view chosen at run time inside
-        # the loop keeps an atomically updated reference count, and an atomic
-        # drains the write-combining buffers of streaming stores (one atomic
-        # add per row took a streaming copy of (65536, 768) from 0.89x to 1.25x
-        # np.copyto).  For the same reason the helpers are inlined.
-        scratch = np.empty((1, N), y.dtype)
-        dst = scratch if stream else y
-        mu = corr = r = zero
-        for i in range(lo - 1, hi):
-            cur = max(i, lo)
-            total = normalize_row_and_sum(x[cur], mu, corr, r, w, b, dst[0 if stream else cur],
-                                          x[min(i + 1, hi - 1)], zero)
-            if stream and i >= lo:
-                stream_row(y[i], scratch[0])
-            if i + 1 < hi:
-                row = x[i + 1]  # in cache: the loop above has just summed it
-                mu = total * inv_n
-                corr, var = deviation_stats(row, mu, zero, inv_n)
-                r = one / np.sqrt(var + eps)
-                mean[i + 1] = mu + corr
-                rstd[i + 1] = r
+        scratch = np.empty((1, N), y.dtype)  # a streamed row is staged here
+        for i in range(lo, hi):
+            # passes 1 and 2 read row i from memory, then from cache
+            mu = row_sum(x, i, zero) * inv_n
+            corr, var = deviation_stats(x, i, mu, zero, inv_n)
+            r = one / np.sqrt(var + eps)
+            mean[i] = mu + corr
+            rstd[i] = r
+            # pass 3 writes the row whole: in tiles of 256 columns (to stream
+            # each tile out while in L1, prefetching row i + 1 between tiles)
+            # this kernel took 3.3-3.6x np.copyto at (16384, 4096) and
+            # (65536, 768), against 0.9x and 0.7x whole.  Prefetching the next
+            # row whole, before the write, gained nothing (0.99x, 0.68x).
+            if stream:
+                normalize_row(x, i, mu, corr, r, w, b, scratch, 0)
+                stream_range(y, i, scratch, 0, 0, N)
+            else:
+                normalize_row(x, i, mu, corr, r, w, b, y, i)
         if stream:
             store_fence()
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
-def normalize_row_and_sum(
-    row,    # (N,) the row to write, in cache
-    mu,     # scalar: its first-pass mean
-    corr,   # scalar: the mean's correction, mean = mu + corr
-    r,      # scalar: its rstd
-    w,      # (N,) weight or None
-    b,      # (N,) bias or None
-    out,    # (N,) where the normalized row goes
-    nxt,    # (N,) the next row, read from memory
+def row_sum(
+    x,      # (M, N) rows
+    i,      # scalar: the row
     zero,   # scalar 0 in the accumulation dtype
 ):
-    """Write ``row`` normalized into ``out``; return the sum of ``nxt``.
+    """``sum(x[i])``, in vector lanes ('reassoc').
 
-    ``((x - mu) - corr) * r`` must be evaluated in that order: folded into
-    ``x - (mu + corr)``, the correction would round onto the float32 grid near
-    the mean (1e-3 at a mean of 1e4, a tenth of the std of the contract's
-    large-offset case) and shift every output by up to 0.05.  FASTMATH's
-    'reassoc' alone does not let LLVM fold it -- its reassociation of
-    subtractions also needs 'nsz', and with {'reassoc', 'nsz'} this loop
-    compiles to ``x - (mu + corr)`` (inspected with ``inspect_llvm``) -- while
-    it does let the sum of ``nxt`` run in vector lanes.  The large-offset tests
-    against the oracle fail if a compiler ever folds it.
+    Every reduction of the row kernels is a loop of its own that stores
+    nothing.  LLVM runs a vectorized loop that stores only after a run-time
+    check that the stores do not overlap the loads, else its scalar copy, and
+    the two add a reduction in different orders: a row sum made in the loop that
+    wrote y came out different, by an ulp, for 14% of fresh outputs (the check
+    is conservative and depends on where the arrays lie).  A loop that stores
+    nothing has no such check.
     """
     total = zero
-    for j in range(row.shape[0]):
-        total += nxt[j]
-        v = ((row[j] - mu) - corr) * r
-        if w is not None:
-            v = v * w[j]
-        if b is not None:
-            v = v + b[j]
-        out[j] = v
+    for j in range(x.shape[1]):
+        total += x[i, j]
     return total
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
 def deviation_stats(
-    row,    # (N,) one row (of x, or of s = x + residual)
+    x,      # (M, N) rows (of x, or of s = x + residual)
+    i,      # scalar: the row
     mu,     # scalar: its first-pass mean, accumulation dtype
     zero,   # scalar 0 in the accumulation dtype
     inv_n,  # scalar 1/N in the accumulation dtype
 ):
-    """``(corr, var)`` from a second pass over the deviations from ``mu``.
+    """``(corr, var)`` of row ``i`` from a second pass over its deviations from ``mu``.
 
     Their sum corrects the rounding error of mu itself (Chan, Golub & LeVeque's
     corrected two-pass), so the row's mean is ``mu + corr``.
     """
     dsum = zero
     sq = zero
-    for j in range(row.shape[0]):
-        d = row[j] - mu
+    for j in range(x.shape[1]):
+        d = x[i, j] - mu
         dsum += d
         sq += d * d
     corr = dsum * inv_n
@@ -136,28 +107,42 @@ def deviation_stats(
     return corr, var
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
 def normalize_row(
-    row,    # (N,) one input row
-    mu,     # scalar: first-pass mean
-    corr,   # scalar: its correction, mean = mu + corr
-    r,      # scalar: rstd
+    x,      # (M, N) input rows
+    i,      # scalar: the row to write (in cache)
+    mu,     # scalar: row i's first-pass mean
+    corr,   # scalar: the mean's correction, mean = mu + corr
+    r,      # scalar: row i's rstd
     w,      # (N,) weight or None
     b,      # (N,) bias or None
-    out,    # (N,) the output row
+    out,    # (K, N) where the normalized row goes
+    o,      # scalar: the row of `out`
 ):
-    # Compiled without fastmath on purpose: (x - mu) - corr must not be
-    # reassociated into x - (mu + corr).  mu + corr rounds to the float32 grid,
-    # which at a mean of 1e4 is 1e-3 -- a tenth of the std of the contract's
-    # large-offset case -- and shifted every output by up to 0.05.  Elementwise
-    # loops vectorize without fastmath, so this costs nothing.
-    for j in range(row.shape[0]):
-        v = ((row[j] - mu) - corr) * r
+    """Write row ``i``, normalized, into ``out[o]``.
+
+    ``((x - mu) - corr) * r`` must be evaluated in that order: folded into
+    ``x - (mu + corr)``, the correction would round onto the float32 grid near
+    the mean (1e-3 at a mean of 1e4, a tenth of the std of the contract's
+    large-offset case) and shift every output by up to 0.05.  FASTMATH's
+    'reassoc' alone does not let LLVM fold it -- its reassociation of
+    subtractions also needs 'nsz', and with {'reassoc', 'nsz'} this loop
+    compiles to ``x - (mu + corr)`` (inspected with ``inspect_llvm``).  The
+    large-offset tests against the oracle fail if a compiler ever folds it.
+
+    Inlined, and given rows as (array, index) rather than as views: a call, or
+    a view, costs an atomically counted reference per row, and atomics drain
+    the write-combining buffers of streaming stores (one atomic add per row
+    took a streaming copy of (65536, 768) float32 from 0.89x to 1.25x
+    np.copyto; a non-inlined helper called per 256 columns made this kernel 3.6x).
+    """
+    for j in range(x.shape[1]):
+        v = ((x[i, j] - mu) - corr) * r
         if w is not None:
             v = v * w[j]
         if b is not None:
             v = v + b[j]
-        out[j] = v
+        out[o, j] = v
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -179,80 +164,86 @@ def _backward(
     for blk in prange(B):
         lo = blk * M // B
         hi = (blk + 1) * M // B
-        # The forward's software pipeline, with one call site for the same
-        # reason: the loop that writes dx for row i makes the sums of row i + 1
-        # (1.15x instead of 1.38x the time of copying x and dy at (65536, 768)
-        # float32, 2 threads).  At i = lo - 1 it writes garbage into dx[lo],
-        # overwritten next, and its partials into row 0 of these, discarded.
-        dwl = np.zeros((2, N), dw_part.dtype)
-        dbl = np.zeros((2, N), dw_part.dtype)
-        dsum = xw = c2 = c1 = corr = zero
-        for i in range(lo - 1, hi):
-            cur = max(i, lo)
-            part = 1 if i >= lo else 0
-            if i >= lo:
-                # c1 = mean(xhat * wdy), c2 = mean(wdy), where
-                # xhat = ((x - mu) - corr) * r and corr = mean(x - mu) corrects
-                # the saved mean for its rounding to the float32 grid (at mean
-                # 1e4 the grid is 1e-3, 5% of the std of the contract's
-                # large-offset case, which left dweight 1.4e-2 off; with corr
-                # it is 5e-8 off).
-                corr = dsum * inv_n
-                c2 *= inv_n
-                c1 = (xw * inv_n - corr * c2) * rstd[i]
-            k = min(i + 1, hi - 1)
-            dsum, xw, c2 = backward_row_and_sums(
-                dy[cur], x[cur], mean[cur], corr, rstd[cur], w, ds[cur] if ds is not None else None,
-                c1, c2, dx[cur], dwl[part], dbl[part], dy[k], x[k], mean[k], zero)
-        dw_part[blk] = dwl[1]
-        db_part[blk] = dbl[1]
+        # This block's partials, in a local array (in L1/L2) rather than a row of
+        # dw_part: 0.80x against 0.88x the copies of x and dy at (16384, 4096).
+        dwp = np.zeros(N, dw_part.dtype)
+        dbp = np.zeros(N, dw_part.dtype)
+        for i in range(lo, hi):
+            mu = mean[i]
+            r = rstd[i]
+            # pass 1: c1 = mean(xhat * wdy), c2 = mean(wdy), where
+            # xhat = ((x - mu) - corr) * r and corr = mean(x - mu) corrects the
+            # saved mean for its rounding to the float32 grid (at mean 1e4 the
+            # grid is 1e-3, 5% of the std of the contract's large-offset case,
+            # which left dweight 1.4e-2 off; with corr it is 5e-8 off).
+            dsum, xw, c2 = backward_sums(dy, x, i, mu, w, zero)
+            corr = dsum * inv_n
+            c2 *= inv_n
+            c1 = (xw * inv_n - corr * c2) * r
+            # pass 2, from cache: dx and the partials, the whole row in one loop
+            # (a 256-column tile at a time, with or without a prefetch of row
+            # i + 1, it took 2.1-2.3x the copies of x and dy at (16384, 4096),
+            # against 0.80-0.89x whole)
+            backward_row(dy, x, i, mu, corr, r, w, ds, c1, c2, dx, dwp, dbp)
+        dw_part[blk] = dwp
+        db_part[blk] = dbp
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
-def backward_row_and_sums(
-    dy,     # (N,) gradient of y for this row, in cache
-    x,      # (N,) this row of the input, in cache
-    mu,     # scalar: saved mean
-    corr,   # scalar: its correction, mean(x - mu)
-    r,      # scalar: saved rstd
+def backward_sums(
+    dy,     # (M, N) gradient of y
+    x,      # (M, N) forward input
+    i,      # scalar: the row
+    mu,     # scalar: its saved mean
     w,      # (N,) weight or None
-    ds,     # (N,) fused residual gradient or None
-    c1,     # scalar: mean(xhat * wdy)
-    c2,     # scalar: mean(wdy)
-    dx,     # (N,) output row
-    dwp,    # (N,) this row block's dweight partial, accumulated into
-    dbp,    # (N,) this row block's dbias partial, accumulated into
-    dyn,    # (N,) the next row's gradient, read from memory
-    xn,     # (N,) the next row's input, read from memory
-    mun,    # scalar: the next row's saved mean
     zero,   # scalar 0 in the accumulation dtype
 ):
-    """Write this row's dx and add to the partials; return the next row's
-    ``(sum(x - mu), sum((x - mu) * wdy), sum(wdy))``.
-
-    ``(x - mu) - corr`` stays in that order for the reason of
-    ``normalize_row_and_sum``.  No 'contract' (FASTMATH): fused into a
-    multiply-add, ``wdy - c2`` is not exactly 0 for a one-element row.
-    """
+    """Row ``i``'s ``(sum(x - mu), sum((x - mu) * wdy), sum(wdy))``, wdy = w * dy
+    (a loop that stores nothing: see row_sum)."""
     dsum = zero
     xw = zero
     wsum = zero
-    for j in range(x.shape[0]):
-        d = xn[j] - mun
-        wdyn = dyn[j] * w[j] if w is not None else dyn[j]
+    for j in range(x.shape[1]):
+        d = x[i, j] - mu
+        wdy = dy[i, j] * w[j] if w is not None else dy[i, j]
         dsum += d
-        xw += d * wdyn
-        wsum += wdyn
-        g = dy[j]
-        xhat = ((x[j] - mu) - corr) * r
+        xw += d * wdy
+        wsum += wdy
+    return dsum, xw, wsum
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+def backward_row(
+    dy,     # (M, N) gradient of y
+    x,      # (M, N) forward input
+    i,      # scalar: the row (dy[i], x[i] in cache)
+    mu,     # scalar: row i's saved mean
+    corr,   # scalar: its correction, mean(x - mu)
+    r,      # scalar: row i's saved rstd
+    w,      # (N,) weight or None
+    ds,     # (M, N) fused residual gradient or None
+    c1,     # scalar: row i's mean(xhat * wdy)
+    c2,     # scalar: row i's mean(wdy)
+    dx,     # (M, N) output
+    dwp,    # (N,) this row block's dweight partial, accumulated into
+    dbp,    # (N,) this row block's dbias partial, accumulated into
+):
+    """Row ``i`` of dx, and its terms of the partials.
+
+    ``(x - mu) - corr`` stays in that order for the reason of normalize_row.
+    No 'contract' (FASTMATH): fused into a multiply-add, ``wdy - c2`` is not
+    exactly 0 for a one-element row.
+    """
+    for j in range(x.shape[1]):
+        g = dy[i, j]
+        xhat = ((x[i, j] - mu) - corr) * r
         wdy = g * w[j] if w is not None else g
         v = (wdy - (xhat * c1 + c2)) * r
         if ds is not None:
-            v = v + ds[j]
-        dx[j] = v
+            v = v + ds[i, j]
+        dx[i, j] = v
         dwp[j] += g * xhat
         dbp[j] += g
-    return dsum, xw, wsum
 
 
 def forward(x, weight, bias, eps, y, mean, rstd, y_mapped=False):
@@ -261,7 +252,7 @@ def forward(x, weight, bias, eps, y, mean, rstd, y_mapped=False):
     x, y: (M, N) C-contiguous of x's dtype; weight, bias: (N,) any float dtype or
     None; mean, rstd: (M,) C-contiguous, float32 (float64 for float64 x).
     ``y_mapped``: y is a caller's ``out=``, its pages already mapped, so a large
-    y goes out through streaming stores (``_stream``).
+    y goes out through streaming stores (``_memory``).
     """
     acc = acc_of(x.dtype)
     ys = scratch_for(y, x)

@@ -3,15 +3,15 @@
     rstd = 1 / sqrt(sum(x^2) / N + eps)
     y    = x * rstd * weight
 
-No mean is subtracted, so one pass gives the statistic and a second writes y;
-the forward overlaps them across rows as LayerNorm's does.
+No mean is subtracted, so one pass gives the statistic and a second, from
+cache, writes y; a large caller's ``out=`` is streamed, as in LayerNorm's kernels.
 """
 
 import numpy as np
 from numba import njit, prange
 
 from ._common import FASTMATH, acc_of, compute_view, finish, launch, n_chunks, param, row_block, scratch_for
-from ._stream import should_stream, store_fence, stream_row
+from ._memory import should_stream, store_fence, stream_range
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -22,7 +22,7 @@ def _forward(
     y,      # (M, N) output, x's dtype
     rstd,   # (M,) per-row 1/sqrt(mean(x^2) + eps), accumulation dtype
     block,  # scalar: rows per block, the unit of parallel work
-    stream, # scalar bool: write y with streaming stores (_stream)
+    stream, # scalar bool: write y with streaming stores (_memory)
 ):
     M, N = x.shape
     zero = rstd.dtype.type(0)
@@ -31,42 +31,48 @@ def _forward(
     for blk in prange(-(-M // block)):
         lo = blk * block
         hi = min(M, lo + block)
-        # the software pipeline of layer_norm._forward: one call site, the
-        # loop that writes row i sums the squares of row i + 1
-        scratch = np.empty((1, N), y.dtype)
-        dst = scratch if stream else y
-        r = zero
-        for i in range(lo - 1, hi):
-            cur = max(i, lo)
-            sq = scale_row_and_sum_squares(x[cur], r, w, dst[0 if stream else cur],
-                                           x[min(i + 1, hi - 1)], zero)
-            if stream and i >= lo:
-                stream_row(y[i], scratch[0])
-            if i + 1 < hi:
-                r = one / np.sqrt(sq * inv_n + eps)
-                rstd[i + 1] = r
+        scratch = np.empty((1, N), y.dtype)  # a streamed row is staged here
+        for i in range(lo, hi):
+            r = one / np.sqrt(row_sum_squares(x, i, zero) * inv_n + eps)
+            rstd[i] = r
+            # whole rows, as layer_norm._forward (whose comments say why)
+            if stream:
+                scale_row(x, i, r, w, scratch, 0)
+                stream_range(y, i, scratch, 0, 0, N)
+            else:
+                scale_row(x, i, r, w, y, i)
         if stream:
             store_fence()
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
-def scale_row_and_sum_squares(
-    row,    # (N,) the row to write, in cache
-    r,      # scalar: its rstd
-    w,      # (N,) weight or None
-    out,    # (N,) where the scaled row goes
-    nxt,    # (N,) the next row, read from memory
+def row_sum_squares(
+    x,      # (M, N) rows
+    i,      # scalar: the row
     zero,   # scalar 0 in the accumulation dtype
 ):
-    """Write ``row * r * w`` into ``out``; return the sum of squares of ``nxt``."""
+    """``sum(x[i] ** 2)`` (a loop that stores nothing: see layer_norm.row_sum)."""
     sq = zero
-    for j in range(row.shape[0]):
-        sq += nxt[j] * nxt[j]
-        v = row[j] * r
+    for j in range(x.shape[1]):
+        sq += x[i, j] * x[i, j]
+    return sq
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+def scale_row(
+    x,      # (M, N) input rows
+    i,      # scalar: the row to write (in cache)
+    r,      # scalar: row i's rstd
+    w,      # (N,) weight or None
+    out,    # (K, N) where the scaled row goes
+    o,      # scalar: the row of `out`
+):
+    """Write row ``i`` times ``r * w`` into ``out[o]``."""
+    for j in range(x.shape[1]):
+        v = x[i, j] * r
         if w is not None:
             v = v * w[j]
-        out[j] = v
-    return sq
+        out[o, j] = v
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -86,47 +92,56 @@ def _backward(
     for blk in prange(B):
         lo = blk * M // B
         hi = (blk + 1) * M // B
-        # the software pipeline of layer_norm._backward
-        dwl = np.zeros((2, N), dw_part.dtype)
-        c1 = zero
-        for i in range(lo - 1, hi):
-            cur = max(i, lo)
-            k = min(i + 1, hi - 1)
-            c1 = backward_row_and_sum(dy[cur], x[cur], rstd[cur], w, ds[cur] if ds is not None else None,
-                                      c1 * inv_n, dx[cur], dwl[1 if i >= lo else 0],
-                                      dy[k], x[k], rstd[k], zero)
-        dw_part[blk] = dwl[1]
+        # local partial and whole rows in one loop, as layer_norm._backward (whose
+        # comments give the measurements)
+        dwp = np.zeros(N, dw_part.dtype)
+        for i in range(lo, hi):
+            r = rstd[i]
+            # pass 1: c1 = mean(xhat * wdy); pass 2, from cache: dx and the partial
+            c1 = backward_sum(dy, x, i, r, w, zero) * inv_n
+            backward_row(dy, x, i, r, w, ds, c1, dx, dwp)
+        dw_part[blk] = dwp
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
-def backward_row_and_sum(
-    dy,     # (N,) gradient of y for this row, in cache
-    x,      # (N,) this row of the input, in cache
-    r,      # scalar: saved rstd
+def backward_sum(
+    dy,     # (M, N) gradient of y
+    x,      # (M, N) forward input
+    i,      # scalar: the row
+    r,      # scalar: its saved rstd
     w,      # (N,) weight or None
-    ds,     # (N,) fused residual gradient or None
-    c1,     # scalar: mean(xhat * wdy)
-    dx,     # (N,) output row
-    dwp,    # (N,) this row block's dweight partial, accumulated into
-    dyn,    # (N,) the next row's gradient, read from memory
-    xn,     # (N,) the next row's input, read from memory
-    rn,     # scalar: the next row's saved rstd
     zero,   # scalar 0 in the accumulation dtype
 ):
-    """Write this row's dx and add to the partial; return the next row's sum(xhat * wdy)."""
-    c1n = zero
-    for j in range(x.shape[0]):
-        wdyn = dyn[j] * w[j] if w is not None else dyn[j]
-        c1n += xn[j] * rn * wdyn
-        g = dy[j]
-        xhat = x[j] * r
+    """Row ``i``'s ``sum(xhat * wdy)`` (a loop that stores nothing: see layer_norm.row_sum)."""
+    c1 = zero
+    for j in range(x.shape[1]):
+        wdy = dy[i, j] * w[j] if w is not None else dy[i, j]
+        c1 += x[i, j] * r * wdy
+    return c1
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+def backward_row(
+    dy,     # (M, N) gradient of y
+    x,      # (M, N) forward input
+    i,      # scalar: the row (dy[i], x[i] in cache)
+    r,      # scalar: row i's saved rstd
+    w,      # (N,) weight or None
+    ds,     # (M, N) fused residual gradient or None
+    c1,     # scalar: row i's mean(xhat * wdy)
+    dx,     # (M, N) output
+    dwp,    # (N,) this row block's dweight partial, accumulated into
+):
+    """Row ``i`` of dx, and its terms of the partial."""
+    for j in range(x.shape[1]):
+        g = dy[i, j]
+        xhat = x[i, j] * r
         wdy = g * w[j] if w is not None else g
         v = (wdy - xhat * c1) * r
         if ds is not None:
-            v = v + ds[j]
-        dx[j] = v
+            v = v + ds[i, j]
+        dx[i, j] = v
         dwp[j] += g * xhat
-    return c1n
 
 
 def forward(x, weight, eps, y, rstd, y_mapped=False):

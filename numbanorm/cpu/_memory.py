@@ -1,0 +1,151 @@
+"""Streaming stores: how a forward kernel writes a large ``out=`` at copy speed.
+
+An ordinary store to a line that is not in cache first reads the line from
+memory (a read-for-ownership), then writes it back on eviction: writing ``y``
+costs two array passes of memory traffic.  A non-temporal store writes whole
+lines through write-combining buffers without reading them, which is how
+``np.copyto`` (glibc's memcpy, above its non-temporal threshold) moves large
+arrays.  A row normalized into a scratch row (in L1/L2) and streamed out
+(:func:`stream_range`) costs one pass.
+
+Measured on a 2-core AMD EPYC (Zen 3, 32 MiB L3), float32 LayerNorm forward
+with weight and bias, 2 threads, time over ``np.copyto`` of the same array
+(fastest of 12 round-robin runs, of 60 for the small shape):
+
+    shape            y        ordinary stores   streaming stores
+    (16384, 4096)    256 MiB  1.19x             0.99x
+    (65536, 768)     192 MiB  0.77x             0.66x
+    (4096, 4096)      64 MiB  0.87x             0.76x
+    (2048, 1024)       8 MiB  1.11x             1.21x    (fits in the L3)
+    (65536, 768), into a fresh array each call:
+                              1.19x             1.32x
+
+Streaming pays only for an output larger than the last-level cache: below it,
+np.copyto's own stores stay in cache, and so would ours.  And it pays only into
+pages that are already mapped: into a fresh array, each first touch of a page
+faults and the operating system zero-fills it, so the read-for-ownership hits the cache
+anyway (the last line).  So the launchers stream only into a caller's ``out=``
+(``y_mapped``) of at least :data:`STREAM_MIN_BYTES`, the size of the last-level
+cache.
+"""
+
+import os
+
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+_VEC = 32  # bytes per streaming store: one AVX register; LLVM splits it on narrower machines
+
+
+@intrinsic
+def _stream_vec(typingctx, dst, src):
+    """Copy ``_VEC`` bytes from address ``src`` (any alignment) to address ``dst``
+    (``_VEC``-aligned) with a non-temporal store."""
+    sig = types.void(types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        vec = ir.VectorType(ir.IntType(64), _VEC // 8)
+        d = builder.inttoptr(args[0], vec.as_pointer())
+        s = builder.inttoptr(args[1], vec.as_pointer())
+        store = builder.store(builder.load(s, align=1), d, align=_VEC)
+        store.set_metadata("nontemporal", builder.module.add_metadata([ir.IntType(32)(1)]))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _itemsize(typingctx, arr):
+    """``arr.itemsize`` as a compile-time constant (the attribute is read at run
+    time, and the divisions by it cost an integer divide each)."""
+    size = arr.dtype.bitwidth // 8
+    sig = types.intp(arr)
+
+    def codegen(context, builder, signature, args):
+        return context.get_constant(types.intp, size)
+
+    return sig, codegen
+
+
+@intrinsic
+def store_fence(typingctx):
+    """Order this thread's streaming stores before anything it does next.
+
+    Non-temporal stores are weakly ordered: without a fence, the thread could
+    signal "done" to the caller before its last write-combining buffers drain.
+    A sequentially consistent fence is ``mfence`` on x86-64, ``dmb ish`` on ARM.
+    """
+    sig = types.void()
+
+    def codegen(context, builder, signature, args):
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True, inline="always")
+def stream_range(
+    dst,    # (M, N) destination, in memory, C-contiguous
+    i,      # scalar: its row to write
+    src,    # (K, N) the values, same dtype (a scratch row in cache)
+    k,      # scalar: its row to read
+    start,  # scalar: first column to copy
+    stop,   # scalar: one past the last
+):
+    """``dst[i, start:stop] = src[k, start:stop]``, streaming stores for the
+    ``_VEC``-aligned middle.
+
+    The unaligned head and tail (under ``_VEC`` bytes each) take ordinary
+    stores, and so does a row whose address is not a multiple of its item size
+    (a NumPy array can be unaligned).  Call :func:`store_fence` after the last
+    row.  Rows are passed as (array, index), not as views: a view keeps an
+    atomically counted reference, and an atomic drains the write-combining
+    buffers (one atomic add per row took a streaming copy of (65536, 768)
+    float32 from 0.89x to 1.25x np.copyto).
+    """
+    size = _itemsize(dst)
+    d = dst.ctypes.data + i * dst.strides[0]
+    head = stop
+    if d % size == 0:
+        head = min(stop, start + ((_VEC - (d + start * size) % _VEC) % _VEC) // size)
+    for j in range(start, head):
+        dst[i, j] = src[k, j]
+    vecs = (stop - head) * size // _VEC
+    s = src.ctypes.data + k * src.strides[0]
+    for v in range(vecs):
+        off = head * size + v * _VEC
+        _stream_vec(d + off, s + off)
+    for j in range(head + vecs * _VEC // size, stop):
+        dst[i, j] = src[k, j]
+
+
+def _last_level_cache_bytes():
+    """The largest cache level's size, from glibc or sysfs; 32 MiB when neither says."""
+    best = 0
+    for name in ("SC_LEVEL4_CACHE_SIZE", "SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
+        try:
+            best = max(best, int(os.sysconf(name)))
+        except (ValueError, OSError, AttributeError):
+            pass
+    if best <= 0:
+        base = "/sys/devices/system/cpu/cpu0/cache"
+        try:
+            for idx in os.listdir(base):
+                with open(os.path.join(base, idx, "size")) as f:
+                    text = f.read().strip().upper()
+                mult = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+                best = max(best, int(text.rstrip("KM")) * mult)
+        except (OSError, ValueError):
+            pass
+    return best if best > 0 else 32 << 20
+
+
+# Outputs smaller than this take ordinary stores (see the module docstring).
+STREAM_MIN_BYTES = _last_level_cache_bytes()
+
+
+def should_stream(y, y_mapped):
+    """Whether a forward launcher writes ``y`` with streaming stores."""
+    return bool(y_mapped) and y.nbytes >= STREAM_MIN_BYTES
