@@ -133,6 +133,26 @@ def test_in_place_equals_out_of_place(rng, dtype):
     np.testing.assert_array_equal(x4, want)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_out_overlapping_x_by_a_row_gives_the_out_of_place_result(rng, dtype):
+    """``out`` one row past ``x`` in the same buffer: a kernel writing row i
+    straight into it would overwrite row i + 1 of x before reading it."""
+    buf = rng.standard_normal((41, 257)).astype(dtype)
+    x, out = buf[:40], buf[1:]
+    w = rng.uniform(0.5, 1.5, 257).astype(dtype)
+    for fn, args in ((nn.layer_norm, (257, w, w)), (nn.rms_norm, (257, w))):
+        x0 = buf[:40].copy()
+        want = fn(x0, *args)
+        assert fn(x, *args, out=out) is out
+        np.testing.assert_array_equal(out, want)
+        buf[:40] = x0
+    b4 = rng.standard_normal((5, 16, 16)).astype(dtype)
+    x4, out4 = b4[:4], b4[1:]
+    want = nn.group_norm(x4.copy(), 4)
+    nn.group_norm(x4, 4, out=out4)
+    np.testing.assert_array_equal(out4, want)
+
+
 def test_stream_threshold_is_the_last_level_cache():
     assert stream.STREAM_MIN_BYTES >= 1 << 20
     y = np.empty(8)

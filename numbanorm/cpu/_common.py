@@ -37,18 +37,24 @@ def compute_view(a):
 def scratch_for(out, src=None):
     """Where a kernel writes ``out``: itself, or a fresh array that ``finish`` copies back.
 
-    Fresh for float16 (a float32 scratch), and where ``out`` shares memory with
-    ``src`` (an in-place ``out=x``): the forward kernels sum the next row in the
-    loop that writes the current one, and LLVM runs that loop in its serial,
-    unvectorized version when the rows overlap, which sums in another order --
-    an in-place call would round differently from the same call into another
-    array.
+    Fresh for float16 (a float32 scratch), and where ``out`` overlaps ``src``
+    without being the very same array: writing row i would overwrite elements of
+    later rows of ``src`` before they are read, so the result is made apart and
+    copied in, as NumPy's ufuncs do for overlapping operands.  An in-place
+    ``out=x`` is written directly: each row's sums are taken in loops that store
+    nothing before the row is overwritten element by element
+    (``layer_norm.row_sum``), so it gives the bits of an out-of-place call.
     """
     if out.dtype == F16:
         return np.empty(out.shape, F32)
-    if src is not None and np.may_share_memory(out, src):
+    if src is not None and np.may_share_memory(out, src) and not _same_memory(out, src):
         return np.empty_like(out)
     return out
+
+
+def _same_memory(a, b):
+    return (a.ctypes.data == b.ctypes.data and a.shape == b.shape and a.strides == b.strides
+            and a.dtype == b.dtype)
 
 
 def finish(scratch, out):
