@@ -27,6 +27,7 @@ how much the load moved things.  The ``-into`` variants are compared with
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib
 import json
 import os
@@ -90,6 +91,7 @@ def main(argv=None):
     b = rng.standard_normal(shape[1]).astype(dt)
     fused_bytes = 4 * x.nbytes
 
+    load_before = _bench.loadavg()
     print(f"# {_bench.cpu_model()}, {threads} thread(s), {shape} {dt}, "
           f"load average {os.getloadavg()[0]:.1f}")
     results = []
@@ -112,7 +114,10 @@ def main(argv=None):
                   f"{row['unfused/this (min)']:.2f}x (min) {row['unfused/this (median)']:.2f}x (median)")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"machine": _bench.cpu_model(), "results": results}, f, indent=1)
+            meta = {"date": datetime.date.today().isoformat(), "machine": _bench.machine_info(include_gpu=False),
+                    "versions": _bench.versions(), "threads": threads, "loadavg_before": load_before,
+                    "loadavg_after": _bench.loadavg(), "budget_s": a.budget}
+            json.dump({"meta": meta, "results": results}, f, indent=1)
     return 0
 
 
