@@ -39,7 +39,11 @@ from .rms_norm import row_sum_squares, scale_row
 
 # s and y are always fresh allocations here (the fused functions have no out=),
 # and fresh outputs are faster with ordinary stores than with streaming ones
-# (_memory's measurements), so nothing is streamed.
+# (_memory's measurements), so nothing is streamed: the fused RMSNorm at
+# (16384, 4096) float32 took 0.80x the unfused pair's median time as it is, and
+# 0.86x with s and y staged in scratch rows and streamed.  Summing (x + r)^2 in
+# a first loop and storing s and y in a second, instead of storing s and
+# reading it back, made no difference (0.74x against 0.76x, best times).
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
