@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._common import FASTMATH, acc_of, compute_view, finish, launch, n_chunks, param, row_block, scratch_for
-from ._memory import should_stream, store_fence, stream_range
+from ._memory import should_stream, store_fence, stream_row
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -38,7 +38,7 @@ def _forward(
             # whole rows, as layer_norm._forward (whose comments say why)
             if stream:
                 scale_row(x, i, r, w, scratch, 0)
-                stream_range(y, i, scratch, 0, 0, N)
+                stream_row(y, i, scratch, 0)
             else:
                 scale_row(x, i, r, w, y, i)
         if stream:
