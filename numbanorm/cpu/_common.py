@@ -84,8 +84,8 @@ def n_chunks(rows):
 def row_block(rows):
     """Rows per block of a forward kernel's parallel loop.
 
-    Each block allocates one scratch row (where a streamed row is staged,
-    ``layer_norm._forward``), so blocks are long, up to 64 rows; at least four
+    Each block of a streamed forward allocates one scratch row (where a row is
+    staged, ``layer_norm._forward``), so blocks are long, up to 64 rows; at least four
     per thread keeps the threads evenly loaded.  Rows are independent in the
     forward, so the blocking never changes a result (a test checks it bit for
     bit).

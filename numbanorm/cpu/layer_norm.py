@@ -37,7 +37,7 @@ def _forward(
     for blk in prange(-(-M // block)):
         lo = blk * block
         hi = min(M, lo + block)
-        scratch = np.empty((1, N), y.dtype)  # a streamed row is staged here
+        scratch = np.empty((1, N if stream else 0), y.dtype)  # a streamed row is staged here
         for i in range(lo, hi):
             # passes 1 and 2 read row i from memory, then from cache
             mu = row_sum(x, i, zero) * inv_n

@@ -31,7 +31,7 @@ def _forward(
     for blk in prange(-(-M // block)):
         lo = blk * block
         hi = min(M, lo + block)
-        scratch = np.empty((1, N), y.dtype)  # a streamed row is staged here
+        scratch = np.empty((1, N if stream else 0), y.dtype)  # a streamed row is staged here
         for i in range(lo, hi):
             r = one / np.sqrt(row_sum_squares(x, i, zero) * inv_n + eps)
             rstd[i] = r
