@@ -8,6 +8,11 @@ suite's one timing function, so machine noise hits every variant alike):
 
 * ``unfused``   ``s = np.add(x, r); y = numbanorm.<norm>(s, ...)``
 * ``fused``     ``y, s = numbanorm.add_<norm>(x, r, ...)``
+* ``unfused-par`` the unfused pair with the add on every thread (a Numba
+  ``prange`` loop into a fresh array): ``np.add`` runs on one thread, and
+  PyTorch's ``torch.add`` into a fresh tensor was slower still on the 2-core EPYC
+  (about twice np.add's time at both default shapes), so no library add uses both
+  cores; this one says how much of the fused call's gain is the fusion itself
 * ``unfused-into`` and ``fused-into``: the same into preallocated ``s`` and ``y``
   (``np.add(out=)`` and ``out=``; the fused CPU launcher, as the public fused
   functions have no ``out=``): the kernels without the page faults of two
@@ -34,11 +39,25 @@ import os
 import sys
 
 import numpy as np
+from numba import njit, prange
 
 import numbanorm
 from numbanorm import _bench
 
 _launchers = importlib.import_module("numbanorm.cpu.add_norm")
+
+
+@njit(parallel=True)  # not cache=True: the tests load this file under another module name
+def parallel_add(x, r, s):
+    for i in prange(x.shape[0]):
+        for j in range(x.shape[1]):
+            s[i, j] = x[i, j] + r[i, j]
+
+
+def _par_add(x, r):
+    s = np.empty_like(x)
+    parallel_add(x, r, s)
+    return s
 
 
 def runners(norm, x, r, w, b, torch):
@@ -51,13 +70,16 @@ def runners(norm, x, r, w, b, torch):
         unfused = lambda: numbanorm.layer_norm(np.add(x, r), n, w, b)  # noqa: E731
         fused_into = lambda: _launchers.layer_norm_forward(x, r, w, b, 1e-5, y, s, *stat)  # noqa: E731
         unfused_into = lambda: numbanorm.layer_norm(np.add(x, r, out=s), n, w, b, out=y)  # noqa: E731
+        unfused_par = lambda: numbanorm.layer_norm(_par_add(x, r), n, w, b)  # noqa: E731
     else:
         fused = lambda: numbanorm.add_rms_norm(x, r, n, w)  # noqa: E731
         unfused = lambda: numbanorm.rms_norm(np.add(x, r), n, w)  # noqa: E731
         eps = float(np.finfo(acc).eps)
         fused_into = lambda: _launchers.rms_norm_forward(x, r, w, eps, y, s, stat[0])  # noqa: E731
         unfused_into = lambda: numbanorm.rms_norm(np.add(x, r, out=s), n, w, out=y)  # noqa: E731
+        unfused_par = lambda: numbanorm.rms_norm(_par_add(x, r), n, w)  # noqa: E731
     out = [_bench.Runner("unfused", "alloc", unfused), _bench.Runner("fused", "alloc", fused),
+           _bench.Runner("unfused-par", "alloc", unfused_par),
            _bench.Runner("unfused-into", "out", unfused_into), _bench.Runner("fused-into", "out", fused_into)]
     if torch is not None:
         tx, tr, tw, tb = (torch.from_numpy(a) for a in (x, r, w, b))

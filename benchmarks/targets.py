@@ -1,6 +1,7 @@
 """The speed targets, checked against a results file: each with its measured value and PASS/FAIL.
 
     python -m benchmarks.targets benchmarks/results/cpu.json
+    python -m benchmarks.targets benchmarks/results/cpu.json --fused benchmarks/results/fused-cpu-*.json
 
 All targets are for float32 on the CPU, numba and torch on the same thread
 count (2 threads); a ratio is numbanorm's median time over the peer's, so
@@ -65,6 +66,9 @@ def _targets():
 
 TARGETS = _targets()
 COLD_LIMITS = {"import_s": 1.0, "first_call_s": 0.3}
+# the fused residual add against the unfused pair np.add + norm, both allocating, on
+# large inputs (benchmarks/fused.py): a speed-up, so at least the limit passes
+FUSED_LIMIT = 1.3
 
 
 def target_cases():
@@ -118,8 +122,24 @@ def evaluate(results):
     return out
 
 
-def summary(results):
-    """The targets as a text table, with a header saying how the run was made."""
+def evaluate_fused(runs):
+    """One dict per norm and shape of benchmarks/fused.py's results: the fused call's median
+    speed-up over the unfused pair, at least FUSED_LIMIT to pass."""
+    out = []
+    for run in runs:
+        for r in run["results"]:
+            if r["variant"] != "fused":
+                continue
+            v = r["unfused/this (median)"]
+            out.append({"rule": f"fused add >= {FUSED_LIMIT}x the unfused pair (median)",
+                        "case": f"{r['norm']} {'x'.join(map(str, r['shape']))} {r['dtype']}", "value": v,
+                        "unit": "x faster", "limit": FUSED_LIMIT, "status": "PASS" if v >= FUSED_LIMIT else "FAIL"})
+    return out
+
+
+def summary(results, fused=()):
+    """The targets as a text table, with a header saying how the run was made; ``fused``:
+    results of benchmarks/fused.py, whose target is added at the end."""
     meta = results.get("meta", {})
     lines = []
     threads = meta.get("threads")
@@ -130,7 +150,7 @@ def summary(results):
         lines.append(f"NOTE: the targets are stated for {THREADS} threads; this run used {threads}")
     if meta.get("note"):
         lines.append(f"NOTE: {meta['note']}")
-    ev = evaluate(results)
+    ev = evaluate(results) + evaluate_fused(fused)
     w = max(len(e["rule"]) for e in ev)
     wc = max(len(e["case"]) for e in ev)
     for e in ev:
@@ -148,10 +168,12 @@ def main(argv=None):
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.targets", description=__doc__.splitlines()[0])
     ap.add_argument("results", help="a results JSON file (benchmarks/results/*.json)")
+    ap.add_argument("--fused", nargs="+", default=(), metavar="JSON", help="results of benchmarks/fused.py")
     a = ap.parse_args(argv)
     res = load_results(a.results)
-    print(summary(res))
-    return 1 if any(e["status"] == "FAIL" for e in evaluate(res)) else 0
+    fused = [load_results(p) for p in a.fused]
+    print(summary(res, fused))
+    return 1 if any(e["status"] == "FAIL" for e in evaluate(res) + evaluate_fused(fused)) else 0
 
 
 if __name__ == "__main__":

@@ -395,3 +395,99 @@ def test_cold_start_in_a_fresh_process():
     (res,) = _bench.cold_start([Case("rms_norm", "forward", (8, 64), "float32")], threads=1)
     assert res["norm"] == "rms_norm" and res["shape"] == [8, 64] and res["fresh_cache"] is False
     assert 0 < res["import_s"] < 60 and 0 < res["steady_s"] <= res["first_call_s"] < 60
+
+
+# ------------------------------------------------------------------ fused-add and Dask tables
+
+
+def _fused_run(ratio):
+    """A benchmarks/fused.py results dict: unfused takes ``ratio`` times the fused time."""
+    rows = []
+    for norm in ("layer_norm", "rms_norm"):
+        for variant, t in (("unfused", ratio), ("fused", 1.0), ("unfused-into", 1.5), ("fused-into", 1.0),
+                           ("torch", 4.0), ("unfused-par", 1.25)):
+            base = {"unfused": ratio, "fused": ratio, "torch": ratio}.get(variant, 1.5)
+            rows.append({"norm": norm, "variant": variant, "shape": [16384, 4096], "dtype": "float32",
+                         "threads": 2, "min_s": 0.9 * t, "median_s": t, "q20_s": t, "q80_s": t,
+                         "unfused/this (min)": base / t, "unfused/this (median)": base / t})
+    meta = {"date": "2026-01-01", "machine": {"cpu": "CPU", "cores": 2}, "threads": 2,
+            "versions": {"numbanorm": "0", "numba": "0", "numpy": "0", "torch": None}}
+    return {"meta": meta, "results": rows}
+
+
+def test_fused_table_and_target():
+    runs = [_fused_run(1.5)]
+    cells = readme_table.fused_rows(runs)
+    assert cells[0] == ("layer_norm", "16384x4096", "1.50x", "1.50x", "1.25x", "1.50x", "1.50x", "4.00x")
+    block = readme_table.render_fused(runs, ["f.json"])
+    text = readme_table.update(f"a\n{readme_table.FUSED_START}\n{readme_table.FUSED_END}\n", block,
+                               readme_table.FUSED_START, readme_table.FUSED_END)
+    assert readme_table.parse(text, readme_table.FUSED_START, readme_table.FUSED_END) == cells
+    ev = targets.evaluate_fused(runs + [_fused_run(1.2)])
+    assert [e["status"] for e in ev] == ["PASS", "PASS", "FAIL", "FAIL"]
+    assert ev[0]["value"] == pytest.approx(1.5) and ev[2]["value"] == pytest.approx(1.2)
+
+
+def test_dask_table():
+    res = [{"setup": "in memory", "chunk_rows": None, "workers": None, "direction": d, "min_s": 1.0,
+            "median_s": 1.0, "GB/s (min)": 2.0} for d in ("forward", "backward")]
+    for n in (1, 2):
+        for d in ("forward", "backward"):
+            r = {"setup": f"{n}", "chunk_rows": 64, "workers": n, "direction": d, "min_s": 2.0 / n,
+                 "median_s": 3.0 / n, "GB/s (min)": 1.0 * n}
+            if n == 2:
+                r.update({"speed-up (min)": 2.0, "speed-up (median)": 2.0})
+            res.append(r)
+    run = {"meta": {"date": "2026-01-01", "machine": {"cpu": "CPU", "cores": 2}, "rounds": 3,
+                    "versions": {"numbanorm": "0", "numba": "0", "numpy": "0", "dask": "1", "distributed": "1"}},
+           "shape": [256, 1024], "dtype": "float32", "workers": [1, 2], "results": res}
+    cells = readme_table.dask_rows(run)
+    assert cells == [("64 rows (0 MiB)", "forward", "1.0 GB/s", "2.0 GB/s", "2.00x", "2.00x"),
+                     ("64 rows (0 MiB)", "backward", "1.0 GB/s", "2.0 GB/s", "2.00x", "2.00x")]
+    block = readme_table.render_dask(run, "d.json")
+    assert "forward 2.0 GB/s" in block
+    text = readme_table.update(f"{readme_table.DASK_START}\n{readme_table.DASK_END}", block,
+                               readme_table.DASK_START, readme_table.DASK_END)
+    assert readme_table.parse(text, readme_table.DASK_START, readme_table.DASK_END) == cells
+
+
+def test_repository_readme_tables_are_the_committed_results():
+    """Every table in the README is what its committed results file generates (never typed)."""
+    text = (ROOT / "README.md").read_text()
+    res = ROOT / "benchmarks" / "results"
+    assert readme_table.parse(text) == readme_table.table_rows(harness.load_results(res / "cpu.json"))
+    fused = [harness.load_results(p) for p in sorted(res.glob("fused-cpu-*.json"))]
+    assert fused and readme_table.parse(text, readme_table.FUSED_START, readme_table.FUSED_END) == \
+        readme_table.fused_rows(fused)
+    dask_run = harness.load_results(res / "dask-scaling-cpu.json")
+    assert readme_table.parse(text, readme_table.DASK_START, readme_table.DASK_END) == readme_table.dask_rows(dask_run)
+
+
+def _script(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_fused_benchmark_runs_on_a_tiny_shape(tmp_path, capsys):
+    out = tmp_path / "fused.json"
+    assert _script("fused").main(["--shape", "64", "128", "--budget", "0.05", "--threads", "1",
+                                  "--json", str(out)]) == 0
+    run = harness.load_results(out)
+    variants = {(r["norm"], r["variant"]) for r in run["results"]}
+    assert {("layer_norm", "fused"), ("rms_norm", "unfused-into")} <= variants
+    assert run["meta"]["threads"] == 1 and readme_table.fused_rows([run])[0][:2] == ("layer_norm", "64x128")
+    assert len(targets.evaluate_fused([run])) == 2
+
+
+def test_dask_scaling_runs_on_a_tiny_array(tmp_path, capsys):
+    pytest.importorskip("distributed")
+    out = tmp_path / "dask.json"
+    assert _script("dask_scaling").main(["--rows", "256", "--hidden", "64", "--chunk-rows", "64",
+                                         "--workers", "1", "--rounds", "1", "--json", str(out)]) == 0
+    run = harness.load_results(out)
+    assert run["workers"] == [1] and {r["direction"] for r in run["results"]} == {"forward", "backward"}
+    assert len(readme_table.dask_rows(run)) == 2
