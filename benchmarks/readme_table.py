@@ -144,6 +144,9 @@ def render_fused(runs, sources):
     return "\n".join(lines)
 
 
+_ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8}
+
+
 def dask_header(run):
     return ("blocks", "pass", *(f"{n} worker{'s' if n > 1 else ''}" for n in run["workers"]),
             "speed-up, fastest", "median")
@@ -162,9 +165,6 @@ def dask_rows(run):
                         *(f"{by[n]['GB/s (min)']:.1f} GB/s" for n in run["workers"]),
                         _ratio(last.get("speed-up (min)")), _ratio(last.get("speed-up (median)"))))
     return out
-
-
-_ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8}
 
 
 def render_dask(run, source):
