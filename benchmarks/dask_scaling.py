@@ -3,10 +3,11 @@
     python benchmarks/dask_scaling.py                    # (131072, 1024) float32, 1 and 2 workers
     python benchmarks/dask_scaling.py --rows 262144 --workers 1 2 4 --chunk-rows 16384
 
-For each block size (rows per chunk) and worker count a ``LocalCluster`` of worker processes with one thread
-each is started (``NUMBA_NUM_THREADS=1`` in the workers: the parallelism is
-Dask's, one block per worker at a time), ``x`` and ``dy`` are generated on the
-workers and persisted, and then, round after round:
+For each block size (rows per chunk) and worker count a ``LocalCluster`` of
+worker processes with one thread each is started (``NUMBA_NUM_THREADS=1`` in
+the workers: the parallelism is Dask's, one block per worker at a time), ``x``
+and ``dy`` are generated on the workers and persisted, and then, round after
+round:
 
 * forward: ``numbanorm.dask.layer_norm_forward`` persisted (y, mean, rstd stay
   on the workers; nothing large travels to the client);
@@ -15,11 +16,12 @@ workers and persisted, and then, round after round:
 It prints the fastest and the median round and the speed-up for both: the
 fastest round is the one other jobs on the machine disturbed least.  The block
 size is swept because the cost Dask adds per block is what keeps one worker
-below the in-memory run: on the 2-core EPYC (results/dask-scaling-cpu.json) the
-kernel on one 128 MiB block took the same time inside a worker as in this
-process (0.98x, timed with ``client.run``), yet a 1-worker forward round took
-2.2x the in-memory time in 32 MiB blocks and 1.5x in 128 MiB blocks; the
-scheduler and the workers' event loops share the two cores with the kernels.
+below the in-memory run.  On the 2-core EPYC a 1-worker forward round took 2.2x
+the in-memory time in 32 MiB blocks and 1.5x in 128 MiB blocks
+(results/dask-scaling-cpu.json), while the kernel on one 128 MiB block took the
+same time inside a worker as in a plain process (0.98x, in a separate check with
+``client.run``): the scheduler and the workers' event loops share the two cores
+with the kernels.
 
 Throughput counts the bytes the kernels must move: forward reads x and writes
 y, backward reads x and dy and writes dx (statistics and weights are O(rows)
