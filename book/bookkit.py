@@ -89,3 +89,24 @@ def stamp():
         f"Python {platform.python_version()}, "
         f"numbanorm {numbanorm.__version__}, numba {numba.__version__}, "
         f"numpy {np.__version__}.", width=78)
+
+
+def readme_tables():
+    """The repository's ``benchmarks.readme_table``: chapters 9 and 12 show the
+    fused-add and Dask tables with the README's own row builders."""
+    import importlib
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return importlib.import_module("benchmarks.readme_table")
+
+
+def print_table(header, rows, text_cols=2):
+    """A plain-text table: the first ``text_cols`` columns left-aligned, the
+    rest right (as the README's markdown tables align them)."""
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    for cells in (header, *rows):
+        print("  ".join(str(c).ljust(w) if i < text_cols else str(c).rjust(w)
+                        for i, (c, w) in enumerate(zip(cells, widths))))
