@@ -44,7 +44,7 @@ from numba import njit, prange
 import numbanorm
 from numbanorm import _bench
 
-_launchers = importlib.import_module("numbanorm.cpu.add_norm")
+_launchers = importlib.import_module("numbanorm.cpu._kernels.add_norm")
 
 
 @njit(parallel=True)  # not cache=True: the tests load this file under another module name

@@ -85,9 +85,9 @@ def _cases(norm, rows, cols, tdtype, torch):
     import numbanorm
     from numbanorm.cuda import _backend as B
 
-    group_norm = sys.modules["numbanorm.cuda.group_norm"]
-    layer_norm = sys.modules["numbanorm.cuda.layer_norm"]
-    rms_norm = sys.modules["numbanorm.cuda.rms_norm"]
+    group_norm = sys.modules["numbanorm.cuda._kernels.group_norm"]
+    layer_norm = sys.modules["numbanorm.cuda._kernels.layer_norm"]
+    rms_norm = sys.modules["numbanorm.cuda._kernels.rms_norm"]
     F = torch.nn.functional
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(0)
@@ -184,7 +184,7 @@ def main(argv=None):
         _refuse(f"--rows must be a multiple of {GN_CHANNELS} (the GroupNorm shape)")
     from numba import cuda
 
-    from numbanorm.cuda import _common as C
+    from numbanorm.cuda._kernels import common as C
 
     results = []
     for dname in args.dtypes:

@@ -1,6 +1,6 @@
 """The CPU kernels' own machinery: streaming stores, row blocks, in-place calls, placement.
 
-Large outputs go out through streaming stores (``numbanorm.cpu._memory``) only
+Large outputs go out through streaming stores (``numbanorm.cpu._kernels.memory``) only
 above the last-level cache size, far beyond the shapes a test can afford; these
 tests lower the threshold so that small odd shapes take that path, and check it
 bit for bit against the ordinary one.
@@ -15,10 +15,10 @@ import pytest
 import numbanorm as nn
 from conftest import ORACLE, assert_close
 
-stream = importlib.import_module("numbanorm.cpu._memory")
-ln_cpu = importlib.import_module("numbanorm.cpu.layer_norm")
-rms_cpu = importlib.import_module("numbanorm.cpu.rms_norm")
-add_cpu = importlib.import_module("numbanorm.cpu.add_norm")
+stream = importlib.import_module("numbanorm.cpu._kernels.memory")
+ln_cpu = importlib.import_module("numbanorm.cpu._kernels.layer_norm")
+rms_cpu = importlib.import_module("numbanorm.cpu._kernels.rms_norm")
+add_cpu = importlib.import_module("numbanorm.cpu._kernels.add_norm")
 
 SHAPES = [(1, 1), (1, 1023), (3, 5, 33), (5, 4099), (64, 768), (70, 7)]
 

@@ -25,8 +25,8 @@ if not nc.is_available():
 
 from numba import cuda  # noqa: E402
 
-from numbanorm.cuda import _common as C  # noqa: E402
-from numbanorm.cuda import _reduce  # noqa: E402
+from numbanorm.cuda._kernels import common as C  # noqa: E402
+from numbanorm.cuda._kernels import reduce as _reduce  # noqa: E402
 
 ON_GPU = not SIMULATED
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="needs a real CUDA GPU (NUMBANORM_TEST_GPU=1)")]

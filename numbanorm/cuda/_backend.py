@@ -20,8 +20,8 @@ import numpy as np
 from numba import cuda
 
 from .. import _validate as V
-from . import _common as C
-from . import add_norm, group_norm, layer_norm, rms_norm  # noqa: F401  (the launchers)
+from ._kernels import common as C
+from ._kernels import add_norm, group_norm, layer_norm, rms_norm  # noqa: F401  (the launchers)
 
 name = "cuda"
 _CALL = C.CALL

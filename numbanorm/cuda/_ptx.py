@@ -72,11 +72,11 @@ def _cases():
     import ml_dtypes
     from numba.cuda import types as T
 
-    from . import _common as C
+    from ._kernels import common as C
 
     # the submodules by their full names: the package's own attributes
     # layer_norm/rms_norm/group_norm are the public functions
-    GN, LN, RN = (importlib.import_module(f"numbanorm.cuda.{m}") for m in ("group_norm", "layer_norm", "rms_norm"))
+    GN, LN, RN = (importlib.import_module(f"numbanorm.cuda._kernels.{m}") for m in ("group_norm", "layer_norm", "rms_norm"))
 
     bf16 = np.dtype(ml_dtypes.bfloat16)
     elem = {np.dtype(np.float16): T.float16, np.dtype(np.float32): T.float32,
@@ -135,7 +135,7 @@ def main(argv=None):
     from numba import cuda
     from numba.cuda import dispatcher
 
-    from . import _common as C
+    from ._kernels import common as C
 
     class _Device:  # device functions ask the current device for its capability
         compute_capability = cc

@@ -7,7 +7,7 @@
 
 The row mapping (a thread group per row, the row in registers where it fits,
 moved in 8-byte words of ``vec`` elements where the rows allow) is described in
-``_common``; the group reductions are ``_reduce``.  Kernels are
+``common``; the group reductions are ``reduce``.  Kernels are
 specialized by closure constants (dtype, mapping, which optional arrays exist),
 so absent weight/bias/residual cost nothing; absent arrays are passed as
 one-element dummies that are never read.
@@ -25,7 +25,7 @@ Backward:
 dweight/dbias: each thread keeps running sums of ``dy * xhat`` and ``dy`` for
 its own columns over the rows its block visits, the row groups of a block are
 combined in shared memory in group order, and each block writes one partial
-row; ``_common.column_sums`` adds the partial rows in a fixed order.  No atomics:
+row; ``common.column_sums`` adds the partial rows in a fixed order.  No atomics:
 the same inputs give the same bits on the same GPU.
 """
 
@@ -35,8 +35,8 @@ import math
 import numpy as np
 from numba import cuda
 
-from . import _common as C
-from ._reduce import group_sum, group_sum2, group_sum3, slots
+from . import common as C
+from .reduce import group_sum, group_sum2, group_sum3, slots
 
 
 @functools.lru_cache(maxsize=None)

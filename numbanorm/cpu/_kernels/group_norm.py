@@ -11,7 +11,7 @@ contiguous in memory, so each (sample, group) is a "row" for the statistics:
 import numpy as np
 from numba import njit, prange
 
-from ._common import FASTMATH, acc_of, compute_view, finish, launch, param, scratch_for
+from .common import FASTMATH, acc_of, compute_view, finish, launch, param, scratch_for
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)

@@ -10,8 +10,8 @@ cache, writes y; a large caller's ``out=`` is streamed, as in LayerNorm's kernel
 import numpy as np
 from numba import njit, prange
 
-from ._common import FASTMATH, acc_of, compute_view, finish, launch, n_chunks, param, row_block, scratch_for
-from ._memory import should_stream, store_fence, stream_row
+from .common import FASTMATH, acc_of, compute_view, finish, launch, n_chunks, param, row_block, scratch_for
+from .memory import should_stream, store_fence, stream_row
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -22,7 +22,7 @@ def _forward(
     y,      # (M, N) output, x's dtype
     rstd,   # (M,) per-row 1/sqrt(mean(x^2) + eps), accumulation dtype
     block,  # scalar: rows per block, the unit of parallel work
-    stream, # scalar bool: write y with streaming stores (_memory)
+    stream, # scalar bool: write y with streaming stores (memory)
 ):
     M, N = x.shape
     zero = rstd.dtype.type(0)

@@ -6,14 +6,14 @@
 
 One row (up to tens of KiB) stays in L1/L2 between the passes, so x is read
 from memory once; the extra passes cost cache bandwidth only.  A large
-caller's ``out=`` is written with streaming stores (``_memory``).
+caller's ``out=`` is written with streaming stores (``memory``).
 """
 
 import numpy as np
 from numba import njit, prange
 
-from ._common import FASTMATH, acc_of, compute_view, finish, launch, n_chunks, param, row_block, scratch_for
-from ._memory import should_stream, store_fence, stream_row
+from .common import FASTMATH, acc_of, compute_view, finish, launch, n_chunks, param, row_block, scratch_for
+from .memory import should_stream, store_fence, stream_row
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -26,7 +26,7 @@ def _forward(
     mean,   # (M,) per-row mean, accumulation dtype
     rstd,   # (M,) per-row 1/sqrt(var + eps), accumulation dtype
     block,  # scalar: rows per block, the unit of parallel work
-    stream, # scalar bool: write y with streaming stores (_memory)
+    stream, # scalar bool: write y with streaming stores (memory)
 ):
     M, N = x.shape
     # Every scalar is made in the accumulation dtype: a bare Python int or float
@@ -252,7 +252,7 @@ def forward(x, weight, bias, eps, y, mean, rstd, y_mapped=False):
     x, y: (M, N) C-contiguous of x's dtype; weight, bias: (N,) any float dtype or
     None; mean, rstd: (M,) C-contiguous, float32 (float64 for float64 x).
     ``y_mapped``: y is a caller's ``out=``, its pages already mapped, so a large
-    y goes out through streaming stores (``_memory``).
+    y goes out through streaming stores (``memory``).
     """
     acc = acc_of(x.dtype)
     ys = scratch_for(y, x)

@@ -19,7 +19,7 @@ for float16 only, by at most half an ulp of s per element).  float32 and float64
 rows are added in their own dtype, so the kernel's s *is* the rounded one.
 
 float16 has no CPU arithmetic in Numba and is staged through float32 anyway
-(``_common``); there the sum is rounded to float16 by ``np.add`` and the float32
+(``common``); there the sum is rounded to float16 by ``np.add`` and the float32
 LayerNorm/RMSNorm kernel normalizes it.  The fusion is a bandwidth optimisation
 for float32/float64; float16 on the CPU already makes extra staging passes.
 
@@ -33,13 +33,13 @@ from numba import njit, prange
 
 from . import layer_norm as _layer_norm
 from . import rms_norm as _rms_norm
-from ._common import F16, FASTMATH, acc_of, launch, param, row_block
+from .common import F16, FASTMATH, acc_of, launch, param, row_block
 from .layer_norm import deviation_stats, normalize_row, row_sum
 from .rms_norm import row_sum_squares, scale_row
 
 # s and y are always fresh allocations here (the fused functions have no out=),
 # and fresh outputs are faster with ordinary stores than with streaming ones
-# (_memory's measurements), so nothing is streamed: the fused RMSNorm at
+# (memory's measurements), so nothing is streamed: the fused RMSNorm at
 # (16384, 4096) float32 took 0.80x the unfused pair's median time as it is, and
 # 0.86x with s and y staged in scratch rows and streamed.  Summing (x + r)^2 in
 # a first loop and storing s and y in a second, instead of storing s and

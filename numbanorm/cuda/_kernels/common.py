@@ -36,7 +36,7 @@ from collections import namedtuple
 import numpy as np
 from numba import cuda
 
-from ._reduce import SIMULATED, WARP
+from .reduce import SIMULATED, WARP
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)

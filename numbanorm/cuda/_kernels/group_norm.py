@@ -3,7 +3,7 @@
 x is seen as (N, C, S) with S the product of the spatial dimensions and the C
 channels split into G groups of Cg = C/G channels.  A group's L = Cg*S elements
 are contiguous, so the forward treats each (sample, group) as a row of length L
-and maps it onto a thread group exactly like ``layer_norm`` (``_common``): the
+and maps it onto a thread group exactly like ``layer_norm`` (``common``): the
 group in registers when it fits, a loop (per channel, so no division per
 element) when it does not -- in typical convolutional nets L is tens of
 thousands and one block works on each group.
@@ -35,8 +35,8 @@ import math
 import numpy as np
 from numba import cuda
 
-from . import _common as C
-from ._reduce import group_sum, group_sum2, group_sum3, slots
+from . import common as C
+from .reduce import group_sum, group_sum2, group_sum3, slots
 
 
 @functools.lru_cache(maxsize=None)

@@ -8,7 +8,7 @@
     dx   = (wdy - xhat * c1) * rstd  (+ ds, the fused residual's gradient)
 
 The same row mapping, register/loop paths, specialization and deterministic
-dweight partials as ``layer_norm`` (see there and ``_common``), with one group
+dweight partials as ``layer_norm`` (see there and ``common``), with one group
 reduction per row instead of two.
 """
 
@@ -18,8 +18,8 @@ import math
 import numpy as np
 from numba import cuda
 
-from . import _common as C
-from ._reduce import group_sum, slots
+from . import common as C
+from .reduce import group_sum, slots
 
 
 @functools.lru_cache(maxsize=None)
