@@ -167,12 +167,12 @@ def main(argv=None):
         import dask
         import distributed
 
-        from numbanorm import _bench
+        from numbanorm import measure
 
-        versions = dict(_bench.versions(), dask=dask.__version__, distributed=distributed.__version__)
-        meta = {"date": datetime.date.today().isoformat(), "machine": _bench.machine_info(include_gpu=False),
+        versions = dict(measure.versions(), dask=dask.__version__, distributed=distributed.__version__)
+        meta = {"date": datetime.date.today().isoformat(), "machine": measure.machine_info(include_gpu=False),
                 "versions": versions, "rounds": a.rounds, "loadavg_before": load_before,
-                "loadavg_after": _bench.loadavg()}
+                "loadavg_after": measure.loadavg()}
         with open(a.json, "w") as f:
             json.dump({"meta": meta, "shape": shape, "dtype": str(dt), "workers": a.workers,
                        "results": rows}, f, indent=1)

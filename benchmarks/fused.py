@@ -3,7 +3,7 @@
     python benchmarks/fused.py                       # (16384, 4096) float32, all threads
     python benchmarks/fused.py --shape 4096 1024 --dtype float64 --threads 1
 
-For each norm it times, round-robin with ``numbanorm._bench.time_runners`` (the
+For each norm it times, round-robin with ``numbanorm.measure.time_runners`` (the
 suite's one timing function, so machine noise hits every variant alike):
 
 * ``unfused``   ``s = np.add(x, r); y = numbanorm.<norm>(s, ...)``
@@ -42,7 +42,7 @@ import numpy as np
 from numba import njit, prange
 
 import numbanorm
-from numbanorm import _bench
+from numbanorm import measure
 
 _launchers = importlib.import_module("numbanorm.cpu._kernels.add_norm")
 
@@ -78,9 +78,9 @@ def runners(norm, x, r, w, b, torch):
         fused_into = lambda: _launchers.rms_norm_forward(x, r, w, eps, y, s, stat[0])  # noqa: E731
         unfused_into = lambda: numbanorm.rms_norm(np.add(x, r, out=s), n, w, out=y)  # noqa: E731
         unfused_par = lambda: numbanorm.rms_norm(_par_add(x, r), n, w)  # noqa: E731
-    out = [_bench.Runner("unfused", "alloc", unfused), _bench.Runner("fused", "alloc", fused),
-           _bench.Runner("unfused-par", "alloc", unfused_par),
-           _bench.Runner("unfused-into", "out", unfused_into), _bench.Runner("fused-into", "out", fused_into)]
+    out = [measure.Runner("unfused", "alloc", unfused), measure.Runner("fused", "alloc", fused),
+           measure.Runner("unfused-par", "alloc", unfused_par),
+           measure.Runner("unfused-into", "out", unfused_into), measure.Runner("fused-into", "out", fused_into)]
     if torch is not None:
         tx, tr, tw, tb = (torch.from_numpy(a) for a in (x, r, w, b))
         F = torch.nn.functional
@@ -88,7 +88,7 @@ def runners(norm, x, r, w, b, torch):
             fn = lambda: F.layer_norm(tx + tr, (n,), tw, tb, 1e-5)  # noqa: E731
         else:
             fn = lambda: F.rms_norm(tx + tr, (n,), tw)  # noqa: E731
-        out.append(_bench.Runner("torch", "alloc", fn))
+        out.append(measure.Runner("torch", "alloc", fn))
     return out
 
 
@@ -103,8 +103,8 @@ def main(argv=None):
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args(argv)
 
-    threads = _bench.set_threads(a.threads)
-    torch = None if a.no_torch else _bench._torch()
+    threads = measure.set_threads(a.threads)
+    torch = None if a.no_torch else measure.torch_or_none()
     rng = np.random.default_rng(0)
     shape, dt = tuple(a.shape), np.dtype(a.dtype)
     x = rng.standard_normal(shape, dtype=np.float64).astype(dt)
@@ -113,13 +113,13 @@ def main(argv=None):
     b = rng.standard_normal(shape[1]).astype(dt)
     fused_bytes = 4 * x.nbytes
 
-    load_before = _bench.loadavg()
-    print(f"# {_bench.cpu_model()}, {threads} thread(s), {shape} {dt}, "
+    load_before = measure.loadavg()
+    print(f"# {measure.cpu_model()}, {threads} thread(s), {shape} {dt}, "
           f"load average {os.getloadavg()[0]:.1f}")
     results = []
     for norm in a.norms:
         rs = runners(norm, x, r, w, b, torch)
-        rounds = _bench.time_runners(rs, budget_s=a.budget, min_repeats=7, max_repeats=40)
+        rounds = measure.time_runners(rs, budget_s=a.budget, min_repeats=7, max_repeats=40)
         med = {q.impl: q.quantiles()[1] for q in rs}
         best = {q.impl: min(q.samples) for q in rs}
         for q in rs:
@@ -136,9 +136,9 @@ def main(argv=None):
                   f"{row['unfused/this (min)']:.2f}x (min) {row['unfused/this (median)']:.2f}x (median)")
     if a.json:
         with open(a.json, "w") as f:
-            meta = {"date": datetime.date.today().isoformat(), "machine": _bench.machine_info(include_gpu=False),
-                    "versions": _bench.versions(), "threads": threads, "loadavg_before": load_before,
-                    "loadavg_after": _bench.loadavg(), "budget_s": a.budget}
+            meta = {"date": datetime.date.today().isoformat(), "machine": measure.machine_info(include_gpu=False),
+                    "versions": measure.versions(), "threads": threads, "loadavg_before": load_before,
+                    "loadavg_after": measure.loadavg(), "budget_s": a.budget}
             json.dump({"meta": meta, "results": results}, f, indent=1)
     return 0
 

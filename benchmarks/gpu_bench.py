@@ -5,7 +5,8 @@
 
 For LayerNorm, RMSNorm and GroupNorm, forward and backward, at ``rows`` x
 ``cols`` (GroupNorm: x of shape (rows/256, 256 channels, cols) in 32 groups,
-the same bytes), it times with CUDA events:
+the same bytes), it times round-robin with ``numbanorm.measure.time_runners`` (the suite's one
+timing core; every sample ends with a device synchronisation):
 
 * ``kernel``: numbanorm's launchers on preallocated arrays -- the kernels
   (including the dweight/dbias column-sum kernel), numba-cuda's launch path
@@ -14,11 +15,12 @@ the same bytes), it times with CUDA events:
   (allocation through PyTorch's caching allocator, current stream);
 * ``torch``: ``torch.nn.functional`` forward, and its backward through
   ``torch.autograd.grad`` on a retained graph;
-* ``copy``: a device-to-device copy of the same bytes (the bandwidth floor:
-  forward moves 2 arrays -- x in, y out -- backward 3: x and dy in, dx out).
+* ``copy``: the bandwidth floor of ``numbanorm.measure.floor_call``, device to
+  device: forward copies x (2 arrays of traffic), backward x and dy (4).
 
-GB/s counts those arrays once each (weight/bias/statistics traffic, below
-1/rows of it, is left out).  Results go to ``benchmarks/results/gpu-<date>.json``
+GB/s counts the arrays each moves once (``measure.KERNEL_ARRAYS``: forward x
+and y, backward x, dy and dx; the copy ``measure.FLOOR_ARRAYS``); weight/bias/
+statistics traffic, below 1/rows of it, is left out.  Results go to ``benchmarks/results/gpu-<date>.json``
 with the device, driver and library versions.
 
 Needs a CUDA GPU, PyTorch with CUDA, and numba-cuda (with NVVM/NVRTC);
@@ -33,7 +35,6 @@ import importlib.metadata as _md
 import json
 import os
 import platform
-import statistics
 import sys
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -59,30 +60,12 @@ def _driver_version(cuda):
         return None
 
 
-def _time(fn, repeats, iters):
-    """Median milliseconds per call of ``fn`` over ``repeats`` CUDA-event samples of ``iters`` calls."""
-    import torch
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(repeats):
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / iters)
-    return statistics.median(samples), min(samples)
-
-
 def _cases(norm, rows, cols, tdtype, torch):
     """Inputs and the four (forward, backward) callables of one norm at one shape."""
     import numpy as np
 
     import numbanorm
+    from numbanorm import measure
     from numbanorm.cuda import _backend as B
 
     group_norm = sys.modules["numbanorm.cuda._kernels.group_norm"]
@@ -146,13 +129,8 @@ def _cases(norm, rows, cols, tdtype, torch):
     ins = (xr, wr) if norm == "rms_norm" else (xr, wr, br)
     tbwd = lambda: torch.autograd.grad(out, ins, dy, retain_graph=True)  # noqa: E731
 
-    dst = torch.empty_like(x)
-    dst2 = torch.empty_like(x)
-    cfwd = lambda: dst.copy_(x)  # noqa: E731  2 arrays of traffic
-
-    def cbwd():  # 3 arrays: the same bytes as x, dy in and dx out (a copy and a half)
-        dst.copy_(x)
-        dst2[: shape[0] // 2].copy_(dy[: shape[0] // 2])
+    side = measure.TorchCudaSide()
+    cfwd, cbwd = measure.floor_call(side, x), measure.floor_call(side, x, dy)
 
     return {"kernel": (kfwd, kbwd), "api": (afwd, abwd), "torch": (tfwd, tbwd), "copy": (cfwd, cbwd)}, x
 
@@ -164,7 +142,7 @@ def main(argv=None):
     p.add_argument("--dtypes", nargs="+", default=["float16", "bfloat16", "float32"])
     p.add_argument("--norms", nargs="+", default=["layer_norm", "rms_norm", "group_norm"])
     p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--iters", type=int, default=10, help="calls per CUDA-event sample")
+    p.add_argument("--iters", type=int, default=10, help="calls per timed sample")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/gpu-<date>.json)")
     args = p.parse_args(argv)
 
@@ -184,6 +162,7 @@ def main(argv=None):
         _refuse(f"--rows must be a multiple of {GN_CHANNELS} (the GroupNorm shape)")
     from numba import cuda
 
+    from numbanorm import measure
     from numbanorm.cuda._kernels import common as C
 
     results = []
@@ -197,11 +176,14 @@ def main(argv=None):
                 calls, x = _cases(norm, args.rows, cols, tdtype, torch)
                 nbytes = x.numel() * x.element_size()
                 row = {"norm": norm, "dtype": dname, "rows": args.rows, "cols": cols, "shape": list(x.shape)}
-                for direction, k, arrays in (("forward", 0, 2), ("backward", 1, 3)):
-                    for who, fns in calls.items():
-                        ms, best = _time(fns[k], args.repeats, args.iters)
-                        row[f"{direction}_{who}_ms"] = ms
-                        row[f"{direction}_{who}_GBps"] = arrays * nbytes / ms / 1e6
+                for k, direction in enumerate(measure.DIRECTIONS):
+                    runners = [measure.Runner(who, "alloc", fns[k]) for who, fns in calls.items()]
+                    measure.time_runners(runners, torch.cuda.synchronize, repeats=args.repeats, number=args.iters)
+                    for r in runners:
+                        arrays = (measure.FLOOR_ARRAYS if r.impl == "copy" else measure.KERNEL_ARRAYS)[direction]
+                        ms = r.quantiles()[1] * 1e3
+                        row[f"{direction}_{r.impl}_ms"] = ms
+                        row[f"{direction}_{r.impl}_GBps"] = arrays * nbytes / ms / 1e6
                     row[f"{direction}_kernel_vs_torch"] = row[f"{direction}_torch_ms"] / row[f"{direction}_kernel_ms"]
                     row[f"{direction}_kernel_vs_copy"] = row[f"{direction}_copy_ms"] / row[f"{direction}_kernel_ms"]
                 results.append(row)
@@ -224,7 +206,8 @@ def main(argv=None):
         "versions": {d: _version(d) for d in ("numbanorm", "numba", "numba-cuda", "torch", "numpy",
                                               "cuda-bindings", "ml_dtypes")},
         "python": platform.python_version(),
-        "timing": f"CUDA events, median of {args.repeats} samples of {args.iters} calls",
+        "timing": f"numbanorm.measure.time_runners: median of {args.repeats} round-robin samples "
+                  f"of {args.iters} calls, each ending with a device synchronisation",
     }
     os.makedirs(RESULTS, exist_ok=True)
     path = args.out or os.path.join(RESULTS, f"gpu-{meta['date'][:10]}.json")

@@ -1,8 +1,8 @@
 """The benchmark sweep: which shapes, how big, and where the results go.
 
-The timing itself is ``numbanorm._bench`` (the same code ``numbanorm bench``
+The timing itself is ``numbanorm.measure`` (the same code ``numbanorm bench``
 runs); this module adds the full grid of shapes, the memory bound, the
-metadata of a run and the result files:
+metadata of a run and the result files (the cold-start runs are ``cold_start.py``):
 
     benchmarks/results/<stem>.json   {"meta": ..., "rows": [...], "cold_start": {...}}
     benchmarks/results/<stem>.csv    one line per row, the main metadata repeated as columns
@@ -20,8 +20,8 @@ import os
 import sys
 from pathlib import Path
 
-from numbanorm import _bench
-from numbanorm._bench import Case
+from numbanorm import measure
+from numbanorm.measure import Case
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -46,7 +46,7 @@ MEM_FRACTION = 0.5  # "fits comfortably": all buffers in half of the machine's m
 def mem_limit_bytes(device="cpu"):
     """Half the memory of ``device`` (host RAM, or the GPU's)."""
     if device == "cpu":
-        total = _bench.mem_total_bytes() or 8 * 2**30
+        total = measure.mem_total_bytes() or 8 * 2**30
     else:
         total = _gpu_mem_bytes() or 8 * 2**30
     return int(MEM_FRACTION * total)
@@ -66,7 +66,7 @@ def fits(case, limit):
 
 
 def sweep_cases(norms=ALL_NORMS, dtypes=CPU_DTYPES, rows=ROWS, hidden=HIDDEN,
-                directions=_bench.DIRECTIONS, device="cpu", mem_limit=None, groups_shapes=GROUP_SHAPES,
+                directions=measure.DIRECTIONS, device="cpu", mem_limit=None, groups_shapes=GROUP_SHAPES,
                 instance_shapes=INSTANCE_SHAPES):
     """``(cases, skipped)``: the grid in run order (shape by shape, forward then backward)."""
     limit = mem_limit_bytes(device) if mem_limit is None else mem_limit
@@ -95,8 +95,8 @@ def metadata(threads, note="", load_before=None, load_after=None, skipped=(), ti
         layer = None
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": _bench.machine_info(),
-        "versions": _bench.versions(),
+        "machine": measure.machine_info(),
+        "versions": measure.versions(),
         "threads": threads,
         "threading_layer": layer,
         "loadavg_before": load_before,
@@ -132,30 +132,32 @@ def git_state():
     return {"commit": commit, "uncommitted": dirty}
 
 
-def run(cases, threads=None, impls=None, peers=_bench.PEERS, note="", skipped=(), cold=True,
+def run(cases, threads=None, impls=None, peers=measure.PEERS, note="", skipped=(), cold=True,
         compile_times=True, show_progress=True, **timing):
     """Run ``cases`` (and the cold-start measurements); returns the results dict."""
-    threads = _bench.set_threads(threads)
-    load_before = _bench.loadavg()
-    rows = _bench.sweep(cases, impls, peers, threads, show_progress=show_progress, desc="sweep", **timing)
+    threads = measure.set_threads(threads)
+    load_before = measure.loadavg()
+    rows = measure.sweep(cases, impls, peers, threads, show_progress=show_progress, desc="sweep", **timing)
     cold_start = {}
     if cold:
         cold_start = cold_start_runs(threads, compile_times)
-    meta = metadata(threads, note, load_before, _bench.loadavg(), skipped, timing)
+    meta = metadata(threads, note, load_before, measure.loadavg(), skipped, timing)
     return {"meta": meta, "rows": rows, "cold_start": cold_start}
 
 
 COLD_CASES = tuple(Case(n, d, s, "float32", g) for n, s, g in
                    (("layer_norm", (256, 768), None), ("rms_norm", (256, 768), None),
                     ("group_norm", (8, 64, 64, 64), 8))
-                   for d in _bench.DIRECTIONS)
+                   for d in measure.DIRECTIONS)
 
 
 def cold_start_runs(threads, compile_times=True):
     """Each float32 kernel's first call in a fresh process: cached, and compiled from nothing."""
-    out = {"cached": _bench.cold_start(COLD_CASES, threads)}
+    from .cold_start import cold_start
+
+    out = {"cached": cold_start(COLD_CASES, threads)}
     if compile_times:
-        out["fresh_cache"] = _bench.cold_start(COLD_CASES, threads, fresh_cache=True)
+        out["fresh_cache"] = cold_start(COLD_CASES, threads, fresh_cache=True)
     return out
 
 

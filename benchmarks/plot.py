@@ -83,7 +83,7 @@ def plot_results(results, stem, folder=RESULTS):
 
 
 def _itemsize(dtype):
-    from numbanorm._bench import ITEMSIZE
+    from numbanorm.measure import ITEMSIZE
 
     return ITEMSIZE[dtype]
 

@@ -19,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-from numbanorm._bench import ITEMSIZE
+from numbanorm.measure import ITEMSIZE
 
 START = "<!-- bench-table:start -->"
 END = "<!-- bench-table:end -->"

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from numbanorm import _bench
+from numbanorm import measure
 
 from . import harness, targets
 
@@ -42,10 +42,10 @@ def parser():
                                                 "float16,bfloat16,float32 on gpu)")
     ap.add_argument("--rows", type=_ints, default=harness.ROWS, help="layer/rms norm rows, comma-separated")
     ap.add_argument("--hidden", type=_ints, default=harness.HIDDEN, help="layer/rms norm hidden sizes")
-    ap.add_argument("--direction", type=_strs, default=_bench.DIRECTIONS, help="forward,backward")
+    ap.add_argument("--direction", type=_strs, default=measure.DIRECTIONS, help="forward,backward")
     ap.add_argument("--threads", type=int, help="threads for numba and torch (default: all)")
     ap.add_argument("--impl", type=_strs, help="registry implementations (default: all that run on --device)")
-    ap.add_argument("--peers", type=_strs, default=_bench.PEERS, help="of torch,floor,oracle")
+    ap.add_argument("--peers", type=_strs, default=measure.PEERS, help="of torch,floor,oracle")
     ap.add_argument("--budget", type=float, default=0.5,
                     help="seconds of timed rounds per case (default 0.5; at least 3 rounds, "
                          "at least --min-repeats unless a case passes 5x the budget)")
@@ -72,8 +72,8 @@ def main(argv=None):
         stem = a.out or "targets"
     else:
         dtypes = a.dtype or (harness.CPU_DTYPES if a.device == "cpu" else harness.GPU_DTYPES)
-        if a.device == "gpu" and "bfloat16" in dtypes and not isinstance(_bench.side_for("gpu"),
-                                                                         _bench.TorchCudaSide):
+        if a.device == "gpu" and "bfloat16" in dtypes and not isinstance(measure.side_for("gpu"),
+                                                                         measure.TorchCudaSide):
             print("bfloat16 skipped: GPU arrays of it need a CUDA build of torch", file=sys.stderr)
             dtypes = tuple(d for d in dtypes if d != "bfloat16")
         if a.device == "cpu" and "bfloat16" in dtypes:
@@ -94,7 +94,7 @@ def main(argv=None):
     if not cases:
         ap.error("no case selected")
     try:
-        threads = _bench.set_threads(a.threads)
+        threads = measure.set_threads(a.threads)
     except ValueError as e:
         ap.error(str(e))
     timing = {"budget_s": a.budget, "min_repeats": a.min_repeats, "max_repeats": a.max_repeats}

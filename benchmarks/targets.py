@@ -15,7 +15,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from numbanorm._bench import Case
+from numbanorm.measure import Case
 
 THREADS = 2
 LARGE = ((16384, 4096), (65536, 768))

@@ -7,7 +7,7 @@
     numbanorm bench      a quick sweep of representative shapes: time, GB/s, and the
                          ratios to the bandwidth floor and to PyTorch (when installed)
 
-The timing lives in ``numbanorm._bench``, which the full benchmark suite in the
+The timing lives in ``numbanorm.measure``, which the full benchmark suite in the
 repository's ``benchmarks/`` folder uses too.
 """
 
@@ -33,10 +33,10 @@ TOL = {"float16": 2e-3, "float32": 2e-5, "float64": 1e-11}
 def info(out=None):
     import numba
 
-    from . import _bench, registry
+    from . import measure, registry
 
-    v = _bench.versions()
-    m = _bench.machine_info(include_gpu=False)
+    v = measure.versions()
+    m = measure.machine_info(include_gpu=False)
     p = lambda *a: print(*a, file=out or sys.stdout)  # noqa: E731
     p(f"numbanorm   {v['numbanorm']}")
     p(f"python      {v['python']} ({sys.executable})")
@@ -50,7 +50,7 @@ def info(out=None):
     for name in registry.IMPLEMENTATIONS:
         ok, why = registry.usable(name)
         p(f"  {name:<8} {'usable' if ok else 'not usable: ' + why.splitlines()[0][:120]}")
-    ok, desc = _bench.gpu_status()
+    ok, desc = measure.gpu_status()
     p(f"gpu         {desc if ok else 'none usable (' + desc.splitlines()[0][:100] + ')'}")
     return 0
 
@@ -134,7 +134,7 @@ def _run_one(impl, oracle, norm, direction, x, groups, w, b, dy, dtype):
 
 def check(impls=None, dtypes=DTYPES, out=None):
     """Every kernel of every usable implementation against the oracle; 0 if all pass, else 1."""
-    from . import _bench, registry
+    from . import measure, registry
 
     p = lambda *a: print(*a, file=out or sys.stdout)  # noqa: E731
     oracle = registry.get("oracle")
@@ -150,7 +150,7 @@ def check(impls=None, dtypes=DTYPES, out=None):
         if missing:
             return 1
         names = [n for n in names if n in impls]
-    if "cuda" in names and _bench._cuda_simulated():
+    if "cuda" in names and measure.cuda_simulated():
         p("note: 'cuda' runs in numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)")
     p("numbanorm check: every kernel against the NumPy oracle (numbanorm.reference), "
       "error relative to max(1, max |oracle|)")
@@ -184,7 +184,7 @@ def check(impls=None, dtypes=DTYPES, out=None):
 
 def quick_cases(dtypes=("float32",), device="cpu", tiny=False):
     """The representative shapes of ``numbanorm bench`` (the full sweep is in benchmarks/)."""
-    from ._bench import Case
+    from .measure import Case
 
     if tiny:
         shapes = [("layer_norm", (64, 256), None), ("rms_norm", (64, 256), None),
@@ -199,21 +199,21 @@ def quick_cases(dtypes=("float32",), device="cpu", tiny=False):
 
 def bench(threads=None, repeats=None, budget=0.3, dtypes=("float32",), impls=None, torch=True,
           oracle=False, tiny=False, show_progress=True, allow_simulator=False, out=None):
-    from . import _bench
+    from . import measure
 
     p = lambda *a: print(*a, file=out or sys.stdout)  # noqa: E731
-    threads = _bench.set_threads(threads)
+    threads = measure.set_threads(threads)
     peers = ["floor"] + (["torch"] if torch else []) + (["oracle"] if oracle else [])
-    have_torch = _bench._torch() is not None
-    cases = quick_cases(dtypes, "cpu", tiny) if _bench.kernel_impls("cpu", impls) else []
-    gpu_ok, gpu_desc = _bench.gpu_status()
-    if _bench.kernel_impls("gpu", impls, allow_simulator=allow_simulator):
-        side = _bench.side_for("gpu")
-        gdt = ["float16", "float32"] + (["bfloat16"] if isinstance(side, _bench.TorchCudaSide) else [])
+    have_torch = measure.torch_or_none() is not None
+    cases = quick_cases(dtypes, "cpu", tiny) if measure.kernel_impls("cpu", impls) else []
+    gpu_ok, gpu_desc = measure.gpu_status()
+    if measure.kernel_impls("gpu", impls, allow_simulator=allow_simulator):
+        side = measure.side_for("gpu")
+        gdt = ["float16", "float32"] + (["bfloat16"] if isinstance(side, measure.TorchCudaSide) else [])
         cases += quick_cases(gdt, "gpu", tiny or side.simulated)
-    load0 = _bench.loadavg()
-    v = _bench.versions()
-    p(f"numbanorm bench: {threads} thread(s) for numba and torch; cpu: {_bench.cpu_model()}; "
+    load0 = measure.loadavg()
+    v = measure.versions()
+    p(f"numbanorm bench: {threads} thread(s) for numba and torch; cpu: {measure.cpu_model()}; "
       f"gpu: {gpu_desc if gpu_ok else 'none'}")
     p(f"versions: numbanorm {v['numbanorm']}, numba {v['numba']}, numpy {v['numpy']}, "
       f"torch {v['torch'] or 'not installed'}")
@@ -223,11 +223,11 @@ def bench(threads=None, repeats=None, budget=0.3, dtypes=("float32",), impls=Non
         p("nothing to run: no usable implementation selected")
         return 1
     timing = {"budget_s": budget} if repeats is None else {"repeats": repeats}
-    rows = _bench.sweep(cases, impls, peers, threads, show_progress=show_progress,
+    rows = measure.sweep(cases, impls, peers, threads, show_progress=show_progress,
                         allow_simulator=allow_simulator, **timing)
-    p(_bench.format_rows(rows))
+    p(measure.format_rows(rows))
     p(f"median of {'%d' % repeats if repeats else 'budgeted'} round-robin repeats; load average "
-      f"{load0} before, {_bench.loadavg()} after. x floor: time over np.copyto of the same bytes "
+      f"{load0} before, {measure.loadavg()} after. x floor: time over np.copyto of the same bytes "
       "(forward: x to y; backward: x and dy); x torch: time over torch.nn.functional's "
       "(backward via autograd); below 1 is faster.")
     return 0

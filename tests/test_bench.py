@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from numbanorm import _bench
-from numbanorm._bench import Case, Runner
+from numbanorm import measure
+from numbanorm.measure import Case, Runner
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the repository's benchmarks/ package (not installed)
@@ -68,7 +68,7 @@ def test_ratio_arithmetic_on_synthetic_timings():
         _runner("torch", "alloc", [4e-3] * 5),
         _runner("floor", "out", [0.5e-3] * 5),
     ]
-    rows = {(r["impl"], r["mode"]): r for r in _bench.result_rows(case, runners, threads=2)}
+    rows = {(r["impl"], r["mode"]): r for r in measure.result_rows(case, runners, threads=2)}
     out = rows[("numbanorm.cpu", "out")]
     assert out["median_s"] == pytest.approx(1.1e-3)
     assert out["q20_s"] == pytest.approx(np.quantile([1.0, 1.1, 1.2, 0.9, 5.0], 0.2) * 1e-3)
@@ -88,7 +88,7 @@ def test_ratio_arithmetic_on_synthetic_timings():
 def test_round_robin_timing_counts_and_order():
     calls = []
     runners = [Runner(name, "out", fn=(lambda n=name: calls.append(n))) for name in "abc"]
-    rounds = _bench.time_runners(runners, repeats=4, min_sample_s=0, max_number=1)
+    rounds = measure.time_runners(runners, repeats=4, min_sample_s=0, max_number=1)
     assert rounds == 4
     assert all(len(r.samples) == 4 and r.number == 1 and r.first_call_s >= 0 for r in runners)
     timed = calls[6:]  # a first call and a warm-up call each
@@ -97,15 +97,15 @@ def test_round_robin_timing_counts_and_order():
 
 def test_budget_bounds_the_rounds():
     r = [Runner("a", "out", fn=lambda: None)]
-    assert _bench.time_runners(r, budget_s=0.0, min_repeats=3) == 3
+    assert measure.time_runners(r, budget_s=0.0, min_repeats=3) == 3
     r = [Runner("a", "out", fn=lambda: None)]
-    assert _bench.time_runners(r, budget_s=10.0, min_repeats=1, max_repeats=7) == 7
+    assert measure.time_runners(r, budget_s=10.0, min_repeats=1, max_repeats=7) == 7
 
 
 def test_run_case_on_a_tiny_shape():
     pytest.importorskip("numba")
     case = Case("layer_norm", "backward", (8, 32), "float32")
-    rows = _bench.run_case(case, impls=["cpu"], peers=("floor", "oracle"), threads=1, repeats=3)
+    rows = measure.run_case(case, impls=["cpu"], peers=("floor", "oracle"), threads=1, repeats=3)
     by = {r["impl"]: r for r in rows}
     assert set(by) == {"numbanorm.cpu", "floor", "oracle"}
     for r in rows:
@@ -122,10 +122,10 @@ def test_torch_peer_forward_and_autograd_backward():
     for norm, shape, g in (("layer_norm", (4, 16), None), ("rms_norm", (4, 16), None),
                            ("group_norm", (2, 4, 3), 2)):
         case = Case(norm, "backward", shape, "float64", g)
-        inp = _bench.Inputs(case, _bench.HostSide())
-        fn = _bench._torch_calls(case, inp)["alloc"]
+        inp = measure.Inputs(case, measure.HostSide())
+        fn = measure.torch_calls(case, inp)["alloc"]
         grads = fn()
-        ours = _bench._nb_calls(cpu, case, inp)["alloc"]()
+        ours = measure.numbanorm_calls(cpu, case, inp)["alloc"]()
         # the same gradients (dx, dweight[, dbias]): the peer computes what numbanorm computes
         assert len(grads) == len(ours)
         for t, a in zip(grads, ours):
@@ -133,21 +133,21 @@ def test_torch_peer_forward_and_autograd_backward():
         again = fn()  # the graph is retained: every repeat is a full backward, no accumulation
         for t, u in zip(grads, again):
             assert torch.equal(t, u)
-        fwd = _bench._torch_calls(Case(norm, "forward", shape, "float64", g), inp)["alloc"]()
+        fwd = measure.torch_calls(Case(norm, "forward", shape, "float64", g), inp)["alloc"]()
         assert not fwd.requires_grad  # the forward peer records no graph
 
 
 def test_threads_are_set_alike_and_checked():
     import numba
 
-    n = _bench.set_threads(1)
+    n = measure.set_threads(1)
     assert n == 1 and numba.get_num_threads() == 1
     torch = sys.modules.get("torch")
     if torch is not None:
         assert torch.get_num_threads() == 1
     with pytest.raises(ValueError, match="threads must be"):
-        _bench.set_threads(numba.config.NUMBA_NUM_THREADS + 1)
-    _bench.set_threads(None)
+        measure.set_threads(numba.config.NUMBA_NUM_THREADS + 1)
+    measure.set_threads(None)
 
 
 # ------------------------------------------------------------------ progress bar
@@ -156,10 +156,10 @@ def test_threads_are_set_alike_and_checked():
 def test_text_progress_bar_without_tqdm(monkeypatch):
     monkeypatch.setitem(sys.modules, "tqdm", None)
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)
-    bar = _bench.progress(4, "x")
-    assert isinstance(bar, _bench._TextBar)
+    bar = measure.progress(4, "x")
+    assert isinstance(bar, measure.TextBar)
     s = io.StringIO()
-    bar = _bench._TextBar(4, "sweep", stream=s)
+    bar = measure.TextBar(4, "sweep", stream=s)
     for i in range(4):
         bar.set_postfix_str(f"case {i}")
         bar.update()
@@ -173,7 +173,7 @@ def test_text_progress_bar_without_tqdm(monkeypatch):
 
 @pytest.fixture
 def tiny_results():
-    cases = [Case("rms_norm", d, (8, 64), "float32") for d in _bench.DIRECTIONS]
+    cases = [Case("rms_norm", d, (8, 64), "float32") for d in measure.DIRECTIONS]
     return harness.run(cases, threads=1, impls=["cpu"], peers=("floor",), note="test", cold=False,
                        show_progress=False, repeats=2)
 
@@ -229,14 +229,14 @@ def _synthetic_results(tmp_path):
     rows = []
     for k, (norm, shape) in enumerate(readme_table.SHOWN):
         g = {"group_norm": 8 if shape[1] == 64 else 32, "instance_norm": shape[1]}.get(norm)
-        for d in _bench.DIRECTIONS:
+        for d in measure.DIRECTIONS:
             case = Case(norm, d, shape, "float32", g)
             t = 1e-3 * (k + 1)
             runners = [_runner("numbanorm.cpu", "alloc", [t] * 3), _runner("torch", "alloc", [2 * t] * 3),
                        _runner("floor", "out", [t / 2] * 3)]
             if d == "forward":
                 runners.append(_runner("numbanorm.cpu", "out", [0.6 * t] * 3))
-            rows += _bench.result_rows(case, runners, threads=2)
+            rows += measure.result_rows(case, runners, threads=2)
     res = {"meta": harness.metadata(2, "synthetic", [0.1, 0.1, 0.1], [0.2, 0.2, 0.2]),
            "rows": rows, "cold_start": {}}
     res["meta"]["date"] = "2026-01-01T00:00:00+00:00"
@@ -334,21 +334,21 @@ def _stand_in_cuda():
 @pytest.mark.cudasim
 def test_gpu_path_in_the_cuda_simulator(monkeypatch):
     pytest.importorskip("numba.cuda")
-    if not _bench._cuda_simulated():
+    if not measure.cuda_simulated():
         pytest.skip("runs the GPU path in numba's CUDA simulator only")
     from numbanorm import registry
 
-    if not registry.usable("cuda")[0] or _bench._backend_name(registry.get("cuda")) != "cuda":
+    if not registry.usable("cuda")[0] or measure.backend_name(registry.get("cuda")) != "cuda":
         fake = _stand_in_cuda()
         monkeypatch.setitem(sys.modules, fake.__name__, fake)
         monkeypatch.setitem(registry.IMPLEMENTATIONS, "cuda", fake.__name__)
-    assert not _bench.kernel_impls("gpu", ["cuda"])                      # the simulator only when asked
-    side = _bench.side_for("gpu")
-    assert isinstance(side, _bench.NumbaCudaSide) and side.simulated
+    assert not measure.kernel_impls("gpu", ["cuda"])                      # the simulator only when asked
+    side = measure.side_for("gpu")
+    assert isinstance(side, measure.NumbaCudaSide) and side.simulated
     rows = []
-    for d in _bench.DIRECTIONS:
+    for d in measure.DIRECTIONS:
         case = Case("layer_norm", d, (4, 32), "float32", device="gpu")
-        rows += _bench.run_case(case, impls=["cuda"], peers=("floor", "oracle"), threads=1,
+        rows += measure.run_case(case, impls=["cuda"], peers=("floor", "oracle"), threads=1,
                                 allow_simulator=True, repeats=2, max_number=1)
     impls = {(r["direction"], r["impl"], r["mode"]) for r in rows}
     assert impls == {("forward", "numbanorm.cuda", "out"), ("forward", "numbanorm.cuda", "alloc"),
@@ -387,12 +387,14 @@ def test_plots_from_a_results_file(tmp_path):
     res = harness.load_results(_synthetic_results(tmp_path))
     paths = plot.plot_results(res, "syn", tmp_path)
     names = sorted(p.name for p in paths)
-    assert names == sorted(f"syn-{n}-{d}.png" for n in harness.ALL_NORMS for d in _bench.DIRECTIONS)
+    assert names == sorted(f"syn-{n}-{d}.png" for n in harness.ALL_NORMS for d in measure.DIRECTIONS)
     assert all(p.stat().st_size > 10_000 for p in paths)
 
 
 def test_cold_start_in_a_fresh_process():
-    (res,) = _bench.cold_start([Case("rms_norm", "forward", (8, 64), "float32")], threads=1)
+    from benchmarks.cold_start import cold_start
+
+    (res,) = cold_start([Case("rms_norm", "forward", (8, 64), "float32")], threads=1)
     assert res["norm"] == "rms_norm" and res["shape"] == [8, 64] and res["fresh_cache"] is False
     assert 0 < res["import_s"] < 60 and 0 < res["steady_s"] <= res["first_call_s"] < 60
 

@@ -1,9 +1,10 @@
-"""The timing core shared by ``numbanorm bench`` and the benchmark suite in ``benchmarks/``.
+"""The timing core of ``numbanorm bench``, also used by the benchmark suite in ``benchmarks/``.
 
-It lives in the package (not in the repository's ``benchmarks/`` folder) because
-``python -m numbanorm bench`` must work after a plain ``pip install .``; the
-sweep scripts in ``benchmarks/`` import it, so there is one timing
-implementation.
+It lives in the package because ``python -m numbanorm bench`` must work after a
+plain ``pip install .``; the sweeps, the cold-start harness and the result
+files are in the repository's ``benchmarks/`` folder and import the names
+defined here, so there is one timing implementation.  (Not part of the API
+contract of ``/work/shared/API.md``: it serves the command and the benchmarks.)
 
 What one measurement is
 -----------------------
@@ -16,7 +17,7 @@ input arrays:
   allocating (``mode='alloc'``) and into a preallocated ``out=``
   (``mode='out'``);
 * ``torch`` -- ``torch.nn.functional`` on the same thread count (CPU) or on
-  the GPU; its backward goes through autograd (see :func:`_torch_calls`);
+  the GPU; its backward goes through autograd (see :func:`torch_calls`);
 * ``oracle`` -- the NumPy reference, on small host shapes only (it is slow by
   design: float64 temporaries, several passes);
 * ``floor`` -- the bandwidth floor: ``np.copyto`` of the same bytes on the host
@@ -29,7 +30,8 @@ Byte accounting (``Case.bytes``): forward reads x and writes y (2 arrays of
 x's size), backward reads x and dy and writes dx (3 arrays).  The O(N) weight,
 bias and statistics traffic is left out (below 1/rows of the total).  The
 floor copies ``Case.floor_bytes``: 2 arrays forward, 4 backward (each copy
-reads one array and writes another).
+reads one array and writes another); ``KERNEL_ARRAYS`` and ``FLOOR_ARRAYS``
+hold those counts, for every benchmark.
 
 How it is timed (:func:`time_runners`)
 --------------------------------------
@@ -50,11 +52,9 @@ that of the queued kernels, launch overhead included.
 from __future__ import annotations
 
 import gc
-import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -64,6 +64,10 @@ import numpy as np
 NORMS = ("layer_norm", "rms_norm", "group_norm", "instance_norm")
 DIRECTIONS = ("forward", "backward")
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+# Arrays of x's size a kernel must move (forward x, y; backward x, dy, dx) and
+# that the floor's copies move (forward x -> y; backward x and dy each copied).
+KERNEL_ARRAYS = {"forward": 2, "backward": 3}
+FLOOR_ARRAYS = {"forward": 2, "backward": 4}
 EPS = 1e-5  # layer/group norm eps; rms_norm runs with eps=None (machine epsilon) on both sides
 
 
@@ -119,12 +123,12 @@ class Case:
     @property
     def bytes(self):
         """Bytes a kernel must move: forward x + y, backward x + dy + dx."""
-        return (2 if self.direction == "forward" else 3) * self.nbytes
+        return KERNEL_ARRAYS[self.direction] * self.nbytes
 
     @property
     def floor_bytes(self):
         """Bytes the floor's copies move: x -> y forward; x and dy copied backward."""
-        return (2 if self.direction == "forward" else 4) * self.nbytes
+        return FLOOR_ARRAYS[self.direction] * self.nbytes
 
     @property
     def params(self):
@@ -214,8 +218,7 @@ class NumbaCudaSide:
         from numba import cuda
 
         self.cuda = cuda
-        self.simulated = bool(getattr(cuda, "simulator_enabled", False)) or os.environ.get(
-            "NUMBA_ENABLE_CUDASIM") == "1"
+        self.simulated = cuda_simulated()
 
     def array(self, a, dtype):
         if dtype == "bfloat16":
@@ -239,7 +242,7 @@ def side_for(device):
     """The array side for ``'cpu'`` or ``'gpu'``: torch tensors on the GPU when torch has CUDA."""
     if device == "cpu":
         return HostSide()
-    torch = _torch()
+    torch = torch_or_none()
     if torch is not None and torch.cuda.is_available():
         return TorchCudaSide()
     return NumbaCudaSide()
@@ -248,7 +251,7 @@ def side_for(device):
 # ------------------------------------------------------------------ optional peers and environment
 
 
-def _torch():
+def torch_or_none():
     """``torch`` if it is installed, else None (never required)."""
     try:
         import torch
@@ -266,7 +269,7 @@ def set_threads(n=None):
     if not 1 <= n <= limit:
         raise ValueError(f"threads must be in 1..{limit} (NUMBA_NUM_THREADS), got {n}")
     numba.set_num_threads(n)
-    torch = _torch()
+    torch = torch_or_none()
     if torch is not None:
         torch.set_num_threads(n)
     return n
@@ -285,21 +288,21 @@ def kernel_impls(device, names=None, allow_simulator=False):
         if names is not None and name not in names:
             continue
         mod = registry.get(name)
-        dev = {"cuda": "gpu", "cpu": "cpu"}.get(_backend_name(mod))
+        dev = {"cuda": "gpu", "cpu": "cpu"}.get(backend_name(mod))
         if dev != device:
             continue
-        if dev == "gpu" and not (allow_simulator if _cuda_simulated() else gpu_name()):
+        if dev == "gpu" and not (allow_simulator if cuda_simulated() else gpu_name()):
             continue  # the simulator only when asked for; else a real device must answer
         out.append((name, mod))
     return out
 
 
-def _backend_name(mod):
+def backend_name(mod):
     fe = getattr(mod, "_frontend", None)
     return getattr(getattr(fe, "be", None), "name", None)
 
 
-def _cuda_simulated():
+def cuda_simulated():
     return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 
@@ -312,7 +315,7 @@ def gpu_status():
     ok, why = registry.usable("cuda")
     if not ok:
         return False, why
-    if _cuda_simulated():
+    if cuda_simulated():
         return True, "numba CUDA simulator (NUMBA_ENABLE_CUDASIM=1): correct but not fast"
     name = gpu_name()
     return (True, name) if name else (False, "numba.cuda finds no CUDA device")
@@ -320,7 +323,7 @@ def gpu_status():
 
 def gpu_name():
     """Name of the current CUDA device, or None (never raises, never starts the simulator)."""
-    if _cuda_simulated():
+    if cuda_simulated():
         return None
     try:
         from numba import cuda
@@ -380,7 +383,7 @@ def versions():
 
     from . import __version__
 
-    torch = _torch()
+    torch = torch_or_none()
     return {
         "numbanorm": __version__,
         "numba": numba.__version__,
@@ -427,12 +430,11 @@ class Inputs:
         return self._dy
 
 
-def _nb_calls(mod, case, inp, host_stats=False):
+def numbanorm_calls(mod, case, inp, stats=None):
     """``{mode: fn}`` calling implementation ``mod`` (public signatures) on ``inp``.
 
-    Backward statistics come from the implementation's own forward, computed once
-    here, outside the timing; ``host_stats`` takes them from the oracle instead
-    (so a cold-start process compiles the backward alone).
+    Backward statistics are ``stats`` when given, else they come from the
+    implementation's own forward, computed once here, outside the timing.
     """
     x, dy, w, b = inp.x, inp.dy, inp.w, inp.b
     norm, n = case.norm, case.shape[-1]
@@ -448,7 +450,8 @@ def _nb_calls(mod, case, inp, host_stats=False):
         y = inp.side.empty_like(x)
         return {"out": lambda: fwd(out=y), "alloc": lambda: fwd()}
 
-    stats = _stats(mod, case, inp, host_stats)
+    if stats is None:
+        stats = forward_stats(mod, case, inp)
     if norm == "layer_norm":
         mean, rstd = stats
         return {"alloc": lambda: mod.layer_norm_backward(dy, x, mean, rstd, n, w)}
@@ -459,24 +462,17 @@ def _nb_calls(mod, case, inp, host_stats=False):
     return {"alloc": lambda: mod.group_norm_backward(dy, x, mean, rstd, w)}
 
 
-def _stats(mod, case, inp, from_oracle):
+def forward_stats(mod, case, inp):
+    """The statistics ``(mean, rstd)`` or ``(rstd,)`` of ``mod``'s forward on ``inp``."""
     x, w, b, n = inp.x, inp.w, inp.b, case.shape[-1]
-    src = mod
-    if from_oracle:
-        from . import reference as src
     if case.norm == "layer_norm":
-        out = src.layer_norm_forward(x, n, w, b, EPS)[1:]
-    elif case.norm == "rms_norm":
-        out = src.rms_norm_forward(x, n, w, None)[1:]
-    else:
-        out = src.group_norm_forward(x, case.groups, w, b, EPS)[1:]
-    if from_oracle:
-        acc = "float64" if case.dtype == "float64" else "float32"
-        out = tuple(inp.side.array(s, acc) for s in out)
-    return out
+        return mod.layer_norm_forward(x, n, w, b, EPS)[1:]
+    if case.norm == "rms_norm":
+        return mod.rms_norm_forward(x, n, w, None)[1:]
+    return mod.group_norm_forward(x, case.groups, w, b, EPS)[1:]
 
 
-def _oracle_calls(case, inp):
+def oracle_calls(case, inp):
     """The NumPy oracle (host only; it has no ``out=``)."""
     from . import reference as ref
 
@@ -487,7 +483,7 @@ def _oracle_calls(case, inp):
         if case.norm == "rms_norm":
             return {"alloc": lambda: ref.rms_norm(x, n, w, None)}
         return {"alloc": lambda: ref.group_norm(x, case.groups, w, b, EPS)}
-    stats = _stats(ref, case, inp, from_oracle=False)
+    stats = forward_stats(ref, case, inp)
     if case.norm == "layer_norm":
         return {"alloc": lambda: ref.layer_norm_backward(dy, x, *stats, n, w)}
     if case.norm == "rms_norm":
@@ -495,7 +491,7 @@ def _oracle_calls(case, inp):
     return {"alloc": lambda: ref.group_norm_backward(dy, x, *stats, w)}
 
 
-def _torch_calls(case, inp):
+def torch_calls(case, inp):
     """``torch.nn.functional`` on the same memory (host) or the same tensors (GPU).
 
     Forward: F.layer_norm / F.rms_norm / F.group_norm on tensors that do not
@@ -511,7 +507,7 @@ def _torch_calls(case, inp):
     forward, and ``y.backward(dy)`` would add an accumulation pass into
     ``x.grad`` (one more read and write of dx) from the second repeat on.
     """
-    torch = _torch()
+    torch = torch_or_none()
     if torch is None:
         return {}
     side = inp.side
@@ -541,18 +537,25 @@ def _torch_calls(case, inp):
     return {"alloc": lambda: torch.autograd.grad(y, leaves, dyt, retain_graph=True)}
 
 
-def _floor_calls(case, inp):
-    side, x = inp.side, inp.x
-    if case.direction == "forward":
+def floor_call(side, x, dy=None):
+    """The bandwidth floor: copy ``x`` (forward), or ``x`` and ``dy`` (backward), into fresh buffers.
+
+    It moves ``FLOOR_ARRAYS`` arrays of x's size: 2 forward, 4 backward.
+    """
+    if dy is None:
         y = side.empty_like(x)
-        return {"out": lambda: side.copy(y, x)}
-    a, b, dy = side.empty_like(x), side.empty_like(x), inp.dy
+        return lambda: side.copy(y, x)
+    a, b = side.empty_like(x), side.empty_like(x)
 
     def copy_both():
         side.copy(a, x)
         side.copy(b, dy)
 
-    return {"out": copy_both}
+    return copy_both
+
+
+def floor_calls(case, inp):
+    return {"out": floor_call(inp.side, inp.x, None if case.direction == "forward" else inp.dy)}
 
 
 @dataclass
@@ -579,16 +582,16 @@ def build_runners(case, inp, impls, peers=PEERS, oracle_max_elements=ORACLE_MAX_
     """Runners for ``case`` over inputs ``inp``: ``impls`` is ``[(name, module)]``."""
     runners = []
     for name, mod in impls:
-        for mode, fn in _nb_calls(mod, case, inp).items():
+        for mode, fn in numbanorm_calls(mod, case, inp).items():
             runners.append(Runner(f"numbanorm.{name}", mode, fn))
     if "torch" in peers:
-        for mode, fn in _torch_calls(case, inp).items():
+        for mode, fn in torch_calls(case, inp).items():
             runners.append(Runner("torch", mode, fn))
     if "oracle" in peers and case.device == "cpu" and case.elements <= oracle_max_elements:
-        for mode, fn in _oracle_calls(case, inp).items():
+        for mode, fn in oracle_calls(case, inp).items():
             runners.append(Runner("oracle", mode, fn))
     if "floor" in peers:
-        for mode, fn in _floor_calls(case, inp).items():
+        for mode, fn in floor_calls(case, inp).items():
             runners.append(Runner("floor", mode, fn))
     return runners
 
@@ -597,13 +600,14 @@ def build_runners(case, inp, impls, peers=PEERS, oracle_max_elements=ORACLE_MAX_
 
 
 def time_runners(runners, sync=lambda: None, *, repeats=None, budget_s=1.0, min_repeats=5,
-                 max_repeats=50, max_s=None, min_sample_s=2e-3, max_number=1000):
+                 max_repeats=50, max_s=None, min_sample_s=2e-3, max_number=1000, number=None):
     """Time ``runners`` in place (``first_call_s``, ``number``, ``samples``); returns the rounds run.
 
     ``repeats`` fixes the number of round-robin rounds.  Otherwise rounds go on
     until ``budget_s`` seconds of them have run (at least ``min_repeats``, at
     most ``max_repeats``); ``max_s`` (default ``5 * budget_s``) cuts a case
     short after 3 rounds when a loaded machine makes every call slow.
+    ``number`` fixes the calls per sample (else the warm call picks it).
     """
     clock = time.perf_counter
     for r in runners:
@@ -618,7 +622,7 @@ def time_runners(runners, sync=lambda: None, *, repeats=None, budget_s=1.0, min_
         r.fn()
         sync()
         one = max(clock() - t0, 1e-9)
-        r.number = int(min(max_number, max(1, math.ceil(min_sample_s / one))))
+        r.number = number or int(min(max_number, max(1, math.ceil(min_sample_s / one))))
     if max_s is None:
         max_s = 5 * budget_s
     gc_was_on = gc.isenabled()
@@ -706,15 +710,15 @@ def progress(total, desc="", disable=False):
     The object has ``update(n=1)``, ``set_postfix_str(s)`` and ``close()``.
     """
     if disable:
-        return _TextBar(total, desc, stream=None)
+        return TextBar(total, desc, stream=None)
     try:
         from tqdm.auto import tqdm
     except ImportError:
-        return _TextBar(total, desc)
+        return TextBar(total, desc)
     return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, leave=False)
 
 
-class _TextBar:
+class TextBar:
     """tqdm's small interface in plain text; on a non-terminal, a line per tenth."""
 
     width = 28
@@ -815,63 +819,3 @@ def format_rows(rows):
               for i in range(len(head))]
     fmt = "  ".join(f"{{:<{w}}}" if i < 3 else f"{{:>{w}}}" for i, w in enumerate(widths))
     return "\n".join([fmt.format(*head)] + [fmt.format(*line) for line in lines])
-
-
-# ------------------------------------------------------------------ cold start, in fresh processes
-
-_COLD = r"""
-import json, sys, time
-t0 = time.perf_counter()
-import numbanorm
-t_import = time.perf_counter() - t0
-from numbanorm import _bench
-case = _bench.Case.from_dict(json.loads(sys.argv[1]))
-mod = numbanorm.cpu
-inp = _bench.Inputs(case, _bench.HostSide())
-fn = _bench._nb_calls(mod, case, inp, host_stats=True)["alloc"]
-t0 = time.perf_counter(); fn(); t_first = time.perf_counter() - t0
-steady = []
-for _ in range(20):
-    t0 = time.perf_counter(); fn(); steady.append(time.perf_counter() - t0)
-steady.sort()
-print(json.dumps({"import_s": t_import, "first_call_s": t_first, "steady_s": steady[len(steady) // 2]}))
-"""
-
-
-def cold_start(cases, threads=None, fresh_cache=False, python=None, timeout=600):
-    """First call of each case's CPU kernel in a new Python process.
-
-    Each case runs in its own process (after an untimed one that makes sure the
-    cache holds the kernel, unless ``fresh_cache``): ``import numbanorm`` is timed, then the
-    first call (numba's type dispatch, cache load -- or, with ``fresh_cache``,
-    the whole compile into an empty ``NUMBA_CACHE_DIR`` -- and the start of the
-    threading layer), then the median of 20 more calls (steady state).
-    Backward statistics come from the oracle so that only the kernel under test
-    is compiled.  Returns one dict per case.
-    """
-    import tempfile
-
-    env = dict(os.environ)
-    if threads is not None:
-        env["NUMBA_NUM_THREADS"] = str(threads)
-    env.pop("NUMBA_DISABLE_JIT", None)
-    out = []
-
-    def one(case):
-        proc = subprocess.run([python or sys.executable, "-c", _COLD, json.dumps(case.to_dict())],
-                              env=env, capture_output=True, text=True, timeout=timeout)
-        if proc.returncode:
-            raise RuntimeError(f"cold-start process for {case.label} failed:\n{proc.stderr[-2000:]}")
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-
-    for case in cases:
-        with tempfile.TemporaryDirectory(prefix="numbanorm-cold-") as tmp:
-            if fresh_cache:
-                env["NUMBA_CACHE_DIR"] = tmp
-            else:
-                one(case)  # a first process fills the cache if the kernel's source changed since
-            res = one(case)
-        res.update(case.to_dict(), fresh_cache=bool(fresh_cache))
-        res["shape"] = list(case.shape)
-        out.append(res)
-    return out

@@ -1,0 +1,85 @@
+"""Cold start: the first call of a CPU kernel in a fresh Python process.
+
+    python benchmarks/cold_start.py '<case as JSON>'    # one measurement, printed as JSON
+
+:func:`cold_start` (used by ``harness.cold_start_runs``) runs this file once per
+case in a new process (after an untimed one that makes sure the cache holds the
+kernel, unless ``fresh_cache``): ``import numbanorm`` is timed, then the first
+call (numba's type dispatch, cache load -- or, with ``fresh_cache``, the whole
+compile into an empty ``NUMBA_CACHE_DIR`` -- and the start of the threading
+layer), then the median of 20 more calls (steady state).  Backward statistics
+come from the oracle so that only the kernel under test is compiled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def child(case_json):
+    """The child process's measurement (nothing of numbanorm is imported before it starts)."""
+    t0 = time.perf_counter()
+    import numbanorm
+
+    t_import = time.perf_counter() - t0
+    from numbanorm import measure, reference
+
+    case = measure.Case.from_dict(json.loads(case_json))
+    inp = measure.Inputs(case, measure.HostSide())
+    stats = None
+    if case.direction == "backward":
+        acc = "float64" if case.dtype == "float64" else "float32"
+        stats = tuple(inp.side.array(s, acc) for s in measure.forward_stats(reference, case, inp))
+    fn = measure.numbanorm_calls(numbanorm.cpu, case, inp, stats)["alloc"]
+    t0 = time.perf_counter()
+    fn()
+    t_first = time.perf_counter() - t0
+    steady = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        fn()
+        steady.append(time.perf_counter() - t0)
+    steady.sort()
+    return {"import_s": t_import, "first_call_s": t_first, "steady_s": steady[len(steady) // 2]}
+
+
+def cold_start(cases, threads=None, fresh_cache=False, python=None, timeout=600):
+    """One dict per case (``measure.Case``): import, first-call and steady-state seconds."""
+    env = dict(os.environ)
+    if threads is not None:
+        env["NUMBA_NUM_THREADS"] = str(threads)
+    env.pop("NUMBA_DISABLE_JIT", None)
+    # the child imports the numbanorm this process measures (the repository's, when run from its root)
+    import numbanorm
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(numbanorm.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
+    out = []
+
+    def one(case):
+        proc = subprocess.run([python or sys.executable, os.path.abspath(__file__), json.dumps(case.to_dict())],
+                              env=env, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode:
+            raise RuntimeError(f"cold-start process for {case.label} failed:\n{proc.stderr[-2000:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    for case in cases:
+        with tempfile.TemporaryDirectory(prefix="numbanorm-cold-") as tmp:
+            if fresh_cache:
+                env["NUMBA_CACHE_DIR"] = tmp
+            else:
+                one(case)  # a first process fills the cache if the kernel's source changed since
+            res = one(case)
+        res.update(case.to_dict(), fresh_cache=bool(fresh_cache))
+        res["shape"] = list(case.shape)
+        out.append(res)
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(child(sys.argv[1])))
