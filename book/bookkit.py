@@ -110,3 +110,46 @@ def print_table(header, rows, text_cols=2):
     for cells in (header, *rows):
         print("  ".join(str(c).ljust(w) if i < text_cols else str(c).rjust(w)
                         for i, (c, w) in enumerate(zip(cells, widths))))
+
+
+def draw_row_blocks(M, N, blocks, title_rows, title_part, out_name):
+    """The CPU backward's two-stage column sum as a picture: ``M`` rows cut
+    into ``blocks`` row blocks (the package's ``n_chunks``), each adding its
+    rows into its own partial row, then the partial rows added in order."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    colors = plt.cm.tab10(np.arange(blocks) % 10)
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    cell = 1.0 / max(M, 8)
+    x0, xp, xs = 0.0, 1.6, 3.2           # left edges of the three arrays
+    width = 1.0
+    for b in range(blocks):              # rows of block b: M*b//B .. M*(b+1)//B
+        lo, hi = b * M // blocks, (b + 1) * M // blocks
+        top = 1 - lo * cell
+        ax.add_patch(Rectangle((x0, 1 - hi * cell), width, (hi - lo) * cell,
+                               color=colors[b], alpha=0.35, lw=0))
+        ax.text(x0 - 0.05, top - (hi - lo) * cell / 2,
+                f"block {b}\nrows {lo}-{hi - 1}", ha="right", va="center",
+                fontsize=8)
+        py = 1 - (b + 0.5) * (1.0 / blocks) * 0.6 - 0.2
+        ax.add_patch(Rectangle((xp, py - 0.03), width, 0.06,
+                               color=colors[b], alpha=0.8, lw=0))
+        ax.add_artist(FancyArrowPatch(
+            (x0 + width, top - (hi - lo) * cell / 2), (xp, py),
+            arrowstyle="->", mutation_scale=10, color=colors[b]))
+        ax.add_artist(FancyArrowPatch(
+            (xp + width, py), (xs, 0.5), arrowstyle="->", mutation_scale=10,
+            color="0.4"))
+    for y in np.arange(M + 1) * cell:
+        ax.plot([x0, x0 + width], [1 - y, 1 - y], color="white", lw=0.4)
+    ax.add_patch(Rectangle((xs, 0.47), width, 0.06, color="k", alpha=0.8))
+    ax.text(x0 + width / 2, 1.05, title_rows, ha="center", fontsize=9)
+    ax.text(xp + width / 2, 1.05, title_part, ha="center", fontsize=9)
+    ax.text(xs + width / 2, 0.6, out_name, ha="center", fontsize=9)
+    ax.text(xs + width / 2, 0.38, "fixed order:\npart 0 + part 1 + ...",
+            ha="center", va="top", fontsize=8)
+    ax.set_xlim(-0.9, xs + width + 0.1)
+    ax.set_ylim(-0.05, 1.12)
+    ax.axis("off")
+    return fig
