@@ -6,9 +6,12 @@ API document; ``numbanorm.reference`` is the NumPy oracle the kernels are tested
 against.
 """
 
+import linecache as _linecache
+
 import numpy as _np
 
 from . import _validate as _V
+from . import operations as _ops
 from . import cpu
 from .layers import GroupNorm, LayerNorm, RMSNorm
 
@@ -32,91 +35,33 @@ def _pick(**arrays):
     return _CPU
 
 
-def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, out=None):
-    """LayerNorm over the trailing ``normalized_shape`` of ``x``: ``y``."""
-    return _pick(x=x, weight=weight, bias=bias, out=out).layer_norm(x, normalized_shape, weight, bias, eps, out=out)
+def _dispatching(op, kind):
+    """The public function ``kind`` of ``op``: real parameters (``inspect.signature``
+    and ``help`` show them), no per-call binding; it picks the backend from the
+    array arguments, in signature order, and calls the frontend's method of the
+    same name with the same arguments.
+
+    Generated (as ``dataclasses`` generates ``__init__``) so that the table of
+    operations is the one place a function's parameters are written down.
+    """
+    name, sig = op.function(kind), op.signature(kind)
+    params = sig.parameters.values()
+    arrays = ", ".join(f"{p.name}={p.name}" for p in params if p.name in _ops.ARRAY_ROLES)
+    call = ", ".join(f"{p.name}={p.name}" if p.kind is p.KEYWORD_ONLY else p.name for p in params)
+    src = f"def {name}{sig}:\n    return _pick({arrays}).{name}({call})\n"
+    filename = f"<numbanorm.{name}, generated from numbanorm.operations>"
+    _linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)  # tracebacks show the line
+    namespace = {"_pick": _pick}
+    exec(compile(src, filename, "exec"), namespace)
+    fn = namespace[name]
+    fn.__module__, fn.__doc__ = __name__, op.doc(kind)
+    return fn
 
 
-def layer_norm_forward(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    """LayerNorm keeping what the backward needs: ``(y, mean, rstd)``."""
-    return _pick(x=x, weight=weight, bias=bias).layer_norm_forward(x, normalized_shape, weight, bias, eps)
+for _op in _ops.OPERATIONS:
+    for _kind in _ops.KINDS:
+        globals()[_op.function(_kind)] = _dispatching(_op, _kind)
+del _op, _kind
 
 
-def layer_norm_backward(dy, x, mean, rstd, normalized_shape, weight=None):
-    """Gradients of LayerNorm: ``(dx, dweight, dbias)``."""
-    return _pick(dy=dy, x=x, mean=mean, rstd=rstd, weight=weight).layer_norm_backward(dy, x, mean, rstd, normalized_shape, weight)
-
-
-def rms_norm(x, normalized_shape, weight=None, eps=None, *, out=None):
-    """RMSNorm over the trailing ``normalized_shape`` of ``x``: ``y``."""
-    return _pick(x=x, weight=weight, out=out).rms_norm(x, normalized_shape, weight, eps, out=out)
-
-
-def rms_norm_forward(x, normalized_shape, weight=None, eps=None):
-    """RMSNorm keeping what the backward needs: ``(y, rstd)``."""
-    return _pick(x=x, weight=weight).rms_norm_forward(x, normalized_shape, weight, eps)
-
-
-def rms_norm_backward(dy, x, rstd, normalized_shape, weight=None):
-    """Gradients of RMSNorm: ``(dx, dweight)``."""
-    return _pick(dy=dy, x=x, rstd=rstd, weight=weight).rms_norm_backward(dy, x, rstd, normalized_shape, weight)
-
-
-def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, *, out=None):
-    """GroupNorm of ``x`` of shape ``(N, C, *spatial)``: ``y``."""
-    return _pick(x=x, weight=weight, bias=bias, out=out).group_norm(x, num_groups, weight, bias, eps, out=out)
-
-
-def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
-    """GroupNorm keeping what the backward needs: ``(y, mean, rstd)``, stats ``(N, G)``."""
-    return _pick(x=x, weight=weight, bias=bias).group_norm_forward(x, num_groups, weight, bias, eps)
-
-
-def group_norm_backward(dy, x, mean, rstd, weight=None):
-    """Gradients of GroupNorm: ``(dx, dweight, dbias)``."""
-    return _pick(dy=dy, x=x, mean=mean, rstd=rstd, weight=weight).group_norm_backward(dy, x, mean, rstd, weight)
-
-
-def add_layer_norm(x, residual, normalized_shape, weight=None, bias=None, eps=1e-5):
-    """``s = x + residual`` and its LayerNorm in one pass over memory: ``(y, s)``."""
-    return _pick(x=x, residual=residual, weight=weight, bias=bias).add_layer_norm(
-        x, residual, normalized_shape, weight, bias, eps)
-
-
-def add_layer_norm_forward(x, residual, normalized_shape, weight=None, bias=None, eps=1e-5):
-    """Fused add + LayerNorm keeping what the backward needs: ``(y, s, mean, rstd)``."""
-    return _pick(x=x, residual=residual, weight=weight, bias=bias).add_layer_norm_forward(
-        x, residual, normalized_shape, weight, bias, eps)
-
-
-def add_layer_norm_backward(dy, ds, s, mean, rstd, normalized_shape, weight=None):
-    """Gradients of fused add + LayerNorm: ``(dx, dweight, dbias)``; dx is also d(residual)."""
-    return _pick(dy=dy, ds=ds, s=s, mean=mean, rstd=rstd, weight=weight).add_layer_norm_backward(
-        dy, ds, s, mean, rstd, normalized_shape, weight)
-
-
-def add_rms_norm(x, residual, normalized_shape, weight=None, eps=None):
-    """``s = x + residual`` and its RMSNorm in one pass over memory: ``(y, s)``."""
-    return _pick(x=x, residual=residual, weight=weight).add_rms_norm(x, residual, normalized_shape, weight, eps)
-
-
-def add_rms_norm_forward(x, residual, normalized_shape, weight=None, eps=None):
-    """Fused add + RMSNorm keeping what the backward needs: ``(y, s, rstd)``."""
-    return _pick(x=x, residual=residual, weight=weight).add_rms_norm_forward(
-        x, residual, normalized_shape, weight, eps)
-
-
-def add_rms_norm_backward(dy, ds, s, rstd, normalized_shape, weight=None):
-    """Gradients of fused add + RMSNorm: ``(dx, dweight)``; dx is also d(residual)."""
-    return _pick(dy=dy, ds=ds, s=s, rstd=rstd, weight=weight).add_rms_norm_backward(
-        dy, ds, s, rstd, normalized_shape, weight)
-
-
-__all__ = [
-    "layer_norm", "layer_norm_forward", "layer_norm_backward",
-    "rms_norm", "rms_norm_forward", "rms_norm_backward",
-    "group_norm", "group_norm_forward", "group_norm_backward",
-    "add_layer_norm", "add_layer_norm_forward", "add_layer_norm_backward",
-    "add_rms_norm", "add_rms_norm_forward", "add_rms_norm_backward",
-    "LayerNorm", "RMSNorm", "GroupNorm",
-]
+__all__ = [*_ops.FUNCTIONS, "LayerNorm", "RMSNorm", "GroupNorm"]

@@ -2,8 +2,9 @@
 
     numbanorm            check, then a quick bench (the README's main job)
     numbanorm info       versions, threads, which implementations (CPU, GPU) can run here
-    numbanorm check      every kernel, forward and backward, on every usable
-                         implementation against the NumPy oracle; exit code 1 on a failure
+    numbanorm check      every operation (numbanorm.operations), forward and backward, on
+                         every usable implementation against the NumPy oracle; exit code 1
+                         on a failure
     numbanorm bench      a quick sweep of representative shapes: time, GB/s, and the
                          ratios to the bandwidth floor and to PyTorch (when installed)
 
@@ -21,10 +22,6 @@ import sys
 import numpy as np
 
 DTYPES = ("float16", "float32", "float64")
-# The tests' tolerances (tests/conftest.py gives the reasons), relative to the
-# largest magnitude of the reference array: float16 outputs are rounded once
-# from float32, float32 results carry a few ulps of a length-N reduction.
-TOL = {"float16": 2e-3, "float32": 2e-5, "float64": 1e-11}
 
 
 # ------------------------------------------------------------------ info
@@ -58,83 +55,28 @@ def info(out=None):
 # ------------------------------------------------------------------ check
 
 
-# The embedded inputs of ``check``: odd sizes (no multiple of a vector width), and
-# for group norm a spatial size that is not a power of two.
-CHECK_SHAPES = {"layer_norm": (48, 769), "group_norm": (4, 32, 5, 7), "instance_norm": (3, 12, 4, 5)}
-CHECK_GROUPS = 8
+# The embedded inputs of ``check``, by layout: odd sizes (no multiple of a vector
+# width); for group norm a spatial size that is not a power of two, and one group
+# per channel (instance norm).
+CHECK_SHAPES = {"rows": [((48, 769), None)], "groups": [((4, 32, 5, 7), 8), ((3, 12, 4, 5), 12)]}
 
 
-def _check_inputs(dtype):
-    """Embedded default inputs: a common offset (mean 3, std 2), non-trivial affine parameters."""
+def check_cases(dtype):
+    """``[(operation, host inputs)]``: every operation of the table on each shape of its layout."""
+    from .operations import OPERATIONS
+
     rng = np.random.default_rng(2024)
-    ln, gn, inn = (3.0 + 2.0 * rng.standard_normal(CHECK_SHAPES[k])
-                   for k in ("layer_norm", "group_norm", "instance_norm"))
-    cases = []
-    for norm, x, groups in (("layer_norm", ln, None), ("rms_norm", ln, None),
-                            ("group_norm", gn, CHECK_GROUPS), ("instance_norm", inn, inn.shape[1])):
-        n = x.shape[-1] if groups is None else x.shape[1]
-        w = rng.uniform(0.5, 1.5, n).astype(dtype)
-        b = (0.1 * rng.standard_normal(n)).astype(dtype)
-        dy = rng.standard_normal(x.shape).astype(dtype)
-        cases.append((norm, x.astype(dtype), groups, w, b, dy))
-    return cases
-
-
-def _host(a):
-    if a is None or isinstance(a, np.ndarray):
-        return a
-    if hasattr(a, "copy_to_host"):
-        return a.copy_to_host()
-    return np.asarray(a)
-
-
-def _error(got, want):
-    """max |got - want| relative to max(1, max |want|); inf on a shape mismatch."""
-    got = np.asarray(_host(got), dtype=np.float64)
-    want = np.asarray(want, dtype=np.float64)
-    if got.shape != want.shape:
-        return math.inf
-    if not want.size:
-        return 0.0
-    scale = max(1.0, float(np.max(np.abs(want))))
-    return float(np.max(np.abs(got - want))) / scale  # NaN propagates: NaN fails
-
-
-def _run_one(impl, oracle, norm, direction, x, groups, w, b, dy, dtype):
-    """``[(what, error)]`` of one kernel against the oracle."""
-    n = x.shape[-1]
-    acc = np.float64 if dtype == "float64" else np.float32
-    if norm == "layer_norm":
-        ref = oracle.layer_norm_forward(x, n, w, b)
-        if direction == "forward":
-            got = impl.layer_norm_forward(x, n, w, b)
-            return list(zip(("y", "mean", "rstd"), map(_error, got, ref)))
-        mean, rstd = (s.astype(acc) for s in ref[1:])
-        want = oracle.layer_norm_backward(dy, x, mean, rstd, n, w)
-        got = impl.layer_norm_backward(dy, x, mean, rstd, n, w)
-        return list(zip(("dx", "dweight", "dbias"), map(_error, got, want)))
-    if norm == "rms_norm":
-        ref = oracle.rms_norm_forward(x, n, w)
-        if direction == "forward":
-            got = impl.rms_norm_forward(x, n, w)
-            return list(zip(("y", "rstd"), map(_error, got, ref)))
-        rstd = ref[1].astype(acc)
-        want = oracle.rms_norm_backward(dy, x, rstd, n, w)
-        got = impl.rms_norm_backward(dy, x, rstd, n, w)
-        return list(zip(("dx", "dweight"), map(_error, got, want)))
-    ref = oracle.group_norm_forward(x, groups, w, b)
-    if direction == "forward":
-        got = impl.group_norm_forward(x, groups, w, b)
-        return list(zip(("y", "mean", "rstd"), map(_error, got, ref)))
-    mean, rstd = (s.astype(acc) for s in ref[1:])
-    want = oracle.group_norm_backward(dy, x, mean, rstd, w)
-    got = impl.group_norm_backward(dy, x, mean, rstd, w)
-    return list(zip(("dx", "dweight", "dbias"), map(_error, got, want)))
+    return [(op, op.inputs(rng, shape, dtype, groups))
+            for op in OPERATIONS for shape, groups in CHECK_SHAPES[op.layout]]
 
 
 def check(impls=None, dtypes=DTYPES, out=None):
-    """Every kernel of every usable implementation against the oracle; 0 if all pass, else 1."""
+    """Every operation, forward and backward, of every usable implementation against the oracle.
+
+    0 if all pass, else 1.
+    """
     from . import measure, registry
+    from .operations import compare, tolerance
 
     p = lambda *a: print(*a, file=out or sys.stdout)  # noqa: E731
     oracle = registry.get("oracle")
@@ -152,49 +94,53 @@ def check(impls=None, dtypes=DTYPES, out=None):
         names = [n for n in names if n in impls]
     if "cuda" in names and measure.cuda_simulated():
         p("note: 'cuda' runs in numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)")
-    p("numbanorm check: every kernel against the NumPy oracle (numbanorm.reference), "
+    p("numbanorm check: every operation against the NumPy oracle (numbanorm.reference), "
       "error relative to max(1, max |oracle|)")
-    head = f"{'impl':<6} {'norm':<14} {'direction':<9} {'dtype':<8} {'shape':<12} {'worst':<8} {'rel. error':>10} {'tol':>8}  result"
+    head = f"{'impl':<6} {'operation':<15} {'direction':<9} {'dtype':<8} {'shape':<15} {'worst':<8} {'rel. error':>10} {'tol':>8}  result"
     p(head)
     p("-" * len(head))
-    failures = 0
+    total = failures = 0
     for name in names:
         impl = registry.get(name)
         for dtype in dtypes:
-            for norm, x, groups, w, b, dy in _check_inputs(dtype):
+            tol = tolerance(dtype)
+            for op, values in check_cases(dtype):
+                shape = "x".join(map(str, values["x"].shape))
+                if op.layout == "groups":
+                    shape += f" G={values['num_groups']}"
                 for direction in ("forward", "backward"):
-                    shape = "x".join(map(str, x.shape))
                     try:
-                        errs = _run_one(impl, oracle, norm, direction, x, groups, w, b, dy, dtype)
-                        what, err = max(errs, key=lambda e: (not e[1] <= TOL[dtype], e[1]))
-                        ok = all(e <= TOL[dtype] for _, e in errs)
+                        errs = compare(op, impl, oracle, direction, values)
+                        what, err = max(errs, key=lambda e: (not e[1] <= tol, e[1]))
+                        ok = all(e <= tol for _, e in errs)
                         note = ""
                     except Exception as e:  # a crash is a failure, reported and counted
                         what, err, ok, note = "-", math.nan, False, f"  {type(e).__name__}: {e}"[:200]
+                    total += 1
                     failures += not ok
-                    p(f"{name:<6} {norm:<14} {direction:<9} {dtype:<8} {shape:<12} {what:<8} "
-                      f"{err:10.2e} {TOL[dtype]:8.0e}  {'pass' if ok else 'FAIL'}{note}")
-    total = len(names) * len(dtypes) * 8
-    p(f"{total - failures} of {total} kernel checks passed" + (f", {failures} FAILED" if failures else ""))
+                    p(f"{name:<6} {op.name:<15} {direction:<9} {dtype:<8} {shape:<15} {what:<8} "
+                      f"{err:10.2e} {tol:8.0e}  {'pass' if ok else 'FAIL'}{note}")
+    p(f"{total - failures} of {total} checks passed" + (f", {failures} FAILED" if failures else ""))
     return 1 if failures else 0
 
 
 # ------------------------------------------------------------------ bench
 
 
+# ``numbanorm bench``'s shapes by layout ((shape, groups)); the variants (instance
+# norm) run on the tiny shapes only, where their groups are the channels.
+QUICK_SHAPES = {"rows": [((256, 768), None), ((4096, 4096), None)], "groups": [((8, 64, 64, 64), 8)]}
+TINY_SHAPES = {"rows": [((64, 256), None)], "groups": [((2, 16, 8, 8), 4)]}
+
+
 def quick_cases(dtypes=("float32",), device="cpu", tiny=False):
     """The representative shapes of ``numbanorm bench`` (the full sweep is in benchmarks/)."""
-    from .measure import Case
+    from .measure import DIRECTIONS, NORMS, VARIANTS, Case, layout_of
 
-    if tiny:
-        shapes = [("layer_norm", (64, 256), None), ("rms_norm", (64, 256), None),
-                  ("group_norm", (2, 16, 8, 8), 4), ("instance_norm", (2, 16, 8, 8), None)]
-    else:
-        shapes = [("layer_norm", (256, 768), None), ("layer_norm", (4096, 4096), None),
-                  ("rms_norm", (256, 768), None), ("rms_norm", (4096, 4096), None),
-                  ("group_norm", (8, 64, 64, 64), 8)]
-    return [Case(norm, d, shape, dt, groups, device)
-            for dt in dtypes for norm, shape, groups in shapes for d in ("forward", "backward")]
+    table = TINY_SHAPES if tiny else QUICK_SHAPES
+    norms = [n for n in NORMS if tiny or n not in VARIANTS]
+    return [Case(norm, d, shape, dt, None if norm in VARIANTS else groups, device)
+            for dt in dtypes for norm in norms for shape, groups in table[layout_of(norm)] for d in DIRECTIONS]
 
 
 def bench(threads=None, repeats=None, budget=0.3, dtypes=("float32",), impls=None, torch=True,
@@ -243,7 +189,7 @@ def _parser():
                     "benchmark them. With no command: check, then a quick bench.")
     sub = ap.add_subparsers(dest="command", metavar="{info,check,bench}")
     sub.add_parser("info", help="versions, threads, usable implementations and GPU")
-    c = sub.add_parser("check", help="every kernel against the oracle (exit code 1 on a failure)")
+    c = sub.add_parser("check", help="every operation against the oracle (exit code 1 on a failure)")
     c.add_argument("--impl", action="append", metavar="NAME",
                    help="only this registry implementation (repeatable; default: every usable one)")
     c.add_argument("--dtype", action="append", choices=DTYPES, help="only this dtype (repeatable)")

@@ -61,14 +61,30 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-NORMS = ("layer_norm", "rms_norm", "group_norm", "instance_norm")
+from .operations import BY_NAME, OPERATIONS
+
+# Benchmarked norms: the table's unfused operations (benchmarks/fused.py times the
+# fused ones), and instance norm: group norm with one group per channel.
+VARIANTS = {"instance_norm": "group_norm"}
+NORMS = tuple(op.name for op in OPERATIONS if not op.fused) + tuple(VARIANTS)
 DIRECTIONS = ("forward", "backward")
+
+
+def operation_of(norm):
+    """The table's operation a benchmarked norm runs."""
+    return BY_NAME[VARIANTS.get(norm, norm)]
+
+
+def layout_of(norm):
+    return operation_of(norm).layout
+
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 # Arrays of x's size a kernel must move (forward x, y; backward x, dy, dx) and
 # that the floor's copies move (forward x -> y; backward x and dy each copied).
 KERNEL_ARRAYS = {"forward": 2, "backward": 3}
 FLOOR_ARRAYS = {"forward": 2, "backward": 4}
-EPS = 1e-5  # layer/group norm eps; rms_norm runs with eps=None (machine epsilon) on both sides
+# eps: every call (numbanorm, oracle, torch) takes the function's default -- 1e-5, and
+# the machine epsilon of the accumulation dtype for RMSNorm.
 
 
 # ------------------------------------------------------------------ cases
@@ -98,7 +114,7 @@ class Case:
         if self.dtype not in ITEMSIZE:
             raise ValueError(f"dtype must be one of {tuple(ITEMSIZE)}, got {self.dtype!r}")
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
-        if self.norm in ("group_norm", "instance_norm"):
+        if self.op.layout == "groups":
             if len(self.shape) < 2:
                 raise ValueError(f"{self.norm} needs (N, C, *spatial), got {self.shape}")
             c = self.shape[1]
@@ -110,6 +126,11 @@ class Case:
             object.__setattr__(self, "groups", int(g))
         elif len(self.shape) != 2:
             raise ValueError(f"{self.norm} cases are (rows, hidden), got {self.shape}")
+
+    @property
+    def op(self):
+        """The operation of the table this case runs."""
+        return operation_of(self.norm)
 
     @property
     def elements(self):
@@ -133,12 +154,12 @@ class Case:
     @property
     def params(self):
         """Length of weight/bias: hidden for layer/RMS norm, C for group norm."""
-        return self.shape[-1] if self.norm in ("layer_norm", "rms_norm") else self.shape[1]
+        return self.shape[-1] if self.op.layout == "rows" else self.shape[1]
 
     @property
     def label(self):
         shp = "x".join(map(str, self.shape))
-        g = f" G={self.groups}" if self.norm == "group_norm" else ""
+        g = f" G={self.groups}" if self.groups is not None and self.norm not in VARIANTS else ""
         return f"{self.norm} {self.direction} {shp}{g} {self.dtype} {self.device}"
 
     def to_dict(self):
@@ -430,75 +451,57 @@ class Inputs:
         return self._dy
 
 
+def arguments(case, x, weight, bias):
+    """role -> value of the forward's arguments (eps left to each function's default)."""
+    op = case.op
+    values = {"x": x, op.shape_role: case.shape[-1] if op.layout == "rows" else case.groups, "weight": weight}
+    if op.bias:
+        values["bias"] = bias
+    return values
+
+
 def numbanorm_calls(mod, case, inp, stats=None):
     """``{mode: fn}`` calling implementation ``mod`` (public signatures) on ``inp``.
 
     Backward statistics are ``stats`` when given, else they come from the
     implementation's own forward, computed once here, outside the timing.
     """
-    x, dy, w, b = inp.x, inp.dy, inp.w, inp.b
-    norm, n = case.norm, case.shape[-1]
-    if norm == "layer_norm":
-        fwd = lambda out=None: mod.layer_norm(x, n, w, b, EPS, out=out)  # noqa: E731
-    elif norm == "rms_norm":
-        fwd = lambda out=None: mod.rms_norm(x, n, w, None, out=out)  # noqa: E731
-    else:
-        g = case.groups
-        fwd = lambda out=None: mod.group_norm(x, g, w, b, EPS, out=out)  # noqa: E731
-
+    op, values = case.op, arguments(case, inp.x, inp.w, inp.b)
     if case.direction == "forward":
-        y = inp.side.empty_like(x)
-        return {"out": lambda: fwd(out=y), "alloc": lambda: fwd()}
-
+        y = inp.side.empty_like(inp.x)
+        return {"out": lambda: op.call(mod, "plain", values, out=y), "alloc": lambda: op.call(mod, "plain", values)}
     if stats is None:
         stats = forward_stats(mod, case, inp)
-    if norm == "layer_norm":
-        mean, rstd = stats
-        return {"alloc": lambda: mod.layer_norm_backward(dy, x, mean, rstd, n, w)}
-    if norm == "rms_norm":
-        (rstd,) = stats
-        return {"alloc": lambda: mod.rms_norm_backward(dy, x, rstd, n, w)}
-    mean, rstd = stats
-    return {"alloc": lambda: mod.group_norm_backward(dy, x, mean, rstd, w)}
+    back = dict(values, dy=inp.dy, **dict(zip(op.stats, stats)))
+    return {"alloc": lambda: op.call(mod, "backward", back)}
 
 
 def forward_stats(mod, case, inp):
-    """The statistics ``(mean, rstd)`` or ``(rstd,)`` of ``mod``'s forward on ``inp``."""
-    x, w, b, n = inp.x, inp.w, inp.b, case.shape[-1]
-    if case.norm == "layer_norm":
-        return mod.layer_norm_forward(x, n, w, b, EPS)[1:]
-    if case.norm == "rms_norm":
-        return mod.rms_norm_forward(x, n, w, None)[1:]
-    return mod.group_norm_forward(x, case.groups, w, b, EPS)[1:]
+    """The statistics (``case.op.stats``: ``(mean, rstd)`` or ``(rstd,)``) of ``mod``'s forward on ``inp``."""
+    op = case.op
+    return op.call(mod, "forward", arguments(case, inp.x, inp.w, inp.b))[len(op.plain_outputs):]
 
 
 def oracle_calls(case, inp):
     """The NumPy oracle (host only; it has no ``out=``)."""
     from . import reference as ref
 
-    x, dy, w, b, n = inp.x, inp.dy, inp.w, inp.b, case.shape[-1]
+    op, values = case.op, arguments(case, inp.x, inp.w, inp.b)
     if case.direction == "forward":
-        if case.norm == "layer_norm":
-            return {"alloc": lambda: ref.layer_norm(x, n, w, b, EPS)}
-        if case.norm == "rms_norm":
-            return {"alloc": lambda: ref.rms_norm(x, n, w, None)}
-        return {"alloc": lambda: ref.group_norm(x, case.groups, w, b, EPS)}
-    stats = forward_stats(ref, case, inp)
-    if case.norm == "layer_norm":
-        return {"alloc": lambda: ref.layer_norm_backward(dy, x, *stats, n, w)}
-    if case.norm == "rms_norm":
-        return {"alloc": lambda: ref.rms_norm_backward(dy, x, *stats, n, w)}
-    return {"alloc": lambda: ref.group_norm_backward(dy, x, *stats, w)}
+        return {"alloc": lambda: op.call(ref, "plain", values)}
+    back = dict(values, dy=inp.dy, **dict(zip(op.stats, forward_stats(ref, case, inp))))
+    return {"alloc": lambda: op.call(ref, "backward", back)}
 
 
 def torch_calls(case, inp):
     """``torch.nn.functional`` on the same memory (host) or the same tensors (GPU).
 
-    Forward: F.layer_norm / F.rms_norm / F.group_norm on tensors that do not
-    require grad (no graph is recorded); torch has no ``out=`` for these, so only
-    the allocating forward is compared.  Instance norm runs as F.group_norm with
-    one group per channel: the same arithmetic as numbanorm's, and faster than
-    F.instance_norm (which goes through batch_norm on a reshaped view).
+    Forward: the table's counterpart (F.layer_norm / F.rms_norm / F.group_norm)
+    on tensors that do not require grad (no graph is recorded); torch has no
+    ``out=`` for these, so only the allocating forward is compared.  Instance
+    norm runs as F.group_norm with one group per channel: the same arithmetic as
+    numbanorm's, and faster than F.instance_norm (which goes through batch_norm
+    on a reshaped view).
 
     Backward: the graph is built ONCE here, outside the timing, and every timed
     call is ``torch.autograd.grad(y, (x, weight, bias), dy, retain_graph=True)``.
@@ -514,27 +517,14 @@ def torch_calls(case, inp):
     xt = side.to_torch(inp.x)
     if xt is None:
         return {}
-    F = torch.nn.functional
-    wt, bt = side.to_torch(inp.w), side.to_torch(inp.b)
-    n, norm = case.shape[-1], case.norm
-
-    def fwd(x, w, b):
-        if norm == "layer_norm":
-            return F.layer_norm(x, (n,), w, b, EPS)
-        if norm == "rms_norm":
-            return F.rms_norm(x, (n,), w, None)
-        return F.group_norm(x, case.groups, w, b, EPS)
-
+    F, op = torch.nn.functional, case.op
+    values = arguments(case, xt, side.to_torch(inp.w), side.to_torch(inp.b))
     if case.direction == "forward":
-        return {"alloc": lambda: fwd(xt, wt, bt)}
-    leaves = [t.detach().requires_grad_(True) for t in (xt, wt, bt)]
-    if norm == "rms_norm":
-        leaves = leaves[:2]
-        y = fwd(leaves[0], leaves[1], None)
-    else:
-        y = fwd(*leaves)
-    dyt = side.to_torch(inp.dy)
-    return {"alloc": lambda: torch.autograd.grad(y, leaves, dyt, retain_graph=True)}
+        return {"alloc": lambda: op.call_torch(F, values)}
+    leaves = {k: v.detach().requires_grad_(True) for k, v in values.items() if k in ("x", "weight", "bias")}
+    y = op.call_torch(F, dict(values, **leaves))
+    dyt, grads_of = side.to_torch(inp.dy), list(leaves.values())
+    return {"alloc": lambda: torch.autograd.grad(y, grads_of, dyt, retain_graph=True)}
 
 
 def floor_call(side, x, dy=None):
@@ -810,7 +800,7 @@ def format_rows(rows):
     lines = []
     for r in rows:
         shp = "x".join(map(str, r["shape"]))
-        g = f" G={r['groups']}" if r["norm"] == "group_norm" else ""
+        g = f" G={r['groups']}" if r["groups"] is not None and r["norm"] not in VARIANTS else ""
         case = f"{r['norm']} {r['direction']} {shp}{g} {r['dtype']}"
         spread = f"{_fmt_time(r['q20_s'])}..{_fmt_time(r['q80_s'])}"
         lines.append((case, r["impl"], r["mode"], _fmt_time(r["median_s"]), spread,

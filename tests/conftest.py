@@ -13,26 +13,28 @@ if os.environ.get("NUMBANORM_TEST_GPU") != "1":
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from numbanorm import registry  # noqa: E402
+from numbanorm import operations, registry  # noqa: E402
+from numbanorm.measure import cuda_simulated  # noqa: E402
+from numbanorm.operations import to_host  # noqa: E402,F401  (the tests import it from here)
 
 ORACLE = registry.get("oracle")
 # kernels under test; 'cuda' only where numba-cuda (or its simulator) can run
 KERNELS = [n for n in registry.available(include_oracle=False)]
-SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+SIMULATED = cuda_simulated()
 
-# Per-dtype tolerance, relative to the largest magnitude of the reference array:
-# float16 outputs are rounded once from float32 (half an ulp is 2**-11 = 4.9e-4
-# relative), float32 results carry a few ulps of a length-N reduction, float64
-# the same at 1e-16.
-TOL = {np.float16: 2e-3, np.float32: 2e-5, np.float64: 1e-11}
+# numbanorm check's tolerances (numbanorm.operations.TOLERANCE gives the reasons), by scalar type
+TOL = {np.dtype(d).type: t for d, t in operations.TOLERANCE.items()}
 DTYPES = [np.float16, np.float32, np.float64]
+# the table's operations, for parametrising tests over every one of them
+OPERATIONS = [pytest.param(op, id=op.name) for op in operations.OPERATIONS]
+FUSED = [pytest.param(op, id=op.name) for op in operations.OPERATIONS if op.fused]
 
 
 def assert_close(actual, expected, dtype, what=""):
     actual = np.asarray(actual, dtype=np.float64)
     expected = np.asarray(expected, dtype=np.float64)
     assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
-    tol = TOL[np.dtype(dtype).type]
+    tol = operations.tolerance(dtype)
     scale = max(1.0, float(np.max(np.abs(expected)))) if expected.size else 1.0
     np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol * scale, err_msg=what)
 
@@ -60,11 +62,3 @@ def impl(impl_name):
 def rng():
     return np.random.default_rng(1234)
 
-
-def to_host(a):
-    """Results of any implementation as NumPy arrays."""
-    if a is None or isinstance(a, np.ndarray):
-        return a
-    if hasattr(a, "copy_to_host"):
-        return a.copy_to_host()
-    return np.asarray(a)

@@ -23,9 +23,14 @@ def test_check_passes_on_the_cpu_kernels(capsys):
     assert cli.main(["check", "--impl", "cpu"]) == 0
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("cpu ")]
-    # 4 norms (instance norm included) x forward/backward x float16/32/64
-    assert len(lines) == 24 and all(line.endswith("pass") for line in lines)
-    assert "24 of 24 kernel checks passed" in out
+    # every operation of the table (fused ones included), group norm also with one group per
+    # channel, x forward/backward x float16/32/64: counted, not assumed
+    from numbanorm import operations
+
+    n = sum(len(cli.CHECK_SHAPES[op.layout]) for op in operations.OPERATIONS) * 2 * 3
+    assert n == 36 and len(lines) == n and all(line.endswith("pass") for line in lines)
+    assert {line.split()[1] for line in lines} == {op.name for op in operations.OPERATIONS}
+    assert f"{n} of {n} checks passed" in out
 
 
 def _shifted_y(fn, delta):
@@ -141,9 +146,15 @@ def test_check_runs_the_gpu_kernels_when_usable(capsys, monkeypatch):
 
     if not registry.usable("cuda")[0]:
         pytest.skip("numbanorm.cuda is not usable here")
-    monkeypatch.setattr(cli, "CHECK_SHAPES", {"layer_norm": (3, 40), "group_norm": (2, 4, 3),
-                                              "instance_norm": (2, 3, 5)})
-    monkeypatch.setattr(cli, "CHECK_GROUPS", 2)
+    monkeypatch.setattr(cli, "CHECK_SHAPES", {"rows": [((3, 40), None)], "groups": [((2, 4, 3), 2), ((2, 3, 5), 3)]})
     assert cli.main(["check", "--impl", "cuda", "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
-    assert sum(line.startswith("cuda ") and line.endswith("pass") for line in out.splitlines()) == 8
+    assert sum(line.startswith("cuda ") and line.endswith("pass") for line in out.splitlines()) == 12
+    assert "12 of 12 checks passed" in out
+
+
+def test_check_covers_the_fused_operations(capsys, monkeypatch):
+    monkeypatch.setattr(cpu, "add_rms_norm_forward", _shifted_y(cpu.add_rms_norm_forward, 1e-3))
+    assert cli.main(["check", "--impl", "cpu", "--dtype", "float32"]) == 1
+    bad = [line for line in capsys.readouterr().out.splitlines() if line.endswith("FAIL")]
+    assert len(bad) == 1 and "add_rms_norm" in bad[0] and "forward" in bad[0] and " y " in bad[0]

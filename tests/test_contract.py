@@ -7,16 +7,24 @@ import pytest
 
 import numbanorm as nn
 from conftest import ORACLE, assert_close, to_host
+from numbanorm.operations import OPERATIONS
 
 
 def _all_calls(impl, x, x4, w, b, dy, dy4):
-    """Every forward and backward of one implementation, as a list of arrays."""
-    y, m, r = impl.layer_norm_forward(x, x.shape[-1], w, b)
-    res = [y, m, r, *impl.layer_norm_backward(dy, x, m, r, x.shape[-1], w)]
-    y, r = impl.rms_norm_forward(x, x.shape[-1], w)
-    res += [y, r, *impl.rms_norm_backward(dy, x, r, x.shape[-1], w)]
-    y, m, r = impl.group_norm_forward(x4, 2, w[: x4.shape[1]], b[: x4.shape[1]])
-    res += [y, m, r, *impl.group_norm_backward(dy4, x4, m, r, w[: x4.shape[1]])]
+    """Every operation of the table, forward then backward, on one implementation, as a list of arrays.
+
+    Row layouts run on x (residual dy, ds x), group layouts on x4 in 2 groups.
+    """
+    res = []
+    for op in OPERATIONS:
+        rows = op.layout == "rows"
+        xx, dd = (x, dy) if rows else (x4, dy4)
+        n = xx.shape[-1] if rows else xx.shape[1]
+        values = {"x": xx, "residual": dd, op.shape_role: n if rows else 2, "weight": w[:n], "bias": b[:n],
+                  "dy": dd, "ds": xx}
+        fwd = op.call(impl, "forward", values)
+        values.update(zip(op.forward_outputs, fwd))
+        res += [*fwd, *op.call(impl, "backward", values)]
     return [to_host(a) for a in res]
 
 

@@ -11,7 +11,7 @@ which ``test_float16_normalizes_the_rounded_sum`` pins down.
 import numpy as np
 import pytest
 
-from conftest import DTYPES, ORACLE, assert_close, to_host
+from conftest import DTYPES, FUSED, ORACLE, assert_close, to_host
 from test_against_oracle import AFFINE, inputs, params, row_cases
 
 
@@ -109,8 +109,9 @@ def test_large_offset_keeps_unit_variance(impl):
     np.testing.assert_allclose(y.astype(np.float64).var(axis=1), 1.0, atol=1e-3)
 
 
-@pytest.mark.parametrize("fn", ["add_layer_norm_forward", "add_rms_norm_forward"])
-def test_nan_stays_in_its_row(impl, rng, fn):
+@pytest.mark.parametrize("op", FUSED)
+def test_nan_stays_in_its_row(impl, rng, op):
+    fn = op.function("forward")
     x, r = inputs(rng, (4, 67), np.float32), inputs(rng, (4, 67), np.float32)
     clean = [to_host(a) for a in getattr(impl, fn)(x, r, 67)]
     x[2, 5] = np.nan
@@ -160,8 +161,10 @@ def test_deterministic(impl, rng):
 
 # ------------------------------------------------------------ errors (before anything runs)
 
-@pytest.mark.parametrize("fn", ["add_layer_norm", "add_rms_norm", "add_layer_norm_forward", "add_rms_norm_forward"])
-def test_bad_residual(impl, fn):
+@pytest.mark.parametrize("kind", ["plain", "forward"])
+@pytest.mark.parametrize("op", FUSED)
+def test_bad_residual(impl, op, kind):
+    fn = op.function(kind)
     f = getattr(impl, fn)
     x = np.ones((3, 8), np.float32)
     with pytest.raises(ValueError, match=r"residual.*shape \(3, 9\).*\(3, 8\)"):

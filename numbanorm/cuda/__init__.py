@@ -11,8 +11,7 @@ raises ``RuntimeError`` with that reason.
 """
 
 from .. import _api
-
-_PUBLIC = [n for n in dir(_api.Frontend) if not n.startswith("_")]
+from ..operations import FUNCTIONS
 
 
 def _probe():
@@ -36,7 +35,7 @@ class _Unavailable:
     """Stands for the frontend where the GPU kernels cannot run: every function raises."""
 
     def __getattr__(self, name):
-        if name not in _PUBLIC:
+        if name not in FUNCTIONS:
             raise AttributeError(name)
 
         def unavailable(*args, **kwargs):
@@ -64,6 +63,7 @@ def why_unavailable():
     return _why
 
 
-globals().update({n: getattr(_frontend, n) for n in _PUBLIC})
+# the table's functions: the frontend's methods of those names
+globals().update({name: getattr(_frontend, name) for name in FUNCTIONS})
 
-__all__ = _PUBLIC + ["is_available", "why_unavailable"]
+__all__ = [*FUNCTIONS, "is_available", "why_unavailable"]
