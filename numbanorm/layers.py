@@ -7,6 +7,8 @@
 import numpy as np
 
 from . import _validate as V
+from ._dispatch import (group_norm_backward, group_norm_forward, layer_norm_backward, layer_norm_forward,
+                        rms_norm_backward, rms_norm_forward)
 
 
 class _Norm:
@@ -35,15 +37,11 @@ class LayerNorm(_Norm):
         self.grad_weight = self.grad_bias = None
 
     def __call__(self, x):
-        from . import layer_norm_forward
-
         y, mean, rstd = layer_norm_forward(x, self.normalized_shape, self.weight, self.bias, self.eps)
         self._stats = (x, mean, rstd)
         return y
 
     def _backward(self, dy, x, mean, rstd):
-        from . import layer_norm_backward
-
         dx, dw, db = layer_norm_backward(dy, x, mean, rstd, self.normalized_shape, self.weight)
         self._set_grads(dw, db)
         return dx
@@ -63,15 +61,11 @@ class RMSNorm(_Norm):
         self.grad_weight = self.grad_bias = None
 
     def __call__(self, x):
-        from . import rms_norm_forward
-
         y, rstd = rms_norm_forward(x, self.normalized_shape, self.weight, self.eps)
         self._stats = (x, rstd)
         return y
 
     def _backward(self, dy, x, rstd):
-        from . import rms_norm_backward
-
         dx, dw = rms_norm_backward(dy, x, rstd, self.normalized_shape, self.weight)
         self._set_grads(dw)
         return dx
@@ -93,8 +87,6 @@ class GroupNorm(_Norm):
         self.grad_weight = self.grad_bias = None
 
     def __call__(self, x):
-        from . import group_norm_forward
-
         if len(np.shape(x)) < 2 or np.shape(x)[1] != self.num_channels:
             raise ValueError(f"expected x of shape (N, {self.num_channels}, *spatial), got {tuple(np.shape(x))}")
         y, mean, rstd = group_norm_forward(x, self.num_groups, self.weight, self.bias, self.eps)
@@ -102,8 +94,6 @@ class GroupNorm(_Norm):
         return y
 
     def _backward(self, dy, x, mean, rstd):
-        from . import group_norm_backward
-
         dx, dw, db = group_norm_backward(dy, x, mean, rstd, self.weight)
         self._set_grads(dw, db)
         return dx

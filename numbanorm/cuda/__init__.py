@@ -46,11 +46,13 @@ class _Unavailable:
 
 
 if _why:
-    _frontend = _Unavailable()
+    _frontend = _frontend_sides_checked = _Unavailable()
 else:
     from . import _backend
 
     _frontend = _api.Frontend(_backend)
+    # for numbanorm's top level, which has checked the arguments' sides before choosing the GPU
+    _frontend_sides_checked = _api.Frontend(_backend, sides_checked=True)
 
 
 def is_available():

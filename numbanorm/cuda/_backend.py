@@ -5,12 +5,15 @@ with ``__cuda_array_interface__`` (CuPy, CUDA torch tensors), and objects with a
 CUDA ``__dlpack__``.  Host NumPy arrays are accepted too and copied in (by
 ``contiguous``, after validation) and out (by ``wrap``).
 
-Each public call runs on its caller's stream: ``native`` notes, from the library
-of the call's leading array (x, or dy in a backward), the stream (PyTorch's or
-CuPy's current one; the array's own for numba arrays, the default stream for
-host copies) and how outputs are allocated (PyTorch's caching allocator for
-tensors, CuPy's pool for CuPy arrays, numba otherwise), so that ``wrap`` hands
-back the caller's array type around the same memory.
+Each public call runs on its caller's stream: the frontend asks
+``call_context`` once per call, after validation, for the :class:`CallContext` of
+the array whose type the results take (x, or s in the fused backward): the
+stream (PyTorch's or CuPy's current one; the array's own for numba arrays, the
+default stream for host copies) and how outputs are allocated (PyTorch's caching
+allocator for tensors, CuPy's pool for CuPy arrays, numba otherwise), so that
+``wrap`` hands back the caller's array type around the same memory.  The
+context is passed explicitly to every function that allocates, copies or
+launches.
 """
 
 import functools
@@ -24,7 +27,20 @@ from ._kernels import common as C
 from ._kernels import add_norm, group_norm, layer_norm, rms_norm  # noqa: F401  (the launchers)
 
 name = "cuda"
-_CALL = C.CALL
+
+
+class CallContext:
+    """Where one public call runs."""
+
+    __slots__ = ("stream", "lib", "like")
+
+    def __init__(self, stream=0, lib=None, like=None):
+        self.stream = stream  # numba stream (0: the default stream)
+        self.lib = lib        # 'torch' or 'cupy' when the results' array comes from them
+        self.like = like      # that array (allocation device)
+
+
+_DEFAULT = CallContext()
 
 
 def _module_type(module, attr):
@@ -101,69 +117,79 @@ def _check_dtype(name, a):
             raise TypeError(f"`{name}` is bfloat16: {why}")
 
 
-# The call's stream and allocator follow its leading array -- x, or dy in a
-# backward, which the frontend views first and whose type the results take.
-_LEADING = ("x", "dy")
-
-
-def _set_call(arg, stream, lib, like):
-    if arg in _LEADING:
-        _CALL.stream, _CALL.lib, _CALL.like = stream, lib, like
-
-
-def native(arg, a):
+def native(role, a):
+    """A numba view of ``a`` (host NumPy arrays stay as they are), without copies."""
     if a is None:
         return None
-    _check_dtype(arg, a)
+    _check_dtype(role, a)
     if type(a) is np.ndarray or V.side_of(a) == V.HOST:
-        _set_call(arg, 0, None, None)
         return a if type(a) is np.ndarray else np.asarray(a)
     if getattr(type(a), "__cuda_ndarray__", False):  # numba's (or the simulator's) own
-        _set_call(arg, a.stream, None, None)
         return a
     if _is_torch(a):
-        if arg in _LEADING:
-            import torch
-
-            _set_call(arg, _stream(torch.cuda.current_stream(a.device).cuda_stream), "torch", a)
         return _torch_view(a)
     if _is_cupy(a):
-        if arg in _LEADING:
-            import cupy
-
-            _set_call(arg, _stream(cupy.cuda.get_current_stream().ptr), "cupy", a)
         return _cupy_view(a)
     desc = getattr(a, "__cuda_array_interface__", None)
-    view = _dlpack_view(a) if desc is None else _view_cai(a, desc)
-    producer = (desc or {}).get("stream")
-    _set_call(arg, _stream(producer) if producer not in (None, 1, 2) else 0, None, None)
-    return view
+    return _dlpack_view(a) if desc is None else _view_cai(a, desc)
 
 
-def contiguous(a, shape):
+def call_context(leading):
+    """The :class:`CallContext` of a call whose results take the array type of ``leading``."""
+    if type(leading) is np.ndarray or V.side_of(leading) == V.HOST:
+        return _DEFAULT
+    if getattr(type(leading), "__cuda_ndarray__", False):
+        return CallContext(leading.stream)
+    if _is_torch(leading):
+        import torch
+
+        return CallContext(_stream(torch.cuda.current_stream(leading.device).cuda_stream), "torch", leading)
+    if _is_cupy(leading):
+        import cupy
+
+        return CallContext(_stream(cupy.cuda.get_current_stream().ptr), "cupy", leading)
+    producer = (getattr(leading, "__cuda_array_interface__", None) or {}).get("stream")
+    return CallContext(_stream(producer) if producer not in (None, 1, 2) else 0)
+
+
+def launch(ctx, launcher, *args, callers_out=False, **kwargs):
+    """``launcher(*args, **kwargs)`` with its kernels on ``ctx.stream``.
+
+    ``callers_out`` (y is the caller's ``out=``) changes nothing on a device:
+    no page faults to avoid.  The launchers' ``C.launch`` reads the stream from
+    ``C.CALL``, set here for the launch alone.
+    """
+    previous, C.CALL.stream = C.CALL.stream, ctx.stream
+    try:
+        return launcher(*args, **kwargs)
+    finally:
+        C.CALL.stream = previous
+
+
+def contiguous(ctx, a, shape):
     if type(a) is np.ndarray:
-        return cuda.to_device(np.ascontiguousarray(a).reshape(shape), stream=_CALL.stream)
+        return cuda.to_device(np.ascontiguousarray(a).reshape(shape), stream=ctx.stream)
     if not a.is_c_contiguous():
-        b = empty(a.shape, a.dtype)
-        copy_into(b, a)
+        b = empty(ctx, a.shape, a.dtype)
+        copy_into(ctx, b, a)
         a = b
     return a.reshape(shape)
 
 
-def empty(shape, dtype):
+def empty(ctx, shape, dtype):
     shape = tuple(int(d) for d in shape)
-    if _CALL.lib == "torch":
+    if ctx.lib == "torch":
         import torch
 
-        like = _CALL.like
+        like = ctx.like
         if C.is_bfloat16(dtype):
             return _torch_view(torch.empty(shape, dtype=torch.bfloat16, device=like.device))
         t = torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name), device=like.device)
         return _torch_view(t)
-    if _CALL.lib == "cupy":
+    if ctx.lib == "cupy":
         import cupy
 
-        with cupy.cuda.Device(_CALL.like.device.id):
+        with cupy.cuda.Device(ctx.like.device.id):
             return _cupy_view(cupy.empty(shape, dtype))
     return cuda.device_array(shape, dtype)
 
@@ -176,23 +202,23 @@ def out_view(out, shape):
     return out.reshape(shape) if out.is_c_contiguous() else None
 
 
-def copy_into(dst, src):
+def copy_into(ctx, dst, src):
     if type(dst) is np.ndarray:
         np.copyto(dst, src.copy_to_host().reshape(dst.shape))
         return
     # bound to the call's stream, numba's strided assignment kernel runs there
     # (on stream 0 numba synchronizes after it)
-    dst.bind(_CALL.stream)[...] = src
+    dst.bind(ctx.stream)[...] = src
 
 
-def cast(a, dtype):
+def cast(ctx, a, dtype):
     if type(a) is np.ndarray:
         return a.astype(dtype, copy=False)
     if np.dtype(a.dtype) == np.dtype(dtype):
         return a
-    src = contiguous(a, (a.size,))
-    out = empty((a.size,), dtype)
-    C.cast_into(src, out)
+    src = contiguous(ctx, a, (a.size,))
+    out = empty(ctx, (a.size,), dtype)
+    launch(ctx, C.cast_into, src, out)
     return out.reshape(a.shape)
 
 

@@ -288,11 +288,10 @@ def is_bfloat16(dtype):
 # ---------------------------------------------------------------- launching
 
 class _Call(threading.local):
-    """Where the current public call runs: set by the backend from the arrays' library."""
+    """The stream of the launcher running on this thread: set by ``numbanorm.cuda._backend.launch``
+    around one launcher call, from the call's explicit context."""
 
     stream = 0      # numba stream (0: the default stream)
-    lib = None      # 'torch' or 'cupy' when the caller's arrays come from them
-    like = None     # one of the caller's arrays (allocation device/library)
 
 
 CALL = _Call()

@@ -1,0 +1,63 @@
+"""numbanorm's top-level functions: one per function of the table, dispatching on the arrays' side.
+
+Defined here rather than in ``numbanorm/__init__`` so that ``numbanorm.layers``
+imports them without an import cycle through the package.
+"""
+
+import linecache as _linecache
+
+import numpy as _np
+
+from . import _validate as _V
+from . import cpu
+from . import operations as _ops
+
+_CPU = cpu._frontend  # checks the sides itself: on the host path nothing has yet
+
+
+def _pick(**arrays):
+    """The CPU frontend unless some argument is a CUDA array (decided by type alone).
+
+    Host and device arrays mixed in one call are rejected here, before
+    ``numbanorm.cuda`` (and so numba.cuda) is even imported; the CUDA frontend
+    returned then does not check them again.
+    """
+    for a in arrays.values():
+        if a is not None and type(a) is not _np.ndarray and _V.side_of(a) == _V.DEVICE:
+            _V.common_side(**arrays)
+            from . import cuda
+
+            return cuda._frontend_sides_checked
+    return _CPU
+
+
+def _dispatching(op, kind):
+    """The public function ``kind`` of ``op``: real parameters (``inspect.signature``
+    and ``help`` show them), no per-call binding; it picks the backend from the
+    array arguments, in signature order, and calls the frontend's method of the
+    same name with the same arguments.
+
+    Generated (as ``dataclasses`` generates ``__init__``) so that the table of
+    operations is the one place a function's parameters are written down.
+    """
+    name, sig = op.function(kind), op.signature(kind)
+    params = sig.parameters.values()
+    arrays = ", ".join(f"{p.name}={p.name}" for p in params if p.name in _ops.ARRAY_ROLES)
+    call = ", ".join(f"{p.name}={p.name}" if p.kind is p.KEYWORD_ONLY else p.name for p in params)
+    src = f"def {name}{sig}:\n    return _pick({arrays}).{name}({call})\n"
+    filename = f"<numbanorm.{name}, generated from numbanorm.operations>"
+    _linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)  # tracebacks show the line
+    namespace = {"_pick": _pick}
+    exec(compile(src, filename, "exec"), namespace)
+    fn = namespace[name]
+    fn.__module__, fn.__doc__ = "numbanorm", op.doc(kind)
+    return fn
+
+
+for _op in _ops.OPERATIONS:
+    for _kind in _ops.KINDS:
+        globals()[_op.function(_kind)] = _dispatching(_op, _kind)
+del _op, _kind
+
+
+__all__ = list(_ops.FUNCTIONS)

@@ -1,0 +1,106 @@
+"""The backend contract (numbanorm._api.Backend) and the CUDA call context."""
+
+import inspect
+
+import numpy as np
+import pytest
+
+import numbanorm
+from numbanorm import _api
+from numbanorm import _validate as V
+from conftest import SIMULATED
+
+
+def _backends():
+    import numbanorm.cpu._backend as cpu_backend
+
+    out = [pytest.param(cpu_backend, id="cpu")]
+    if numbanorm.cuda.is_available():
+        from numbanorm.cuda import _backend as cuda_backend
+
+        out.append(pytest.param(cuda_backend, id="cuda", marks=[pytest.mark.cudasim] if SIMULATED else []))
+    return out
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_both_backends_implement_the_protocol(backend):
+    assert isinstance(backend, _api.Backend)
+    for name, member in vars(_api.Backend).items():
+        if name.startswith("_") or not inspect.isfunction(member):
+            continue
+        want = list(inspect.signature(member).parameters)[1:]  # without self
+        assert list(inspect.signature(getattr(backend, name)).parameters) == want, name
+
+
+def _count_side_checks(monkeypatch):
+    calls = []
+    real = V.common_side
+
+    def counting(**arrays):
+        calls.append(sorted(arrays))
+        return real(**arrays)
+
+    monkeypatch.setattr(V, "common_side", counting)
+    return calls
+
+
+def test_host_call_checks_the_sides_once(monkeypatch):
+    calls = _count_side_checks(monkeypatch)
+    x = np.ones((3, 8), np.float32)
+    numbanorm.layer_norm(x, 8)
+    assert len(calls) == 1
+
+
+@pytest.mark.cudasim
+def test_device_call_checks_the_sides_once(monkeypatch):
+    if not numbanorm.cuda.is_available():
+        pytest.skip("numbanorm.cuda is not usable here")
+    from numba import cuda
+
+    calls = _count_side_checks(monkeypatch)
+    x = cuda.to_device(np.ones((3, 8), np.float32))
+    numbanorm.layer_norm(x, 8)
+    assert len(calls) == 1
+    with pytest.raises(TypeError, match="weight"):
+        numbanorm.layer_norm(x, 8, np.ones(8, np.float32))  # still rejected: by the top level
+
+
+def _launch_streams(monkeypatch):
+    from numbanorm.cuda._kernels import common as C
+
+    seen = []
+    real = C.launch
+
+    def recording(kernel, grid, block, *args):
+        seen.append(C.CALL.stream)
+        return real(kernel, grid, block, *args)
+
+    monkeypatch.setattr(C, "launch", recording)
+    return seen
+
+
+@pytest.mark.cudasim
+def test_the_call_runs_on_the_stream_of_the_array_whose_type_the_results_take(monkeypatch):
+    """x's in a backward, s's in the fused backward: never dy's (which used to win there)."""
+    if not numbanorm.cuda.is_available():
+        pytest.skip("numbanorm.cuda is not usable here")
+    from numba import cuda
+
+    from numbanorm.cuda._kernels import common as C
+
+    rng = np.random.default_rng(0)
+    a, b = cuda.stream(), cuda.stream()
+    host = rng.standard_normal((4, 16)).astype(np.float32)
+    y, s, mean, rstd = numbanorm.cuda.add_layer_norm_forward(host, host, 16)
+    dy = cuda.to_device(host).bind(a)  # the simulator's to_device drops the stream; bind keeps it
+    x = cuda.to_device(host).bind(b)
+    s_dev = cuda.to_device(s).bind(b)
+    mean_dev, rstd_dev = cuda.to_device(mean), cuda.to_device(rstd)
+
+    seen = _launch_streams(monkeypatch)
+    numbanorm.layer_norm_backward(dy, x, mean_dev, rstd_dev, 16)
+    assert seen and all(st is b for st in seen)
+    seen.clear()
+    numbanorm.add_layer_norm_backward(dy, None, s_dev, mean_dev, rstd_dev, 16)
+    assert seen and all(st is b for st in seen)
+    assert C.CALL.stream == 0  # set for the launch alone
