@@ -4,9 +4,11 @@ Everything here looks only at types, shapes and dtypes: it never allocates an
 output, never launches a kernel and never makes a CUDA call, so a bad argument is
 reported before anything is written (contract, "Errors").
 
-The checks return small plans (plain tuples of ints) describing the flattened
-problem the kernels see: ``(rows, cols)`` for layer/RMS norm and
-``(N, C, spatial)`` for group norm.
+Two checks return the flattened problem the kernels see: ``rows`` gives
+``(rows, cols, normalized_shape)`` for layer/RMS norm (``normalized_shape`` as a
+tuple), ``groups`` gives ``(N, C, spatial, num_groups)`` for group norm (ints).
+The dtype and scalar checks return the value checked (the dtype, the eps as a
+float); the array checks return the array (or None).
 """
 
 from __future__ import annotations
