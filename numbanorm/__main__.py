@@ -27,29 +27,153 @@ DTYPES = ("float16", "float32", "float64")
 # ------------------------------------------------------------------ info
 
 
+# Optional packages a bug report should name: the GPU path, the integrations, bfloat16.
+INFO_OPTIONAL = ("numba-cuda", "cuda-bindings", "ml_dtypes", "torch", "dask", "distributed")
+# The vector features the CPU kernels' speed depends on: F16C converts float16 to and from
+# float32 in vector registers; AVX2 and AVX-512 set how many floats one instruction handles.
+INFO_X86_FEATURES = (("F16C", "f16c"), ("FMA", "fma"), ("AVX2", "avx2"), ("AVX-512", "avx512f"),
+                     ("AVX-512 BW", "avx512bw"), ("AVX-512 FP16", "avx512fp16"))
+INFO_ARM_FEATURES = (("NEON", "neon"), ("FP16", "fullfp16"), ("SVE", "sve"), ("BF16", "bf16"))
+
+
 def info(out=None):
+    """What a bug report needs: versions, threads, the kernel cache, the CPU target, the GPU."""
+    import platform
+
     import numba
 
-    from . import measure, registry
+    from . import __file__ as pkg_file, __version__, measure, registry
 
-    v = measure.versions()
-    m = measure.machine_info(include_gpu=False)
     p = lambda *a: print(*a, file=out or sys.stdout)  # noqa: E731
-    p(f"numbanorm   {v['numbanorm']}")
-    p(f"python      {v['python']} ({sys.executable})")
-    p(f"numba       {v['numba']}    numpy {v['numpy']}")
-    p(f"numba-cuda  {v['numba-cuda'] or 'not installed'}")
-    p(f"torch       {v['torch'] or 'not installed (optional: the benchmark peer)'}")
-    p(f"cpu         {m['cpu']}, {m['cores']} cores, {m['mem_gib']} GiB")
-    p(f"threads     {numba.get_num_threads()} of NUMBA_NUM_THREADS={numba.config.NUMBA_NUM_THREADS} "
-      f"(threading layer setting: {numba.config.THREADING_LAYER})")
+    p(f"numbanorm      {__version__} ({os.path.dirname(pkg_file)})")
+    p(f"python         {platform.python_version()} {platform.python_implementation()} ({sys.executable})")
+    p(f"platform       {platform.platform()}")
+    p(f"numba          {numba.__version__}, llvmlite {_info_version('llvmlite')}, numpy {np.__version__}")
+    have = {n: _info_version(n) for n in INFO_OPTIONAL}
+    p("optional       " + ", ".join(f"{n} {v or 'not installed'}" for n, v in have.items()))
+    m = measure.machine_info(include_gpu=False)
+    p(f"cpu            {m['cpu']}, {m['cores']} logical CPUs ({_info_usable_cpus()} usable here), "
+      f"{m['mem_gib']} GiB")
+    p(f"cpu target     {_info_cpu_target()}")
+    in_use, layers = _info_threading()  # first: numba.get_num_threads() raises without a layer
+    threads = numba.get_num_threads() if in_use.endswith(" in use") else "none"
+    p(f"threads        {threads} (numba.get_num_threads(); NUMBA_NUM_THREADS={numba.config.NUMBA_NUM_THREADS})")
+    p(f"threading      {in_use} (NUMBA_THREADING_LAYER={numba.config.THREADING_LAYER}); "
+      + "; ".join(f"{name}: {state}" for name, state in layers))
+    p(f"kernel cache   {_info_cache()}")
     p("implementations (numbanorm.registry):")
     for name in registry.IMPLEMENTATIONS:
         ok, why = registry.usable(name)
-        p(f"  {name:<8} {'usable' if ok else 'not usable: ' + why.splitlines()[0][:120]}")
-    ok, desc = measure.gpu_status()
-    p(f"gpu         {desc if ok else 'none usable (' + desc.splitlines()[0][:100] + ')'}")
+        if not ok:
+            why = "see gpu below" if name == "cuda" else (why.splitlines() or ["?"])[0][:160]
+        p(f"  {name:<8} {'usable' if ok else 'not usable: ' + why}")
+    p(f"gpu            {_info_gpu()}")
     return 0
+
+
+def _info_version(dist):
+    """The installed version of a distribution, without importing it (torch takes seconds)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def _info_usable_cpus():
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS and Windows have no affinity call
+        return os.cpu_count()
+
+
+def _info_cpu_target():
+    """The CPU numba compiles for and its vector features, as numba's code generator sees them
+    (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES override the host's, e.g. for portable caches)."""
+    import llvmlite.binding as ll
+    from numba.core import config
+
+    name = config.CPU_NAME or ll.get_host_cpu_name()
+    flat = config.CPU_FEATURES if config.CPU_FEATURES is not None else ll.get_host_cpu_features().flatten()
+    on = {f[1:] for f in flat.split(",") if f.startswith("+")}
+    known = INFO_ARM_FEATURES if {"neon", "fullfp16", "sve"} & on else INFO_X86_FEATURES
+    where = "NUMBA_CPU_NAME/NUMBA_CPU_FEATURES" if config.CPU_NAME or config.CPU_FEATURES else "this host"
+    return f"{name} ({where}): " + ", ".join(f"{label} {'yes' if key in on else 'no'}" for label, key in known)
+
+
+def _info_threading():
+    """(layer in use or why none, [(layer, 'available' or why not)]) -- numba's own checks."""
+    import importlib
+
+    import numba
+
+    layers = []
+    for name, module in (("tbb", "tbbpool"), ("omp", "omppool"), ("workqueue", "workqueue")):
+        try:
+            mod = importlib.import_module(f"numba.np.ufunc.{module}")
+            if name == "tbb":  # numba refuses a TBB older than it was built for
+                from numba.np.ufunc.parallel import _check_tbb_version_compatible
+
+                _check_tbb_version_compatible()
+            vendor = getattr(mod, "openmp_vendor", None)
+            layers.append((name, f"available ({vendor})" if vendor else "available"))
+        except Exception as e:  # a missing libtbb/libgomp: numba then picks another layer
+            layers.append((name, f"not available ({type(e).__name__}: {str(e).splitlines()[0][:100]})"))
+    try:
+        from numba.np.ufunc.parallel import _launch_threads
+
+        _launch_threads()  # what the first parallel kernel would do: pick and start the layer
+        in_use = f"{numba.threading_layer()} in use"
+    except Exception as e:  # e.g. NUMBA_THREADING_LAYER names a layer that is not available
+        in_use = f"none could start ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+    return in_use, layers
+
+
+def _info_cache():
+    """Where numba keeps the CPU kernels' compiled code (cache=True) and whether it can write there."""
+    import importlib
+    import pkgutil
+
+    try:
+        kernels = importlib.import_module("numbanorm.cpu._kernels")
+        for mod_info in pkgutil.iter_modules(kernels.__path__):
+            mod = importlib.import_module(f"{kernels.__name__}.{mod_info.name}")
+            for obj in vars(mod).values():
+                cache = getattr(obj, "_cache", None)
+                if getattr(cache, "cache_path", None):
+                    break
+            else:
+                continue
+            break
+        else:
+            return "none: the kernels are compiled in memory in every process"
+    except Exception as e:
+        return f"unknown: the CPU kernels cannot be imported ({type(e).__name__}: {e})"
+    locator = cache._impl.locator
+    try:
+        locator.ensure_cache_path()  # numba's own test: make the folder, write a temporary file
+        state = "writable"
+    except OSError as e:
+        state = f"NOT writable ({type(e).__name__}: {e}): every process compiles the kernels again"
+    how = type(locator).__name__.lstrip("_").replace("CacheLocator", "")
+    override = os.environ.get("NUMBA_CACHE_DIR")
+    if override and how != "UserProvided":  # numba skips a NUMBA_CACHE_DIR it cannot write to
+        how += f"; NUMBA_CACHE_DIR={override} is not usable, numba fell back to this"
+    else:
+        how += f"; NUMBA_CACHE_DIR={override or 'unset'}"
+    return f"{cache.cache_path} ({how}), {state}"
+
+
+def _info_gpu():
+    """Whether the GPU kernels run, on what: a GPU, numba's simulator, or why not."""
+    from . import measure
+
+    ok, desc = measure.gpu_status()
+    if ok:
+        return f"in use: {desc}"
+    sim = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+    return f"not in use: {desc.splitlines()[0][:200]}" + ("" if sim else " (NUMBA_ENABLE_CUDASIM unset)")
 
 
 # ------------------------------------------------------------------ check

@@ -1,5 +1,6 @@
 """The ``numbanorm`` command: info, check, bench, the no-argument main job, bad arguments."""
 
+import os
 import re
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 import numbanorm.cpu as cpu
+from conftest import SIMULATED
 from numbanorm import __main__ as cli
 
 
@@ -158,3 +160,84 @@ def test_check_covers_the_fused_operations(capsys, monkeypatch):
     assert cli.main(["check", "--impl", "cpu", "--dtype", "float32"]) == 1
     bad = [line for line in capsys.readouterr().out.splitlines() if line.endswith("FAIL")]
     assert len(bad) == 1 and "add_rms_norm" in bad[0] and "forward" in bad[0] and " y " in bad[0]
+
+
+# ------------------------------------------------------------------ info: what a bug report needs
+
+
+def _info_fields(out):
+    """``numbanorm info``'s lines as {label: value} (labels fill the first 15 columns)."""
+    return {line[:15].strip(): line[15:] for line in out.splitlines() if line[:1].strip()}
+
+
+def test_info_reports_versions_threads_cache_cpu_and_gpu(capsys):
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    import llvmlite
+    import llvmlite.binding as ll
+    import numba
+
+    import numbanorm
+    from numbanorm import registry
+
+    assert cli.main(["info"]) == 0
+    f = _info_fields(capsys.readouterr().out)
+    assert f["numbanorm"] == f"{numbanorm.__version__} ({Path(numbanorm.__file__).parent})"
+    assert f["python"].startswith(platform.python_version() + " ")
+    assert f["numba"] == f"{numba.__version__}, llvmlite {llvmlite.__version__}, numpy {np.__version__}"
+    for dist in ("numba-cuda", "ml_dtypes", "torch", "dask"):
+        try:
+            assert f"{dist} {version(dist)}" in f["optional"]
+        except PackageNotFoundError:
+            assert f"{dist} not installed" in f["optional"]
+    # the layer numba started (info starts it, as the first parallel kernel would), and each layer's state
+    assert f["threads"].startswith(f"{numba.get_num_threads()} ")
+    assert f["threading"].startswith(f"{numba.threading_layer()} in use ")
+    states = dict(part.split(": ", 1) for part in f["threading"].split("; ")[1:])
+    assert set(states) == {"tbb", "omp", "workqueue"}
+    assert states[numba.threading_layer()].startswith("available")
+    assert all(s.startswith(("available", "not available (")) for s in states.values())
+    cache, _, state = f["kernel cache"].rpartition(", ")
+    assert state == "writable" and Path(cache.split(" (")[0]).is_dir()
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        host = ll.get_host_cpu_features()
+        for label, key in (("F16C", "f16c"), ("AVX2", "avx2"), ("AVX-512", "avx512f")):
+            assert f" {label} {'yes' if host[key] else 'no'}" in f["cpu target"]
+    ok, why = registry.usable("cuda")
+    assert f["gpu"].startswith("in use: " if ok else f"not in use: {why.splitlines()[0][:100]}")
+    assert ("simulator" in f["gpu"]) == (ok and SIMULATED)
+
+
+def _info_subprocess(**env):
+    env = {**os.environ, **env}
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    r = subprocess.run([sys.executable, "-m", "numbanorm", "info"], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    return _info_fields(r.stdout)
+
+
+def test_info_follows_numbas_settings(tmp_path):
+    f = _info_subprocess(NUMBA_CACHE_DIR=str(tmp_path), NUMBA_THREADING_LAYER="workqueue")
+    assert f["kernel cache"].startswith(f"{tmp_path}{os.sep}")
+    assert f["kernel cache"].endswith(", writable") and "UserProvided" in f["kernel cache"]
+    assert f["threading"].startswith("workqueue in use (NUMBA_THREADING_LAYER=workqueue)")
+    if os.environ.get("NUMBANORM_TEST_GPU") != "1":  # no GPU: says why, and of the simulator
+        assert f["gpu"].startswith("not in use: ") and f["gpu"].endswith("(NUMBA_ENABLE_CUDASIM unset)")
+    # a NUMBA_CACHE_DIR numba cannot write to (under a file): numba falls back, and info says so
+    (tmp_path / "file").write_text("")
+    f = _info_subprocess(NUMBA_CACHE_DIR=str(tmp_path / "file" / "cache"))
+    assert "is not usable, numba fell back to this" in f["kernel cache"]
+
+
+def test_info_says_when_the_cache_is_not_writable(capsys, monkeypatch):
+    """Root writes anywhere, so a read-only folder is played by the write test failing."""
+    import tempfile
+
+    def refused(*a, **kw):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refused)
+    assert cli.main(["info"]) == 0
+    assert "NOT writable (PermissionError" in _info_fields(capsys.readouterr().out)["kernel cache"]
