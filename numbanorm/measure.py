@@ -320,7 +320,7 @@ def kernel_impls(device, names=None, allow_simulator=False):
 
 def backend_name(mod):
     fe = getattr(mod, "_frontend", None)
-    return getattr(getattr(fe, "be", None), "name", None)
+    return getattr(getattr(fe, "backend", None), "name", None)
 
 
 def cuda_simulated():
