@@ -1,4 +1,4 @@
-"""What is specific to the GPU kernels: the row mapping, both reduction paths,
+"""What is specific to the GPU kernels: the row mapping, the reduction,
 array interop, determinism, availability -- and, ``gpu``-marked, what needs a
 real GPU (large shapes, bfloat16, CuPy/PyTorch arrays and streams, and the
 compiled kernels' register budget).
@@ -222,22 +222,11 @@ def _check_group_sums(tpr, block):
     np.testing.assert_array_equal(pairs.copy_to_host(), np.stack([want, -2 * want], 1))
 
 
-def test_reduction_path_chosen_at_import():
-    assert _reduce.SHUFFLE is (not SIMULATED)
-    assert _reduce.slots(256) == (8 if _reduce.SHUFFLE else 256)
-
-
 @pytest.mark.cudasim
-@pytest.mark.skipif(not SIMULATED, reason="the shared-memory path runs in the simulator")
-@pytest.mark.parametrize("tpr,block", [(1, 4), (4, 16), (32, 64), (64, 64)])
-def test_shared_memory_reduction(tpr, block):
-    _check_group_sums(tpr, block)
-
-
-@pytest.mark.parametrize("tpr,block", [(1, 32), (8, 64), (32, 64), (64, 256), (1024, 1024)])
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="the warp-shuffle path needs a real CUDA GPU")
+@pytest.mark.parametrize("tpr,block", [(1, 32), (8, 64), (32, 64), (64, 256), (128, 128)])
 def test_shuffle_reduction(tpr, block):
+    """The one reduction path, on a GPU and in the simulator (its warp shuffles from _simwarp)."""
+    assert _reduce.slots(block) == max(1, block // 32)
     _check_group_sums(tpr, block)
 
 

@@ -1,0 +1,201 @@
+"""numbanorm.cuda._simwarp: warp intrinsics added to numba's CUDA simulator.
+
+Known answers for every intrinsic with the hardware's semantics (PTX
+``shfl.sync``/``vote.sync``/``match.sync`` as numba-cuda emits them), partial
+warps at a block's end, and the cases that hang or are undefined on hardware,
+which must raise here instead.
+"""
+
+import numpy as np
+import pytest
+
+import numbanorm.cuda as nc
+from conftest import SIMULATED
+
+if not SIMULATED or not nc.is_available():
+    pytest.skip("the simulator's warp intrinsics need NUMBA_ENABLE_CUDASIM=1", allow_module_level=True)
+
+from numba import cuda  # noqa: E402
+
+from numbanorm.cuda import _simwarp  # noqa: E402
+
+pytestmark = pytest.mark.cudasim
+FULL = 0xFFFFFFFF
+
+
+def test_installed_on_import_and_only_once():
+    from numba.cuda.simulator import kernelapi
+
+    for name in ("shfl_sync", "shfl_up_sync", "shfl_down_sync", "shfl_xor_sync", "syncwarp", "activemask"):
+        assert getattr(kernelapi.FakeCUDAModule, name) is getattr(_simwarp, name)
+    assert _simwarp.install() == ()  # everything present: nothing replaced
+
+
+def test_shuffles_full_warp_known_answers():
+    @cuda.jit
+    def k(out):
+        i = cuda.threadIdx.x
+        v = np.float32(i * 10)
+        out[i, 0] = cuda.shfl_xor_sync(FULL, v, 5)
+        out[i, 1] = cuda.shfl_up_sync(FULL, v, 3)
+        out[i, 2] = cuda.shfl_down_sync(FULL, v, 3)
+        out[i, 3] = cuda.shfl_sync(FULL, v, 7)
+        out[i, 4] = cuda.shfl_sync(FULL, v, 39)      # only the low 5 bits: lane 7
+        out[i, 5] = cuda.shfl_down_sync(FULL, v, 33)  # delta 33 reads as 1
+
+    out = np.zeros((64, 6), np.float32)
+    k[1, 64](out)
+    lane = np.arange(64) % 32
+    base = np.arange(64) - lane
+    v = np.arange(64) * 10.0
+    np.testing.assert_array_equal(out[:, 0], (base + (lane ^ 5)) * 10)
+    np.testing.assert_array_equal(out[:, 1], np.where(lane >= 3, v - 30, v))   # out of range: own value
+    np.testing.assert_array_equal(out[:, 2], np.where(lane <= 28, v + 30, v))
+    np.testing.assert_array_equal(out[:, 3], (base + 7) * 10)
+    np.testing.assert_array_equal(out[:, 4], (base + 7) * 10)
+    np.testing.assert_array_equal(out[:, 5], np.where(lane <= 30, v + 10, v))
+
+
+def test_64_bit_values_and_butterfly_sum():
+    @cuda.jit
+    def k(out, ints):
+        i = cuda.threadIdx.x
+        v = np.float64(i) + 0.25
+        n = np.int64(i) << 40
+        off = 16
+        while off > 0:
+            v += cuda.shfl_xor_sync(FULL, v, off)
+            n += cuda.shfl_xor_sync(FULL, n, off)
+            off //= 2
+        out[i] = v
+        ints[i] = n
+
+    out, ints = np.zeros(32), np.zeros(32, np.int64)
+    k[1, 32](out, ints)
+    np.testing.assert_array_equal(out, np.arange(32).sum() + 8.0)
+    np.testing.assert_array_equal(ints, np.arange(32, dtype=np.int64).sum() << 40)
+
+
+def test_partial_warp_at_the_end_of_a_block():
+    @cuda.jit
+    def k(out):
+        i = cuda.threadIdx.x
+        m = cuda.activemask()
+        v = np.float32(i)
+        out[i, 0] = m
+        out[i, 1] = cuda.shfl_down_sync(m, v, 1)
+        out[i, 2] = cuda.shfl_xor_sync(m, v, 8)
+
+    out = np.zeros((48, 3), np.float64)
+    k[1, 48](out)  # warp 1 has lanes 0..15 only
+    np.testing.assert_array_equal(out[:32, 0], FULL)
+    np.testing.assert_array_equal(out[32:, 0], 0xFFFF)
+    np.testing.assert_array_equal(out[:31, 1], np.arange(1, 32))
+    assert out[31, 1] == 31                                     # past lane 31: own value
+    np.testing.assert_array_equal(out[32:47, 1], np.arange(33, 48))
+    assert np.isnan(out[47, 1])  # lane 16 of warp 1 exists in the warp's range, not in the mask: undefined
+    np.testing.assert_array_equal(out[32:, 2], 32 + (np.arange(16) ^ 8))
+
+
+def test_disjoint_masks_run_side_by_side():
+    @cuda.jit
+    def k(out):
+        i = cuda.threadIdx.x
+        mask = 0x0000FFFF if i < 16 else 0xFFFF0000
+        out[i] = cuda.shfl_sync(mask, np.int32(i * 3), (i // 16) * 16 + 2)
+
+    out = np.zeros(32, np.int32)
+    k[1, 32](out)
+    np.testing.assert_array_equal(out, np.where(np.arange(32) < 16, 6, 54))
+
+
+def test_votes_and_matches():
+    @cuda.jit
+    def k(out):
+        i = cuda.threadIdx.x
+        out[i, 0] = cuda.ballot_sync(FULL, i % 3 == 0)
+        out[i, 1] = cuda.all_sync(FULL, i < 32)
+        out[i, 2] = cuda.any_sync(FULL, i == 5)
+        out[i, 3] = cuda.eq_sync(FULL, i < 4)
+        out[i, 4] = cuda.match_any_sync(FULL, i % 2)
+        cuda.syncwarp(FULL)
+        out[i, 5] = cuda.lanemask_lt()
+
+    out = np.zeros((32, 6), np.int64)
+    k[1, 32](out)
+    ballot = sum(1 << j for j in range(0, 32, 3))
+    assert (out[:, 0] == np.int64(np.uint32(ballot).view(np.int32))).all()
+    assert (out[:, 1] == 1).all() and (out[:, 2] == 1).all() and (out[:, 3] == 0).all()
+    np.testing.assert_array_equal(out[:, 4], np.where(np.arange(32) % 2, 0xAAAAAAAA, 0x55555555))
+    np.testing.assert_array_equal(out[:, 5], (1 << np.arange(32)) - 1)
+
+
+# ---------------------------------------------------------------- what hangs on hardware raises
+
+def _raises(kernel, block, match):
+    out = np.zeros(block, np.float32)
+    with pytest.raises((_simwarp.WarpError, TypeError), match=match):
+        kernel[1, block](out)
+
+
+def test_divergent_shuffle_raises_instead_of_hanging():
+    @cuda.jit
+    def odd_lanes_only(out):
+        i = cuda.threadIdx.x
+        if i % 2:
+            out[i] = cuda.shfl_xor_sync(FULL, np.float32(i), 1)
+
+    _raises(odd_lanes_only, 32, "exited without reaching it")
+
+    @cuda.jit
+    def barrier_instead(out):
+        i = cuda.threadIdx.x
+        if i < 16:
+            out[i] = cuda.shfl_down_sync(FULL, np.float32(i), 1)
+        cuda.syncthreads()
+
+    _raises(barrier_instead, 32, "syncthreads instead")
+
+
+def test_mismatched_operations_raise():
+    @cuda.jit
+    def two_kinds(out):
+        i = cuda.threadIdx.x
+        if i == 0:
+            cuda.syncwarp(FULL)
+        else:
+            out[i] = cuda.shfl_xor_sync(FULL, np.float32(i), 1)
+
+    _raises(two_kinds, 32, "mismatched")
+
+    @cuda.jit
+    def overlapping_masks(out):
+        i = cuda.threadIdx.x
+        mask = 0x3 if i == 0 else 0x7
+        if i < 3:
+            out[i] = cuda.shfl_sync(mask, np.float32(i), 0)
+
+    _raises(overlapping_masks, 32, "mismatched|exited")
+
+
+def test_bad_masks_and_types_raise():
+    @cuda.jit
+    def full_mask_on_partial_warp(out):
+        i = cuda.threadIdx.x
+        out[i] = cuda.shfl_xor_sync(FULL, np.float32(i), 1)
+
+    _raises(full_mask_on_partial_warp, 40, "do not exist")
+
+    @cuda.jit
+    def not_in_own_mask(out):
+        i = cuda.threadIdx.x
+        out[i] = cuda.shfl_xor_sync(0x1, np.float32(i), 1)
+
+    _raises(not_in_own_mask, 32, "not named in its own mask")
+
+    @cuda.jit
+    def half(out):
+        i = cuda.threadIdx.x
+        out[i] = cuda.shfl_xor_sync(FULL, np.float16(i), 1)
+
+    _raises(half, 32, "32- and 64-bit")
