@@ -336,6 +336,112 @@ def test_bfloat16_refused_clearly_where_unsupported():
         nc.layer_norm(x, 4)
 
 
+# ---------------------------------------------------------------- bfloat16
+
+def _bf16():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    if C.bfloat16_unsupported():
+        pytest.skip(C.bfloat16_unsupported())
+    return ml_dtypes.bfloat16
+
+
+def ml_dtypes_finfo(dt):
+    import ml_dtypes
+
+    return ml_dtypes.finfo(dt)
+
+
+def _bits(a):
+    return np.asarray(a).view(np.uint16)
+
+
+@pytest.mark.cudasim
+def test_bfloat16_store_rounds_to_nearest_even():
+    """float32 -> bfloat16 through the kernels' store (the cast kernel): ml_dtypes' rounding,
+    bit for bit, at ties, NaN, infinities, overflow, subnormals and signed zeros."""
+    bf16 = _bf16()
+    one = np.float32(1)
+    ulp = np.float32(2.0 ** -7)  # bfloat16's spacing at 1
+    f32max = np.finfo(np.float32).max
+    bfmax = float(ml_dtypes_finfo(bf16).max)
+    vals = np.array([
+        one + ulp / 2,            # a tie: to the even 1.0
+        one + 3 * ulp / 2,        # a tie: to the even 1 + 2 ulp
+        one + ulp / 2 + 2.0 ** -20,  # just above a tie: up
+        -(one + ulp / 2),         # ties are symmetric
+        np.inf, -np.inf, f32max, -f32max,  # float32's largest rounds past bfloat16's: inf
+        bfmax,                    # bfloat16's largest stays
+        bfmax * (1 + 2.0 ** -9),  # below the halfway point to 2**128: stays finite
+        1e-40, -1e-40, 0.0, -0.0,  # subnormals, signed zeros
+        3.14159, -2.71828, 65504.0,
+    ], np.float32)
+    from numbanorm.cuda import _backend as B  # its cast: what the frontend converts with
+    got = B.cast(cuda.to_device(vals), bf16).copy_to_host()
+    np.testing.assert_array_equal(_bits(got), _bits(vals.astype(bf16)))
+    assert np.isinf(got[4]) and np.isinf(got[6]) and got[6] > 0 and got[7] < 0
+    nan = B.cast(cuda.to_device(np.array([np.nan, -np.nan], np.float32)), bf16).copy_to_host()
+    assert np.isnan(nan.astype(np.float32)).all()
+    # and back: bfloat16 -> float32 is exact, NaN and infinities included
+    back = B.cast(cuda.to_device(vals.astype(bf16)), np.float32).copy_to_host()
+    np.testing.assert_array_equal(back, vals.astype(bf16).astype(np.float32))
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("shape", [(5, 64), (3, 70)])  # rows in words; element by element
+def test_bfloat16_kernels_match_the_oracle_rounded(rng, shape):
+    """LayerNorm, RMSNorm (fused add included) and GroupNorm in bfloat16: the float32
+    oracle on the same bfloat16 inputs, rounded to bfloat16 (an ulp of slack: the
+    kernels and the oracle sum in different orders)."""
+    bf16 = _bf16()
+    n = shape[-1]
+    x, dy = _rows(rng, shape).astype(bf16), _rows(rng, shape).astype(bf16)
+    w = rng.uniform(0.5, 1.5, n).astype(bf16)
+    b = rng.standard_normal(n).astype(bf16)
+    f = np.float32
+
+    def close(got, ref, what):
+        assert got.dtype == bf16, what
+        got, ref = got.astype(np.float64), ref.astype(bf16).astype(np.float64)
+        # bfloat16 keeps 8 significant bits: one ulp is 2**-7 relative
+        np.testing.assert_allclose(got, ref, rtol=2.0 ** -7, atol=2.0 ** -7 * np.abs(ref).max(), err_msg=what)
+
+    y, m, r = nc.layer_norm_forward(x, n, w, b)
+    yr, mr, rr = ORACLE.layer_norm_forward(x.astype(f), n, w.astype(f), b.astype(f))
+    close(y, yr, "LN y")
+    assert m.dtype == np.float32
+    assert_close(m, mr, np.float32)
+    assert_close(r, rr, np.float32)
+    dx, dw, db = nc.layer_norm_backward(dy, x, m, r, n, w)
+    dxr, dwr, dbr = ORACLE.layer_norm_backward(dy.astype(f), x.astype(f), mr, rr, n, w.astype(f))
+    close(dx, dxr, "LN dx")
+    assert dw.dtype == bf16  # the weight's dtype, as torch
+    close(dw, dwr, "LN dw")
+    close(db, dbr, "LN db")
+    y, s = nc.add_rms_norm(x, dy, n, w)
+    np.testing.assert_array_equal(_bits(s), _bits((x.astype(f) + dy.astype(f)).astype(bf16)))
+    close(y, ORACLE.rms_norm(s.astype(f), n, w.astype(f)), "RMS y (fused)")
+    _, r = nc.rms_norm_forward(x, n, w)
+    rr = ORACLE.rms_norm_forward(x.astype(f), n, w.astype(f))[1]
+    for got, ref, what in zip(nc.rms_norm_backward(dy, x, r, n, w),
+                              ORACLE.rms_norm_backward(dy.astype(f), x.astype(f), rr, n, w.astype(f)),
+                              ("RMS dx", "RMS dw")):
+        close(got, ref, what)
+    x4, w4 = x.reshape(shape[0], 2, -1), w[:2]
+    y, m, r = nc.group_norm_forward(x4, 1, w4, w4)
+    close(y, ORACLE.group_norm_forward(x4.astype(f), 1, w4.astype(f), w4.astype(f))[0], "GN y")
+
+
+@pytest.mark.cudasim
+def test_bfloat16_non_finite_inputs_propagate():
+    bf16 = _bf16()
+    x = np.array([[1, 2, 3, 4], [1, np.inf, 3, 4], [1, np.nan, 3, 4]], np.float32).astype(bf16)
+    for norm in (nc.rms_norm, nc.layer_norm):
+        y = norm(x, 4).astype(np.float32)
+        ref = getattr(ORACLE, norm.__name__)(x.astype(np.float32), 4).astype(bf16).astype(np.float32)
+        assert np.isnan(ref[2]).all()  # NaN rows stay NaN, inf rows as the oracle has them
+        np.testing.assert_allclose(y, ref, rtol=2.0 ** -7, atol=2.0 ** -7 * 4, equal_nan=True)
+
+
 # ---------------------------------------------------------------- real hardware only
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])

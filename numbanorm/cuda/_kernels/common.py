@@ -43,7 +43,8 @@ F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
 
 # numba-cuda types arrays of ml_dtypes' bfloat16 as its own bfloat16 (compute
-# capability >= 8.0 on hardware; the simulator has no bfloat16 at all)
+# capability >= 8.0 on hardware); the kernels see them as uint16 bits (``kview``),
+# so the simulator runs them too (with ``_simlibdevice``'s bit casts)
 try:
     import ml_dtypes as _ml_dtypes
 
@@ -273,9 +274,7 @@ def bfloat16_unsupported():
     """Why bfloat16 cannot run here, or '' when it can."""
     if BF16 is None:
         return "bfloat16 arrays need the ml_dtypes package (numba-cuda types them through it)"
-    if SIMULATED:
-        return "numba's CUDA simulator has no bfloat16 (numba.cuda.bf16 is hardware-only)"
-    if not cuda.is_bfloat16_supported():
+    if not SIMULATED and not cuda.is_bfloat16_supported():
         return "bfloat16 needs a GPU of compute capability 8.0 or newer"
     return ""
 
