@@ -298,8 +298,25 @@ CALL = _Call()
 # Resolved kernel specializations.  A numba-cuda dispatcher call types every
 # argument and looks the signature up each time; our launchers know the
 # specialization from a few dtypes, so after the first (ordinary) launch the
-# compiled kernel is kept here and launched directly.
+# compiled kernel is kept here and launched directly -- through numba-cuda's
+# private ``_Kernel.launch``, which takes a cuda.core stream: the dispatcher
+# converts numba's stream (``driver._to_core_stream``) before it, and so must we
+# (the versions whose internals these are: pyproject's numba-cuda pin).
 _RESOLVED = {}
+
+
+def _core_stream_fn():
+    if SIMULATED:
+        return None
+    try:
+        from numba.cuda.cudadrv import driver
+    except ImportError:  # pragma: no cover - depends on the environment
+        return None
+    return getattr(driver, "_to_core_stream", None)
+
+
+# None: numba-cuda's internals are not the ones known here; every launch dispatches
+_to_core_stream = _core_stream_fn()
 
 
 def launch(kernel, grid, block, *args):
@@ -313,11 +330,11 @@ def launch(kernel, grid, block, *args):
     key = (kernel, *(getattr(a, "dtype", type(a)) for a in args))
     compiled = _RESOLVED.get(key)
     if compiled is not None:
-        compiled.launch(args, (grid, 1, 1), (block, 1, 1), stream, 0)
+        compiled.launch(args, (grid, 1, 1), (block, 1, 1), _to_core_stream(stream), 0)
         return
     kernel[grid, block, stream](*args)
     overloads = getattr(kernel, "overloads", None)  # None in the simulator
-    if overloads:
+    if overloads and _to_core_stream is not None:
         compiled = overloads.get(tuple(kernel.typeof_pyval(a) for a in args))
         if compiled is not None:
             _RESOLVED[key] = compiled

@@ -1,0 +1,102 @@
+"""Run by tests/test_cuda_launch.py in a process without the CUDA simulator and without a
+GPU: numbanorm's launchers drive numba-cuda's real dispatcher, compiler (NVVM, sm_90)
+and argument marshalling down to the driver, and only the driver is stubbed:
+
+* asking the device for its compute capability (an H100's 9.0),
+* loading the compiled module (``CUDACodeLibrary.get_cufunc``),
+* making a cuda.core stream from a handle (``Stream.from_handle``: numba-cuda's
+  ``driver.ExperimentalStream``),
+* the launch itself (cuda.core's ``launch`` as numba-cuda's dispatcher calls it),
+  which checks its stream as cuda.core does: "Stream or GraphBuilder expected".
+
+Device arrays are numba's own, over fake device pointers.  Prints one JSON line.
+"""
+
+import json
+import sys
+
+import numpy as np
+
+
+def main():
+    from numba import cuda
+    from numba.cuda import dispatcher
+    from numba.cuda.codegen import CUDACodeLibrary
+    from numba.cuda.cudadrv import devicearray, driver
+
+    class Device:  # what the compiler asks the current device
+        compute_capability = (9, 0)
+
+    dispatcher.get_current_device = lambda: Device()
+    # the code library asks the current context's device too
+    CUDACodeLibrary._ensure_cc = lambda self, cc: cc if cc is not None else (9, 0, "a")
+
+    class CoreStream:  # cuda.core's Stream, minus the driver
+        def __init__(self, handle):
+            self.handle = handle
+
+        @classmethod
+        def from_handle(cls, handle):
+            return cls(int(handle))
+
+    class GraphBuilder:
+        pass
+
+    driver.ExperimentalStream = CoreStream
+    driver.GraphBuilder = GraphBuilder
+
+    class Module:
+        initialized = True  # (numba sets up a module's globals once, through the driver)
+
+    class Function:
+        module = Module()
+
+        def __init__(self, name):
+            self.name = name
+            self.kernel = ("kernel", name)
+
+    CUDACodeLibrary.get_cufunc = lambda self: Function(self.name)
+    launches = []
+
+    def launch(stream, config, kernel, *args):
+        if not isinstance(stream, (CoreStream, GraphBuilder)):
+            raise TypeError(f"Stream or GraphBuilder expected, got {type(stream).__name__}")
+        launches.append({"stream": stream.handle, "grid": list(config.grid), "block": list(config.block),
+                         "kernel": kernel[1], "args": [getattr(a, "value", a) for a in args]})
+
+    dispatcher.launch = launch
+
+    class Memory:  # a device allocation that is only an address
+        _next = [1 << 40]
+
+        def __init__(self, size):
+            self.device_ctypes_pointer = __import__("ctypes").c_void_p(Memory._next[0])
+            Memory._next[0] += (size + 255) // 256 * 256
+
+    def device_array(shape, dtype):
+        dtype = np.dtype(dtype)
+        shape = tuple(shape)
+        strides = tuple(int(s) for s in np.empty(shape, dtype).strides)
+        return devicearray.DeviceNDArray(shape, strides, dtype, gpu_data=Memory(int(np.prod(shape)) * dtype.itemsize))
+
+    cuda.device_array = device_array  # allocation is the driver's too
+
+    from numbanorm.cuda._kernels import common as C
+    from numbanorm.cuda._kernels import layer_norm as LN
+
+    C.n_sm = lambda: 132  # an H100
+    M, N = int(sys.argv[1]), int(sys.argv[2])
+    x, y = device_array((M, N), np.float16), device_array((M, N), np.float16)
+    w, b = device_array((N,), np.float16), device_array((N,), np.float16)
+    mean, rstd = device_array((M,), np.float32), device_array((M,), np.float32)
+    errors = []
+    for _ in range(3):
+        try:
+            LN.forward(x, w, b, 1e-5, y, mean, rstd)
+        except TypeError as e:
+            errors.append(str(e))
+    print(json.dumps({"launches": launches, "errors": errors, "resolved": len(C._RESOLVED)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""The hardware launch path, without a GPU: numba-cuda's real dispatcher, compiler and
+argument marshalling, only the driver stubbed (``tests/_nosim_launch.py``)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _run(*argv):
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(HERE), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, os.path.join(HERE, "_nosim_launch.py"), *map(str, argv)],
+                         capture_output=True, text=True, env=env, timeout=600)
+    if out.returncode and ("libnvvm" in out.stderr.lower() or "nvvm" in out.stderr.lower()):
+        pytest.skip("NVVM is not installed: " + out.stderr.strip().splitlines()[-1])
+    assert out.returncode == 0, out.stderr[-4000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_repeated_launches_reach_the_driver_with_a_core_stream():
+    """The first launch dispatches; the later ones go straight to the compiled kernel
+    (numbanorm's cached specialization) and must hand cuda.core a stream it accepts,
+    with the same kernel, grid, block and arguments as the dispatcher's launch."""
+    res = _run(64, 1024)
+    assert res["errors"] == [], res["errors"]
+    assert res["resolved"] == 1
+    first, *rest = res["launches"]
+    assert len(rest) == 2
+    for later in rest:
+        assert later == first
+    assert first["stream"] == 0 and first["block"][0] > 0
