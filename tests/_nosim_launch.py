@@ -55,7 +55,13 @@ def main():
             self.name = name
             self.kernel = ("kernel", name)
 
-    CUDACodeLibrary.get_cufunc = lambda self: Function(self.name)
+    libraries = set()  # one per compiled kernel
+
+    def get_cufunc(self):
+        libraries.add(id(self))
+        return Function(self.name)
+
+    CUDACodeLibrary.get_cufunc = get_cufunc
     launches = []
 
     def launch(stream, config, kernel, *args):
@@ -85,6 +91,8 @@ def main():
     from numbanorm.cuda._kernels import layer_norm as LN
 
     C.n_sm = lambda: 132  # an H100
+    if sys.argv[1] == "sweep":
+        return sweep(int(sys.argv[2]), int(sys.argv[3]), device_array, libraries, launches, C, LN)
     M, N = int(sys.argv[1]), int(sys.argv[2])
     x, y = device_array((M, N), np.float16), device_array((M, N), np.float16)
     w, b = device_array((N,), np.float16), device_array((N,), np.float16)
@@ -96,6 +104,22 @@ def main():
         except TypeError as e:
             errors.append(str(e))
     print(json.dumps({"launches": launches, "errors": errors, "resolved": len(C._RESOLVED)}))
+
+
+def sweep(N, M_max, device_array, libraries, launches, C, LN):
+    """LayerNorm forward and backward for every row count 1..M_max at N (float16)."""
+    f16, f32 = np.float16, np.float32
+    w, b = device_array((N,), f16), device_array((N,), f16)
+    dw, db = device_array((N,), f32), device_array((N,), f32)
+    configs = set()
+    for M in range(1, M_max + 1):
+        x, y = device_array((M, N), f16), device_array((M, N), f16)
+        mean, rstd = device_array((M,), f32), device_array((M,), f32)
+        LN.forward(x, w, b, 1e-5, y, mean, rstd)
+        LN.backward(y, x, mean, rstd, w, x, dw, db)
+        configs.add(C.row_config(M, N, False, 4))
+    print(json.dumps({"kernels": len(libraries), "launches": len(launches), "configs": len(configs),
+                      "grids": len({la["grid"][0] for la in launches})}))
 
 
 if __name__ == "__main__":

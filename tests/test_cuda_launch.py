@@ -34,3 +34,12 @@ def test_repeated_launches_reach_the_driver_with_a_core_stream():
     for later in rest:
         assert later == first
     assert first["stream"] == 0 and first["block"][0] > 0
+
+
+def test_a_new_row_count_compiles_no_new_kernel():
+    """M = 1..4096 at N = 1024 float16, LayerNorm forward and backward: the grid (and the
+    partial-row count) changes with M, the compiled code must not."""
+    res = _run("sweep", 1024, 4096)
+    assert res["launches"] == 3 * 4096  # forward, backward, column sums
+    assert res["configs"] > 1000 and res["grids"] > 100  # many launch configurations ...
+    assert res["kernels"] <= 6, res  # ... a handful of kernels

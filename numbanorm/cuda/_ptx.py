@@ -99,21 +99,21 @@ def _cases():
                 R2 = arr(T.uint64, 2) if vec > 1 else arr(X, 2)
                 cfg = C.row_config(32768, n, wide, vec)
                 tag = f"{dt.name} N={n} tpr={cfg.tpr} vpt={cfg.vpt} vec={vec} rows={cfg.rows} loop={cfg.loop}"
-                yield (f"layer_norm.forward {tag}", LN._forward_kernel(dt, dt, dt, cfg, True),
+                yield (f"layer_norm.forward {tag}", LN._forward_kernel(dt, dt, dt, cfg.code, True),
                        (R2, R2, X1, X1, A, R2, R2, A1, A1), cfg.block, wide)
-                yield (f"layer_norm.backward {tag}", LN._backward_kernel(dt, dt, cfg, True),
+                yield (f"layer_norm.backward {tag}", LN._backward_kernel(dt, dt, cfg.code, True),
                        (R2, R2, A1, A1, X1, R2, R2, A3), cfg.block, wide)
-                yield (f"rms_norm.forward {tag}", RN._forward_kernel(dt, dt, cfg, True),
+                yield (f"rms_norm.forward {tag}", RN._forward_kernel(dt, dt, cfg.code, True),
                        (R2, R2, X1, A, R2, R2, A1), cfg.block, wide)
-                yield (f"rms_norm.backward {tag}", RN._backward_kernel(dt, dt, cfg, True),
+                yield (f"rms_norm.backward {tag}", RN._backward_kernel(dt, dt, cfg.code, True),
                        (R2, R2, A1, X1, R2, R2, A3), cfg.block, wide)
                 gcfg = C.row_config(4 * 32, n * 10, wide, vec)  # (4, 320 channels, 32 groups, S=n)
-                yield (f"group_norm.forward {dt.name} L={n * 10} vec={vec}", GN._forward_kernel(dt, dt, dt, gcfg),
+                yield (f"group_norm.forward {dt.name} L={n * 10} vec={vec}", GN._forward_kernel(dt, dt, dt, gcfg.code),
                        (R2, X1, X1, A, i64, i64, R2, A1, A1), gcfg.block, wide)
                 ccfg = C.row_config(4 * 320, n, wide, vec)
-                yield (f"group_norm.channel_sums {dt.name} S={n} vec={vec}", GN._channel_sums_kernel(dt, ccfg),
+                yield (f"group_norm.channel_sums {dt.name} S={n} vec={vec}", GN._channel_sums_kernel(dt, ccfg.code),
                        (R2, R2, A1, i64, A2), ccfg.block, wide)
-                yield (f"group_norm.dx {dt.name} S={n} vec={vec}", GN._dx_kernel(dt, dt, ccfg),
+                yield (f"group_norm.dx {dt.name} S={n} vec={vec}", GN._dx_kernel(dt, dt, ccfg.code),
                        (R2, R2, A1, A1, X1, i64, A2, R2), ccfg.block, wide)
         yield (f"cast float32->{dt.name}", C._cast_kernel(np.dtype(np.float32), dt),
                (arr(T.float32, 1), X1), 256, wide)

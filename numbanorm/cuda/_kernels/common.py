@@ -81,7 +81,18 @@ def n_sm():
     return int(getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", 1))
 
 
-RowConfig = namedtuple("RowConfig", "tpr vpt rows loop block grid vec")
+# What the generated code depends on: kernels are specialized (and cached) on this,
+# never on the row count or the grid, which are launch arguments
+Mapping = namedtuple("Mapping", "tpr vpt rows loop block vec")
+
+
+class RowConfig(namedtuple("RowConfig", "tpr vpt rows loop block grid vec")):
+    __slots__ = ()
+
+    @property
+    def code(self):
+        """The part of the configuration a kernel is compiled for (all but the grid)."""
+        return Mapping(self.tpr, self.vpt, self.rows, self.loop, self.block, self.vec)
 
 
 def kernel_jit(block):
@@ -415,7 +426,9 @@ def column_sums(part, out0, out1=None):
     """out0[:] = part[0].sum(0) (and out1 from part[1]) in a fixed order: deterministic."""
     K, P, N = part.shape
     cols = min(SUM_COLS, pow2(N))
-    slices = min(SUM_SLICES, pow2(cdiv(P, SUM_ROWS_PER_SLICE))) if P else 1
+    # two variants only (a new row count must not compile a new kernel): one slice
+    # for the few partial rows of small inputs, all of them otherwise
+    slices = 1 if P <= SUM_ROWS_PER_SLICE else SUM_SLICES
     acc = "float64" if part.dtype == F64 else "float32"
     kern = _column_sums_kernel(K, cols, slices, acc)
     launch(kern, cdiv(N, cols), cols * slices, part, out0, out0 if out1 is None else out1)

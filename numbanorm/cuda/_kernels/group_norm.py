@@ -297,7 +297,7 @@ def forward(x, weight, bias, eps, y, mean, rstd):
     # words must not straddle channels: the per-channel loop steps over S
     vec = C.vec_width(S, x, y)
     cfg = C.row_config(n * G, L, x.dtype == C.F64, vec)
-    kern = _forward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), C.dtype_or_none(bias), cfg)
+    kern = _forward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), C.dtype_or_none(bias), cfg.code)
     xe = C.kview(x)
     C.launch(kern, cfg.grid, cfg.block, C.words(x, vec).reshape(n * G, L // vec), C.optional(weight, xe, 1),
              C.optional(bias, xe, 1), np.dtype(mean.dtype).type(eps), S, G,
@@ -319,8 +319,8 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
         xk = C.words(x, vec).reshape(n * c, S // vec)
         dyk = C.words(dy, vec).reshape(n * c, S // vec)
         m1, p1 = mean.reshape(n * G), part.reshape(4, n * c)
-        C.launch(_channel_sums_kernel(xdt, cfg), cfg.grid, cfg.block, dyk, xk, m1, c // G, p1)
-        C.launch(_dx_kernel(xdt, C.dtype_or_none(weight), cfg), cfg.grid, cfg.block, dyk, xk, m1,
+        C.launch(_channel_sums_kernel(xdt, cfg.code), cfg.grid, cfg.block, dyk, xk, m1, c // G, p1)
+        C.launch(_dx_kernel(xdt, C.dtype_or_none(weight), cfg.code), cfg.grid, cfg.block, dyk, xk, m1,
                  rstd.reshape(n * G), C.optional(weight, C.kview(x), 1), c // G, p1,
                  C.words(dx, vec).reshape(n * c, S // vec))
     C.column_sums(part[0:2], dweight, dbias)

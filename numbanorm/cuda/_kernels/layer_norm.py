@@ -354,7 +354,7 @@ def forward(x, weight, bias, eps, y, mean, rstd, residual=None, s=None, y_mapped
         return
     vec = C.vec_width(N, x, y, residual, s)
     cfg = C.row_config(M, N, x.dtype == C.F64, vec)
-    kern = _forward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), C.dtype_or_none(bias), cfg,
+    kern = _forward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), C.dtype_or_none(bias), cfg.code,
                            residual is not None)
     xe, xk = C.kview(x), C.words(x, vec)  # elements (dummy parameters), words (rows)
     C.launch(kern, cfg.grid, cfg.block, xk, C.optional(residual, xk, 2, vec), C.optional(weight, xe, 1),
@@ -375,7 +375,7 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None):
     vec = C.vec_width(N, x, dy, dx, ds)
     cfg = C.row_config(M, N, x.dtype == C.F64, vec)
     part = C.device_empty((2, cfg.grid, N), acc)
-    kern = _backward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), cfg, ds is not None)
+    kern = _backward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), cfg.code, ds is not None)
     xe, xk = C.kview(x), C.words(x, vec)
     C.launch(kern, cfg.grid, cfg.block, C.words(dy, vec), xk, mean, rstd, C.optional(weight, xe, 1),
              C.optional(ds, xk, 2, vec), C.words(dx, vec), part)

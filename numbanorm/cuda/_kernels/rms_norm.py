@@ -259,7 +259,7 @@ def forward(x, weight, eps, y, rstd, residual=None, s=None, y_mapped=False):
         return
     vec = C.vec_width(N, x, y, residual, s)
     cfg = C.row_config(M, N, x.dtype == C.F64, vec)
-    kern = _forward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), cfg, residual is not None)
+    kern = _forward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), cfg.code, residual is not None)
     xe, xk = C.kview(x), C.words(x, vec)
     C.launch(kern, cfg.grid, cfg.block, xk, C.optional(residual, xk, 2, vec), C.optional(weight, xe, 1),
              np.dtype(rstd.dtype).type(eps), C.words(y, vec), C.optional(s, xk, 2, vec), rstd)
@@ -275,7 +275,7 @@ def backward(dy, x, rstd, weight, dx, dweight, ds=None):
     vec = C.vec_width(N, x, dy, dx, ds)
     cfg = C.row_config(M, N, x.dtype == C.F64, vec)
     part = C.device_empty((1, cfg.grid, N), acc)
-    kern = _backward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), cfg, ds is not None)
+    kern = _backward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), cfg.code, ds is not None)
     xe, xk = C.kview(x), C.words(x, vec)
     C.launch(kern, cfg.grid, cfg.block, C.words(dy, vec), xk, rstd, C.optional(weight, xe, 1),
              C.optional(ds, xk, 2, vec), C.words(dx, vec), part)
