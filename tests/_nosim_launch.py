@@ -2,7 +2,8 @@
 GPU: numbanorm's launchers drive numba-cuda's real dispatcher, compiler (NVVM, sm_90)
 and argument marshalling down to the driver, and only the driver is stubbed:
 
-* asking the device for its compute capability (an H100's 9.0),
+* asking the device for its compute capability (an H100's 9.0) and the runtime
+  for its version (the on-disk cache's key),
 * loading the compiled module (``CUDACodeLibrary.get_cufunc``),
 * making a cuda.core stream from a handle (``Stream.from_handle``: numba-cuda's
   ``driver.ExperimentalStream``),
@@ -18,10 +19,13 @@ import sys
 import numpy as np
 
 
+HITS = []
+
+
 def main():
     from numba import cuda
     from numba.cuda import dispatcher
-    from numba.cuda.codegen import CUDACodeLibrary
+    from numba.cuda.codegen import CUDACodeLibrary, JITCUDACodegen
     from numba.cuda.cudadrv import devicearray, driver
 
     class Device:  # what the compiler asks the current device
@@ -30,6 +34,8 @@ def main():
     dispatcher.get_current_device = lambda: Device()
     # the code library asks the current context's device too
     CUDACodeLibrary._ensure_cc = lambda self, cc: cc if cc is not None else (9, 0, "a")
+    # the on-disk cache keys kernels on the runtime's version and the device
+    JITCUDACodegen.magic_tuple = lambda self: ((13, 0), (9, 0))
 
     class CoreStream:  # cuda.core's Stream, minus the driver
         def __init__(self, handle):
@@ -71,6 +77,15 @@ def main():
                          "kernel": kernel[1], "args": [getattr(a, "value", a) for a in args]})
 
     dispatcher.launch = launch
+    load = dispatcher.CUDACache.load_overload
+
+    def load_overload(self, *args, **kwargs):  # count the kernels read from numba's disk cache
+        kern = load(self, *args, **kwargs)
+        if kern is not None:
+            HITS.append(repr(self))
+        return kern
+
+    dispatcher.CUDACache.load_overload = load_overload
 
     class Memory:  # a device allocation that is only an address
         _next = [1 << 40]
@@ -118,8 +133,10 @@ def sweep(N, M_max, device_array, libraries, launches, C, LN):
         LN.forward(x, w, b, 1e-5, y, mean, rstd)
         LN.backward(y, x, mean, rstd, w, x, dw, db)
         configs.add(C.row_config(M, N, False, 4))
+    stamps = {k._cache._cache_file._source_stamp for k in (LN._forward_kernel(f16, f16, f16, C.row_config(1, N, False, 4).code, False),)}
     print(json.dumps({"kernels": len(libraries), "launches": len(launches), "configs": len(configs),
-                      "grids": len({la["grid"][0] for la in launches})}))
+                      "grids": len({la["grid"][0] for la in launches}), "stamps": sorted(stamps),
+                      "cache_hits": len(HITS)}))
 
 
 if __name__ == "__main__":

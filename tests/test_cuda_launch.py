@@ -11,8 +11,8 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _run(*argv):
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+def _run(*argv, env=None):
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", **(env or {}))
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(HERE), env.get("PYTHONPATH", "")])
     out = subprocess.run([sys.executable, os.path.join(HERE, "_nosim_launch.py"), *map(str, argv)],
                          capture_output=True, text=True, env=env, timeout=600)
@@ -22,11 +22,11 @@ def _run(*argv):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_repeated_launches_reach_the_driver_with_a_core_stream():
+def test_repeated_launches_reach_the_driver_with_a_core_stream(tmp_path):
     """The first launch dispatches; the later ones go straight to the compiled kernel
     (numbanorm's cached specialization) and must hand cuda.core a stream it accepts,
     with the same kernel, grid, block and arguments as the dispatcher's launch."""
-    res = _run(64, 1024)
+    res = _run(64, 1024, env={"NUMBA_CACHE_DIR": str(tmp_path)})
     assert res["errors"] == [], res["errors"]
     assert res["resolved"] == 1
     first, *rest = res["launches"]
@@ -36,10 +36,29 @@ def test_repeated_launches_reach_the_driver_with_a_core_stream():
     assert first["stream"] == 0 and first["block"][0] > 0
 
 
-def test_a_new_row_count_compiles_no_new_kernel():
+def test_a_new_row_count_compiles_no_new_kernel(tmp_path):
     """M = 1..4096 at N = 1024 float16, LayerNorm forward and backward: the grid (and the
     partial-row count) changes with M, the compiled code must not."""
-    res = _run("sweep", 1024, 4096)
+    res = _run("sweep", 1024, 4096, env={"NUMBA_CACHE_DIR": str(tmp_path)})
     assert res["launches"] == 3 * 4096  # forward, backward, column sums
     assert res["configs"] > 1000 and res["grids"] > 100  # many launch configurations ...
     assert res["kernels"] <= 6, res  # ... a handful of kernels
+
+
+def test_kernels_cached_on_disk_keyed_on_all_their_sources(tmp_path):
+    """A second process reads every kernel from numba-cuda's disk cache; the cache is
+    keyed on the source of every module the kernels inline (reduce.py, common.py ...),
+    not only on the file of the kernel itself (numba's own rule)."""
+    import hashlib
+
+    kdir = os.path.join(os.path.dirname(HERE), "numbanorm", "cuda", "_kernels")
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(kdir)):
+        if name.endswith(".py"):
+            with open(os.path.join(kdir, name), "rb") as f:
+                h.update(name.encode() + b"\0" + f.read())
+    env = {"NUMBA_CACHE_DIR": str(tmp_path)}
+    first = _run("sweep", 1024, 140, env=env)
+    again = _run("sweep", 1024, 140, env=env)
+    assert first["cache_hits"] == 0 and again["cache_hits"] == again["kernels"] == first["kernels"]
+    assert again["stamps"] == [h.hexdigest()]

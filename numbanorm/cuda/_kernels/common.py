@@ -25,6 +25,9 @@ per-thread copies of weight/bias (and, in the backward, of the dweight/dbias
 partial sums) are loaded or written once per block instead of once per row.
 Kernels are compiled with launch bounds that cap them at 64 registers
 (``MIN_RESIDENT`` threads per SM); ``numbanorm.cuda._ptx`` checks the result.
+They are specialized on ``RowConfig.code`` (the mapping, not the grid: a new row
+count compiles nothing) and cached on disk by numba-cuda, keyed on the source
+of every module here (``source_stamp``).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ MIN_RESIDENT = 1024    # threads per SM the register budget must allow (64 regs/
 SUM_COLS = 32          # column-sum kernel: columns per block (one warp, coalesced)
 SUM_SLICES = 32        # column-sum kernel: partial rows summed in parallel per column
 SUM_ROWS_PER_SLICE = 16
+CAST_BLOCK = 256       # elementwise cast kernel: threads per block
 
 
 def cdiv(a, b):
@@ -104,7 +108,37 @@ def kernel_jit(block):
     """
     if SIMULATED:
         return cuda.jit
-    return cuda.jit(launch_bounds=(block, max(1, MIN_RESIDENT // block)))
+    opts = dict(launch_bounds=(block, max(1, MIN_RESIDENT // block)))
+
+    def jit(fn):
+        try:
+            kern = cuda.jit(cache=True, **opts)(fn)
+        except RuntimeError:  # no writable cache location (a read-only install): in memory
+            return cuda.jit(**opts)(fn)
+        # numba keys the cache on the kernel's own file; the kernels inline device
+        # functions from every module here, so any of their sources invalidates it
+        cache_file = getattr(getattr(kern, "_cache", None), "_cache_file", None)
+        if cache_file is None or not hasattr(cache_file, "_source_stamp"):
+            return cuda.jit(**opts)(fn)  # not the numba-cuda internals known here
+        cache_file._source_stamp = source_stamp()
+        return kern
+
+    return jit
+
+
+@functools.lru_cache(maxsize=None)
+def source_stamp():
+    """A hash of the source of every module the GPU kernels are compiled from."""
+    import hashlib
+    import os
+
+    h = hashlib.sha256()
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in sorted(os.listdir(here)):
+        if name.endswith(".py"):
+            with open(os.path.join(here, name), "rb") as f:
+                h.update(name.encode() + b"\0" + f.read())
+    return h.hexdigest()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -386,7 +420,7 @@ def device_empty(shape, dtype):
 def _column_sums_kernel(K, COLS, SLICES, acc_name):
     ACC = getattr(cuda, acc_name)
 
-    @cuda.jit
+    @kernel_jit(COLS * SLICES)
     def column_sums(
         part,  # (K, P, N) partial sums, one row per block of the kernel that made them
         out0,  # (N,) sum over P of part[0], accumulation dtype
@@ -441,7 +475,7 @@ def _cast_kernel(src_dtype, dst_dtype):
     LOAD = load_fn(src_dtype, "float64")
     STORE = store_fn(dst_dtype)
 
-    @cuda.jit
+    @kernel_jit(CAST_BLOCK)
     def cast(
         src,  # (n,) values in any float dtype
         dst,  # (n,) the same values in dst's dtype
@@ -458,4 +492,4 @@ def cast_into(src, dst):
     n = src.shape[0]
     if n:
         kern = _cast_kernel(np.dtype(src.dtype), np.dtype(dst.dtype))
-        launch(kern, cdiv(n, 256), 256, kview(src), kview(dst))
+        launch(kern, cdiv(n, CAST_BLOCK), CAST_BLOCK, kview(src), kview(dst))
