@@ -104,10 +104,11 @@ def main():
 
     from numbanorm.cuda._kernels import common as C
     from numbanorm.cuda._kernels import layer_norm as LN
+    from numbanorm.cuda._kernels import row_norm as RW
 
     C.n_sm = lambda: 132  # an H100
     if sys.argv[1] == "sweep":
-        return sweep(int(sys.argv[2]), int(sys.argv[3]), device_array, libraries, launches, C, LN)
+        return sweep(int(sys.argv[2]), int(sys.argv[3]), device_array, libraries, launches, C, LN, RW)
     M, N = int(sys.argv[1]), int(sys.argv[2])
     x, y = device_array((M, N), np.float16), device_array((M, N), np.float16)
     w, b = device_array((N,), np.float16), device_array((N,), np.float16)
@@ -121,7 +122,7 @@ def main():
     print(json.dumps({"launches": launches, "errors": errors, "resolved": len(C._RESOLVED)}))
 
 
-def sweep(N, M_max, device_array, libraries, launches, C, LN):
+def sweep(N, M_max, device_array, libraries, launches, C, LN, RW):
     """LayerNorm forward and backward for every row count 1..M_max at N (float16)."""
     f16, f32 = np.float16, np.float32
     w, b = device_array((N,), f16), device_array((N,), f16)
@@ -133,7 +134,7 @@ def sweep(N, M_max, device_array, libraries, launches, C, LN):
         LN.forward(x, w, b, 1e-5, y, mean, rstd)
         LN.backward(y, x, mean, rstd, w, x, dw, db)
         configs.add(C.row_config(M, N, False, 4))
-    stamps = {k._cache._cache_file._source_stamp for k in (LN._forward_kernel(f16, f16, f16, C.row_config(1, N, False, 4).code, False),)}
+    stamps = {k._cache._cache_file._source_stamp for k in (RW.forward_kernel("layer", f16, f16, f16, C.row_config(1, N, False, 4).code, False),)}
     print(json.dumps({"kernels": len(libraries), "launches": len(launches), "configs": len(configs),
                       "grids": len({la["grid"][0] for la in launches}), "stamps": sorted(stamps),
                       "cache_hits": len(HITS)}))

@@ -76,7 +76,7 @@ def _cases():
 
     # the submodules by their full names: the package's own attributes
     # layer_norm/rms_norm/group_norm are the public functions
-    GN, LN, RN = (importlib.import_module(f"numbanorm.cuda._kernels.{m}") for m in ("group_norm", "layer_norm", "rms_norm"))
+    GN, RW = (importlib.import_module(f"numbanorm.cuda._kernels.{m}") for m in ("group_norm", "row_norm"))
 
     bf16 = np.dtype(ml_dtypes.bfloat16)
     elem = {np.dtype(np.float16): T.float16, np.dtype(np.float32): T.float32,
@@ -99,14 +99,11 @@ def _cases():
                 R2 = arr(T.uint64, 2) if vec > 1 else arr(X, 2)
                 cfg = C.row_config(32768, n, wide, vec)
                 tag = f"{dt.name} N={n} tpr={cfg.tpr} vpt={cfg.vpt} vec={vec} rows={cfg.rows} loop={cfg.loop}"
-                yield (f"layer_norm.forward {tag}", LN._forward_kernel(dt, dt, dt, cfg.code, True),
-                       (R2, R2, X1, X1, A, R2, R2, A1, A1), cfg.block, wide)
-                yield (f"layer_norm.backward {tag}", LN._backward_kernel(dt, dt, cfg.code, True),
-                       (R2, R2, A1, A1, X1, R2, R2, A3), cfg.block, wide)
-                yield (f"rms_norm.forward {tag}", RN._forward_kernel(dt, dt, cfg.code, True),
-                       (R2, R2, X1, A, R2, R2, A1), cfg.block, wide)
-                yield (f"rms_norm.backward {tag}", RN._backward_kernel(dt, dt, cfg.code, True),
-                       (R2, R2, A1, X1, R2, R2, A3), cfg.block, wide)
+                for kind in RW.KINDS:
+                    yield (f"{kind}_norm.forward {tag}", RW.forward_kernel(kind, dt, dt, dt, cfg.code, True),
+                           (R2, R2, X1, X1, A, R2, R2, A1, A1), cfg.block, wide)
+                    yield (f"{kind}_norm.backward {tag}", RW.backward_kernel(kind, dt, dt, cfg.code, True),
+                           (R2, R2, A1, A1, X1, R2, R2, A3), cfg.block, wide)
                 gcfg = C.row_config(4 * 32, n * 10, wide, vec)  # (4, 320 channels, 32 groups, S=n)
                 yield (f"group_norm.forward {dt.name} L={n * 10} vec={vec}", GN._forward_kernel(dt, dt, dt, gcfg.code),
                        (R2, X1, X1, A, i64, i64, R2, A1, A1), gcfg.block, wide)

@@ -3,7 +3,7 @@
 ``s = x + residual`` is formed in the norm kernel's first pass, stored once and
 normalized as stored (rounded to x's dtype, like ``numbanorm.cpu.add_norm``), so
 the unfused ``add`` kernel's extra read of s is saved.  The kernels are the
-``layer_norm``/``rms_norm`` forward kernels specialized with a residual; the
+``row_norm`` forward kernels specialized with a residual; the
 backward is their backward at s with ``ds`` added to dx.
 """
 
