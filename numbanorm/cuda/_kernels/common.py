@@ -341,27 +341,74 @@ class _Call(threading.local):
 CALL = _Call()
 
 # Resolved kernel specializations.  A numba-cuda dispatcher call types every
-# argument and looks the signature up each time; our launchers know the
-# specialization from a few dtypes, so after the first (ordinary) launch the
-# compiled kernel is kept here and launched directly -- through numba-cuda's
-# private ``_Kernel.launch``, which takes a cuda.core stream: the dispatcher
-# converts numba's stream (``driver._to_core_stream``) before it, and so must we
-# (the versions whose internals these are: pyproject's numba-cuda pin).
+# argument and looks the signature up each time, and its ``_Kernel.launch``
+# wraps every array in a memory view: most of the host time of a call.  Our
+# launchers know the specialization from a few dtypes, so after the first
+# (ordinary) launch the compiled kernel is kept here with a plan of its
+# arguments, and later launches marshal them as ``_Kernel._prepare_args`` does
+# (arrays: meminfo, parent, size, itemsize, pointer, shape, strides; scalars as
+# ctypes) and call cuda.core's ``launch`` as ``_Kernel.launch`` does, on the
+# stream converted as the dispatcher converts it (``driver._to_core_stream``).
+# These are numba-cuda internals: pyproject pins the versions they are known
+# in, and tests/test_cuda_launch.py checks, with only the driver stubbed, that
+# the direct launch hands the driver what numba's own launch does.
 _RESOLVED = {}
 
 
-def _core_stream_fn():
+def _internals():
     if SIMULATED:
         return None
     try:
+        from numba.cuda import dispatcher, types
         from numba.cuda.cudadrv import driver
-    except ImportError:  # pragma: no cover - depends on the environment
+
+        return driver._to_core_stream, dispatcher, types
+    except (ImportError, AttributeError):  # pragma: no cover - another numba-cuda
         return None
-    return getattr(driver, "_to_core_stream", None)
 
 
 # None: numba-cuda's internals are not the ones known here; every launch dispatches
-_to_core_stream = _core_stream_fn()
+_INTERNALS = _internals()
+
+
+def _plan(compiled):
+    """How to marshal each argument of ``compiled``: 'A' (array), a ctypes type, or
+    None when an argument (or the kernel) needs numba's general path."""
+    import ctypes
+
+    _, dispatcher, types = _INTERNALS
+    if compiled.debug or compiled.cooperative or compiled.extensions or not dispatcher.CUDA_CORE_GE_1_0:
+        return None
+    plan = []
+    for ty in compiled.argument_types:
+        if isinstance(ty, types.Array):
+            plan.append("A")
+        elif isinstance(ty, types.Integer):
+            plan.append(getattr(ctypes, f"c_{ty}"))
+        elif ty == types.float32:
+            plan.append(ctypes.c_float)
+        elif ty == types.float64:
+            plan.append(ctypes.c_double)
+        else:
+            return None
+    return tuple(plan)
+
+
+def _direct_launch(compiled, plan, args, grid, block, stream):
+    to_core, dispatcher, _ = _INTERNALS
+    kargs = []
+    for how, a in zip(plan, args):
+        if how == "A":
+            kargs += (0, 0, a.size, a.dtype.itemsize, a.device_ctypes_pointer.value, *a.shape, *a.strides)
+        else:
+            kargs.append(how(a))
+    dispatcher.launch(to_core(stream), _launch_config(grid, block), compiled._codelibrary.get_cufunc().kernel,
+                      *kargs)
+
+
+@functools.lru_cache(maxsize=1024)
+def _launch_config(grid, block):
+    return _INTERNALS[1].LaunchConfig(grid=(grid, 1, 1), block=(block, 1, 1), shmem_size=0, is_cooperative=False)
 
 
 def launch(kernel, grid, block, *args):
@@ -373,16 +420,20 @@ def launch(kernel, grid, block, *args):
     """
     stream = CALL.stream
     key = (kernel, *(getattr(a, "dtype", type(a)) for a in args))
-    compiled = _RESOLVED.get(key)
-    if compiled is not None:
-        compiled.launch(args, (grid, 1, 1), (block, 1, 1), _to_core_stream(stream), 0)
+    resolved = _RESOLVED.get(key)
+    if resolved is not None:
+        compiled, plan = resolved
+        if plan is None:
+            compiled.launch(args, (grid, 1, 1), (block, 1, 1), _INTERNALS[0](stream), 0)
+        else:
+            _direct_launch(compiled, plan, args, grid, block, stream)
         return
     kernel[grid, block, stream](*args)
     overloads = getattr(kernel, "overloads", None)  # None in the simulator
-    if overloads and _to_core_stream is not None:
+    if overloads and _INTERNALS is not None:
         compiled = overloads.get(tuple(kernel.typeof_pyval(a) for a in args))
         if compiled is not None:
-            _RESOLVED[key] = compiled
+            _RESOLVED[key] = (compiled, _plan(compiled))
 
 
 @functools.lru_cache(maxsize=None)
