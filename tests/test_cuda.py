@@ -610,3 +610,36 @@ def test_gpu_bench_runs(tmp_path):
 
     data = json.loads(path.read_text())
     assert data["meta"]["device"] and len(data["results"]) >= 6
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def test_parameter_gradients_stored_in_the_parameters_dtype(rng, monkeypatch, kind):
+    """The column sums round straight into float16 parameters: the backward is two
+    launches (kernel, column sums) with the same bits as float32 sums cast after."""
+    from numbanorm.cuda._kernels import row_norm
+
+    M, N = 64, 40  # several blocks: several partial rows per column
+    x, dy = _rows(rng, (M, N), np.float16), _rows(rng, (M, N), np.float16)
+    w = cuda.to_device(rng.uniform(0.5, 1.5, N).astype(np.float16))
+    xd, dyd = cuda.to_device(x), cuda.to_device(dy)
+    mean = cuda.to_device(x.astype(np.float32).mean(1))
+    rstd = cuda.to_device((1 / x.astype(np.float32).std(1)).astype(np.float32))
+    layer = kind == "layer"
+
+    def run(dtype):
+        dx = cuda.device_array((M, N), np.float16)
+        dw, db = cuda.device_array(N, dtype), cuda.device_array(N, dtype) if layer else None
+        row_norm.backward(kind, dyd, xd, mean if layer else None, rstd, w, dx, dw, db)
+        return dx.copy_to_host(), dw.copy_to_host(), None if db is None else db.copy_to_host()
+
+    wide = run(np.float32)
+    launches = []
+    real = C.launch
+    monkeypatch.setattr(C, "launch", lambda *a: launches.append(a[0]) or real(*a))
+    narrow = run(np.float16)
+    assert len(launches) == 2 and C.row_config(M, N).grid > 1
+    np.testing.assert_array_equal(narrow[0], wide[0])
+    np.testing.assert_array_equal(narrow[1], wide[1].astype(np.float16))
+    if layer:
+        np.testing.assert_array_equal(narrow[2], wide[2].astype(np.float16))

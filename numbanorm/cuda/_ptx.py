@@ -115,7 +115,7 @@ def _cases():
         yield (f"cast float32->{dt.name}", C._cast_kernel(np.dtype(np.float32), dt),
                (arr(T.float32, 1), X1), 256, wide)
     for acc, A in (("float32", T.float32), ("float64", T.float64)):
-        yield (f"column_sums {acc}", C._column_sums_kernel(2, 32, 32, acc),
+        yield (f"column_sums {acc}", C._column_sums_kernel(2, 32, 32, acc, np.dtype(acc)),
                (arr(A, 3), arr(A, 1), arr(A, 1)), 1024, acc == "float64")
 
 

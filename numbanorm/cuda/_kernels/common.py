@@ -468,14 +468,15 @@ def device_empty(shape, dtype):
 # ---------------------------------------------------------------- column sums
 
 @functools.lru_cache(maxsize=None)
-def _column_sums_kernel(K, COLS, SLICES, acc_name):
+def _column_sums_kernel(K, COLS, SLICES, acc_name, out_dtype):
     ACC = getattr(cuda, acc_name)
+    STORE = store_fn(out_dtype)  # the sums rounded once, into the parameters' dtype
 
     @kernel_jit(COLS * SLICES)
     def column_sums(
         part,  # (K, P, N) partial sums, one row per block of the kernel that made them
-        out0,  # (N,) sum over P of part[0], accumulation dtype
-        out1,  # (N,) sum over P of part[1] (K == 2), else a dummy
+        out0,  # (N,) sum over P of part[0], any float dtype (bfloat16 as uint16 bits)
+        out1,  # (N,) sum over P of part[1] (K == 2), else a dummy; out0's dtype
     ):
         P = part.shape[1]
         N = part.shape[2]
@@ -500,23 +501,29 @@ def _column_sums_kernel(K, COLS, SLICES, acc_name):
                     a += sh[0, k, c]
                     b += sh[1, k, c]
         if sl == 0 and col < N:
-            out0[col] = a
+            out0[col] = STORE(a)
             if K == 2:
-                out1[col] = b
+                out1[col] = STORE(b)
 
     return column_sums
 
 
 def column_sums(part, out0, out1=None):
-    """out0[:] = part[0].sum(0) (and out1 from part[1]) in a fixed order: deterministic."""
+    """out0[:] = part[0].sum(0) (and out1 from part[1]) in a fixed order: deterministic.
+
+    The outputs may be of any float dtype (the same for both): the sums are
+    converted as they are stored, so a backward with float16 parameters needs no
+    cast kernels after it.
+    """
     K, P, N = part.shape
     cols = min(SUM_COLS, pow2(N))
     # two variants only (a new row count must not compile a new kernel): one slice
     # for the few partial rows of small inputs, all of them otherwise
     slices = 1 if P <= SUM_ROWS_PER_SLICE else SUM_SLICES
     acc = "float64" if part.dtype == F64 else "float32"
-    kern = _column_sums_kernel(K, cols, slices, acc)
-    launch(kern, cdiv(N, cols), cols * slices, part, out0, out0 if out1 is None else out1)
+    kern = _column_sums_kernel(K, cols, slices, acc, np.dtype(out0.dtype))
+    out0 = kview(out0)
+    launch(kern, cdiv(N, cols), cols * slices, part, out0, out0 if out1 is None else kview(out1))
 
 
 # ---------------------------------------------------------------- cast

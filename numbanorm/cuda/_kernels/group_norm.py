@@ -308,7 +308,7 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
     """Fill ``dx`` (N, C, S) and ``dweight``/``dbias`` (C,) in the accumulation dtype."""
     n, c, S = x.shape
     G = mean.shape[1]
-    acc = np.dtype(dweight.dtype)
+    acc = C.F64 if x.dtype == C.F64 else C.F32  # dweight/dbias: any float dtype (column_sums)
     # rows: sum(dy * xhat) and sum(dy) (the dweight/dbias partials, summed over
     # samples at the end), then sum(dy * (x - mean)) and sum(x - mean)
     part = C.device_empty((4, n, c), acc)

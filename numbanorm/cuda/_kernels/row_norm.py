@@ -418,13 +418,14 @@ def forward(kind, x, weight, bias, eps, y, mean, rstd, residual=None, s=None):
 
 
 def backward(kind, dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None):
-    """Fill ``dx`` (M, N) and ``dweight`` (and ``dbias``, LayerNorm) (N,) in the
-    accumulation dtype; ``mean``/``dbias`` None for RMSNorm.
+    """Fill ``dx`` (M, N) and ``dweight`` (and ``dbias``, LayerNorm) (N,), of any float
+    dtype (summed in the accumulation dtype, rounded once as stored); ``mean``/``dbias``
+    None for RMSNorm.
 
     ``ds`` (M, N) or None is added to ``dx`` (the fused residual's gradient).
     """
     M, N = x.shape
-    acc = np.dtype(dweight.dtype)
+    acc = C.F64 if x.dtype == C.F64 else C.F32
     K = 2 if kind == "layer" else 1
     if M == 0:
         C.column_sums(C.device_empty((K, 0, N), acc), dweight, dbias)
