@@ -45,11 +45,7 @@ import numpy as np
 
 WARP = 32
 _FULL = 0xFFFFFFFF
-# a lane seen waiting at a block barrier while its warp waits for it at a warp
-# operation deadlocks, unless the simulator was releasing that barrier in the
-# instant it looked: it must still be there after this many seconds
-_GRACE = 0.25
-_POLL = 0.02
+_POLL = 0.02  # seconds between a waiting lane's checks for a deadlock
 # what a lane not named in the mask "returns" (undefined on hardware)
 _POISON_INT = 0xDEADBEEF
 
@@ -127,7 +123,7 @@ def _check_mask(me, mask, what):
     return tid // WARP, lane
 
 
-def _stuck(me, op, lane, first, seen, now):
+def _stuck(me, op, lane, first):
     """Why lane ``lane`` of the caller's warp can never reach ``op``, or None."""
     t = _threads(me._manager).get(first + lane)
     if t is None or not t._started.is_set():
@@ -138,19 +134,15 @@ def _stuck(me, op, lane, first, seen, now):
     if other is not None and other is not op and not other.done and other.mask >> (me.thread_id % WARP) & 1:
         return (f"lane {lane} waits at {other.kind} with mask {other.mask:#010x} instead: "
                 "mismatched warp operations")
-    if t.syncthreads_blocked and not t.syncthreads_event.is_set():
-        since = seen.setdefault(lane, now)
-        if now - since > _GRACE:
-            return f"lane {lane} waits at syncthreads instead: divergent code"
-    else:
-        seen.pop(lane, None)
+    # at a block barrier the caller has not reached (a lane still flagged at one
+    # the caller has passed is being released by the simulator right now)
+    if t.syncthreads_blocked and getattr(t, "_nn_barriers", 0) > getattr(me, "_nn_barriers", 0):
+        return f"lane {lane} waits at syncthreads instead: divergent code"
     return None
 
 
 def _meet(kind, mask, value, operand, compute):
     """Rendezvous of the lanes of ``mask``; ``compute(args) -> {lane: result}`` runs once."""
-    import time
-
     me = threading.current_thread()
     if getattr(me, "_manager", None) is None:
         raise WarpError(f"{kind} called outside a simulated kernel")
@@ -173,7 +165,6 @@ def _meet(kind, mask, value, operand, compute):
             warp.cond.notify_all()
         else:
             me._nn_waiting = op
-            seen = {}
             try:
                 while not op.done:
                     warp.cond.wait(_POLL)
@@ -181,10 +172,9 @@ def _meet(kind, mask, value, operand, compute):
                         break
                     if me.abort:
                         raise RuntimeError(f"abort flag set in {kind}")
-                    now = time.monotonic()
                     for other in _lanes(mask):
                         if other not in op.args:
-                            why = _stuck(me, op, other, first, seen, now)
+                            why = _stuck(me, op, other, first)
                             if why:
                                 raise WarpError(f"{kind} with mask {mask:#010x} in warp {w} "
                                                 f"(lane {lane} waiting): {why} -- a hang on hardware")
@@ -325,18 +315,25 @@ _OPS = {f.__name__: f for f in (shfl_sync, shfl_up_sync, shfl_down_sync, shfl_xo
 # ---------------------------------------------------------------- installing
 
 def _track_threads(kernel_mod):
-    """Make each simulated block remember its threads by id (the rendezvous needs
-    to see whether a missing lane has exited or sits in ``syncthreads``)."""
+    """Make each simulated block remember its threads by id, and each thread count
+    the block barriers it has entered (the rendezvous needs to see whether a
+    missing lane has exited or waits at a barrier the caller has not reached)."""
     cls = kernel_mod.BlockThread
     if getattr(cls, "_nn_tracked", False):
         return
-    init = cls.__init__
+    init, sync = cls.__init__, cls.syncthreads
 
     def __init__(self, f, manager, *args, **kwargs):
         init(self, f, manager, *args, **kwargs)
+        self._nn_barriers = 0
         manager.__dict__.setdefault("_nn_threads", {})[self.thread_id] = self
 
+    def syncthreads(self):
+        self._nn_barriers += 1
+        sync(self)
+
     cls.__init__ = __init__
+    cls.syncthreads = syncthreads
     cls._nn_tracked = True
 
 
