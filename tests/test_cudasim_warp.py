@@ -199,3 +199,32 @@ def test_bad_masks_and_types_raise():
         out[i] = cuda.shfl_xor_sync(FULL, np.float16(i), 1)
 
     _raises(half, 32, "32- and 64-bit")
+
+
+def test_shared_array_is_one_array_per_block(monkeypatch):
+    """Every thread of a block gets the same shared array even when they reach the
+    allocation together (numba's simulator created one per racing thread)."""
+    import time
+
+    from numba.cuda.simulator import kernelapi
+
+    # widen the window between the simulator's lookup and its store, as a loaded machine does
+    real_empty = np.empty
+
+    def slow_empty(*a, **k):
+        time.sleep(0.002)
+        return real_empty(*a, **k)
+
+    monkeypatch.setattr(kernelapi.np, "empty", slow_empty)
+
+    @cuda.jit
+    def k(out):
+        i = cuda.threadIdx.x
+        sh = cuda.shared.array(64, np.float32)
+        sh[i] = i
+        cuda.syncthreads()
+        out[i] = sh[63 - i]
+
+    out = np.zeros(64, np.float32)
+    k[1, 64](out)
+    np.testing.assert_array_equal(out, np.arange(63, -1, -1))
