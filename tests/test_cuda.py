@@ -376,13 +376,15 @@ def test_bfloat16_store_rounds_to_nearest_even():
         3.14159, -2.71828, 65504.0,
     ], np.float32)
     from numbanorm.cuda import _backend as B  # its cast: what the frontend converts with
-    got = B.cast(cuda.to_device(vals), bf16).copy_to_host()
+
+    ctx = B.CallContext()
+    got = B.cast(ctx, cuda.to_device(vals), bf16).copy_to_host()
     np.testing.assert_array_equal(_bits(got), _bits(vals.astype(bf16)))
     assert np.isinf(got[4]) and np.isinf(got[6]) and got[6] > 0 and got[7] < 0
-    nan = B.cast(cuda.to_device(np.array([np.nan, -np.nan], np.float32)), bf16).copy_to_host()
+    nan = B.cast(ctx, cuda.to_device(np.array([np.nan, -np.nan], np.float32)), bf16).copy_to_host()
     assert np.isnan(nan.astype(np.float32)).all()
     # and back: bfloat16 -> float32 is exact, NaN and infinities included
-    back = B.cast(cuda.to_device(vals.astype(bf16)), np.float32).copy_to_host()
+    back = B.cast(ctx, cuda.to_device(vals.astype(bf16)), np.float32).copy_to_host()
     np.testing.assert_array_equal(back, vals.astype(bf16).astype(np.float32))
 
 
