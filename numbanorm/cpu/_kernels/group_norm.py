@@ -11,12 +11,13 @@ contiguous in memory, so each (sample, group) is a "row" for the statistics:
 import numpy as np
 from numba import njit, prange
 
-from .common import FASTMATH, acc_of, compute_view, finish, launch, param, scratch_for
+from .common import FASTMATH, acc_of, finish, launch, param, scratch_for
+from .halves import kernel_view, narrow, widen
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
 def _forward(
-    x,      # (N, C, S) input, float32/float64
+    x,      # (N, C, S) input, float32/float64, or 16-bit floats as integer bits (halves)
     w,      # (C,) per-channel weight in the accumulation dtype, or None
     b,      # (C,) per-channel bias in the accumulation dtype, or None
     eps,    # scalar in the accumulation dtype
@@ -37,14 +38,14 @@ def _forward(
         total = zero
         for c in range(c0, c0 + Cg):
             for k in range(S):
-                total += x[n, c, k]
+                total += widen(x[n, c, k])
         mu = total * inv_n
         # corrected two-pass, as in layer_norm._forward (and for the same reason)
         dsum = zero
         sq = zero
         for c in range(c0, c0 + Cg):
             for k in range(S):
-                d = x[n, c, k] - mu
+                d = widen(x[n, c, k]) - mu
                 dsum += d
                 sq += d * d
         corr = dsum * inv_n
@@ -75,7 +76,7 @@ def scale_shift_row(
     # Also never x * a + (bc - mean * a): that folding cancels catastrophically
     # when |mean| >> std (two digits lost in float32 at mean 1e4, std 1e-2).
     for k in range(row.shape[0]):
-        out[k] = ((row[k] - mu) - corr) * a + bc
+        out[k] = narrow(((widen(row[k]) - mu) - corr) * a + bc, out)
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -109,10 +110,11 @@ def _backward(
             a = zero
             dys = zero
             for k in range(S):
-                d = x[n, c, k] - mu
+                d = widen(x[n, c, k]) - mu
+                g = widen(dy[n, c, k])
                 dsum += d
-                a += dy[n, c, k] * d
-                dys += dy[n, c, k]
+                a += g * d
+                dys += g
             dw_part[n, c] = a
             db_part[n, c] = dys
         corr = dsum * inv_n
@@ -147,16 +149,16 @@ def backward_channel(
 ):
     # Without fastmath, as scale_shift_row.
     for k in range(x.shape[0]):
-        xhat = ((x[k] - mu) - corr) * r
-        dx[k] = (dy[k] * wc - (xhat * c1 + c2)) * r
+        xhat = ((widen(x[k]) - mu) - corr) * r
+        dx[k] = narrow((widen(dy[k]) * wc - (xhat * c1 + c2)) * r, dx)
 
 
 def forward(x, weight, bias, eps, y, mean, rstd):
     """Fill ``y`` (N, C, S) and ``mean``/``rstd`` (N, G) for group norm."""
     acc = acc_of(x.dtype)
     ys = scratch_for(y, x)
-    launch(_forward, x.size, compute_view(x), param(weight, acc), param(bias, acc),
-           acc.type(eps), ys, mean, rstd)
+    launch(_forward, x.size, kernel_view(x), param(weight, acc), param(bias, acc),
+           acc.type(eps), kernel_view(ys), mean, rstd)
     finish(ys, y)
 
 
@@ -166,10 +168,8 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
     acc = acc_of(x.dtype)
     dw_part = np.empty((N, C), acc)
     db_part = np.empty((N, C), acc)
-    dxs = scratch_for(dx)
-    launch(_backward, x.size, compute_view(dy), compute_view(x), mean, rstd,
-           param(weight, acc), dxs, dw_part, db_part)
-    finish(dxs, dx)
+    launch(_backward, x.size, kernel_view(dy), kernel_view(x), mean, rstd,
+           param(weight, acc), kernel_view(dx), dw_part, db_part)
     # per-sample partials summed in sample order: deterministic for any thread count
     np.sum(dw_part, axis=0, out=dweight)
     np.sum(db_part, axis=0, out=dbias)

@@ -12,13 +12,14 @@ caller's ``out=`` is written with streaming stores (``memory``).
 import numpy as np
 from numba import njit, prange
 
-from .common import FASTMATH, acc_of, compute_view, finish, launch, n_chunks, param, row_block, scratch_for
+from .common import FASTMATH, acc_of, finish, launch, n_chunks, param, row_block, scratch_for
+from .halves import kernel_view, narrow, widen
 from .memory import should_stream, store_fence, stream_row
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
 def _forward(
-    x,      # (M, N) input rows, float32/float64
+    x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
     w,      # (N,) weight in the accumulation dtype, or None
     b,      # (N,) bias in the accumulation dtype, or None
     eps,    # scalar in the accumulation dtype
@@ -77,7 +78,7 @@ def row_sum(
     """
     total = zero
     for j in range(x.shape[1]):
-        total += x[i, j]
+        total += widen(x[i, j])
     return total
 
 
@@ -97,7 +98,7 @@ def deviation_stats(
     dsum = zero
     sq = zero
     for j in range(x.shape[1]):
-        d = x[i, j] - mu
+        d = widen(x[i, j]) - mu
         dsum += d
         sq += d * d
     corr = dsum * inv_n
@@ -137,12 +138,12 @@ def normalize_row(
     np.copyto; a non-inlined helper called per 256 columns made this kernel 3.6x).
     """
     for j in range(x.shape[1]):
-        v = ((x[i, j] - mu) - corr) * r
+        v = ((widen(x[i, j]) - mu) - corr) * r
         if w is not None:
             v = v * w[j]
         if b is not None:
             v = v + b[j]
-        out[o, j] = v
+        out[o, j] = narrow(v, out)
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -204,8 +205,9 @@ def backward_sums(
     xw = zero
     wsum = zero
     for j in range(x.shape[1]):
-        d = x[i, j] - mu
-        wdy = dy[i, j] * w[j] if w is not None else dy[i, j]
+        d = widen(x[i, j]) - mu
+        g = widen(dy[i, j])
+        wdy = g * w[j] if w is not None else g
         dsum += d
         xw += d * wdy
         wsum += wdy
@@ -235,13 +237,13 @@ def backward_row(
     exactly 0 for a one-element row.
     """
     for j in range(x.shape[1]):
-        g = dy[i, j]
-        xhat = ((x[i, j] - mu) - corr) * r
+        g = widen(dy[i, j])
+        xhat = ((widen(x[i, j]) - mu) - corr) * r
         wdy = g * w[j] if w is not None else g
         v = (wdy - (xhat * c1 + c2)) * r
         if ds is not None:
-            v = v + ds[i, j]
-        dx[i, j] = v
+            v = v + widen(ds[i, j])
+        dx[i, j] = narrow(v, dx)
         dwp[j] += g * xhat
         dbp[j] += g
 
@@ -256,8 +258,9 @@ def forward(x, weight, bias, eps, y, mean, rstd, y_mapped=False):
     """
     acc = acc_of(x.dtype)
     ys = scratch_for(y, x)
-    launch(_forward, x.size, compute_view(x), param(weight, acc), param(bias, acc),
-           acc.type(eps), ys, mean, rstd, row_block(x.shape[0]), should_stream(ys, y_mapped and ys is y))
+    launch(_forward, x.size, kernel_view(x), param(weight, acc), param(bias, acc),
+           acc.type(eps), kernel_view(ys), mean, rstd, row_block(x.shape[0]),
+           should_stream(ys, y_mapped and ys is y))
     finish(ys, y)
 
 
@@ -275,10 +278,8 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None):
     B = n_chunks(M)
     dw_part = np.empty((B, N), acc)
     db_part = np.empty((B, N), acc)
-    dxs = scratch_for(dx)
-    launch(_backward, x.size, compute_view(dy), compute_view(x), mean, rstd,
-           param(weight, acc), compute_view(ds), dxs, dw_part, db_part)
-    finish(dxs, dx)
+    launch(_backward, x.size, kernel_view(dy), kernel_view(x), mean, rstd,
+           param(weight, acc), kernel_view(ds), kernel_view(dx), dw_part, db_part)
     # fixed-order sum of the block partials: bit-identical for any thread count
     np.sum(dw_part, axis=0, out=dweight)
     np.sum(db_part, axis=0, out=dbias)

@@ -10,13 +10,14 @@ cache, writes y; a large caller's ``out=`` is streamed, as in LayerNorm's kernel
 import numpy as np
 from numba import njit, prange
 
-from .common import FASTMATH, acc_of, compute_view, finish, launch, n_chunks, param, row_block, scratch_for
+from .common import FASTMATH, acc_of, finish, launch, n_chunks, param, row_block, scratch_for
+from .halves import kernel_view, narrow, widen
 from .memory import should_stream, store_fence, stream_row
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
 def _forward(
-    x,      # (M, N) input rows, float32/float64
+    x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
     w,      # (N,) weight in the accumulation dtype, or None
     eps,    # scalar in the accumulation dtype
     y,      # (M, N) output, x's dtype
@@ -54,7 +55,8 @@ def row_sum_squares(
     """``sum(x[i] ** 2)`` (a loop that stores nothing: see layer_norm.row_sum)."""
     sq = zero
     for j in range(x.shape[1]):
-        sq += x[i, j] * x[i, j]
+        v = widen(x[i, j])
+        sq += v * v
     return sq
 
 
@@ -69,10 +71,10 @@ def scale_row(
 ):
     """Write row ``i`` times ``r * w`` into ``out[o]``."""
     for j in range(x.shape[1]):
-        v = x[i, j] * r
+        v = widen(x[i, j]) * r
         if w is not None:
             v = v * w[j]
-        out[o, j] = v
+        out[o, j] = narrow(v, out)
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -115,8 +117,9 @@ def backward_sum(
     """Row ``i``'s ``sum(xhat * wdy)`` (a loop that stores nothing: see layer_norm.row_sum)."""
     c1 = zero
     for j in range(x.shape[1]):
-        wdy = dy[i, j] * w[j] if w is not None else dy[i, j]
-        c1 += x[i, j] * r * wdy
+        g = widen(dy[i, j])
+        wdy = g * w[j] if w is not None else g
+        c1 += widen(x[i, j]) * r * wdy
     return c1
 
 
@@ -134,13 +137,13 @@ def backward_row(
 ):
     """Row ``i`` of dx, and its terms of the partial."""
     for j in range(x.shape[1]):
-        g = dy[i, j]
-        xhat = x[i, j] * r
+        g = widen(dy[i, j])
+        xhat = widen(x[i, j]) * r
         wdy = g * w[j] if w is not None else g
         v = (wdy - xhat * c1) * r
         if ds is not None:
-            v = v + ds[i, j]
-        dx[i, j] = v
+            v = v + widen(ds[i, j])
+        dx[i, j] = narrow(v, dx)
         dwp[j] += g * xhat
 
 
@@ -148,7 +151,7 @@ def forward(x, weight, eps, y, rstd, y_mapped=False):
     """Fill ``y`` (M, N) and ``rstd`` (M,); arguments as in layer_norm.forward."""
     acc = acc_of(x.dtype)
     ys = scratch_for(y, x)
-    launch(_forward, x.size, compute_view(x), param(weight, acc), acc.type(eps), ys, rstd,
+    launch(_forward, x.size, kernel_view(x), param(weight, acc), acc.type(eps), kernel_view(ys), rstd,
            row_block(x.shape[0]), should_stream(ys, y_mapped and ys is y))
     finish(ys, y)
 
@@ -161,8 +164,6 @@ def backward(dy, x, rstd, weight, dx, dweight, ds=None):
         dweight[:] = 0
         return
     dw_part = np.empty((n_chunks(M), N), acc)
-    dxs = scratch_for(dx)
-    launch(_backward, x.size, compute_view(dy), compute_view(x), rstd, param(weight, acc),
-           compute_view(ds), dxs, dw_part)
-    finish(dxs, dx)
+    launch(_backward, x.size, kernel_view(dy), kernel_view(x), rstd, param(weight, acc),
+           kernel_view(ds), kernel_view(dx), dw_part)
     np.sum(dw_part, axis=0, out=dweight)
