@@ -12,7 +12,8 @@ import numpy as np
 from numba import njit, prange
 
 from .common import FASTMATH, acc_of, finish, launch, param, scratch_for
-from .halves import kernel_view, narrow, widen
+from .halves import kernel_view, like, narrow, widen
+from .layer_norm import SUM_BLOCK, deviation_stats, row_sum
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -31,27 +32,14 @@ def _forward(
     zero = mean.dtype.type(0)
     one = mean.dtype.type(1)
     inv_n = one / mean.dtype.type(Cg * S)
+    # a group's Cg * S elements are contiguous: its statistics are a LayerNorm row's
+    groups = x.reshape((N * G, Cg * S))
     for ng in prange(N * G):
         n = ng // G
         g = ng % G
         c0 = g * Cg
-        total = zero
-        for c in range(c0, c0 + Cg):
-            for k in range(S):
-                total += widen(x[n, c, k])
-        mu = total * inv_n
-        # corrected two-pass, as in layer_norm._forward (and for the same reason)
-        dsum = zero
-        sq = zero
-        for c in range(c0, c0 + Cg):
-            for k in range(S):
-                d = widen(x[n, c, k]) - mu
-                dsum += d
-                sq += d * d
-        corr = dsum * inv_n
-        var = sq * inv_n - corr * corr
-        if var < zero:
-            var = zero
+        mu = row_sum(groups, ng, zero) * inv_n
+        corr, var = deviation_stats(groups, ng, mu, zero, inv_n)
         r = one / np.sqrt(var + eps)
         mean[n, g] = mu + corr
         rstd[n, g] = r
@@ -105,19 +93,26 @@ def _backward(
         # pass 1, per channel: A = sum(dy * (x - mu)) and dbias's sum(dy); over
         # the group, corr = mean(x - mu) corrects the saved mean's rounding (as
         # in layer_norm._backward), so that sum(dy * xhat) = r * (A - corr * sum(dy))
-        dsum = zero
+        dsum = 0.0
         for c in range(c0, c0 + Cg):
-            a = zero
-            dys = zero
-            for k in range(S):
-                d = widen(x[n, c, k]) - mu
-                g = widen(dy[n, c, k])
-                dsum += d
-                a += g * d
-                dys += g
+            a = 0.0
+            dys = 0.0
+            for lo in range(0, S, SUM_BLOCK):  # blocked, as layer_norm.row_sum
+                dpart = zero
+                apart = zero
+                gpart = zero
+                for k in range(lo, min(S, lo + SUM_BLOCK)):
+                    d = widen(x[n, c, k]) - mu
+                    g = widen(dy[n, c, k])
+                    dpart += d
+                    apart += g * d
+                    gpart += g
+                dsum += dpart
+                a += apart
+                dys += gpart
             dw_part[n, c] = a
             db_part[n, c] = dys
-        corr = dsum * inv_n
+        corr = like(dsum, zero) * inv_n
         # c1 = mean(xhat * wdy), c2 = mean(wdy) over the group
         c1 = zero
         c2 = zero

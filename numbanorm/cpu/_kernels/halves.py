@@ -227,3 +227,18 @@ def _narrow(v, like):
     if isinstance(dt, types.Float):
         return lambda v, like: v
     return None
+
+
+def like(v, zero):
+    """``v`` converted to the scalar type of ``zero`` (a float64 block total back to
+    the accumulation dtype)."""
+    raise NotImplementedError("like is called from Numba kernels only")
+
+
+@overload(like)
+def _like(v, zero):
+    if zero == types.float32:
+        return lambda v, zero: np.float32(v)
+    if zero == types.float64:
+        return lambda v, zero: np.float64(v)
+    return None

@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit, prange
 
 from .common import FASTMATH, acc_of, finish, launch, n_chunks, param, row_block, scratch_for
-from .halves import kernel_view, narrow, widen
+from .halves import kernel_view, like, narrow, widen
 from .memory import should_stream, store_fence, stream_row
 
 
@@ -60,13 +60,19 @@ def _forward(
             store_fence()
 
 
+# Row reductions run over blocks of this many elements, each summed in the
+# accumulation dtype (in vector lanes) and the block totals in float64, so that the
+# rounding error of a sum does not grow with the row's length (book, chapter 5).
+SUM_BLOCK = 4096
+
+
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
 def row_sum(
     x,      # (M, N) rows
     i,      # scalar: the row
     zero,   # scalar 0 in the accumulation dtype
 ):
-    """``sum(x[i])``, in vector lanes ('reassoc').
+    """``sum(x[i])``, in vector lanes ('reassoc'), blocked (:data:`SUM_BLOCK`).
 
     Every reduction of the row kernels is a loop of its own that stores
     nothing.  LLVM runs a vectorized loop that stores only after a run-time
@@ -76,10 +82,14 @@ def row_sum(
     is conservative and depends on where the arrays lie).  A loop that stores
     nothing has no such check.
     """
-    total = zero
-    for j in range(x.shape[1]):
-        total += widen(x[i, j])
-    return total
+    n = x.shape[1]
+    total = 0.0
+    for lo in range(0, n, SUM_BLOCK):
+        part = zero
+        for j in range(lo, min(n, lo + SUM_BLOCK)):
+            part += widen(x[i, j])
+        total += part
+    return like(total, zero)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
@@ -93,19 +103,25 @@ def deviation_stats(
     """``(corr, var)`` of row ``i`` from a second pass over its deviations from ``mu``.
 
     Their sum corrects the rounding error of mu itself (Chan, Golub & LeVeque's
-    corrected two-pass), so the row's mean is ``mu + corr``.
+    corrected two-pass), so the row's mean is ``mu + corr``.  Blocked as row_sum.
     """
-    dsum = zero
-    sq = zero
-    for j in range(x.shape[1]):
-        d = widen(x[i, j]) - mu
-        dsum += d
-        sq += d * d
-    corr = dsum * inv_n
-    var = sq * inv_n - corr * corr
-    if var < zero:  # rounding on a constant row (a NaN fails the test and stays NaN)
-        var = zero
-    return corr, var
+    n = x.shape[1]
+    dsum = 0.0
+    sq = 0.0
+    for lo in range(0, n, SUM_BLOCK):
+        dpart = zero
+        sqpart = zero
+        for j in range(lo, min(n, lo + SUM_BLOCK)):
+            d = widen(x[i, j]) - mu
+            dpart += d
+            sqpart += d * d
+        dsum += dpart
+        sq += sqpart
+    corr = dsum / n
+    var = sq / n - corr * corr
+    if var < 0.0:  # rounding on a constant row (a NaN fails the test and stays NaN)
+        var = 0.0
+    return like(corr, zero), like(var, zero)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
@@ -200,18 +216,26 @@ def backward_sums(
     zero,   # scalar 0 in the accumulation dtype
 ):
     """Row ``i``'s ``(sum(x - mu), sum((x - mu) * wdy), sum(wdy))``, wdy = w * dy
-    (a loop that stores nothing: see row_sum)."""
-    dsum = zero
-    xw = zero
-    wsum = zero
-    for j in range(x.shape[1]):
-        d = widen(x[i, j]) - mu
-        g = widen(dy[i, j])
-        wdy = g * w[j] if w is not None else g
-        dsum += d
-        xw += d * wdy
-        wsum += wdy
-    return dsum, xw, wsum
+    (a loop that stores nothing, blocked: see row_sum)."""
+    n = x.shape[1]
+    dsum = 0.0
+    xw = 0.0
+    wsum = 0.0
+    for lo in range(0, n, SUM_BLOCK):
+        dpart = zero
+        xwpart = zero
+        wpart = zero
+        for j in range(lo, min(n, lo + SUM_BLOCK)):
+            d = widen(x[i, j]) - mu
+            g = widen(dy[i, j])
+            wdy = g * w[j] if w is not None else g
+            dpart += d
+            xwpart += d * wdy
+            wpart += wdy
+        dsum += dpart
+        xw += xwpart
+        wsum += wpart
+    return like(dsum, zero), like(xw, zero), like(wsum, zero)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")

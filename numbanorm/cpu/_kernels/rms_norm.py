@@ -11,7 +11,8 @@ import numpy as np
 from numba import njit, prange
 
 from .common import FASTMATH, acc_of, finish, launch, n_chunks, param, row_block, scratch_for
-from .halves import kernel_view, narrow, widen
+from .halves import kernel_view, like, narrow, widen
+from .layer_norm import SUM_BLOCK
 from .memory import should_stream, store_fence, stream_row
 
 
@@ -52,12 +53,16 @@ def row_sum_squares(
     i,      # scalar: the row
     zero,   # scalar 0 in the accumulation dtype
 ):
-    """``sum(x[i] ** 2)`` (a loop that stores nothing: see layer_norm.row_sum)."""
-    sq = zero
-    for j in range(x.shape[1]):
-        v = widen(x[i, j])
-        sq += v * v
-    return sq
+    """``sum(x[i] ** 2)`` (a loop that stores nothing, blocked: see layer_norm.row_sum)."""
+    n = x.shape[1]
+    sq = 0.0
+    for lo in range(0, n, SUM_BLOCK):
+        part = zero
+        for j in range(lo, min(n, lo + SUM_BLOCK)):
+            v = widen(x[i, j])
+            part += v * v
+        sq += part
+    return like(sq, zero)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
@@ -114,13 +119,18 @@ def backward_sum(
     w,      # (N,) weight or None
     zero,   # scalar 0 in the accumulation dtype
 ):
-    """Row ``i``'s ``sum(xhat * wdy)`` (a loop that stores nothing: see layer_norm.row_sum)."""
-    c1 = zero
-    for j in range(x.shape[1]):
-        g = widen(dy[i, j])
-        wdy = g * w[j] if w is not None else g
-        c1 += widen(x[i, j]) * r * wdy
-    return c1
+    """Row ``i``'s ``sum(xhat * wdy)`` (a loop that stores nothing, blocked: see
+    layer_norm.row_sum)."""
+    n = x.shape[1]
+    c1 = 0.0
+    for lo in range(0, n, SUM_BLOCK):
+        part = zero
+        for j in range(lo, min(n, lo + SUM_BLOCK)):
+            g = widen(dy[i, j])
+            wdy = g * w[j] if w is not None else g
+            part += widen(x[i, j]) * r * wdy
+        c1 += part
+    return like(c1, zero)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
