@@ -29,8 +29,8 @@ from numba import njit, prange
 
 from .common import FASTMATH, acc_of, launch, param, row_block
 from .halves import kernel_view, narrow, widen
-from .layer_norm import deviation_stats, normalize_row, row_sum
-from .rms_norm import row_sum_squares, scale_row
+from .layer_norm import deviation_stats, normalize_row, overflowed, row_is_finite, row_sum, scaled_row
+from .rms_norm import row_sum_squares, scale_row, scaled_rms_row
 
 # s and y are always fresh allocations here (the fused functions have no out=),
 # and fresh outputs are faster with ordinary stores than with streaming ones
@@ -67,6 +67,9 @@ def _layer_norm_forward(
             mu = row_sum(s, i, zero) * inv_n
             corr, var = deviation_stats(s, i, mu, zero, inv_n)
             rs = one / np.sqrt(var + eps)
+            if overflowed(mu, rs) and row_is_finite(s, i):  # as layer_norm._forward
+                mean[i], rstd[i] = scaled_row(s, i, w, b, 0, 1, eps, y, i)
+                continue
             mean[i] = mu + corr
             rstd[i] = rs
             # pass 4: y, by LayerNorm's own row writer
@@ -94,6 +97,9 @@ def _rms_norm_forward(
         for i in range(lo, hi):
             add_row(x, r, i, s)
             rs = one / np.sqrt(row_sum_squares(s, i, zero) * inv_n + eps)
+            if overflowed(zero, rs) and row_is_finite(s, i):  # as rms_norm._forward
+                rstd[i] = scaled_rms_row(s, i, w, eps, y, i)
+                continue
             rstd[i] = rs
             scale_row(s, i, rs, w, y, i)
 

@@ -13,7 +13,8 @@ from numba import njit, prange
 
 from .common import FASTMATH, acc_of, finish, launch, param, scratch_for
 from .halves import kernel_view, like, narrow, widen
-from .layer_norm import SUM_BLOCK, deviation_stats, row_sum
+from .layer_norm import (SUM_BLOCK, deviation_stats, overflowed, row_is_finite, row_sum,
+                         scaled_backward_row, scaled_row)
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -34,6 +35,7 @@ def _forward(
     inv_n = one / mean.dtype.type(Cg * S)
     # a group's Cg * S elements are contiguous: its statistics are a LayerNorm row's
     groups = x.reshape((N * G, Cg * S))
+    y_groups = y.reshape((N * G, Cg * S))
     for ng in prange(N * G):
         n = ng // G
         g = ng % G
@@ -41,6 +43,9 @@ def _forward(
         mu = row_sum(groups, ng, zero) * inv_n
         corr, var = deviation_stats(groups, ng, mu, zero, inv_n)
         r = one / np.sqrt(var + eps)
+        if overflowed(mu, r) and row_is_finite(groups, ng):  # as layer_norm._forward
+            mean[n, g], rstd[n, g] = scaled_row(groups, ng, w, b, c0, S, eps, y_groups, ng)
+            continue
         mean[n, g] = mu + corr
         rstd[n, g] = r
         for c in range(c0, c0 + Cg):
@@ -59,8 +64,9 @@ def scale_shift_row(
     bc,     # scalar: bias[c]
     out,    # (S,) the output channel
 ):
-    # Without fastmath: (x - mu) - corr must stay in that order (the reason
-    # is in layer_norm.normalize_row).
+    # Not FASTMATH: the loop has no reduction for 'reassoc' to vectorize, so the
+    # flag would buy nothing here.  (x - mu) - corr stays in that order either
+    # way: 'reassoc' alone does not fold it (layer_norm.normalize_row).
     # Also never x * a + (bc - mean * a): that folding cancels catastrophically
     # when |mean| >> std (two digits lost in float32 at mean 1e4, std 1e-2).
     for k in range(row.shape[0]):
@@ -84,6 +90,9 @@ def _backward(
     zero = mean.dtype.type(0)
     one = mean.dtype.type(1)
     inv_n = one / mean.dtype.type(Cg * S)
+    x_groups = x.reshape((N * G, Cg * S))
+    dy_groups = dy.reshape((N * G, Cg * S))
+    dx_groups = dx.reshape((N * G, Cg * S))
     for ng in prange(N * G):
         n = ng // G
         g = ng % G
@@ -124,6 +133,15 @@ def _backward(
             c2 += wc * db_part[n, c]
         c1 *= inv_n
         c2 *= inv_n
+        if (not (np.isfinite(corr) and np.isfinite(c1) and np.isfinite(c2))
+                and row_is_finite(x_groups, ng) and row_is_finite(dy_groups, ng)):
+            # as in layer_norm._backward
+            for c in range(c0, c0 + Cg):
+                dw_part[n, c] = zero
+                db_part[n, c] = zero
+            scaled_backward_row(dy_groups, x_groups, ng, mu, r, w, c0, S, None, dx_groups,
+                                dw_part[n], db_part[n])
+            continue
         # pass 2: dx = (wdy - (xhat * c1 + c2)) * rstd, channel by channel
         for c in range(c0, c0 + Cg):
             wc = w[c] if w is not None else one
@@ -142,7 +160,7 @@ def backward_channel(
     c2,     # scalar: mean(wdy) over the group
     dx,     # (S,) output channel
 ):
-    # Without fastmath, as scale_shift_row.
+    # Not FASTMATH, as scale_shift_row (no reduction here either).
     for k in range(x.shape[0]):
         xhat = ((widen(x[k]) - mu) - corr) * r
         dx[k] = narrow((widen(dy[k]) * wc - (xhat * c1 + c2)) * r, dx)

@@ -7,12 +7,14 @@ No mean is subtracted, so one pass gives the statistic and a second, from
 cache, writes y; a large caller's ``out=`` is streamed, as in LayerNorm's kernels.
 """
 
+import math
+
 import numpy as np
 from numba import njit, prange
 
 from .common import FASTMATH, acc_of, finish, launch, n_chunks, param, row_block, scratch_for
 from .halves import kernel_view, like, narrow, widen
-from .layer_norm import SUM_BLOCK
+from .layer_norm import SUM_BLOCK, _row_scale, overflowed, row_is_finite
 from .memory import should_stream, store_fence, stream_row
 
 
@@ -36,6 +38,9 @@ def _forward(
         scratch = np.empty((1, N if stream else 0), y.dtype)  # a streamed row is staged here
         for i in range(lo, hi):
             r = one / np.sqrt(row_sum_squares(x, i, zero) * inv_n + eps)
+            if overflowed(zero, r) and row_is_finite(x, i):  # as layer_norm._forward
+                rstd[i] = scaled_rms_row(x, i, w, eps, y, i)
+                continue
             rstd[i] = r
             # whole rows, as layer_norm._forward (whose comments say why)
             if stream:
@@ -63,6 +68,37 @@ def row_sum_squares(
             part += v * v
         sq += part
     return like(sq, zero)
+
+
+@njit(cache=True, nogil=True)
+def scaled_rms_row(
+    x,      # (M, N) rows, all elements finite
+    i,      # scalar: the row
+    w,      # (N,) weight in the accumulation dtype, or None
+    eps,    # scalar
+    out,    # (K, N) where the scaled row goes
+    o,      # scalar: the row of `out`
+):
+    """RMSNorm of a finite row whose sum of squares overflowed (or underflowed to 0
+    with eps = 0), in float64 on the row scaled by a power of two; returns its rstd
+    (as layer_norm.scaled_row)."""
+    n = x.shape[1]
+    e = _row_scale(x, i)
+    sq = 0.0
+    for j in range(n):
+        v = math.ldexp(np.float64(widen(x[i, j])), -e)
+        sq += v * v
+    ms_s = sq / n
+    ms = math.ldexp(ms_s, 2 * e)
+    big = not np.isfinite(ms)
+    r = 1.0 / math.sqrt(ms_s) if big else 1.0 / math.sqrt(ms + eps)
+    for j in range(n):
+        v = np.float64(widen(x[i, j]))
+        v = math.ldexp(v, -e) * r if big else v * r
+        if w is not None:
+            v = v * w[j]
+        out[o, j] = narrow(v, out)
+    return math.ldexp(r, -e) if big else r
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
