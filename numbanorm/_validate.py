@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import math
 import operator
+import sys
 
 import numpy as np
 
 HOST = "host"
 DEVICE = "device"
 
-_FLOAT_KINDS = ("f",)
 _DLPACK_CUDA_DEVICES = (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
 
 
@@ -65,7 +65,13 @@ def common_side(**arrays):
 
 
 def float_dtype(name, a):
-    """The NumPy dtype of ``a``; ``TypeError`` unless it is a floating dtype."""
+    """The NumPy dtype of ``a``; ``TypeError`` naming it unless numbanorm computes in it.
+
+    float16, float32, float64 in native byte order, and bfloat16 (``ml_dtypes``'
+    NumPy dtype, or a torch dtype).  Everything else -- ints, complex,
+    ``longdouble``, the other ``ml_dtypes`` types (float8 variants, int4), and
+    byte-swapped floats -- is refused here, before any kernel is compiled.
+    """
     dt = getattr(a, "dtype", None)
     if dt is None:
         raise TypeError(f"`{name}` must be an array, got {type(a).__name__}")
@@ -74,15 +80,28 @@ def float_dtype(name, a):
     except TypeError:
         # torch dtypes and other non-NumPy dtype objects
         dt = _foreign_dtype(dt)
-    if dt is None or dt.kind not in _FLOAT_KINDS:
-        if dt is not None and dt.name == "bfloat16":
-            return dt
+    if dt is _BF16 or (isinstance(dt, np.dtype) and (dt in _FLOATS or _is_bfloat16(dt))):
+        return dt
+    shown = getattr(a, "dtype", type(a).__name__)
+    if isinstance(dt, np.dtype) and dt.kind == "f" and dt.itemsize in (2, 4, 8) and not dt.isnative:
         raise TypeError(
-            f"`{name}` has dtype {getattr(a, 'dtype', type(a).__name__)}; numbanorm "
-            "normalizes floating-point arrays only (float16, float32, float64, and "
-            "bfloat16 on the GPU)"
+            f"`{name}` has the byte-swapped dtype {dt.str!r}; numbanorm computes in native "
+            f"byte order only: pass `{name}.astype({dt.newbyteorder('=').name})`"
         )
-    return dt
+    raise TypeError(
+        f"`{name}` has dtype {shown}; numbanorm normalizes float16, float32, float64 and "
+        "bfloat16 arrays only"
+    )
+
+
+_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _is_bfloat16(dt):
+    """``ml_dtypes.bfloat16``, by dtype comparison (never imported: such an array can
+    exist only once its caller has imported ml_dtypes)."""
+    mld = sys.modules.get("ml_dtypes")
+    return mld is not None and dt == np.dtype(mld.bfloat16)
 
 
 def _foreign_dtype(dt):

@@ -43,15 +43,48 @@ def _rms_eps(x_dtype, eps):
     return float(np.finfo(acc).eps)
 
 
+def _exponent(x, axes):
+    """Per row, ``e`` with ``|x| * 2**-e <= 1``: rows are normalized scaled by
+    ``2**-e`` (exact), so that no sum of squares overflows where the answer is
+    finite (float64 rows near 1e154 and beyond; float32 ones never come close)."""
+    with np.errstate(invalid="ignore"):
+        amax = np.max(np.abs(x), axis=axes, keepdims=True)
+    return np.frexp(np.where(np.isfinite(amax), amax, 1.0))[1]
+
+
+def _moments(x, axes, eps):
+    """``(mean, rstd, xhat)`` of the rows of ``x`` (biased variance), overflow-free."""
+    e = _exponent(x, axes)
+    xs = np.ldexp(x, -e)
+    mean_s = xs.mean(axis=axes, keepdims=True)
+    # one correction step: a constant row's mean is then exactly its value, so its
+    # deviations are 0 (a rounded mean left deviations of an ulp, which near the
+    # float64 limit, where eps no longer counts, normalized to +-1)
+    mean_s = mean_s + (xs - mean_s).mean(axis=axes, keepdims=True)
+    dev_s = xs - mean_s
+    var_s = (dev_s ** 2).mean(axis=axes, keepdims=True)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        var = np.ldexp(var_s, 2 * e)
+        big = ~np.isfinite(var) & np.isfinite(var_s)  # beyond float64: eps is negligible
+        rstd = np.where(big, np.ldexp(1.0 / np.sqrt(var_s), -e), 1.0 / np.sqrt(var + eps))
+        xhat = np.where(big, dev_s / np.sqrt(var_s), np.ldexp(dev_s, e) * rstd)
+    return np.ldexp(mean_s, e), rstd, xhat
+
+
+def _xhat(x, mean, rstd, axes):
+    """``(x - mean) * rstd`` for given statistics, on the scaled rows (overflow-free)."""
+    e = _exponent(x, axes)
+    dev_s = np.ldexp(x, -e) - np.ldexp(mean, -e)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.where(dev_s == 0, 0.0, dev_s * np.ldexp(rstd, e))
+
+
 # ---------------------------------------------------------------- LayerNorm
 
 def layer_norm_forward(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     x = _f64(x)
     axes = _axes(x, normalized_shape)
-    mean = x.mean(axis=axes, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)  # biased variance
-    rstd = 1.0 / np.sqrt(var + eps)
-    y = (x - mean) * rstd
+    mean, rstd, y = _moments(x, axes, eps)
     if weight is not None:
         y = y * _f64(weight)
     if bias is not None:
@@ -69,7 +102,7 @@ def layer_norm_backward(dy, x, mean, rstd, normalized_shape, weight=None):
     batch = tuple(range(x.ndim - len(axes)))
     mean = mean.reshape(x.shape[: x.ndim - len(axes)] + (1,) * len(axes))
     rstd = rstd.reshape(mean.shape)
-    xhat = (x - mean) * rstd
+    xhat = _xhat(x, mean, rstd, axes)
     wdy = dy if weight is None else dy * _f64(weight)
     c1 = (xhat * wdy).mean(axis=axes, keepdims=True)
     c2 = wdy.mean(axis=axes, keepdims=True)
@@ -85,8 +118,14 @@ def rms_norm_forward(x, normalized_shape, weight=None, eps=None):
     eps = _rms_eps(np.asarray(x).dtype, eps)
     x = _f64(x)
     axes = _axes(x, normalized_shape)
-    rstd = 1.0 / np.sqrt((x * x).mean(axis=axes, keepdims=True) + eps)
-    y = x * rstd
+    e = _exponent(x, axes)
+    xs = np.ldexp(x, -e)
+    ms_s = (xs * xs).mean(axis=axes, keepdims=True)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        ms = np.ldexp(ms_s, 2 * e)
+        big = ~np.isfinite(ms) & np.isfinite(ms_s)  # as in _moments
+        rstd = np.where(big, np.ldexp(1.0 / np.sqrt(ms_s), -e), 1.0 / np.sqrt(ms + eps))
+        y = np.where(big, xs / np.sqrt(ms_s), x * rstd)
     if weight is not None:
         y = y * _f64(weight)
     return y, rstd
@@ -120,10 +159,8 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
     x = _f64(x)
     n = x.shape[0]
     xg = x.reshape(n, num_groups, -1)
-    mean = xg.mean(axis=2, keepdims=True)
-    var = ((xg - mean) ** 2).mean(axis=2, keepdims=True)
-    rstd = 1.0 / np.sqrt(var + eps)
-    y = ((xg - mean) * rstd).reshape(x.shape)
+    mean, rstd, xhat = _moments(xg, (2,), eps)
+    y = xhat.reshape(x.shape)
     if weight is not None:
         y = y * _channel(weight, x.ndim)
     if bias is not None:
@@ -139,7 +176,7 @@ def group_norm_backward(dy, x, mean, rstd, weight=None):
     dy, x, mean, rstd = _f64(dy), _f64(x), _f64(mean), _f64(rstd)
     n, g = mean.shape
     reduce_axes = (0,) + tuple(range(2, x.ndim))
-    xhat = ((x.reshape(n, g, -1) - mean[:, :, None]) * rstd[:, :, None]).reshape(x.shape)
+    xhat = _xhat(x.reshape(n, g, -1), mean[:, :, None], rstd[:, :, None], (2,)).reshape(x.shape)
     wdy = dy if weight is None else dy * _channel(weight, x.ndim)
     xhat_g, wdy_g = xhat.reshape(n, g, -1), wdy.reshape(n, g, -1)
     c1 = (xhat_g * wdy_g).mean(axis=2, keepdims=True)

@@ -15,13 +15,9 @@ keeps the forward consistent with the backward, which reads that same s, and
 makes the fused call a drop-in for ``s = x + r; y = norm(s)`` in every dtype
 (PyTorch's unfused composition and vLLM's fused_add_rms_norm do the same; Triton
 kernels that keep s in float32 normalize the unrounded sum instead, which differs
-for float16 only, by at most half an ulp of s per element).  float32 and float64
-rows are added in their own dtype, so the kernel's s *is* the rounded one.
-
-float16 has no CPU arithmetic in Numba and is staged through float32 anyway
-(``common``); there the sum is rounded to float16 by ``np.add`` and the float32
-LayerNorm/RMSNorm kernel normalizes it.  The fusion is a bandwidth optimisation
-for float32/float64; float16 on the CPU already makes extra staging passes.
+for 16-bit dtypes only, by at most half an ulp of s per element).  16-bit rows are
+added in float32 and rounded once on the store of s (``halves``), which is what
+``np.add`` gives; the later passes read that stored s back.
 
 There are no fused backward kernels: the backward of ``y = norm(x + residual)`` is
 the norm's backward evaluated at s with the gradient reaching s added to dx, which
@@ -31,11 +27,10 @@ the ``layer_norm``/``rms_norm`` backward launchers do through their ``ds`` argum
 import numpy as np
 from numba import njit, prange
 
-from . import layer_norm as _layer_norm
-from . import rms_norm as _rms_norm
-from .common import F16, FASTMATH, acc_of, launch, param, row_block
-from .layer_norm import deviation_stats, normalize_row, row_sum
-from .rms_norm import row_sum_squares, scale_row
+from .common import FASTMATH, acc_of, launch, param, row_block
+from .halves import kernel_view, narrow, widen
+from .layer_norm import deviation_stats, normalize_row, overflowed, row_is_finite, row_sum, scaled_row
+from .rms_norm import row_sum_squares, scale_row, scaled_rms_row
 
 # s and y are always fresh allocations here (the fused functions have no out=),
 # and fresh outputs are faster with ordinary stores than with streaming ones
@@ -48,7 +43,7 @@ from .rms_norm import row_sum_squares, scale_row
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
 def _layer_norm_forward(
-    x,      # (M, N) input rows, float32/float64
+    x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
     r,      # (M, N) residual rows, x's dtype
     w,      # (N,) weight in the accumulation dtype, or None
     b,      # (N,) bias in the accumulation dtype, or None
@@ -72,6 +67,9 @@ def _layer_norm_forward(
             mu = row_sum(s, i, zero) * inv_n
             corr, var = deviation_stats(s, i, mu, zero, inv_n)
             rs = one / np.sqrt(var + eps)
+            if overflowed(mu, rs) and row_is_finite(s, i):  # as layer_norm._forward
+                mean[i], rstd[i] = scaled_row(s, i, w, b, 0, 1, eps, y, i)
+                continue
             mean[i] = mu + corr
             rstd[i] = rs
             # pass 4: y, by LayerNorm's own row writer
@@ -80,7 +78,7 @@ def _layer_norm_forward(
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
 def _rms_norm_forward(
-    x,      # (M, N) input rows, float32/float64
+    x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
     r,      # (M, N) residual rows, x's dtype
     w,      # (N,) weight in the accumulation dtype, or None
     eps,    # scalar in the accumulation dtype
@@ -99,6 +97,9 @@ def _rms_norm_forward(
         for i in range(lo, hi):
             add_row(x, r, i, s)
             rs = one / np.sqrt(row_sum_squares(s, i, zero) * inv_n + eps)
+            if overflowed(zero, rs) and row_is_finite(s, i):  # as rms_norm._forward
+                rstd[i] = scaled_rms_row(s, i, w, eps, y, i)
+                continue
             rstd[i] = rs
             scale_row(s, i, rs, w, y, i)
 
@@ -113,7 +114,7 @@ def add_row(
     """``s[i] = x[i] + r[i]``.  Its sum is made afterwards, from cache, by a loop
     that stores nothing (see layer_norm.row_sum)."""
     for j in range(x.shape[1]):
-        s[i, j] = x[i, j] + r[i, j]
+        s[i, j] = narrow(widen(x[i, j]) + widen(r[i, j]), s)
 
 
 def layer_norm_forward(x, residual, weight, bias, eps, y, s, mean, rstd):
@@ -123,21 +124,14 @@ def layer_norm_forward(x, residual, weight, bias, eps, y, s, mean, rstd):
     float dtype or None; mean, rstd: (M,) C-contiguous, float32 (float64 for
     float64 x).
     """
-    if x.dtype == F16:
-        np.add(x, residual, out=s)
-        _layer_norm.forward(s, weight, bias, eps, y, mean, rstd)
-        return
     acc = acc_of(x.dtype)
-    launch(_layer_norm_forward, x.size, x, residual, param(weight, acc), param(bias, acc), acc.type(eps),
-           y, s, mean, rstd, row_block(x.shape[0]))
+    launch(_layer_norm_forward, x.size, kernel_view(x), kernel_view(residual), param(weight, acc),
+           param(bias, acc), acc.type(eps), kernel_view(y), kernel_view(s), mean, rstd,
+           row_block(x.shape[0]))
 
 
 def rms_norm_forward(x, residual, weight, eps, y, s, rstd):
     """Fill ``y``, ``s`` (M, N) and ``rstd`` (M,); shapes and dtypes as in layer_norm_forward."""
-    if x.dtype == F16:
-        np.add(x, residual, out=s)
-        _rms_norm.forward(s, weight, eps, y, rstd)
-        return
     acc = acc_of(x.dtype)
-    launch(_rms_norm_forward, x.size, x, residual, param(weight, acc), acc.type(eps), y, s, rstd,
-           row_block(x.shape[0]))
+    launch(_rms_norm_forward, x.size, kernel_view(x), kernel_view(residual), param(weight, acc),
+           acc.type(eps), kernel_view(y), kernel_view(s), rstd, row_block(x.shape[0]))

@@ -1,9 +1,6 @@
-"""What the three CPU norm modules share: staging of float16 and the fastmath set.
+"""What the CPU norm modules share: output placement, the fastmath set, row blocks.
 
-Numba has no float16 arithmetic on the CPU (``NotImplementedError: float16`` from
-its data model), so float16 arrays are staged through float32 copies: the
-contract's "computed in float32 and cast back". float32/float64 arrays go to the
-kernels as they are, without a copy.
+16-bit floats are converted inside the kernels, never staged (``halves``).
 """
 
 import numba
@@ -17,7 +14,6 @@ import numpy as np
 # keeps a NaN inside its own row, and the tests check that it does get there).
 FASTMATH = {"reassoc"}
 
-F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
 
@@ -27,26 +23,16 @@ def acc_of(dtype):
     return F64 if dtype == F64 else F32
 
 
-def compute_view(a):
-    """``a`` as the kernels read it: float16 staged to float32, others untouched."""
-    if a is None or a.dtype != F16:
-        return a
-    return a.astype(F32)
-
-
 def scratch_for(out, src=None):
     """Where a kernel writes ``out``: itself, or a fresh array that ``finish`` copies back.
 
-    Fresh for float16 (a float32 scratch), and where ``out`` overlaps ``src``
-    without being the very same array: writing row i would overwrite elements of
+    Fresh where ``out`` overlaps ``src`` without being the very same array: writing row i would overwrite elements of
     later rows of ``src`` before they are read, so the result is made apart and
     copied in, as NumPy's ufuncs do for overlapping operands.  An in-place
     ``out=x`` is written directly: each row's sums are taken in loops that store
     nothing before the row is overwritten element by element
     (``layer_norm.row_sum``), so it gives the bits of an out-of-place call.
     """
-    if out.dtype == F16:
-        return np.empty(out.shape, F32)
     if src is not None and np.may_share_memory(out, src) and not _same_memory(out, src):
         return np.empty_like(out)
     return out
@@ -59,7 +45,7 @@ def _same_memory(a, b):
 
 def finish(scratch, out):
     if scratch is not out:
-        np.copyto(out, scratch, casting="same_kind")
+        np.copyto(out, scratch)
 
 
 def param(a, dtype):

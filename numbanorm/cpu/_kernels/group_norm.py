@@ -11,12 +11,15 @@ contiguous in memory, so each (sample, group) is a "row" for the statistics:
 import numpy as np
 from numba import njit, prange
 
-from .common import FASTMATH, acc_of, compute_view, finish, launch, param, scratch_for
+from .common import FASTMATH, acc_of, finish, launch, param, scratch_for
+from .halves import kernel_view, like, narrow, widen
+from .layer_norm import (SUM_BLOCK, deviation_stats, overflowed, row_is_finite, row_sum,
+                         scaled_backward_row, scaled_row)
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
 def _forward(
-    x,      # (N, C, S) input, float32/float64
+    x,      # (N, C, S) input, float32/float64, or 16-bit floats as integer bits (halves)
     w,      # (C,) per-channel weight in the accumulation dtype, or None
     b,      # (C,) per-channel bias in the accumulation dtype, or None
     eps,    # scalar in the accumulation dtype
@@ -30,28 +33,19 @@ def _forward(
     zero = mean.dtype.type(0)
     one = mean.dtype.type(1)
     inv_n = one / mean.dtype.type(Cg * S)
+    # a group's Cg * S elements are contiguous: its statistics are a LayerNorm row's
+    groups = x.reshape((N * G, Cg * S))
+    y_groups = y.reshape((N * G, Cg * S))
     for ng in prange(N * G):
         n = ng // G
         g = ng % G
         c0 = g * Cg
-        total = zero
-        for c in range(c0, c0 + Cg):
-            for k in range(S):
-                total += x[n, c, k]
-        mu = total * inv_n
-        # corrected two-pass, as in layer_norm._forward (and for the same reason)
-        dsum = zero
-        sq = zero
-        for c in range(c0, c0 + Cg):
-            for k in range(S):
-                d = x[n, c, k] - mu
-                dsum += d
-                sq += d * d
-        corr = dsum * inv_n
-        var = sq * inv_n - corr * corr
-        if var < zero:
-            var = zero
+        mu = row_sum(groups, ng, zero) * inv_n
+        corr, var = deviation_stats(groups, ng, mu, zero, inv_n)
         r = one / np.sqrt(var + eps)
+        if overflowed(mu, r) and row_is_finite(groups, ng):  # as layer_norm._forward
+            mean[n, g], rstd[n, g] = scaled_row(groups, ng, w, b, c0, S, eps, y_groups, ng)
+            continue
         mean[n, g] = mu + corr
         rstd[n, g] = r
         for c in range(c0, c0 + Cg):
@@ -70,12 +64,13 @@ def scale_shift_row(
     bc,     # scalar: bias[c]
     out,    # (S,) the output channel
 ):
-    # Without fastmath: (x - mu) - corr must stay in that order (the reason
-    # is in layer_norm.normalize_row).
+    # Not FASTMATH: the loop has no reduction for 'reassoc' to vectorize, so the
+    # flag would buy nothing here.  (x - mu) - corr stays in that order either
+    # way: 'reassoc' alone does not fold it (layer_norm.normalize_row).
     # Also never x * a + (bc - mean * a): that folding cancels catastrophically
     # when |mean| >> std (two digits lost in float32 at mean 1e4, std 1e-2).
     for k in range(row.shape[0]):
-        out[k] = ((row[k] - mu) - corr) * a + bc
+        out[k] = narrow(((widen(row[k]) - mu) - corr) * a + bc, out)
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -95,6 +90,9 @@ def _backward(
     zero = mean.dtype.type(0)
     one = mean.dtype.type(1)
     inv_n = one / mean.dtype.type(Cg * S)
+    x_groups = x.reshape((N * G, Cg * S))
+    dy_groups = dy.reshape((N * G, Cg * S))
+    dx_groups = dx.reshape((N * G, Cg * S))
     for ng in prange(N * G):
         n = ng // G
         g = ng % G
@@ -104,18 +102,26 @@ def _backward(
         # pass 1, per channel: A = sum(dy * (x - mu)) and dbias's sum(dy); over
         # the group, corr = mean(x - mu) corrects the saved mean's rounding (as
         # in layer_norm._backward), so that sum(dy * xhat) = r * (A - corr * sum(dy))
-        dsum = zero
+        dsum = 0.0
         for c in range(c0, c0 + Cg):
-            a = zero
-            dys = zero
-            for k in range(S):
-                d = x[n, c, k] - mu
-                dsum += d
-                a += dy[n, c, k] * d
-                dys += dy[n, c, k]
+            a = 0.0
+            dys = 0.0
+            for lo in range(0, S, SUM_BLOCK):  # blocked, as layer_norm.row_sum
+                dpart = zero
+                apart = zero
+                gpart = zero
+                for k in range(lo, min(S, lo + SUM_BLOCK)):
+                    d = widen(x[n, c, k]) - mu
+                    g = widen(dy[n, c, k])
+                    dpart += d
+                    apart += g * d
+                    gpart += g
+                dsum += dpart
+                a += apart
+                dys += gpart
             dw_part[n, c] = a
             db_part[n, c] = dys
-        corr = dsum * inv_n
+        corr = like(dsum, zero) * inv_n
         # c1 = mean(xhat * wdy), c2 = mean(wdy) over the group
         c1 = zero
         c2 = zero
@@ -127,6 +133,15 @@ def _backward(
             c2 += wc * db_part[n, c]
         c1 *= inv_n
         c2 *= inv_n
+        if (not (np.isfinite(corr) and np.isfinite(c1) and np.isfinite(c2))
+                and row_is_finite(x_groups, ng) and row_is_finite(dy_groups, ng)):
+            # as in layer_norm._backward
+            for c in range(c0, c0 + Cg):
+                dw_part[n, c] = zero
+                db_part[n, c] = zero
+            scaled_backward_row(dy_groups, x_groups, ng, mu, r, w, c0, S, None, dx_groups,
+                                dw_part[n], db_part[n])
+            continue
         # pass 2: dx = (wdy - (xhat * c1 + c2)) * rstd, channel by channel
         for c in range(c0, c0 + Cg):
             wc = w[c] if w is not None else one
@@ -145,18 +160,18 @@ def backward_channel(
     c2,     # scalar: mean(wdy) over the group
     dx,     # (S,) output channel
 ):
-    # Without fastmath, as scale_shift_row.
+    # Not FASTMATH, as scale_shift_row (no reduction here either).
     for k in range(x.shape[0]):
-        xhat = ((x[k] - mu) - corr) * r
-        dx[k] = (dy[k] * wc - (xhat * c1 + c2)) * r
+        xhat = ((widen(x[k]) - mu) - corr) * r
+        dx[k] = narrow((widen(dy[k]) * wc - (xhat * c1 + c2)) * r, dx)
 
 
 def forward(x, weight, bias, eps, y, mean, rstd):
     """Fill ``y`` (N, C, S) and ``mean``/``rstd`` (N, G) for group norm."""
     acc = acc_of(x.dtype)
     ys = scratch_for(y, x)
-    launch(_forward, x.size, compute_view(x), param(weight, acc), param(bias, acc),
-           acc.type(eps), ys, mean, rstd)
+    launch(_forward, x.size, kernel_view(x), param(weight, acc), param(bias, acc),
+           acc.type(eps), kernel_view(ys), mean, rstd)
     finish(ys, y)
 
 
@@ -166,10 +181,8 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
     acc = acc_of(x.dtype)
     dw_part = np.empty((N, C), acc)
     db_part = np.empty((N, C), acc)
-    dxs = scratch_for(dx)
-    launch(_backward, x.size, compute_view(dy), compute_view(x), mean, rstd,
-           param(weight, acc), dxs, dw_part, db_part)
-    finish(dxs, dx)
+    launch(_backward, x.size, kernel_view(dy), kernel_view(x), mean, rstd,
+           param(weight, acc), kernel_view(dx), dw_part, db_part)
     # per-sample partials summed in sample order: deterministic for any thread count
     np.sum(dw_part, axis=0, out=dweight)
     np.sum(db_part, axis=0, out=dbias)

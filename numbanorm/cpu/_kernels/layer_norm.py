@@ -9,16 +9,19 @@ from memory once; the extra passes cost cache bandwidth only.  A large
 caller's ``out=`` is written with streaming stores (``memory``).
 """
 
+import math
+
 import numpy as np
 from numba import njit, prange
 
-from .common import FASTMATH, acc_of, compute_view, finish, launch, n_chunks, param, row_block, scratch_for
+from .common import FASTMATH, acc_of, finish, launch, n_chunks, param, row_block, scratch_for
+from .halves import kernel_view, like, narrow, widen
 from .memory import should_stream, store_fence, stream_row
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
 def _forward(
-    x,      # (M, N) input rows, float32/float64
+    x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
     w,      # (N,) weight in the accumulation dtype, or None
     b,      # (N,) bias in the accumulation dtype, or None
     eps,    # scalar in the accumulation dtype
@@ -43,13 +46,12 @@ def _forward(
             mu = row_sum(x, i, zero) * inv_n
             corr, var = deviation_stats(x, i, mu, zero, inv_n)
             r = one / np.sqrt(var + eps)
+            if overflowed(mu, r) and row_is_finite(x, i):
+                mean[i], rstd[i] = scaled_row(x, i, w, b, 0, 1, eps, y, i)
+                continue
             mean[i] = mu + corr
             rstd[i] = r
-            # pass 3 writes the row whole: in tiles of 256 columns (to stream
-            # each tile out while in L1, prefetching row i + 1 between tiles)
-            # this kernel took 3.3-3.6x np.copyto at (16384, 4096) and
-            # (65536, 768), against 0.9x and 0.7x whole.  Prefetching the next
-            # row whole, before the write, gained nothing (0.99x, 0.68x).
+            # pass 3 writes the row whole (tiled, it was 3-4x slower: book, chapter 5)
             if stream:
                 normalize_row(x, i, mu, corr, r, w, b, scratch, 0)
                 stream_row(y, i, scratch, 0)
@@ -59,26 +61,33 @@ def _forward(
             store_fence()
 
 
+# Row reductions run over blocks of this many elements, each summed in the
+# accumulation dtype (in vector lanes) and the block totals in float64, so that the
+# rounding error of a sum does not grow with the row's length (book, chapter 5).
+SUM_BLOCK = 4096
+
+
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
 def row_sum(
     x,      # (M, N) rows
     i,      # scalar: the row
     zero,   # scalar 0 in the accumulation dtype
 ):
-    """``sum(x[i])``, in vector lanes ('reassoc').
+    """``sum(x[i])``, in vector lanes ('reassoc'), blocked (:data:`SUM_BLOCK`).
 
     Every reduction of the row kernels is a loop of its own that stores
-    nothing.  LLVM runs a vectorized loop that stores only after a run-time
-    check that the stores do not overlap the loads, else its scalar copy, and
-    the two add a reduction in different orders: a row sum made in the loop that
-    wrote y came out different, by an ulp, for 14% of fresh outputs (the check
-    is conservative and depends on where the arrays lie).  A loop that stores
-    nothing has no such check.
+    nothing: a vectorized loop that stores runs behind a run-time overlap check
+    whose scalar fallback adds in another order, so a sum taken there would
+    depend on where the arrays lie (book, chapter 5).
     """
-    total = zero
-    for j in range(x.shape[1]):
-        total += x[i, j]
-    return total
+    n = x.shape[1]
+    total = 0.0
+    for lo in range(0, n, SUM_BLOCK):
+        part = zero
+        for j in range(lo, min(n, lo + SUM_BLOCK)):
+            part += widen(x[i, j])
+        total += part
+    return like(total, zero)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
@@ -92,19 +101,109 @@ def deviation_stats(
     """``(corr, var)`` of row ``i`` from a second pass over its deviations from ``mu``.
 
     Their sum corrects the rounding error of mu itself (Chan, Golub & LeVeque's
-    corrected two-pass), so the row's mean is ``mu + corr``.
+    corrected two-pass), so the row's mean is ``mu + corr``.  Blocked as row_sum.
     """
-    dsum = zero
-    sq = zero
+    n = x.shape[1]
+    dsum = 0.0
+    sq = 0.0
+    for lo in range(0, n, SUM_BLOCK):
+        dpart = zero
+        sqpart = zero
+        for j in range(lo, min(n, lo + SUM_BLOCK)):
+            d = widen(x[i, j]) - mu
+            dpart += d
+            sqpart += d * d
+        dsum += dpart
+        sq += sqpart
+    corr = dsum / n
+    var = sq / n - corr * corr
+    if var < 0.0:  # rounding on a constant row (a NaN fails the test and stays NaN)
+        var = 0.0
+    return like(corr, zero), like(var, zero)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def overflowed(
+    mu,     # scalar: a row's first-pass mean
+    r,      # scalar: its rstd, 1/sqrt(var + eps)
+):
+    """Whether a row's sums left the floating-point range: a sum that overflowed to
+    Inf (r = 0), or a variance that underflowed to 0 with eps = 0 (r = Inf).  For
+    a row with NaN or Inf inputs the caller's row_is_finite says no."""
+    return not (np.isfinite(mu) and np.isfinite(r) and r > 0)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def row_is_finite(
+    x,      # (M, N) rows
+    i,      # scalar: the row
+):
     for j in range(x.shape[1]):
-        d = x[i, j] - mu
+        if not np.isfinite(widen(x[i, j])):
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _row_scale(
+    x,      # (M, L) rows
+    i,      # scalar: the row
+):
+    """``e`` with every ``|x[i]| * 2**-e`` at most 1: scaling by it is exact."""
+    amax = 0.0
+    for j in range(x.shape[1]):
+        amax = max(amax, abs(np.float64(widen(x[i, j]))))
+    return math.frexp(amax)[1]
+
+
+@njit(cache=True, nogil=True)
+def scaled_row(
+    x,      # (M, L) rows, all elements finite
+    i,      # scalar: the row
+    w,      # (C,) weight in the accumulation dtype, or None
+    b,      # (C,) bias in the accumulation dtype, or None
+    w0,     # scalar: weight index of the row's first element (group norm: its first channel)
+    per,    # scalar: elements per weight (1 for layer norm, S for group norm)
+    eps,    # scalar
+    out,    # (K, L) where the normalized row goes
+    o,      # scalar: the row of `out`
+):
+    """Normalize a finite row whose float sums overflowed, in float64 on the row
+    scaled by a power of two (exact), and return its ``(mean, rstd)``.
+
+    Rare (a row of magnitude ~1e19 in float32, ~1e154 in float64), so it is apart
+    from the kernels' fast loops and costs them nothing: see their callers.
+    """
+    n = x.shape[1]
+    e = _row_scale(x, i)
+    total = 0.0
+    for j in range(n):
+        total += math.ldexp(np.float64(widen(x[i, j])), -e)
+    mu = total / n
+    dsum = 0.0
+    sq = 0.0
+    for j in range(n):
+        d = math.ldexp(np.float64(widen(x[i, j])), -e) - mu
         dsum += d
         sq += d * d
-    corr = dsum * inv_n
-    var = sq * inv_n - corr * corr
-    if var < zero:  # rounding on a constant row (a NaN fails the test and stays NaN)
-        var = zero
-    return corr, var
+    corr = dsum / n
+    var_s = max(sq / n - corr * corr, 0.0)
+    var = math.ldexp(var_s, 2 * e)
+    big = not np.isfinite(var)  # only float64 rows near the float64 limit
+    if big:
+        r = 1.0 / math.sqrt(var_s)  # eps is below half an ulp of var
+    else:
+        r = 1.0 / math.sqrt(var + eps)
+    for j in range(n):
+        dev = (math.ldexp(np.float64(widen(x[i, j])), -e) - mu) - corr
+        v = dev * r if big else math.ldexp(dev, e) * r
+        c = w0 + j // per
+        if w is not None:
+            v = v * w[c]
+        if b is not None:
+            v = v + b[c]
+        out[o, j] = narrow(v, out)
+    return math.ldexp(mu + corr, e), (math.ldexp(r, -e) if big else r)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
@@ -121,28 +220,20 @@ def normalize_row(
 ):
     """Write row ``i``, normalized, into ``out[o]``.
 
-    ``((x - mu) - corr) * r`` must be evaluated in that order: folded into
+    ``((x - mu) - corr) * r`` must stay in that order: folded into
     ``x - (mu + corr)``, the correction would round onto the float32 grid near
-    the mean (1e-3 at a mean of 1e4, a tenth of the std of the contract's
-    large-offset case) and shift every output by up to 0.05.  FASTMATH's
-    'reassoc' alone does not let LLVM fold it -- its reassociation of
-    subtractions also needs 'nsz', and with {'reassoc', 'nsz'} this loop
-    compiles to ``x - (mu + corr)`` (inspected with ``inspect_llvm``).  The
-    large-offset tests against the oracle fail if a compiler ever folds it.
-
-    Inlined, and given rows as (array, index) rather than as views: a call, or
-    a view, costs an atomically counted reference per row, and atomics drain
-    the write-combining buffers of streaming stores (one atomic add per row
-    took a streaming copy of (65536, 768) float32 from 0.89x to 1.25x
-    np.copyto; a non-inlined helper called per 256 columns made this kernel 3.6x).
+    the mean and be lost.  FASTMATH's 'reassoc' alone does not fold it (that
+    also needs 'nsz'; book, chapter 5), and the large-offset tests fail if a
+    compiler ever does.  Inlined, with rows as (array, index) rather than views,
+    for the reason of memory.stream_row.
     """
     for j in range(x.shape[1]):
-        v = ((x[i, j] - mu) - corr) * r
+        v = ((widen(x[i, j]) - mu) - corr) * r
         if w is not None:
             v = v * w[j]
         if b is not None:
             v = v + b[j]
-        out[o, j] = v
+        out[o, j] = narrow(v, out)
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -164,8 +255,7 @@ def _backward(
     for blk in prange(B):
         lo = blk * M // B
         hi = (blk + 1) * M // B
-        # This block's partials, in a local array (in L1/L2) rather than a row of
-        # dw_part: 0.80x against 0.88x the copies of x and dy at (16384, 4096).
+        # this block's partials in a local array (in L1/L2), not a row of dw_part (faster: book, ch. 5)
         dwp = np.zeros(N, dw_part.dtype)
         dbp = np.zeros(N, dw_part.dtype)
         for i in range(lo, hi):
@@ -177,13 +267,14 @@ def _backward(
             # grid is 1e-3, 5% of the std of the contract's large-offset case,
             # which left dweight 1.4e-2 off; with corr it is 5e-8 off).
             dsum, xw, c2 = backward_sums(dy, x, i, mu, w, zero)
+            if (not (np.isfinite(dsum) and np.isfinite(xw) and np.isfinite(c2))
+                    and row_is_finite(x, i) and row_is_finite(dy, i)):
+                scaled_backward_row(dy, x, i, mu, r, w, 0, 1, ds, dx, dwp, dbp)  # as in _forward
+                continue
             corr = dsum * inv_n
             c2 *= inv_n
             c1 = (xw * inv_n - corr * c2) * r
-            # pass 2, from cache: dx and the partials, the whole row in one loop
-            # (a 256-column tile at a time, with or without a prefetch of row
-            # i + 1, it took 2.1-2.3x the copies of x and dy at (16384, 4096),
-            # against 0.80-0.89x whole)
+            # pass 2, from cache: dx and the partials, the whole row in one loop (as the forward)
             backward_row(dy, x, i, mu, corr, r, w, ds, c1, c2, dx, dwp, dbp)
         dw_part[blk] = dwp
         db_part[blk] = dbp
@@ -199,17 +290,79 @@ def backward_sums(
     zero,   # scalar 0 in the accumulation dtype
 ):
     """Row ``i``'s ``(sum(x - mu), sum((x - mu) * wdy), sum(wdy))``, wdy = w * dy
-    (a loop that stores nothing: see row_sum)."""
-    dsum = zero
-    xw = zero
-    wsum = zero
-    for j in range(x.shape[1]):
-        d = x[i, j] - mu
-        wdy = dy[i, j] * w[j] if w is not None else dy[i, j]
-        dsum += d
-        xw += d * wdy
-        wsum += wdy
-    return dsum, xw, wsum
+    (a loop that stores nothing, blocked: see row_sum)."""
+    n = x.shape[1]
+    dsum = 0.0
+    xw = 0.0
+    wsum = 0.0
+    for lo in range(0, n, SUM_BLOCK):
+        dpart = zero
+        xwpart = zero
+        wpart = zero
+        for j in range(lo, min(n, lo + SUM_BLOCK)):
+            d = widen(x[i, j]) - mu
+            g = widen(dy[i, j])
+            wdy = g * w[j] if w is not None else g
+            dpart += d
+            xwpart += d * wdy
+            wpart += wdy
+        dsum += dpart
+        xw += xwpart
+        wsum += wpart
+    return like(dsum, zero), like(xw, zero), like(wsum, zero)
+
+
+@njit(cache=True, nogil=True)
+def scaled_backward_row(
+    dy,     # (M, N) gradient of y, row i finite
+    x,      # (M, N) forward input, row i finite
+    i,      # scalar: the row
+    mu,     # scalar: its saved mean
+    r,      # scalar: its saved rstd
+    w,      # (C,) weight or None
+    w0,     # scalar: weight index of the row's first element (group norm: its first channel)
+    per,    # scalar: elements per weight (1 for layer norm, S for group norm)
+    ds,     # (M, N) fused residual gradient or None
+    dx,     # (M, N) output
+    dwp,    # (C,) dweight partial, accumulated into at the weight's index
+    dbp,    # (C,) dbias partial, the same
+):
+    """backward_sums and backward_row for a finite row whose float sums overflowed:
+    in float64, x and dy each scaled by a power of two (exact), r split as
+    ``fr * 2**er`` so that no intermediate leaves the range (see scaled_row)."""
+    n = x.shape[1]
+    ex = _row_scale(x, i)
+    eg = _row_scale(dy, i)
+    fr, er = math.frexp(np.float64(r))
+    ms = math.ldexp(np.float64(mu), -ex)
+    dsum = 0.0
+    for j in range(n):
+        dsum += math.ldexp(np.float64(widen(x[i, j])), -ex) - ms
+    corr = dsum / n
+    c1 = 0.0
+    c2 = 0.0
+    for j in range(n):
+        xhat = math.ldexp(((math.ldexp(np.float64(widen(x[i, j])), -ex) - ms) - corr) * fr, ex + er)
+        wdy = math.ldexp(np.float64(widen(dy[i, j])), -eg)
+        if w is not None:
+            wdy = wdy * w[w0 + j // per]
+        c1 += xhat * wdy
+        c2 += wdy
+    c1 /= n
+    c2 /= n
+    for j in range(n):
+        g = np.float64(widen(dy[i, j]))
+        xhat = math.ldexp(((math.ldexp(np.float64(widen(x[i, j])), -ex) - ms) - corr) * fr, ex + er)
+        wdy = math.ldexp(g, -eg)
+        c = w0 + j // per
+        if w is not None:
+            wdy = wdy * w[c]
+        v = math.ldexp((wdy - (xhat * c1 + c2)) * fr, eg + er)
+        if ds is not None:
+            v = v + widen(ds[i, j])
+        dx[i, j] = narrow(v, dx)
+        dwp[c] += g * xhat
+        dbp[c] += g
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
@@ -235,13 +388,13 @@ def backward_row(
     exactly 0 for a one-element row.
     """
     for j in range(x.shape[1]):
-        g = dy[i, j]
-        xhat = ((x[i, j] - mu) - corr) * r
+        g = widen(dy[i, j])
+        xhat = ((widen(x[i, j]) - mu) - corr) * r
         wdy = g * w[j] if w is not None else g
         v = (wdy - (xhat * c1 + c2)) * r
         if ds is not None:
-            v = v + ds[i, j]
-        dx[i, j] = v
+            v = v + widen(ds[i, j])
+        dx[i, j] = narrow(v, dx)
         dwp[j] += g * xhat
         dbp[j] += g
 
@@ -256,8 +409,9 @@ def forward(x, weight, bias, eps, y, mean, rstd, y_mapped=False):
     """
     acc = acc_of(x.dtype)
     ys = scratch_for(y, x)
-    launch(_forward, x.size, compute_view(x), param(weight, acc), param(bias, acc),
-           acc.type(eps), ys, mean, rstd, row_block(x.shape[0]), should_stream(ys, y_mapped and ys is y))
+    launch(_forward, x.size, kernel_view(x), param(weight, acc), param(bias, acc),
+           acc.type(eps), kernel_view(ys), mean, rstd, row_block(x.shape[0]),
+           should_stream(ys, y_mapped and ys is y))
     finish(ys, y)
 
 
@@ -275,10 +429,8 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None):
     B = n_chunks(M)
     dw_part = np.empty((B, N), acc)
     db_part = np.empty((B, N), acc)
-    dxs = scratch_for(dx)
-    launch(_backward, x.size, compute_view(dy), compute_view(x), mean, rstd,
-           param(weight, acc), compute_view(ds), dxs, dw_part, db_part)
-    finish(dxs, dx)
+    launch(_backward, x.size, kernel_view(dy), kernel_view(x), mean, rstd,
+           param(weight, acc), kernel_view(ds), kernel_view(dx), dw_part, db_part)
     # fixed-order sum of the block partials: bit-identical for any thread count
     np.sum(dw_part, axis=0, out=dweight)
     np.sum(db_part, axis=0, out=dbias)

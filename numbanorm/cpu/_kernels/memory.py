@@ -1,32 +1,12 @@
 """Streaming stores: how a forward kernel writes a large ``out=`` at copy speed.
 
-An ordinary store to a line that is not in cache first reads the line from
-memory (a read-for-ownership), then writes it back on eviction: writing ``y``
-costs two array passes of memory traffic.  A non-temporal store writes whole
-lines through write-combining buffers without reading them, which is how
-``np.copyto`` (glibc's memcpy, above its non-temporal threshold) moves large
-arrays.  A row normalized into a scratch row (in L1/L2) and streamed out
-(:func:`stream_row`) costs one pass.
-
-Measured on a 2-core AMD EPYC (Zen 3, 32 MiB L3), float32 LayerNorm forward
-with weight and bias, 2 threads, time over ``np.copyto`` of the same array
-(fastest of 12 round-robin runs, of 60 for the small shape):
-
-    shape            y        ordinary stores   streaming stores
-    (16384, 4096)    256 MiB  1.19x             0.99x
-    (65536, 768)     192 MiB  0.77x             0.66x
-    (4096, 4096)      64 MiB  0.87x             0.76x
-    (2048, 1024)       8 MiB  1.11x             1.21x    (fits in the L3)
-    (65536, 768), into a fresh array each call:
-                              1.19x             1.32x
-
-Streaming pays only for an output larger than the last-level cache: below it,
-np.copyto's own stores stay in cache, and so would ours.  And it pays only into
-pages that are already mapped: into a fresh array, each first touch of a page
-faults and the operating system zero-fills it, so the read-for-ownership hits the cache
-anyway (the last line).  So the launchers stream only into a caller's ``out=``
-(``y_mapped``) of at least :data:`STREAM_MIN_BYTES`, the size of the last-level
-cache.
+An ordinary store to a line not in cache first reads it (a read-for-ownership):
+writing ``y`` costs two array passes of memory traffic.  A non-temporal store
+writes whole lines without reading them, as ``np.copyto`` does for large arrays,
+so a row normalized into a scratch row in cache and streamed out
+(:func:`stream_row`) costs one.  It pays only into a caller's mapped ``out=``
+larger than the last-level cache (``should_stream``); the measurements that
+decided it are in the book, chapter 5 ("Writing a large out=").
 """
 
 import os
@@ -99,8 +79,7 @@ def stream_row(
     (a NumPy array can be unaligned).  Call :func:`store_fence` after the last
     row.  Rows are passed as (array, index), not as views: a view keeps an
     atomically counted reference, and an atomic drains the write-combining
-    buffers (one atomic add per row took a streaming copy of (65536, 768)
-    float32 from 0.89x to 1.25x np.copyto).
+    buffers (measured: book, chapter 5).
     """
     n = dst.shape[1]
     size = _itemsize(dst)

@@ -7,16 +7,20 @@ No mean is subtracted, so one pass gives the statistic and a second, from
 cache, writes y; a large caller's ``out=`` is streamed, as in LayerNorm's kernels.
 """
 
+import math
+
 import numpy as np
 from numba import njit, prange
 
-from .common import FASTMATH, acc_of, compute_view, finish, launch, n_chunks, param, row_block, scratch_for
+from .common import FASTMATH, acc_of, finish, launch, n_chunks, param, row_block, scratch_for
+from .halves import kernel_view, like, narrow, widen
+from .layer_norm import SUM_BLOCK, _row_scale, overflowed, row_is_finite
 from .memory import should_stream, store_fence, stream_row
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
 def _forward(
-    x,      # (M, N) input rows, float32/float64
+    x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
     w,      # (N,) weight in the accumulation dtype, or None
     eps,    # scalar in the accumulation dtype
     y,      # (M, N) output, x's dtype
@@ -34,6 +38,9 @@ def _forward(
         scratch = np.empty((1, N if stream else 0), y.dtype)  # a streamed row is staged here
         for i in range(lo, hi):
             r = one / np.sqrt(row_sum_squares(x, i, zero) * inv_n + eps)
+            if overflowed(zero, r) and row_is_finite(x, i):  # as layer_norm._forward
+                rstd[i] = scaled_rms_row(x, i, w, eps, y, i)
+                continue
             rstd[i] = r
             # whole rows, as layer_norm._forward (whose comments say why)
             if stream:
@@ -51,11 +58,47 @@ def row_sum_squares(
     i,      # scalar: the row
     zero,   # scalar 0 in the accumulation dtype
 ):
-    """``sum(x[i] ** 2)`` (a loop that stores nothing: see layer_norm.row_sum)."""
-    sq = zero
-    for j in range(x.shape[1]):
-        sq += x[i, j] * x[i, j]
-    return sq
+    """``sum(x[i] ** 2)`` (a loop that stores nothing, blocked: see layer_norm.row_sum)."""
+    n = x.shape[1]
+    sq = 0.0
+    for lo in range(0, n, SUM_BLOCK):
+        part = zero
+        for j in range(lo, min(n, lo + SUM_BLOCK)):
+            v = widen(x[i, j])
+            part += v * v
+        sq += part
+    return like(sq, zero)
+
+
+@njit(cache=True, nogil=True)
+def scaled_rms_row(
+    x,      # (M, N) rows, all elements finite
+    i,      # scalar: the row
+    w,      # (N,) weight in the accumulation dtype, or None
+    eps,    # scalar
+    out,    # (K, N) where the scaled row goes
+    o,      # scalar: the row of `out`
+):
+    """RMSNorm of a finite row whose sum of squares overflowed (or underflowed to 0
+    with eps = 0), in float64 on the row scaled by a power of two; returns its rstd
+    (as layer_norm.scaled_row)."""
+    n = x.shape[1]
+    e = _row_scale(x, i)
+    sq = 0.0
+    for j in range(n):
+        v = math.ldexp(np.float64(widen(x[i, j])), -e)
+        sq += v * v
+    ms_s = sq / n
+    ms = math.ldexp(ms_s, 2 * e)
+    big = not np.isfinite(ms)
+    r = 1.0 / math.sqrt(ms_s) if big else 1.0 / math.sqrt(ms + eps)
+    for j in range(n):
+        v = np.float64(widen(x[i, j]))
+        v = math.ldexp(v, -e) * r if big else v * r
+        if w is not None:
+            v = v * w[j]
+        out[o, j] = narrow(v, out)
+    return math.ldexp(r, -e) if big else r
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
@@ -69,10 +112,10 @@ def scale_row(
 ):
     """Write row ``i`` times ``r * w`` into ``out[o]``."""
     for j in range(x.shape[1]):
-        v = x[i, j] * r
+        v = widen(x[i, j]) * r
         if w is not None:
             v = v * w[j]
-        out[o, j] = v
+        out[o, j] = narrow(v, out)
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -112,12 +155,18 @@ def backward_sum(
     w,      # (N,) weight or None
     zero,   # scalar 0 in the accumulation dtype
 ):
-    """Row ``i``'s ``sum(xhat * wdy)`` (a loop that stores nothing: see layer_norm.row_sum)."""
-    c1 = zero
-    for j in range(x.shape[1]):
-        wdy = dy[i, j] * w[j] if w is not None else dy[i, j]
-        c1 += x[i, j] * r * wdy
-    return c1
+    """Row ``i``'s ``sum(xhat * wdy)`` (a loop that stores nothing, blocked: see
+    layer_norm.row_sum)."""
+    n = x.shape[1]
+    c1 = 0.0
+    for lo in range(0, n, SUM_BLOCK):
+        part = zero
+        for j in range(lo, min(n, lo + SUM_BLOCK)):
+            g = widen(dy[i, j])
+            wdy = g * w[j] if w is not None else g
+            part += widen(x[i, j]) * r * wdy
+        c1 += part
+    return like(c1, zero)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
@@ -134,13 +183,13 @@ def backward_row(
 ):
     """Row ``i`` of dx, and its terms of the partial."""
     for j in range(x.shape[1]):
-        g = dy[i, j]
-        xhat = x[i, j] * r
+        g = widen(dy[i, j])
+        xhat = widen(x[i, j]) * r
         wdy = g * w[j] if w is not None else g
         v = (wdy - xhat * c1) * r
         if ds is not None:
-            v = v + ds[i, j]
-        dx[i, j] = v
+            v = v + widen(ds[i, j])
+        dx[i, j] = narrow(v, dx)
         dwp[j] += g * xhat
 
 
@@ -148,7 +197,7 @@ def forward(x, weight, eps, y, rstd, y_mapped=False):
     """Fill ``y`` (M, N) and ``rstd`` (M,); arguments as in layer_norm.forward."""
     acc = acc_of(x.dtype)
     ys = scratch_for(y, x)
-    launch(_forward, x.size, compute_view(x), param(weight, acc), acc.type(eps), ys, rstd,
+    launch(_forward, x.size, kernel_view(x), param(weight, acc), acc.type(eps), kernel_view(ys), rstd,
            row_block(x.shape[0]), should_stream(ys, y_mapped and ys is y))
     finish(ys, y)
 
@@ -161,8 +210,6 @@ def backward(dy, x, rstd, weight, dx, dweight, ds=None):
         dweight[:] = 0
         return
     dw_part = np.empty((n_chunks(M), N), acc)
-    dxs = scratch_for(dx)
-    launch(_backward, x.size, compute_view(dy), compute_view(x), rstd, param(weight, acc),
-           compute_view(ds), dxs, dw_part)
-    finish(dxs, dx)
+    launch(_backward, x.size, kernel_view(dy), kernel_view(x), rstd, param(weight, acc),
+           kernel_view(ds), kernel_view(dx), dw_part)
     np.sum(dw_part, axis=0, out=dweight)

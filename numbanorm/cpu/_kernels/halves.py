@@ -1,0 +1,244 @@
+"""16-bit floats inside the CPU kernels: widened to float32 on the load, narrowed on the store.
+
+Numba has no float16 arithmetic on the CPU, and NumPy no bfloat16 (``ml_dtypes``
+adds it as a user dtype that Numba cannot type).  So the launchers hand 16-bit
+arrays to the kernels as integer views (:func:`kernel_view`), and the integer type
+alone tells a kernel, at compile time, what its bits mean:
+
+    uint16  -- IEEE float16 bits       int16 -- bfloat16 bits
+
+The kernels read every element through :func:`widen` and write it through
+:func:`narrow`; for float32/float64 arrays both are the identity, so one kernel
+source serves every dtype, and no 16-bit array is ever staged through a float32 copy.
+
+float16 is converted by LLVM's ``half`` type (``fpext``/``fptrunc``), which is
+``vcvtph2ps``/``vcvtps2ph`` on x86 with F16C and a native instruction on AArch64.
+Elsewhere LLVM would call a compiler-rt helper that Numba's JIT does not link
+(the process crashes), so there the same conversions are done with integer code
+(:func:`_half_to_f32_bits`, :func:`_f32_to_half_bits`).  bfloat16 is the top half
+of a float32: a 16-bit shift widens it, and narrowing rounds to nearest even in
+integer arithmetic.  Every narrowing rounds to nearest even, keeps a NaN a NaN and
+overflows to Inf, as IEEE does.
+"""
+
+import platform
+import sys
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import config
+from numba.extending import intrinsic, overload
+
+F16 = np.dtype(np.float16)
+
+
+def bfloat16_dtype():
+    """``ml_dtypes.bfloat16`` if the caller's process has it, else None.
+
+    An array of that dtype can exist only once ml_dtypes is imported, so the
+    module is looked up, never imported: ml_dtypes is not a dependency.
+    """
+    mld = sys.modules.get("ml_dtypes")
+    return None if mld is None else np.dtype(mld.bfloat16)
+
+
+def is_bfloat16(dt):
+    bf = bfloat16_dtype()
+    return bf is not None and dt == bf
+
+
+def kernel_view(a):
+    """``a`` as the kernels read and write it: 16-bit floats as integer views (no copy)."""
+    if a is None:
+        return None
+    if a.dtype == F16:
+        return a.view(np.uint16)
+    if a.dtype.itemsize == 2 and is_bfloat16(a.dtype):
+        return a.view(np.int16)
+    return a
+
+
+def _native_half():
+    """Whether LLVM lowers half <-> float to instructions for Numba's target CPU."""
+    machine = platform.machine().lower()
+    if machine in ("aarch64", "arm64"):
+        return True
+    if machine not in ("x86_64", "amd64"):
+        return False
+    if config.CPU_FEATURES is not None:
+        features = config.CPU_FEATURES
+    elif config.CPU_NAME in (None, "host"):
+        from llvmlite import binding
+        features = binding.get_host_cpu_features().flatten()
+    else:
+        return False
+    return "+f16c" in features.split(",")
+
+
+NATIVE_HALF = _native_half()
+
+
+# ---------------------------------------------------------------- bit casts
+
+@intrinsic
+def _bits_of(typingctx, f):
+    """The uint32 bits of a float32."""
+    sig = types.uint32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return sig, codegen
+
+
+@intrinsic
+def _float_of(typingctx, u):
+    """The float32 whose bits are the uint32 ``u``."""
+    sig = types.float32(types.uint32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def _low16(typingctx, u):
+    """The low 16 bits of a uint32, as int16 (bfloat16 bits)."""
+    sig = types.int16(types.uint32)
+
+    def codegen(context, builder, signature, args):
+        return builder.trunc(args[0], ir.IntType(16))
+
+    return sig, codegen
+
+
+@intrinsic
+def _half_to_f32_native(typingctx, h):
+    sig = types.float32(types.uint16)
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def _f32_to_half_native(typingctx, f):
+    sig = types.uint16(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return sig, codegen
+
+
+@intrinsic
+def _bf16_to_f32(typingctx, h):
+    """bfloat16 bits (int16) -> float32: the bits become the top half of a float32."""
+    sig = types.float32(types.int16)
+
+    def codegen(context, builder, signature, args):
+        wide = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+        return builder.bitcast(wide, ir.FloatType())
+
+    return sig, codegen
+
+
+# ---------------------------------------------------------------- integer conversions
+
+_TWO_112 = np.float32(2.0 ** 112)  # float32's exponent bias minus float16's, as a factor
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _half_to_f32_bits(h):
+    """float16 bits -> float32, in integer code: exact for every input, NaN payloads kept."""
+    u = np.uint32(h)
+    sign = (u & np.uint32(0x8000)) << np.uint32(16)
+    body = (u & np.uint32(0x7FFF)) << np.uint32(13)
+    if (u & np.uint32(0x7C00)) == np.uint32(0x7C00):  # Inf/NaN: all exponent bits set
+        return _float_of(sign | np.uint32(0x7F800000) | body)
+    # rebias the exponent by a multiply by 2^112: exact, and right for subnormals too
+    return _float_of(sign | _bits_of(_float_of(body) * _TWO_112))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _f32_to_half_bits(f):
+    """float32 -> float16 bits, rounded to nearest even (F. Giesen's float_to_half_fast3_rtne)."""
+    u = _bits_of(f)
+    sign = (u >> np.uint32(16)) & np.uint32(0x8000)
+    a = u & np.uint32(0x7FFFFFFF)
+    if a >= np.uint32(0x47800000):  # >= 2^16: Inf (or NaN, kept a quiet NaN)
+        o = np.uint32(0x7E00) if a > np.uint32(0x7F800000) else np.uint32(0x7C00)
+    elif a < np.uint32(0x38800000):  # below 2^-14: subnormal half, rounded by a float add
+        magic = np.uint32(0x3F000000)  # 0.5: its ulp is the half's smallest subnormal
+        o = _bits_of(_float_of(a) + _float_of(magic)) - magic
+    else:
+        odd = (a >> np.uint32(13)) & np.uint32(1)
+        o = (a + np.uint32(0xC8000FFF) + odd) >> np.uint32(13)  # rebias by -112 << 23, round
+    return np.uint16(o | sign)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _f32_to_bf16(f):
+    """float32 -> bfloat16 bits (int16), rounded to nearest even; NaN stays a quiet NaN."""
+    u = _bits_of(f)
+    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return _low16((u >> np.uint32(16)) | np.uint32(0x40))
+    # the carry of a round up may ripple into the exponent: up to Inf, as IEEE rounds
+    return _low16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+
+# ---------------------------------------------------------------- what the kernels call
+
+def widen(v):
+    """An element as the kernels compute with it (float32 for 16-bit bits, else itself)."""
+    raise NotImplementedError("widen is called from Numba kernels only")
+
+
+def narrow(v, like):
+    """``v`` as an element of the array ``like`` (16-bit bits, or the float itself)."""
+    raise NotImplementedError("narrow is called from Numba kernels only")
+
+
+@overload(widen)
+def _widen(v):
+    if v == types.uint16:
+        if NATIVE_HALF:
+            return lambda v: _half_to_f32_native(v)
+        return lambda v: _half_to_f32_bits(v)
+    if v == types.int16:
+        return lambda v: _bf16_to_f32(v)
+    if isinstance(v, types.Float):
+        return lambda v: v
+    return None
+
+
+@overload(narrow)
+def _narrow(v, like):
+    dt = like.dtype
+    if dt == types.uint16:
+        if NATIVE_HALF:
+            return lambda v, like: _f32_to_half_native(np.float32(v))
+        return lambda v, like: _f32_to_half_bits(np.float32(v))
+    if dt == types.int16:
+        return lambda v, like: _f32_to_bf16(np.float32(v))
+    if isinstance(dt, types.Float):
+        return lambda v, like: v
+    return None
+
+
+def like(v, zero):
+    """``v`` converted to the scalar type of ``zero`` (a float64 block total back to
+    the accumulation dtype)."""
+    raise NotImplementedError("like is called from Numba kernels only")
+
+
+@overload(like)
+def _like(v, zero):
+    if zero == types.float32:
+        return lambda v, zero: np.float32(v)
+    if zero == types.float64:
+        return lambda v, zero: np.float64(v)
+    return None

@@ -1,0 +1,314 @@
+"""16-bit floats on the CPU: float16 and bfloat16 converted inside the kernels.
+
+The conversions are checked exhaustively (every 16-bit pattern widened, and a
+million float32 values plus every tie narrowed) against NumPy's float16 and
+ml_dtypes' bfloat16, both native (F16C) and integer code paths; the kernels
+against the float64 oracle with a tolerance of half a 16-bit ulp of each output
+plus float32's own error; and the contract's NaN isolation, determinism,
+no-staging and input-unchanged rules for both types.
+"""
+
+import tracemalloc
+
+import numpy as np
+import pytest
+from numba import njit
+
+import numbanorm as nn
+from conftest import ORACLE
+from numbanorm.cpu._kernels import halves as H
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+HALVES = [np.dtype(np.float16), BF16]
+ULP = {np.dtype(np.float16): 2.0 ** -10, BF16: 2.0 ** -7}  # at 1.0
+IDS = ["float16", "bfloat16"]
+
+
+# ---------------------------------------------------------------- conversions
+
+@njit
+def _widen_all(a, out):
+    for j in range(a.size):
+        out[j] = H.widen(a[j])
+
+
+@njit
+def _narrow_all(a, like):
+    for j in range(a.size):
+        like[j] = H.narrow(a[j], like)
+
+
+@njit
+def _widen_bits_all(a, out):
+    for j in range(a.size):
+        out[j] = H._half_to_f32_bits(a[j])
+
+
+@njit
+def _narrow_bits_all(a, out):
+    for j in range(a.size):
+        out[j] = H._f32_to_half_bits(a[j])
+
+
+def _same_bits_or_both_nan(got, want):
+    g = got.astype(np.float32)
+    w = want.astype(np.float32)
+    return (got.view(np.uint16) == want.view(np.uint16)) | (np.isnan(g) & np.isnan(w))
+
+
+def _all_patterns():
+    return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+
+
+def _float32_cases(dt):
+    """A million float32 values of every magnitude, every 16-bit value, its float32
+    neighbours and every midpoint (the ties that round-to-nearest-even decides)."""
+    rng = np.random.default_rng(7)
+    exact = _all_patterns().view(dt).astype(np.float32)
+    exact = exact[np.isfinite(exact)]
+    mags = np.float32(10.0) ** rng.integers(-45, 39, 10 ** 6).astype(np.float32)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        mids = ((exact[:-1].astype(np.float64) + exact[1:]) / 2).astype(np.float32)
+        vals = np.concatenate([
+            rng.standard_normal(10 ** 6).astype(np.float32) * mags, exact, mids,
+            np.nextafter(exact, np.float32(np.inf)), np.nextafter(exact, np.float32(-np.inf)),
+            np.array([np.inf, -np.inf, np.nan, -np.nan, 3.4028235e38, -3.4028235e38], np.float32),
+        ])
+    return vals.astype(np.float32)
+
+
+@pytest.mark.parametrize("dt", HALVES, ids=IDS)
+def test_widen_every_pattern(dt):
+    bits = _all_patterns()
+    want = bits.view(dt).astype(np.float32)
+    got = np.empty(bits.size, np.float32)
+    _widen_all(H.kernel_view(bits.view(dt)), got)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])
+    assert np.isnan(got[nan]).all()
+
+
+def test_widen_float16_integer_path_every_pattern():
+    """The code for CPUs without F16C, bit for bit (NaN payloads included)."""
+    bits = _all_patterns()
+    got = np.empty(bits.size, np.float32)
+    _widen_bits_all(bits, got)
+    np.testing.assert_array_equal(got.view(np.uint32), bits.view(np.float16).astype(np.float32).view(np.uint32))
+
+
+@pytest.mark.parametrize("dt", HALVES, ids=IDS)
+def test_narrow_rounds_to_nearest_even(dt):
+    vals = _float32_cases(dt)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = vals.astype(dt)
+    got = np.empty(vals.size, dt)
+    _narrow_all(vals, H.kernel_view(got))
+    bad = ~_same_bits_or_both_nan(got, want)
+    assert not bad.any(), (vals[bad][:5], got[bad][:5], want[bad][:5])
+
+
+def test_narrow_float16_integer_path():
+    vals = _float32_cases(np.dtype(np.float16))
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = vals.astype(np.float16)
+    got = np.empty(vals.size, np.uint16)
+    _narrow_bits_all(vals, got)
+    bad = ~_same_bits_or_both_nan(got.view(np.float16), want)
+    assert not bad.any(), (vals[bad][:5], got[bad][:5])
+
+
+@pytest.mark.parametrize("dt", HALVES, ids=IDS)
+def test_narrow_nan_inf_overflow(dt):
+    big = float(np.finfo(np.float16).max) * 1.01 if dt == np.float16 else 3.4e38
+    vals = np.array([np.nan, -np.nan, np.inf, -np.inf, big, -big], np.float32)
+    got = np.empty(vals.size, dt)
+    _narrow_all(vals, H.kernel_view(got))
+    g = got.astype(np.float32)
+    assert np.isnan(g[:2]).all()
+    np.testing.assert_array_equal(g[2:], [np.inf, -np.inf, np.inf, -np.inf])
+
+
+# ---------------------------------------------------------------- kernels vs the oracle
+
+def _check(got, want, dt, what, extra=0.0):
+    """``got`` (16-bit) within half its own ulp of the float64 ``want``, plus float32's error."""
+    g = np.asarray(got).astype(np.float64)
+    w = np.asarray(want, dtype=np.float64)
+    assert g.shape == w.shape, what
+    scale = max(1.0, float(np.abs(w).max()))
+    half_ulp = 0.5 * ULP[dt] * np.maximum(np.abs(w), np.finfo(np.float32).tiny)
+    # a 16-bit output is the float32 result (a few float32 ulps of a row's reductions
+    # off, relative to the row's scale) rounded once to nearest
+    tol = half_ulp * (1 + 1e-3) + 2e-5 * scale + extra
+    err = np.abs(g - w)
+    assert (err <= tol).all(), (what, float(err.max()), float((err - tol).max()))
+
+
+def _check_param_grad(got, want, pdt, what):
+    """dweight/dbias: float32 sums returned in the weight's dtype (rounded once if 16-bit)."""
+    if pdt in HALVES:
+        _check(got, want, pdt, what)
+    else:
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * max(1.0, np.abs(want).max()),
+                                   err_msg=what)
+
+
+def _data(rng, shape, dt):
+    return (rng.standard_normal(shape) * 2 + 0.5).astype(dt)
+
+
+def _exact(a):
+    """The values a 16-bit array holds, in float64 (what the oracle is given)."""
+    return np.asarray(a).astype(np.float64)
+
+
+@pytest.mark.parametrize("dt", HALVES, ids=IDS)
+@pytest.mark.parametrize("pdt", ["same", np.float32])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5, 33), (5, 4099), (64, 768)])
+def test_layer_and_rms_norm(rng, dt, pdt, shape):
+    n = shape[-1]
+    pdt = dt if pdt == "same" else np.dtype(pdt)
+    x, dy, ds = (_data(rng, shape, dt) for _ in range(3))
+    w = rng.uniform(0.5, 1.5, n).astype(pdt)
+    b = rng.standard_normal(n).astype(pdt)
+    copies = [a.copy() for a in (x, dy, ds, w, b)]
+
+    y, mean, rstd = nn.layer_norm_forward(x, n, w, b)
+    yr, mr, rr = ORACLE.layer_norm_forward(_exact(x), n, _exact(w), _exact(b))
+    assert y.dtype == dt and mean.dtype == np.float32 and rstd.dtype == np.float32
+    _check(y, yr, dt, "layer_norm y")
+    np.testing.assert_allclose(rstd, rr, rtol=2e-5)
+    dx, dw, db = nn.layer_norm_backward(dy, x, mean, rstd, n, w)
+    dxr, dwr, dbr = ORACLE.layer_norm_backward(_exact(dy), _exact(x), mean, rstd, n, _exact(w))
+    assert dx.dtype == dt and dw.dtype == pdt and db.dtype == pdt
+    _check(dx, dxr, dt, "layer_norm dx")
+    _check_param_grad(dw, dwr, pdt, "layer_norm dweight")
+    _check_param_grad(db, dbr, pdt, "layer_norm dbias")
+
+    y, rstd = nn.rms_norm_forward(x, n, w)
+    yr, rr = ORACLE.rms_norm_forward(_exact(x), n, _exact(w), eps=float(np.finfo(np.float32).eps))
+    _check(y, yr, dt, "rms_norm y")
+    dx, dw = nn.rms_norm_backward(dy, x, rstd, n, w)
+    dxr, dwr = ORACLE.rms_norm_backward(_exact(dy), _exact(x), rstd, n, _exact(w))
+    _check(dx, dxr, dt, "rms_norm dx")
+    _check_param_grad(dw, dwr, pdt, "rms_norm dweight")
+
+    # fused: s is x + residual rounded once to x's dtype, y the norm of that s
+    y, s, mean, rstd = nn.add_layer_norm_forward(x, ds, n, w, b)
+    np.testing.assert_array_equal(s.view(np.uint16),
+                                  (x.astype(np.float32) + ds.astype(np.float32)).astype(dt).view(np.uint16))
+    _check(y, ORACLE.layer_norm(_exact(s), n, _exact(w), _exact(b)), dt, "add_layer_norm y")
+    dx, dw, db = nn.add_layer_norm_backward(dy, ds, s, mean, rstd, n, w)
+    dxr = ORACLE.add_layer_norm_backward(_exact(dy), _exact(ds), _exact(s), mean, rstd, n, _exact(w))[0]
+    _check(dx, dxr, dt, "add_layer_norm dx")
+    y, s, rstd = nn.add_rms_norm_forward(x, ds, n, w)
+    _check(y, ORACLE.rms_norm(_exact(s), n, _exact(w), eps=float(np.finfo(np.float32).eps)), dt,
+           "add_rms_norm y")
+    dx, dw = nn.add_rms_norm_backward(dy, ds, s, rstd, n, w)
+    dxr = ORACLE.add_rms_norm_backward(_exact(dy), _exact(ds), _exact(s), rstd, n, _exact(w))[0]
+    _check(dx, dxr, dt, "add_rms_norm dx")
+
+    for a, c in zip((x, dy, ds, w, b), copies):
+        np.testing.assert_array_equal(a.view(np.uint8), c.view(np.uint8))
+
+
+@pytest.mark.parametrize("dt", HALVES, ids=IDS)
+@pytest.mark.parametrize("shape,groups", [((1, 1, 1), 1), ((2, 6, 4, 5), 3), ((2, 6, 7), 6),
+                                          ((3, 4, 1023), 2)])
+def test_group_norm(rng, dt, shape, groups):
+    c = shape[1]
+    x, dy = _data(rng, shape, dt), _data(rng, shape, dt)
+    w = rng.uniform(0.5, 1.5, c).astype(np.float32)
+    b = rng.standard_normal(c).astype(dt)
+    y, mean, rstd = nn.group_norm_forward(x, groups, w, b)
+    _check(y, ORACLE.group_norm(_exact(x), groups, w, _exact(b)), dt, "group_norm y")
+    dx, dw, db = nn.group_norm_backward(dy, x, mean, rstd, w)
+    dxr, dwr, dbr = ORACLE.group_norm_backward(_exact(dy), _exact(x), mean, rstd, w)
+    _check(dx, dxr, dt, "group_norm dx")
+    np.testing.assert_allclose(dw, dwr, rtol=1e-4, atol=1e-4 * np.abs(dwr).max())
+    np.testing.assert_allclose(db, dbr, rtol=1e-4, atol=1e-4 * np.abs(dbr).max())
+
+
+@pytest.mark.parametrize("dt", HALVES, ids=IDS)
+def test_into_out_in_place_and_streamed(rng, dt, monkeypatch):
+    """out=x in place gives the bits of a fresh call; so do streamed stores into out=."""
+    from numbanorm.cpu._kernels import memory
+    x = _data(rng, (37, 300), dt)
+    want = nn.layer_norm(x, 300)
+    out = np.empty_like(x)
+    monkeypatch.setattr(memory, "STREAM_MIN_BYTES", 0)
+    for f in (nn.layer_norm, nn.rms_norm):
+        want = f(x, 300)
+        np.testing.assert_array_equal(f(x, 300, out=out).view(np.uint16), want.view(np.uint16))
+        xc = x.copy()
+        np.testing.assert_array_equal(f(xc, 300, out=xc).view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.parametrize("dt", HALVES, ids=IDS)
+def test_nan_and_inf_stay_in_their_row(rng, dt):
+    x = _data(rng, (6, 50), dt)
+    x[1, 7] = np.nan
+    x[4, 3] = np.inf
+    clean = np.delete(x, [1, 4], axis=0)
+    for f in (nn.layer_norm, nn.rms_norm):
+        y = f(x, 50).astype(np.float32)
+        assert not np.isfinite(y[1]).all() and not np.isfinite(y[4]).all()
+        np.testing.assert_array_equal(np.delete(y, [1, 4], axis=0), f(clean, 50).astype(np.float32))
+    y = nn.group_norm(x.reshape(6, 5, 10), 5).astype(np.float32).reshape(6, 50)
+    np.testing.assert_array_equal(y[[0, 2, 3, 5]],
+                                  nn.group_norm(clean.reshape(4, 5, 10), 5).astype(np.float32).reshape(4, 50))
+
+
+@pytest.mark.parametrize("dt", HALVES, ids=IDS)
+def test_deterministic(rng, dt):
+    x, dy = _data(rng, (300, 257), dt), _data(rng, (300, 257), dt)
+    w = rng.uniform(0.5, 1.5, 257).astype(dt)
+    first = None
+    for _ in range(3):
+        y, mean, rstd = nn.layer_norm_forward(x, 257, w)
+        got = (y, *nn.layer_norm_backward(dy, x, mean, rstd, 257, w))
+        bits = [a.view(np.uint8).copy() for a in got]
+        if first is None:
+            first = bits
+        for a, b in zip(bits, first):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("dt", HALVES, ids=IDS)
+def test_not_staged_through_float32(rng, dt):
+    """A forward into out= allocates nothing the size of x: no float32 staging copies."""
+    x = _data(rng, (256, 1024), dt)
+    out = np.empty_like(x)
+    nn.layer_norm(x, 1024, out=out)  # compiled and warm
+    tracemalloc.start()
+    try:
+        nn.layer_norm(x, 1024, out=out)
+        nn.rms_norm(x, 1024, out=out)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < x.nbytes // 2, peak
+
+
+# ---------------------------------------------------------------- refused dtypes
+
+@pytest.mark.parametrize("bad", ["complex64", "complex128", "longdouble", "float8_e4m3fn",
+                                 "float8_e5m2", "int4", "uint4", "float4_e2m1fn", "int8", "bool"])
+def test_other_dtypes_get_a_type_error_naming_them(bad):
+    dt = np.dtype(getattr(ml_dtypes, bad)) if hasattr(ml_dtypes, bad) else np.dtype(bad)
+    x = np.zeros((2, 4), dt)
+    for call in (lambda: nn.layer_norm(x, 4), lambda: nn.rms_norm(x, 4),
+                 lambda: nn.group_norm(x, 2), lambda: nn.add_layer_norm(x, x, 4),
+                 lambda: nn.layer_norm(np.ones((2, 4), np.float32), 4, weight=np.ones(4, dt))):
+        with pytest.raises(TypeError, match=dt.name):
+            call()
+
+
+@pytest.mark.parametrize("code", [">f2", ">f4", ">f8"])
+def test_byte_swapped_floats_get_a_type_error(code):
+    x = np.arange(8, dtype=code).reshape(2, 4)
+    with pytest.raises(TypeError, match="byte-swapped"):
+        nn.layer_norm(x, 4)
+    with pytest.raises(TypeError, match="byte-swapped"):
+        nn.layer_norm(x.astype(code[1:]), 4, weight=np.ones(4, code))

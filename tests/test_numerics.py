@@ -1,0 +1,202 @@
+"""The contract's numerics at their edges, on the CPU: long rows with a large offset
+and huge finite values, every function, forward and backward, against the oracle."""
+
+import numpy as np
+import pytest
+
+import numbanorm as nn
+from conftest import ORACLE
+
+LONG = 1 << 22
+
+
+def _offset_rows(rng, rows, n, mean=1e4, std=1e-2):
+    return (mean + std * rng.standard_normal((rows, n))).astype(np.float32)
+
+
+def _rel(got, want):
+    got = np.asarray(got, np.float64)
+    want = np.asarray(want, np.float64)
+    return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-300))
+
+
+# ---------------------------------------------------------------- long rows
+
+@pytest.fixture(scope="module")
+def long_row():
+    return _offset_rows(np.random.default_rng(5), 1, LONG)
+
+
+@pytest.fixture(scope="module")
+def long_dy():
+    return np.random.default_rng(6).standard_normal((1, LONG)).astype(np.float32)
+
+
+def test_layer_norm_long_row(long_row, long_dy):
+    x, dy = long_row, long_dy
+    y, mean, rstd = nn.layer_norm_forward(x, LONG)
+    yr, mr, rr = ORACLE.layer_norm_forward(x, LONG)
+    assert _rel(rstd, rr) < 1e-3, (rstd, rr)
+    assert np.max(np.abs(y - yr)) < 2e-3
+    # the contract's words: unit variance within 1e-3 (eps=0, else eps shrinks it)
+    y0 = nn.layer_norm(x, LONG, eps=0.0)
+    assert np.isfinite(y0).all() and abs(float(np.std(y0.astype(np.float64))) - 1) < 1e-3
+    dx, dw, db = nn.layer_norm_backward(dy, x, mean, rstd, LONG)
+    dxr, dwr, dbr = ORACLE.layer_norm_backward(dy, x, mean, rstd, LONG)
+    assert _rel(dx, dxr) < 1e-3 and _rel(dw, dwr) < 1e-3 and _rel(db, dbr) < 1e-5
+
+
+def test_add_layer_norm_long_row(long_row, long_dy):
+    res = np.full_like(long_row, 0.5)
+    y, s, mean, rstd = nn.add_layer_norm_forward(long_row, res, LONG)
+    yr, mr, rr = ORACLE.layer_norm_forward(s, LONG)
+    assert _rel(rstd, rr) < 1e-3 and np.max(np.abs(y - yr)) < 2e-3
+    dx = nn.add_layer_norm_backward(long_dy, long_dy, s, mean, rstd, LONG)[0]
+    dxr = ORACLE.add_layer_norm_backward(long_dy, long_dy, s, mean, rstd, LONG)[0]
+    assert _rel(dx, dxr) < 1e-3
+
+
+def test_rms_norm_long_row(long_row, long_dy):
+    # RMSNorm has no mean to subtract: its sum of squares is the long reduction
+    x, dy = long_row, long_dy
+    y, rstd = nn.rms_norm_forward(x, LONG)
+    yr, rr = ORACLE.rms_norm_forward(x, LONG)
+    assert _rel(rstd, rr) < 1e-5 and _rel(y, yr) < 1e-5
+    dx, dw = nn.rms_norm_backward(dy, x, rstd, LONG)
+    dxr, dwr = ORACLE.rms_norm_backward(dy, x, rstd, LONG)
+    assert _rel(dx, dxr) < 1e-3 and _rel(dw, dwr) < 1e-4
+    y, s, rstd = nn.add_rms_norm_forward(x, np.zeros_like(x), LONG)
+    assert _rel(rstd, rr) < 1e-5
+
+
+def test_group_norm_long_group(long_row, long_dy):
+    x = long_row.reshape(1, 4, LONG // 4)
+    dy = long_dy.reshape(1, 4, LONG // 4)
+    w = np.array([0.5, 1.0, 1.5, 2.0], np.float32)
+    y, mean, rstd = nn.group_norm_forward(x, 1, w)
+    yr, mr, rr = ORACLE.group_norm_forward(x, 1, w)
+    assert _rel(rstd, rr) < 1e-3, (rstd, rr)
+    assert np.max(np.abs(y - yr)) < 4e-3
+    dx, dw, db = nn.group_norm_backward(dy, x, mean, rstd, w)
+    dxr, dwr, dbr = ORACLE.group_norm_backward(dy, x, mean, rstd, w)
+    assert _rel(dx, dxr) < 1e-3 and _rel(dw, dwr) < 1e-3 and _rel(db, dbr) < 1e-5
+
+
+@pytest.mark.parametrize("n", [1, 7, 4095, 4096, 4097, 3 * 4096 + 5])
+def test_block_edges(n):
+    """Rows just around the accumulation block, offset: every block boundary case."""
+    x = _offset_rows(np.random.default_rng(n), 3, n)
+    y, mean, rstd = nn.layer_norm_forward(x, n)
+    yr, mr, rr = ORACLE.layer_norm_forward(x, n)
+    assert _rel(rstd, rr) < 1e-3 and np.max(np.abs(y - yr)) < 2e-3
+    np.testing.assert_allclose(mean, mr, rtol=1e-7)
+
+
+# ---------------------------------------------------------------- huge finite values
+
+def test_oracle_does_not_overflow():
+    y = ORACLE.layer_norm(np.array([[1.5e308, -1.5e308, 1.0, 2.0]]), 4)
+    np.testing.assert_allclose(y[0, :2], [np.sqrt(2), -np.sqrt(2)], rtol=1e-12)
+    assert np.isfinite(ORACLE.rms_norm(np.array([[1.5e308, 1e308]]), 2)).all()
+
+
+def test_the_issues_row():
+    y = nn.layer_norm(np.array([[3e38, -3e38, 1, 2]], np.float32), 4)
+    np.testing.assert_allclose(y, [[np.sqrt(2), -np.sqrt(2), 0, 0]], atol=1e-6)
+
+
+def _huge_rows(dt):
+    """Rows of float32 magnitude 1e19-3e38 (float64: 1e160-1e308), with a normal row,
+    a constant row at the top of the range, and a row whose sums underflow (eps=0)."""
+    rng = np.random.default_rng(3)
+    top = float(np.finfo(dt).max) / 2
+    rows = [rng.standard_normal(33) * 1e20 if dt == np.float32 else rng.standard_normal(33) * 1e160,
+            rng.uniform(-top, top, 33),
+            rng.standard_normal(33),
+            np.full(33, top),
+            rng.standard_normal(33) * 1e20 + (1e21 if dt == np.float32 else 0)]
+    return np.array(rows).astype(dt)
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_huge_finite_rows_forward(dt):
+    x = _huge_rows(dt)
+    w = np.linspace(0.5, 1.5, 33).astype(dt)
+    b = np.linspace(-1, 1, 33).astype(dt)
+    tol = 1e-5 if dt == np.float32 else 1e-12
+    for got, want in [
+        (nn.layer_norm_forward(x, 33, w, b), ORACLE.layer_norm_forward(x, 33, w, b)),
+        (nn.rms_norm_forward(x, 33, w), ORACLE.rms_norm_forward(x, 33, w, eps=float(np.finfo(dt).eps))),
+        (nn.group_norm_forward(x.reshape(5, 3, 11), 1, w[:3], b[:3]),
+         ORACLE.group_norm_forward(x.reshape(5, 3, 11), 1, w[:3], b[:3])),
+        ([a for k, a in enumerate(nn.add_layer_norm_forward(x, np.zeros_like(x), 33, w, b)) if k != 1],
+         ORACLE.layer_norm_forward(x, 33, w, b)),
+        (nn.add_rms_norm_forward(x, np.zeros_like(x), 33, w)[::2],
+         ORACLE.rms_norm_forward(x, 33, w, eps=float(np.finfo(dt).eps))),
+    ]:
+        for g, r in zip(got, want):
+            assert np.isfinite(g).all()
+            np.testing.assert_allclose(g, r, rtol=tol, atol=tol * max(1.0, np.abs(r[np.abs(r) < 1e3]).max()))
+        # the normal row is the bits of its own call
+        np.testing.assert_array_equal(got[0][2], np.asarray(got[0])[2])
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_huge_rows_leave_others_alone(dt):
+    x = _huge_rows(dt)
+    alone = nn.layer_norm(x[2:3], 33)
+    np.testing.assert_array_equal(nn.layer_norm(x, 33)[2:3], alone)
+    np.testing.assert_array_equal(nn.rms_norm(x, 33)[2:3], nn.rms_norm(x[2:3], 33))
+
+
+def test_constant_top_row_and_tiny_row_with_eps_zero():
+    top = np.full((1, 16), 3e38, np.float32)
+    y, mean, rstd = nn.layer_norm_forward(top, 16)
+    np.testing.assert_array_equal(y, 0)
+    np.testing.assert_allclose(rstd, 1 / np.sqrt(1e-5), rtol=1e-6)
+    np.testing.assert_allclose(mean, 3e38, rtol=1e-7)
+    tiny = (np.random.default_rng(2).standard_normal((1, 64)) * 1e-30).astype(np.float32)
+    for got, want in [(nn.layer_norm(tiny, 64, eps=0.0), ORACLE.layer_norm(tiny, 64, eps=0.0)),
+                      (nn.rms_norm(tiny, 64, eps=0.0), ORACLE.rms_norm(tiny, 64, eps=0.0))]:
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_huge_finite_rows_backward(dt):
+    x = _huge_rows(dt)
+    rng = np.random.default_rng(4)
+    dy = rng.standard_normal(x.shape).astype(dt)
+    w = np.linspace(0.5, 1.5, 33).astype(dt)
+    tol = 1e-5 if dt == np.float32 else 1e-12
+
+    def close(got, want):
+        for g, r in zip(got, want):
+            assert np.isfinite(g).all()
+            np.testing.assert_allclose(g, r, rtol=tol, atol=tol * max(1.0, np.abs(r).max()))
+
+    _, mean, rstd = nn.layer_norm_forward(x, 33, w)
+    close(nn.layer_norm_backward(dy, x, mean, rstd, 33, w), ORACLE.layer_norm_backward(dy, x, mean, rstd, 33, w))
+    close(nn.add_layer_norm_backward(dy, dy, x, mean, rstd, 33, w),
+          ORACLE.add_layer_norm_backward(dy, dy, x, mean, rstd, 33, w))
+    _, rstd = nn.rms_norm_forward(x, 33, w)
+    close(nn.rms_norm_backward(dy, x, rstd, 33, w), ORACLE.rms_norm_backward(dy, x, rstd, 33, w))
+    xg, dyg = x.reshape(5, 3, 11), dy.reshape(5, 3, 11)
+    _, mean, rstd = nn.group_norm_forward(xg, 1, w[:3])
+    close(nn.group_norm_backward(dyg, xg, mean, rstd, w[:3]), ORACLE.group_norm_backward(dyg, xg, mean, rstd, w[:3]))
+
+
+def test_the_issues_row_backward():
+    x = np.array([[3e38, -3e38, 1, 2]], np.float32)
+    dy = np.array([[3, -3, 1, 1]], np.float32)
+    w = np.array([2, 2, 1, 1], np.float32)
+    _, mean, rstd = nn.layer_norm_forward(x, 4, w)
+    for got, want in [(nn.layer_norm_backward(dy, x, mean, rstd, 4, w),
+                       ORACLE.layer_norm_backward(dy, x, mean, rstd, 4, w)),
+                      (nn.group_norm_backward(dy.reshape(1, 2, 2), x.reshape(1, 2, 2), mean.reshape(1, 1),
+                                              rstd.reshape(1, 1), w[1:3]),
+                       ORACLE.group_norm_backward(dy.reshape(1, 2, 2), x.reshape(1, 2, 2), mean.reshape(1, 1),
+                                                  rstd.reshape(1, 1), w[1:3]))]:
+        for g, r in zip(got, want):
+            assert np.isfinite(g).all(), g
+            np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5 * np.abs(r).max())
