@@ -3,11 +3,15 @@
     import numbanorm.torch as nt
     y = nt.layer_norm(x, (768,), weight, bias)          # torch.nn.functional's signature
     y, s = nt.add_layer_norm(x, residual, 768, w, b)    # fused residual add, returns (y, s)
-    model = nt.replace_norms(model)                     # swap torch.nn norms in place
+    model = nt.replace_norms(model)                     # swap the model's norms in place
 
-Each function is a ``torch.autograd.Function`` over numbanorm's public forward and
+Each operation is a PyTorch custom operator (``torch.ops.numbanorm.*``: a
+forward and a backward operator per norm) over numbanorm's public forward and
 backward (``layer_norm_forward``/``layer_norm_backward`` and siblings), so the
-kernels, validation and errors are the package's own.  How tensors cross:
+kernels, validation and errors are the package's own, and ``torch.compile``
+(``fullgraph=True`` included) sees one opaque node per call instead of tracing
+into NumPy: shapes come from the operators' fake implementations, the
+backward from ``register_autograd``.  How tensors cross:
 
 * CPU tensors are seen as NumPy arrays without a copy (``tensor.detach().numpy()``:
   a strided tensor becomes a strided view, which the frontend makes contiguous
@@ -17,30 +21,31 @@ kernels, validation and errors are the package's own.  How tensors cross:
   them through the CUDA array interface, queues the kernels on PyTorch's current
   stream and returns torch tensors.
 
-Tensors that require grad are detached before crossing (autograd tracks the
-``Function``, not the kernels).  Gradients for ``weight``/``bias`` are returned
-only where they require grad (``ctx.needs_input_grad``); the kernels compute
-them in the same pass as dx either way.  The backward is not itself
-differentiable (``once_differentiable``): double backward raises.
+Gradients for ``weight``/``bias`` are returned only where they require grad
+(``ctx.needs_input_grad``); the kernels compute them in the same pass as dx
+either way.  The backward operators have no autograd formula: double backward
+raises.
 
 The modules subclass their ``torch.nn`` namesakes and replace only ``forward``,
 so constructor arguments (``device``, ``dtype`` included), parameter names,
 ``reset_parameters``, ``extra_repr``, ``state_dict`` and ``isinstance`` checks
-(weight-decay exclusions, say) are PyTorch's own.
+(weight-decay exclusions, say) are PyTorch's own.  ``replace_norms`` also
+recognises the RMSNorm classes of Hugging Face ``transformers`` by what their
+``forward`` computes (see there).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 import numbanorm as _nn
+from numbanorm import _validate as _V
 
 __all__ = [
     "layer_norm", "rms_norm", "group_norm", "add_layer_norm", "add_rms_norm",
@@ -76,141 +81,300 @@ def _tensor(a):
     return torch.as_tensor(a, device="cuda")  # a numba device array: CUDA array interface
 
 
-def _grads(ctx, *grads):
+def _tensors(results):
+    return tuple(_tensor(a) for a in results)
+
+
+def _check_tensors(fn, **args):
+    """``TypeError`` for an argument that is neither a tensor nor None (before any operator runs)."""
+    for name, a in args.items():
+        if a is not None and not isinstance(a, torch.Tensor):
+            kind = type(a).__name__ if type(a).__module__ == "builtins" else f"{type(a).__module__}.{type(a).__name__}"
+            raise TypeError(f"`{name}` is a {kind}: numbanorm.torch.{fn} "
+                            f"takes torch tensors (numbanorm.{fn} takes NumPy and CUDA arrays)")
+
+
+def _shape(normalized_shape):
+    """torch.Size, lists and ints alike, as the list the operators' schema takes."""
+    if isinstance(normalized_shape, (int, np.integer)):
+        return [int(normalized_shape)]
+    return [int(d) if isinstance(d, np.integer) else d for d in normalized_shape]
+
+
+def _needed(ctx, *grads):
     """``grads`` with None where the matching input does not need one."""
-    return tuple(_tensor(g) if need else None for g, need in zip(grads, ctx.needs_input_grad))
+    return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad))
 
 
-# ------------------------------------------------------------ autograd functions
+# ------------------------------------------------------------ custom operators
+#
+# One forward and one backward operator per norm.  Their implementations are the
+# only place a tensor becomes a NumPy array; the fake implementations give
+# torch.compile the outputs' shapes and dtypes as numbanorm's frontend makes them
+# (fresh contiguous outputs in x's dtype; statistics in the accumulation dtype;
+# dweight/dbias in the weight's dtype, or x's without a weight).
 
-class _LayerNorm(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, normalized_shape, weight, bias, eps):
-        y, mean, rstd = _nn.layer_norm_forward(_arr(x), normalized_shape, _arr(weight), _arr(bias), eps)
-        mean, rstd = _tensor(mean), _tensor(rstd)
-        ctx.save_for_backward(x, weight, mean, rstd)
-        ctx.normalized_shape = normalized_shape
-        return _tensor(y)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy):
-        x, weight, mean, rstd = ctx.saved_tensors
-        dx, dw, db = _nn.layer_norm_backward(_arr(dy), _arr(x), _arr(mean), _arr(rstd),
-                                             ctx.normalized_shape, _arr(weight))
-        return _grads(ctx, dx, None, dw, db, None)
+def _acc(x):
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-class _RMSNorm(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, normalized_shape, weight, eps):
-        y, rstd = _nn.rms_norm_forward(_arr(x), normalized_shape, _arr(weight), eps)
-        rstd = _tensor(rstd)
-        ctx.save_for_backward(x, weight, rstd)
-        ctx.normalized_shape = normalized_shape
-        return _tensor(y)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy):
-        x, weight, rstd = ctx.saved_tensors
-        dx, dw = _nn.rms_norm_backward(_arr(dy), _arr(x), _arr(rstd), ctx.normalized_shape, _arr(weight))
-        return _grads(ctx, dx, None, dw, None)
+def _fake_stats(x, normalized_shape):
+    k = len(normalized_shape)
+    return x.new_empty(tuple(x.shape[:x.dim() - k]) + (1,) * k, dtype=_acc(x))
 
 
-class _GroupNorm(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, num_groups, weight, bias, eps):
-        y, mean, rstd = _nn.group_norm_forward(_arr(x), num_groups, _arr(weight), _arr(bias), eps)
-        mean, rstd = _tensor(mean), _tensor(rstd)
-        ctx.save_for_backward(x, weight, mean, rstd)
-        return _tensor(y)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy):
-        x, weight, mean, rstd = ctx.saved_tensors
-        dx, dw, db = _nn.group_norm_backward(_arr(dy), _arr(x), _arr(mean), _arr(rstd), _arr(weight))
-        return _grads(ctx, dx, None, dw, db, None)
+def _fake_param_grad(x, weight, shape):
+    return x.new_empty(tuple(shape), dtype=weight.dtype if weight is not None else x.dtype)
 
 
-class _AddLayerNorm(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, residual, normalized_shape, weight, bias, eps):
-        y, s, mean, rstd = _nn.add_layer_norm_forward(_arr(x), _arr(residual), normalized_shape,
-                                                      _arr(weight), _arr(bias), eps)
-        y, s, mean, rstd = map(_tensor, (y, s, mean, rstd))
-        # s is an output too: saving it keeps autograd's check that nobody
-        # modified it in place before the backward reads it
-        ctx.save_for_backward(s, weight, mean, rstd)
-        ctx.normalized_shape = normalized_shape
-        ctx.set_materialize_grads(False)  # an unused y or s sends None, not zeros
-        return y, s
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy, ds):
-        s, weight, mean, rstd = ctx.saved_tensors
-        if dy is None:  # only s was used downstream: y's norm contributes nothing
-            return _grads(ctx, ds, ds, None, None, None, None)
-        dx, dw, db = _nn.add_layer_norm_backward(_arr(dy), _arr(ds), _arr(s), _arr(mean), _arr(rstd),
-                                                 ctx.normalized_shape, _arr(weight))
-        return _grads(ctx, dx, dx, None, dw, db, None)
+@torch.library.custom_op("numbanorm::layer_norm_forward", mutates_args=())
+def _layer_norm_forward(x: Tensor, normalized_shape: list[int], weight: Optional[Tensor],
+                        bias: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    return _tensors(_nn.layer_norm_forward(_arr(x), normalized_shape, _arr(weight), _arr(bias), eps))
 
 
-class _AddRMSNorm(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, residual, normalized_shape, weight, eps):
-        y, s, rstd = _nn.add_rms_norm_forward(_arr(x), _arr(residual), normalized_shape, _arr(weight), eps)
-        y, s, rstd = map(_tensor, (y, s, rstd))
-        ctx.save_for_backward(s, weight, rstd)
-        ctx.normalized_shape = normalized_shape
-        ctx.set_materialize_grads(False)
-        return y, s
+@_layer_norm_forward.register_fake
+def _(x, normalized_shape, weight, bias, eps):
+    return x.new_empty(x.shape), _fake_stats(x, normalized_shape), _fake_stats(x, normalized_shape)
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy, ds):
-        s, weight, rstd = ctx.saved_tensors
-        if dy is None:
-            return _grads(ctx, ds, ds, None, None, None)
-        dx, dw = _nn.add_rms_norm_backward(_arr(dy), _arr(ds), _arr(s), _arr(rstd),
-                                           ctx.normalized_shape, _arr(weight))
-        return _grads(ctx, dx, dx, None, dw, None)
+
+@torch.library.custom_op("numbanorm::layer_norm_backward", mutates_args=())
+def _layer_norm_backward(dy: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, normalized_shape: list[int],
+                         weight: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    return _tensors(_nn.layer_norm_backward(_arr(dy), _arr(x), _arr(mean), _arr(rstd), normalized_shape,
+                                            _arr(weight)))
+
+
+@_layer_norm_backward.register_fake
+def _(dy, x, mean, rstd, normalized_shape, weight):
+    return (x.new_empty(x.shape), _fake_param_grad(x, weight, normalized_shape),
+            _fake_param_grad(x, weight, normalized_shape))
+
+
+def _layer_norm_setup(ctx, inputs, output):
+    x, normalized_shape, weight, _, _ = inputs
+    _, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.normalized_shape = normalized_shape
+
+
+def _layer_norm_grad(ctx, dy, _dmean, _drstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    dx, dw, db = _layer_norm_backward(dy, x, mean, rstd, ctx.normalized_shape, weight)
+    return _needed(ctx, dx, None, dw, db, None)
+
+
+_layer_norm_forward.register_autograd(_layer_norm_grad, setup_context=_layer_norm_setup)
+
+
+@torch.library.custom_op("numbanorm::rms_norm_forward", mutates_args=())
+def _rms_norm_forward(x: Tensor, normalized_shape: list[int], weight: Optional[Tensor],
+                      eps: Optional[float]) -> tuple[Tensor, Tensor]:
+    return _tensors(_nn.rms_norm_forward(_arr(x), normalized_shape, _arr(weight), eps))
+
+
+@_rms_norm_forward.register_fake
+def _(x, normalized_shape, weight, eps):
+    return x.new_empty(x.shape), _fake_stats(x, normalized_shape)
+
+
+@torch.library.custom_op("numbanorm::rms_norm_backward", mutates_args=())
+def _rms_norm_backward(dy: Tensor, x: Tensor, rstd: Tensor, normalized_shape: list[int],
+                       weight: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    return _tensors(_nn.rms_norm_backward(_arr(dy), _arr(x), _arr(rstd), normalized_shape, _arr(weight)))
+
+
+@_rms_norm_backward.register_fake
+def _(dy, x, rstd, normalized_shape, weight):
+    return x.new_empty(x.shape), _fake_param_grad(x, weight, normalized_shape)
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, normalized_shape, weight, _ = inputs
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.normalized_shape = normalized_shape
+
+
+def _rms_norm_grad(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dw = _rms_norm_backward(dy, x, rstd, ctx.normalized_shape, weight)
+    return _needed(ctx, dx, None, dw, None)
+
+
+_rms_norm_forward.register_autograd(_rms_norm_grad, setup_context=_rms_norm_setup)
+
+
+@torch.library.custom_op("numbanorm::group_norm_forward", mutates_args=())
+def _group_norm_forward(x: Tensor, num_groups: int, weight: Optional[Tensor], bias: Optional[Tensor],
+                        eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    return _tensors(_nn.group_norm_forward(_arr(x), num_groups, _arr(weight), _arr(bias), eps))
+
+
+@_group_norm_forward.register_fake
+def _(x, num_groups, weight, bias, eps):
+    stats = (x.shape[0], num_groups)
+    return x.new_empty(x.shape), x.new_empty(stats, dtype=_acc(x)), x.new_empty(stats, dtype=_acc(x))
+
+
+@torch.library.custom_op("numbanorm::group_norm_backward", mutates_args=())
+def _group_norm_backward(dy: Tensor, x: Tensor, mean: Tensor, rstd: Tensor,
+                         weight: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    return _tensors(_nn.group_norm_backward(_arr(dy), _arr(x), _arr(mean), _arr(rstd), _arr(weight)))
+
+
+@_group_norm_backward.register_fake
+def _(dy, x, mean, rstd, weight):
+    c = (x.shape[1],)
+    return x.new_empty(x.shape), _fake_param_grad(x, weight, c), _fake_param_grad(x, weight, c)
+
+
+def _group_norm_setup(ctx, inputs, output):
+    x, _, weight, _, _ = inputs
+    _, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.save_for_backward(x, weight, mean, rstd)
+
+
+def _group_norm_grad(ctx, dy, _dmean, _drstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    dx, dw, db = _group_norm_backward(dy, x, mean, rstd, weight)
+    return _needed(ctx, dx, None, dw, db, None)
+
+
+_group_norm_forward.register_autograd(_group_norm_grad, setup_context=_group_norm_setup)
+
+
+@torch.library.custom_op("numbanorm::add_layer_norm_forward", mutates_args=())
+def _add_layer_norm_forward(x: Tensor, residual: Tensor, normalized_shape: list[int], weight: Optional[Tensor],
+                            bias: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _tensors(_nn.add_layer_norm_forward(_arr(x), _arr(residual), normalized_shape, _arr(weight),
+                                               _arr(bias), eps))
+
+
+@_add_layer_norm_forward.register_fake
+def _(x, residual, normalized_shape, weight, bias, eps):
+    return (x.new_empty(x.shape), x.new_empty(x.shape), _fake_stats(x, normalized_shape),
+            _fake_stats(x, normalized_shape))
+
+
+@torch.library.custom_op("numbanorm::add_layer_norm_backward", mutates_args=())
+def _add_layer_norm_backward(dy: Tensor, ds: Optional[Tensor], s: Tensor, mean: Tensor, rstd: Tensor,
+                             normalized_shape: list[int], weight: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    return _tensors(_nn.add_layer_norm_backward(_arr(dy), _arr(ds), _arr(s), _arr(mean), _arr(rstd),
+                                                normalized_shape, _arr(weight)))
+
+
+@_add_layer_norm_backward.register_fake
+def _(dy, ds, s, mean, rstd, normalized_shape, weight):
+    return (s.new_empty(s.shape), _fake_param_grad(s, weight, normalized_shape),
+            _fake_param_grad(s, weight, normalized_shape))
+
+
+def _add_layer_norm_setup(ctx, inputs, output):
+    _, _, normalized_shape, weight, _, _ = inputs
+    _, s, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    # s is an output too: saving it keeps autograd's check that nobody
+    # modified it in place before the backward reads it
+    ctx.save_for_backward(s, weight, mean, rstd)
+    ctx.normalized_shape = normalized_shape
+    ctx.set_materialize_grads(False)  # an unused y or s sends None, not zeros
+
+
+def _add_layer_norm_grad(ctx, dy, ds, _dmean, _drstd):
+    s, weight, mean, rstd = ctx.saved_tensors
+    if dy is None:  # only s was used downstream: y's norm contributes nothing
+        return _needed(ctx, ds, ds, None, None, None, None)
+    dx, dw, db = _add_layer_norm_backward(dy, ds, s, mean, rstd, ctx.normalized_shape, weight)
+    return _needed(ctx, dx, dx, None, dw, db, None)
+
+
+_add_layer_norm_forward.register_autograd(_add_layer_norm_grad, setup_context=_add_layer_norm_setup)
+
+
+@torch.library.custom_op("numbanorm::add_rms_norm_forward", mutates_args=())
+def _add_rms_norm_forward(x: Tensor, residual: Tensor, normalized_shape: list[int], weight: Optional[Tensor],
+                          eps: Optional[float]) -> tuple[Tensor, Tensor, Tensor]:
+    return _tensors(_nn.add_rms_norm_forward(_arr(x), _arr(residual), normalized_shape, _arr(weight), eps))
+
+
+@_add_rms_norm_forward.register_fake
+def _(x, residual, normalized_shape, weight, eps):
+    return x.new_empty(x.shape), x.new_empty(x.shape), _fake_stats(x, normalized_shape)
+
+
+@torch.library.custom_op("numbanorm::add_rms_norm_backward", mutates_args=())
+def _add_rms_norm_backward(dy: Tensor, ds: Optional[Tensor], s: Tensor, rstd: Tensor, normalized_shape: list[int],
+                           weight: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    return _tensors(_nn.add_rms_norm_backward(_arr(dy), _arr(ds), _arr(s), _arr(rstd), normalized_shape,
+                                              _arr(weight)))
+
+
+@_add_rms_norm_backward.register_fake
+def _(dy, ds, s, rstd, normalized_shape, weight):
+    return s.new_empty(s.shape), _fake_param_grad(s, weight, normalized_shape)
+
+
+def _add_rms_norm_setup(ctx, inputs, output):
+    _, _, normalized_shape, weight, _ = inputs
+    _, s, rstd = output
+    ctx.mark_non_differentiable(rstd)
+    ctx.save_for_backward(s, weight, rstd)
+    ctx.normalized_shape = normalized_shape
+    ctx.set_materialize_grads(False)
+
+
+def _add_rms_norm_grad(ctx, dy, ds, _drstd):
+    s, weight, rstd = ctx.saved_tensors
+    if dy is None:
+        return _needed(ctx, ds, ds, None, None, None)
+    dx, dw = _add_rms_norm_backward(dy, ds, s, rstd, ctx.normalized_shape, weight)
+    return _needed(ctx, dx, dx, None, dw, None)
+
+
+_add_rms_norm_forward.register_autograd(_add_rms_norm_grad, setup_context=_add_rms_norm_setup)
+
+#: every operator this module registers, for ``torch.library.opcheck`` and the curious
+OPERATORS = (_layer_norm_forward, _layer_norm_backward, _rms_norm_forward, _rms_norm_backward,
+             _group_norm_forward, _group_norm_backward, _add_layer_norm_forward, _add_layer_norm_backward,
+             _add_rms_norm_forward, _add_rms_norm_backward)
 
 
 # ------------------------------------------------------------ functional
 
-def _shape(normalized_shape):
-    """torch.Size, lists and ints alike, as the tuple numbanorm validates."""
-    if isinstance(normalized_shape, (int, np.integer)):
-        return (int(normalized_shape),)
-    return tuple(normalized_shape)
-
-
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     """``torch.nn.functional.layer_norm`` on numbanorm's kernels."""
-    return _LayerNorm.apply(input, _shape(normalized_shape), weight, bias, eps)
+    _check_tensors("layer_norm", input=input, weight=weight, bias=bias)
+    return _layer_norm_forward(input, _shape(normalized_shape), weight, bias, _V.check_eps(eps))[0]
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):
     """``torch.nn.functional.rms_norm`` on numbanorm's kernels (``eps=None``: machine epsilon)."""
-    return _RMSNorm.apply(input, _shape(normalized_shape), weight, eps)
+    _check_tensors("rms_norm", input=input, weight=weight)
+    return _rms_norm_forward(input, _shape(normalized_shape), weight, _V.check_eps(eps, allow_none=True))[0]
 
 
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     """``torch.nn.functional.group_norm`` on numbanorm's kernels; input ``(N, C, *)``."""
-    return _GroupNorm.apply(input, num_groups, weight, bias, eps)
+    _check_tensors("group_norm", input=input, weight=weight, bias=bias)
+    return _group_norm_forward(input, num_groups, weight, bias, _V.check_eps(eps))[0]
 
 
 def add_layer_norm(x, residual, normalized_shape, weight=None, bias=None, eps=1e-5):
     """``s = x + residual; y = layer_norm(s)`` in one pass: ``(y, s)``, both differentiable."""
-    return _AddLayerNorm.apply(x, residual, _shape(normalized_shape), weight, bias, eps)
+    _check_tensors("add_layer_norm", x=x, residual=residual, weight=weight, bias=bias)
+    y, s, _, _ = _add_layer_norm_forward(x, residual, _shape(normalized_shape), weight, bias, _V.check_eps(eps))
+    return y, s
 
 
 def add_rms_norm(x, residual, normalized_shape, weight=None, eps=None):
     """``s = x + residual; y = rms_norm(s)`` in one pass: ``(y, s)``, both differentiable."""
-    return _AddRMSNorm.apply(x, residual, _shape(normalized_shape), weight, eps)
+    _check_tensors("add_rms_norm", x=x, residual=residual, weight=weight)
+    y, s, _ = _add_rms_norm_forward(x, residual, _shape(normalized_shape), weight,
+                                    _V.check_eps(eps, allow_none=True))
+    return y, s
 
 
 # ------------------------------------------------------------ modules

@@ -211,3 +211,53 @@ def test_left_alone_with_reasons_and_strict():
     assert "raised TypeError" in why["2"]  # forward(x, gate)
     assert "forward of its own" in why["3"] and "batch" in why["4"]
     assert "left alone 4" in str(report)
+
+
+# ------------------------------------------------------------ torch.compile
+
+def test_compile_fullgraph_whole_model():
+    """A replaced Llama traces in one graph (the norms are custom operators), forward and backward."""
+    ref = tiny("llama")
+    ours = nt.replace_norms(copy.deepcopy(ref))
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")
+    x = ids()
+    ya, yr = output(compiled, x), output(ref, x)
+    assert_close(ya, yr, 10 * F32, "output")
+    g = torch.randn(ya.shape, generator=torch.Generator().manual_seed(3))
+    (ya * g).sum().backward()
+    (yr * g).sum().backward()
+    for (n, p), (_, q) in zip(ours.named_parameters(), ref.named_parameters()):
+        assert_close(p.grad, q.grad, 10 * F32, n)
+
+
+class EveryForm(torch.nn.Module):
+    """One norm of each kind replace_norms produces, with linear layers between."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.norms = torch.nn.ModuleList([torch.nn.LayerNorm(d)] + [_module(c, d) for c in RMS_CLASSES[:4]])
+        self.lins = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in self.norms)
+
+    def forward(self, x):
+        for norm, lin in zip(self.norms, self.lins):
+            x = x + lin(norm(x))
+        return x
+
+
+def test_compile_fullgraph_every_form_inductor():
+    torch.manual_seed(0)
+    ref = EveryForm()
+    ours, report = nt.replace_norms(copy.deepcopy(ref), report=True)
+    assert len(report.replaced) == 5
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, fullgraph=True)
+    x = torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(1))
+    xa, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yr = compiled(xa), ref(xr)
+    assert_close(ya, yr, 10 * F32, "output")
+    ya.sum().backward()
+    yr.sum().backward()
+    assert_close(xa.grad, xr.grad, 10 * F32, "dx")
+    for (n, p), (_, q) in zip(ours.named_parameters(), ref.named_parameters()):
+        assert_close(p.grad, q.grad, 10 * F32, n)
