@@ -15,8 +15,8 @@ backward from ``register_autograd``.  How tensors cross:
 
 * CPU tensors are seen as NumPy arrays without a copy (``tensor.detach().numpy()``:
   a strided tensor becomes a strided view, which the frontend makes contiguous
-  as it would any NumPy input) and results come back with ``torch.from_numpy``,
-  sharing memory;
+  as it would any NumPy input; bfloat16 as an ``ml_dtypes.bfloat16`` view of
+  the same bytes) and results come back with ``torch.from_numpy``, sharing memory;
 * CUDA tensors are handed over as they are (detached): the GPU backend reads
   them through the CUDA array interface, queues the kernels on PyTorch's current
   stream and returns torch tensors.
@@ -67,9 +67,16 @@ def _arr(t):
         return t
     if t.device.type != "cpu":
         raise TypeError(f"numbanorm.torch runs CPU and CUDA tensors, got one on {t.device}")
+    t = t.resolve_conj().resolve_neg()
     if t.dtype == torch.bfloat16:
-        raise TypeError("bfloat16 runs on the GPU only: NumPy (and so numbanorm's CPU kernels) has no bfloat16")
-    return t.resolve_conj().resolve_neg().numpy()
+        # NumPy has no bfloat16 of its own: the same bytes, typed by ml_dtypes
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError("bfloat16 CPU tensors reach numbanorm as NumPy ml_dtypes.bfloat16 "
+                            "arrays: pip install ml-dtypes") from None
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
 
 
 def _tensor(a):
@@ -77,6 +84,8 @@ def _tensor(a):
     if a is None or isinstance(a, torch.Tensor):
         return a
     if isinstance(a, np.ndarray):
+        if a.dtype.name == "bfloat16":  # ml_dtypes: torch.from_numpy does not know it
+            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(a)
     return torch.as_tensor(a, device="cuda")  # a numba device array: CUDA array interface
 
