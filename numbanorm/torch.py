@@ -560,7 +560,8 @@ def _rebuild(ours, cls, form):
 
 
 class NormReport(NamedTuple):
-    """What ``replace_norms`` did: ``(path, class, how)`` per module replaced, ``(path, class, why)`` per norm left alone."""
+    """What ``replace_norms`` did: ``(path, class, how)`` per module replaced, ``(path, class, why)``
+    per norm left alone (paths as ``named_modules`` gives them, "" for the root)."""
 
     replaced: list
     left_alone: list

@@ -2,6 +2,8 @@
 
 import copy
 import pickle
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +15,8 @@ import numbanorm.torch as nt  # noqa: E402
 from conftest import TOL  # noqa: E402
 
 T = transformers
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the repository's benchmarks/ package (not installed)
 F32 = TOL[np.float32]
 DECODER = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, head_dim=8, max_position_embeddings=32)
@@ -82,8 +86,13 @@ def test_every_norm_replaced_same_outputs_and_gradients(name):
         if is_norm(r):
             assert isinstance(m, type(r)) and type(m) is not type(r), path
             assert type(m).forward is not type(r).forward
+    same_outputs_and_gradients(ours, ours, ref)
+
+
+def same_outputs_and_gradients(run, ours, ref):
+    """``run`` (``ours`` or a compiled ``ours``) against ``ref``: logits and every parameter's gradient."""
     x = ids()
-    ya, yr = output(ours, x), output(ref, x)
+    ya, yr = output(run, x), output(ref, x)
     # float32: ulp-level differences in the norms pass through a few layers
     assert_close(ya, yr, 10 * F32, "output")
     g = torch.randn(ya.shape, generator=torch.Generator().manual_seed(3))
@@ -220,15 +229,7 @@ def test_compile_fullgraph_whole_model():
     ref = tiny("llama")
     ours = nt.replace_norms(copy.deepcopy(ref))
     torch._dynamo.reset()
-    compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")
-    x = ids()
-    ya, yr = output(compiled, x), output(ref, x)
-    assert_close(ya, yr, 10 * F32, "output")
-    g = torch.randn(ya.shape, generator=torch.Generator().manual_seed(3))
-    (ya * g).sum().backward()
-    (yr * g).sum().backward()
-    for (n, p), (_, q) in zip(ours.named_parameters(), ref.named_parameters()):
-        assert_close(p.grad, q.grad, 10 * F32, n)
+    same_outputs_and_gradients(torch.compile(ours, fullgraph=True, backend="aot_eager"), ours, ref)
 
 
 class EveryForm(torch.nn.Module):
@@ -261,3 +262,31 @@ def test_compile_fullgraph_every_form_inductor():
     assert_close(xa.grad, xr.grad, 10 * F32, "dx")
     for (n, p), (_, q) in zip(ours.named_parameters(), ref.named_parameters()):
         assert_close(p.grad, q.grad, 10 * F32, n)
+
+
+# ------------------------------------------------------------ the end-to-end benchmark
+
+def test_e2e_benchmark_runs_on_a_tiny_model(tmp_path):
+    import json
+
+    from benchmarks import e2e, readme_table
+
+    out = tmp_path / "e2e.json"
+    e2e.main(["--hidden", "32", "--intermediate", "64", "--layers", "1", "--heads", "4", "--kv-heads", "2",
+              "--vocab", "64", "--prefill", "8", "--decode", "2", "--rounds", "1", "--dtypes", "float32",
+              "--json", str(out)])
+    run = json.loads(out.read_text())
+    got = {(r["workload"], r["variant"]) for r in run["results"]}
+    assert got == {(w, v) for w in ("prefill", "decode", "train") for v in e2e.VARIANTS}
+    numba_rows = [r for r in run["results"] if r["variant"] == "numbanorm"]
+    assert all(r["max rel. difference of logits vs torch"] < 1e-5 for r in numba_rows)
+    assert all(0 < r["numbanorm op share (profile)"] < 1 for r in numba_rows)
+    assert len(readme_table.e2e_rows(run)) == 3
+
+
+def test_repository_readme_e2e_table_is_the_committed_results():
+    from benchmarks import harness, readme_table
+
+    run = harness.load_results(ROOT / "benchmarks" / "results" / "e2e-cpu.json")
+    text = (ROOT / "README.md").read_text()
+    assert readme_table.parse(text, readme_table.E2E_START, readme_table.E2E_END) == readme_table.e2e_rows(run)
