@@ -5,7 +5,7 @@
 
 A ``transformers`` ``LlamaForCausalLM`` built from its config (random weights, no
 download) is timed in three variants on the same threads, round-robin in one
-process with ``numbanorm._bench.time_runners`` (so the machine's noise hits all
+process with ``numbanorm.measure.time_runners`` (so the machine's noise hits all
 three alike):
 
 * ``torch``     the model as ``transformers`` builds it (``LlamaRMSNorm``);
@@ -36,7 +36,7 @@ import sys
 import torch
 
 import numbanorm.torch as nt
-from numbanorm import _bench
+from numbanorm import measure
 
 VARIANTS = ("torch", "numbanorm", "no-norm")
 
@@ -147,9 +147,9 @@ def main(argv=None):
     a = ap.parse_args(argv)
 
     a.train = min(a.train, a.prefill)
-    threads = _bench.set_threads(a.threads)
-    load_before = _bench.loadavg()
-    print(f"# {_bench.cpu_model()}, {threads} thread(s), load average {os.getloadavg()[0]:.1f}")
+    threads = measure.set_threads(a.threads)
+    load_before = measure.loadavg()
+    print(f"# {measure.cpu_model()}, {threads} thread(s), load average {os.getloadavg()[0]:.1f}")
     results, skipped = [], {}
     for dt_name in a.dtypes:
         dtype = getattr(torch, dt_name)
@@ -163,8 +163,8 @@ def main(argv=None):
             ys = {k: steps["prefill"][k]().float() for k in ("torch", "numbanorm")}
         diff = float((ys["numbanorm"] - ys["torch"]).abs().max() / ys["torch"].abs().max())
         for wl, by_variant in steps.items():
-            runners = [_bench.Runner(v, "alloc", by_variant[v]) for v in VARIANTS]
-            _bench.time_runners(runners, repeats=a.rounds, min_sample_s=0)
+            runners = [measure.Runner(v, "alloc", by_variant[v]) for v in VARIANTS]
+            measure.time_runners(runners, repeats=a.rounds, min_sample_s=0)
             share = numbanorm_share(by_variant["numbanorm"])
             med = {r.impl: r.quantiles()[1] for r in runners}
             best = {r.impl: min(r.samples) for r in runners}
@@ -186,10 +186,10 @@ def main(argv=None):
     if a.json:
         import transformers
 
-        versions = dict(_bench.versions(), transformers=transformers.__version__)
-        meta = {"date": datetime.date.today().isoformat(), "machine": _bench.machine_info(include_gpu=False),
+        versions = dict(measure.versions(), transformers=transformers.__version__)
+        meta = {"date": datetime.date.today().isoformat(), "machine": measure.machine_info(include_gpu=False),
                 "versions": versions, "threads": threads, "loadavg_before": load_before,
-                "loadavg_after": _bench.loadavg(), "rounds": a.rounds, "note": a.note,
+                "loadavg_after": measure.loadavg(), "rounds": a.rounds, "note": a.note,
                 "config": {k: getattr(a, k) for k in ("hidden", "intermediate", "layers", "heads", "kv_heads",
                                                        "vocab", "prefill", "decode", "train")},
                 "skipped": skipped}
