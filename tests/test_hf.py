@@ -114,6 +114,17 @@ def test_float16_inference(name):
     assert_close(ya.float(), yr.float(), 5 * TOL[np.float16], name)
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama", "gemma", "t5"])
+def test_bfloat16_inference(name):
+    """bfloat16 models on the CPU: tensors cross as ml_dtypes views, each form rounds where the original does."""
+    ref = tiny(name, torch.bfloat16)
+    ours = nt.replace_norms(copy.deepcopy(ref))
+    with torch.no_grad():
+        ya, yr = output(ours, ids()), output(ref, ids())
+    assert ya.dtype == torch.bfloat16
+    assert_close(ya.float(), yr.float(), 4 * torch.finfo(torch.bfloat16).eps, name)
+
+
 def test_parameters_state_dict_and_from_pretrained(tmp_path):
     ref = tiny("llama")
     params = dict(ref.named_parameters())
@@ -162,8 +173,9 @@ RMS_CLASSES = ["llama.modeling_llama.LlamaRMSNorm", "gemma.modeling_gemma.GemmaR
 @pytest.mark.parametrize("cls_path", RMS_CLASSES)
 @pytest.mark.parametrize("xdt,wdt", [(torch.float32, torch.float32), (torch.float16, torch.float16),
                                      (torch.float16, torch.float32), (torch.float64, torch.float64),
-                                     (torch.float32, torch.float64)],
-                         ids=["f32", "f16", "f16-w32", "f64", "f32-w64"])
+                                     (torch.float32, torch.float64), (torch.bfloat16, torch.bfloat16),
+                                     (torch.bfloat16, torch.float32)],
+                         ids=["f32", "f16", "f16-w32", "f64", "f32-w64", "bf16", "bf16-w32"])
 def test_each_form_matches_its_class(cls_path, xdt, wdt):
     """Output dtype the original's; values within two ulps of it (the kernel's statistics vs torch's)."""
     ref = _module(cls_path).to(wdt)
@@ -175,11 +187,11 @@ def test_each_form_matches_its_class(cls_path, xdt, wdt):
     assert ya.dtype == yr.dtype
     ulp = torch.finfo(torch.float32 if yr.dtype == torch.float64 else yr.dtype).eps
     assert_close(ya, yr, 2 * ulp, "y")
-    if yr.dtype == torch.float16:
+    if yr.dtype in (torch.float16, torch.bfloat16):
         # rounding where the original rounds: only a tie flipped by the statistics' last
         # float32 bit differs (a cast misplaced changes about a quarter of the elements)
         assert (ya != yr).double().mean() < 0.01
-    if xdt != torch.float16:  # gradients through the kernel's backward against autograd's
+    if xdt not in (torch.float16, torch.bfloat16):  # gradients through the kernel's backward against autograd's
         dy = torch.randn(ya.shape, generator=g, dtype=ya.dtype)
         ga = torch.autograd.grad((ya * dy).sum(), (x, ours.weight))
         gr = torch.autograd.grad((yr * dy).sum(), (x, ref.weight))

@@ -91,6 +91,18 @@ def test_functional_matches_torch(dtype):
     torch.testing.assert_close(y, F.layer_norm(x + b, (10,), w[0], b[0]), **close)
 
 
+def test_bfloat16_functional_matches_torch():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 6, 10, generator=g).to(torch.bfloat16)
+    w = (torch.rand(10, generator=g) + 0.5).to(torch.bfloat16)
+    b = torch.randn(10, generator=g).to(torch.bfloat16)
+    tol = dict(rtol=torch.finfo(torch.bfloat16).eps, atol=torch.finfo(torch.bfloat16).eps)
+    for ours, theirs in [(nt.layer_norm(x, 10, w, b), F.layer_norm(x.float(), (10,), w.float(), b.float())),
+                         (nt.rms_norm(x, 10, w), F.rms_norm(x.float(), (10,), w.float()))]:
+        assert ours.dtype == torch.bfloat16
+        torch.testing.assert_close(ours.float(), theirs.to(torch.bfloat16).float(), **tol)
+
+
 def test_weight_grads_only_when_required():
     x = t64(3, 8)
     w = t64(8, seed=3, low=0.5, requires_grad=False)
