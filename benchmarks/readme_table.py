@@ -4,10 +4,11 @@
     python -m benchmarks.readme_table benchmarks/results/cpu.json --print    # only print it
     python -m benchmarks.readme_table --fused benchmarks/results/fused-cpu-*.json \
         --dask benchmarks/results/dask-scaling-cpu.json                      # the other two tables
+    python -m benchmarks.readme_table --e2e benchmarks/results/e2e-cpu.json  # the end-to-end model
 
 Each table goes between its markers (``<!-- bench-table:start -->`` and
-``<!-- bench-table:end -->``; ``fused-table`` and ``dask-table`` for the
-results of ``benchmarks/fused.py`` and ``benchmarks/dask_scaling.py``);
+``<!-- bench-table:end -->``; ``fused-table``, ``dask-table`` and ``e2e-table`` for the
+results of ``benchmarks/fused.py``, ``benchmarks/dask_scaling.py`` and ``benchmarks/e2e.py``);
 everything else in the README is left byte for byte.  The output depends on
 the results files alone, so running it twice changes nothing.
 """
@@ -25,6 +26,7 @@ START = "<!-- bench-table:start -->"
 END = "<!-- bench-table:end -->"
 FUSED_START, FUSED_END = "<!-- fused-table:start -->", "<!-- fused-table:end -->"
 DASK_START, DASK_END = "<!-- dask-table:start -->", "<!-- dask-table:end -->"
+E2E_START, E2E_END = "<!-- e2e-table:start -->", "<!-- e2e-table:end -->"
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 # The shapes the README shows (float32 on the CPU), in this order; the rest is in the files.
@@ -181,6 +183,69 @@ def render_dask(run, source):
     return "\n".join(lines)
 
 
+E2E_HEADER = ("dtype", "workload", "PyTorch's norms", "numbanorm's", "speed-up, median", "fastest",
+              "time in PyTorch's norms", "in numbanorm's ops")
+
+
+def _pct(v):
+    return "-" if v is None else f"{100 * v:.1f} %"
+
+
+def e2e_rows(run):
+    """The cells of the end-to-end table: one row per dtype and workload of benchmarks/e2e.py."""
+    out = []
+    res = run["results"]
+    for dtype, wl in dict.fromkeys((r["dtype"], r["workload"]) for r in res):
+        v = {r["variant"]: r for r in res if (r["dtype"], r["workload"]) == (dtype, wl)}
+        t, n = v["torch"], v["numbanorm"]
+        out.append((dtype, wl, f"{t['tokens_per_s']:.1f} tok/s", f"{n['tokens_per_s']:.1f} tok/s",
+                    _ratio(n["torch/this (median)"]), _ratio(n["torch/this (min)"]),
+                    _pct(t["norm share (ablation, median)"]), _pct(n["numbanorm op share (profile)"])))
+    return out
+
+
+def e2e_beyond_noise(run):
+    """``{(dtype, workload): bool}``: every numbanorm sample faster than every PyTorch-norm sample."""
+    res = run["results"]
+    out = {}
+    for dtype, wl in dict.fromkeys((r["dtype"], r["workload"]) for r in res):
+        v = {r["variant"]: r for r in res if (r["dtype"], r["workload"]) == (dtype, wl)}
+        out[(dtype, wl)] = max(v["numbanorm"]["samples_s"]) < min(v["torch"]["samples_s"])
+    return out
+
+
+def render_e2e(run, source):
+    """The markdown block of the end-to-end model (without the markers)."""
+    meta, m, c = run["meta"], run["meta"]["machine"], run["meta"]["config"]
+    lines = [
+        f"`transformers.LlamaForCausalLM` with random weights: hidden {c['hidden']}, {c['layers']} layers, "
+        f"intermediate {c['intermediate']}, {c['heads']} heads ({c['kv_heads']} key/value), vocabulary "
+        f"{c['vocab']}; on {m['cpu']} ({m['cores']} cores), {meta['threads']} thread(s) for numba and torch, "
+        f"{meta['date'][:10]}; {_versions(meta, ('transformers',))}; load average "
+        f"{meta['loadavg_before'][0]:.1f} before, {meta['loadavg_after'][0]:.1f} after. Tokens per second "
+        f"(median of {meta['rounds']} round-robin rounds) of a {c['prefill']}-token prefill, of "
+        f"{c['decode']} single-token decode steps after it and of one training step (forward, backward and "
+        f"SGD over {c['train']} tokens); *speed-up*: PyTorch-norm time over numbanorm-norm time, above "
+        "1.00x numbanorm is faster; *time in PyTorch's norms*: the step's time minus that of the same "
+        "model with its norms replaced by the identity, as a share; *in numbanorm's ops*: profiled share "
+        "of the numbanorm variant inside numbanorm's operators."]
+    if meta.get("note"):
+        lines += ["", f"Note: {meta['note']}"]
+    for dtype, why in meta.get("skipped", {}).items():
+        lines += ["", f"{dtype}: not measured ({why})."]
+    lines += ["", *_markdown_table(E2E_HEADER, e2e_rows(run), 2)]
+    verdict = e2e_beyond_noise(run)
+    faster = [f"{d} {w}" for (d, w), v in verdict.items() if v]
+    within = [f"{d} {w}" for (d, w), v in verdict.items() if not v]
+    lines += ["", f"Faster beyond the noise (every numbanorm sample faster than every PyTorch one): "
+                  f"{', '.join(faster) or 'none'}; within the noise: {', '.join(within) or 'none'}. Where the "
+                  "norms take a share p of a step, no norm kernel can speed it up by more than 1/(1-p); the "
+                  "matrix products take the rest. p is measured (the same model with identity norms) and "
+                  "as noisy as the rest."]
+    lines += ["", f"Generated by `python -m benchmarks.readme_table --e2e {source}`."]
+    return "\n".join(lines)
+
+
 def _markdown_table(header, rows, text_cols):
     """Lines of a markdown table: the first ``text_cols`` columns left-aligned, the rest right."""
     return (["| " + " | ".join(header) + " |",
@@ -202,7 +267,7 @@ def parse(text, start=START, end=END):
     body = text[i + len(start):j]
     rows = []
     for line in body.splitlines():
-        if line.startswith("| ") and not re.match(r"^\|\s*(norm|blocks)\s*\|", line):
+        if line.startswith("| ") and not re.match(r"^\|\s*(norm|blocks|dtype)\s*\|", line):
             rows.append(tuple(c.strip() for c in line.strip().strip("|").split("|")))
     return rows
 
@@ -219,6 +284,7 @@ def main(argv=None):
     ap.add_argument("results", nargs="?", help="a results JSON file of benchmarks.run (the main table)")
     ap.add_argument("--fused", nargs="+", metavar="JSON", help="results of benchmarks/fused.py")
     ap.add_argument("--dask", metavar="JSON", help="results of benchmarks/dask_scaling.py")
+    ap.add_argument("--e2e", metavar="JSON", help="results of benchmarks/e2e.py")
     ap.add_argument("--readme", default=str(README), help="the README to update (default: the repository's)")
     ap.add_argument("--print", action="store_true", help="print the blocks instead of writing the README")
     a = ap.parse_args(argv)
@@ -232,8 +298,10 @@ def main(argv=None):
         blocks.append((render_fused([load_results(p) for p in a.fused], sources), FUSED_START, FUSED_END))
     if a.dask:
         blocks.append((render_dask(load_results(a.dask), _source(a.dask)), DASK_START, DASK_END))
+    if a.e2e:
+        blocks.append((render_e2e(load_results(a.e2e), _source(a.e2e)), E2E_START, E2E_END))
     if not blocks:
-        ap.error("give a results file, --fused or --dask")
+        ap.error("give a results file, --fused, --dask or --e2e")
     if a.print:
         print("\n\n".join(b for b, _, _ in blocks))
         return 0

@@ -91,6 +91,18 @@ def test_functional_matches_torch(dtype):
     torch.testing.assert_close(y, F.layer_norm(x + b, (10,), w[0], b[0]), **close)
 
 
+def test_bfloat16_functional_matches_torch():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 6, 10, generator=g).to(torch.bfloat16)
+    w = (torch.rand(10, generator=g) + 0.5).to(torch.bfloat16)
+    b = torch.randn(10, generator=g).to(torch.bfloat16)
+    tol = dict(rtol=torch.finfo(torch.bfloat16).eps, atol=torch.finfo(torch.bfloat16).eps)
+    for ours, theirs in [(nt.layer_norm(x, 10, w, b), F.layer_norm(x.float(), (10,), w.float(), b.float())),
+                         (nt.rms_norm(x, 10, w), F.rms_norm(x.float(), (10,), w.float()))]:
+        assert ours.dtype == torch.bfloat16
+        torch.testing.assert_close(ours.float(), theirs.to(torch.bfloat16).float(), **tol)
+
+
 def test_weight_grads_only_when_required():
     x = t64(3, 8)
     w = t64(8, seed=3, low=0.5, requires_grad=False)
@@ -146,6 +158,31 @@ def test_cpu_tensors_cross_without_copies(monkeypatch):
     torch.testing.assert_close(nt.layer_norm(x_nc, 16), nt.layer_norm(x_nc.contiguous(), 16), rtol=0, atol=0)
 
 
+def test_bfloat16_cpu_tensors_cross_without_copies(monkeypatch):
+    """bfloat16 reaches numbanorm as an ml_dtypes view of the tensor's bytes, and comes back the same way."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    import numbanorm
+
+    seen = {}
+
+    def spy(x, normalized_shape, weight=None, eps=None):  # the kernel's part left out: crossing only
+        seen.update(x=x, weight=weight)
+        y = (x.astype(np.float32) * 2).astype(ml_dtypes.bfloat16)
+        seen["y"] = y
+        return y, np.ones(x.shape[:-1] + (1,), np.float32)
+
+    monkeypatch.setattr(numbanorm, "rms_norm_forward", spy)
+    x = torch.randn(8, 5, dtype=torch.bfloat16).t()  # strided
+    w = torch.rand(8, dtype=torch.bfloat16)
+    y = nt.rms_norm(x, 8, w)
+    assert seen["x"].dtype == ml_dtypes.bfloat16 and seen["weight"].dtype == ml_dtypes.bfloat16
+    assert seen["x"].ctypes.data == x.data_ptr() and seen["x"].strides == (2, 10)
+    assert seen["weight"].ctypes.data == w.data_ptr()
+    np.testing.assert_array_equal(seen["x"].astype(np.float32), x.float().numpy())
+    assert y.dtype == torch.bfloat16 and y.data_ptr() == seen["y"].ctypes.data
+    torch.testing.assert_close(y, x * 2, rtol=0, atol=0)
+
+
 def test_errors_cross_unchanged():
     x = torch.randn(3, 8)
     with pytest.raises(ValueError, match="normalized_shape"):
@@ -156,8 +193,6 @@ def test_errors_cross_unchanged():
         nt.rms_norm(torch.ones(3, 8, dtype=torch.int64), 8)
     with pytest.raises(ValueError, match="num_groups"):
         nt.group_norm(torch.randn(2, 6, 3), 4)
-    with pytest.raises(TypeError, match="bfloat16"):
-        nt.layer_norm(x.to(torch.bfloat16), 8)
 
 
 def test_double_backward_raises():
@@ -165,6 +200,100 @@ def test_double_backward_raises():
     (gx,) = torch.autograd.grad(nt.layer_norm(x, 8).pow(3).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError):
         gx.sum().backward()
+
+
+def test_non_tensor_arguments_are_type_errors():
+    x = torch.randn(3, 8)
+    with pytest.raises(TypeError, match="`weight` is a numpy.ndarray.*torch tensors"):
+        nt.layer_norm(x, (8,), np.ones(8))
+    with pytest.raises(TypeError, match="`residual` is a list"):
+        nt.add_rms_norm(x, [1.0] * 8, 8)
+    with pytest.raises(TypeError, match="eps"):
+        nt.rms_norm(x, 8, eps="small")
+
+
+# ------------------------------------------------------------ custom operators, torch.compile
+
+def _opcheck_cases(xdt, wdt):
+    """(operator, args) for every operator numbanorm registers, x non-contiguous."""
+    ops = torch.ops.numbanorm
+    g = torch.Generator().manual_seed(0)
+
+    def t(*shape, dtype=xdt, grad=True):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype).requires_grad_(grad)
+
+    x = t(5, 4, 3).transpose(0, 2)  # (3, 4, 5), strided
+    r, dy = t(3, 4, 5), t(3, 4, 5, grad=False)
+    w, b = t(4, 5, dtype=wdt), t(4, 5, dtype=wdt)
+    with torch.no_grad():
+        _, mean, rstd = ops.layer_norm_forward(x, [4, 5], w, b, 1e-5)
+        _, rrstd = ops.rms_norm_forward(x, [5], w[0], None)
+        _, gmean, grstd = ops.group_norm_forward(x, 2, w[:, 0], b[:, 0], 1e-5)
+        _, s, amean, arstd = ops.add_layer_norm_forward(x, r, [5], w[0], b[0], 1e-5)
+        _, s2, arrstd = ops.add_rms_norm_forward(x, r, [5], w[0], 1e-6)
+    xd, w0, wc = x.detach(), w[0].detach(), w[:, 0].detach()
+    return [
+        (ops.layer_norm_forward, (x, [4, 5], w, b, 1e-5)),
+        (ops.layer_norm_backward, (dy, xd, mean, rstd, [4, 5], w.detach())),
+        (ops.rms_norm_forward, (x, [5], w0.clone().requires_grad_(), None)),
+        (ops.rms_norm_backward, (dy, xd, rrstd, [5], None)),
+        (ops.group_norm_forward, (x, 2, wc.clone().requires_grad_(), None, 1e-5)),
+        (ops.group_norm_backward, (dy, xd, gmean, grstd, wc)),
+        (ops.add_layer_norm_forward, (x, r, [5], w0.clone().requires_grad_(), b[0].detach(), 1e-5)),
+        (ops.add_layer_norm_backward, (dy, 2 * dy, s, amean, arstd, [5], w0)),
+        (ops.add_rms_norm_forward, (x, r, [5], None, 1e-6)),
+        (ops.add_rms_norm_backward, (dy, None, s2, arrstd, [5], w0)),
+    ]
+
+
+@pytest.mark.parametrize("xdt,wdt", [(torch.float64, torch.float64), (torch.float16, torch.float32)],
+                         ids=["f64", "f16-w32"])
+def test_opcheck_every_operator(xdt, wdt):
+    """Schema, autograd registration, fake shapes/dtypes/strides against the real ones, AOT dispatch."""
+    cases = _opcheck_cases(xdt, wdt)
+    assert {op._qualified_op_name for op, _ in cases} == {op._qualname for op in nt.OPERATORS}
+    for op, args in cases:
+        torch.library.opcheck(op, args)
+
+
+class AllNorms(torch.nn.Module):
+    """Every numbanorm module and fused function in one block."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.ln = nt.LayerNorm(d, dtype=torch.float64)
+        self.rms = nt.RMSNorm(d, dtype=torch.float64)
+        self.gn = nt.GroupNorm(4, d, dtype=torch.float64)
+        self.lin = torch.nn.Linear(d, d, dtype=torch.float64)
+
+    def forward(self, x, r):
+        h = self.lin(self.ln(x))
+        y, s = nt.add_rms_norm(h, r, h.shape[-1], self.rms.weight)
+        y, s = nt.add_layer_norm(y, s, h.shape[-1], self.ln.weight, self.ln.bias)
+        g = self.gn(y.transpose(1, 2)).transpose(1, 2)
+        return self.rms(g + s)
+
+
+def test_compile_fullgraph_forward_and_backward():
+    """Before the custom operators, dynamo stopped at NumPy inside the autograd functions."""
+    torch.manual_seed(0)
+    block = AllNorms()
+    _perturb(block)
+    with torch.no_grad():
+        block.ln.weight.add_(0.3 * torch.randn_like(block.ln.weight))
+        block.rms.weight.add_(0.3 * torch.randn_like(block.rms.weight))
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True)
+    x, r = t64(2, 5, 16), t64(2, 5, 16, seed=3)
+    xc, rc = x.detach().clone().requires_grad_(), r.detach().clone().requires_grad_()
+    y, yc = block(x, r), compiled(xc, rc)
+    torch.testing.assert_close(yc, y)
+    g = t64(2, 5, 16, seed=4, requires_grad=False)
+    params = list(block.parameters())
+    want = torch.autograd.grad((y * g).sum(), [x, r, *params])
+    got = torch.autograd.grad((yc * g).sum(), [xc, rc, *params])
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e)
 
 
 # ------------------------------------------------------------ modules
