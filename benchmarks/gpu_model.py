@@ -42,6 +42,8 @@ rows.  One iteration of it is one row for the warp's row group, and
   threads per row); a loop over the warp partials of a block reduction (shared
   loads only) makes threads per row / 32 - 1 source iterations, and its unroll
   factor is its shared loads / their distinct offsets (one per value reduced);
+* nested word loops (GroupNorm's long rows: its channels, then their words):
+  the inner one takes the trips, the outer counts once;
 * peeled remainder copies outside an unrolled loop and conditional blocks both
   count in full, so the count is an upper bound for a full, live row (slightly
   high for warps that skip the ``t == 0`` stores).
@@ -134,6 +136,7 @@ KERNELS = ("layer_norm_forward", "layer_norm_backward", "rms_norm_forward", "rms
 # the row kernels the issue's gate is about (GroupNorm is not)
 GATED = tuple(k for k in KERNELS if not k.startswith("group_norm"))
 SWEEP_MS = range(1, 4097)
+SWEEP_KERNELS = ("layer_norm_forward", "layer_norm_backward")  # the forward, and a backward with its column sums
 SWEEP_N, SWEEP_DTYPE = 1024, "float16"
 
 
@@ -271,6 +274,9 @@ class Sass:
                 total += 32 * global_bits(i.op) / 8
             k += 1
         return total
+
+    def global_accesses(self, a, b):
+        return sum(_is_global(self.ins[k].op) for k in range(a, b + 1))
 
     def loop_kind(self, loop):
         """'words' (global accesses: a loop over the row), 'partials' (shared loads
@@ -646,7 +652,12 @@ def analyse(launch, compiled):
     def iterations(loop):
         kind = sass.loop_kind(loop)
         if kind == "words":
-            return trips / sass.unroll_words(loop, step)
+            if any(sass.loop_kind(inner) == "words" for inner in sass._children(*loop)):
+                return 1.0  # nested word loops (channels, then their words): the inner one takes the trips
+            unroll = sass.unroll_words(loop, step)
+            if unroll > sass.global_accesses(*loop):
+                unresolved.append(sass.ins[loop[0]].addr)  # more steps than accesses: not a word index
+            return trips / unroll
         if kind == "partials":
             return partial_trips / sass.unroll_partials(loop)
         unresolved.append(sass.ins[loop[0]].addr)
@@ -820,7 +831,7 @@ def main(argv=None):
         # first, before the records' kernels are cached: the factories start empty
         sweep_ms = range(1, 257) if args.quick else SWEEP_MS
         by_kernel = {}
-        for k in [k for k in kernels if k in GATED][: 1 if args.quick else None]:
+        for k in [k for k in SWEEP_KERNELS if k in kernels][: 1 if args.quick else None]:
             by_kernel[k] = dict(zip(("factory_cache_entries", "kernels_launched"),
                                     sweep_compiles(fe, launches, k, sweep_ms)))
         for k in kernels:
