@@ -237,22 +237,26 @@ class Sass:
         inner = [(x, y) for x, y in self.loops if a <= x and y <= b and (x, y) != (a, b)]
         return [L for L in inner if not any(o != L and o[0] <= L[0] and L[1] <= o[1] for o in inner)]
 
-    def count(self, a, b, iterations):
-        """Instructions issued by one pass over [a, b]; ``iterations(loop)`` gives an
-        inner loop's iterations per entry."""
+    def weighted(self, a, b, iterations, weight):
+        """Sum of ``weight(k)`` over one pass of [a, b], slow-path blocks left out and
+        inner loops multiplied by ``iterations(loop)``, their iterations per entry."""
         total = 0.0
         kids = self._children(a, b)
         k = a
         while k <= b:
             kid = next((L for L in kids if L[0] == k), None)
             if kid is not None:
-                total += self.count(*kid, iterations) * iterations(kid)
+                total += self.weighted(*kid, iterations, weight) * iterations(kid)
                 k = kid[1] + 1
                 continue
             if not self.cold[k]:
-                total += 1
+                total += weight(k)
             k += 1
         return total
+
+    def count(self, a, b, iterations):
+        """Instructions one warp issues in one pass over [a, b]."""
+        return self.weighted(a, b, iterations, lambda k: 1)
 
     def widest_global(self, a, b, kind="LDG"):
         bits = [global_bits(self.ins[k].op) for k in range(a, b + 1) if self.ins[k].op.split(".")[0] == kind]
@@ -260,20 +264,11 @@ class Sass:
 
     def global_bytes(self, a, b, iterations, kind="LDG"):
         """Bytes one warp's global loads (``kind``) request in one pass over [a, b]."""
-        total = 0.0
-        kids = self._children(a, b)
-        k = a
-        while k <= b:
-            kid = next((L for L in kids if L[0] == k), None)
-            if kid is not None:
-                total += self.global_bytes(*kid, iterations, kind) * iterations(kid)
-                k = kid[1] + 1
-                continue
-            i = self.ins[k]
-            if i.op.split(".")[0] == kind and not self.cold[k]:
-                total += 32 * global_bits(i.op) / 8
-            k += 1
-        return total
+        def size(k):
+            op = self.ins[k].op
+            return 32 * global_bits(op) / 8 if op.split(".")[0] == kind else 0
+
+        return self.weighted(a, b, iterations, size)
 
     def global_accesses(self, a, b):
         return sum(_is_global(self.ins[k].op) for k in range(a, b + 1))
