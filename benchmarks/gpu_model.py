@@ -230,13 +230,12 @@ class Sass:
                     self.cold[k] = True
 
     def row_loop(self):
-        """(first, last) instruction of the outermost loop with a global access, or None."""
-        best = None
-        for a, b in self.loops:
-            if any(_is_global(self.ins[k].op) for k in range(a, b + 1)):
-                if best is None or (a <= best[0] and b >= best[1]):
-                    best = (a, b)
-        return best
+        """(first, last) instruction of the row loop, or None: of the outermost loops
+        with a global access, the longest (a prologue may loop too, e.g. zeroing the
+        long-row path's partial sums)."""
+        found = [L for L in self.loops if self.global_accesses(*L)]
+        outer = [L for L in found if not any(o != L and o[0] <= L[0] and L[1] <= o[1] for o in found)]
+        return max(outer, key=lambda L: L[1] - L[0], default=None)
 
     def _children(self, a, b):
         """The outermost loops strictly inside [a, b]."""

@@ -63,6 +63,26 @@ def test_parse_sass_snippet():
     assert s.unroll_words((14, 17), 256) == 1
 
 
+PROLOGUE_LOOP = """
+.L_x_0:
+        /*0000*/                   STG.E desc[UR4][R2.64], RZ ;
+        /*0010*/               @P0 BRA `(.L_x_0) ;
+.L_x_1:
+        /*0020*/                   LDG.E.64 R4, desc[UR4][R2.64] ;
+        /*0030*/                   FADD R6, R4, R5 ;
+        /*0040*/                   STG.E.64 desc[UR4][R8.64], R6 ;
+        /*0050*/               @P1 BRA `(.L_x_1) ;
+        /*0060*/                   EXIT ;
+"""
+
+
+def test_row_loop_is_the_longest_outer_loop():
+    # a loop storing before the row loop (the long-row backward zeroes its partial sums)
+    s = G.Sass(PROLOGUE_LOOP)
+    assert sorted(s.loops) == [(0, 1), (2, 5)]
+    assert s.row_loop() == (2, 5)
+
+
 def test_counts_on_snippet():
     s = G.Sass(SNIPPET)
     trips = {(9, 13): 7, (14, 17): 4}  # source iterations the mapping implies
