@@ -561,7 +561,7 @@ def _ident(v, depth=0):
     return f"{type(v).__qualname__}:{v!r}"
 
 
-def _cache_key(kernel, sig, cc):
+def _sources_hash():
     import numbanorm.cuda._kernels as pkg
 
     h = hashlib.sha256()
@@ -570,6 +570,17 @@ def _cache_key(kernel, sig, cc):
             if name.endswith(".py"):
                 with open(os.path.join(root, name), "rb") as f:
                     h.update(name.encode() + f.read())
+    return h
+
+
+def kernel_sources():
+    """sha256 of the GPU kernel modules' sources (numbanorm/cuda/_kernels/*.py): says
+    which kernels a results file describes."""
+    return _sources_hash().hexdigest()
+
+
+def _cache_key(kernel, sig, cc):
+    h = _sources_hash()
     h.update(repr((_ident(kernel), [str(t) for t in sig], cc, sorted(_versions().items()))).encode())
     return h.hexdigest()[:32]
 
@@ -848,6 +859,7 @@ def main(argv=None):
     out = {
         "model": MODEL,
         "toolchain": _versions(),
+        "kernel_sources_sha256": kernel_sources(),
         "M": M_ROWS,
         "records": records,
         "compiles_for_M_sweep": by_kernel[head]["factory_cache_entries"] if head else None,
