@@ -289,17 +289,24 @@ class Sass:
         return "other"
 
     def unroll_words(self, loop, step):
-        """Source iterations per pass of a word loop: its immediate increments of the
-        word index, in multiples of ``step`` (threads per row)."""
-        u = 0
+        """Source iterations per pass of a word loop, from its immediate additions to
+        the word index (multiples of ``step``, the threads per row): their sum where
+        each copy steps from the last (q += step, four times), their largest where
+        the copies offset one base (q + step, q + 2 step, ...) -- whichever divides
+        the loop's global accesses (each copy makes the same ones), the sum first."""
+        steps = []
         for k in range(loop[0], loop[1] + 1):
             i = self.ins[k]
-            if i.op.split(".")[0] in ("IADD3", "VIADD", "IMAD.IADD"):
+            if i.op in ("IADD3", "VIADD", "IMAD.IADD"):
                 for arg in i.args.split(",")[1:]:
                     v = _imm(arg)
                     if v and step and v > 0 and v % step == 0 and v // step <= 16:
-                        u += v // step
-        return max(1, u)
+                        steps.append(v // step)
+        accesses = self.global_accesses(*loop)
+        for u in (sum(steps), max(steps, default=1)):
+            if 1 <= u <= accesses and accesses % u == 0:
+                return u
+        return max(1, sum(steps))
 
     def unroll_partials(self, loop):
         """Source iterations per pass of a loop over warp partials: its shared loads
@@ -711,7 +718,7 @@ def analyse(launch, compiled):
         "global_store_bits": sass.widest_global(*span, "STG"),
         "loop_instructions": round(per_row, 1),
         "outside_loop_instructions": round(outside, 1),
-        "unresolved_loops": [hex(x) for x in unresolved],
+        "unresolved_loops": sorted({hex(x) for x in unresolved}),
         "_total_instructions": total,
         "_total_bytes": _unique_bytes(launch.args),
         "_requested_bytes": requested,

@@ -83,6 +83,26 @@ def test_row_loop_is_the_longest_outer_loop():
     assert s.row_loop() == (2, 5)
 
 
+OFFSETS_FROM_ONE_BASE = """
+.L_x_0:
+        /*0000*/                   IADD3 R8, P2, R17, 0x20, RZ ;
+        /*0010*/                   LDG.E R20, desc[UR4][R10.64] ;
+        /*0020*/                   IADD3 R12, P3, R17, 0x40, RZ ;
+        /*0030*/                   LDG.E R21, desc[UR4][R12.64] ;
+        /*0040*/                   IADD3 R14, P3, R17, 0x60, RZ ;
+        /*0050*/                   LDG.E R22, desc[UR4][R14.64] ;
+        /*0060*/                   IADD3 R17, P3, R17, 0x80, RZ ;
+        /*0070*/                   LDG.E R23, desc[UR4][R8.64] ;
+        /*0080*/               @P1 BRA `(.L_x_0) ;
+"""
+
+
+def test_unroll_of_copies_offset_from_one_base():
+    # the column sums' loop over partial rows: p + 32, p + 64, p + 96, p + 128, one
+    # load each -- unrolled 4 times, not 1 + 2 + 3 + 4
+    assert G.Sass(OFFSETS_FROM_ONE_BASE).unroll_words((0, 8), 32) == 4
+
+
 def test_counts_on_snippet():
     s = G.Sass(SNIPPET)
     trips = {(9, 13): 7, (14, 17): 4}  # source iterations the mapping implies
