@@ -56,8 +56,9 @@ rows.  One iteration of it is one row for the warp's row group, and
 
 Kernels without a row loop (``cast``) count their straight-line code once per
 warp; ``column_sums`` counts its loop over the partial rows (``P / slices``
-iterations) the same way.  Launch totals add one pass of the code outside the
-row loop per warp of the grid.  ``global_load_bits`` is the widest global load
+iterations) the same way; for these two ``loop_instructions`` is per warp, not
+per row.  Launch totals add one pass of the code outside the row loop per warp
+of the grid; ``warp_instructions_per_row`` is a launch's total over M.  ``global_load_bits`` is the widest global load
 in the row loop (``LDG.E.64`` -> 64, ``LDG.E.128`` -> 128, ``LDG.E`` -> 32).
 
 The model
