@@ -37,15 +37,17 @@ SM_REGISTERS = 65536
 SPILL_BYTES = 96
 
 
-def _ptxas():
-    found = shutil.which("ptxas")
+def find_tool(name):
+    """Path of a CUDA command-line tool (``ptxas``, ``nvdisasm``, ...): on PATH or
+    in the ``nvidia-*`` wheels' ``bin`` folders; None when not installed."""
+    found = shutil.which(name)
     if found:
         return found
     try:
         import nvidia
 
         for root in nvidia.__path__:
-            hits = glob.glob(os.path.join(root, "*", "bin", "ptxas"))
+            hits = glob.glob(os.path.join(root, "*", "bin", name))
             if hits:
                 return hits[0]
     except ImportError:
@@ -53,17 +55,29 @@ def _ptxas():
     return None
 
 
-def _resources(ptxas, ptx, cc):
+def _ptxas():
+    return find_tool("ptxas")
+
+
+def assemble(ptx, cc, ptxas=None):
+    """``(cubin bytes, ptxas -v log)`` of ``ptx`` for compute capability ``cc``
+    (RuntimeError with ptxas' message when it fails)."""
     with tempfile.TemporaryDirectory() as d:
         src = os.path.join(d, "k.ptx")
         with open(src, "w") as f:
             f.write(ptx)
-        out = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-v", src, "-o", os.path.join(d, "k.cubin")],
+        out = subprocess.run([ptxas or _ptxas(), f"-arch=sm_{cc[0]}{cc[1]}", "-v", src, "-o", os.path.join(d, "k.cubin")],
                              capture_output=True, text=True)
-    if out.returncode:
-        raise RuntimeError(out.stderr)
-    regs = int(re.search(r"Used (\d+) registers", out.stderr).group(1))
-    spills = sum(int(v) for v in re.findall(r"(\d+) bytes spill (?:stores|loads)", out.stderr))
+        if out.returncode:
+            raise RuntimeError(out.stderr)
+        with open(os.path.join(d, "k.cubin"), "rb") as f:
+            return f.read(), out.stderr
+
+
+def _resources(ptxas, ptx, cc):
+    log = assemble(ptx, cc, ptxas)[1]
+    regs = int(re.search(r"Used (\d+) registers", log).group(1))
+    spills = sum(int(v) for v in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
     return regs, spills
 
 

@@ -1,0 +1,892 @@
+"""A static model of the GPU kernels on an H100, compiled from their own SASS.
+
+    python -m benchmarks.gpu_model --json FILE --sass-dir DIR [--quick] [--gate]
+
+No GPU is needed: every kernel that numbanorm's public GPU functions launch at
+M = 32768 rows of N in {1024, ..., 32768} elements (float16, bfloat16, float32)
+is compiled for sm_90 with NVVM (``numbanorm.cuda._ptx``), assembled by ptxas,
+disassembled by nvdisasm, and the SASS is read.  **Every figure this tool
+derives is a model, not a measurement**: nothing here ran on a GPU.
+
+Which kernels
+-------------
+The public functions themselves are driven (``numbanorm._api.Frontend`` over
+the CUDA backend) with stand-in device arrays (NumPy memory that is never
+touched, flagged as device arrays), and ``common.launch`` is replaced by a
+recorder: the grid, block, kernel and argument types of each record are the
+ones the real launch configuration code picks.  ``kernel`` is the public name,
+``launch`` the kernel within it: ``main`` for the launch that moves the most
+bytes (the one streaming the rows and writing the result), else the kernel
+function's name (``column_sums``, ``cast``, ``channel_sums``).  GroupNorm runs
+on x of shape (M / 32, 128, N / 4) with 32 groups: M rows (sample, group) of N
+elements; its backward kernels work per channel (``launch_rows``, ``row_elements``).
+
+Exit status: 0; 1 when a kernel spills more than ``numbanorm.cuda._ptx``'s
+budget (CI), or with ``--gate`` fails the issue's gate (no spill at all, and the
+LayerNorm/RMSNorm row kernels and their fused forms at N <= 8192 at
+issue_memory_ratio <= 0.6, the 16-bit ones loading 128 bits); 3 when NVVM, ptxas
+or nvdisasm is missing (``pip install numbanorm[test]``) or the simulator is on.
+
+How the SASS is read (``loop_instructions``)
+--------------------------------------------
+The SASS is split into basic blocks at labels and after branches, exits and
+returns.  A branch to an earlier address closes a loop.  The *row loop* is the
+outermost loop holding a global load or store: the persistent-grid loop over
+rows.  One iteration of it is one row for the warp's row group, and
+``loop_instructions`` is what one warp issues in it:
+
+* every instruction of the row loop counts once per iteration, predicated or
+  not (a predicated-off instruction is still issued), except blocks that call a
+  ptxas subroutine (``CALL`` to a ``$__internal`` slow path: a division or square
+  root's rare operands, 64-bit division by a 64-bit value) -- the inline fast
+  path beside them is counted instead;
+* an inner loop counts (its instructions) x (iterations), where the trip count
+  is the one the mapping implies and the unroll factor is read from the SASS:
+  a loop over the thread's words of the row (it holds a global access) makes
+  ceil(row words / threads per row) source iterations, and its unroll factor is
+  the sum of its immediate increments of the word index (multiples of the
+  threads per row); a loop over the warp partials of a block reduction (shared
+  loads only) makes threads per row / 32 - 1 source iterations, and its unroll
+  factor is its shared loads / their distinct offsets (one per value reduced);
+* nested word loops (GroupNorm's long rows: its channels, then their words):
+  the inner one takes the trips, the outer counts once;
+* peeled remainder copies outside an unrolled loop and conditional blocks both
+  count in full, so the count is an upper bound for a full, live row (slightly
+  high for warps that skip the ``t == 0`` stores).
+
+Kernels without a row loop (``cast``) count their straight-line code once per
+warp; ``column_sums`` counts its loop over the partial rows (``P / slices``
+iterations) the same way; for these two ``loop_instructions`` is per warp, not
+per row.  Launch totals add one pass of the code outside the row loop per warp
+of the grid; ``warp_instructions_per_row`` is a launch's total over M.  ``global_load_bits`` is the widest global load
+in the row loop (``LDG.E.64`` -> 64, ``LDG.E.128`` -> 128, ``LDG.E`` -> 32).
+
+The model
+---------
+H100 SXM: 132 SMs at 1.98 GHz, 3.0 TB/s achievable copy bandwidth, i.e.
+3.0e12 / (132 * 1.98e9) = 11.48 bytes per clock per SM, and 4 warp
+instructions issued per clock per SM.  Per row:
+
+    issue clocks  = warp instructions per row / 4
+    memory clocks = DRAM bytes per row / 11.48
+    issue_memory_ratio = issue clocks / memory clocks
+
+Below ~0.6 a kernel can keep the memory system busy; above, issue is the
+limit.  ``bytes_per_row`` is compulsory DRAM traffic: each array a launch
+touches crosses DRAM once (re-reads of a row by the long-row loop path and
+read-modify-writes of partial sums are assumed to hit L2; ``load_bytes_per_row``
+is what the SASS requests, re-reads included).  Occupancy is resident threads
+per SM from registers (allocated per warp in units of 256), static shared
+memory (228 KB per SM, 1 KB reserved per block), 2048 threads and 32 blocks;
+bytes in flight per SM = resident threads x the largest run of row-path
+global loads a thread issues before it uses any of their results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import importlib
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections import namedtuple
+
+import numpy as np
+
+# ---------------------------------------------------------------- the model (assumptions)
+
+SMS = 132
+CLOCK_HZ = 1.98e9
+DRAM_BYTES_PER_S = 3.0e12
+ISSUE_PER_CLOCK = 4          # warp instructions per clock per SM
+BYTES_PER_CLOCK = DRAM_BYTES_PER_S / (SMS * CLOCK_HZ)   # per SM: 11.48
+REGISTERS_PER_SM = 65536
+REGISTER_UNIT = 256          # registers are allocated per warp in units of 256
+SMEM_PER_SM = 228 * 1024
+SMEM_RESERVED_PER_BLOCK = 1024
+THREADS_PER_SM = 2048
+BLOCKS_PER_SM = 32
+ISSUE_LIMIT = 0.6            # above: issue-bound (the issue's gate)
+CC = (9, 0)
+
+MODEL = {
+    "note": "every derived figure in this file is a MODEL computed from the SASS, not a measurement",
+    "gpu": "H100 SXM (sm_90)",
+    "sms": SMS,
+    "clock_hz": CLOCK_HZ,
+    "dram_bytes_per_s": DRAM_BYTES_PER_S,
+    "dram_bytes_per_clock_per_sm": round(BYTES_PER_CLOCK, 3),
+    "warp_instructions_issued_per_clock_per_sm": ISSUE_PER_CLOCK,
+    "issue_memory_ratio": "issue clocks per row / memory clocks per row; <= 0.6 can keep DRAM busy",
+    "registers_per_sm": REGISTERS_PER_SM,
+    "register_allocation_unit_per_warp": REGISTER_UNIT,
+    "shared_memory_per_sm": SMEM_PER_SM,
+    "shared_memory_reserved_per_block": SMEM_RESERVED_PER_BLOCK,
+    "max_threads_per_sm": THREADS_PER_SM,
+    "max_blocks_per_sm": BLOCKS_PER_SM,
+    "bytes_per_row": "compulsory DRAM traffic: every array a launch touches, once",
+}
+
+M_ROWS = 32768
+NS = (1024, 2048, 4096, 8192, 16384, 32768)
+DTYPES = ("float16", "bfloat16", "float32")
+GROUPS, CHANNELS = 32, 128          # GroupNorm: x (M / GROUPS, CHANNELS, N * GROUPS / CHANNELS)
+KERNELS = ("layer_norm_forward", "layer_norm_backward", "rms_norm_forward", "rms_norm_backward",
+           "group_norm_forward", "group_norm_backward", "add_layer_norm_forward",
+           "add_rms_norm_forward", "add_layer_norm_backward", "add_rms_norm_backward")
+# the row kernels the issue's gate is about (GroupNorm is not)
+GATED = tuple(k for k in KERNELS if not k.startswith("group_norm"))
+SWEEP_MS = range(1, 4097)
+SWEEP_KERNELS = ("layer_norm_forward", "layer_norm_backward")  # the forward, and a backward with its column sums
+SWEEP_N, SWEEP_DTYPE = 1024, "float16"
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+# ---------------------------------------------------------------- SASS
+
+Instr = namedtuple("Instr", "addr pred op args")
+_INSTR = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(?:(@!?U?P[T0-9]+)\s+)?([A-Z0-9_.]+)\s*([^;]*);")
+_LABEL = re.compile(r"^([.$\w]+):\s*$")
+_TARGET = re.compile(r"`\(([^)]+)\)")
+
+
+def parse_sass(text):
+    """``(instructions, labels)`` of one function's SASS as nvdisasm prints it.
+
+    ``labels`` maps a label to the index of the instruction it precedes.
+    """
+    ins, labels = [], {}
+    for line in text.splitlines():
+        m = _INSTR.match(line)
+        if m:
+            ins.append(Instr(int(m.group(1), 16), m.group(2) or "", m.group(3), m.group(4).strip()))
+            continue
+        m = _LABEL.match(line.strip())
+        if m:
+            labels[m.group(1)] = len(ins)
+    return ins, labels
+
+
+def _target(i):
+    m = _TARGET.search(i.args)
+    return m.group(1) if m else None
+
+
+def global_bits(op):
+    """Bits moved per thread by a global load/store opcode (``LDG.E.64`` -> 64)."""
+    for mod in op.split(".")[1:]:
+        if mod in ("128", "64", "32"):
+            return int(mod)
+        if mod in ("U16", "S16"):
+            return 16
+        if mod in ("U8", "S8"):
+            return 8
+    return 32
+
+
+def _is_global(op):
+    return op.split(".")[0] in ("LDG", "STG", "RED", "ATOMG")
+
+
+def _imm(arg):
+    arg = arg.strip()
+    try:
+        return int(arg, 16) if arg.lower().startswith(("0x", "-0x")) else int(arg)
+    except ValueError:
+        return None
+
+
+class Sass:
+    """One kernel's SASS: blocks, loops and the counts the model needs."""
+
+    def __init__(self, text):
+        self.ins, labels = parse_sass(text)
+        self.index_of = dict(labels)
+        self.label_idx = set(labels.values())
+        n = len(self.ins)
+        # loops: a branch back to an earlier (or the same) instruction
+        self.loops = []
+        for k, i in enumerate(self.ins):
+            if i.op.startswith("BRA"):
+                t = self.index_of.get(_target(i))
+                if t is not None and t <= k:
+                    self.loops.append((t, k))
+        # instructions on a slow path: the blocks holding a CALL to a subroutine
+        starts = sorted({0, *labels.values(), *(k + 1 for k, i in enumerate(self.ins)
+                                                if i.op.split(".")[0] in ("BRA", "EXIT", "RET"))})
+        starts = [s for s in starts if s < n] + [n]
+        self.cold = [False] * n
+        for a, b in zip(starts, starts[1:]):
+            if any(self.ins[k].op.startswith("CALL") for k in range(a, b)):
+                for k in range(a, b):
+                    self.cold[k] = True
+
+    def row_loop(self):
+        """(first, last) instruction of the row loop, or None: of the outermost loops
+        with a global access, the longest (a prologue may loop too, e.g. zeroing the
+        long-row path's partial sums)."""
+        found = [L for L in self.loops if self.global_accesses(*L)]
+        outer = [L for L in found if not any(o != L and o[0] <= L[0] and L[1] <= o[1] for o in found)]
+        return max(outer, key=lambda L: L[1] - L[0], default=None)
+
+    def _children(self, a, b):
+        """The outermost loops strictly inside [a, b]."""
+        inner = [(x, y) for x, y in self.loops if a <= x and y <= b and (x, y) != (a, b)]
+        return [L for L in inner if not any(o != L and o[0] <= L[0] and L[1] <= o[1] for o in inner)]
+
+    def weighted(self, a, b, iterations, weight):
+        """Sum of ``weight(k)`` over one pass of [a, b], slow-path blocks left out and
+        inner loops multiplied by ``iterations(loop)``, their iterations per entry."""
+        total = 0.0
+        kids = self._children(a, b)
+        k = a
+        while k <= b:
+            kid = next((L for L in kids if L[0] == k), None)
+            if kid is not None:
+                total += self.weighted(*kid, iterations, weight) * iterations(kid)
+                k = kid[1] + 1
+                continue
+            if not self.cold[k]:
+                total += weight(k)
+            k += 1
+        return total
+
+    def count(self, a, b, iterations):
+        """Instructions one warp issues in one pass over [a, b]."""
+        return self.weighted(a, b, iterations, lambda k: 1)
+
+    def widest_global(self, a, b, kind="LDG"):
+        bits = [global_bits(self.ins[k].op) for k in range(a, b + 1) if self.ins[k].op.split(".")[0] == kind]
+        return max(bits, default=0)
+
+    def global_bytes(self, a, b, iterations, kind="LDG"):
+        """Bytes one warp's global loads (``kind``) request in one pass over [a, b]."""
+        def size(k):
+            op = self.ins[k].op
+            return 32 * global_bits(op) / 8 if op.split(".")[0] == kind else 0
+
+        return self.weighted(a, b, iterations, size)
+
+    def global_accesses(self, a, b):
+        return sum(_is_global(self.ins[k].op) for k in range(a, b + 1))
+
+    def loop_kind(self, loop):
+        """'words' (global accesses: a loop over the row), 'partials' (shared loads
+        only: the cross-warp step of a reduction), or 'other'."""
+        ops = [self.ins[k].op.split(".")[0] for k in range(loop[0], loop[1] + 1)]
+        if any(o in ("LDG", "STG", "RED", "ATOMG") for o in ops):
+            return "words"
+        if "LDS" in ops:
+            return "partials"
+        return "other"
+
+    def unroll_words(self, loop, step):
+        """Source iterations per pass of a word loop, from its immediate additions to
+        the word index (multiples of ``step``, the threads per row): their sum where
+        each copy steps from the last (q += step, four times), their largest where
+        the copies offset one base (q + step, q + 2 step, ...) -- whichever divides
+        the loop's global accesses (each copy makes the same ones), the sum first."""
+        steps = []
+        for k in range(loop[0], loop[1] + 1):
+            i = self.ins[k]
+            if i.op in ("IADD3", "VIADD", "IMAD.IADD"):
+                for arg in i.args.split(",")[1:]:
+                    v = _imm(arg)
+                    if v and step and v > 0 and v % step == 0 and v // step <= 16:
+                        steps.append(v // step)
+        accesses = self.global_accesses(*loop)
+        for u in (sum(steps), max(steps, default=1)):
+            if 1 <= u <= accesses and accesses % u == 0:
+                return u
+        return max(1, sum(steps))
+
+    def unroll_partials(self, loop):
+        """Source iterations per pass of a loop over warp partials: its shared loads
+        over their distinct offsets (one offset per value reduced)."""
+        offs = []
+        for k in range(loop[0], loop[1] + 1):
+            i = self.ins[k]
+            if i.op.split(".")[0] == "LDS":
+                m = re.search(r"\[[^\]+]*(?:\+(0x[0-9a-f]+|\d+))?\]", i.args)
+                offs.append(m.group(1) if m else None)
+        return max(1, len(offs) // max(1, len(set(offs))))
+
+    def loads_in_flight(self, a, b):
+        """Largest run of global-load bytes (per thread) in [a, b] issued before an
+        instruction reads one of the loaded registers."""
+        best = cur = 0
+        pending = set()
+        for k in range(a, b + 1):
+            i = self.ins[k]
+            base = i.op.split(".")[0]
+            srcs = set(re.findall(r"\bR(\d+)\b", i.args))
+            if base == "LDG":
+                dst, *rest = i.args.split(",")
+                m = re.search(r"R(\d+)", dst)
+                if m and any(s in pending for s in re.findall(r"\bR(\d+)\b", ",".join(rest))):
+                    best, cur, pending = max(best, cur), 0, set()
+                if m:
+                    r0 = int(m.group(1))
+                    pending |= {str(r0 + j) for j in range(max(1, global_bits(i.op) // 32))}
+                cur += global_bits(i.op) // 8
+            elif pending and (srcs & pending or base in ("BRA", "EXIT", "BAR", "RET") or k in self.label_idx):
+                best, cur, pending = max(best, cur), 0, set()
+        return max(best, cur)
+
+
+# ---------------------------------------------------------------- the model's arithmetic
+
+def occupancy(regs, block, smem):
+    """Resident threads per SM for a kernel of ``regs`` registers per thread,
+    ``block`` threads per block and ``smem`` bytes of shared memory per block."""
+    warps = cdiv(block, 32)
+    per_warp = cdiv(max(regs, 1) * 32, REGISTER_UNIT) * REGISTER_UNIT
+    limits = [(REGISTERS_PER_SM // per_warp) // warps, THREADS_PER_SM // block, BLOCKS_PER_SM]
+    if smem:
+        limits.append(SMEM_PER_SM // (smem + SMEM_RESERVED_PER_BLOCK))
+    return max(0, min(limits)) * block
+
+
+def issue_memory_ratio(warp_instructions_per_row, bytes_per_row):
+    """Issue clocks per row over DRAM clocks per row (model): both per SM, so the
+    SM count cancels."""
+    if bytes_per_row <= 0:
+        return math.inf
+    return (warp_instructions_per_row / ISSUE_PER_CLOCK) / (bytes_per_row / BYTES_PER_CLOCK)
+
+
+def gate_failures(records, strict=False, spill_budget=None):
+    """Reasons the records fail the CI gate.
+
+    Always: no kernel spills more than ``spill_budget`` bytes.  ``strict`` (the
+    issue's gate): no spill at all, and every LayerNorm/RMSNorm row kernel (and the
+    fused ones) at N <= 8192 at issue_memory_ratio <= 0.6, the 16-bit ones with
+    128-bit loads.
+    """
+    budget = 0 if strict else spill_budget
+    out = []
+    for r in records:
+        tag = f"{r['kernel']}/{r['launch']} {r['dtype']} N={r['N']}"
+        if budget is not None and r["spill_bytes"] > budget:
+            out.append(f"{tag}: spills {r['spill_bytes']} bytes (budget {budget})")
+        if strict and r["kernel"] in GATED and r["launch"] == "main" and r["N"] <= 8192:
+            if r["dtype"] in ("float16", "bfloat16") and r["global_load_bits"] < 128:
+                out.append(f"{tag}: widest row load {r['global_load_bits']} bits < 128")
+            if r["issue_memory_ratio"] > ISSUE_LIMIT:
+                out.append(f"{tag}: issue/memory {r['issue_memory_ratio']:.2f} > {ISSUE_LIMIT}")
+    return out
+
+
+# ---------------------------------------------------------------- driving the launchers without a GPU
+
+Launch = namedtuple("Launch", "kernel grid block args")
+
+
+class _DeviceLike(np.ndarray):
+    """NumPy memory that numbanorm's CUDA backend takes for a numba device array.
+
+    Its pages are never touched (nothing runs), so even rows of 4 GB cost no RAM.
+    """
+
+    __cuda_ndarray__ = True
+    stream = 0
+
+    def is_c_contiguous(self):
+        return self.flags.c_contiguous
+
+
+def _device_empty(shape, dtype=np.float64, *args, **kwargs):
+    return np.empty(shape, dtype).view(_DeviceLike)
+
+
+@contextlib.contextmanager
+def offline(cc=CC):
+    """numbanorm's CUDA launch path with no GPU: an H100's SM count and compute
+    capability, stand-in device arrays, and ``common.launch`` recording into the
+    list this yields instead of launching."""
+    from numba import cuda
+    from numba.cuda import dispatcher
+
+    from numbanorm.cuda._kernels import common as C
+
+    class _Device:  # device functions ask the current device for its capability
+        compute_capability = cc
+        MULTIPROCESSOR_COUNT = SMS
+
+    launches = []
+
+    def record(kernel, grid, block, *args):
+        launches.append(Launch(kernel, grid, block, args))
+
+    patches = [(dispatcher, "get_current_device", lambda: _Device()), (C, "n_sm", lambda: SMS),
+               (C, "launch", record), (C, "bfloat16_unsupported", lambda: ""),
+               (cuda, "device_array", _device_empty)]
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    for obj, name, new in patches:
+        setattr(obj, name, new)
+    C.row_config.cache_clear()
+    C._dummy_cached.cache_clear()
+    try:
+        yield launches
+    finally:
+        for obj, name, old in saved:
+            setattr(obj, name, old)
+        C.row_config.cache_clear()
+        C._dummy_cached.cache_clear()
+
+
+def _dtype(name):
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def inputs(kernel, dtype, M, N):
+    """Arguments of the public function ``kernel`` for M rows of N elements (stand-ins)."""
+    dt, acc = _dtype(dtype), np.dtype(np.float32)
+
+    def E(shape, d=dt):
+        return _device_empty(shape, d)
+
+    if kernel.startswith("group_norm"):
+        n, c, s = M // GROUPS, CHANNELS, N * GROUPS // CHANNELS
+        x, w, b = E((n, c, s)), E((c,)), E((c,))
+        if kernel == "group_norm_forward":
+            return (x, GROUPS, w, b)
+        return (E((n, c, s)), x, E((n, GROUPS), acc), E((n, GROUPS), acc), w)
+    x, w, b, shape = E((M, N)), E((N,)), E((N,)), (N,)
+
+    def stat():
+        return E((M, 1), acc)
+
+    return {
+        "layer_norm_forward": lambda: (x, shape, w, b),
+        "layer_norm_backward": lambda: (E((M, N)), x, stat(), stat(), shape, w),
+        "rms_norm_forward": lambda: (x, shape, w),
+        "rms_norm_backward": lambda: (E((M, N)), x, stat(), shape, w),
+        "add_layer_norm_forward": lambda: (x, E((M, N)), shape, w, b),
+        "add_rms_norm_forward": lambda: (x, E((M, N)), shape, w),
+        "add_layer_norm_backward": lambda: (E((M, N)), E((M, N)), x, stat(), stat(), shape, w),
+        "add_rms_norm_backward": lambda: (E((M, N)), E((M, N)), x, stat(), shape, w),
+    }[kernel]()
+
+
+def frontend():
+    from numbanorm import _api
+    from numbanorm.cuda import _backend
+
+    return _api.Frontend(_backend)
+
+
+def capture(fe, launches, kernel, dtype, M, N):
+    """The launches the public function ``kernel`` makes for M rows of N elements."""
+    del launches[:]
+    getattr(fe, kernel)(*inputs(kernel, dtype, M, N))
+    return list(launches)
+
+
+def signature(args):
+    """numba types of a launch's arguments (the launchers pass C-contiguous arrays)."""
+    import numba
+
+    return tuple(numba.typeof(np.asarray(a)) if isinstance(a, np.ndarray) else numba.typeof(a) for a in args)
+
+
+def kernel_factories():
+    """The kernel factories (cached functions returning kernels) of numbanorm.cuda._kernels."""
+    import pkgutil
+
+    import numbanorm.cuda._kernels as pkg
+
+    out = []
+    for info in pkgutil.iter_modules(pkg.__path__):
+        mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
+        for name, obj in vars(mod).items():
+            if "kernel" in name and hasattr(obj, "cache_info") and getattr(obj, "__module__", "") == mod.__name__:
+                out.append(obj)
+    return out
+
+
+def sweep_compiles(fe, launches, kernel, Ms=SWEEP_MS, N=SWEEP_N, dtype=SWEEP_DTYPE):
+    """``(factory cache entries, distinct kernels launched)`` for ``kernel`` over M in
+    ``Ms`` at N, dtype: each is a kernel numba compiles on first launch."""
+    factories = kernel_factories()
+    for f in factories:
+        f.cache_clear()
+    seen = set()
+    for M in Ms:
+        for ln in capture(fe, launches, kernel, dtype, M, N):
+            seen.add((id(ln.kernel), signature(ln.args)))
+    return sum(f.cache_info().currsize for f in factories), len(seen)
+
+
+# ---------------------------------------------------------------- compiling
+
+Compiled = namedtuple("Compiled", "sass registers spill_bytes stack_bytes shared_bytes")
+_COMPILED = {}   # per process: the same kernel serves several records (column sums, casts)
+
+
+def tools():
+    """(ptxas, nvdisasm) paths, or None for a missing one."""
+    from numbanorm.cuda import _ptx
+
+    return _ptx.find_tool("ptxas"), _ptx.find_tool("nvdisasm")
+
+
+def resources(log):
+    """registers, spilled bytes (stores + loads), stack frame and static shared
+    memory from a ``ptxas -v`` log."""
+    def first(pattern):
+        m = re.search(pattern, log)
+        return int(m.group(1)) if m else 0
+
+    spills = sum(int(v) for v in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
+    return (first(r"Used (\d+) registers"), spills, first(r"(\d+) bytes stack frame"),
+            first(r"(\d+) bytes smem"))
+
+
+def _ident(v, depth=0):
+    """A text naming a kernel's specialization: its function and closure, recursively."""
+    fn = getattr(v, "py_func", None)
+    if fn is not None:  # a dispatcher: its function and compile options
+        return f"jit{sorted(v.targetoptions.items())!r}:{_ident(fn, depth)}"
+    if callable(v) and hasattr(v, "__code__") and depth < 6:
+        inner = ",".join(f"{n}={_ident(c, depth + 1)}" for n, c in _closure(v).items())
+        return f"{v.__module__}.{v.__qualname__}({inner})"
+    if isinstance(v, tuple):
+        return "(" + ",".join(_ident(x, depth + 1) for x in v) + ")"
+    return f"{type(v).__qualname__}:{v!r}"
+
+
+def _sources_hash():
+    import numbanorm.cuda._kernels as pkg
+
+    h = hashlib.sha256()
+    for root in pkg.__path__:
+        for name in sorted(os.listdir(root)):
+            if name.endswith(".py"):
+                with open(os.path.join(root, name), "rb") as f:
+                    h.update(name.encode() + f.read())
+    return h
+
+
+def kernel_sources():
+    """sha256 of the GPU kernel modules' sources (numbanorm/cuda/_kernels/*.py): says
+    which kernels a results file describes."""
+    return _sources_hash().hexdigest()
+
+
+def _cache_key(kernel, sig, cc):
+    h = _sources_hash()
+    h.update(repr((_ident(kernel), [str(t) for t in sig], cc, sorted(_versions().items()))).encode())
+    return h.hexdigest()[:32]
+
+
+def compile_kernel(kernel, sig, cc=CC, cache_dir=None):
+    """Compile one kernel as numba-cuda would for a launch with argument types ``sig``.
+
+    ``cache_dir``: reuse (and keep) SASS compiled by an earlier run for the same
+    kernel sources, specialization, argument types and toolchain versions.
+    """
+    key = (id(kernel), sig)
+    path = None
+    if key not in _COMPILED and cache_dir:
+        path = os.path.join(cache_dir, _cache_key(kernel, sig, cc) + ".json")
+        try:
+            with open(path) as f:
+                _COMPILED[key] = (kernel, Compiled(**json.load(f)))
+        except (OSError, ValueError, TypeError):  # not there (or not this version's): compile
+            pass
+    if key not in _COMPILED:
+        from numba import cuda
+
+        from numbanorm.cuda import _ptx
+
+        bounds = kernel.targetoptions.get("launch_bounds")
+        ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=cc, launch_bounds=bounds)
+        cubin, log = _ptx.assemble(ptx, cc)
+        with tempfile.TemporaryDirectory() as d:
+            binary = os.path.join(d, "k.cubin")
+            with open(binary, "wb") as f:
+                f.write(cubin)
+            sass = subprocess.run([tools()[1], "-c", binary], capture_output=True, text=True, check=True).stdout
+        _COMPILED[key] = (kernel, Compiled(sass, *resources(log)))  # the kernel keeps its id unique
+        if path:
+            os.makedirs(cache_dir, exist_ok=True)
+            with open(path + f".{os.getpid()}", "w") as f:
+                json.dump(_COMPILED[key][1]._asdict(), f)
+            os.replace(path + f".{os.getpid()}", path)  # whole, for a run reading it at the same time
+    return _COMPILED[key][1]
+
+
+# ---------------------------------------------------------------- records
+
+def _closure(fn):
+    return {n: c.cell_contents for n, c in zip(fn.__code__.co_freevars, fn.__closure__ or ())}
+
+
+def _first_exit(sass, start):
+    for k in range(start, len(sass.ins)):
+        if sass.ins[k].op == "EXIT" and not sass.ins[k].pred:
+            return k
+    return len(sass.ins) - 1
+
+
+def _unique_bytes(args):
+    seen = {}
+    for a in args:
+        if isinstance(a, np.ndarray):
+            seen[(a.__array_interface__["data"][0], a.nbytes)] = a.nbytes
+    return sum(seen.values())
+
+
+def analyse(launch, compiled):
+    """The model's figures for one launch (totals over the launch; see the module docstring)."""
+    sass = Sass(compiled.sass)
+    clo = _closure(launch.kernel.py_func)
+    tpr = clo.get("TPR")
+    rows2d = next((a for a in launch.args if isinstance(a, np.ndarray) and a.ndim == 2), None)
+    warps_per_block = cdiv(launch.block, 32)
+    warps = launch.grid * warps_per_block
+    if tpr and rows2d is not None:           # a row kernel: one row group per row
+        rows, words = rows2d.shape
+        step, trips = tpr, cdiv(words, tpr)
+        partial_trips = max(0, tpr // 32 - 1)
+    else:                                    # column sums (a loop over partial rows) or a cast
+        step = clo.get("SLICES", 1)
+        part = next((a for a in launch.args if isinstance(a, np.ndarray) and a.ndim == 3), None)
+        trips = cdiv(part.shape[1], step) if part is not None else 1
+        partial_trips = max(0, step - 1)
+        rows = words = None
+    unresolved = []
+
+    def iterations(loop):
+        kind = sass.loop_kind(loop)
+        if kind == "words":
+            if any(sass.loop_kind(inner) == "words" for inner in sass._children(*loop)):
+                return 1.0  # nested word loops (channels, then their words): the inner one takes the trips
+            unroll = sass.unroll_words(loop, step)
+            if unroll > sass.global_accesses(*loop):
+                unresolved.append(sass.ins[loop[0]].addr)  # more steps than accesses: not a word index
+            return trips / unroll
+        if kind == "partials":
+            return partial_trips / sass.unroll_partials(loop)
+        unresolved.append(sass.ins[loop[0]].addr)
+        return 1.0
+
+    row_loop = sass.row_loop() if rows is not None else None
+    end = _first_exit(sass, row_loop[1] if row_loop else 0)
+    if row_loop:
+        a, b = row_loop
+        per_row = sass.count(a, b, iterations)
+        outside = sass.count(0, a - 1, iterations) + sass.count(b + 1, end, iterations)
+        warp_rows = rows * tpr / 32           # warp-iterations of the row loop in the launch
+        total = warp_rows * per_row + warps * outside
+        requested = warp_rows * sass.global_bytes(a, b, iterations)
+        span = (a, b)
+    else:
+        per_row = outside = sass.count(0, end, iterations)
+        total = warps * per_row
+        requested = warps * sass.global_bytes(0, end, iterations)
+        span = (0, end)
+    resident = occupancy(compiled.registers, launch.block, compiled.shared_bytes)
+    return {
+        "grid": launch.grid,
+        "block": launch.block,
+        "threads_per_row": tpr,
+        "rows_per_block": clo.get("R"),
+        "elements_per_thread": clo.get("VPT"),
+        "elements_per_word": clo.get("V"),
+        "loop_path": clo.get("LOOP"),
+        "launch_rows": rows,
+        "row_words": words,
+        "registers": compiled.registers,
+        "spill_bytes": compiled.spill_bytes,
+        "stack_bytes": compiled.stack_bytes,
+        "shared_bytes": compiled.shared_bytes,
+        "global_load_bits": sass.widest_global(*span, "LDG"),
+        "global_store_bits": sass.widest_global(*span, "STG"),
+        "loop_instructions": round(per_row, 1),
+        "outside_loop_instructions": round(outside, 1),
+        "unresolved_loops": sorted({hex(x) for x in unresolved}),
+        "_total_instructions": total,
+        "_total_bytes": _unique_bytes(launch.args),
+        "_requested_bytes": requested,
+        "resident_threads_per_sm": resident,
+        "waves": round(launch.grid / max(1, SMS * (resident // launch.block)), 2) if resident else None,
+        "bytes_in_flight_per_sm": resident * sass.loads_in_flight(*span),
+    }
+
+
+def records_for(fe, launches, kernel, dtype, N, M=M_ROWS, sass_dir=None, written=None, cache_dir=None):
+    """One record per distinct launch of ``kernel`` (identical launches merged, ``count``)."""
+    groups = {}
+    for ln in capture(fe, launches, kernel, dtype, M, N):
+        sig = signature(ln.args)
+        key = (id(ln.kernel), sig, ln.grid, ln.block)
+        if key in groups:
+            groups[key][1] += 1
+        else:
+            groups[key] = [ln, 1, sig]
+    out = []
+    for ln, count, sig in groups.values():
+        compiled = compile_kernel(ln.kernel, sig, cache_dir=cache_dir)
+        r = {"kernel": kernel, "launch": ln.kernel.py_func.__name__, "dtype": dtype, "N": N, "M": M,
+             "count": count, **analyse(ln, compiled)}
+        r["_total_instructions"] *= count
+        r["_total_bytes"] *= count
+        r["_requested_bytes"] *= count
+        r["_sass"] = compiled.sass
+        out.append(r)
+    main_rec = max(out, key=lambda r: r["_total_bytes"])
+    for r in out:
+        if r is main_rec:
+            r["launch"] = "main"
+        elif r["launch"].endswith("_kernel"):
+            r["launch"] = r["launch"][: -len("_kernel")]
+        tot, nbytes = r.pop("_total_instructions"), r.pop("_total_bytes")
+        r["warp_instructions_per_row"] = round(tot / M, 1)
+        r["bytes_per_row"] = round(nbytes / M, 1)
+        r["load_bytes_per_row"] = round(r.pop("_requested_bytes") / M, 1)
+        r["issue_clocks_per_row"] = round(tot / M / ISSUE_PER_CLOCK, 2)
+        r["memory_clocks_per_row"] = round(nbytes / M / BYTES_PER_CLOCK, 2)
+        r["issue_memory_ratio"] = round(issue_memory_ratio(tot / M, nbytes / M), 3)
+        sass = r.pop("_sass")
+        r["sass"] = None
+        if sass_dir is not None:
+            name = written.get(sass)
+            if name is None:
+                name = f"{kernel}.{r['launch']}.{dtype}.N{N}.sass"
+                with open(os.path.join(sass_dir, name), "w") as f:
+                    f.write(sass)
+                written[sass] = name
+            r["sass"] = name
+    return out
+
+
+# ---------------------------------------------------------------- the tool
+
+COLUMNS = (("kernel", "{:<24}"), ("launch", "{:<12}"), ("dtype", "{:<8}"), ("N", "{:>6}"),
+           ("threads_per_row", "{:>4}"), ("registers", "{:>4}"), ("spill_bytes", "{:>5}"),
+           ("global_load_bits", "{:>4}"), ("loop_instructions", "{:>8}"), ("bytes_per_row", "{:>9}"),
+           ("issue_memory_ratio", "{:>6}"), ("resident_threads_per_sm", "{:>5}"))
+HEADS = ("kernel", "launch", "dtype", "N", "tpr", "regs", "spill", "ld", "instr/row", "DRAM B/row",
+         "ratio", "thr/SM")
+
+
+def table(records):
+    lines = [" ".join(fmt.format(h)[: max(len(fmt.format(h)), 4)] for (_, fmt), h in zip(COLUMNS, HEADS))]
+    for r in records:
+        lines.append(" ".join(fmt.format("-" if r[k] is None else r[k]) for k, fmt in COLUMNS))
+    return "\n".join(lines)
+
+
+def _versions():
+    from importlib import metadata
+
+    out = {}
+    for dist in ("numba", "numba-cuda", "nvidia-nvvm", "nvidia-cuda-nvcc", "nvidia-cuda-nvdisasm"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def unavailable():
+    """Why the tool cannot run here ('' when it can)."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return "the CUDA simulator is on: set NUMBA_ENABLE_CUDASIM=0"
+    ptxas, nvdisasm = tools()
+    if not ptxas or not nvdisasm:
+        return "ptxas and nvdisasm are needed (pip install numbanorm[test]: nvidia-cuda-nvcc, nvidia-cuda-nvdisasm)"
+    from numba import cuda
+
+    try:
+        cuda.compile_ptx(lambda a: None, (cuda.types.float32[::1],), cc=CC)
+    except Exception as e:  # libnvvm missing
+        return f"NVVM cannot compile: {type(e).__name__}: {str(e).splitlines()[0]}"
+    return ""
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", required=True, help="write the records here")
+    p.add_argument("--sass-dir", required=True, help="write each kernel's SASS here")
+    p.add_argument("--quick", action="store_true", help="float16 at N = 8192 only (tests)")
+    p.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated public names")
+    p.add_argument("--cache", metavar="DIR", help="reuse SASS an earlier run compiled (same sources, "
+                   "specialization and toolchain) and keep what this run compiles")
+    p.add_argument("--gate", action="store_true",
+                   help="the issue's gate: no spill; LayerNorm/RMSNorm row kernels at N <= 8192 at "
+                        "issue/memory <= 0.6, 16-bit ones with 128-bit loads")
+    args = p.parse_args(argv)
+    why = unavailable()
+    if why:
+        print(f"gpu_model: cannot run: {why}")
+        return 3
+    kernels = [k for k in args.kernels.split(",") if k]
+    bad = sorted(set(kernels) - set(KERNELS))
+    if bad:
+        p.error(f"unknown kernels {bad}; known: {', '.join(KERNELS)}")
+    ns, dtypes = ((8192,), ("float16",)) if args.quick else (NS, DTYPES)
+    os.makedirs(args.sass_dir, exist_ok=True)
+    from numbanorm.cuda import _ptx
+
+    fe = frontend()
+    print("MODEL, not a measurement: H100 SXM, 132 SMs at 1.98 GHz, 3.0 TB/s (11.48 B/clock/SM), "
+          "4 warp instructions/clock/SM; every figure below is derived from the SASS", flush=True)
+    records, written = [], {}
+    with offline() as launches:
+        # first, before the records' kernels are cached: the factories start empty
+        sweep_ms = range(1, 257) if args.quick else SWEEP_MS
+        by_kernel = {}
+        for k in [k for k in SWEEP_KERNELS if k in kernels][: 1 if args.quick else None]:
+            by_kernel[k] = dict(zip(("factory_cache_entries", "kernels_launched"),
+                                    sweep_compiles(fe, launches, k, sweep_ms)))
+        for k in kernels:
+            for dt in dtypes:
+                for n in ns:
+                    for r in records_for(fe, launches, k, dt, n, sass_dir=args.sass_dir, written=written,
+                                         cache_dir=args.cache):
+                        records.append(r)
+                        print(table([r]).splitlines()[1] if len(records) > 1 else table([r]), flush=True)
+    head = "layer_norm_forward" if "layer_norm_forward" in by_kernel else next(iter(by_kernel), None)
+    out = {
+        "model": MODEL,
+        "toolchain": _versions(),
+        "kernel_sources_sha256": kernel_sources(),
+        "M": M_ROWS,
+        "records": records,
+        "compiles_for_M_sweep": by_kernel[head]["factory_cache_entries"] if head else None,
+        "compiles_for_M_sweep_kernel": head,
+        "compiles_for_M_sweep_Ms": [sweep_ms.start, sweep_ms.stop - 1],
+        "compiles_for_M_sweep_by_kernel": by_kernel,
+    }
+    with open(args.json, "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+    print(f"compiles for the M sweep (M = {sweep_ms.start}..{sweep_ms.stop - 1}, N = {SWEEP_N}, "
+          f"{SWEEP_DTYPE}): {by_kernel}")
+    failures = gate_failures(records, strict=args.gate, spill_budget=_ptx.SPILL_BYTES)
+    for line in failures:
+        print("GATE:", line)
+    print(f"{len(records)} records (a model, not a measurement) -> {args.json}; "
+          f"{'gate failed' if failures else 'gate passed'} ({'strict' if args.gate else 'spill budget'})")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

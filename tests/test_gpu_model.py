@@ -1,0 +1,197 @@
+"""benchmarks.gpu_model: the SASS reader, the model's arithmetic, the gate, and one
+quick run of the tool (NVVM, ptxas and nvdisasm compile and disassemble a kernel;
+skipped only where they are not installed)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import gpu_model as G
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# a row loop (.L_x_5) holding a slow-path call beside its inline fast path, a loop
+# over warp partials (.L_x_3, two copies of one shared load) and a loop over the
+# row's words (.L_x_4, the word index stepped by 0x100), then the exit and a
+# branch-to-self after it
+SNIPPET = """
+        /*0000*/                   S2R R0, SR_TID.X ;
+        /*0010*/                   LDC.64 R2, c[0x0][0x210] ;
+.L_x_5:
+        /*0020*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0030*/                   LDG.E.128 R8, desc[UR4][R2.64+0x1000] ;
+        /*0040*/                   FADD R12, R4, R8 ;
+        /*0050*/               @P0 BRA `(.L_x_1) ;
+        /*0060*/                   CALL.REL.NOINC `($__internal_0_$__cuda_sm20_rcp_rn_f32_slowpath) ;
+        /*0070*/                   BRA `(.L_x_2) ;
+.L_x_1:
+        /*0080*/                   MUFU.RCP R13, R12 ;
+.L_x_2:
+.L_x_3:
+        /*0090*/                   LDS R14, [R15+0x100] ;
+        /*00a0*/                   LDS R16, [R17+0x100] ;
+        /*00b0*/                   FADD R12, R12, R14 ;
+        /*00c0*/                   FADD R12, R12, R16 ;
+        /*00d0*/               @P1 BRA `(.L_x_3) ;
+.L_x_4:
+        /*00e0*/                   LDG.E.64 R18, desc[UR4][R20.64] ;
+        /*00f0*/                   IADD3 R21, R21, 0x100, RZ ;
+        /*0100*/                   STG.E.64 desc[UR4][R22.64], R18 ;
+        /*0110*/               @P2 BRA `(.L_x_4) ;
+        /*0120*/               @P3 BRA `(.L_x_5) ;
+        /*0130*/                   EXIT ;
+.L_x_6:
+        /*0140*/                   BRA `(.L_x_6);
+"""
+
+
+def test_parse_sass_snippet():
+    ins, labels = G.parse_sass(SNIPPET)
+    assert len(ins) == 21
+    assert ins[5] == G.Instr(0x50, "@P0", "BRA", "`(.L_x_1)")
+    assert labels[".L_x_2"] == labels[".L_x_3"] == 9
+    s = G.Sass(SNIPPET)
+    assert sorted(s.loops) == [(2, 18), (9, 13), (14, 17), (20, 20)]
+    assert s.row_loop() == (2, 18)  # the outermost loop with a global access
+    assert [k for k in range(21) if s.cold[k]] == [6, 7]  # the CALL's block only
+    assert s.loop_kind((9, 13)) == "partials" and s.loop_kind((14, 17)) == "words"
+    assert s.unroll_partials((9, 13)) == 2            # 2 loads of 1 value
+    assert s.unroll_words((14, 17), 128) == 2         # index += 2 x 128
+    assert s.unroll_words((14, 17), 256) == 1
+
+
+PROLOGUE_LOOP = """
+.L_x_0:
+        /*0000*/                   STG.E desc[UR4][R2.64], RZ ;
+        /*0010*/               @P0 BRA `(.L_x_0) ;
+.L_x_1:
+        /*0020*/                   LDG.E.64 R4, desc[UR4][R2.64] ;
+        /*0030*/                   FADD R6, R4, R5 ;
+        /*0040*/                   STG.E.64 desc[UR4][R8.64], R6 ;
+        /*0050*/               @P1 BRA `(.L_x_1) ;
+        /*0060*/                   EXIT ;
+"""
+
+
+def test_row_loop_is_the_longest_outer_loop():
+    # a loop storing before the row loop (the long-row backward zeroes its partial sums)
+    s = G.Sass(PROLOGUE_LOOP)
+    assert sorted(s.loops) == [(0, 1), (2, 5)]
+    assert s.row_loop() == (2, 5)
+
+
+OFFSETS_FROM_ONE_BASE = """
+.L_x_0:
+        /*0000*/                   IADD3 R8, P2, R17, 0x20, RZ ;
+        /*0010*/                   LDG.E R20, desc[UR4][R10.64] ;
+        /*0020*/                   IADD3 R12, P3, R17, 0x40, RZ ;
+        /*0030*/                   LDG.E R21, desc[UR4][R12.64] ;
+        /*0040*/                   IADD3 R14, P3, R17, 0x60, RZ ;
+        /*0050*/                   LDG.E R22, desc[UR4][R14.64] ;
+        /*0060*/                   IADD3 R17, P3, R17, 0x80, RZ ;
+        /*0070*/                   LDG.E R23, desc[UR4][R8.64] ;
+        /*0080*/               @P1 BRA `(.L_x_0) ;
+"""
+
+
+def test_unroll_of_copies_offset_from_one_base():
+    # the column sums' loop over partial rows: p + 32, p + 64, p + 96, p + 128, one
+    # load each -- unrolled 4 times, not 1 + 2 + 3 + 4
+    assert G.Sass(OFFSETS_FROM_ONE_BASE).unroll_words((0, 8), 32) == 4
+
+
+def test_counts_on_snippet():
+    s = G.Sass(SNIPPET)
+    trips = {(9, 13): 7, (14, 17): 4}  # source iterations the mapping implies
+
+    def iterations(loop):
+        unroll = s.unroll_partials(loop) if s.loop_kind(loop) == "partials" else s.unroll_words(loop, 128)
+        return trips[loop] / unroll
+
+    # straight: 2 loads, FADD, BRA, MUFU, back-edge = 6 (the slow-path call's 2 not);
+    # partials loop 5 instructions x 7/2; words loop 4 x 4/2
+    assert s.count(2, 18, iterations) == 6 + 5 * 3.5 + 4 * 2
+    assert s.widest_global(2, 18, "LDG") == 128
+    assert s.widest_global(2, 18, "STG") == 64
+    # one warp: 2 x 32 lanes x 16 B, plus 2 iterations x 32 x 8 B
+    assert s.global_bytes(2, 18, iterations) == 2 * 32 * 16 + 2 * 32 * 8
+    # both 128-bit loads issue before the FADD reads R4: 32 bytes per thread
+    assert s.loads_in_flight(2, 18) == 32
+
+
+def test_global_bits():
+    assert [G.global_bits(op) for op in ("LDG.E.128", "LDG.E.64", "LDG.E", "LDG.E.U16", "LDG.E.S8",
+                                         "STG.E.64", "LDG.E.EF.128.CONSTANT")] == [128, 64, 32, 16, 8, 64, 128]
+
+
+def test_model_arithmetic():
+    assert G.BYTES_PER_CLOCK == pytest.approx(3.0e12 / (132 * 1.98e9)) == pytest.approx(11.478, abs=1e-3)
+    # 400 warp instructions = 100 issue clocks; 2048 bytes = 178.4 memory clocks
+    assert G.issue_memory_ratio(400, 2048) == pytest.approx(100 / (2048 / 11.4784), rel=1e-4)
+    assert G.issue_memory_ratio(400, 2048) == pytest.approx(0.5605, abs=1e-4)
+    # 64 registers: 2048 per warp, 32 warps per SM = one block of 1024
+    assert G.occupancy(64, 1024, 512) == 1024
+    # 32 registers: the 2048-thread limit
+    assert G.occupancy(32, 256, 0) == 2048
+    # 40 registers: 1280 per warp, 51 warps, 6 blocks of 8 warps
+    assert G.occupancy(40, 256, 0) == 1536
+    # 50 KB of shared memory (+1 KB reserved) per block: 4 blocks in 228 KB
+    assert G.occupancy(16, 128, 50 * 1024) == 512
+
+
+def _rec(**kw):
+    r = {"kernel": "layer_norm_forward", "launch": "main", "dtype": "float16", "N": 8192,
+         "spill_bytes": 0, "global_load_bits": 128, "issue_memory_ratio": 0.5}
+    r.update(kw)
+    return r
+
+
+def test_gate_on_synthetic_records():
+    good = [_rec(), _rec(dtype="float32", global_load_bits=64), _rec(N=16384, issue_memory_ratio=3.0),
+            _rec(kernel="group_norm_forward", global_load_bits=64, issue_memory_ratio=3.0),
+            _rec(launch="column_sums", global_load_bits=32, issue_memory_ratio=5.0)]
+    assert G.gate_failures(good, strict=True) == []
+    assert G.gate_failures(good, spill_budget=96) == []
+    # the spill budget: over it fails; under it passes except in the strict gate
+    assert len(G.gate_failures([_rec(spill_bytes=100)], spill_budget=96)) == 1
+    assert G.gate_failures([_rec(spill_bytes=12)], spill_budget=96) == []
+    assert len(G.gate_failures([_rec(spill_bytes=12)], strict=True)) == 1
+    bad = [_rec(global_load_bits=64), _rec(dtype="bfloat16", global_load_bits=64),
+           _rec(issue_memory_ratio=0.61), _rec(kernel="add_rms_norm_backward", dtype="float32",
+                                               N=1024, issue_memory_ratio=0.7)]
+    fails = G.gate_failures(bad, strict=True)
+    assert len(fails) == 4 and "128" in fails[0] and "0.61" in fails[2]
+
+
+def test_quick_run_records(tmp_path):
+    out, sass_dir = tmp_path / "m.json", tmp_path / "sass"
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", PYTHONPATH=ROOT)
+    run = subprocess.run([sys.executable, "-m", "benchmarks.gpu_model", "--quick", "--kernels",
+                          "layer_norm_forward", "--json", str(out), "--sass-dir", str(sass_dir)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    if run.returncode == 3:
+        pytest.skip(run.stdout.strip())
+    assert run.returncode in (0, 1), run.stdout + run.stderr
+    assert "MODEL, not a measurement" in run.stdout
+    data = json.loads(out.read_text())
+    assert "not a measurement" in data["model"]["note"]
+    assert isinstance(data["compiles_for_M_sweep"], int) and data["compiles_for_M_sweep"] >= 1
+    (r,) = data["records"]
+    assert (r["kernel"], r["launch"], r["dtype"], r["N"], r["M"]) == ("layer_norm_forward", "main", "float16",
+                                                                    8192, 32768)
+    assert r["threads_per_row"] >= 32 and r["registers"] > 0 and r["spill_bytes"] >= 0
+    assert r["global_load_bits"] in (16, 32, 64, 128)
+    assert r["unresolved_loops"] == []
+    # x read and y written once, 2 bytes each, plus mean, rstd, weight and bias
+    assert 4 * 8192 <= r["bytes_per_row"] < 4 * 8192 + 64
+    assert r["loop_instructions"] > 0
+    assert r["warp_instructions_per_row"] >= r["loop_instructions"] * r["threads_per_row"] / 32
+    assert r["issue_memory_ratio"] == pytest.approx(
+        G.issue_memory_ratio(r["warp_instructions_per_row"], r["bytes_per_row"]), rel=1e-2)
+    assert 0 < r["resident_threads_per_sm"] <= 2048
+    sass = (sass_dir / r["sass"]).read_text()
+    assert "LDG" in sass and "EXIT" in sass
+    assert G.Sass(sass).row_loop() is not None
