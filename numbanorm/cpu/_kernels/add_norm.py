@@ -29,11 +29,12 @@ the ``layer_norm``/``rms_norm`` backward launchers do through their ``ds`` argum
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from . import layer_norm as _layer_norm
 from . import rms_norm as _rms_norm
-from .common import F16, FASTMATH, acc_of, launch, param, row_block
+from .cache import njit  # numba.njit with a cache keyed on this package's source
+from .common import F16, FASTMATH, acc_of, launch, param, row_block, serial_variant
 from .layer_norm import deviation_stats, normalize_row, row_sum
 from .rms_norm import row_sum_squares, scale_row
 
@@ -141,3 +142,8 @@ def rms_norm_forward(x, residual, weight, eps, y, s, rstd):
     acc = acc_of(x.dtype)
     launch(_rms_norm_forward, x.size, x, residual, param(weight, acc), acc.type(eps), y, s, rstd,
            row_block(x.shape[0]))
+
+
+# Serial twins of the parallel kernels (common.launch)
+serial_variant(_layer_norm_forward)
+serial_variant(_rms_norm_forward)

@@ -6,8 +6,15 @@ contract's "computed in float32 and cast back". float32/float64 arrays go to the
 kernels as they are, without a copy.
 """
 
+import os
+import threading
+import types as pytypes
+
 import numba
 import numpy as np
+from numba.np.ufunc import parallel as _numba_parallel
+
+from .cache import njit
 
 # 'reassoc' lets LLVM split each row reduction over several vector accumulators
 # (a float32 row sum is otherwise one serial chain of dependent adds).
@@ -100,16 +107,55 @@ def row_block(rows):
 # 32768 is PyTorch's grain size for its CPU parallel_for (at::internal::GRAIN_SIZE).
 SERIAL_BELOW = 32768
 
+# kernel -> the same Python function compiled without parallel=True
+_SERIAL = {}
+
+
+def serial_variant(kernel):
+    """Compile ``kernel``'s Python function again without ``parallel=True``
+    (``prange`` runs as ``range``, on the caller's thread) for :func:`launch`."""
+    f = kernel.py_func
+    g = pytypes.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+    # a cache file of its own: Numba names cache files by qualname and does
+    # not key them on the compile flags
+    g.__qualname__ = f.__qualname__ + "_serial"
+    g.__module__ = f.__module__
+    options = dict(kernel.targetoptions)
+    options.pop("parallel", None)
+    options.pop("nopython", None)
+    _SERIAL[kernel] = njit(cache=True, **options)(g)
+    return _SERIAL[kernel]
+
+
+# Held while a parallel kernel runs.  The workqueue layer aborts the process when
+# two threads enter it at once, and OpenMP/TBB would only oversubscribe the
+# cores, so a second caller does not wait for the pool: it runs the serial
+# variant on its own thread.
+_pool = threading.Lock()
+# False in a child forked after this process ran a parallel kernel: GNU OpenMP
+# kills such a child at its first parallel region, and the workqueue's threads
+# are not copied by fork.
+_parallel_ok = True
+
 
 def launch(kernel, size, *args):
-    """``kernel(*args)``, on one thread when ``size`` elements are too few to share."""
-    if size >= SERIAL_BELOW:
-        return kernel(*args)
-    threads = numba.get_num_threads()
-    if threads == 1:
-        return kernel(*args)
-    numba.set_num_threads(1)
-    try:
-        return kernel(*args)
-    finally:
-        numba.set_num_threads(threads)
+    """``kernel(*args)`` on Numba's threads, or its serial variant on the calling
+    thread: for ``size`` elements too few to share, in a forked child, or while
+    another thread has the pool.  Both give the same bits (rows and row blocks
+    do not depend on the thread count)."""
+    if size >= SERIAL_BELOW and _parallel_ok and _pool.acquire(blocking=False):
+        try:
+            return kernel(*args)
+        finally:
+            _pool.release()
+    return _SERIAL[kernel](*args)
+
+
+def _after_fork_in_child():
+    global _pool, _parallel_ok
+    _pool = threading.Lock()  # a parent thread may have held it at the fork
+    if getattr(_numba_parallel, "_is_initialized", True):  # Numba started its threads
+        _parallel_ok = False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -9,9 +9,10 @@ contiguous in memory, so each (sample, group) is a "row" for the statistics:
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from .common import FASTMATH, acc_of, compute_view, finish, launch, param, scratch_for
+from .cache import njit  # numba.njit with a cache keyed on this package's source
+from .common import FASTMATH, acc_of, compute_view, finish, launch, param, scratch_for, serial_variant
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
@@ -173,3 +174,8 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
     # per-sample partials summed in sample order: deterministic for any thread count
     np.sum(dw_part, axis=0, out=dweight)
     np.sum(db_part, axis=0, out=dbias)
+
+
+# Serial twins of the parallel kernels (common.launch)
+serial_variant(_forward)
+serial_variant(_backward)

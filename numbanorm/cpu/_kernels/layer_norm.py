@@ -10,9 +10,10 @@ caller's ``out=`` is written with streaming stores (``memory``).
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from .common import FASTMATH, acc_of, compute_view, finish, launch, n_chunks, param, row_block, scratch_for
+from .cache import njit  # numba.njit with a cache keyed on this package's source
+from .common import FASTMATH, acc_of, compute_view, finish, launch, n_chunks, param, row_block, scratch_for, serial_variant
 from .memory import should_stream, store_fence, stream_row
 
 
@@ -282,3 +283,8 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None):
     # fixed-order sum of the block partials: bit-identical for any thread count
     np.sum(dw_part, axis=0, out=dweight)
     np.sum(db_part, axis=0, out=dbias)
+
+
+# Serial twins of the parallel kernels (common.launch)
+serial_variant(_forward)
+serial_variant(_backward)

@@ -8,9 +8,10 @@ cache, writes y; a large caller's ``out=`` is streamed, as in LayerNorm's kernel
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from .common import FASTMATH, acc_of, compute_view, finish, launch, n_chunks, param, row_block, scratch_for
+from .cache import njit  # numba.njit with a cache keyed on this package's source
+from .common import FASTMATH, acc_of, compute_view, finish, launch, n_chunks, param, row_block, scratch_for, serial_variant
 from .memory import should_stream, store_fence, stream_row
 
 
@@ -166,3 +167,8 @@ def backward(dy, x, rstd, weight, dx, dweight, ds=None):
            compute_view(ds), dxs, dw_part)
     finish(dxs, dx)
     np.sum(dw_part, axis=0, out=dweight)
+
+
+# Serial twins of the parallel kernels (common.launch)
+serial_variant(_forward)
+serial_variant(_backward)
