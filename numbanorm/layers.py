@@ -30,7 +30,7 @@ class _Norm:
 class LayerNorm(_Norm):
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, dtype=np.float32):
         self.normalized_shape = V._as_shape(normalized_shape)
-        self.eps = V.check_eps(eps)
+        self.eps = V.check_eps(eps, np.dtype(dtype))
         self.elementwise_affine = elementwise_affine
         self.weight = np.ones(self.normalized_shape, dtype) if elementwise_affine else None
         self.bias = np.zeros(self.normalized_shape, dtype) if elementwise_affine and bias else None
@@ -55,7 +55,7 @@ class RMSNorm(_Norm):
 
     def __init__(self, normalized_shape, eps=None, elementwise_affine=True, dtype=np.float32):
         self.normalized_shape = V._as_shape(normalized_shape)
-        self.eps = V.check_eps(eps, allow_none=True)
+        self.eps = V.check_eps(eps, np.dtype(dtype), allow_none=True)
         self.elementwise_affine = elementwise_affine
         self.weight = np.ones(self.normalized_shape, dtype) if elementwise_affine else None
         self.grad_weight = self.grad_bias = None
@@ -76,11 +76,13 @@ class RMSNorm(_Norm):
 
 class GroupNorm(_Norm):
     def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, dtype=np.float32):
-        if num_groups <= 0 or num_channels % num_groups:
+        num_groups = V.integer("num_groups", num_groups)
+        num_channels = V.integer("num_channels", num_channels)
+        if num_groups <= 0 or num_channels <= 0 or num_channels % num_groups:
             raise ValueError(f"num_groups={num_groups} must be positive and divide num_channels={num_channels}")
         self.num_groups = num_groups
         self.num_channels = num_channels
-        self.eps = V.check_eps(eps)
+        self.eps = V.check_eps(eps, np.dtype(dtype))
         self.affine = affine
         self.weight = np.ones(num_channels, dtype) if affine else None
         self.bias = np.zeros(num_channels, dtype) if affine else None

@@ -41,7 +41,7 @@ def compute_view(a):
     return a.astype(F32)
 
 
-def scratch_for(out, src=None):
+def scratch_for(out, src=None, *params):
     """Where a kernel writes ``out``: itself, or a fresh array that ``finish`` copies back.
 
     Fresh for float16 (a float32 scratch), and where ``out`` overlaps ``src``
@@ -51,10 +51,14 @@ def scratch_for(out, src=None):
     ``out=x`` is written directly: each row's sums are taken in loops that store
     nothing before the row is overwritten element by element
     (``layer_norm.row_sum``), so it gives the bits of an out-of-place call.
+    Fresh too where ``out`` overlaps any of ``params`` (weight, bias: every row
+    reads all of them, so no overlap is safe).
     """
     if out.dtype == F16:
         return np.empty(out.shape, F32)
     if src is not None and np.may_share_memory(out, src) and not _same_memory(out, src):
+        return np.empty_like(out)
+    if any(p is not None and np.may_share_memory(out, p) for p in params):
         return np.empty_like(out)
     return out
 

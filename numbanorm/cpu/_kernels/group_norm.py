@@ -155,7 +155,7 @@ def backward_channel(
 def forward(x, weight, bias, eps, y, mean, rstd):
     """Fill ``y`` (N, C, S) and ``mean``/``rstd`` (N, G) for group norm."""
     acc = acc_of(x.dtype)
-    ys = scratch_for(y, x)
+    ys = scratch_for(y, x, weight, bias)
     launch(_forward, x.size, compute_view(x), param(weight, acc), param(bias, acc),
            acc.type(eps), ys, mean, rstd)
     finish(ys, y)

@@ -256,7 +256,7 @@ def forward(x, weight, bias, eps, y, mean, rstd, y_mapped=False):
     y goes out through streaming stores (``memory``).
     """
     acc = acc_of(x.dtype)
-    ys = scratch_for(y, x)
+    ys = scratch_for(y, x, weight, bias)
     launch(_forward, x.size, compute_view(x), param(weight, acc), param(bias, acc),
            acc.type(eps), ys, mean, rstd, row_block(x.shape[0]), should_stream(ys, y_mapped and ys is y))
     finish(ys, y)

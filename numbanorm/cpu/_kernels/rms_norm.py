@@ -148,7 +148,7 @@ def backward_row(
 def forward(x, weight, eps, y, rstd, y_mapped=False):
     """Fill ``y`` (M, N) and ``rstd`` (M,); arguments as in layer_norm.forward."""
     acc = acc_of(x.dtype)
-    ys = scratch_for(y, x)
+    ys = scratch_for(y, x, weight)
     launch(_forward, x.size, compute_view(x), param(weight, acc), acc.type(eps), ys, rstd,
            row_block(x.shape[0]), should_stream(ys, y_mapped and ys is y))
     finish(ys, y)
