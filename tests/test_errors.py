@@ -298,3 +298,36 @@ def test_check_of_the_oracle_says_what_it_is():
     buf = io.StringIO()
     assert check(impls=["oracle"], out=buf) == 2
     assert "reference" in buf.getvalue()
+
+
+# ---------------------------------------------------------------- repeated small calls
+
+def test_a_repeated_call_takes_the_small_call_path_and_still_validates():
+    from numbanorm.cpu import _backend
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 8)).astype(np.float32)
+    w = rng.standard_normal(8).astype(np.float32)
+    plans = _backend.small_calls._plans
+    first = nn.layer_norm_forward(x, (8,), w, w, 1e-3)
+    assert any(k[0] == "ln" and k[1] == x.shape for k in plans)  # learned from the full path
+    again = nn.layer_norm_forward(x, (8,), w, w, 1e-3)
+    for a, b in zip(first, again):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+    y, r = nn.rms_norm_forward(x, 8, w)
+    y2, r2 = nn.rms_norm_forward(x, 8, w)
+    np.testing.assert_array_equal(y, y2)
+    np.testing.assert_array_equal(r, r2)
+    # anything that differs from a learned call is validated again
+    with pytest.raises(ValueError, match="eps"):
+        nn.layer_norm(x, (8,), w, w, -1e-3)
+    with pytest.raises(ValueError, match="weight"):
+        nn.layer_norm(x, (8,), w[:4], w, 1e-3)
+    with pytest.raises(TypeError, match="eps"):
+        nn.rms_norm(x, 8, w, True)
+    with pytest.raises(ValueError, match="out"):
+        nn.layer_norm(x, (8,), w, w, 1e-3, out=np.empty((2, 3, 7), np.float32))
+    # a strided x of the same shape is a different call: same values
+    xs = np.repeat(x, 2, axis=-1)[..., ::2]
+    np.testing.assert_array_equal(nn.layer_norm(xs, (8,), w, w, 1e-3), first[0])
