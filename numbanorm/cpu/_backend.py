@@ -63,7 +63,8 @@ class SmallCalls:
     """The forward of a call seen before, without the frontend's work per call.
 
     A (1, 768) float32 LayerNorm spent most of its time in validation and in the
-    launcher's checks (``book/05_cpu_kernel.md``, "Threads, forks and small calls"),
+    launcher's checks (``book/05_cpu_kernel.md``, "Threads, forks, read-only installs
+    and small calls"),
     all of which depend only on the arguments' types, shapes, strides and dtypes
     and on ``eps``.  ``learn`` records a call that the full path has validated;
     a later call with the same key goes straight to the kernel.  float32 and
