@@ -111,33 +111,33 @@ class SmallCalls:
         self._plans[key] = (rows, x.size // rows, stat_shape, x.dtype.type(checked_eps),
                             layer_norm.row_block(rows))
 
+    def _plan(self, kind, x, nshape, weight, bias, eps):
+        """The learned plan and fresh ``(y, stat)`` for this call, or None."""
+        try:
+            plan = self._plans.get(self._key(kind, x, nshape, weight, bias, eps))
+        except TypeError:  # an unhashable normalized_shape: not a call seen before
+            return None
+        if plan is not None:
+            return plan, np.empty(x.shape, x.dtype), np.empty(plan[2], x.dtype)
+        return None
+
     def layer_norm(self, x, nshape, weight, bias, eps):
         """``(y, mean, rstd)``, or None where the call is not one seen before."""
-        try:
-            plan = self._plans.get(self._key("ln", x, nshape, weight, bias, eps))
-        except TypeError:
+        got = self._plan("ln", x, nshape, weight, bias, eps)
+        if got is None:
             return None
-        if plan is None:
-            return None
-        m, n, stat_shape, e, block = plan
-        y = np.empty(x.shape, x.dtype)
-        mean = np.empty(stat_shape, x.dtype)
-        rstd = np.empty(stat_shape, x.dtype)
+        (m, n, _, e, block), y, mean = got
+        rstd = np.empty_like(mean)
         layer_norm.launch(layer_norm._forward, x.size, x.reshape(m, n), weight, bias, e,
                           y.reshape(m, n), mean.reshape(m), rstd.reshape(m), block, False)
         return y, mean, rstd
 
     def rms_norm(self, x, nshape, weight, eps):
         """``(y, rstd)``, or None where the call is not one seen before."""
-        try:
-            plan = self._plans.get(self._key("rms", x, nshape, weight, None, eps))
-        except TypeError:
+        got = self._plan("rms", x, nshape, weight, None, eps)
+        if got is None:
             return None
-        if plan is None:
-            return None
-        m, n, stat_shape, e, block = plan
-        y = np.empty(x.shape, x.dtype)
-        rstd = np.empty(stat_shape, x.dtype)
+        (m, n, _, e, block), y, rstd = got
         rms_norm.launch(rms_norm._forward, x.size, x.reshape(m, n), weight, e,
                         y.reshape(m, n), rstd.reshape(m), block, False)
         return y, rstd
