@@ -328,6 +328,10 @@ def test_a_repeated_call_takes_the_small_call_path_and_still_validates():
         nn.rms_norm(x, 8, w, True)
     with pytest.raises(ValueError, match="out"):
         nn.layer_norm(x, (8,), w, w, 1e-3, out=np.empty((2, 3, 7), np.float32))
+    # a weight over two normalized dimensions is flattened by the full path
+    w2 = rng.standard_normal((3, 8)).astype(np.float32)
+    first2 = nn.layer_norm(x, (3, 8), w2, None)
+    np.testing.assert_array_equal(nn.layer_norm(x, (3, 8), w2, None), first2)
     # a strided x of the same shape is a different call: same values
     xs = np.repeat(x, 2, axis=-1)[..., ::2]
     np.testing.assert_array_equal(nn.layer_norm(xs, (8,), w, w, 1e-3), first[0])

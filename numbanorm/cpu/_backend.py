@@ -98,8 +98,9 @@ class SmallCalls:
         if (key is None or rows == 0 or x.dtype not in (np.float32, np.float64)
                 or not x.flags.c_contiguous):
             return
-        if any(a is not None and (a.dtype != x.dtype or not a.flags.c_contiguous) for a in (weight, bias)):
-            return
+        if any(a is not None and (a.dtype != x.dtype or a.ndim != 1 or not a.flags.c_contiguous)
+               for a in (weight, bias)):
+            return  # the launchers would convert or flatten it
         try:
             hash(key)
         except TypeError:  # a normalized_shape holding a list
