@@ -145,8 +145,8 @@ _parallel_ok = True
 def launch(kernel, size, *args):
     """``kernel(*args)`` on Numba's threads, or its serial variant on the calling
     thread: for ``size`` elements too few to share, in a forked child, or while
-    another thread has the pool.  Both give the same bits (rows and row blocks
-    do not depend on the thread count)."""
+    another thread has the pool.  The two are the same source compiled apart:
+    LLVM may vectorize a row's sums differently, an ulp apart on some row lengths."""
     if size >= SERIAL_BELOW and _parallel_ok and _pool.acquire(blocking=False):
         try:
             return kernel(*args)
