@@ -127,6 +127,8 @@ def serial_variant(kernel):
     options = dict(kernel.targetoptions)
     options.pop("parallel", None)
     options.pop("nopython", None)
+    # parallel=True implies NumPy's error model (1/0 is inf); njit's default raises
+    options["error_model"] = "numpy"
     _SERIAL[kernel] = njit(cache=True, **options)(g)
     return _SERIAL[kernel]
 
