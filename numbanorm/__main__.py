@@ -210,6 +210,10 @@ def check(impls=None, dtypes=DTYPES, out=None):
         if unknown:
             p(f"unknown implementation(s) {unknown}; registered: {list(registry.IMPLEMENTATIONS)}")
             return 2
+        if "oracle" in impls:
+            p("oracle: the reference every implementation is checked against, not checked "
+              f"itself; check one of {names}")
+            return 2
         missing = [i for i in impls if i not in names]
         for i in missing:
             p(f"{i}: not usable here: {registry.usable(i)[1].splitlines()[0]}")

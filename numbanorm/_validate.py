@@ -14,6 +14,7 @@ float); the array checks return the array (or None).
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 import sys
 
@@ -49,6 +50,8 @@ def common_side(**arrays):
     """The side all given arrays live on; ``TypeError`` naming the odd one out."""
     first_name = side = None
     for name, a in arrays.items():
+        if name == "out" and a is not None and not hasattr(a, "dtype"):
+            raise TypeError(f"`out` must be an array to write the result into, got {type(a).__name__}")
         s = side_of(a)
         if s is None:
             continue
@@ -138,22 +141,36 @@ def acc_dtype(dt):
     return np.dtype(np.float64) if dt == np.float64 else np.dtype(np.float32)
 
 
-def check_eps(eps, *, allow_none=False):
+def check_eps(eps, dt=None, *, allow_none=False):
+    """``eps`` as a Python float: a real number (not a bool, not a string) that is
+    finite and >= 0 once converted to the accumulation dtype of ``dt`` (float64
+    when ``dt`` is None): 1e39 passes as a float but is inf in float32."""
     if eps is None and allow_none:
         return None
-    try:
-        e = float(eps)
-    except (TypeError, ValueError):
-        raise TypeError(f"`eps` must be a real number, got {eps!r}") from None
-    if not math.isfinite(e) or e < 0:
-        raise ValueError(f"`eps` must be finite and >= 0, got {eps!r}")
-    return e
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"`eps` must be a real number, got {eps!r} of type {type(eps).__name__}")
+    acc = acc_dtype(dt) if dt is not None else np.dtype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = acc.type(eps)
+    if not np.isfinite(e) or e < 0:
+        raise ValueError(f"`eps` must be finite and >= 0 in {acc} (the accumulation dtype), got {eps!r}")
+    return float(e)
 
 
 def rms_eps(eps, dt):
     """``eps=None`` means the machine epsilon of the accumulation dtype."""
-    e = check_eps(eps, allow_none=True)
+    e = check_eps(eps, dt, allow_none=True)
     return float(np.finfo(acc_dtype(dt)).eps) if e is None else e
+
+
+def integer(name, value):
+    """``value`` as an int; ``TypeError`` naming ``name`` for anything else (a bool too)."""
+    try:
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"`{name}` must be an int, got {value!r}") from None
 
 
 def _as_shape(normalized_shape):
@@ -195,10 +212,13 @@ def param(name, a, shape):
     return a
 
 
-def same_as_x(name, a, x_shape, x_dt, *, check_dtype=True):
-    """``dy``, ``ds``, ``residual`` and ``out`` must be shaped like ``x``."""
+def same_as_x(name, a, x_shape, x_dt, *, check_dtype=True, optional=False):
+    """``dy``, ``ds``, ``residual`` and ``out`` must be shaped like ``x``
+    (``ds`` and ``out`` may be None: ``optional``)."""
     if a is None:
-        return None
+        if optional:
+            return None
+        raise TypeError(f"`{name}` must be an array shaped like x {tuple(x_shape)}, got None")
     dt = float_dtype(name, a)
     if tuple(a.shape) != tuple(x_shape):
         raise ValueError(f"`{name}` has shape {tuple(a.shape)}, expected x's shape {tuple(x_shape)}")
@@ -224,10 +244,7 @@ def groups(x_shape, num_groups):
     x_shape = tuple(x_shape)
     if len(x_shape) < 2:
         raise ValueError(f"group_norm expects x of shape (N, C, *spatial), got {x_shape}")
-    try:
-        g = operator.index(num_groups)
-    except TypeError:
-        raise TypeError(f"`num_groups` must be an int, got {num_groups!r}") from None
+    g = integer("num_groups", num_groups)
     n, c = x_shape[0], x_shape[1]
     if g <= 0:
         raise ValueError(f"num_groups must be positive, got {g}")

@@ -61,7 +61,9 @@ def _as_dask(name, a):
             raise ValueError(f"`{name}` has unknown chunk sizes {a.shape}; call "
                              f"{name}.compute_chunk_sizes() first")
         return a
-    V.float_dtype(name, a)  # a list or a scalar is refused here, as the top level refuses it
+    if not hasattr(a, "dtype"):
+        a = np.asarray(a)  # a list of floats, as the top level takes it
+    V.float_dtype(name, a)
     return da.from_array(np.asarray(a), chunks=-1) if isinstance(a, np.ndarray) else da.asarray(a)
 
 
@@ -173,7 +175,7 @@ def layer_norm_forward(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     xdt, nshape, nb, x = _rows_plan(x, normalized_shape)
     V.param("weight", weight, nshape)
     V.param("bias", bias, nshape)
-    eps = V.check_eps(eps)
+    eps = V.check_eps(eps, xdt)
     k, acc = len(nshape), V.acc_dtype(xdt)
     ind = _LETTERS[: x.ndim]
     tok = tokenize(x, nshape, weight, bias, eps)
@@ -300,7 +302,7 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
     xdt, c, g, cg, x = _groups_plan(x, num_groups)
     V.param("weight", weight, (c,))
     V.param("bias", bias, (c,))
-    eps = V.check_eps(eps)
+    eps = V.check_eps(eps, xdt)
     acc = V.acc_dtype(xdt)
     ind = _LETTERS[: x.ndim]
     tok = tokenize(x, num_groups, weight, bias, eps)

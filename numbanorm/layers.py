@@ -11,8 +11,28 @@ from ._dispatch import (group_norm_backward, group_norm_forward, layer_norm_back
                         rms_norm_backward, rms_norm_forward)
 
 
+def _saved(x):
+    """A private copy of ``x`` for the backward: the caller may reuse its buffer
+    between forward and backward (NumPy has no version counters to notice it)."""
+    if V.side_of(x) == V.DEVICE:
+        if hasattr(x, "copy"):  # CuPy and the like
+            return x.copy()
+        from numba import cuda
+
+        saved = cuda.device_array_like(x)
+        saved.copy_to_device(x)
+        return saved
+    return np.array(x, copy=True)
+
+
 class _Norm:
     _stats = None
+
+    def __getstate__(self):
+        # the last input is not part of a layer: a pickle carries the parameters only
+        state = self.__dict__.copy()
+        state.pop("_stats", None)
+        return state
 
     def backward(self, dy):
         if self._stats is None:
@@ -30,7 +50,7 @@ class _Norm:
 class LayerNorm(_Norm):
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, dtype=np.float32):
         self.normalized_shape = V._as_shape(normalized_shape)
-        self.eps = V.check_eps(eps)
+        self.eps = V.check_eps(eps, np.dtype(dtype))
         self.elementwise_affine = elementwise_affine
         self.weight = np.ones(self.normalized_shape, dtype) if elementwise_affine else None
         self.bias = np.zeros(self.normalized_shape, dtype) if elementwise_affine and bias else None
@@ -38,7 +58,7 @@ class LayerNorm(_Norm):
 
     def __call__(self, x):
         y, mean, rstd = layer_norm_forward(x, self.normalized_shape, self.weight, self.bias, self.eps)
-        self._stats = (x, mean, rstd)
+        self._stats = (_saved(x), mean, rstd)
         return y
 
     def _backward(self, dy, x, mean, rstd):
@@ -55,14 +75,14 @@ class RMSNorm(_Norm):
 
     def __init__(self, normalized_shape, eps=None, elementwise_affine=True, dtype=np.float32):
         self.normalized_shape = V._as_shape(normalized_shape)
-        self.eps = V.check_eps(eps, allow_none=True)
+        self.eps = V.check_eps(eps, np.dtype(dtype), allow_none=True)
         self.elementwise_affine = elementwise_affine
         self.weight = np.ones(self.normalized_shape, dtype) if elementwise_affine else None
         self.grad_weight = self.grad_bias = None
 
     def __call__(self, x):
         y, rstd = rms_norm_forward(x, self.normalized_shape, self.weight, self.eps)
-        self._stats = (x, rstd)
+        self._stats = (_saved(x), rstd)
         return y
 
     def _backward(self, dy, x, rstd):
@@ -76,11 +96,13 @@ class RMSNorm(_Norm):
 
 class GroupNorm(_Norm):
     def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, dtype=np.float32):
-        if num_groups <= 0 or num_channels % num_groups:
+        num_groups = V.integer("num_groups", num_groups)
+        num_channels = V.integer("num_channels", num_channels)
+        if num_groups <= 0 or num_channels <= 0 or num_channels % num_groups:
             raise ValueError(f"num_groups={num_groups} must be positive and divide num_channels={num_channels}")
         self.num_groups = num_groups
         self.num_channels = num_channels
-        self.eps = V.check_eps(eps)
+        self.eps = V.check_eps(eps, np.dtype(dtype))
         self.affine = affine
         self.weight = np.ones(num_channels, dtype) if affine else None
         self.bias = np.zeros(num_channels, dtype) if affine else None
@@ -90,7 +112,7 @@ class GroupNorm(_Norm):
         if len(np.shape(x)) < 2 or np.shape(x)[1] != self.num_channels:
             raise ValueError(f"expected x of shape (N, {self.num_channels}, *spatial), got {tuple(np.shape(x))}")
         y, mean, rstd = group_norm_forward(x, self.num_groups, self.weight, self.bias, self.eps)
-        self._stats = (x, mean, rstd)
+        self._stats = (_saved(x), mean, rstd)
         return y
 
     def _backward(self, dy, x, mean, rstd):

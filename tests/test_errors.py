@@ -187,3 +187,151 @@ def test_layers_backward_before_forward():
     for layer in (nn.LayerNorm(4), nn.RMSNorm(4), nn.GroupNorm(1, 3)):
         with pytest.raises(RuntimeError, match="before"):
             layer.backward(X)
+
+
+# ---------------------------------------------------------------- eps
+
+@pytest.mark.parametrize("eps", ["1e-5", True, np.bool_(False), [1e-5], 1j, np.complex64(1)])
+def test_eps_that_is_not_a_real_number_is_a_type_error(eps):
+    for call in (lambda: nn.layer_norm(X, 4, eps=eps), lambda: nn.rms_norm(X, 4, eps=eps),
+                 lambda: nn.group_norm(X, 3, eps=eps), lambda: nn.add_layer_norm(X, X, 4, eps=eps),
+                 lambda: nn.LayerNorm(4, eps=eps), lambda: nn.RMSNorm(4, eps=eps),
+                 lambda: nn.GroupNorm(1, 3, eps=eps)):
+        with pytest.raises(TypeError, match="eps"):
+            call()
+
+
+def test_eps_is_checked_in_the_accumulation_dtype():
+    # 1e39 is a finite Python float but inf in float32: it zeroed every output
+    for call in (lambda: nn.layer_norm(X, 4, eps=1e39), lambda: nn.rms_norm(X, 4, eps=1e39),
+                 lambda: nn.group_norm(X, 3, eps=1e39), lambda: nn.add_rms_norm(X, X, 4, eps=1e39),
+                 lambda: nn.LayerNorm(4, eps=1e39), lambda: nn.GroupNorm(1, 3, eps=1e39)):
+        with pytest.raises(ValueError, match="eps"):
+            call()
+    # float64 holds it; float16 x accumulates in float32, so 1e39 is refused there too
+    assert np.all(np.isfinite(nn.layer_norm(X.astype(np.float64), 4, eps=1e39)))
+    with pytest.raises(ValueError, match="eps"):
+        nn.layer_norm(X.astype(np.float16), 4, eps=1e39)
+
+
+@pytest.mark.parametrize("eps", [0, 1e-5, np.float32(1e-5), np.float64(1e-6), np.int64(0)])
+def test_eps_of_any_real_type(eps):
+    want = nn.layer_norm(X, 4, eps=float(eps))
+    np.testing.assert_array_equal(nn.layer_norm(X, 4, eps=eps), want)
+
+
+# ---------------------------------------------------------------- out= overlapping an input
+
+def _overlap_case(fn, which):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((6, 3, 8)).astype(np.float32)
+    n = 3 if fn == "group_norm" else 8
+    args = (3,) if fn == "group_norm" else (8,)
+    buf = rng.standard_normal(x.size).astype(np.float32)
+    out = buf.reshape(x.shape)
+    params = {"weight": rng.uniform(0.5, 2, n).astype(np.float32),
+              "bias": rng.standard_normal(n).astype(np.float32)}
+    if fn == "rms_norm":
+        del params["bias"]
+    want = getattr(nn, fn)(x, *args, **params)
+    # the same parameter, lying inside out's later rows: overwritten while rows still read it
+    alias = buf[x.size // 2: x.size // 2 + n]
+    alias[:] = params[which]
+    params[which] = alias
+    return getattr(nn, fn)(x, *args, **params, out=out), want
+
+
+@pytest.mark.parametrize("fn, which", [("layer_norm", "weight"), ("layer_norm", "bias"),
+                                       ("rms_norm", "weight"), ("group_norm", "weight"),
+                                       ("group_norm", "bias")])
+def test_out_overlapping_weight_or_bias_reads_them_first(fn, which):
+    got, want = _overlap_case(fn, which)
+    np.testing.assert_array_equal(got, want)
+
+
+# ---------------------------------------------------------------- unclear exceptions
+
+def test_missing_gradient_or_residual_is_a_type_error_naming_it():
+    y, mean, rstd = nn.layer_norm_forward(X, 4)
+    with pytest.raises(TypeError, match="dy"):
+        nn.layer_norm_backward(None, X, mean, rstd, 4)
+    _, rs = nn.rms_norm_forward(X, 4)
+    with pytest.raises(TypeError, match="dy"):
+        nn.rms_norm_backward(None, X, rs, 4)
+    _, gm, gr = nn.group_norm_forward(X, 3)
+    with pytest.raises(TypeError, match="dy"):
+        nn.group_norm_backward(None, X, gm, gr)
+    with pytest.raises(TypeError, match="residual"):
+        nn.add_layer_norm(X, None, 4)
+    with pytest.raises(TypeError, match="residual"):
+        nn.add_rms_norm(X, None, 4)
+
+
+def test_out_that_is_not_an_array_is_a_type_error():
+    for call in (lambda: nn.layer_norm(X, 4, out=X.tolist()), lambda: nn.rms_norm(X, 4, out=[0.0]),
+                 lambda: nn.group_norm(X, 3, out=(1.0,))):
+        with pytest.raises(TypeError, match="out.*array"):
+            call()
+
+
+@pytest.mark.parametrize("args", [("2", 4), (2, "4"), (2.0, 4), (True, 4), (None, 4)])
+def test_group_norm_layer_with_non_integer_sizes(args):
+    with pytest.raises(TypeError, match="num_"):
+        nn.GroupNorm(*args)
+
+
+def test_dask_takes_the_lists_the_top_level_takes():
+    nd = pytest.importorskip("numbanorm.dask")
+    x = [[1.0, 2.0, 4.0, 8.0], [0.5, -1.0, 3.0, 2.0]]
+    w = [1.0, 2.0, 3.0, 4.0]
+    np.testing.assert_array_equal(nd.layer_norm(x, 4, w, w).compute(), nn.layer_norm(x, 4, w, w))
+    np.testing.assert_array_equal(nd.rms_norm(x, 4, w).compute(), nn.rms_norm(x, 4, w))
+    with pytest.raises(TypeError, match="int64"):
+        nd.layer_norm([[1, 2]], 2)
+
+
+def test_check_of_the_oracle_says_what_it_is():
+    import io
+
+    from numbanorm.__main__ import check
+
+    buf = io.StringIO()
+    assert check(impls=["oracle"], out=buf) == 2
+    assert "reference" in buf.getvalue()
+
+
+# ---------------------------------------------------------------- repeated small calls
+
+def test_a_repeated_call_takes_the_small_call_path_and_still_validates():
+    from numbanorm.cpu import _backend
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 8)).astype(np.float32)
+    w = rng.standard_normal(8).astype(np.float32)
+    plans = _backend.small_calls._plans
+    first = nn.layer_norm_forward(x, (8,), w, w, 1e-3)
+    assert any(k[0] == "ln" and k[1] == x.shape for k in plans)  # learned from the full path
+    again = nn.layer_norm_forward(x, (8,), w, w, 1e-3)
+    for a, b in zip(first, again):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+    y, r = nn.rms_norm_forward(x, 8, w)
+    y2, r2 = nn.rms_norm_forward(x, 8, w)
+    np.testing.assert_array_equal(y, y2)
+    np.testing.assert_array_equal(r, r2)
+    # anything that differs from a learned call is validated again
+    with pytest.raises(ValueError, match="eps"):
+        nn.layer_norm(x, (8,), w, w, -1e-3)
+    with pytest.raises(ValueError, match="weight"):
+        nn.layer_norm(x, (8,), w[:4], w, 1e-3)
+    with pytest.raises(TypeError, match="eps"):
+        nn.rms_norm(x, 8, w, True)
+    with pytest.raises(ValueError, match="out"):
+        nn.layer_norm(x, (8,), w, w, 1e-3, out=np.empty((2, 3, 7), np.float32))
+    # a weight over two normalized dimensions is flattened by the full path
+    w2 = rng.standard_normal((3, 8)).astype(np.float32)
+    first2 = nn.layer_norm(x, (3, 8), w2, None)
+    np.testing.assert_array_equal(nn.layer_norm(x, (3, 8), w2, None), first2)
+    # a strided x of the same shape is a different call: same values
+    xs = np.repeat(x, 2, axis=-1)[..., ::2]
+    np.testing.assert_array_equal(nn.layer_norm(xs, (8,), w, w, 1e-3), first[0])

@@ -57,3 +57,91 @@ def cast(ctx, a, dtype):
 
 def wrap(a, like):
     return a
+
+
+class SmallCalls:
+    """The forward of a call seen before, without the frontend's work per call.
+
+    A (1, 768) float32 LayerNorm spent most of its time in validation and in the
+    launcher's checks (``book/05_cpu_kernel.md``, "Threads, forks, read-only installs
+    and small calls"),
+    all of which depend only on the arguments' types, shapes, strides and dtypes
+    and on ``eps``.  ``learn`` records a call that the full path has validated;
+    a later call with the same key goes straight to the kernel.  float32 and
+    float64 only, weights in x's dtype, no ``out=``: calls that the launchers
+    would stage or copy take the full path.
+    """
+
+    MAX_PLANS = 256
+
+    def __init__(self):
+        self._plans = {}
+
+    @staticmethod
+    def _key(kind, x, nshape, weight, bias, eps):
+        if type(x) is not np.ndarray or (type(eps) is not float and eps is not None):
+            return None
+        sig = [kind, x.shape, x.strides, x.dtype, nshape, eps]
+        for a in (weight, bias):
+            if a is None:
+                sig.append(None)
+            elif type(a) is np.ndarray:
+                sig.append((a.shape, a.strides, a.dtype))
+            else:
+                return None
+        return tuple(sig)
+
+    def learn(self, kind, x, nshape, weight, bias, eps, checked_eps, rows):
+        """Record a call the full path has validated: ``eps`` as given, ``checked_eps``
+        as validated, ``rows`` of the flattened problem."""
+        key = self._key(kind, x, nshape, weight, bias, eps)
+        if (key is None or rows == 0 or x.dtype not in (np.float32, np.float64)
+                or not x.flags.c_contiguous):
+            return
+        if any(a is not None and (a.dtype != x.dtype or a.ndim != 1 or not a.flags.c_contiguous)
+               for a in (weight, bias)):
+            return  # the launchers would convert or flatten it
+        try:
+            hash(key)
+        except TypeError:  # a normalized_shape holding a list
+            return
+        k = len(nshape) if isinstance(nshape, tuple) else 1
+        stat_shape = x.shape[: x.ndim - k] + (1,) * k
+        if len(self._plans) >= self.MAX_PLANS:
+            self._plans.clear()
+        self._plans[key] = (rows, x.size // rows, stat_shape, x.dtype.type(checked_eps),
+                            layer_norm.row_block(rows))
+
+    def _plan(self, kind, x, nshape, weight, bias, eps):
+        """The learned plan and fresh ``(y, stat)`` for this call, or None."""
+        try:
+            plan = self._plans.get(self._key(kind, x, nshape, weight, bias, eps))
+        except TypeError:  # an unhashable normalized_shape: not a call seen before
+            return None
+        if plan is not None:
+            return plan, np.empty(x.shape, x.dtype), np.empty(plan[2], x.dtype)
+        return None
+
+    def layer_norm(self, x, nshape, weight, bias, eps):
+        """``(y, mean, rstd)``, or None where the call is not one seen before."""
+        got = self._plan("ln", x, nshape, weight, bias, eps)
+        if got is None:
+            return None
+        (m, n, _, e, block), y, mean = got
+        rstd = np.empty_like(mean)
+        layer_norm.launch(layer_norm._forward, x.size, x.reshape(m, n), weight, bias, e,
+                          y.reshape(m, n), mean.reshape(m), rstd.reshape(m), block, False)
+        return y, mean, rstd
+
+    def rms_norm(self, x, nshape, weight, eps):
+        """``(y, rstd)``, or None where the call is not one seen before."""
+        got = self._plan("rms", x, nshape, weight, None, eps)
+        if got is None:
+            return None
+        (m, n, _, e, block), y, rstd = got
+        rms_norm.launch(rms_norm._forward, x.size, x.reshape(m, n), weight, e,
+                        y.reshape(m, n), rstd.reshape(m), block, False)
+        return y, rstd
+
+
+small_calls = SmallCalls()

@@ -25,9 +25,10 @@ the ``layer_norm``/``rms_norm`` backward launchers do through their ``ds`` argum
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from .common import FASTMATH, acc_of, launch, param, row_block
+from .cache import njit  # numba.njit with a cache keyed on this package's source
+from .common import FASTMATH, acc_of, launch, param, row_block, serial_variant
 from .halves import kernel_view, narrow, widen
 from .layer_norm import deviation_stats, normalize_row, overflowed, row_is_finite, row_sum, scaled_row
 from .rms_norm import row_sum_squares, scale_row, scaled_rms_row
@@ -135,3 +136,8 @@ def rms_norm_forward(x, residual, weight, eps, y, s, rstd):
     acc = acc_of(x.dtype)
     launch(_rms_norm_forward, x.size, kernel_view(x), kernel_view(residual), param(weight, acc),
            acc.type(eps), kernel_view(y), kernel_view(s), rstd, row_block(x.shape[0]))
+
+
+# Serial twins of the parallel kernels (common.launch)
+serial_variant(_layer_norm_forward)
+serial_variant(_rms_norm_forward)

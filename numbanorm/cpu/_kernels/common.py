@@ -3,8 +3,15 @@
 16-bit floats are converted inside the kernels, never staged (``halves``).
 """
 
+import os
+import threading
+import types as pytypes
+
 import numba
 import numpy as np
+from numba.np.ufunc import parallel as _numba_parallel
+
+from .cache import njit
 
 # 'reassoc' lets LLVM split each row reduction over several vector accumulators
 # (a float32 row sum is otherwise one serial chain of dependent adds).
@@ -23,7 +30,7 @@ def acc_of(dtype):
     return F64 if dtype == F64 else F32
 
 
-def scratch_for(out, src=None):
+def scratch_for(out, src=None, *params):
     """Where a kernel writes ``out``: itself, or a fresh array that ``finish`` copies back.
 
     Fresh where ``out`` overlaps ``src`` without being the very same array: writing row i would overwrite elements of
@@ -32,8 +39,12 @@ def scratch_for(out, src=None):
     ``out=x`` is written directly: each row's sums are taken in loops that store
     nothing before the row is overwritten element by element
     (``layer_norm.row_sum``), so it gives the bits of an out-of-place call.
+    Fresh too where ``out`` overlaps any of ``params`` (weight, bias: every row
+    reads all of them, so no overlap is safe).
     """
     if src is not None and np.may_share_memory(out, src) and not _same_memory(out, src):
+        return np.empty_like(out)
+    if any(p is not None and np.may_share_memory(out, p) for p in params):
         return np.empty_like(out)
     return out
 
@@ -86,16 +97,57 @@ def row_block(rows):
 # 32768 is PyTorch's grain size for its CPU parallel_for (at::internal::GRAIN_SIZE).
 SERIAL_BELOW = 32768
 
+# kernel -> the same Python function compiled without parallel=True
+_SERIAL = {}
+
+
+def serial_variant(kernel):
+    """Compile ``kernel``'s Python function again without ``parallel=True``
+    (``prange`` runs as ``range``, on the caller's thread) for :func:`launch`."""
+    f = kernel.py_func
+    g = pytypes.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+    # a cache file of its own: Numba names cache files by qualname and does
+    # not key them on the compile flags
+    g.__qualname__ = f.__qualname__ + "_serial"
+    g.__module__ = f.__module__
+    options = dict(kernel.targetoptions)
+    options.pop("parallel", None)
+    options.pop("nopython", None)
+    # parallel=True implies NumPy's error model (1/0 is inf); njit's default raises
+    options["error_model"] = "numpy"
+    _SERIAL[kernel] = njit(cache=True, **options)(g)
+    return _SERIAL[kernel]
+
+
+# Held while a parallel kernel runs.  The workqueue layer aborts the process when
+# two threads enter it at once, and OpenMP/TBB would only oversubscribe the
+# cores, so a second caller does not wait for the pool: it runs the serial
+# variant on its own thread.
+_pool = threading.Lock()
+# False in a child forked after this process ran a parallel kernel: GNU OpenMP
+# kills such a child at its first parallel region, and the workqueue's threads
+# are not copied by fork.
+_parallel_ok = True
+
 
 def launch(kernel, size, *args):
-    """``kernel(*args)``, on one thread when ``size`` elements are too few to share."""
-    if size >= SERIAL_BELOW:
-        return kernel(*args)
-    threads = numba.get_num_threads()
-    if threads == 1:
-        return kernel(*args)
-    numba.set_num_threads(1)
-    try:
-        return kernel(*args)
-    finally:
-        numba.set_num_threads(threads)
+    """``kernel(*args)`` on Numba's threads, or its serial variant on the calling
+    thread: for ``size`` elements too few to share, in a forked child, or while
+    another thread has the pool.  The two are the same source compiled apart:
+    LLVM may vectorize a row's sums differently, an ulp apart on some row lengths."""
+    if size >= SERIAL_BELOW and _parallel_ok and _pool.acquire(blocking=False):
+        try:
+            return kernel(*args)
+        finally:
+            _pool.release()
+    return _SERIAL[kernel](*args)
+
+
+def _after_fork_in_child():
+    global _pool, _parallel_ok
+    _pool = threading.Lock()  # a parent thread may have held it at the fork
+    if getattr(_numba_parallel, "_is_initialized", True):  # Numba started its threads
+        _parallel_ok = False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

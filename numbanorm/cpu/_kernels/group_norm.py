@@ -9,9 +9,10 @@ contiguous in memory, so each (sample, group) is a "row" for the statistics:
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from .common import FASTMATH, acc_of, finish, launch, param, scratch_for
+from .cache import njit  # numba.njit with a cache keyed on this package's source
+from .common import FASTMATH, acc_of, finish, launch, param, scratch_for, serial_variant
 from .halves import kernel_view, like, narrow, widen
 from .layer_norm import (SUM_BLOCK, deviation_stats, overflowed, row_is_finite, row_sum,
                          scaled_backward_row, scaled_row)
@@ -169,7 +170,7 @@ def backward_channel(
 def forward(x, weight, bias, eps, y, mean, rstd):
     """Fill ``y`` (N, C, S) and ``mean``/``rstd`` (N, G) for group norm."""
     acc = acc_of(x.dtype)
-    ys = scratch_for(y, x)
+    ys = scratch_for(y, x, weight, bias)
     launch(_forward, x.size, kernel_view(x), param(weight, acc), param(bias, acc),
            acc.type(eps), kernel_view(ys), mean, rstd)
     finish(ys, y)
@@ -186,3 +187,8 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
     # per-sample partials summed in sample order: deterministic for any thread count
     np.sum(dw_part, axis=0, out=dweight)
     np.sum(db_part, axis=0, out=dbias)
+
+
+# Serial twins of the parallel kernels (common.launch)
+serial_variant(_forward)
+serial_variant(_backward)

@@ -26,9 +26,11 @@ import sys
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core import config
 from numba.extending import intrinsic, overload
+
+from .cache import njit  # numba.njit with a cache keyed on this package's source
 
 F16 = np.dtype(np.float16)
 

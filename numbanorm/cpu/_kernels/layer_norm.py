@@ -12,9 +12,10 @@ caller's ``out=`` is written with streaming stores (``memory``).
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from .common import FASTMATH, acc_of, finish, launch, n_chunks, param, row_block, scratch_for
+from .cache import njit  # numba.njit with a cache keyed on this package's source
+from .common import FASTMATH, acc_of, finish, launch, n_chunks, param, row_block, scratch_for, serial_variant
 from .halves import kernel_view, like, narrow, widen
 from .memory import should_stream, store_fence, stream_row
 
@@ -408,7 +409,7 @@ def forward(x, weight, bias, eps, y, mean, rstd, y_mapped=False):
     y goes out through streaming stores (``memory``).
     """
     acc = acc_of(x.dtype)
-    ys = scratch_for(y, x)
+    ys = scratch_for(y, x, weight, bias)
     launch(_forward, x.size, kernel_view(x), param(weight, acc), param(bias, acc),
            acc.type(eps), kernel_view(ys), mean, rstd, row_block(x.shape[0]),
            should_stream(ys, y_mapped and ys is y))
@@ -434,3 +435,8 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None):
     # fixed-order sum of the block partials: bit-identical for any thread count
     np.sum(dw_part, axis=0, out=dweight)
     np.sum(db_part, axis=0, out=dbias)
+
+
+# Serial twins of the parallel kernels (common.launch)
+serial_variant(_forward)
+serial_variant(_backward)

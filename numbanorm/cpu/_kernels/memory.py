@@ -12,8 +12,10 @@ decided it are in the book, chapter 5 ("Writing a large out=").
 import os
 
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic
+
+from .cache import njit  # numba.njit with a cache keyed on this package's source
 
 _VEC = 32  # bytes per streaming store: one AVX register; LLVM splits it on narrower machines
 

@@ -10,9 +10,10 @@ cache, writes y; a large caller's ``out=`` is streamed, as in LayerNorm's kernel
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from .common import FASTMATH, acc_of, finish, launch, n_chunks, param, row_block, scratch_for
+from .cache import njit  # numba.njit with a cache keyed on this package's source
+from .common import FASTMATH, acc_of, finish, launch, n_chunks, param, row_block, scratch_for, serial_variant
 from .halves import kernel_view, like, narrow, widen
 from .layer_norm import SUM_BLOCK, _row_scale, overflowed, row_is_finite
 from .memory import should_stream, store_fence, stream_row
@@ -196,7 +197,7 @@ def backward_row(
 def forward(x, weight, eps, y, rstd, y_mapped=False):
     """Fill ``y`` (M, N) and ``rstd`` (M,); arguments as in layer_norm.forward."""
     acc = acc_of(x.dtype)
-    ys = scratch_for(y, x)
+    ys = scratch_for(y, x, weight)
     launch(_forward, x.size, kernel_view(x), param(weight, acc), acc.type(eps), kernel_view(ys), rstd,
            row_block(x.shape[0]), should_stream(ys, y_mapped and ys is y))
     finish(ys, y)
@@ -213,3 +214,8 @@ def backward(dy, x, rstd, weight, dx, dweight, ds=None):
     launch(_backward, x.size, kernel_view(dy), kernel_view(x), rstd, param(weight, acc),
            kernel_view(ds), kernel_view(dx), dw_part)
     np.sum(dw_part, axis=0, out=dweight)
+
+
+# Serial twins of the parallel kernels (common.launch)
+serial_variant(_forward)
+serial_variant(_backward)

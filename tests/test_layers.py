@@ -1,0 +1,49 @@
+"""The stateful layers keep what the backward needs, not the caller's buffer
+(contract, "Where it runs"), and do not pickle it."""
+
+import pickle
+
+import numpy as np
+import pytest
+
+import numbanorm as nn
+
+
+def _layers():
+    return [(nn.LayerNorm(16), (32, 16)), (nn.RMSNorm(16), (32, 16)),
+            (nn.GroupNorm(2, 4), (8, 4, 4))]
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["LayerNorm", "RMSNorm", "GroupNorm"])
+def test_reusing_the_input_buffer_before_backward_changes_nothing(which):
+    rng = np.random.default_rng(0)
+    layer, shape = _layers()[which]
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    layer.weight[:] = rng.uniform(0.5, 2, layer.weight.shape)
+    reference, _ = _layers()[which]
+    reference.weight[:] = layer.weight
+    reference(x.copy())
+    want = (reference.backward(dy), reference.grad_weight)
+
+    buf = x.copy()
+    layer(buf)
+    buf[:] = rng.standard_normal(shape)  # the next batch, loaded into the same buffer
+    got = (layer.backward(dy), layer.grad_weight)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["LayerNorm", "RMSNorm", "GroupNorm"])
+def test_a_pickled_layer_carries_its_parameters_not_its_last_input(which):
+    layer, shape = _layers()[which]
+    layer.weight[:] = np.arange(layer.weight.size).reshape(layer.weight.shape)
+    x = np.ones((64,) + shape[1:], np.float32) * np.arange(shape[-1], dtype=np.float32)
+    layer(x)
+    blob = pickle.dumps(layer)
+    assert len(blob) < x.nbytes // 4, len(blob)
+    copy = pickle.loads(blob)
+    np.testing.assert_array_equal(copy.weight, layer.weight)
+    with pytest.raises(RuntimeError, match="before"):
+        copy.backward(np.ones_like(x))
+    layer.backward(np.ones_like(x))  # the original still has its forward's state
