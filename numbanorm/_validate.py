@@ -150,11 +150,16 @@ def check_eps(eps, dt=None, *, allow_none=False):
     if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
         raise TypeError(f"`eps` must be a real number, got {eps!r} of type {type(eps).__name__}")
     acc = acc_dtype(dt) if dt is not None else np.dtype(np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        e = acc.type(eps)
-    if not np.isfinite(e) or e < 0:
+    try:
+        e = float(eps)  # plain Python for float64: torch.compile traces this (no np.errstate)
+    except OverflowError:  # an int beyond any float
+        e = math.inf
+    if acc != np.float64 and math.isfinite(e):
+        with np.errstate(over="ignore", invalid="ignore"):
+            e = float(acc.type(e))
+    if not math.isfinite(e) or e < 0:
         raise ValueError(f"`eps` must be finite and >= 0 in {acc} (the accumulation dtype), got {eps!r}")
-    return float(e)
+    return e
 
 
 def rms_eps(eps, dt):
