@@ -50,8 +50,12 @@ def test_kernels_cached_on_disk_keyed_on_all_their_sources(tmp_path):
     keyed on the source of every module the kernels inline (reduce.py, common.py ...),
     not only on the file of the kernel itself (numba's own rule)."""
     import hashlib
+    import importlib.util
 
-    kdir = os.path.join(os.path.dirname(HERE), "numbanorm", "cuda", "_kernels")
+    # the numbanorm the subprocess imports: the installed one in CI (the tests run from a
+    # copy beside no source tree), the checkout in a development install
+    pkg = importlib.util.find_spec("numbanorm").submodule_search_locations[0]
+    kdir = os.path.join(pkg, "cuda", "_kernels")
     h = hashlib.sha256()
     for name in sorted(os.listdir(kdir)):
         if name.endswith(".py"):
