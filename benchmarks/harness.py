@@ -32,6 +32,7 @@ HIDDEN = (768, 1024, 4096, 8192)
 GROUP_SHAPES = (((32, 256, 32, 32), 32), ((8, 64, 64, 64), 8))
 INSTANCE_SHAPES = ((32, 256, 32, 32), (8, 64, 64, 64))
 CPU_DTYPES = ("float32", "float64")
+HALF_DTYPES = ("float16", "bfloat16")
 GPU_DTYPES = ("float16", "bfloat16", "float32")
 ALL_NORMS = ("layer_norm", "rms_norm", "group_norm", "instance_norm")
 
@@ -86,6 +87,28 @@ def sweep_cases(norms=ALL_NORMS, dtypes=CPU_DTYPES, rows=ROWS, hidden=HIDDEN,
     return cases, skipped
 
 
+def half_cases(device="cpu"):
+    """Issue 13's 16-bit sweep: each norm's large shapes in float16 and bfloat16, with float32
+    for comparison (its own target is against the faster of the two copy floors)."""
+    cases = []
+    for dtype in HALF_DTYPES + ("float32",):
+        for norm, shape, groups in (("layer_norm", (16384, 4096), None), ("rms_norm", (16384, 4096), None),
+                                    ("layer_norm", (65536, 768), None), ("group_norm", (32, 256, 32, 32), 32)):
+            cases += [Case(norm, d, shape, dtype, groups, device) for d in measure.DIRECTIONS]
+    return cases
+
+
+SMALL_ROWS = (1, 8, 64)
+SMALL_HIDDEN = (768, 4096)
+
+
+def small_cases(device="cpu"):
+    """The calls a decoder makes per token: rows 1, 8, 64 at hidden 768 and 4096, every dtype."""
+    return [Case(norm, d, (m, n), dtype, None, device)
+            for dtype in ("float32",) + HALF_DTYPES for norm in ("layer_norm", "rms_norm")
+            for n in SMALL_HIDDEN for m in SMALL_ROWS for d in measure.DIRECTIONS]
+
+
 def metadata(threads, note="", load_before=None, load_after=None, skipped=(), timing=None):
     import numba
 
@@ -110,6 +133,10 @@ def metadata(threads, note="", load_before=None, load_after=None, skipped=(), ti
                  "(weight, bias and statistics left out); floor rows: the bytes their copies move",
         "floor": "np.copyto (one thread) of the same arrays: forward x into y; backward x and dy "
                  "into two buffers; on a GPU a device-to-device copy",
+        "floor_threads": "the same copies split in blocks over numba's prange (every numba thread); "
+                         "host only",
+        "adapter": "numbanorm.torch's functions on torch tensors over the same memory, backward "
+                   "through autograd as torch's",
         "torch_backward": "torch.autograd.grad(y, (x, weight, bias), dy, retain_graph=True) on a graph "
                           "built once outside the timing",
     }
@@ -167,7 +194,7 @@ CSV_META = ("date", "cpu", "cores", "gpu", "threads", "numbanorm", "numba", "num
             "loadavg_before", "loadavg_after")
 CSV_FIELDS = ("norm", "direction", "mode", "dtype", "shape", "groups", "device", "impl", "threads",
               "elements", "bytes", "median_s", "q20_s", "q80_s", "repeats", "number", "first_call_s",
-              "gbps", "x_floor", "x_torch", "x_oracle", "case_wall_s")
+              "gbps", "x_floor", "x_floor_threads", "x_torch", "x_oracle", "case_wall_s")
 
 
 def _csv_meta(meta):

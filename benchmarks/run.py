@@ -2,6 +2,8 @@
 
     python -m benchmarks.run                       # the full CPU sweep (float32, float64)
     python -m benchmarks.run --targets             # only the cases of the speed targets + summary
+    python -m benchmarks.run --half                # float16/bfloat16 (and float32) large shapes
+    python -m benchmarks.run --small               # rows 1, 8, 64 at hidden 768, 4096, every dtype
     python -m benchmarks.run --norm layer_norm --dtype float32 --hidden 4096 --merge
                                                    # re-run a subset into the existing file
     python -m benchmarks.run --device gpu          # float16/bfloat16/float32 on a CUDA GPU
@@ -36,6 +38,8 @@ def parser():
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n".join(__doc__.splitlines()[2:]))
     ap.add_argument("--targets", action="store_true", help="only the cases of the speed targets (float32, cpu)")
+    ap.add_argument("--half", action="store_true", help="the 16-bit sweep (results stem cpu-half)")
+    ap.add_argument("--small", action="store_true", help="the small-call sweep (results stem cpu-small)")
     ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     ap.add_argument("--norm", type=_strs, help=f"comma-separated, of {','.join(harness.ALL_NORMS)}")
     ap.add_argument("--dtype", type=_strs, help="comma-separated (default float32,float64 on cpu; "
@@ -70,14 +74,16 @@ def main(argv=None):
     if a.targets:
         cases, skipped = targets.target_cases(), []
         stem = a.out or "targets"
+    elif a.half or a.small:
+        cases, skipped = (harness.half_cases(a.device) if a.half else []) + (
+            harness.small_cases(a.device) if a.small else []), []
+        stem = a.out or f"{a.device}-{'half' if a.half else 'small'}{'-small' if a.half and a.small else ''}"
     else:
         dtypes = a.dtype or (harness.CPU_DTYPES if a.device == "cpu" else harness.GPU_DTYPES)
         if a.device == "gpu" and "bfloat16" in dtypes and not isinstance(measure.side_for("gpu"),
                                                                          measure.TorchCudaSide):
             print("bfloat16 skipped: GPU arrays of it need a CUDA build of torch", file=sys.stderr)
             dtypes = tuple(d for d in dtypes if d != "bfloat16")
-        if a.device == "cpu" and "bfloat16" in dtypes:
-            ap.error("bfloat16 runs on the GPU only")
         limit = None if a.mem_gib is None else int(a.mem_gib * 2**30)
         try:
             cases, skipped = harness.sweep_cases(a.norm or harness.ALL_NORMS, dtypes, a.rows, a.hidden,
@@ -102,7 +108,7 @@ def main(argv=None):
     print(f"{len(cases)} cases on {a.device}, {threads} thread(s); {len(skipped)} skipped for memory",
           file=sys.stderr)
     res = harness.run(cases, threads, a.impl, a.peers, a.note, skipped,
-                      cold=a.device == "cpu" and not a.no_cold_start,
+                      cold=a.device == "cpu" and not (a.no_cold_start or a.half or a.small),
                       compile_times=not a.no_compile_times, show_progress=not a.no_progress, **timing)
     res["meta"]["wall_s"] = round(time.perf_counter() - t0, 1)
     if a.merge:

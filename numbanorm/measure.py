@@ -180,9 +180,8 @@ class HostSide:
     simulated = False
 
     def array(self, a, dtype):
-        if dtype == "bfloat16":
-            raise ValueError("bfloat16 has no NumPy dtype: host cases are float16/32/64")
-        return np.ascontiguousarray(a, dtype=dtype)
+        return np.ascontiguousarray(np.asarray(a, dtype=np.float32 if dtype == "bfloat16" else None),
+                                    dtype=host_dtype(dtype))
 
     def empty_like(self, a):
         return np.empty_like(a)
@@ -190,13 +189,57 @@ class HostSide:
     def copy(self, dst, src):
         np.copyto(dst, src)
 
+    def copy_threads(self):
+        return parallel_copy
+
     def sync(self):
         pass
 
     def to_torch(self, a):
         import torch
 
+        if a.dtype.name == "bfloat16":  # torch.from_numpy knows no ml_dtypes: the same bits, viewed
+            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(a)
+
+
+def host_dtype(name):
+    """The NumPy dtype of ``name``; bfloat16 is ``ml_dtypes.bfloat16`` (what JAX hands to NumPy)."""
+    if name != "bfloat16":
+        return np.dtype(name)
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise ValueError("bfloat16 host cases need ml_dtypes (pip install ml_dtypes)") from None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+_PARALLEL_COPY = None
+COPY_BLOCK_BYTES = 1 << 18  # a quarter MiB per task: many tasks per thread, each a long stream
+
+
+def parallel_copy(dst, src):
+    """The floor on every numba thread: ``dst[...] = src`` split into blocks over ``prange``.
+
+    ``np.copyto`` runs on one thread; a kernel on two threads may move more bytes per
+    second than one core can, so it is also compared with the same copy spread like its own
+    work.  The arrays are viewed as bytes (any dtype, one compiled copy).
+    """
+    global _PARALLEL_COPY
+    if _PARALLEL_COPY is None:
+        import numba
+
+        @numba.njit(parallel=True)
+        def copy_blocks(d, s, block):  # d, s: (nbytes,) uint8; block: bytes per task
+            n = s.shape[0]
+            for b in numba.prange((n + block - 1) // block):
+                lo = b * block
+                hi = min(lo + block, n)
+                for i in range(lo, hi):
+                    d[i] = s[i]
+
+        _PARALLEL_COPY = copy_blocks
+    _PARALLEL_COPY(dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8), COPY_BLOCK_BYTES)
 
 
 class TorchCudaSide:
@@ -493,7 +536,7 @@ def oracle_calls(case, inp):
     return {"alloc": lambda: op.call(ref, "backward", back)}
 
 
-def torch_calls(case, inp):
+def torch_calls(case, inp, functional=None):
     """``torch.nn.functional`` on the same memory (host) or the same tensors (GPU).
 
     Forward: the table's counterpart (F.layer_norm / F.rms_norm / F.group_norm)
@@ -517,7 +560,7 @@ def torch_calls(case, inp):
     xt = side.to_torch(inp.x)
     if xt is None:
         return {}
-    F, op = torch.nn.functional, case.op
+    F, op = functional or torch.nn.functional, case.op
     values = arguments(case, xt, side.to_torch(inp.w), side.to_torch(inp.b))
     if case.direction == "forward":
         return {"alloc": lambda: op.call_torch(F, values)}
@@ -527,25 +570,40 @@ def torch_calls(case, inp):
     return {"alloc": lambda: torch.autograd.grad(y, grads_of, dyt, retain_graph=True)}
 
 
-def floor_call(side, x, dy=None):
+def floor_call(side, x, dy=None, copy=None):
     """The bandwidth floor: copy ``x`` (forward), or ``x`` and ``dy`` (backward), into fresh buffers.
 
-    It moves ``FLOOR_ARRAYS`` arrays of x's size: 2 forward, 4 backward.
+    It moves ``FLOOR_ARRAYS`` arrays of x's size: 2 forward, 4 backward.  ``copy(dst, src)``
+    is the side's own copy unless given (``parallel_copy`` for the threaded floor).
     """
+    copy = copy or side.copy
     if dy is None:
         y = side.empty_like(x)
-        return lambda: side.copy(y, x)
+        return lambda: copy(y, x)
     a, b = side.empty_like(x), side.empty_like(x)
 
     def copy_both():
-        side.copy(a, x)
-        side.copy(b, dy)
+        copy(a, x)
+        copy(b, dy)
 
     return copy_both
 
 
-def floor_calls(case, inp):
-    return {"out": floor_call(inp.side, inp.x, None if case.direction == "forward" else inp.dy)}
+def floor_calls(case, inp, threaded=False):
+    dy = None if case.direction == "forward" else inp.dy
+    copy = inp.side.copy_threads() if threaded else None
+    return {"out": floor_call(inp.side, inp.x, dy, copy)}
+
+
+def adapter_calls(case, inp):
+    """``numbanorm.torch``'s functions on torch tensors over the same memory (host), with
+    autograd for the backward as :func:`torch_calls` does: what a PyTorch user of numbanorm gets."""
+    torch = torch_or_none()
+    if torch is None or inp.side.to_torch(inp.x) is None:
+        return {}
+    import numbanorm.torch as nt
+
+    return torch_calls(case, inp, nt)
 
 
 @dataclass
@@ -564,7 +622,9 @@ class Runner:
         return tuple(float(v) for v in np.quantile(self.samples, [0.2, 0.5, 0.8]))
 
 
-PEERS = ("torch", "floor", "oracle")
+# "adapter": numbanorm through numbanorm.torch on tensors; "floor_threads": the copy on
+# every numba thread (host only)
+PEERS = ("torch", "adapter", "floor", "floor_threads", "oracle")
 ORACLE_MAX_ELEMENTS = 1 << 20  # the oracle takes ~0.1 s at 1M elements; larger shapes skip it
 
 
@@ -580,9 +640,15 @@ def build_runners(case, inp, impls, peers=PEERS, oracle_max_elements=ORACLE_MAX_
     if "oracle" in peers and case.device == "cpu" and case.elements <= oracle_max_elements:
         for mode, fn in oracle_calls(case, inp).items():
             runners.append(Runner("oracle", mode, fn))
+    if "adapter" in peers and case.device == "cpu":
+        for mode, fn in adapter_calls(case, inp).items():
+            runners.append(Runner("numbanorm.torch", mode, fn))
     if "floor" in peers:
         for mode, fn in floor_calls(case, inp).items():
             runners.append(Runner("floor", mode, fn))
+    if "floor_threads" in peers and hasattr(inp.side, "copy_threads"):
+        for mode, fn in floor_calls(case, inp, threaded=True).items():
+            runners.append(Runner("floor_threads", mode, fn))
     return runners
 
 
@@ -654,10 +720,11 @@ def result_rows(case, runners, threads):
     for r in runners:
         med[(r.impl, r.mode)] = r.quantiles()[1]
     floor = next((v for (impl, _), v in med.items() if impl == "floor"), None)
+    floor_threads = next((v for (impl, _), v in med.items() if impl == "floor_threads"), None)
     rows = []
     for r in runners:
         q20, m, q80 = r.quantiles()
-        nbytes = case.floor_bytes if r.impl == "floor" else case.bytes
+        nbytes = case.floor_bytes if r.impl.startswith("floor") else case.bytes
         row = {
             "norm": case.norm, "direction": case.direction, "mode": r.mode,
             "dtype": case.dtype, "shape": list(case.shape), "groups": case.groups,
@@ -667,6 +734,7 @@ def result_rows(case, runners, threads):
             "repeats": len(r.samples), "number": r.number, "first_call_s": r.first_call_s,
             "gbps": nbytes / m / 1e9 if m > 0 else math.nan,
             "x_floor": m / floor if floor else None,
+            "x_floor_threads": m / floor_threads if floor_threads else None,
         }
         for peer in ("torch", "oracle"):
             p = med.get((peer, r.mode))

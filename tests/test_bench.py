@@ -493,3 +493,84 @@ def test_dask_scaling_runs_on_a_tiny_array(tmp_path, capsys):
     run = harness.load_results(out)
     assert run["workers"] == [1] and {r["direction"] for r in run["results"]} == {"forward", "backward"}
     assert len(readme_table.dask_rows(run)) == 2
+
+
+# ------------------------------------------------------------------ 16-bit cases, the threaded floor, the adapter
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_parallel_copy_is_a_copy_of_any_dtype_and_length(dtype):
+    side = measure.HostSide()
+    for n in (1, 7, measure.COPY_BLOCK_BYTES // 2 + 3, 3 * measure.COPY_BLOCK_BYTES + 5):
+        src = side.array(np.random.default_rng(n).standard_normal((n, 1)), dtype)
+        dst = np.zeros_like(src)
+        measure.parallel_copy(dst, src)
+        assert dst.dtype == src.dtype and dst.tobytes() == src.tobytes()
+
+
+def test_bfloat16_host_arrays_and_their_torch_view_share_memory():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("ml_dtypes")
+    side = measure.HostSide()
+    a = side.array(np.array([1.0, -2.5, 3.0e38]), "bfloat16")
+    assert a.dtype.name == "bfloat16"
+    t = side.to_torch(a)
+    assert t.dtype == torch.bfloat16 and t.tolist() == [1.0, -2.5, float(a[2])]
+    t[0] = 4.0  # the same memory: what torch writes, the array holds
+    assert float(a[0]) == 4.0
+
+
+def test_a_16_bit_case_times_every_peer_and_both_floors():
+    pytest.importorskip("ml_dtypes")
+    torch = pytest.importorskip("torch")  # noqa: F841
+    rows = measure.run_case(Case("layer_norm", "forward", (4, 64), "bfloat16"), impls=["cpu"], threads=1,
+                            repeats=2, number=1)
+    by = {(r["impl"], r["mode"]): r for r in rows}
+    assert set(by) == {("numbanorm.cpu", "out"), ("numbanorm.cpu", "alloc"), ("torch", "alloc"),
+                       ("numbanorm.torch", "alloc"), ("oracle", "alloc"), ("floor", "out"),
+                       ("floor_threads", "out")}
+    r = by[("numbanorm.cpu", "out")]
+    assert r["x_floor_threads"] == pytest.approx(r["median_s"] / by[("floor_threads", "out")]["median_s"])
+    assert by[("floor_threads", "out")]["bytes"] == by[("floor", "out")]["bytes"] == 2 * 4 * 64 * 2
+    back = measure.run_case(Case("layer_norm", "backward", (4, 64), "bfloat16"), impls=["cpu"], threads=1,
+                            peers=("torch", "adapter"), repeats=2, number=1)
+    assert {r["impl"] for r in back} == {"numbanorm.cpu", "torch", "numbanorm.torch"}
+
+
+def test_the_faster_floor_is_the_larger_ratio_and_issue_13_targets_are_measured():
+    t = next(t for t in targets.TARGETS if t.versus == "floors" and t.dtype == "float16")
+    row = {"impl": "numbanorm.cpu", "device": "cpu", "dtype": "float16", "norm": t.norm, "shape": list(t.shape),
+           "direction": "forward", "mode": "out", "groups": None, "x_floor": 1.1, "x_floor_threads": 1.3}
+    ev = {(e["rule"], e["case"]): e for e in targets.evaluate({"rows": [row]})}
+    e = ev[(t.rule, f"{t.norm} 16384x4096 float16")]
+    assert e["value"] == 1.3 and e["status"] == "FAIL"  # 1.3x the faster floor is over 1.25x
+    rules = {t.rule for t in targets.TARGETS}
+    assert {"forward <= 0.5x torch, same dtype", "backward <= 0.5x torch, same dtype",
+            "small forward <= 1.0x torch"} <= rules
+    assert {t.impl for t in targets.TARGETS} == {"numbanorm.cpu", "numbanorm.torch"}
+    swept = set(harness.half_cases()) | set(harness.small_cases())
+    assert all(t.case() in swept for t in targets.TARGETS if t.dtype != "float32" or t.versus == "floors"
+               or t.rule.startswith("small"))
+
+
+def test_half_table_round_trips(tmp_path):
+    rows = []
+    for k, (norm, shape, dtype) in enumerate(readme_table.HALF_SHOWN + readme_table.SMALL_SHOWN):
+        for d in measure.DIRECTIONS:
+            case, t = Case(norm, d, shape, dtype), 1e-4 * (k + 1)
+            runners = [_runner("numbanorm.cpu", "alloc", [t] * 3), _runner("torch", "alloc", [2 * t] * 3),
+                       _runner("numbanorm.torch", "alloc", [3 * t] * 3), _runner("floor", "out", [t / 2] * 3),
+                       _runner("floor_threads", "out", [t / 4] * 3)]
+            if d == "forward":
+                runners.append(_runner("numbanorm.cpu", "out", [0.6 * t] * 3))
+            rows += measure.result_rows(case, runners, threads=2)
+    res = {"meta": harness.metadata(2, "", [0.1, 0.1, 0.1], [0.2, 0.2, 0.2]), "rows": rows, "cold_start": {}}
+    cells = readme_table.half_rows(rows)
+    block = readme_table.render_half([res], ["h.json"])
+    text = readme_table.update(f"{readme_table.HALF_START}\n{readme_table.HALF_END}\n", block,
+                               readme_table.HALF_START, readme_table.HALF_END)
+    assert readme_table.parse(text, readme_table.HALF_START, readme_table.HALF_END) == cells
+    first = dict(zip(readme_table.HALF_HEADER, cells[0]))
+    assert first["pass"] == "forward, out=" and first["x faster copy floor"] == "2.40x"  # 0.6 t over t / 4
+    fwd = dict(zip(readme_table.HALF_HEADER, cells[1]))
+    assert fwd["x torch"] == "0.50x" and fwd["via numbanorm.torch, x torch"] == "1.50x"
