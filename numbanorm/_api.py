@@ -15,13 +15,21 @@ A ``Frontend`` runs each call in the same order:
    launcher, which fills the outputs;
 5. results are reshaped (statistics keep-dims) and handed back in the caller's
    array type.
+
+The methods (``layer_norm``, ``layer_norm_forward``, ``layer_norm_backward``, ...)
+are generated from ``numbanorm.operations``: each hands its arguments, in the
+table's role order, to one forward or one backward path, which the operation's
+row (roles, bias, statistics, fused or not) and layout (rows or groups) drive.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from typing import Any, Protocol, runtime_checkable
 
 from . import _validate as V
+from . import operations as ops
 
 
 @runtime_checkable
@@ -30,13 +38,15 @@ class Backend(Protocol):
 
     ``ctx`` is the backend's context of one call (``call_context``), passed
     explicitly to everything that allocates, copies or launches.
+
+    A backend is a module; its package's ``_kernels`` holds the launchers the
+    table's ``kernels`` name (``layer_norm.forward``, ...).  A forward launcher
+    takes ``(x[, residual], weight[, bias], eps, y[, s], *stats)``, a backward one
+    ``(dy, x, *stats, weight, dx, dweight[, dbias])`` and, for the fused norms,
+    ``ds=`` (a gradient added to dx); all arrays C-contiguous and flattened.
     """
 
     name: str                                   # 'cpu' or 'cuda'
-    layer_norm: Any                             # modules of launchers: ``forward``/``backward``
-    rms_norm: Any                               # (the row backward launchers take ``ds=None``,
-    group_norm: Any                             # a gradient added to dx: the fused residual's)
-    add_norm: Any                               # the fused residual-add forward launchers
 
     def native(self, role: str, a: Any) -> Any:
         """A zero-copy view of ``a`` in the backend's array type (None stays None)."""
@@ -67,19 +77,170 @@ class Backend(Protocol):
         """``a`` in the array type of the caller's ``like``."""
 
 
+
+# ------------------------------------------------------------ layouts
+#
+# What differs between normalizing rows and normalizing groups: how x flattens,
+# the shape of the parameters and of the statistics, and how a backward learns
+# the problem (from normalized_shape, or from the statistics' group count).
+
+
+class _Rows:
+    """x's trailing ``normalized_shape`` normalized: x flattens to (M, N)."""
+
+    def __init__(self, x_shape, normalized_shape):
+        M, N, nshape = V.rows(x_shape, normalized_shape)
+        self.flat = (M, N)                          # what the launchers see
+        self.width = N                              # elements of a parameter
+        self.params = nshape                        # weight's (and dweight's) shape
+        self.stats = (M,)                           # statistics as the launchers see them
+        self.kept = _stat_shape(x_shape, len(nshape))  # statistics as returned: keep-dims
+        self._batch = tuple(x_shape[: len(x_shape) - len(nshape)])
+
+    @classmethod
+    def of_backward(cls, x_shape, normalized_shape, stats):
+        return cls(x_shape, normalized_shape)
+
+    def check_stat(self, name, a, x_shape):
+        V.stats(name, a, x_shape, self._batch, len(self.params))
+
+
+class _Groups:
+    """x of shape (N, C, *spatial) normalized by (sample, group): x flattens to (N, C, spatial)."""
+
+    def __init__(self, x_shape, num_groups):
+        n, c, s, g = V.groups(x_shape, num_groups)
+        self.flat = (n, c, s)
+        self.width = c
+        self.params = (c,)
+        self.stats = self.kept = (n, g)
+
+    @classmethod
+    def of_backward(cls, x_shape, normalized_shape, stats):
+        """The backward takes no num_groups: the first statistic's shape (N, G) tells it."""
+        name, a = stats[0]
+        V.float_dtype(name, a)
+        if len(a.shape) != 2:
+            raise ValueError(f"`{name}` has shape {tuple(a.shape)}, expected (N, num_groups)")
+        return cls(x_shape, a.shape[1])
+
+    def check_stat(self, name, a, x_shape):
+        V.group_stats(name, a, self.stats[0], self.stats[1], x_shape)
+
+
+LAYOUTS = {"rows": _Rows, "groups": _Groups}
+
+
+def _launcher(backend, qualified):
+    """The launcher ``'module.function'`` of ``backend``'s ``_kernels`` package."""
+    module, function = qualified.split(".")
+    return getattr(importlib.import_module(f"{backend.__package__}._kernels.{module}"), function)
+
+
+# ------------------------------------------------------------ the frontend
+
 class Frontend:
     def __init__(self, backend: Backend, sides_checked: bool = False):
         self.backend = backend
         self.sides_checked = sides_checked  # the caller has run common_side on these arguments
-        self.small = getattr(backend, "small_calls", None)  # repeated small calls (cpu)
+        # each operation's (forward, backward) launchers, found once
+        self.launchers = {op.name: tuple(_launcher(backend, k) for k in op.kernels) for op in ops.OPERATIONS}
+        # repeated small calls (cpu): the backend's shortcut of an operation's forward, if it has one
+        self.small = getattr(backend, "small_calls", None)
+        self.shortcuts = {op.name: getattr(self.small, op.name) for op in ops.OPERATIONS
+                          if hasattr(self.small, op.name)}
 
-    # ------------------------------------------------------------ helpers
+    # ------------------------------------------------------------ the two paths
 
-    def _native(self, **arrays):
+    def _forward(self, op, args, out):
+        """``op``'s forward on ``args``, the public function's arguments in the table's role order."""
+        shortcut = self.shortcuts.get(op.name) if out is None else None
+        if shortcut is not None:
+            hit = shortcut(*args)
+            if hit is not None:
+                return hit
+        given = dict(zip(op.forward_roles, args))
+        caller_x = given["x"]
+        roles = op.forward_arrays + ("out",) if op.has_out else op.forward_arrays
+        given["out"] = out
+        a = self._native(roles, given)
+        x = a["x"]
+        xdt = V.float_dtype("x", x)
+        if op.fused:
+            V.float_dtype("residual", a["residual"])
+        p = LAYOUTS[op.layout](x.shape, given[op.shape_role])
+        if op.fused:
+            V.same_as_x("residual", a["residual"], x.shape, xdt)
+        for r in op.params:
+            V.param(r, a[r], p.params)
+        eps = V.rms_eps(given["eps"], xdt) if op.eps is None else V.check_eps(given["eps"], xdt)
+        out_native = a.get("out")
+        V.same_as_x("out", out_native, x.shape, xdt, optional=True)
+        # ---- everything below may allocate and write
+        backend = self.backend
+        ctx = backend.call_context(caller_x)
+        acc = V.acc_dtype(xdt)
+        y, copy_back = self._output(ctx, out_native, p.flat, xdt)
+        s = backend.empty(ctx, p.flat, xdt) if op.fused else None
+        stats = [backend.empty(ctx, p.stats, acc) for _ in op.stats]
+        if p.flat[0]:
+            inputs = [backend.contiguous(ctx, x, p.flat)]
+            if op.fused:
+                inputs.append(backend.contiguous(ctx, a["residual"], p.flat))
+            for r in op.params:
+                inputs.append(self._param(ctx, a[r], p.width))
+            outputs = (y, s) if op.fused else (y,)
+            backend.launch(ctx, self.launchers[op.name][0], *inputs, eps, *outputs, *stats,
+                           callers_out=out_native is not None and not copy_back)
+        if shortcut is not None:
+            self.small.learn(op.name, caller_x, given[op.shape_role], given["weight"], given.get("bias"),
+                             given["eps"], eps, p.flat[0])
+        results = [self._result(ctx, y, copy_back, out, out_native, x.shape, caller_x)]
+        if op.fused:
+            results.append(backend.wrap(s.reshape(x.shape), caller_x))
+        results += [backend.wrap(st.reshape(p.kept), caller_x) for st in stats]
+        return tuple(results)
+
+    def _backward(self, op, args):
+        """``op``'s backward on ``args``, the public function's arguments in the table's role order."""
+        given = dict(zip(op.backward_roles, args))
+        x_name = "s" if op.fused else "x"  # what was normalized: the fused norms' s = x + residual
+        caller_x = given[x_name]
+        a = self._native(op.backward_arrays, given)
+        x = a[x_name]
+        xdt = V.float_dtype(x_name, x)
+        p = LAYOUTS[op.layout].of_backward(x.shape, given.get("normalized_shape"),
+                                           [(r, a[r]) for r in op.stats])
+        V.same_as_x("dy", a["dy"], x.shape, xdt, check_dtype=False)
+        if op.fused:
+            V.same_as_x("ds", a["ds"], x.shape, xdt, check_dtype=False, optional=True)
+        for r in op.stats:
+            p.check_stat(r, a[r], x.shape)
+        V.param("weight", a["weight"], p.params)
+        # ---- everything below may allocate and write
+        backend = self.backend
+        ctx = backend.call_context(caller_x)
+        acc = V.acc_dtype(xdt)
+        dx = backend.empty(ctx, p.flat, xdt)
+        grads = [backend.empty(ctx, (p.width,), acc) for _ in op.backward_outputs[1:]]  # dweight[, dbias]
+        backend.launch(
+            ctx, self.launchers[op.name][1],
+            self._rows_like(ctx, a["dy"], p.flat, xdt), backend.contiguous(ctx, x, p.flat),
+            *[self._stat(ctx, a[r], p.stats, acc) for r in op.stats],
+            self._param(ctx, a["weight"], p.width), dx, *grads,
+            **({"ds": self._rows_or_none(ctx, a["ds"], p.flat, xdt)} if op.fused else {}))
+        grad_dtype = self._grad_dtype(a["weight"], xdt)
+        return (backend.wrap(dx.reshape(x.shape), caller_x),
+                *[backend.wrap(backend.cast(ctx, g, grad_dtype).reshape(p.params), caller_x) for g in grads])
+
+    # ------------------------------------------------------------ small pieces
+
+    def _native(self, roles, given):
+        """role -> the backend's view of ``given[role]``, for ``roles``."""
         if not self.sides_checked:
-            V.common_side(**arrays)
+            V.common_side(**{r: given[r] for r in roles})
         native = self.backend.native
-        return [native(k, a) for k, a in arrays.items()]
+        return {r: native(r, given[r]) for r in roles}
 
     def _output(self, ctx, out_native, flat_shape, dtype):
         """``(y, copy_back)``: the array a launcher fills, ``out`` itself when it can."""
@@ -100,262 +261,6 @@ class Frontend:
     def _param(self, ctx, a, n):
         return None if a is None else self.backend.contiguous(ctx, a, (n,))
 
-    # ------------------------------------------------------------ LayerNorm
-
-    def layer_norm_forward(self, x, normalized_shape, weight=None, bias=None, eps=1e-5, *, out=None):
-        if out is None and self.small is not None:
-            hit = self.small.layer_norm(x, normalized_shape, weight, bias, eps)
-            if hit is not None:
-                return hit
-        caller_x, eps_in = x, eps
-        x, weight, bias, out_native = self._native(x=x, weight=weight, bias=bias, out=out)
-        xdt = V.float_dtype("x", x)
-        M, N, nshape = V.rows(x.shape, normalized_shape)
-        V.param("weight", weight, nshape)
-        V.param("bias", bias, nshape)
-        eps = V.check_eps(eps, xdt)
-        V.same_as_x("out", out_native, x.shape, xdt, optional=True)
-        # ---- everything below may allocate and write
-        backend = self.backend
-        ctx = backend.call_context(caller_x)
-        acc = V.acc_dtype(xdt)
-        y, copy_back = self._output(ctx, out_native, (M, N), xdt)
-        mean = backend.empty(ctx, (M,), acc)
-        rstd = backend.empty(ctx, (M,), acc)
-        if M:
-            backend.launch(ctx, backend.layer_norm.forward, backend.contiguous(ctx, x, (M, N)),
-                           self._param(ctx, weight, N), self._param(ctx, bias, N), eps, y, mean, rstd,
-                           callers_out=out_native is not None and not copy_back)
-        if out is None and self.small is not None:
-            self.small.learn("ln", caller_x, normalized_shape, weight, bias, eps_in, eps, M)
-        stat_shape = _stat_shape(x.shape, len(nshape))
-        return (self._result(ctx, y, copy_back, out, out_native, x.shape, caller_x),
-                backend.wrap(mean.reshape(stat_shape), caller_x),
-                backend.wrap(rstd.reshape(stat_shape), caller_x))
-
-    def layer_norm(self, x, normalized_shape, weight=None, bias=None, eps=1e-5, *, out=None):
-        return self.layer_norm_forward(x, normalized_shape, weight, bias, eps, out=out)[0]
-
-    def layer_norm_backward(self, dy, x, mean, rstd, normalized_shape, weight=None):
-        return self._layer_norm_backward(dy, None, x, mean, rstd, normalized_shape, weight, "x")
-
-    def _layer_norm_backward(self, dy, ds, x, mean, rstd, normalized_shape, weight, x_name):
-        """LayerNorm backward with ``ds`` (None or like x) added to dx; ``x_name`` for errors."""
-        caller_x = x
-        dy, ds, x, mean, rstd, weight = self._native(
-            dy=dy, ds=ds, **{x_name: x}, mean=mean, rstd=rstd, weight=weight)
-        xdt = V.float_dtype(x_name, x)
-        M, N, nshape = V.rows(x.shape, normalized_shape)
-        V.same_as_x("dy", dy, x.shape, xdt, check_dtype=False)
-        V.same_as_x("ds", ds, x.shape, xdt, check_dtype=False, optional=True)
-        batch = x.shape[: len(x.shape) - len(nshape)]
-        V.stats("mean", mean, x.shape, batch, len(nshape))
-        V.stats("rstd", rstd, x.shape, batch, len(nshape))
-        V.param("weight", weight, nshape)
-        # ----
-        backend = self.backend
-        ctx = backend.call_context(caller_x)
-        acc = V.acc_dtype(xdt)
-        dx = backend.empty(ctx, (M, N), xdt)
-        dw = backend.empty(ctx, (N,), acc)
-        db = backend.empty(ctx, (N,), acc)
-        backend.launch(
-            ctx, backend.layer_norm.backward,
-            self._rows_like(ctx, dy, (M, N), xdt), backend.contiguous(ctx, x, (M, N)),
-            self._stat(ctx, mean, (M,), acc), self._stat(ctx, rstd, (M,), acc),
-            self._param(ctx, weight, N), dx, dw, db, ds=self._rows_or_none(ctx, ds, (M, N), xdt))
-        grad_dtype = self._grad_dtype(weight, xdt)
-        return (backend.wrap(dx.reshape(x.shape), caller_x),
-                backend.wrap(backend.cast(ctx, dw, grad_dtype).reshape(nshape), caller_x),
-                backend.wrap(backend.cast(ctx, db, grad_dtype).reshape(nshape), caller_x))
-
-    # ------------------------------------------------------------ RMSNorm
-
-    def rms_norm_forward(self, x, normalized_shape, weight=None, eps=None, *, out=None):
-        if out is None and self.small is not None:
-            hit = self.small.rms_norm(x, normalized_shape, weight, eps)
-            if hit is not None:
-                return hit
-        caller_x, eps_in = x, eps
-        x, weight, out_native = self._native(x=x, weight=weight, out=out)
-        xdt = V.float_dtype("x", x)
-        M, N, nshape = V.rows(x.shape, normalized_shape)
-        V.param("weight", weight, nshape)
-        eps = V.rms_eps(eps, xdt)
-        V.same_as_x("out", out_native, x.shape, xdt, optional=True)
-        # ----
-        backend = self.backend
-        ctx = backend.call_context(caller_x)
-        acc = V.acc_dtype(xdt)
-        y, copy_back = self._output(ctx, out_native, (M, N), xdt)
-        rstd = backend.empty(ctx, (M,), acc)
-        if M:
-            backend.launch(ctx, backend.rms_norm.forward, backend.contiguous(ctx, x, (M, N)),
-                           self._param(ctx, weight, N), eps, y, rstd,
-                           callers_out=out_native is not None and not copy_back)
-        if out is None and self.small is not None:
-            self.small.learn("rms", caller_x, normalized_shape, weight, None, eps_in, eps, M)
-        stat_shape = _stat_shape(x.shape, len(nshape))
-        return (self._result(ctx, y, copy_back, out, out_native, x.shape, caller_x),
-                backend.wrap(rstd.reshape(stat_shape), caller_x))
-
-    def rms_norm(self, x, normalized_shape, weight=None, eps=None, *, out=None):
-        return self.rms_norm_forward(x, normalized_shape, weight, eps, out=out)[0]
-
-    def rms_norm_backward(self, dy, x, rstd, normalized_shape, weight=None):
-        return self._rms_norm_backward(dy, None, x, rstd, normalized_shape, weight, "x")
-
-    def _rms_norm_backward(self, dy, ds, x, rstd, normalized_shape, weight, x_name):
-        """RMSNorm backward with ``ds`` (None or like x) added to dx; ``x_name`` for errors."""
-        caller_x = x
-        dy, ds, x, rstd, weight = self._native(dy=dy, ds=ds, **{x_name: x}, rstd=rstd, weight=weight)
-        xdt = V.float_dtype(x_name, x)
-        M, N, nshape = V.rows(x.shape, normalized_shape)
-        V.same_as_x("dy", dy, x.shape, xdt, check_dtype=False)
-        V.same_as_x("ds", ds, x.shape, xdt, check_dtype=False, optional=True)
-        batch = x.shape[: len(x.shape) - len(nshape)]
-        V.stats("rstd", rstd, x.shape, batch, len(nshape))
-        V.param("weight", weight, nshape)
-        # ----
-        backend = self.backend
-        ctx = backend.call_context(caller_x)
-        acc = V.acc_dtype(xdt)
-        dx = backend.empty(ctx, (M, N), xdt)
-        dw = backend.empty(ctx, (N,), acc)
-        backend.launch(
-            ctx, backend.rms_norm.backward,
-            self._rows_like(ctx, dy, (M, N), xdt), backend.contiguous(ctx, x, (M, N)),
-            self._stat(ctx, rstd, (M,), acc), self._param(ctx, weight, N), dx, dw,
-            ds=self._rows_or_none(ctx, ds, (M, N), xdt))
-        grad_dtype = self._grad_dtype(weight, xdt)
-        return (backend.wrap(dx.reshape(x.shape), caller_x),
-                backend.wrap(backend.cast(ctx, dw, grad_dtype).reshape(nshape), caller_x))
-
-    # ------------------------------------------------------------ GroupNorm
-
-    def group_norm_forward(self, x, num_groups, weight=None, bias=None, eps=1e-5, *, out=None):
-        caller_x = x
-        x, weight, bias, out_native = self._native(x=x, weight=weight, bias=bias, out=out)
-        xdt = V.float_dtype("x", x)
-        n, c, s, g = V.groups(x.shape, num_groups)
-        V.param("weight", weight, (c,))
-        V.param("bias", bias, (c,))
-        eps = V.check_eps(eps, xdt)
-        V.same_as_x("out", out_native, x.shape, xdt, optional=True)
-        # ----
-        backend = self.backend
-        ctx = backend.call_context(caller_x)
-        acc = V.acc_dtype(xdt)
-        y, copy_back = self._output(ctx, out_native, (n, c, s), xdt)
-        mean = backend.empty(ctx, (n, g), acc)
-        rstd = backend.empty(ctx, (n, g), acc)
-        if n:
-            backend.launch(ctx, backend.group_norm.forward, backend.contiguous(ctx, x, (n, c, s)),
-                           self._param(ctx, weight, c), self._param(ctx, bias, c), eps, y, mean, rstd)
-        return (self._result(ctx, y, copy_back, out, out_native, x.shape, caller_x),
-                backend.wrap(mean, caller_x), backend.wrap(rstd, caller_x))
-
-    def group_norm(self, x, num_groups, weight=None, bias=None, eps=1e-5, *, out=None):
-        return self.group_norm_forward(x, num_groups, weight, bias, eps, out=out)[0]
-
-    def group_norm_backward(self, dy, x, mean, rstd, weight=None):
-        caller_x = x
-        dy, x, mean, rstd, weight = self._native(dy=dy, x=x, mean=mean, rstd=rstd, weight=weight)
-        xdt = V.float_dtype("x", x)
-        V.float_dtype("mean", mean)
-        if len(mean.shape) != 2:
-            raise ValueError(f"`mean` has shape {tuple(mean.shape)}, expected (N, num_groups)")
-        n, c, s, g = V.groups(x.shape, mean.shape[1])
-        V.same_as_x("dy", dy, x.shape, xdt, check_dtype=False)
-        V.group_stats("mean", mean, n, g, x.shape)
-        V.group_stats("rstd", rstd, n, g, x.shape)
-        V.param("weight", weight, (c,))
-        # ----
-        backend = self.backend
-        ctx = backend.call_context(caller_x)
-        acc = V.acc_dtype(xdt)
-        dx = backend.empty(ctx, (n, c, s), xdt)
-        dw = backend.empty(ctx, (c,), acc)
-        db = backend.empty(ctx, (c,), acc)
-        backend.launch(
-            ctx, backend.group_norm.backward,
-            self._rows_like(ctx, dy, (n, c, s), xdt), backend.contiguous(ctx, x, (n, c, s)),
-            self._stat(ctx, mean, (n, g), acc), self._stat(ctx, rstd, (n, g), acc),
-            self._param(ctx, weight, c), dx, dw, db)
-        grad_dtype = self._grad_dtype(weight, xdt)
-        return (backend.wrap(dx.reshape(x.shape), caller_x),
-                backend.wrap(backend.cast(ctx, dw, grad_dtype), caller_x),
-                backend.wrap(backend.cast(ctx, db, grad_dtype), caller_x))
-
-    # ------------------------------------------------------------ fused residual add
-
-    def add_layer_norm_forward(self, x, residual, normalized_shape, weight=None, bias=None, eps=1e-5):
-        caller_x = x
-        x, residual, weight, bias = self._native(x=x, residual=residual, weight=weight, bias=bias)
-        xdt = V.float_dtype("x", x)
-        V.float_dtype("residual", residual)
-        M, N, nshape = V.rows(x.shape, normalized_shape)
-        V.same_as_x("residual", residual, x.shape, xdt)
-        V.param("weight", weight, nshape)
-        V.param("bias", bias, nshape)
-        eps = V.check_eps(eps, xdt)
-        # ----
-        backend = self.backend
-        ctx = backend.call_context(caller_x)
-        acc = V.acc_dtype(xdt)
-        y = backend.empty(ctx, (M, N), xdt)
-        s = backend.empty(ctx, (M, N), xdt)
-        mean = backend.empty(ctx, (M,), acc)
-        rstd = backend.empty(ctx, (M,), acc)
-        if M:
-            backend.launch(
-                ctx, backend.add_norm.layer_norm_forward,
-                backend.contiguous(ctx, x, (M, N)), backend.contiguous(ctx, residual, (M, N)),
-                self._param(ctx, weight, N), self._param(ctx, bias, N), eps, y, s, mean, rstd)
-        stat_shape = _stat_shape(x.shape, len(nshape))
-        return (backend.wrap(y.reshape(x.shape), caller_x), backend.wrap(s.reshape(x.shape), caller_x),
-                backend.wrap(mean.reshape(stat_shape), caller_x),
-                backend.wrap(rstd.reshape(stat_shape), caller_x))
-
-    def add_layer_norm(self, x, residual, normalized_shape, weight=None, bias=None, eps=1e-5):
-        return self.add_layer_norm_forward(x, residual, normalized_shape, weight, bias, eps)[:2]
-
-    def add_layer_norm_backward(self, dy, ds, s, mean, rstd, normalized_shape, weight=None):
-        return self._layer_norm_backward(dy, ds, s, mean, rstd, normalized_shape, weight, "s")
-
-    def add_rms_norm_forward(self, x, residual, normalized_shape, weight=None, eps=None):
-        caller_x = x
-        x, residual, weight = self._native(x=x, residual=residual, weight=weight)
-        xdt = V.float_dtype("x", x)
-        V.float_dtype("residual", residual)
-        M, N, nshape = V.rows(x.shape, normalized_shape)
-        V.same_as_x("residual", residual, x.shape, xdt)
-        V.param("weight", weight, nshape)
-        eps = V.rms_eps(eps, xdt)
-        # ----
-        backend = self.backend
-        ctx = backend.call_context(caller_x)
-        acc = V.acc_dtype(xdt)
-        y = backend.empty(ctx, (M, N), xdt)
-        s = backend.empty(ctx, (M, N), xdt)
-        rstd = backend.empty(ctx, (M,), acc)
-        if M:
-            backend.launch(
-                ctx, backend.add_norm.rms_norm_forward,
-                backend.contiguous(ctx, x, (M, N)), backend.contiguous(ctx, residual, (M, N)),
-                self._param(ctx, weight, N), eps, y, s, rstd)
-        stat_shape = _stat_shape(x.shape, len(nshape))
-        return (backend.wrap(y.reshape(x.shape), caller_x), backend.wrap(s.reshape(x.shape), caller_x),
-                backend.wrap(rstd.reshape(stat_shape), caller_x))
-
-    def add_rms_norm(self, x, residual, normalized_shape, weight=None, eps=None):
-        return self.add_rms_norm_forward(x, residual, normalized_shape, weight, eps)[:2]
-
-    def add_rms_norm_backward(self, dy, ds, s, rstd, normalized_shape, weight=None):
-        return self._rms_norm_backward(dy, ds, s, rstd, normalized_shape, weight, "s")
-
-    # ------------------------------------------------------------ small pieces
-
     def _rows_like(self, ctx, a, shape, dtype):
         """``dy``/``ds`` flattened and in x's dtype (the kernels read both as x's type)."""
         return self.backend.contiguous(ctx, self.backend.cast(ctx, a, dtype), shape)
@@ -374,3 +279,29 @@ class Frontend:
 
 def _stat_shape(x_shape, k):
     return tuple(x_shape[: len(x_shape) - k]) + (1,) * k
+
+
+# ------------------------------------------------------------ the methods, from the table
+
+def _method(op, kind):
+    """``Frontend``'s method ``kind`` of ``op``: the public signature (the forward and plain
+    ones with ``out=`` where the norm takes it), handing the arguments to one path."""
+    params = list(op.signature("plain" if kind == "forward" else kind).parameters.values())
+    sig = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *params])
+    roles = ", ".join(op.backward_roles if kind == "backward" else op.forward_roles)
+    if kind == "backward":
+        body = f"self._backward(_op, ({roles},))"
+    else:
+        out = "out" if op.has_out else "None"
+        n = len(op.plain_outputs)
+        pick = "" if kind == "forward" else "[0]" if n == 1 else f"[:{n}]"
+        body = f"self._forward(_op, ({roles},), {out}){pick}"
+    fn = ops.generate(op.function(kind), sig, body, {"_op": op}, op.doc(kind), "numbanorm._api.Frontend")
+    fn.__module__, fn.__qualname__ = __name__, f"Frontend.{fn.__name__}"
+    return fn
+
+
+for _op in ops.OPERATIONS:
+    for _kind in ops.KINDS:
+        setattr(Frontend, _op.function(_kind), _method(_op, _kind))
+del _op, _kind

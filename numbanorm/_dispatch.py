@@ -4,8 +4,6 @@ Defined here rather than in ``numbanorm/__init__`` so that ``numbanorm.layers``
 imports them without an import cycle through the package.
 """
 
-import linecache as _linecache
-
 import numpy as _np
 
 from . import _validate as _V
@@ -36,21 +34,13 @@ def _dispatching(op, kind):
     and ``help`` show them), no per-call binding; it picks the backend from the
     array arguments, in signature order, and calls the frontend's method of the
     same name with the same arguments.
-
-    Generated (as ``dataclasses`` generates ``__init__``) so that the table of
-    operations is the one place a function's parameters are written down.
     """
     name, sig = op.function(kind), op.signature(kind)
     params = sig.parameters.values()
     arrays = ", ".join(f"{p.name}={p.name}" for p in params if p.name in _ops.ARRAY_ROLES)
     call = ", ".join(f"{p.name}={p.name}" if p.kind is p.KEYWORD_ONLY else p.name for p in params)
-    src = f"def {name}{sig}:\n    return _pick({arrays}).{name}({call})\n"
-    filename = f"<numbanorm.{name}, generated from numbanorm.operations>"
-    _linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)  # tracebacks show the line
-    namespace = {"_pick": _pick}
-    exec(compile(src, filename, "exec"), namespace)
-    fn = namespace[name]
-    fn.__module__, fn.__doc__ = "numbanorm", op.doc(kind)
+    fn = _ops.generate(name, sig, f"_pick({arrays}).{name}({call})", {"_pick": _pick}, op.doc(kind), "numbanorm")
+    fn.__module__ = "numbanorm"
     return fn
 
 

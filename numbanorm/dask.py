@@ -39,15 +39,10 @@ import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
-import numbanorm as _nn
+import numbanorm as _numbanorm  # the top-level functions: each block runs one
 
 from . import _validate as V
-
-__all__ = [
-    "layer_norm", "layer_norm_forward", "layer_norm_backward",
-    "rms_norm", "rms_norm_forward", "rms_norm_backward",
-    "group_norm", "group_norm_forward", "group_norm_backward",
-]
+from .operations import BY_NAME, KINDS, OPERATIONS, generate
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -131,144 +126,47 @@ def _tree_sum(partials, axes, dtype, acc):
     return partials.astype(acc).sum(axis=axes, dtype=acc).astype(dtype)
 
 
-# ------------------------------------------------------------ layer norm and RMS norm
-
-def _rows_plan(x, normalized_shape):
-    """Validate ``x`` and ``normalized_shape``; ``x`` rechunked to whole rows per block."""
-    xdt = V.float_dtype("x", x)
-    _, _, nshape = V.rows(x.shape, normalized_shape)
-    nb = x.ndim - len(nshape)
-    return xdt, nshape, nb, x.rechunk({ax: -1 for ax in range(nb, x.ndim)})
+# ------------------------------------------------------------ layouts
+#
+# How a layout of the table (``numbanorm.operations``) becomes blocks: which axes
+# a block holds whole, how parameters and statistics are chunked alongside x,
+# and over which axes the per-block dweight/dbias partials are summed.
 
 
-def _stats_rows(name, a, x, nb, k):
-    """Saved statistics (keep-dims or plain batch shape) as plain batch-shaped, x's row chunks."""
-    V.stats(name, a, x.shape, x.shape[:nb], k)
-    if a.ndim != nb:
-        a = a[(Ellipsis,) + (0,) * k]
-    return a.rechunk(x.chunks[:nb])
+class _Rows:
+    """Each normalized row whole in one block: the normalized axes merged into one chunk."""
 
+    align = True  # the blocks' arrays are chunked alike already; dask may align them
 
-def _ln_fwd_block(x, w, b, nshape, eps):
-    return _nn.layer_norm_forward(x, nshape, w, b, eps)
+    def __init__(self, x, normalized_shape):
+        self.xdt = V.float_dtype("x", x)
+        _, _, nshape = V.rows(x.shape, normalized_shape)
+        nb = x.ndim - len(nshape)
+        self.x = x.rechunk({ax: -1 for ax in range(nb, x.ndim)})
+        self.ind = _LETTERS[: x.ndim]
+        self.params, self.key = nshape, nshape
+        self.block_kwargs = {"shape": nshape, "group_size": None, "batch_dims": nb}
+        self.param_ind = self.ind[nb:]
+        self.stat_chunks = self.x.chunks[:nb] + ((1,),) * len(nshape)  # keep-dims, as the top level returns them
+        self.part_chunks = tuple((1,) * len(c) for c in self.x.chunks[:nb]) + self.x.chunks[nb:]
+        self.batch_axes = tuple(range(nb))
+        self._nb = nb
 
+    @classmethod
+    def of_backward(cls, x, normalized_shape, stats):
+        return cls(x, normalized_shape)
 
-def _rms_fwd_block(x, w, nshape, eps):
-    return _nn.rms_norm_forward(x, nshape, w, eps)
+    def param(self, a):
+        return _single(a)
 
+    def stat(self, name, a):
+        """Saved statistics (keep-dims or plain batch shape) as plain batch-shaped, x's row chunks."""
+        nb, k = self._nb, len(self.params)
+        V.stats(name, a, self.x.shape, self.x.shape[:nb], k)
+        if a.ndim != nb:
+            a = a[(Ellipsis,) + (0,) * k]
+        return a.rechunk(self.x.chunks[:nb]), self.ind[:nb]
 
-def _ln_bwd_block(dy, x, mean, rstd, w, nshape):
-    dx, dw, db = _nn.layer_norm_backward(dy, x, mean, rstd, nshape, w)
-    one = (1,) * (x.ndim - len(nshape))
-    return dx, dw.reshape(one + nshape), db.reshape(one + nshape)
-
-
-def _rms_bwd_block(dy, x, rstd, w, nshape):
-    dx, dw = _nn.rms_norm_backward(dy, x, rstd, nshape, w)
-    return dx, dw.reshape((1,) * (x.ndim - len(nshape)) + nshape)
-
-
-def layer_norm_forward(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    """Lazy ``(y, mean, rstd)``; statistics keep-dims, as the top level returns them."""
-    x, weight, bias = _as_dask("x", x), _as_dask("weight", weight), _as_dask("bias", bias)
-    _meta_side(x=x, weight=weight, bias=bias)
-    xdt, nshape, nb, x = _rows_plan(x, normalized_shape)
-    V.param("weight", weight, nshape)
-    V.param("bias", bias, nshape)
-    eps = V.check_eps(eps, xdt)
-    k, acc = len(nshape), V.acc_dtype(xdt)
-    ind = _LETTERS[: x.ndim]
-    tok = tokenize(x, nshape, weight, bias, eps)
-    tmp = _tuple_blocks(f"layer_norm_forward-{tok}", _ln_fwd_block, ind, x, ind,
-                        _single(weight), ind[nb:] if weight is not None else None,
-                        _single(bias), ind[nb:] if bias is not None else None,
-                        nshape=nshape, eps=eps)
-    stat_chunks = x.chunks[:nb] + ((1,),) * k
-    return (_leaf(tmp, 0, x.chunks, xdt, f"layer_norm-y-{tok}"),
-            _leaf(tmp, 1, stat_chunks, acc, f"layer_norm-mean-{tok}"),
-            _leaf(tmp, 2, stat_chunks, acc, f"layer_norm-rstd-{tok}"))
-
-
-def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, out=None):
-    """Lazy LayerNorm over the trailing ``normalized_shape`` of ``x``."""
-    _no_out(out)
-    return layer_norm_forward(x, normalized_shape, weight, bias, eps)[0]
-
-
-def layer_norm_backward(dy, x, mean, rstd, normalized_shape, weight=None):
-    """Lazy ``(dx, dweight, dbias)``; dweight/dbias are tree reductions over row blocks."""
-    dy, x, mean, rstd, weight = (_as_dask(n, a) for n, a in
-                                 (("dy", dy), ("x", x), ("mean", mean), ("rstd", rstd), ("weight", weight)))
-    _meta_side(dy=dy, x=x, mean=mean, rstd=rstd, weight=weight)
-    xdt, nshape, nb, x = _rows_plan(x, normalized_shape)
-    V.same_as_x("dy", dy, x.shape, xdt, check_dtype=False)
-    k, acc = len(nshape), V.acc_dtype(xdt)
-    mean = _stats_rows("mean", mean, x, nb, k)
-    rstd = _stats_rows("rstd", rstd, x, nb, k)
-    V.param("weight", weight, nshape)
-    dy = dy.rechunk(x.chunks)
-    ind = _LETTERS[: x.ndim]
-    tok = tokenize(dy, x, mean, rstd, nshape, weight)
-    tmp = _tuple_blocks(f"layer_norm_backward-{tok}", _ln_bwd_block, ind, dy, ind, x, ind,
-                        mean, ind[:nb], rstd, ind[:nb],
-                        _single(_acc_param(weight, xdt)), ind[nb:] if weight is not None else None,
-                        nshape=nshape)
-    pdt = weight.dtype if weight is not None else xdt
-    part_chunks = tuple((1,) * len(c) for c in x.chunks[:nb]) + x.chunks[nb:]
-    batch = tuple(range(nb))
-    dw = _leaf(tmp, 1, part_chunks, acc if weight is not None else xdt, f"layer_norm-dw-part-{tok}")
-    db = _leaf(tmp, 2, part_chunks, acc if weight is not None else xdt, f"layer_norm-db-part-{tok}")
-    return (_leaf(tmp, 0, x.chunks, xdt, f"layer_norm-dx-{tok}"),
-            _tree_sum(dw, batch, pdt, acc), _tree_sum(db, batch, pdt, acc))
-
-
-def rms_norm_forward(x, normalized_shape, weight=None, eps=None):
-    """Lazy ``(y, rstd)``; rstd keep-dims."""
-    x, weight = _as_dask("x", x), _as_dask("weight", weight)
-    _meta_side(x=x, weight=weight)
-    xdt, nshape, nb, x = _rows_plan(x, normalized_shape)
-    V.param("weight", weight, nshape)
-    eps = V.rms_eps(eps, xdt)
-    k, acc = len(nshape), V.acc_dtype(xdt)
-    ind = _LETTERS[: x.ndim]
-    tok = tokenize(x, nshape, weight, eps)
-    tmp = _tuple_blocks(f"rms_norm_forward-{tok}", _rms_fwd_block, ind, x, ind,
-                        _single(weight), ind[nb:] if weight is not None else None,
-                        nshape=nshape, eps=eps)
-    return (_leaf(tmp, 0, x.chunks, xdt, f"rms_norm-y-{tok}"),
-            _leaf(tmp, 1, x.chunks[:nb] + ((1,),) * k, acc, f"rms_norm-rstd-{tok}"))
-
-
-def rms_norm(x, normalized_shape, weight=None, eps=None, *, out=None):
-    """Lazy RMSNorm over the trailing ``normalized_shape`` of ``x``."""
-    _no_out(out)
-    return rms_norm_forward(x, normalized_shape, weight, eps)[0]
-
-
-def rms_norm_backward(dy, x, rstd, normalized_shape, weight=None):
-    """Lazy ``(dx, dweight)``; dweight is a tree reduction over row blocks."""
-    dy, x, rstd, weight = (_as_dask(n, a) for n, a in
-                           (("dy", dy), ("x", x), ("rstd", rstd), ("weight", weight)))
-    _meta_side(dy=dy, x=x, rstd=rstd, weight=weight)
-    xdt, nshape, nb, x = _rows_plan(x, normalized_shape)
-    V.same_as_x("dy", dy, x.shape, xdt, check_dtype=False)
-    k, acc = len(nshape), V.acc_dtype(xdt)
-    rstd = _stats_rows("rstd", rstd, x, nb, k)
-    V.param("weight", weight, nshape)
-    dy = dy.rechunk(x.chunks)
-    ind = _LETTERS[: x.ndim]
-    tok = tokenize(dy, x, rstd, nshape, weight)
-    tmp = _tuple_blocks(f"rms_norm_backward-{tok}", _rms_bwd_block, ind, dy, ind, x, ind, rstd, ind[:nb],
-                        _single(_acc_param(weight, xdt)), ind[nb:] if weight is not None else None,
-                        nshape=nshape)
-    pdt = weight.dtype if weight is not None else xdt
-    part_chunks = tuple((1,) * len(c) for c in x.chunks[:nb]) + x.chunks[nb:]
-    dw = _leaf(tmp, 1, part_chunks, acc if weight is not None else xdt, f"rms_norm-dw-part-{tok}")
-    return (_leaf(tmp, 0, x.chunks, xdt, f"rms_norm-dx-{tok}"),
-            _tree_sum(dw, tuple(range(nb)), pdt, acc))
-
-
-# ------------------------------------------------------------ group norm
 
 def _group_chunks(chunks, cg, c):
     """Channel chunks moved to group boundaries (multiples of ``cg``), empty ones dropped."""
@@ -277,82 +175,141 @@ def _group_chunks(chunks, cg, c):
     return tuple(np.diff([0] + ends).tolist())
 
 
-def _groups_plan(x, num_groups):
-    xdt = V.float_dtype("x", x)
-    n, c, s, g = V.groups(x.shape, num_groups)
-    cg = c // g
-    chunks = {1: _group_chunks(x.chunks[1], cg, c)}
-    chunks.update({ax: -1 for ax in range(2, x.ndim)})
-    return xdt, c, g, cg, x.rechunk(chunks)
+class _Groups:
+    """Each (sample, group) whole in one block: spatial axes merged, channel chunks moved to
+    group boundaries, so channel-chunked inputs keep their parallelism."""
+
+    # the statistics' group axis has its own index letter: its chunks are the channel
+    # chunks divided by the group size, so its blocks pair with x's channel blocks
+    align = False
+
+    def __init__(self, x, num_groups):
+        self.xdt = V.float_dtype("x", x)
+        n, c, s, g = V.groups(x.shape, num_groups)
+        cg = c // g
+        chunks = {1: _group_chunks(x.chunks[1], cg, c)}
+        chunks.update({ax: -1 for ax in range(2, x.ndim)})
+        self.x = x.rechunk(chunks)
+        self.ind = _LETTERS[: x.ndim]
+        self.params, self.key = (c,), num_groups
+        self.block_kwargs = {"shape": None, "group_size": cg, "batch_dims": 1}
+        self.param_ind = "b"
+        cch = self.x.chunks[1]
+        self.stat_chunks = (self.x.chunks[0], tuple(k // cg for k in cch))
+        self.part_chunks = ((1,) * len(self.x.chunks[0]), cch)
+        self.batch_axes = 0
+        self._g = g
+
+    @classmethod
+    def of_backward(cls, x, normalized_shape, stats):
+        """The backward takes no num_groups: the first statistic's shape (N, G) tells it."""
+        V.float_dtype("x", x)
+        name, a = stats[0]
+        V.float_dtype(name, a)
+        if a.ndim != 2:
+            raise ValueError(f"`{name}` has shape {tuple(a.shape)}, expected (N, num_groups)")
+        return cls(x, a.shape[1])
+
+    def param(self, a):
+        return _single(a, self.x.chunks[1])
+
+    def stat(self, name, a):
+        V.group_stats(name, a, self.x.shape[0], self._g, self.x.shape)
+        return a.rechunk(self.stat_chunks), "ab"
 
 
-def _gn_fwd_block(x, w, b, cg, eps):
-    return _nn.group_norm_forward(x, x.shape[1] // cg, w, b, eps)
+_LAYOUTS = {"rows": _Rows, "groups": _Groups}
 
 
-def _gn_bwd_block(dy, x, mean, rstd, w):
-    dx, dw, db = _nn.group_norm_backward(dy, x, mean, rstd, w)
-    return dx, dw[None], db[None]
+# ------------------------------------------------------------ one task per block
+
+def _forward_block(x, *params, operation, shape, group_size, batch_dims, eps):
+    """numbanorm's forward of ``operation`` on one block (a group norm block's
+    num_groups from its channels)."""
+    op = BY_NAME[operation]
+    values = {"x": x, op.shape_role: shape if group_size is None else x.shape[1] // group_size,
+              **dict(zip(op.params, params)), "eps": eps}
+    return op.call(_numbanorm, "forward", values)
 
 
-def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
-    """Lazy ``(y, mean, rstd)``, statistics of shape ``(N, num_groups)``."""
-    x, weight, bias = _as_dask("x", x), _as_dask("weight", weight), _as_dask("bias", bias)
-    _meta_side(x=x, weight=weight, bias=bias)
-    xdt, c, g, cg, x = _groups_plan(x, num_groups)
-    V.param("weight", weight, (c,))
-    V.param("bias", bias, (c,))
-    eps = V.check_eps(eps, xdt)
+def _backward_block(dy, x, *rest, operation, shape, group_size, batch_dims):
+    """numbanorm's backward on one block; dweight/dbias as partials with ``batch_dims`` axes of 1."""
+    op = BY_NAME[operation]
+    *stats, weight = rest
+    values = {"dy": dy, "x": x, **dict(zip(op.stats, stats)), "normalized_shape": shape, "weight": weight}
+    dx, *dparams = op.call(_numbanorm, "backward", values)
+    return (dx, *(d.reshape((1,) * batch_dims + d.shape) for d in dparams))
+
+
+# ------------------------------------------------------------ the two paths
+
+def _forward(op, args):
+    """Lazy forward of ``op``: ``args`` in the table's role order."""
+    given = dict(zip(op.forward_roles, args))
+    a = {r: _as_dask(r, given[r]) for r in op.forward_arrays}
+    _meta_side(**a)
+    plan = _LAYOUTS[op.layout](a["x"], given[op.shape_role])
+    for r in op.params:
+        V.param(r, a[r], plan.params)
+    eps = V.rms_eps(given["eps"], plan.xdt) if op.eps is None else V.check_eps(given["eps"], plan.xdt)
+    x, acc = plan.x, V.acc_dtype(plan.xdt)
+    params = [a[r] for r in op.params]
+    tok = tokenize(x, plan.key, *params, eps)
+    param_args = [arg for p in params for arg in (plan.param(p), plan.param_ind if p is not None else None)]
+    tmp = _tuple_blocks(f"{op.name}_forward-{tok}", _forward_block, plan.ind, x, plan.ind, *param_args,
+                        operation=op.name, eps=eps, **plan.block_kwargs)
+    return (_leaf(tmp, 0, x.chunks, plan.xdt, f"{op.name}-y-{tok}"),
+            *(_leaf(tmp, i, plan.stat_chunks, acc, f"{op.name}-{r}-{tok}") for i, r in enumerate(op.stats, 1)))
+
+
+def _backward(op, args):
+    """Lazy backward of ``op``; dweight/dbias are tree reductions over the blocks' partials."""
+    given = dict(zip(op.backward_roles, args))
+    a = {r: _as_dask(r, given[r]) for r in op.backward_arrays}
+    _meta_side(**a)
+    plan = _LAYOUTS[op.layout].of_backward(a["x"], given.get("normalized_shape"), [(r, a[r]) for r in op.stats])
+    x, xdt, weight = plan.x, plan.xdt, a["weight"]
+    V.same_as_x("dy", a["dy"], x.shape, xdt, check_dtype=False)
+    stats = [plan.stat(r, a[r]) for r in op.stats]
+    V.param("weight", weight, plan.params)
     acc = V.acc_dtype(xdt)
-    ind = _LETTERS[: x.ndim]
-    tok = tokenize(x, num_groups, weight, bias, eps)
-    cch = x.chunks[1]
-    tmp = _tuple_blocks(f"group_norm_forward-{tok}", _gn_fwd_block, ind, x, ind,
-                        _single(weight, cch), "b" if weight is not None else None,
-                        _single(bias, cch), "b" if bias is not None else None,
-                        cg=cg, eps=eps)
-    stat_chunks = (x.chunks[0], tuple(k // cg for k in cch))
-    return (_leaf(tmp, 0, x.chunks, xdt, f"group_norm-y-{tok}"),
-            _leaf(tmp, 1, stat_chunks, acc, f"group_norm-mean-{tok}"),
-            _leaf(tmp, 2, stat_chunks, acc, f"group_norm-rstd-{tok}"))
+    dy = a["dy"].rechunk(x.chunks)
+    tok = tokenize(dy, x, *(st for st, _ in stats), plan.key, weight)
+    tmp = _tuple_blocks(f"{op.name}_backward-{tok}", _backward_block, plan.ind, dy, plan.ind, x, plan.ind,
+                        *(arg for st in stats for arg in st),
+                        plan.param(_acc_param(weight, xdt)), plan.param_ind if weight is not None else None,
+                        operation=op.name, align_arrays=plan.align, **plan.block_kwargs)
+    pdt = weight.dtype if weight is not None else xdt  # as the in-memory backward returns them
+    part = acc if weight is not None else xdt
+    grads = (_leaf(tmp, i, plan.part_chunks, part, f"{op.name}-d{r[0]}-part-{tok}") for i, r in enumerate(op.params, 1))
+    return (_leaf(tmp, 0, x.chunks, xdt, f"{op.name}-dx-{tok}"),
+            *(_tree_sum(g, plan.batch_axes, pdt, acc) for g in grads))
 
 
-def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, *, out=None):
-    """Lazy GroupNorm of ``x`` of shape ``(N, C, *spatial)``."""
+def _plain(op, args, out):
     _no_out(out)
-    return group_norm_forward(x, num_groups, weight, bias, eps)[0]
+    return _forward(op, args)[0]
 
 
-def group_norm_backward(dy, x, mean, rstd, weight=None):
-    """Lazy ``(dx, dweight, dbias)``; dweight/dbias are tree reductions over sample blocks."""
-    dy, x, mean, rstd, weight = (_as_dask(n, a) for n, a in
-                                 (("dy", dy), ("x", x), ("mean", mean), ("rstd", rstd), ("weight", weight)))
-    _meta_side(dy=dy, x=x, mean=mean, rstd=rstd, weight=weight)
-    V.float_dtype("x", x)
-    V.float_dtype("mean", mean)
-    if mean.ndim != 2:
-        raise ValueError(f"`mean` has shape {tuple(mean.shape)}, expected (N, num_groups)")
-    xdt, c, g, cg, x = _groups_plan(x, mean.shape[1])
-    V.same_as_x("dy", dy, x.shape, xdt, check_dtype=False)
-    V.group_stats("mean", mean, x.shape[0], g, x.shape)
-    V.group_stats("rstd", rstd, x.shape[0], g, x.shape)
-    V.param("weight", weight, (c,))
-    acc = V.acc_dtype(xdt)
-    dy = dy.rechunk(x.chunks)
-    cch = x.chunks[1]
-    stat_chunks = (x.chunks[0], tuple(k // cg for k in cch))
-    ind = _LETTERS[: x.ndim]
-    tok = tokenize(dy, x, mean, rstd, weight)
-    # the statistics' group axis gets its own index letter: its chunks are the
-    # channel chunks divided by cg, so its blocks pair with x's channel blocks
-    tmp = _tuple_blocks(f"group_norm_backward-{tok}", _gn_bwd_block, ind, dy, ind, x, ind,
-                        mean.rechunk(stat_chunks), "ab", rstd.rechunk(stat_chunks), "ab",
-                        _single(_acc_param(weight, xdt), cch), "b" if weight is not None else None,
-                        align_arrays=False)
-    pdt = weight.dtype if weight is not None else xdt
-    part_chunks = ((1,) * len(x.chunks[0]), cch)
-    pd = acc if weight is not None else xdt
-    dw = _leaf(tmp, 1, part_chunks, pd, f"group_norm-dw-part-{tok}")
-    db = _leaf(tmp, 2, part_chunks, pd, f"group_norm-db-part-{tok}")
-    return (_leaf(tmp, 0, x.chunks, xdt, f"group_norm-dx-{tok}"),
-            _tree_sum(dw, 0, pdt, acc), _tree_sum(db, 0, pdt, acc))
+# ------------------------------------------------------------ the functions, from the table
+
+def _function(op, kind):
+    """The lazy public function ``kind`` of ``op``, with the top level's signature."""
+    sig = op.signature(kind)
+    roles = ", ".join(op.backward_roles if kind == "backward" else op.forward_roles)
+    body = {"plain": f"_plain(_op, ({roles},), out)", "forward": f"_forward(_op, ({roles},))",
+            "backward": f"_backward(_op, ({roles},))"}[kind]
+    namespace = {"_op": op, "_plain": _plain, "_forward": _forward, "_backward": _backward}
+    fn = generate(op.function(kind), sig, body, namespace, f"Lazy: {op.doc(kind)}", __name__)
+    fn.__module__ = __name__
+    return fn
+
+
+# the fused operations have no lazy form yet (none was asked for); s would be one more output of the same blocks
+_OPERATIONS = [op for op in OPERATIONS if not op.fused]
+for _op in _OPERATIONS:
+    for _kind in KINDS:
+        globals()[_op.function(_kind)] = _function(_op, _kind)
+del _op, _kind
+
+__all__ = [f for op in _OPERATIONS for f in op.functions]

@@ -2,13 +2,17 @@
 
 ``layer(x)`` runs the forward and keeps what the backward needs;
 ``layer.backward(dy)`` returns ``dx`` and sets ``grad_weight``/``grad_bias``.
+
+One class per norm (its constructor is what a user writes); the forward and
+backward come from the table's row: the layer's attributes carry the role names
+(``normalized_shape`` or ``num_groups``, ``weight``, ``bias``, ``eps``).
 """
 
 import numpy as np
 
+from . import _dispatch
 from . import _validate as V
-from ._dispatch import (group_norm_backward, group_norm_forward, layer_norm_backward, layer_norm_forward,
-                        rms_norm_backward, rms_norm_forward)
+from .operations import BY_NAME
 
 
 def _saved(x):
@@ -26,7 +30,8 @@ def _saved(x):
 
 
 class _Norm:
-    _stats = None
+    _op = None     # the table's row of the layer's operation
+    _stats = None  # (private copy of x, *statistics) of the last forward
 
     def __getstate__(self):
         # the last input is not part of a layer: a pickle carries the parameters only
@@ -34,20 +39,37 @@ class _Norm:
         state.pop("_stats", None)
         return state
 
+    def _check_input(self, x):
+        """A layer's own check of x before the forward (the function checks the rest)."""
+
+    def __call__(self, x):
+        self._check_input(x)
+        op = self._op
+        outputs = op.call(_dispatch, "forward", {"x": x, **{r: getattr(self, r) for r in op.forward_roles[1:]}})
+        made = dict(zip(op.forward_outputs, outputs))
+        self._stats = (_saved(x), *(made[r] for r in op.stats))
+        return made["y"]
+
     def backward(self, dy):
         if self._stats is None:
             raise RuntimeError(f"{type(self).__name__}.backward called before a forward")
-        return self._backward(dy, *self._stats)
-
-    def _set_grads(self, dw, db=None):
-        self.grad_weight = dw if self.weight is not None else None
-        self.grad_bias = db if self.bias is not None else None
+        op = self._op
+        x, *stats = self._stats
+        values = {"dy": dy, "x": x, **dict(zip(op.stats, stats)),
+                  "normalized_shape": getattr(self, "normalized_shape", None), "weight": self.weight}
+        dx, *dparams = op.call(_dispatch, "backward", values)
+        grads = dict(zip(op.params, dparams))
+        self.grad_weight = grads["weight"] if self.weight is not None else None
+        self.grad_bias = grads.get("bias") if self.bias is not None else None
+        return dx
 
     def __repr__(self):
         return f"{type(self).__name__}({self.extra_repr()})"
 
 
 class LayerNorm(_Norm):
+    _op = BY_NAME["layer_norm"]
+
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, dtype=np.float32):
         self.normalized_shape = V._as_shape(normalized_shape)
         self.eps = V.check_eps(eps, np.dtype(dtype))
@@ -56,21 +78,12 @@ class LayerNorm(_Norm):
         self.bias = np.zeros(self.normalized_shape, dtype) if elementwise_affine and bias else None
         self.grad_weight = self.grad_bias = None
 
-    def __call__(self, x):
-        y, mean, rstd = layer_norm_forward(x, self.normalized_shape, self.weight, self.bias, self.eps)
-        self._stats = (_saved(x), mean, rstd)
-        return y
-
-    def _backward(self, dy, x, mean, rstd):
-        dx, dw, db = layer_norm_backward(dy, x, mean, rstd, self.normalized_shape, self.weight)
-        self._set_grads(dw, db)
-        return dx
-
     def extra_repr(self):
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
 
 
 class RMSNorm(_Norm):
+    _op = BY_NAME["rms_norm"]
     bias = None
 
     def __init__(self, normalized_shape, eps=None, elementwise_affine=True, dtype=np.float32):
@@ -80,21 +93,13 @@ class RMSNorm(_Norm):
         self.weight = np.ones(self.normalized_shape, dtype) if elementwise_affine else None
         self.grad_weight = self.grad_bias = None
 
-    def __call__(self, x):
-        y, rstd = rms_norm_forward(x, self.normalized_shape, self.weight, self.eps)
-        self._stats = (_saved(x), rstd)
-        return y
-
-    def _backward(self, dy, x, rstd):
-        dx, dw = rms_norm_backward(dy, x, rstd, self.normalized_shape, self.weight)
-        self._set_grads(dw)
-        return dx
-
     def extra_repr(self):
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
 
 
 class GroupNorm(_Norm):
+    _op = BY_NAME["group_norm"]
+
     def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, dtype=np.float32):
         num_groups = V.integer("num_groups", num_groups)
         num_channels = V.integer("num_channels", num_channels)
@@ -108,17 +113,9 @@ class GroupNorm(_Norm):
         self.bias = np.zeros(num_channels, dtype) if affine else None
         self.grad_weight = self.grad_bias = None
 
-    def __call__(self, x):
+    def _check_input(self, x):
         if len(np.shape(x)) < 2 or np.shape(x)[1] != self.num_channels:
             raise ValueError(f"expected x of shape (N, {self.num_channels}, *spatial), got {tuple(np.shape(x))}")
-        y, mean, rstd = group_norm_forward(x, self.num_groups, self.weight, self.bias, self.eps)
-        self._stats = (_saved(x), mean, rstd)
-        return y
-
-    def _backward(self, dy, x, mean, rstd):
-        dx, dw, db = group_norm_backward(dy, x, mean, rstd, self.weight)
-        self._set_grads(dw, db)
-        return dx
 
     def extra_repr(self):
         return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"

@@ -11,15 +11,18 @@ docstrings follow from the row.  The table drives:
   calls built by :meth:`Operation.call`, results named by the ``*_outputs``);
 * the benchmarks (``numbanorm.measure``: calls, the oracle and PyTorch peers).
 
-Adding a norm: a row here, its kernel module in each backend (with the
-frontend's method that validates and launches it) and its oracle in
-``numbanorm.reference``.
+Adding a norm: a row here, its kernel module in each backend's ``_kernels``
+package (the row's ``kernels`` name its launchers) and its oracle in
+``numbanorm.reference``.  The frontend, ``numbanorm.torch``, ``numbanorm.dask``
+and ``numbanorm.layers`` are driven by the row's roles and layout.
 """
 
 from __future__ import annotations
 
 import inspect
+import linecache
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -40,6 +43,7 @@ class Operation:
     eps: float | None  # eps default (None: the accumulation dtype's machine epsilon)
     fused: bool        # s = x + residual is normalized (and returned); backward takes ds and s
     torch: str         # the torch.nn.functional counterpart (of x + residual when fused)
+    kernels: tuple     # forward and backward launchers, 'module.function' in each backend's _kernels
     docs: tuple        # docstrings of the plain, forward and backward functions
 
     # ---------------------------------------------------------------- names and signatures
@@ -49,19 +53,34 @@ class Operation:
         """``(plain, forward, backward)`` public names."""
         return (self.name, f"{self.name}_forward", f"{self.name}_backward")
 
-    @property
+    @cached_property  # read on every call by the frontend
     def shape_role(self):
         return "normalized_shape" if self.layout == "rows" else "num_groups"
 
-    @property
+    @cached_property  # read on every call by the frontend
     def forward_roles(self):
         return (("x",) + (("residual",) if self.fused else ()) + (self.shape_role, "weight")
                 + (("bias",) if self.bias else ()) + ("eps",))
 
-    @property
+    @cached_property  # read on every call by the frontend
     def backward_roles(self):
         return (("dy",) + (("ds", "s") if self.fused else ("x",)) + self.stats
                 + (("normalized_shape",) if self.layout == "rows" else ()) + ("weight",))
+
+    @cached_property
+    def forward_arrays(self):
+        """The forward's array roles, in signature order."""
+        return tuple(r for r in self.forward_roles if r in ARRAY_ROLES)
+
+    @cached_property
+    def backward_arrays(self):
+        """The backward's array roles, in signature order."""
+        return tuple(r for r in self.backward_roles if r in ARRAY_ROLES)
+
+    @cached_property
+    def params(self):
+        """The affine parameters' roles."""
+        return ("weight", "bias") if self.bias else ("weight",)
 
     @property
     def has_out(self):
@@ -160,24 +179,46 @@ class Operation:
         return {k: (np.asarray(a, dtype) if isinstance(a, np.ndarray) else a) for k, a in v.items()}
 
 
+def generate(name, signature, body, namespace, doc, where):
+    """The function ``def name<signature>: return <body>``, compiled in ``namespace``.
+
+    Generated (as ``dataclasses`` generates ``__init__``) so that this table is the
+    one place a function's parameters are written down: ``inspect.signature`` and
+    ``help`` show real parameters, and no call binds its arguments at run time.
+    ``where`` names the function in tracebacks.
+    """
+    src = f"def {name}{signature}:\n    return {body}\n"
+    filename = f"<{where}.{name}, generated from numbanorm.operations>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)  # tracebacks show the line
+    exec(compile(src, filename, "exec"), namespace)
+    fn = namespace[name]
+    fn.__doc__ = doc
+    return fn
+
+
 OPERATIONS = (
     Operation("layer_norm", "rows", ("mean", "rstd"), bias=True, eps=1e-5, fused=False, torch="layer_norm",
+              kernels=("layer_norm.forward", "layer_norm.backward"),
               docs=("LayerNorm over the trailing ``normalized_shape`` of ``x``: ``y``.",
                     "LayerNorm keeping what the backward needs: ``(y, mean, rstd)``.",
                     "Gradients of LayerNorm: ``(dx, dweight, dbias)``.")),
     Operation("rms_norm", "rows", ("rstd",), bias=False, eps=None, fused=False, torch="rms_norm",
+              kernels=("rms_norm.forward", "rms_norm.backward"),
               docs=("RMSNorm over the trailing ``normalized_shape`` of ``x``: ``y``.",
                     "RMSNorm keeping what the backward needs: ``(y, rstd)``.",
                     "Gradients of RMSNorm: ``(dx, dweight)``.")),
     Operation("group_norm", "groups", ("mean", "rstd"), bias=True, eps=1e-5, fused=False, torch="group_norm",
+              kernels=("group_norm.forward", "group_norm.backward"),
               docs=("GroupNorm of ``x`` of shape ``(N, C, *spatial)``: ``y``.",
                     "GroupNorm keeping what the backward needs: ``(y, mean, rstd)``, stats ``(N, G)``.",
                     "Gradients of GroupNorm: ``(dx, dweight, dbias)``.")),
     Operation("add_layer_norm", "rows", ("mean", "rstd"), bias=True, eps=1e-5, fused=True, torch="layer_norm",
+              kernels=("add_norm.layer_norm_forward", "layer_norm.backward"),
               docs=("``s = x + residual`` and its LayerNorm in one pass over memory: ``(y, s)``.",
                     "Fused add + LayerNorm keeping what the backward needs: ``(y, s, mean, rstd)``.",
                     "Gradients of fused add + LayerNorm: ``(dx, dweight, dbias)``; dx is also d(residual).")),
     Operation("add_rms_norm", "rows", ("rstd",), bias=False, eps=None, fused=True, torch="rms_norm",
+              kernels=("add_norm.rms_norm_forward", "rms_norm.backward"),
               docs=("``s = x + residual`` and its RMSNorm in one pass over memory: ``(y, s)``.",
                     "Fused add + RMSNorm keeping what the backward needs: ``(y, s, rstd)``.",
                     "Gradients of fused add + RMSNorm: ``(dx, dweight)``; dx is also d(residual).")),

@@ -36,6 +36,7 @@ recognises the RMSNorm classes of Hugging Face ``transformers`` by what their
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 from typing import NamedTuple, Optional
@@ -44,8 +45,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-import numbanorm as _nn
+import numbanorm as _numbanorm  # the top-level functions, dispatching on the arrays' side
 from numbanorm import _validate as _V
+from numbanorm.operations import ARRAY_ROLES, BY_NAME, OPERATIONS, generate
 
 __all__ = [
     "layer_norm", "rms_norm", "group_norm", "add_layer_norm", "add_rms_norm",
@@ -110,303 +112,206 @@ def _shape(normalized_shape):
     return [int(d) if isinstance(d, np.integer) else d for d in normalized_shape]
 
 
-def _needed(ctx, *grads):
-    """``grads`` with None where the matching input does not need one."""
-    return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad))
-
-
 # ------------------------------------------------------------ custom operators
 #
-# One forward and one backward operator per norm.  Their implementations are the
-# only place a tensor becomes a NumPy array; the fake implementations give
-# torch.compile the outputs' shapes and dtypes as numbanorm's frontend makes them
-# (fresh contiguous outputs in x's dtype; statistics in the accumulation dtype;
-# dweight/dbias in the weight's dtype, or x's without a weight).
+# A forward and a backward operator for every operation of numbanorm's table
+# (``numbanorm.operations``), made from its row.  The implementations call
+# numbanorm's public functions and are the only place a tensor becomes a NumPy
+# array; the fake implementations give torch.compile the outputs' shapes and
+# dtypes as numbanorm's frontend makes them (fresh contiguous outputs in x's
+# dtype; statistics in the accumulation dtype; dweight/dbias in the weight's
+# dtype, or x's without a weight).
+
+# schema types of the roles that are not plain tensors (int lists are SymInt[]
+# as torch infers them from ``list[int]``, so the schemas read as they always did)
+_SCHEMA_TYPES = {"normalized_shape": "SymInt[]", "num_groups": "SymInt", "weight": "Tensor?",
+                 "bias": "Tensor?", "ds": "Tensor?"}
+
+
+def _schema(op, roles, outputs):
+    types = dict(_SCHEMA_TYPES, eps="float" if op.eps is not None else "float?")  # None: machine epsilon
+    args = ", ".join(f"{types.get(r, 'Tensor')} {r}" for r in roles)
+    return f"({args}) -> ({', '.join(['Tensor'] * len(outputs))})"
+
 
 def _acc(x):
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _fake_stats(x, normalized_shape):
-    k = len(normalized_shape)
-    return x.new_empty(tuple(x.shape[:x.dim() - k]) + (1,) * k, dtype=_acc(x))
-
-
-def _fake_param_grad(x, weight, shape):
-    return x.new_empty(tuple(shape), dtype=weight.dtype if weight is not None else x.dtype)
-
-
-@torch.library.custom_op("numbanorm::layer_norm_forward", mutates_args=())
-def _layer_norm_forward(x: Tensor, normalized_shape: list[int], weight: Optional[Tensor],
-                        bias: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    return _tensors(_nn.layer_norm_forward(_arr(x), normalized_shape, _arr(weight), _arr(bias), eps))
-
-
-@_layer_norm_forward.register_fake
-def _(x, normalized_shape, weight, bias, eps):
-    return x.new_empty(x.shape), _fake_stats(x, normalized_shape), _fake_stats(x, normalized_shape)
-
-
-@torch.library.custom_op("numbanorm::layer_norm_backward", mutates_args=())
-def _layer_norm_backward(dy: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, normalized_shape: list[int],
-                         weight: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-    return _tensors(_nn.layer_norm_backward(_arr(dy), _arr(x), _arr(mean), _arr(rstd), normalized_shape,
-                                            _arr(weight)))
-
-
-@_layer_norm_backward.register_fake
-def _(dy, x, mean, rstd, normalized_shape, weight):
-    return (x.new_empty(x.shape), _fake_param_grad(x, weight, normalized_shape),
-            _fake_param_grad(x, weight, normalized_shape))
-
-
-def _layer_norm_setup(ctx, inputs, output):
-    x, normalized_shape, weight, _, _ = inputs
-    _, mean, rstd = output
-    ctx.mark_non_differentiable(mean, rstd)
-    ctx.save_for_backward(x, weight, mean, rstd)
-    ctx.normalized_shape = normalized_shape
-
-
-def _layer_norm_grad(ctx, dy, _dmean, _drstd):
-    x, weight, mean, rstd = ctx.saved_tensors
-    dx, dw, db = _layer_norm_backward(dy, x, mean, rstd, ctx.normalized_shape, weight)
-    return _needed(ctx, dx, None, dw, db, None)
-
-
-_layer_norm_forward.register_autograd(_layer_norm_grad, setup_context=_layer_norm_setup)
-
-
-@torch.library.custom_op("numbanorm::rms_norm_forward", mutates_args=())
-def _rms_norm_forward(x: Tensor, normalized_shape: list[int], weight: Optional[Tensor],
-                      eps: Optional[float]) -> tuple[Tensor, Tensor]:
-    return _tensors(_nn.rms_norm_forward(_arr(x), normalized_shape, _arr(weight), eps))
-
-
-@_rms_norm_forward.register_fake
-def _(x, normalized_shape, weight, eps):
-    return x.new_empty(x.shape), _fake_stats(x, normalized_shape)
-
-
-@torch.library.custom_op("numbanorm::rms_norm_backward", mutates_args=())
-def _rms_norm_backward(dy: Tensor, x: Tensor, rstd: Tensor, normalized_shape: list[int],
-                       weight: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    return _tensors(_nn.rms_norm_backward(_arr(dy), _arr(x), _arr(rstd), normalized_shape, _arr(weight)))
-
-
-@_rms_norm_backward.register_fake
-def _(dy, x, rstd, normalized_shape, weight):
-    return x.new_empty(x.shape), _fake_param_grad(x, weight, normalized_shape)
-
-
-def _rms_norm_setup(ctx, inputs, output):
-    x, normalized_shape, weight, _ = inputs
-    ctx.mark_non_differentiable(output[1])
-    ctx.save_for_backward(x, weight, output[1])
-    ctx.normalized_shape = normalized_shape
-
-
-def _rms_norm_grad(ctx, dy, _drstd):
-    x, weight, rstd = ctx.saved_tensors
-    dx, dw = _rms_norm_backward(dy, x, rstd, ctx.normalized_shape, weight)
-    return _needed(ctx, dx, None, dw, None)
-
-
-_rms_norm_forward.register_autograd(_rms_norm_grad, setup_context=_rms_norm_setup)
-
-
-@torch.library.custom_op("numbanorm::group_norm_forward", mutates_args=())
-def _group_norm_forward(x: Tensor, num_groups: int, weight: Optional[Tensor], bias: Optional[Tensor],
-                        eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    return _tensors(_nn.group_norm_forward(_arr(x), num_groups, _arr(weight), _arr(bias), eps))
-
-
-@_group_norm_forward.register_fake
-def _(x, num_groups, weight, bias, eps):
-    stats = (x.shape[0], num_groups)
-    return x.new_empty(x.shape), x.new_empty(stats, dtype=_acc(x)), x.new_empty(stats, dtype=_acc(x))
-
-
-@torch.library.custom_op("numbanorm::group_norm_backward", mutates_args=())
-def _group_norm_backward(dy: Tensor, x: Tensor, mean: Tensor, rstd: Tensor,
-                         weight: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-    return _tensors(_nn.group_norm_backward(_arr(dy), _arr(x), _arr(mean), _arr(rstd), _arr(weight)))
-
-
-@_group_norm_backward.register_fake
-def _(dy, x, mean, rstd, weight):
-    c = (x.shape[1],)
-    return x.new_empty(x.shape), _fake_param_grad(x, weight, c), _fake_param_grad(x, weight, c)
-
-
-def _group_norm_setup(ctx, inputs, output):
-    x, _, weight, _, _ = inputs
-    _, mean, rstd = output
-    ctx.mark_non_differentiable(mean, rstd)
-    ctx.save_for_backward(x, weight, mean, rstd)
-
-
-def _group_norm_grad(ctx, dy, _dmean, _drstd):
-    x, weight, mean, rstd = ctx.saved_tensors
-    dx, dw, db = _group_norm_backward(dy, x, mean, rstd, weight)
-    return _needed(ctx, dx, None, dw, db, None)
-
-
-_group_norm_forward.register_autograd(_group_norm_grad, setup_context=_group_norm_setup)
-
-
-@torch.library.custom_op("numbanorm::add_layer_norm_forward", mutates_args=())
-def _add_layer_norm_forward(x: Tensor, residual: Tensor, normalized_shape: list[int], weight: Optional[Tensor],
-                            bias: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    return _tensors(_nn.add_layer_norm_forward(_arr(x), _arr(residual), normalized_shape, _arr(weight),
-                                               _arr(bias), eps))
-
-
-@_add_layer_norm_forward.register_fake
-def _(x, residual, normalized_shape, weight, bias, eps):
-    return (x.new_empty(x.shape), x.new_empty(x.shape), _fake_stats(x, normalized_shape),
-            _fake_stats(x, normalized_shape))
-
-
-@torch.library.custom_op("numbanorm::add_layer_norm_backward", mutates_args=())
-def _add_layer_norm_backward(dy: Tensor, ds: Optional[Tensor], s: Tensor, mean: Tensor, rstd: Tensor,
-                             normalized_shape: list[int], weight: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-    return _tensors(_nn.add_layer_norm_backward(_arr(dy), _arr(ds), _arr(s), _arr(mean), _arr(rstd),
-                                                normalized_shape, _arr(weight)))
-
-
-@_add_layer_norm_backward.register_fake
-def _(dy, ds, s, mean, rstd, normalized_shape, weight):
-    return (s.new_empty(s.shape), _fake_param_grad(s, weight, normalized_shape),
-            _fake_param_grad(s, weight, normalized_shape))
-
-
-def _add_layer_norm_setup(ctx, inputs, output):
-    _, _, normalized_shape, weight, _, _ = inputs
-    _, s, mean, rstd = output
-    ctx.mark_non_differentiable(mean, rstd)
-    # s is an output too: saving it keeps autograd's check that nobody
-    # modified it in place before the backward reads it
-    ctx.save_for_backward(s, weight, mean, rstd)
-    ctx.normalized_shape = normalized_shape
-    ctx.set_materialize_grads(False)  # an unused y or s sends None, not zeros
-
-
-def _add_layer_norm_grad(ctx, dy, ds, _dmean, _drstd):
-    s, weight, mean, rstd = ctx.saved_tensors
-    if dy is None:  # only s was used downstream: y's norm contributes nothing
-        return _needed(ctx, ds, ds, None, None, None, None)
-    dx, dw, db = _add_layer_norm_backward(dy, ds, s, mean, rstd, ctx.normalized_shape, weight)
-    return _needed(ctx, dx, dx, None, dw, db, None)
-
-
-_add_layer_norm_forward.register_autograd(_add_layer_norm_grad, setup_context=_add_layer_norm_setup)
-
-
-@torch.library.custom_op("numbanorm::add_rms_norm_forward", mutates_args=())
-def _add_rms_norm_forward(x: Tensor, residual: Tensor, normalized_shape: list[int], weight: Optional[Tensor],
-                          eps: Optional[float]) -> tuple[Tensor, Tensor, Tensor]:
-    return _tensors(_nn.add_rms_norm_forward(_arr(x), _arr(residual), normalized_shape, _arr(weight), eps))
-
-
-@_add_rms_norm_forward.register_fake
-def _(x, residual, normalized_shape, weight, eps):
-    return x.new_empty(x.shape), x.new_empty(x.shape), _fake_stats(x, normalized_shape)
-
-
-@torch.library.custom_op("numbanorm::add_rms_norm_backward", mutates_args=())
-def _add_rms_norm_backward(dy: Tensor, ds: Optional[Tensor], s: Tensor, rstd: Tensor, normalized_shape: list[int],
-                           weight: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    return _tensors(_nn.add_rms_norm_backward(_arr(dy), _arr(ds), _arr(s), _arr(rstd), normalized_shape,
-                                              _arr(weight)))
-
-
-@_add_rms_norm_backward.register_fake
-def _(dy, ds, s, rstd, normalized_shape, weight):
-    return s.new_empty(s.shape), _fake_param_grad(s, weight, normalized_shape)
-
-
-def _add_rms_norm_setup(ctx, inputs, output):
-    _, _, normalized_shape, weight, _ = inputs
-    _, s, rstd = output
-    ctx.mark_non_differentiable(rstd)
-    ctx.save_for_backward(s, weight, rstd)
-    ctx.normalized_shape = normalized_shape
-    ctx.set_materialize_grads(False)
-
-
-def _add_rms_norm_grad(ctx, dy, ds, _drstd):
-    s, weight, rstd = ctx.saved_tensors
-    if dy is None:
-        return _needed(ctx, ds, ds, None, None, None)
-    dx, dw = _add_rms_norm_backward(dy, ds, s, rstd, ctx.normalized_shape, weight)
-    return _needed(ctx, dx, dx, None, dw, None)
-
-
-_add_rms_norm_forward.register_autograd(_add_rms_norm_grad, setup_context=_add_rms_norm_setup)
+def _normalized(op):
+    """The role a backward reads what was normalized from: x, or the fused norms' s = x + residual."""
+    return "s" if op.fused else "x"
+
+
+def _implementation(op, kind, roles):
+    """The operator's kernel: numbanorm's public function of ``kind``, tensors crossing as views."""
+    name = op.function(kind)
+    crossing = [_arr if r in ARRAY_ROLES else (lambda a: a) for r in roles]
+
+    def implementation(*args):
+        function = getattr(_numbanorm, name)  # looked up per call, as a written-out call would be
+        return _tensors(function(*(cross(a) for cross, a in zip(crossing, args))))
+
+    implementation.__name__ = name
+    return implementation
+
+
+def _fake_forward(op):
+    def fake(*args):
+        given = dict(zip(op.forward_roles, args))
+        x = given["x"]
+        if op.layout == "rows":  # keep-dims statistics
+            k = len(given["normalized_shape"])
+            stat = tuple(x.shape[:x.dim() - k]) + (1,) * k
+        else:
+            stat = (x.shape[0], given["num_groups"])
+        return (*(x.new_empty(x.shape) for _ in op.plain_outputs),
+                *(x.new_empty(stat, dtype=_acc(x)) for _ in op.stats))
+
+    return fake
+
+
+def _fake_backward(op):
+    def fake(*args):
+        given = dict(zip(op.backward_roles, args))
+        x, weight = given[_normalized(op)], given["weight"]
+        shape = tuple(given["normalized_shape"]) if op.layout == "rows" else (x.shape[1],)
+        dtype = weight.dtype if weight is not None else x.dtype
+        return (x.new_empty(x.shape), *(x.new_empty(shape, dtype=dtype) for _ in op.backward_outputs[1:]))
+
+    return fake
+
+
+def _needed(ctx, *grads):
+    """``grads`` with None where the matching input does not need one."""
+    return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad))
+
+
+def _register_autograd(op, forward, backward):
+    """The forward operator's gradient is the backward operator, on the saved input and statistics."""
+
+    def setup_context(ctx, inputs, output):
+        given = dict(zip(op.forward_roles, inputs))
+        made = dict(zip(op.forward_outputs, output))
+        stats = [made[r] for r in op.stats]
+        ctx.mark_non_differentiable(*stats)
+        # the fused norms' s is an output too: saving it keeps autograd's check
+        # that nobody modified it in place before the backward reads it
+        ctx.save_for_backward(made["s"] if op.fused else given["x"], given["weight"], *stats)
+        ctx.normalized_shape = given.get("normalized_shape")
+        if op.fused:
+            ctx.set_materialize_grads(False)  # an unused y or s sends None, not zeros
+
+    def grad(ctx, *grads):
+        g = dict(zip(op.forward_outputs, grads))
+        x, weight, *stats = ctx.saved_tensors
+        if op.fused and g["y"] is None:  # only s was used downstream: y's norm contributes nothing
+            got = {"x": g["s"], "residual": g["s"]}
+        else:
+            args = {"dy": g["y"], "ds": g.get("s"), _normalized(op): x, **dict(zip(op.stats, stats)),
+                    "normalized_shape": ctx.normalized_shape, "weight": weight}
+            dx, *dparams = backward(*op.args("backward", args))
+            got = {"x": dx, "residual": dx, **dict(zip(op.params, dparams))}  # dx is also d(residual)
+        return _needed(ctx, *(got.get(r) for r in op.forward_roles))
+
+    forward.register_autograd(grad, setup_context=setup_context)
+
+
+def _operators(op):
+    """``(forward, backward)`` custom operators of ``op``, ``torch.ops.numbanorm.<name>_forward`` and so on."""
+    made = []
+    for kind, roles, outputs, fake in (("forward", op.forward_roles, op.forward_outputs, _fake_forward(op)),
+                                       ("backward", op.backward_roles, op.backward_outputs, _fake_backward(op))):
+        custom = torch.library.custom_op(f"numbanorm::{op.function(kind)}", _implementation(op, kind, roles),
+                                         mutates_args=(), schema=_schema(op, roles, outputs))
+        custom.register_fake(fake)
+        made.append(custom)
+    _register_autograd(op, *made)
+    return tuple(made)
+
+
+_OPERATORS = {op.name: _operators(op) for op in OPERATIONS}
 
 #: every operator this module registers, for ``torch.library.opcheck`` and the curious
-OPERATORS = (_layer_norm_forward, _layer_norm_backward, _rms_norm_forward, _rms_norm_backward,
-             _group_norm_forward, _group_norm_backward, _add_layer_norm_forward, _add_layer_norm_backward,
-             _add_rms_norm_forward, _add_rms_norm_backward)
+OPERATORS = tuple(custom for pair in _OPERATORS.values() for custom in pair)
 
 
 # ------------------------------------------------------------ functional
 
-def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
-    """``torch.nn.functional.layer_norm`` on numbanorm's kernels."""
-    _check_tensors("layer_norm", input=input, weight=weight, bias=bias)
-    return _layer_norm_forward(input, _shape(normalized_shape), weight, bias, _V.check_eps(eps))[0]
+def _input_name(op, role):
+    """torch.nn.functional calls x ``input``; the fused functions keep numbanorm's names."""
+    return "input" if role == "x" and not op.fused else role
 
 
-def rms_norm(input, normalized_shape, weight=None, eps=None):
-    """``torch.nn.functional.rms_norm`` on numbanorm's kernels (``eps=None``: machine epsilon)."""
-    _check_tensors("rms_norm", input=input, weight=weight)
-    return _rms_norm_forward(input, _shape(normalized_shape), weight, _V.check_eps(eps, allow_none=True))[0]
+def _functional(op, args):
+    """``op``'s plain function on tensors: ``args`` in the table's role order."""
+    given = dict(zip(op.forward_roles, args))
+    _check_tensors(op.name, **{_input_name(op, r): given[r] for r in op.forward_arrays})
+    if op.layout == "rows":
+        given["normalized_shape"] = _shape(given["normalized_shape"])
+    given["eps"] = _V.check_eps(given["eps"], allow_none=op.eps is None)
+    results = _OPERATORS[op.name][0](*op.args("forward", given))
+    n = len(op.plain_outputs)
+    return results[0] if n == 1 else tuple(results[:n])
 
 
-def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
-    """``torch.nn.functional.group_norm`` on numbanorm's kernels; input ``(N, C, *)``."""
-    _check_tensors("group_norm", input=input, weight=weight, bias=bias)
-    return _group_norm_forward(input, num_groups, weight, bias, _V.check_eps(eps))[0]
+def _functional_of(op):
+    """The public function of ``op`` with torch.nn.functional's parameter names."""
+    params = [p.replace(name=_input_name(op, p.name)) for p in op.signature("plain").parameters.values()
+              if p.name != "out"]
+    names = ", ".join(p.name for p in params)
+    if op.fused:
+        doc = op.doc("plain").replace("``(y, s)``", "``(y, s)``, both differentiable")
+    else:
+        doc = f"``torch.nn.functional.{op.torch}`` on numbanorm's kernels: {op.doc('plain')}"
+    fn = generate(op.name, inspect.Signature(params), f"_functional(_op, ({names},))",
+                  {"_functional": _functional, "_op": op}, doc, __name__)
+    fn.__module__ = __name__
+    return fn
 
 
-def add_layer_norm(x, residual, normalized_shape, weight=None, bias=None, eps=1e-5):
-    """``s = x + residual; y = layer_norm(s)`` in one pass: ``(y, s)``, both differentiable."""
-    _check_tensors("add_layer_norm", x=x, residual=residual, weight=weight, bias=bias)
-    y, s, _, _ = _add_layer_norm_forward(x, residual, _shape(normalized_shape), weight, bias, _V.check_eps(eps))
-    return y, s
-
-
-def add_rms_norm(x, residual, normalized_shape, weight=None, eps=None):
-    """``s = x + residual; y = rms_norm(s)`` in one pass: ``(y, s)``, both differentiable."""
-    _check_tensors("add_rms_norm", x=x, residual=residual, weight=weight)
-    y, s, _ = _add_rms_norm_forward(x, residual, _shape(normalized_shape), weight,
-                                    _V.check_eps(eps, allow_none=True))
-    return y, s
+for _op in OPERATIONS:
+    globals()[_op.name] = _functional_of(_op)
+del _op
 
 
 # ------------------------------------------------------------ modules
+#
+# One class per torch.nn norm, since that is what a user instantiates and what
+# replace_norms swaps in; its forward comes from the table.
 
-class LayerNorm(torch.nn.LayerNorm):
+class _TableModule:
+    """The forward of a torch.nn norm on numbanorm's function ``_op``: its arguments
+    after the input are the module's attributes of the table's role names
+    (``normalized_shape`` or ``num_groups``, ``weight``, ``bias``, ``eps``), which
+    are torch.nn's names too."""
+
+    _op = None
+
+    def forward(self, input):
+        op = self._op
+        return _functional(op, (input, *(getattr(self, r) for r in op.forward_roles[1:])))
+
+
+class LayerNorm(_TableModule, torch.nn.LayerNorm):
     """``torch.nn.LayerNorm`` running numbanorm's kernels."""
 
-    def forward(self, input):
-        return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+    _op = BY_NAME["layer_norm"]
 
 
-class RMSNorm(torch.nn.RMSNorm):
+class RMSNorm(_TableModule, torch.nn.RMSNorm):
     """``torch.nn.RMSNorm`` running numbanorm's kernels."""
 
-    def forward(self, input):
-        return rms_norm(input, self.normalized_shape, self.weight, self.eps)
+    _op = BY_NAME["rms_norm"]
 
 
-class GroupNorm(torch.nn.GroupNorm):
+class GroupNorm(_TableModule, torch.nn.GroupNorm):
     """``torch.nn.GroupNorm`` running numbanorm's kernels."""
 
-    def forward(self, input):
-        return group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+    _op = BY_NAME["group_norm"]
+
+
+_MODULES = (LayerNorm, RMSNorm, GroupNorm)
 
 
 # ------------------------------------------------------------ Hugging Face RMSNorm forms
@@ -528,8 +433,8 @@ class _HFRMSNorm(torch.nn.Module):
 
 # ------------------------------------------------------------ replace_norms
 
-_SWAPS = {torch.nn.LayerNorm: LayerNorm, torch.nn.RMSNorm: RMSNorm, torch.nn.GroupNorm: GroupNorm}
-_OURS = (LayerNorm, RMSNorm, GroupNorm, _HFRMSNorm)
+_SWAPS = {ours.__bases__[-1]: ours for ours in _MODULES}  # torch.nn's class -> ours
+_OURS = (*_MODULES, _HFRMSNorm)
 _NOT_OURS = (torch.nn.modules.batchnorm._NormBase, torch.nn.LocalResponseNorm, torch.nn.CrossMapLRN2d)
 
 

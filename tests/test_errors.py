@@ -310,7 +310,7 @@ def test_a_repeated_call_takes_the_small_call_path_and_still_validates():
     w = rng.standard_normal(8).astype(np.float32)
     plans = _backend.small_calls._plans
     first = nn.layer_norm_forward(x, (8,), w, w, 1e-3)
-    assert any(k[0] == "ln" and k[1] == x.shape for k in plans)  # learned from the full path
+    assert any(k[0] == "layer_norm" and k[1] == x.shape for k in plans)  # learned from the full path
     again = nn.layer_norm_forward(x, (8,), w, w, 1e-3)
     for a, b in zip(first, again):
         assert a.shape == b.shape and a.dtype == b.dtype

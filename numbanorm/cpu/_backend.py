@@ -3,6 +3,9 @@
 It implements ``numbanorm._api.Backend``; a CPU call has no context (``None``).
 """
 
+import functools
+import inspect
+
 import numpy as np
 
 from .. import _validate as V
@@ -28,9 +31,15 @@ def call_context(leading):
 
 def launch(ctx, launcher, *args, callers_out=False, **kwargs):
     # y in a caller's out= has its pages mapped: a large one is written with streaming stores
-    if callers_out:
+    if callers_out and _streams_stores(launcher):
         kwargs["y_mapped"] = True
     return launcher(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _streams_stores(launcher):
+    """The launchers that can stream stores into y say so by taking ``y_mapped``."""
+    return "y_mapped" in inspect.signature(launcher).parameters
 
 
 def contiguous(ctx, a, shape):
@@ -92,7 +101,8 @@ class SmallCalls:
         return tuple(sig)
 
     def learn(self, kind, x, nshape, weight, bias, eps, checked_eps, rows):
-        """Record a call the full path has validated: ``eps`` as given, ``checked_eps``
+        """Record a call of the operation ``kind`` (its name: ``layer_norm``, ``rms_norm``)
+        the full path has validated: ``eps`` as given, ``checked_eps``
         as validated, ``rows`` of the flattened problem."""
         key = self._key(kind, x, nshape, weight, bias, eps)
         if (key is None or rows == 0 or x.dtype not in (np.float32, np.float64)
@@ -124,7 +134,7 @@ class SmallCalls:
 
     def layer_norm(self, x, nshape, weight, bias, eps):
         """``(y, mean, rstd)``, or None where the call is not one seen before."""
-        got = self._plan("ln", x, nshape, weight, bias, eps)
+        got = self._plan("layer_norm", x, nshape, weight, bias, eps)
         if got is None:
             return None
         (m, n, _, e, block), y, mean = got
@@ -135,7 +145,7 @@ class SmallCalls:
 
     def rms_norm(self, x, nshape, weight, eps):
         """``(y, rstd)``, or None where the call is not one seen before."""
-        got = self._plan("rms", x, nshape, weight, None, eps)
+        got = self._plan("rms_norm", x, nshape, weight, None, eps)
         if got is None:
             return None
         (m, n, _, e, block), y, rstd = got
