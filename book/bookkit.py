@@ -112,6 +112,14 @@ def print_table(header, rows, text_cols=2):
                         for i, (c, w) in enumerate(zip(cells, widths))))
 
 
+def show_table(header, rows, text_cols=2):
+    """The same table as an HTML table (markdown output): it wraps to the page's width
+    where a printed one would scroll."""
+    from IPython.display import Markdown, display
+
+    display(Markdown("\n".join(readme_tables()._markdown_table(header, rows, text_cols))))
+
+
 def draw_row_blocks(M, N, blocks, title_rows, title_part, out_name):
     """The CPU backward's two-stage column sum as a picture: ``M`` rows cut
     into ``blocks`` row blocks (the package's ``n_chunks``), each adding its

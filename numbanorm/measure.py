@@ -235,8 +235,7 @@ def parallel_copy(dst, src):
             for b in numba.prange((n + block - 1) // block):
                 lo = b * block
                 hi = min(lo + block, n)
-                for i in range(lo, hi):
-                    d[i] = s[i]
+                d[lo:hi] = s[lo:hi]  # a slice copy: an element loop over bytes is not vectorized (30x slower)
 
         _PARALLEL_COPY = copy_blocks
     _PARALLEL_COPY(dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8), COPY_BLOCK_BYTES)
