@@ -40,7 +40,7 @@ PROSE = {
                    batch=32, warmup=75, lrs=[1e-3, 1e-2], seeds=[0, 1, 2]),
     "lstm_adding": dict(conditions=[[30, 1.0], [30, 10.0], [60, 1.0]], steps=1000,
                         lr=3e-3, seeds=[0, 1, 2, 3, 4], H=32, batch=32),
-    "conv_batch": dict(size=16, epochs=3, base_lr=0.1, base_batch=32,
+    "conv_batch": dict(size=16, epochs=8, base_lr=0.1, base_batch=32,
                        batches=[2, 4, 8, 16, 32, 64], seeds=[0, 1, 2]),
 }
 

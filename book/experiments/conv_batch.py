@@ -109,7 +109,7 @@ def main():
     args = common.parse_args(__doc__.splitlines()[0])
     torch.set_num_threads(1)
     started = time.perf_counter()
-    cfg = dict(size=16, epochs=3, base_lr=0.1, base_batch=32,
+    cfg = dict(size=16, epochs=8, base_lr=0.1, base_batch=32,
                batches=[2, 4, 8, 16, 32, 64], seeds=[0, 1, 2],
                norms=["BatchNorm", "GroupNorm", "LayerNorm"])
     data = digits(cfg["size"])
