@@ -376,8 +376,10 @@ def test_run_command_writes_and_merges_a_subset(tmp_path, capsys):
     assert run.main(base + ["--list"]) == 0
     assert "rms_norm forward 8x64 float32 cpu" in capsys.readouterr().out
     with pytest.raises(SystemExit) as e:
-        run.main(base + ["--dtype", "bfloat16"])
+        run.main(base + ["--dtype", "float8"])
     assert e.value.code == 2
+    assert run.main(base + ["--dtype", "bfloat16", "--list"]) == 0  # the CPU takes bfloat16 now
+    assert "rms_norm forward 8x64 bfloat16 cpu" in capsys.readouterr().out
 
 
 def test_plots_from_a_results_file(tmp_path):
@@ -574,3 +576,25 @@ def test_half_table_round_trips(tmp_path):
     assert first["pass"] == "forward, out=" and first["x faster copy floor"] == "2.40x"  # 0.6 t over t / 4
     fwd = dict(zip(readme_table.HALF_HEADER, cells[1]))
     assert fwd["x torch"] == "0.50x" and fwd["via numbanorm.torch, x torch"] == "1.50x"
+
+
+def test_roofline_counts_and_roofs_are_positive():
+    from benchmarks import roofline
+
+    # LayerNorm forward: 8 FLOP per element over x read and y written
+    assert roofline.intensity("layer_norm", "forward", "float32") == 8 / (2 * 4)
+    assert roofline.intensity("rms_norm", "backward", "bfloat16") == 9 / (3 * 2)
+    assert set(roofline.FLOPS_PER_ELEMENT) == {(n, d) for n in measure.NORMS for d in measure.DIRECTIONS}
+    med, best = roofline.peak_gflops(1, reps=20, rounds=2)
+    assert 0 < med <= best
+    copies = roofline.copy_gbps(1, nbytes=1 << 20, rounds=2)
+    assert set(copies) == {"parallel_copy", "np.copyto"} and all(v["median"] > 0 for v in copies.values())
+
+
+def test_repository_half_table_is_the_committed_results():
+    """The README's 16-bit table is what readme_table makes of the committed files."""
+    files = [ROOT / "benchmarks" / "results" / n for n in ("cpu-half.json", "cpu-small.json")]
+    runs = [harness.load_results(p) for p in files]
+    text = (ROOT / "README.md").read_text()
+    cells = readme_table.parse(text, readme_table.HALF_START, readme_table.HALF_END)
+    assert cells and cells == readme_table.half_rows([r for run in runs for r in run["rows"]])
