@@ -153,17 +153,13 @@ def call_context(leading):
 
 
 def launch(ctx, launcher, *args, callers_out=False, **kwargs):
-    """``launcher(*args, **kwargs)`` with its kernels on ``ctx.stream``.
+    """``launcher(*args, **kwargs)`` with its kernels on ``ctx.stream``, passed to it
+    explicitly.
 
     ``callers_out`` (y is the caller's ``out=``) changes nothing on a device:
-    no page faults to avoid.  The launchers' ``C.launch`` reads the stream from
-    ``C.CALL``, set here for the launch alone.
+    no page faults to avoid, so no ``y_mapped`` hint for the launchers.
     """
-    previous, C.CALL.stream = C.CALL.stream, ctx.stream
-    try:
-        return launcher(*args, **kwargs)
-    finally:
-        C.CALL.stream = previous
+    return launcher(*args, stream=ctx.stream, **kwargs)
 
 
 def contiguous(ctx, a, shape):
@@ -218,7 +214,7 @@ def cast(ctx, a, dtype):
         return a
     src = contiguous(ctx, a, (a.size,))
     out = empty(ctx, (a.size,), dtype)
-    launch(ctx, C.cast_into, src, out)
+    C.cast_into(src, out, ctx.stream)
     return out.reshape(a.shape)
 
 

@@ -33,7 +33,6 @@ of every module here (``source_stamp``).
 from __future__ import annotations
 
 import functools
-import threading
 from collections import namedtuple
 
 import numpy as np
@@ -331,15 +330,6 @@ def is_bfloat16(dtype):
 
 # ---------------------------------------------------------------- launching
 
-class _Call(threading.local):
-    """The stream of the launcher running on this thread: set by ``numbanorm.cuda._backend.launch``
-    around one launcher call, from the call's explicit context."""
-
-    stream = 0      # numba stream (0: the default stream)
-
-
-CALL = _Call()
-
 # Resolved kernel specializations.  A numba-cuda dispatcher call types every
 # argument and looks the signature up each time, and its ``_Kernel.launch``
 # wraps every array in a memory view: most of the host time of a call.  Our
@@ -411,14 +401,13 @@ def _launch_config(grid, block):
     return _INTERNALS[1].LaunchConfig(grid=(grid, 1, 1), block=(block, 1, 1), shmem_size=0, is_cooperative=False)
 
 
-def launch(kernel, grid, block, *args):
-    """``kernel[grid, block, stream](*args)`` on the current call's stream.
+def launch(kernel, grid, block, stream, *args):
+    """``kernel[grid, block, stream](*args)``: ``stream`` is the call's (0: the default).
 
     Launchers pass C-contiguous arrays of fixed rank for every argument of a
     given kernel, so the arrays' dtypes (and scalars' types) identify the
     specialization.
     """
-    stream = CALL.stream
     key = (kernel, *(getattr(a, "dtype", type(a)) for a in args))
     resolved = _RESOLVED.get(key)
     if resolved is not None:
@@ -508,7 +497,7 @@ def _column_sums_kernel(K, COLS, SLICES, acc_name, out_dtype):
     return column_sums
 
 
-def column_sums(part, out0, out1=None):
+def column_sums(part, out0, out1=None, stream=0):
     """out0[:] = part[0].sum(0) (and out1 from part[1]) in a fixed order: deterministic.
 
     The outputs may be of any float dtype (the same for both): the sums are
@@ -523,7 +512,7 @@ def column_sums(part, out0, out1=None):
     acc = "float64" if part.dtype == F64 else "float32"
     kern = _column_sums_kernel(K, cols, slices, acc, np.dtype(out0.dtype))
     out0 = kview(out0)
-    launch(kern, cdiv(N, cols), cols * slices, part, out0, out0 if out1 is None else kview(out1))
+    launch(kern, cdiv(N, cols), cols * slices, stream, part, out0, out0 if out1 is None else kview(out1))
 
 
 # ---------------------------------------------------------------- cast
@@ -545,9 +534,9 @@ def _cast_kernel(src_dtype, dst_dtype):
     return cast
 
 
-def cast_into(src, dst):
+def cast_into(src, dst, stream=0):
     """dst[:] = src (1-D, contiguous, same length) with conversion."""
     n = src.shape[0]
     if n:
         kern = _cast_kernel(np.dtype(src.dtype), np.dtype(dst.dtype))
-        launch(kern, cdiv(n, CAST_BLOCK), CAST_BLOCK, kview(src), kview(dst))
+        launch(kern, cdiv(n, CAST_BLOCK), CAST_BLOCK, stream, kview(src), kview(dst))

@@ -287,8 +287,8 @@ def _dx_kernel(xdt, wdt, cfg):
     return dx_kernel
 
 
-def forward(x, weight, bias, eps, y, mean, rstd):
-    """Fill ``y`` (N, C, S) and ``mean``/``rstd`` (N, G) for group norm."""
+def forward(x, weight, bias, eps, y, mean, rstd, *, stream=0):
+    """Fill ``y`` (N, C, S) and ``mean``/``rstd`` (N, G) for group norm, on ``stream``."""
     n, c, S = x.shape
     G = mean.shape[1]
     if n == 0:
@@ -299,13 +299,13 @@ def forward(x, weight, bias, eps, y, mean, rstd):
     cfg = C.row_config(n * G, L, x.dtype == C.F64, vec)
     kern = _forward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), C.dtype_or_none(bias), cfg.code)
     xe = C.kview(x)
-    C.launch(kern, cfg.grid, cfg.block, C.words(x, vec).reshape(n * G, L // vec), C.optional(weight, xe, 1),
+    C.launch(kern, cfg.grid, cfg.block, stream, C.words(x, vec).reshape(n * G, L // vec), C.optional(weight, xe, 1),
              C.optional(bias, xe, 1), np.dtype(mean.dtype).type(eps), S, G,
              C.words(y, vec).reshape(n * G, L // vec), mean.reshape(n * G), rstd.reshape(n * G))
 
 
-def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
-    """Fill ``dx`` (N, C, S) and ``dweight``/``dbias`` (C,) in the accumulation dtype."""
+def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, *, stream=0):
+    """Fill ``dx`` (N, C, S) and ``dweight``/``dbias`` (C,) of any float dtype, on ``stream``."""
     n, c, S = x.shape
     G = mean.shape[1]
     acc = C.F64 if x.dtype == C.F64 else C.F32  # dweight/dbias: any float dtype (column_sums)
@@ -319,8 +319,8 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
         xk = C.words(x, vec).reshape(n * c, S // vec)
         dyk = C.words(dy, vec).reshape(n * c, S // vec)
         m1, p1 = mean.reshape(n * G), part.reshape(4, n * c)
-        C.launch(_channel_sums_kernel(xdt, cfg.code), cfg.grid, cfg.block, dyk, xk, m1, c // G, p1)
-        C.launch(_dx_kernel(xdt, C.dtype_or_none(weight), cfg.code), cfg.grid, cfg.block, dyk, xk, m1,
+        C.launch(_channel_sums_kernel(xdt, cfg.code), cfg.grid, cfg.block, stream, dyk, xk, m1, c // G, p1)
+        C.launch(_dx_kernel(xdt, C.dtype_or_none(weight), cfg.code), cfg.grid, cfg.block, stream, dyk, xk, m1,
                  rstd.reshape(n * G), C.optional(weight, C.kview(x), 1), c // G, p1,
                  C.words(dx, vec).reshape(n * c, S // vec))
-    C.column_sums(part[0:2], dweight, dbias)
+    C.column_sums(part[0:2], dweight, dbias, stream)

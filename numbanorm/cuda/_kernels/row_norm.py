@@ -396,13 +396,13 @@ def backward_kernel(kind, xdt, wdt, code, has_ds):
     return backward
 
 
-def forward(kind, x, weight, bias, eps, y, mean, rstd, residual=None, s=None):
+def forward(kind, x, weight, bias, eps, y, mean, rstd, residual=None, s=None, stream=0):
     """Fill ``y``, ``rstd`` (and ``mean``, LayerNorm) for the rows of ``x``.
 
     x, y: (M, N) C-contiguous device arrays of x's dtype; weight, bias: (N,) any
     float dtype or None (bias and mean: None for RMSNorm); mean, rstd: (M,)
     float32 (float64 for float64 x).  ``residual``/``s`` (both or neither): normalize
-    ``s = x + residual``, stored into ``s``.
+    ``s = x + residual``, stored into ``s``.  ``stream``: where the kernel runs.
     """
     M, N = x.shape
     if M == 0:
@@ -412,12 +412,12 @@ def forward(kind, x, weight, bias, eps, y, mean, rstd, residual=None, s=None):
     kern = forward_kernel(kind, np.dtype(x.dtype), C.dtype_or_none(weight), C.dtype_or_none(bias), cfg.code,
                           residual is not None)
     xe, xk = C.kview(x), C.words(x, vec)  # elements (dummy parameters), words (rows)
-    C.launch(kern, cfg.grid, cfg.block, xk, C.optional(residual, xk, 2, vec), C.optional(weight, xe, 1),
+    C.launch(kern, cfg.grid, cfg.block, stream, xk, C.optional(residual, xk, 2, vec), C.optional(weight, xe, 1),
              C.optional(bias, xe, 1), np.dtype(rstd.dtype).type(eps), C.words(y, vec),
              C.optional(s, xk, 2, vec), C.optional(mean, rstd, 1), rstd)
 
 
-def backward(kind, dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None):
+def backward(kind, dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None, stream=0):
     """Fill ``dx`` (M, N) and ``dweight`` (and ``dbias``, LayerNorm) (N,), of any float
     dtype (summed in the accumulation dtype, rounded once as stored); ``mean``/``dbias``
     None for RMSNorm.
@@ -428,13 +428,13 @@ def backward(kind, dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None):
     acc = C.F64 if x.dtype == C.F64 else C.F32
     K = 2 if kind == "layer" else 1
     if M == 0:
-        C.column_sums(C.device_empty((K, 0, N), acc), dweight, dbias)
+        C.column_sums(C.device_empty((K, 0, N), acc), dweight, dbias, stream)
         return
     vec = C.vec_width(N, x, dy, dx, ds)
     cfg = C.row_config(M, N, x.dtype == C.F64, vec)
     part = C.device_empty((K, cfg.grid, N), acc)
     kern = backward_kernel(kind, np.dtype(x.dtype), C.dtype_or_none(weight), cfg.code, ds is not None)
     xe, xk = C.kview(x), C.words(x, vec)
-    C.launch(kern, cfg.grid, cfg.block, C.words(dy, vec), xk, C.optional(mean, rstd, 1), rstd,
+    C.launch(kern, cfg.grid, cfg.block, stream, C.words(dy, vec), xk, C.optional(mean, rstd, 1), rstd,
              C.optional(weight, xe, 1), C.optional(ds, xk, 2, vec), C.words(dx, vec), part)
-    C.column_sums(part, dweight, dbias)
+    C.column_sums(part, dweight, dbias, stream)
