@@ -157,8 +157,8 @@ class Frontend:
         ctx = backend.call_context(caller_x)
         acc = V.acc_dtype(xdt)
         dx = backend.empty(ctx, (M, N), xdt)
-        dw = backend.empty(ctx, (N,), acc)
-        db = backend.empty(ctx, (N,), acc)
+        dw = backend.empty(ctx, (N,), self._grads_in(weight, xdt, acc))
+        db = backend.empty(ctx, (N,), self._grads_in(weight, xdt, acc))
         backend.launch(
             ctx, backend.layer_norm.backward,
             self._rows_like(ctx, dy, (M, N), xdt), backend.contiguous(ctx, x, (M, N)),
@@ -221,7 +221,7 @@ class Frontend:
         ctx = backend.call_context(caller_x)
         acc = V.acc_dtype(xdt)
         dx = backend.empty(ctx, (M, N), xdt)
-        dw = backend.empty(ctx, (N,), acc)
+        dw = backend.empty(ctx, (N,), self._grads_in(weight, xdt, acc))
         backend.launch(
             ctx, backend.rms_norm.backward,
             self._rows_like(ctx, dy, (M, N), xdt), backend.contiguous(ctx, x, (M, N)),
@@ -275,8 +275,8 @@ class Frontend:
         ctx = backend.call_context(caller_x)
         acc = V.acc_dtype(xdt)
         dx = backend.empty(ctx, (n, c, s), xdt)
-        dw = backend.empty(ctx, (c,), acc)
-        db = backend.empty(ctx, (c,), acc)
+        dw = backend.empty(ctx, (c,), self._grads_in(weight, xdt, acc))
+        db = backend.empty(ctx, (c,), self._grads_in(weight, xdt, acc))
         backend.launch(
             ctx, backend.group_norm.backward,
             self._rows_like(ctx, dy, (n, c, s), xdt), backend.contiguous(ctx, x, (n, c, s)),
@@ -365,6 +365,11 @@ class Frontend:
 
     def _stat(self, ctx, a, shape, acc):
         return self.backend.contiguous(ctx, self.backend.cast(ctx, a, acc), shape)
+
+    def _grads_in(self, weight, xdt, acc):
+        """dweight/dbias are allocated in their own dtype where the backend's kernels round the
+        sums into it as they store them (the cast after is then a no-op), else in ``acc``."""
+        return self._grad_dtype(weight, xdt) if getattr(self.backend, "grads_in_any_dtype", False) else acc
 
     @staticmethod
     def _grad_dtype(weight, xdt):

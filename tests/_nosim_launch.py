@@ -117,6 +117,8 @@ def main():
     C.n_sm = lambda: 132  # an H100
     if sys.argv[1] == "host":
         return host(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), device_array, launches)
+    if sys.argv[1] == "count":
+        return count(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
     if sys.argv[1] == "sweep":
         return sweep(int(sys.argv[2]), int(sys.argv[3]), device_array, libraries, launches, C, LN, RW)
     M, N = int(sys.argv[1]), int(sys.argv[2])
@@ -130,6 +132,29 @@ def main():
         except TypeError as e:
             errors.append(str(e))
     print(json.dumps({"launches": launches, "errors": errors, "resolved": len(C._RESOLVED)}))
+
+
+def count(M, N, device_array, launches):
+    """Launches that reach the driver per public call, by weight dtype (x float16)."""
+    from numbanorm import _api
+    from numbanorm.cuda import _backend
+
+    nc = _api.Frontend(_backend)
+    x = device_array((M, N), np.float16)
+    out = {}
+    for wname in ("float32", "float16"):
+        w = device_array((N,), wname)
+        calls = {"layer_forward": lambda: nc.layer_norm_forward(x, N, w, w),
+                 "layer_backward": lambda: nc.layer_norm_backward(x, x, *nc.layer_norm_forward(x, N, w, w)[1:], N, w),
+                 "rms_backward": lambda: nc.rms_norm_backward(x, x, nc.rms_norm_forward(x, N, w)[1], N, w)}
+        for name, call in calls.items():
+            call()  # compiled, resolved: the counted call takes the direct launch
+            n0 = len(launches)
+            res = call()
+            # the backward's own launches (its forward, for the statistics, runs first)
+            out[f"{name}_{wname}"] = len(launches) - n0 - (name != "layer_forward")
+            out[f"{name}_{wname}_dtypes"] = [str(a.dtype) for a in res] if "backward" in name else []
+    print(json.dumps(out))
 
 
 def host(M, N, calls, device_array, launches):

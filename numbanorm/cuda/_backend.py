@@ -27,6 +27,9 @@ from ._kernels import common as C
 from ._kernels import add_norm, group_norm, layer_norm, rms_norm  # noqa: F401  (the launchers)
 
 name = "cuda"
+# the column sums round dweight/dbias into any float dtype as they store them: the
+# frontend allocates them in the parameters' dtype, and a backward is two launches
+grads_in_any_dtype = True
 
 
 class CallContext:
