@@ -424,7 +424,7 @@ def offline(cc=CC):
 
     launches = []
 
-    def record(kernel, grid, block, *args):
+    def record(kernel, grid, block, stream, *args):
         launches.append(Launch(kernel, grid, block, args))
 
     patches = [(dispatcher, "get_current_device", lambda: _Device()), (C, "n_sm", lambda: SMS),
