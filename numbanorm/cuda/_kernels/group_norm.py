@@ -2,8 +2,9 @@
 
 x is seen as (N, C, S) with S the product of the spatial dimensions and the C
 channels split into G groups of Cg = C/G channels.  A group's L = Cg*S elements
-are contiguous, so the forward treats each (sample, group) as a row of length L
-and maps it onto a thread group exactly like ``layer_norm`` (``common``): the
+are contiguous, so the forward treats each (sample, group) as a row of length L,
+maps it onto a thread group exactly like ``layer_norm`` (``common``) and takes
+its statistics with LayerNorm's own device functions (``stats``): the
 group in registers when it fits, a loop (per channel, so no division per
 element) when it does not -- in typical convolutional nets L is tens of
 thousands and one block works on each group.
@@ -30,13 +31,13 @@ would do if a whole group fitted on chip -- a fused version is future work.
 """
 
 import functools
-import math
 
 import numpy as np
 from numba import cuda
 
 from . import common as C
-from .reduce import group_sum, group_sum2, group_sum3, slots
+from . import stats
+from .reduce import group_sum3, slots
 
 
 @functools.lru_cache(maxsize=None)
@@ -51,6 +52,9 @@ def _forward_kernel(xdt, wdt, bdt, cfg):
     SHIFT = TPR.bit_length() - 1
     SLOTS = slots(BLOCK)
     I32 = cuda.int32
+    # the statistics of a (sample, group) are a LayerNorm row's
+    ROW_SUM = stats.row_sum_fn(xdt, TPR, VPT, V, LOOP, False, False)
+    CENTERED = stats.centered_fn(xdt, TPR, VPT, V, LOOP)
 
     @C.kernel_jit(BLOCK)
     def forward(
@@ -88,47 +92,8 @@ def _forward_kernel(xdt, wdt, bdt, cfg):
             xr = x[rr]
             yr = y[rr]
             c0 = (rr % G) * Cg           # first channel of this group
-            total = zero
-            if LOOP:
-                if live:
-                    for q in range(t, NW, TPR):
-                        LOADW(xr, q, xs, 0)
-                        for v in range(V):
-                            total += xs[v]
-            else:
-                for k in range(WPT):
-                    q = t + k * TPR
-                    if live and q < NW:
-                        LOADW(xr, q, xs, k * V)
-                    else:
-                        for v in range(V):
-                            xs[k * V + v] = zero
-                    for v in range(V):
-                        total += xs[k * V + v]
-            mu = group_sum(total, scratch, 0, tid, TPR) * inv_n
-            dsum = zero
-            sq = zero
-            if LOOP:
-                if live:
-                    for q in range(t, NW, TPR):
-                        LOADW(xr, q, xs, 0)
-                        for v in range(V):
-                            d = xs[v] - mu
-                            dsum += d
-                            sq += d * d
-            else:
-                for k in range(WPT):
-                    if live and t + k * TPR < NW:
-                        for v in range(V):
-                            d = xs[k * V + v] - mu
-                            dsum += d
-                            sq += d * d
-            dsum, sq = group_sum2(dsum, sq, scratch, 1, tid, TPR)
-            corr = dsum * inv_n
-            var = sq * inv_n - corr * corr
-            if var < zero:
-                var = zero
-            r = ACC(1) / math.sqrt(var + eps)
+            total = ROW_SUM(xr, xr, xr, xs, tmp, live, t, NW)
+            mu, corr, r = CENTERED(xr, xs, live, t, NW, total, inv_n, eps, scratch, tid)
             if live and t == 0:
                 mean[row] = mu + corr
                 rstd[row] = r

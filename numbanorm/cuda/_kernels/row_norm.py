@@ -14,7 +14,8 @@ RMSNorm (``kind='rms'``): ``rstd = 1 / sqrt(sum(x^2) / N + eps)`` in pass 1,
 
 The row mapping (a thread group per row, the row in registers where it fits,
 moved in 8-byte words of ``vec`` elements where the rows allow) is described in
-``common``; the group reductions are ``reduce``.  Kernels are specialized by
+``common``; the statistics passes are ``stats`` (shared with GroupNorm), the
+group reductions ``reduce``.  Kernels are specialized by
 closure constants (kind, dtypes, mapping, which optional arrays exist), so the
 other kind's code, absent weight/bias/residual cost nothing (numba prunes the
 branches on them); absent arrays are passed as one-element dummies that are
@@ -45,7 +46,8 @@ import numpy as np
 from numba import cuda
 
 from . import common as C
-from .reduce import group_sum, group_sum2, group_sum3, slots
+from . import stats
+from .reduce import group_sum, group_sum3, slots
 
 KINDS = ("layer", "rms")
 
@@ -57,7 +59,6 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
     assert kind in KINDS
     LAYER = kind == "layer"
     ACC = C.acc_type(xdt)
-    LX, SX = C.load_fn(xdt, ACC.name), C.store_fn(xdt)
     LOADW, STOREW = C.word_fns(xdt, ACC.name, code.vec)
     has_w, has_b = wdt is not None, bdt is not None and LAYER
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
@@ -66,6 +67,8 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
     WPT = VPT // V                    # words per thread
     SHIFT = TPR.bit_length() - 1
     SLOTS = slots(BLOCK)
+    ROW_SUM = stats.row_sum_fn(xdt, TPR, VPT, V, LOOP, not LAYER, has_r)
+    CENTERED = stats.centered_fn(xdt, TPR, VPT, V, LOOP)
 
     @C.kernel_jit(BLOCK)
     def forward(
@@ -111,63 +114,9 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
             resr = res[rr if has_r else 0]
             sr = s[rr if has_r else 0]
             # pass 1: the sum (RMSNorm: of squares), and, fused, s = x + res stored once
-            total = zero
-            if LOOP:
-                if live:
-                    for q in range(t, NW, TPR):
-                        LOADW(xr, q, xs, 0)
-                        if has_r:
-                            LOADW(resr, q, tmp, 0)
-                            for v in range(V):
-                                xs[v] += tmp[v]
-                            STOREW(sr, q, xs, 0)
-                        for v in range(V):
-                            # fused: normalize the s handed back, rounded
-                            val = LX(SX(xs[v])) if has_r else xs[v]
-                            total += val if LAYER else val * val
-            else:
-                for k in range(WPT):
-                    q = t + k * TPR
-                    if live and q < NW:
-                        LOADW(xr, q, xs, k * V)
-                        if has_r:
-                            LOADW(resr, q, tmp, 0)
-                            for v in range(V):
-                                xs[k * V + v] += tmp[v]
-                            STOREW(sr, q, xs, k * V)
-                            for v in range(V):
-                                xs[k * V + v] = LX(SX(xs[k * V + v]))
-                    else:
-                        for v in range(V):
-                            xs[k * V + v] = zero
-                    for v in range(V):
-                        total += xs[k * V + v] if LAYER else xs[k * V + v] * xs[k * V + v]
+            total = ROW_SUM(xr, resr, sr, xs, tmp, live, t, NW)
             if LAYER:
-                mu = group_sum(total, scratch, 0, tid, TPR) * inv_n
-                # pass 2: deviations from mu; their sum corrects mu's rounding
-                dsum = zero
-                sq = zero
-                if LOOP:
-                    if live:
-                        for q in range(t, NW, TPR):
-                            LOADW(sr if has_r else xr, q, xs, 0)
-                            for v in range(V):
-                                d = xs[v] - mu
-                                dsum += d
-                                sq += d * d
-                else:
-                    for k in range(WPT):
-                        if live and t + k * TPR < NW:
-                            for v in range(V):
-                                d = xs[k * V + v] - mu
-                                dsum += d
-                                sq += d * d
-                dsum, sq = group_sum2(dsum, sq, scratch, 1, tid, TPR)
-                corr = dsum * inv_n
-                var = sq * inv_n - corr * corr
-                if var < zero:  # rounding on a constant row; NaN fails the test and stays NaN
-                    var = zero
-                r = ACC(1) / math.sqrt(var + eps)
+                mu, corr, r = CENTERED(sr if has_r else xr, xs, live, t, NW, total, inv_n, eps, scratch, tid)
                 if live and t == 0:
                     mean[row] = mu + corr
                     rstd[row] = r
