@@ -102,7 +102,7 @@ def test_rows_move_in_8_byte_words_where_they_can(rng):
     flat = cuda.to_device(np.zeros(3 * 64 + 1, np.float16))
     assert C.vec_width(64, flat[1:].reshape(3, 64)) == 1                  # an offset start
     assert C.vec_width(64, a16, None, flat[1:].reshape(3, 64)) == 1       # any array decides
-    assert C.words(a16, 4).shape == (3, 16) and C.words(a16, 4).dtype == np.uint64
+    assert C.words(a16, 4).view().shape == (3, 16) and C.words(a16, 4).view().dtype == np.uint64
     # the same results through words and element by element
     x = _rows(rng, (4, 64), np.float16)
     by_words = nc.layer_norm(x, 64)

@@ -34,6 +34,11 @@ def test_repeated_launches_reach_the_driver_with_a_core_stream(tmp_path):
     for later in rest:
         assert later == first
     assert first["stream"] == 0 and first["block"][0] > 0
+    # the direct launch marshals rows without their word views (common.Words): the
+    # driver gets what numba's dispatcher gave it for the same views
+    for name, per_call in (("backward", 2), ("bfloat16", 1), ("group", 1)):
+        calls = [res[name][k:k + per_call] for k in range(0, len(res[name]), per_call)]
+        assert len(calls) == 3 and calls[1] == calls[0] and calls[2] == calls[0], name
 
 
 def test_a_backward_is_two_launches_whatever_the_weight_dtype(tmp_path):

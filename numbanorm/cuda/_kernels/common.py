@@ -187,6 +187,7 @@ def kview(a):
 
 
 WORD = np.dtype(np.uint64)  # the widest load numba-cuda emits: one 8-byte word per thread
+_BITS = np.dtype(np.uint16)  # bfloat16 as the kernels index it
 
 
 def _address(a):
@@ -215,9 +216,34 @@ def vec_width(n, *rows):
 
 
 def words(a, vec):
-    """A C-contiguous (..., n) array as the kernels index it: (..., n // vec) words."""
-    a = kview(a)
-    return a.view(WORD) if vec > 1 else a
+    """A C-contiguous (..., n) array as the kernels index it: (..., n // vec) words (or
+    bfloat16's uint16 bits) -- a :class:`Words` standing for the view, or ``a`` itself."""
+    return Words(a, vec) if vec > 1 or is_bfloat16(a.dtype) else a
+
+
+class Words:
+    """A C-contiguous array seen as ``vec``-element words, without the view.
+
+    A numba view is another array object (~2-3 us of host time each); the direct
+    launch marshals this one from the array's own fields, and only numba's
+    dispatcher (first launch, simulator) gets the real view (``view``).
+    """
+
+    __slots__ = ("base", "dtype", "k")
+
+    def __init__(self, base, vec):
+        self.base = base                          # (..., n) the array itself
+        self.dtype = WORD if vec > 1 else _BITS   # what the kernel is typed on (bfloat16: its bits)
+        self.k = vec                              # elements per kernel element
+
+    def view(self):
+        return kview(self.base).view(self.dtype) if self.k > 1 else kview(self.base)
+
+    def marshal(self):
+        """The array's kernel arguments as ``_Kernel._prepare_args`` makes them from ``view()``."""
+        b, k, item = self.base, self.k, self.dtype.itemsize
+        return (0, 0, b.size // k, item, b.device_ctypes_pointer.value, *b.shape[:-1], b.shape[-1] // k,
+                *b.strides[:-1], item)
 
 
 @functools.lru_cache(maxsize=None)
@@ -337,8 +363,9 @@ def is_bfloat16(dtype):
 # (ordinary) launch the compiled kernel is kept here with a plan of its
 # arguments, and later launches marshal them as ``_Kernel._prepare_args`` does
 # (arrays: meminfo, parent, size, itemsize, pointer, shape, strides; scalars as
-# ctypes) and call cuda.core's ``launch`` as ``_Kernel.launch`` does, on the
-# stream converted as the dispatcher converts it (``driver._to_core_stream``).
+# ctypes; rows as words straight from the array's fields, ``Words.marshal``) and
+# call cuda.core's ``launch`` as ``_Kernel.launch`` does, on the stream
+# converted as the dispatcher converts it (``driver._to_core_stream``).
 # These are numba-cuda internals: pyproject pins the versions they are known
 # in, and tests/test_cuda_launch.py checks, with only the driver stubbed, that
 # the direct launch hands the driver what numba's own launch does.
@@ -384,12 +411,20 @@ def _plan(compiled):
     return tuple(plan)
 
 
+def arrays(args):
+    """Launch arguments with each :class:`Words` made the array view it stands for."""
+    return tuple(a.view() if type(a) is Words else a for a in args)
+
+
 def _direct_launch(compiled, plan, args, grid, block, stream):
     to_core, dispatcher, _ = _INTERNALS
     kargs = []
     for how, a in zip(plan, args):
         if how == "A":
-            kargs += (0, 0, a.size, a.dtype.itemsize, a.device_ctypes_pointer.value, *a.shape, *a.strides)
+            if type(a) is Words:
+                kargs += a.marshal()
+            else:
+                kargs += (0, 0, a.size, a.dtype.itemsize, a.device_ctypes_pointer.value, *a.shape, *a.strides)
         else:
             kargs.append(how(a))
     dispatcher.launch(to_core(stream), _launch_config(grid, block), compiled._codelibrary.get_cufunc().kernel,
@@ -413,10 +448,11 @@ def launch(kernel, grid, block, stream, *args):
     if resolved is not None:
         compiled, plan = resolved
         if plan is None:
-            compiled.launch(args, (grid, 1, 1), (block, 1, 1), _INTERNALS[0](stream), 0)
+            compiled.launch(arrays(args), (grid, 1, 1), (block, 1, 1), _INTERNALS[0](stream), 0)
         else:
             _direct_launch(compiled, plan, args, grid, block, stream)
         return
+    args = arrays(args)  # numba's own path: real views
     kernel[grid, block, stream](*args)
     overloads = getattr(kernel, "overloads", None)  # None in the simulator
     if overloads and _INTERNALS is not None:
@@ -442,7 +478,7 @@ def dummy(dtype, ndim):
 def optional(a, like, ndim, vec=1):
     """What a kernel indexes for an optional array argument: ``a`` (as ``vec``-element
     words), or a dummy of ``like``'s dtype."""
-    return dummy(like.dtype, ndim) if a is None else words(a, vec)
+    return _dummy_cached(like.dtype, ndim) if a is None else words(a, vec)  # (like.dtype: a NumPy dtype)
 
 
 def dtype_or_none(a):

@@ -264,9 +264,9 @@ def forward(x, weight, bias, eps, y, mean, rstd, *, stream=0):
     cfg = C.row_config(n * G, L, x.dtype == C.F64, vec)
     kern = _forward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), C.dtype_or_none(bias), cfg.code)
     xe = C.kview(x)
-    C.launch(kern, cfg.grid, cfg.block, stream, C.words(x, vec).reshape(n * G, L // vec), C.optional(weight, xe, 1),
+    C.launch(kern, cfg.grid, cfg.block, stream, C.words(x.reshape(n * G, L), vec), C.optional(weight, xe, 1),
              C.optional(bias, xe, 1), np.dtype(mean.dtype).type(eps), S, G,
-             C.words(y, vec).reshape(n * G, L // vec), mean.reshape(n * G), rstd.reshape(n * G))
+             C.words(y.reshape(n * G, L), vec), mean.reshape(n * G), rstd.reshape(n * G))
 
 
 def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, *, stream=0):
@@ -281,11 +281,11 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, *, stream=0):
         xdt = np.dtype(x.dtype)
         vec = C.vec_width(S, x, dy, dx)
         cfg = C.row_config(n * c, S, xdt == C.F64, vec)
-        xk = C.words(x, vec).reshape(n * c, S // vec)
-        dyk = C.words(dy, vec).reshape(n * c, S // vec)
+        xk = C.words(x.reshape(n * c, S), vec)
+        dyk = C.words(dy.reshape(n * c, S), vec)
         m1, p1 = mean.reshape(n * G), part.reshape(4, n * c)
         C.launch(_channel_sums_kernel(xdt, cfg.code), cfg.grid, cfg.block, stream, dyk, xk, m1, c // G, p1)
         C.launch(_dx_kernel(xdt, C.dtype_or_none(weight), cfg.code), cfg.grid, cfg.block, stream, dyk, xk, m1,
                  rstd.reshape(n * G), C.optional(weight, C.kview(x), 1), c // G, p1,
-                 C.words(dx, vec).reshape(n * c, S // vec))
+                 C.words(dx.reshape(n * c, S), vec))
     C.column_sums(part[0:2], dweight, dbias, stream)
