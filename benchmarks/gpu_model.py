@@ -424,8 +424,8 @@ def offline(cc=CC):
 
     launches = []
 
-    def record(kernel, grid, block, *args):
-        launches.append(Launch(kernel, grid, block, args))
+    def record(kernel, grid, block, stream, *args):
+        launches.append(Launch(kernel, grid, block, C.arrays(args)))
 
     patches = [(dispatcher, "get_current_device", lambda: _Device()), (C, "n_sm", lambda: SMS),
                (C, "launch", record), (C, "bfloat16_unsupported", lambda: ""),

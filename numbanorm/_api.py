@@ -47,6 +47,8 @@ class Backend(Protocol):
     """
 
     name: str                                   # 'cpu' or 'cuda'
+    grads_in_any_dtype: bool                    # the column sums store dweight/dbias in any dtype
+
 
     def native(self, role: str, a: Any) -> Any:
         """A zero-copy view of ``a`` in the backend's array type (None stays None)."""
@@ -222,7 +224,8 @@ class Frontend:
         ctx = backend.call_context(caller_x)
         acc = V.acc_dtype(xdt)
         dx = backend.empty(ctx, p.flat, xdt)
-        grads = [backend.empty(ctx, (p.width,), acc) for _ in op.backward_outputs[1:]]  # dweight[, dbias]
+        grads = [backend.empty(ctx, (p.width,), self._grads_in(a["weight"], xdt, acc))
+                 for _ in op.backward_outputs[1:]]  # dweight[, dbias]
         backend.launch(
             ctx, self.launchers[op.name][1],
             self._rows_like(ctx, a["dy"], p.flat, xdt), backend.contiguous(ctx, x, p.flat),
@@ -270,6 +273,11 @@ class Frontend:
 
     def _stat(self, ctx, a, shape, acc):
         return self.backend.contiguous(ctx, self.backend.cast(ctx, a, acc), shape)
+
+    def _grads_in(self, weight, xdt, acc):
+        """dweight/dbias are allocated in their own dtype where the backend's kernels round the
+        sums into it as they store them (the cast after is then a no-op), else in ``acc``."""
+        return self._grad_dtype(weight, xdt) if self.backend.grads_in_any_dtype else acc
 
     @staticmethod
     def _grad_dtype(weight, xdt):

@@ -108,6 +108,7 @@ def main():
     cuda.device_array = device_array  # allocation is the driver's too
 
     from numbanorm.cuda._kernels import common as C
+    from numbanorm.cuda._kernels import group_norm as GN
     from numbanorm.cuda._kernels import layer_norm as LN
     try:
         from numbanorm.cuda._kernels import row_norm as RW
@@ -117,6 +118,8 @@ def main():
     C.n_sm = lambda: 132  # an H100
     if sys.argv[1] == "host":
         return host(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), device_array, launches)
+    if sys.argv[1] == "count":
+        return count(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
     if sys.argv[1] == "sweep":
         return sweep(int(sys.argv[2]), int(sys.argv[3]), device_array, libraries, launches, C, LN, RW)
     M, N = int(sys.argv[1]), int(sys.argv[2])
@@ -129,7 +132,54 @@ def main():
             LN.forward(x, w, b, 1e-5, y, mean, rstd)
         except TypeError as e:
             errors.append(str(e))
-    print(json.dumps({"launches": launches, "errors": errors, "resolved": len(C._RESOLVED)}))
+    out = {"launches": launches[:], "errors": errors, "resolved": len(C._RESOLVED)}
+    # more argument kinds, each launched three times (dispatcher, then direct): a
+    # backward (row kernel, column sums into float16), bfloat16 rows element by
+    # element (odd N: uint16 bits, no words), a GroupNorm forward (reshaped rows)
+    bf16 = C.BF16
+    xb, yb = device_array((M, N - 1), bf16), device_array((M, N - 1), bf16)
+    wb = device_array((N - 1,), bf16)
+    x3, y3 = device_array((M, 8, N // 8), np.float16), device_array((M, 8, N // 8), np.float16)
+    m3, r3 = device_array((M, 2), np.float32), device_array((M, 2), np.float32)
+    w8 = device_array((8,), np.float16)
+    others = {"backward": lambda: LN.backward(y, x, mean, rstd, w, x, w, b),
+              "bfloat16": lambda: LN.forward(xb, wb, wb, 1e-5, yb, mean, rstd),
+              "group": lambda: GN.forward(x3, w8, w8, 1e-5, y3, m3, r3)}
+    fresh = set()  # the addresses of each call's own partial sums, which differ call to call
+    empty = C.device_empty
+    C.device_empty = lambda *a: (lambda d: fresh.add(d.device_ctypes_pointer.value) or d)(empty(*a))
+    for name, call in others.items():
+        out[name] = []
+        for _ in range(3):
+            del launches[:]
+            call()
+            for la in launches:
+                la["args"] = ["partials" if a in fresh else a for a in la["args"]]
+            out[name] += launches
+    print(json.dumps(out))
+
+
+def count(M, N, device_array, launches):
+    """Launches that reach the driver per public call, by weight dtype (x float16)."""
+    from numbanorm import _api
+    from numbanorm.cuda import _backend
+
+    nc = _api.Frontend(_backend)
+    x = device_array((M, N), np.float16)
+    out = {}
+    for wname in ("float32", "float16"):
+        w = device_array((N,), wname)
+        calls = {"layer_forward": lambda: nc.layer_norm_forward(x, N, w, w),
+                 "layer_backward": lambda: nc.layer_norm_backward(x, x, *nc.layer_norm_forward(x, N, w, w)[1:], N, w),
+                 "rms_backward": lambda: nc.rms_norm_backward(x, x, nc.rms_norm_forward(x, N, w)[1], N, w)}
+        for name, call in calls.items():
+            call()  # compiled, resolved: the counted call takes the direct launch
+            n0 = len(launches)
+            res = call()
+            # the backward's own launches (its forward, for the statistics, runs first)
+            out[f"{name}_{wname}"] = len(launches) - n0 - (name != "layer_forward")
+            out[f"{name}_{wname}_dtypes"] = [str(a.dtype) for a in res] if "backward" in name else []
+    print(json.dumps(out))
 
 
 def host(M, N, calls, device_array, launches):
@@ -172,8 +222,51 @@ def host(M, N, calls, device_array, launches):
             # CPU that a loaded machine adds to the wall time
             out[f"{name}_cpu_us_{mode}"] = round(cpu[mode] * 1e6, 1)
     C._RESOLVED.update(plans)
+    out.update(launch_level(C, M, N, calls, device_array, launches, lambda: nc.layer_norm_forward(x, N, w, b)))
     out["loadavg"] = open("/proc/loadavg").read().split()[:3]
     print(json.dumps(out))
+
+
+def launch_level(C, M, N, calls, device_array, launches, forward):
+    """This thread's CPU time of one launch of the forward kernel with its arguments
+    prepared: numbanorm's direct cached launch (``common.launch``), numba-cuda's
+    dispatcher (``kernel[grid, block, stream](*args)``) and its ``_Kernel.launch``; and
+    the harness's own share of a public call (the stubbed driver launch, one
+    stubbed allocation), which a real driver replaces with its own."""
+    import inspect
+    import time
+
+    from numba.cuda import dispatcher
+
+    seen = []
+    real = C.launch
+    C.launch = lambda *a: seen.append(a) or real(*a)
+    forward()
+    C.launch = real
+    kernel, grid, block, *rest = seen[0]
+    with_stream = "stream" in inspect.signature(real).parameters  # (an older common.launch had none)
+    stream, args = (rest[0], tuple(rest[1:])) if with_stream else (0, tuple(rest))
+    views = getattr(C, "arrays", tuple)(args)  # numba's launch takes real arrays, not numbanorm's Words
+    compiled = next(v[0] for k, v in C._RESOLVED.items() if k[0] is kernel)
+    core = C._INTERNALS[0](stream)
+    config = C._launch_config(grid, block)
+    fn = compiled._codelibrary.get_cufunc().kernel
+    paths = {
+        "direct": (lambda: real(kernel, grid, block, stream, *args)) if with_stream
+        else (lambda: real(kernel, grid, block, *args)),
+        "dispatcher": lambda: kernel[grid, block, stream](*views),
+        "kernel_launch": lambda: compiled.launch(views, (grid, 1, 1), (block, 1, 1), C._INTERNALS[0](stream), 0),
+        "stub_driver": lambda: dispatcher.launch(core, config, fn, *range(4 + 7 * len(args))),
+        "stub_alloc": lambda: device_array((M, N), np.float16),
+    }
+    best = dict.fromkeys(paths, float("inf"))
+    for _ in range(7):
+        for name, call in paths.items():
+            c = time.thread_time()
+            for _ in range(calls):
+                call()
+            best[name] = min(best[name], (time.thread_time() - c) / calls)
+    return {f"launch_cpu_us_{k}": round(v * 1e6, 1) for k, v in best.items()}
 
 
 def sweep(N, M_max, device_array, libraries, launches, C, LN, RW):

@@ -102,7 +102,7 @@ def test_rows_move_in_8_byte_words_where_they_can(rng):
     flat = cuda.to_device(np.zeros(3 * 64 + 1, np.float16))
     assert C.vec_width(64, flat[1:].reshape(3, 64)) == 1                  # an offset start
     assert C.vec_width(64, a16, None, flat[1:].reshape(3, 64)) == 1       # any array decides
-    assert C.words(a16, 4).shape == (3, 16) and C.words(a16, 4).dtype == np.uint64
+    assert C.words(a16, 4).view().shape == (3, 16) and C.words(a16, 4).view().dtype == np.uint64
     # the same results through words and element by element
     x = _rows(rng, (4, 64), np.float16)
     by_words = nc.layer_norm(x, 64)
@@ -645,3 +645,53 @@ def test_parameter_gradients_stored_in_the_parameters_dtype(rng, monkeypatch, ki
     np.testing.assert_array_equal(narrow[1], wide[1].astype(np.float16))
     if layer:
         np.testing.assert_array_equal(narrow[2], wide[2].astype(np.float16))
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("wname", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("xdt", [np.float32, np.float16])
+def test_public_backward_is_two_launches_for_any_weight_dtype(rng, monkeypatch, xdt, wname):
+    """The public backward: the row kernel and the column sums, which round dweight/dbias
+    straight into the weight's dtype (no cast launches after: there were two for 16-bit
+    weights), with the bits of float32 sums cast after, and the oracle's values."""
+    from numbanorm.cuda import _backend
+
+    wdt = _bf16() if wname == "bfloat16" else np.dtype(wname)
+    M, N = 48, 40  # several blocks: several partial rows per column
+    x, dy = _rows(rng, (M, N), xdt), _rows(rng, (M, N), xdt)
+    w = rng.uniform(0.5, 1.5, N).astype(wdt)
+    x4, dy4, w4 = x.reshape(M, 4, -1), dy.reshape(M, 4, -1), w[:4]
+    xd, dyd, wd, x4d, dy4d, w4d = (cuda.to_device(a) for a in (x, dy, w, x4, dy4, w4))
+    f = np.float32
+    _, m, r = nc.layer_norm_forward(xd, N, wd, wd)
+    _, rr = nc.rms_norm_forward(xd, N, wd)
+    _, gm, gr = nc.group_norm_forward(x4d, 2, w4d, w4d)
+    calls = {
+        "layer": (lambda: nc.layer_norm_backward(dyd, xd, m, r, N, wd), 2,
+                  ORACLE.layer_norm_backward(dy.astype(f), x.astype(f), to_host(m), to_host(r), N, w.astype(f))),
+        "rms": (lambda: nc.rms_norm_backward(dyd, xd, rr, N, wd), 2,
+                ORACLE.rms_norm_backward(dy.astype(f), x.astype(f), to_host(rr), N, w.astype(f))),
+        "group": (lambda: nc.group_norm_backward(dy4d, x4d, gm, gr, w4d), 3,  # + the channel sums
+                  ORACLE.group_norm_backward(dy4.astype(f), x4.astype(f), to_host(gm), to_host(gr), w4.astype(f))),
+    }
+    launches = []
+    real = C.launch
+    monkeypatch.setattr(C, "launch", lambda *a: launches.append(a[0]) or real(*a))
+    for name, (call, n_launches, ref) in calls.items():
+        del launches[:]
+        got = [to_host(a) for a in call()]
+        assert len(launches) == n_launches, (name, len(launches))
+        for k, (g, want) in enumerate(zip(got[1:], ref[1:])):
+            assert g.dtype == w.dtype, name
+            if wname == "bfloat16":  # one bfloat16 ulp (2**-7) of the oracle rounded to it
+                want = want.astype(wdt).astype(np.float64)
+                np.testing.assert_allclose(g.astype(np.float64), want, rtol=2.0 ** -7,
+                                           atol=2.0 ** -7 * np.abs(want).max(), err_msg=name)
+            else:
+                assert_close(g, want, wdt if np.dtype(wdt).itemsize < np.dtype(xdt).itemsize else xdt, name)
+        # the sums in float32 and a cast after, as before: the same bits
+        monkeypatch.setattr(_backend, "grads_in_any_dtype", False)
+        wide = [to_host(a) for a in call()]
+        monkeypatch.setattr(_backend, "grads_in_any_dtype", True)
+        for g, h in zip(got, wide):
+            np.testing.assert_array_equal(g.view(np.uint8), h.view(np.uint8), err_msg=name)

@@ -34,6 +34,24 @@ def test_repeated_launches_reach_the_driver_with_a_core_stream(tmp_path):
     for later in rest:
         assert later == first
     assert first["stream"] == 0 and first["block"][0] > 0
+    # the direct launch marshals rows without their word views (common.Words): the
+    # driver gets what numba's dispatcher gave it for the same views
+    for name, per_call in (("backward", 2), ("bfloat16", 1), ("group", 1)):
+        calls = [res[name][k:k + per_call] for k in range(0, len(res[name]), per_call)]
+        assert len(calls) == 3 and calls[1] == calls[0] and calls[2] == calls[0], name
+
+
+def test_a_backward_is_two_launches_whatever_the_weight_dtype(tmp_path):
+    """The public backward reaches the driver twice (row kernel, column sums) with float32
+    and with float16 weights: the column sums store dweight/dbias in the weight's dtype
+    (there were two cast launches after them for float16 weights)."""
+    res = _run("count", 64, 1024, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    for w in ("float32", "float16"):
+        assert res[f"layer_forward_{w}"] == 1
+        assert res[f"layer_backward_{w}"] == 2, res
+        assert res[f"rms_backward_{w}"] == 2, res
+        assert res[f"layer_backward_{w}_dtypes"] == ["float16", w, w]
+        assert res[f"rms_backward_{w}_dtypes"] == ["float16", w]
 
 
 def test_a_new_row_count_compiles_no_new_kernel(tmp_path):

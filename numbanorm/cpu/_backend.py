@@ -12,6 +12,8 @@ from .. import _validate as V
 from ._kernels import add_norm, group_norm, layer_norm, rms_norm  # noqa: F401  (the launchers)
 
 name = "cpu"
+# dweight/dbias are summed into float32 and cast after (the column sums store acc only)
+grads_in_any_dtype = False
 
 
 def native(role, a):

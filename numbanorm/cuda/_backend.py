@@ -27,6 +27,9 @@ from ._kernels import common as C
 from ._kernels import add_norm, group_norm, layer_norm, rms_norm  # noqa: F401  (the launchers)
 
 name = "cuda"
+# the column sums round dweight/dbias into any float dtype as they store them: the
+# frontend allocates them in the parameters' dtype, and a backward is two launches
+grads_in_any_dtype = True
 
 
 class CallContext:
@@ -122,10 +125,10 @@ def native(role, a):
     if a is None:
         return None
     _check_dtype(role, a)
+    if getattr(type(a), "__cuda_ndarray__", False):  # numba's (or the simulator's) own: asked first, the usual case
+        return a
     if type(a) is np.ndarray or V.side_of(a) == V.HOST:
         return a if type(a) is np.ndarray else np.asarray(a)
-    if getattr(type(a), "__cuda_ndarray__", False):  # numba's (or the simulator's) own
-        return a
     if _is_torch(a):
         return _torch_view(a)
     if _is_cupy(a):
@@ -139,7 +142,8 @@ def call_context(leading):
     if type(leading) is np.ndarray or V.side_of(leading) == V.HOST:
         return _DEFAULT
     if getattr(type(leading), "__cuda_ndarray__", False):
-        return CallContext(leading.stream)
+        stream = leading.stream
+        return _DEFAULT if type(stream) is int and stream == 0 else CallContext(stream)
     if _is_torch(leading):
         import torch
 
@@ -153,17 +157,13 @@ def call_context(leading):
 
 
 def launch(ctx, launcher, *args, callers_out=False, **kwargs):
-    """``launcher(*args, **kwargs)`` with its kernels on ``ctx.stream``.
+    """``launcher(*args, **kwargs)`` with its kernels on ``ctx.stream``, passed to it
+    explicitly.
 
     ``callers_out`` (y is the caller's ``out=``) changes nothing on a device:
-    no page faults to avoid.  The launchers' ``C.launch`` reads the stream from
-    ``C.CALL``, set here for the launch alone.
+    no page faults to avoid, so no ``y_mapped`` hint for the launchers.
     """
-    previous, C.CALL.stream = C.CALL.stream, ctx.stream
-    try:
-        return launcher(*args, **kwargs)
-    finally:
-        C.CALL.stream = previous
+    return launcher(*args, stream=ctx.stream, **kwargs)
 
 
 def contiguous(ctx, a, shape):
@@ -173,11 +173,12 @@ def contiguous(ctx, a, shape):
         b = empty(ctx, a.shape, a.dtype)
         copy_into(ctx, b, a)
         a = b
-    return a.reshape(shape)
+    # already that shape: no reshape, which would build another array object (~3 us of host time)
+    return a if a.shape == shape else a.reshape(shape)
 
 
 def empty(ctx, shape, dtype):
-    shape = tuple(int(d) for d in shape)
+    shape = tuple(map(int, shape))
     if ctx.lib == "torch":
         import torch
 
@@ -218,11 +219,13 @@ def cast(ctx, a, dtype):
         return a
     src = contiguous(ctx, a, (a.size,))
     out = empty(ctx, (a.size,), dtype)
-    launch(ctx, C.cast_into, src, out)
+    C.cast_into(src, out, ctx.stream)
     return out.reshape(a.shape)
 
 
 def wrap(a, like):
+    if getattr(type(like), "__cuda_ndarray__", False):  # numba's own: asked first, the usual case
+        return a
     if type(like) is np.ndarray or V.side_of(like) == V.HOST:
         return a.copy_to_host()
     if _is_torch(like):

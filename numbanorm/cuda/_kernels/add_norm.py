@@ -11,11 +11,11 @@ from . import layer_norm as _layer_norm
 from . import rms_norm as _rms_norm
 
 
-def layer_norm_forward(x, residual, weight, bias, eps, y, s, mean, rstd):
+def layer_norm_forward(x, residual, weight, bias, eps, y, s, mean, rstd, *, stream=0):
     """Fill ``y``, ``s``, ``mean``, ``rstd`` for the rows of ``x + residual`` (all (M, N) / (M,))."""
-    _layer_norm.forward(x, weight, bias, eps, y, mean, rstd, residual=residual, s=s)
+    _layer_norm.forward(x, weight, bias, eps, y, mean, rstd, residual=residual, s=s, stream=stream)
 
 
-def rms_norm_forward(x, residual, weight, eps, y, s, rstd):
+def rms_norm_forward(x, residual, weight, eps, y, s, rstd, *, stream=0):
     """Fill ``y``, ``s``, ``rstd`` for the rows of ``x + residual``."""
-    _rms_norm.forward(x, weight, eps, y, rstd, residual=residual, s=s)
+    _rms_norm.forward(x, weight, eps, y, rstd, residual=residual, s=s, stream=stream)

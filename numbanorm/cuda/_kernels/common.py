@@ -33,7 +33,6 @@ of every module here (``source_stamp``).
 from __future__ import annotations
 
 import functools
-import threading
 from collections import namedtuple
 
 import numpy as np
@@ -188,6 +187,7 @@ def kview(a):
 
 
 WORD = np.dtype(np.uint64)  # the widest load numba-cuda emits: one 8-byte word per thread
+_BITS = np.dtype(np.uint16)  # bfloat16 as the kernels index it
 
 
 def _address(a):
@@ -216,9 +216,34 @@ def vec_width(n, *rows):
 
 
 def words(a, vec):
-    """A C-contiguous (..., n) array as the kernels index it: (..., n // vec) words."""
-    a = kview(a)
-    return a.view(WORD) if vec > 1 else a
+    """A C-contiguous (..., n) array as the kernels index it: (..., n // vec) words (or
+    bfloat16's uint16 bits) -- a :class:`Words` standing for the view, or ``a`` itself."""
+    return Words(a, vec) if vec > 1 or is_bfloat16(a.dtype) else a
+
+
+class Words:
+    """A C-contiguous array seen as ``vec``-element words, without the view.
+
+    A numba view is another array object (~2-3 us of host time each); the direct
+    launch marshals this one from the array's own fields, and only numba's
+    dispatcher (first launch, simulator) gets the real view (``view``).
+    """
+
+    __slots__ = ("base", "dtype", "k")
+
+    def __init__(self, base, vec):
+        self.base = base                          # (..., n) the array itself
+        self.dtype = WORD if vec > 1 else _BITS   # what the kernel is typed on (bfloat16: its bits)
+        self.k = vec                              # elements per kernel element
+
+    def view(self):
+        return kview(self.base).view(self.dtype) if self.k > 1 else kview(self.base)
+
+    def marshal(self):
+        """The array's kernel arguments as ``_Kernel._prepare_args`` makes them from ``view()``."""
+        b, k, item = self.base, self.k, self.dtype.itemsize
+        return (0, 0, b.size // k, item, b.device_ctypes_pointer.value, *b.shape[:-1], b.shape[-1] // k,
+                *b.strides[:-1], item)
 
 
 @functools.lru_cache(maxsize=None)
@@ -331,15 +356,6 @@ def is_bfloat16(dtype):
 
 # ---------------------------------------------------------------- launching
 
-class _Call(threading.local):
-    """The stream of the launcher running on this thread: set by ``numbanorm.cuda._backend.launch``
-    around one launcher call, from the call's explicit context."""
-
-    stream = 0      # numba stream (0: the default stream)
-
-
-CALL = _Call()
-
 # Resolved kernel specializations.  A numba-cuda dispatcher call types every
 # argument and looks the signature up each time, and its ``_Kernel.launch``
 # wraps every array in a memory view: most of the host time of a call.  Our
@@ -347,8 +363,9 @@ CALL = _Call()
 # (ordinary) launch the compiled kernel is kept here with a plan of its
 # arguments, and later launches marshal them as ``_Kernel._prepare_args`` does
 # (arrays: meminfo, parent, size, itemsize, pointer, shape, strides; scalars as
-# ctypes) and call cuda.core's ``launch`` as ``_Kernel.launch`` does, on the
-# stream converted as the dispatcher converts it (``driver._to_core_stream``).
+# ctypes; rows as words straight from the array's fields, ``Words.marshal``) and
+# call cuda.core's ``launch`` as ``_Kernel.launch`` does, on the stream
+# converted as the dispatcher converts it (``driver._to_core_stream``).
 # These are numba-cuda internals: pyproject pins the versions they are known
 # in, and tests/test_cuda_launch.py checks, with only the driver stubbed, that
 # the direct launch hands the driver what numba's own launch does.
@@ -394,12 +411,20 @@ def _plan(compiled):
     return tuple(plan)
 
 
+def arrays(args):
+    """Launch arguments with each :class:`Words` made the array view it stands for."""
+    return tuple(a.view() if type(a) is Words else a for a in args)
+
+
 def _direct_launch(compiled, plan, args, grid, block, stream):
     to_core, dispatcher, _ = _INTERNALS
     kargs = []
     for how, a in zip(plan, args):
         if how == "A":
-            kargs += (0, 0, a.size, a.dtype.itemsize, a.device_ctypes_pointer.value, *a.shape, *a.strides)
+            if type(a) is Words:
+                kargs += a.marshal()
+            else:
+                kargs += (0, 0, a.size, a.dtype.itemsize, a.device_ctypes_pointer.value, *a.shape, *a.strides)
         else:
             kargs.append(how(a))
     dispatcher.launch(to_core(stream), _launch_config(grid, block), compiled._codelibrary.get_cufunc().kernel,
@@ -411,23 +436,23 @@ def _launch_config(grid, block):
     return _INTERNALS[1].LaunchConfig(grid=(grid, 1, 1), block=(block, 1, 1), shmem_size=0, is_cooperative=False)
 
 
-def launch(kernel, grid, block, *args):
-    """``kernel[grid, block, stream](*args)`` on the current call's stream.
+def launch(kernel, grid, block, stream, *args):
+    """``kernel[grid, block, stream](*args)``: ``stream`` is the call's (0: the default).
 
     Launchers pass C-contiguous arrays of fixed rank for every argument of a
     given kernel, so the arrays' dtypes (and scalars' types) identify the
     specialization.
     """
-    stream = CALL.stream
     key = (kernel, *(getattr(a, "dtype", type(a)) for a in args))
     resolved = _RESOLVED.get(key)
     if resolved is not None:
         compiled, plan = resolved
         if plan is None:
-            compiled.launch(args, (grid, 1, 1), (block, 1, 1), _INTERNALS[0](stream), 0)
+            compiled.launch(arrays(args), (grid, 1, 1), (block, 1, 1), _INTERNALS[0](stream), 0)
         else:
             _direct_launch(compiled, plan, args, grid, block, stream)
         return
+    args = arrays(args)  # numba's own path: real views
     kernel[grid, block, stream](*args)
     overloads = getattr(kernel, "overloads", None)  # None in the simulator
     if overloads and _INTERNALS is not None:
@@ -453,7 +478,7 @@ def dummy(dtype, ndim):
 def optional(a, like, ndim, vec=1):
     """What a kernel indexes for an optional array argument: ``a`` (as ``vec``-element
     words), or a dummy of ``like``'s dtype."""
-    return dummy(like.dtype, ndim) if a is None else words(a, vec)
+    return _dummy_cached(like.dtype, ndim) if a is None else words(a, vec)  # (like.dtype: a NumPy dtype)
 
 
 def dtype_or_none(a):
@@ -508,7 +533,7 @@ def _column_sums_kernel(K, COLS, SLICES, acc_name, out_dtype):
     return column_sums
 
 
-def column_sums(part, out0, out1=None):
+def column_sums(part, out0, out1=None, stream=0):
     """out0[:] = part[0].sum(0) (and out1 from part[1]) in a fixed order: deterministic.
 
     The outputs may be of any float dtype (the same for both): the sums are
@@ -523,7 +548,7 @@ def column_sums(part, out0, out1=None):
     acc = "float64" if part.dtype == F64 else "float32"
     kern = _column_sums_kernel(K, cols, slices, acc, np.dtype(out0.dtype))
     out0 = kview(out0)
-    launch(kern, cdiv(N, cols), cols * slices, part, out0, out0 if out1 is None else kview(out1))
+    launch(kern, cdiv(N, cols), cols * slices, stream, part, out0, out0 if out1 is None else kview(out1))
 
 
 # ---------------------------------------------------------------- cast
@@ -545,9 +570,9 @@ def _cast_kernel(src_dtype, dst_dtype):
     return cast
 
 
-def cast_into(src, dst):
+def cast_into(src, dst, stream=0):
     """dst[:] = src (1-D, contiguous, same length) with conversion."""
     n = src.shape[0]
     if n:
         kern = _cast_kernel(np.dtype(src.dtype), np.dtype(dst.dtype))
-        launch(kern, cdiv(n, CAST_BLOCK), CAST_BLOCK, kview(src), kview(dst))
+        launch(kern, cdiv(n, CAST_BLOCK), CAST_BLOCK, stream, kview(src), kview(dst))

@@ -2,8 +2,9 @@
 
 x is seen as (N, C, S) with S the product of the spatial dimensions and the C
 channels split into G groups of Cg = C/G channels.  A group's L = Cg*S elements
-are contiguous, so the forward treats each (sample, group) as a row of length L
-and maps it onto a thread group exactly like ``layer_norm`` (``common``): the
+are contiguous, so the forward treats each (sample, group) as a row of length L,
+maps it onto a thread group exactly like ``layer_norm`` (``common``) and takes
+its statistics with LayerNorm's own device functions (``stats``): the
 group in registers when it fits, a loop (per channel, so no division per
 element) when it does not -- in typical convolutional nets L is tens of
 thousands and one block works on each group.
@@ -30,13 +31,13 @@ would do if a whole group fitted on chip -- a fused version is future work.
 """
 
 import functools
-import math
 
 import numpy as np
 from numba import cuda
 
 from . import common as C
-from .reduce import group_sum, group_sum2, group_sum3, slots
+from . import stats
+from .reduce import group_sum3, slots
 
 
 @functools.lru_cache(maxsize=None)
@@ -51,6 +52,9 @@ def _forward_kernel(xdt, wdt, bdt, cfg):
     SHIFT = TPR.bit_length() - 1
     SLOTS = slots(BLOCK)
     I32 = cuda.int32
+    # the statistics of a (sample, group) are a LayerNorm row's
+    ROW_SUM = stats.row_sum_fn(xdt, TPR, VPT, V, LOOP, False, False)
+    CENTERED = stats.centered_fn(xdt, TPR, VPT, V, LOOP)
 
     @C.kernel_jit(BLOCK)
     def forward(
@@ -88,47 +92,8 @@ def _forward_kernel(xdt, wdt, bdt, cfg):
             xr = x[rr]
             yr = y[rr]
             c0 = (rr % G) * Cg           # first channel of this group
-            total = zero
-            if LOOP:
-                if live:
-                    for q in range(t, NW, TPR):
-                        LOADW(xr, q, xs, 0)
-                        for v in range(V):
-                            total += xs[v]
-            else:
-                for k in range(WPT):
-                    q = t + k * TPR
-                    if live and q < NW:
-                        LOADW(xr, q, xs, k * V)
-                    else:
-                        for v in range(V):
-                            xs[k * V + v] = zero
-                    for v in range(V):
-                        total += xs[k * V + v]
-            mu = group_sum(total, scratch, 0, tid, TPR) * inv_n
-            dsum = zero
-            sq = zero
-            if LOOP:
-                if live:
-                    for q in range(t, NW, TPR):
-                        LOADW(xr, q, xs, 0)
-                        for v in range(V):
-                            d = xs[v] - mu
-                            dsum += d
-                            sq += d * d
-            else:
-                for k in range(WPT):
-                    if live and t + k * TPR < NW:
-                        for v in range(V):
-                            d = xs[k * V + v] - mu
-                            dsum += d
-                            sq += d * d
-            dsum, sq = group_sum2(dsum, sq, scratch, 1, tid, TPR)
-            corr = dsum * inv_n
-            var = sq * inv_n - corr * corr
-            if var < zero:
-                var = zero
-            r = ACC(1) / math.sqrt(var + eps)
+            total = ROW_SUM(xr, xr, xr, xs, tmp, live, t, NW)
+            mu, corr, r = CENTERED(xr, xs, live, t, NW, total, inv_n, eps, scratch, tid)
             if live and t == 0:
                 mean[row] = mu + corr
                 rstd[row] = r
@@ -287,8 +252,8 @@ def _dx_kernel(xdt, wdt, cfg):
     return dx_kernel
 
 
-def forward(x, weight, bias, eps, y, mean, rstd):
-    """Fill ``y`` (N, C, S) and ``mean``/``rstd`` (N, G) for group norm."""
+def forward(x, weight, bias, eps, y, mean, rstd, *, stream=0):
+    """Fill ``y`` (N, C, S) and ``mean``/``rstd`` (N, G) for group norm, on ``stream``."""
     n, c, S = x.shape
     G = mean.shape[1]
     if n == 0:
@@ -299,13 +264,13 @@ def forward(x, weight, bias, eps, y, mean, rstd):
     cfg = C.row_config(n * G, L, x.dtype == C.F64, vec)
     kern = _forward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), C.dtype_or_none(bias), cfg.code)
     xe = C.kview(x)
-    C.launch(kern, cfg.grid, cfg.block, C.words(x, vec).reshape(n * G, L // vec), C.optional(weight, xe, 1),
+    C.launch(kern, cfg.grid, cfg.block, stream, C.words(x.reshape(n * G, L), vec), C.optional(weight, xe, 1),
              C.optional(bias, xe, 1), np.dtype(mean.dtype).type(eps), S, G,
-             C.words(y, vec).reshape(n * G, L // vec), mean.reshape(n * G), rstd.reshape(n * G))
+             C.words(y.reshape(n * G, L), vec), mean.reshape(n * G), rstd.reshape(n * G))
 
 
-def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
-    """Fill ``dx`` (N, C, S) and ``dweight``/``dbias`` (C,) in the accumulation dtype."""
+def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, *, stream=0):
+    """Fill ``dx`` (N, C, S) and ``dweight``/``dbias`` (C,) of any float dtype, on ``stream``."""
     n, c, S = x.shape
     G = mean.shape[1]
     acc = C.F64 if x.dtype == C.F64 else C.F32  # dweight/dbias: any float dtype (column_sums)
@@ -316,11 +281,11 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
         xdt = np.dtype(x.dtype)
         vec = C.vec_width(S, x, dy, dx)
         cfg = C.row_config(n * c, S, xdt == C.F64, vec)
-        xk = C.words(x, vec).reshape(n * c, S // vec)
-        dyk = C.words(dy, vec).reshape(n * c, S // vec)
+        xk = C.words(x.reshape(n * c, S), vec)
+        dyk = C.words(dy.reshape(n * c, S), vec)
         m1, p1 = mean.reshape(n * G), part.reshape(4, n * c)
-        C.launch(_channel_sums_kernel(xdt, cfg.code), cfg.grid, cfg.block, dyk, xk, m1, c // G, p1)
-        C.launch(_dx_kernel(xdt, C.dtype_or_none(weight), cfg.code), cfg.grid, cfg.block, dyk, xk, m1,
+        C.launch(_channel_sums_kernel(xdt, cfg.code), cfg.grid, cfg.block, stream, dyk, xk, m1, c // G, p1)
+        C.launch(_dx_kernel(xdt, C.dtype_or_none(weight), cfg.code), cfg.grid, cfg.block, stream, dyk, xk, m1,
                  rstd.reshape(n * G), C.optional(weight, C.kview(x), 1), c // G, p1,
-                 C.words(dx, vec).reshape(n * c, S // vec))
-    C.column_sums(part[0:2], dweight, dbias)
+                 C.words(dx.reshape(n * c, S), vec))
+    C.column_sums(part[0:2], dweight, dbias, stream)

@@ -14,7 +14,8 @@ RMSNorm (``kind='rms'``): ``rstd = 1 / sqrt(sum(x^2) / N + eps)`` in pass 1,
 
 The row mapping (a thread group per row, the row in registers where it fits,
 moved in 8-byte words of ``vec`` elements where the rows allow) is described in
-``common``; the group reductions are ``reduce``.  Kernels are specialized by
+``common``; the statistics passes are ``stats`` (shared with GroupNorm), the
+group reductions ``reduce``.  Kernels are specialized by
 closure constants (kind, dtypes, mapping, which optional arrays exist), so the
 other kind's code, absent weight/bias/residual cost nothing (numba prunes the
 branches on them); absent arrays are passed as one-element dummies that are
@@ -45,7 +46,8 @@ import numpy as np
 from numba import cuda
 
 from . import common as C
-from .reduce import group_sum, group_sum2, group_sum3, slots
+from . import stats
+from .reduce import group_sum, group_sum3, slots
 
 KINDS = ("layer", "rms")
 
@@ -57,7 +59,6 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
     assert kind in KINDS
     LAYER = kind == "layer"
     ACC = C.acc_type(xdt)
-    LX, SX = C.load_fn(xdt, ACC.name), C.store_fn(xdt)
     LOADW, STOREW = C.word_fns(xdt, ACC.name, code.vec)
     has_w, has_b = wdt is not None, bdt is not None and LAYER
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
@@ -66,6 +67,8 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
     WPT = VPT // V                    # words per thread
     SHIFT = TPR.bit_length() - 1
     SLOTS = slots(BLOCK)
+    ROW_SUM = stats.row_sum_fn(xdt, TPR, VPT, V, LOOP, not LAYER, has_r)
+    CENTERED = stats.centered_fn(xdt, TPR, VPT, V, LOOP)
 
     @C.kernel_jit(BLOCK)
     def forward(
@@ -111,63 +114,9 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
             resr = res[rr if has_r else 0]
             sr = s[rr if has_r else 0]
             # pass 1: the sum (RMSNorm: of squares), and, fused, s = x + res stored once
-            total = zero
-            if LOOP:
-                if live:
-                    for q in range(t, NW, TPR):
-                        LOADW(xr, q, xs, 0)
-                        if has_r:
-                            LOADW(resr, q, tmp, 0)
-                            for v in range(V):
-                                xs[v] += tmp[v]
-                            STOREW(sr, q, xs, 0)
-                        for v in range(V):
-                            # fused: normalize the s handed back, rounded
-                            val = LX(SX(xs[v])) if has_r else xs[v]
-                            total += val if LAYER else val * val
-            else:
-                for k in range(WPT):
-                    q = t + k * TPR
-                    if live and q < NW:
-                        LOADW(xr, q, xs, k * V)
-                        if has_r:
-                            LOADW(resr, q, tmp, 0)
-                            for v in range(V):
-                                xs[k * V + v] += tmp[v]
-                            STOREW(sr, q, xs, k * V)
-                            for v in range(V):
-                                xs[k * V + v] = LX(SX(xs[k * V + v]))
-                    else:
-                        for v in range(V):
-                            xs[k * V + v] = zero
-                    for v in range(V):
-                        total += xs[k * V + v] if LAYER else xs[k * V + v] * xs[k * V + v]
+            total = ROW_SUM(xr, resr, sr, xs, tmp, live, t, NW)
             if LAYER:
-                mu = group_sum(total, scratch, 0, tid, TPR) * inv_n
-                # pass 2: deviations from mu; their sum corrects mu's rounding
-                dsum = zero
-                sq = zero
-                if LOOP:
-                    if live:
-                        for q in range(t, NW, TPR):
-                            LOADW(sr if has_r else xr, q, xs, 0)
-                            for v in range(V):
-                                d = xs[v] - mu
-                                dsum += d
-                                sq += d * d
-                else:
-                    for k in range(WPT):
-                        if live and t + k * TPR < NW:
-                            for v in range(V):
-                                d = xs[k * V + v] - mu
-                                dsum += d
-                                sq += d * d
-                dsum, sq = group_sum2(dsum, sq, scratch, 1, tid, TPR)
-                corr = dsum * inv_n
-                var = sq * inv_n - corr * corr
-                if var < zero:  # rounding on a constant row; NaN fails the test and stays NaN
-                    var = zero
-                r = ACC(1) / math.sqrt(var + eps)
+                mu, corr, r = CENTERED(sr if has_r else xr, xs, live, t, NW, total, inv_n, eps, scratch, tid)
                 if live and t == 0:
                     mean[row] = mu + corr
                     rstd[row] = r
@@ -396,13 +345,13 @@ def backward_kernel(kind, xdt, wdt, code, has_ds):
     return backward
 
 
-def forward(kind, x, weight, bias, eps, y, mean, rstd, residual=None, s=None):
+def forward(kind, x, weight, bias, eps, y, mean, rstd, residual=None, s=None, stream=0):
     """Fill ``y``, ``rstd`` (and ``mean``, LayerNorm) for the rows of ``x``.
 
     x, y: (M, N) C-contiguous device arrays of x's dtype; weight, bias: (N,) any
     float dtype or None (bias and mean: None for RMSNorm); mean, rstd: (M,)
     float32 (float64 for float64 x).  ``residual``/``s`` (both or neither): normalize
-    ``s = x + residual``, stored into ``s``.
+    ``s = x + residual``, stored into ``s``.  ``stream``: where the kernel runs.
     """
     M, N = x.shape
     if M == 0:
@@ -412,12 +361,12 @@ def forward(kind, x, weight, bias, eps, y, mean, rstd, residual=None, s=None):
     kern = forward_kernel(kind, np.dtype(x.dtype), C.dtype_or_none(weight), C.dtype_or_none(bias), cfg.code,
                           residual is not None)
     xe, xk = C.kview(x), C.words(x, vec)  # elements (dummy parameters), words (rows)
-    C.launch(kern, cfg.grid, cfg.block, xk, C.optional(residual, xk, 2, vec), C.optional(weight, xe, 1),
+    C.launch(kern, cfg.grid, cfg.block, stream, xk, C.optional(residual, xk, 2, vec), C.optional(weight, xe, 1),
              C.optional(bias, xe, 1), np.dtype(rstd.dtype).type(eps), C.words(y, vec),
              C.optional(s, xk, 2, vec), C.optional(mean, rstd, 1), rstd)
 
 
-def backward(kind, dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None):
+def backward(kind, dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None, stream=0):
     """Fill ``dx`` (M, N) and ``dweight`` (and ``dbias``, LayerNorm) (N,), of any float
     dtype (summed in the accumulation dtype, rounded once as stored); ``mean``/``dbias``
     None for RMSNorm.
@@ -428,13 +377,13 @@ def backward(kind, dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None):
     acc = C.F64 if x.dtype == C.F64 else C.F32
     K = 2 if kind == "layer" else 1
     if M == 0:
-        C.column_sums(C.device_empty((K, 0, N), acc), dweight, dbias)
+        C.column_sums(C.device_empty((K, 0, N), acc), dweight, dbias, stream)
         return
     vec = C.vec_width(N, x, dy, dx, ds)
     cfg = C.row_config(M, N, x.dtype == C.F64, vec)
     part = C.device_empty((K, cfg.grid, N), acc)
     kern = backward_kernel(kind, np.dtype(x.dtype), C.dtype_or_none(weight), cfg.code, ds is not None)
     xe, xk = C.kview(x), C.words(x, vec)
-    C.launch(kern, cfg.grid, cfg.block, C.words(dy, vec), xk, C.optional(mean, rstd, 1), rstd,
+    C.launch(kern, cfg.grid, cfg.block, stream, C.words(dy, vec), xk, C.optional(mean, rstd, 1), rstd,
              C.optional(weight, xe, 1), C.optional(ds, xk, 2, vec), C.words(dx, vec), part)
-    C.column_sums(part, dweight, dbias)
+    C.column_sums(part, dweight, dbias, stream)

@@ -1,0 +1,131 @@
+"""The statistics of one row, as a row group computes them: the device functions that
+``row_norm`` (LayerNorm, RMSNorm, fused residual or not) and ``group_norm`` (a
+(sample, group) is a row) share.
+
+``row_sum``: pass 1 over the row's words -- each thread loads its words (into
+registers where the row fits, ``xs``; word by word on the loop path), forms and
+stores ``s = x + res`` once when fused, and sums its elements (or their squares,
+RMSNorm).  ``centered``: the group's mean from that sum, then pass 2 over the
+deviations from it, whose sum corrects the mean's rounding (the corrected
+two-pass variance), and rstd.  Both take the row mapping's constants (threads
+per row, elements per thread, word width, loop or registers) as closure
+constants, like the kernels that inline them; ``reduce`` does the group sums.
+"""
+
+import functools
+import math
+
+from numba import cuda
+
+from . import common as C
+from .reduce import group_sum, group_sum2
+
+
+@functools.lru_cache(maxsize=None)
+def row_sum_fn(xdt, tpr, vpt, vec, loop, squares, has_r):
+    """``row_sum(xr, resr, sr, xs, tmp, live, t, NW)``: this thread's part of the row's
+    sum (of squares with ``squares``); ``has_r``: x + res, stored into sr and rounded
+    to x's dtype, is what is summed (and left in ``xs``)."""
+    ACC = C.acc_type(xdt)
+    LX, SX = C.load_fn(xdt, ACC.name), C.store_fn(xdt)
+    LOADW, STOREW = C.word_fns(xdt, ACC.name, vec)
+    TPR, V, LOOP, LAYER = tpr, vec, loop, not squares
+    WPT = vpt // vec                  # words per thread
+
+    @cuda.jit(device=True)
+    def row_sum(
+        xr,     # (NW,) words of the row
+        resr,   # (NW,) words of its residual (has_r), else unread
+        sr,     # (NW,) output x + res (has_r), else unread
+        xs,     # (VPT,) this thread's elements, filled here (registers path)
+        tmp,    # (V,) one word in flight
+        live,   # bool: the row exists (dead rows add zeros)
+        t,      # int: thread within the row group
+        NW,     # int: words per row
+    ):
+        total = ACC(0)
+        if LOOP:
+            if live:
+                for q in range(t, NW, TPR):
+                    LOADW(xr, q, xs, 0)
+                    if has_r:
+                        LOADW(resr, q, tmp, 0)
+                        for v in range(V):
+                            xs[v] += tmp[v]
+                        STOREW(sr, q, xs, 0)
+                    for v in range(V):
+                        # fused: normalize the s handed back, rounded
+                        val = LX(SX(xs[v])) if has_r else xs[v]
+                        total += val if LAYER else val * val
+        else:
+            for k in range(WPT):
+                q = t + k * TPR
+                if live and q < NW:
+                    LOADW(xr, q, xs, k * V)
+                    if has_r:
+                        LOADW(resr, q, tmp, 0)
+                        for v in range(V):
+                            xs[k * V + v] += tmp[v]
+                        STOREW(sr, q, xs, k * V)
+                        for v in range(V):
+                            xs[k * V + v] = LX(SX(xs[k * V + v]))
+                else:
+                    for v in range(V):
+                        xs[k * V + v] = ACC(0)
+                for v in range(V):
+                    total += xs[k * V + v] if LAYER else xs[k * V + v] * xs[k * V + v]
+        return total
+
+    return row_sum
+
+
+@functools.lru_cache(maxsize=None)
+def centered_fn(xdt, tpr, vpt, vec, loop):
+    """``centered(src, xs, live, t, NW, total, inv_n, eps, scratch, tid)`` -> ``(mu, corr,
+    rstd)``: mean = mu + corr, with ((x - mu) - corr) the deviations the kernels use."""
+    ACC = C.acc_type(xdt)
+    LOADW = C.word_fns(xdt, ACC.name, vec)[0]
+    TPR, V, LOOP = tpr, vec, loop
+    WPT = vpt // vec
+
+    @cuda.jit(device=True)
+    def centered(
+        src,      # (NW,) words of the row (x, or s when fused), re-read on the loop path
+        xs,       # (VPT,) this thread's elements from row_sum (registers path)
+        live,     # bool: the row exists
+        t,        # int: thread within the row group
+        NW,       # int: words per row
+        total,    # scalar: this thread's row_sum
+        inv_n,    # scalar: 1 / elements per row, accumulation dtype
+        eps,      # scalar, accumulation dtype
+        scratch,  # (2, >= 2, slots) shared memory of the group sums (buffer 0, then 1)
+        tid,      # int: thread within the block
+    ):
+        zero = ACC(0)
+        mu = group_sum(total, scratch, 0, tid, TPR) * inv_n
+        # pass 2: deviations from mu; their sum corrects mu's rounding
+        dsum = zero
+        sq = zero
+        if LOOP:
+            if live:
+                for q in range(t, NW, TPR):
+                    LOADW(src, q, xs, 0)
+                    for v in range(V):
+                        d = xs[v] - mu
+                        dsum += d
+                        sq += d * d
+        else:
+            for k in range(WPT):
+                if live and t + k * TPR < NW:
+                    for v in range(V):
+                        d = xs[k * V + v] - mu
+                        dsum += d
+                        sq += d * d
+        dsum, sq = group_sum2(dsum, sq, scratch, 1, tid, TPR)
+        corr = dsum * inv_n
+        var = sq * inv_n - corr * corr
+        if var < zero:  # rounding on a constant row; NaN fails the test and stays NaN
+            var = zero
+        return mu, corr, ACC(1) / math.sqrt(var + eps)
+
+    return centered
