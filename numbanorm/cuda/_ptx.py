@@ -1,7 +1,7 @@
 """Compile every GPU kernel for a given architecture without a GPU, and check
 what the compiler did with it.
 
-    python -m numbanorm.cuda._ptx [--check] [--cc 9.0]
+    python -m numbanorm.cuda._ptx [--check] [--cc 9.0] [--shard i/n]
 
 NVVM (numba-cuda's compiler) runs without a driver; ptxas, where installed,
 reports registers and spills.  Checked for every kernel at the mapping an
@@ -137,7 +137,10 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check", action="store_true", help="exit 1 if a kernel breaks its budget")
     p.add_argument("--cc", default="9.0", help="compute capability (default 9.0, H100)")
+    p.add_argument("--shard", default="0/1", help="i/n: only every n-th kernel from the i-th (one "
+                                                  "process per core; each compile is single-threaded)")
     args = p.parse_args(argv)
+    shard, shards = (int(v) for v in args.shard.split("/"))
     cc = tuple(int(v) for v in args.cc.split("."))
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         print("the CUDA simulator is on: set NUMBA_ENABLE_CUDASIM=0")
@@ -161,7 +164,9 @@ def main(argv=None):
         return 3
     ptxas = _ptxas()
     failed = []
-    for name, kern, sig, block, wide in _cases():
+    for k, (name, kern, sig, block, wide) in enumerate(_cases()):
+        if k % shards != shard:
+            continue
         bounds = kern.targetoptions.get("launch_bounds")
         ptx, _ = cuda.compile_ptx(kern.py_func, sig, cc=cc, launch_bounds=bounds)
         line = f"{name:<72} block={block:<5}"
