@@ -14,7 +14,8 @@ from numba import prange
 from .cache import njit  # numba.njit with a cache keyed on this package's source
 from .common import FASTMATH, acc_of, finish, launch, param, scratch_for, serial_variant
 from .halves import kernel_view, like, narrow, widen
-from .layer_norm import (SUM_BLOCK, deviation_stats, overflowed, row_is_finite, row_sum,
+from .sums import gradient_sums
+from .layer_norm import (deviation_stats, overflowed, row_is_finite, row_sum,
                          scaled_backward_row, scaled_row)
 
 
@@ -138,23 +139,12 @@ def backward_group(
     # pass 1, per channel: A = sum(dy * (x - mu)) and dbias's sum(dy); over
     # the group, corr = mean(x - mu) corrects the saved mean's rounding (as
     # in layer_norm._backward), so that sum(dy * xhat) = r * (A - corr * sum(dy))
+    x_channels = x.reshape((N * C, S))
+    dy_channels = dy.reshape((N * C, S))
     dsum = 0.0
     for c in range(c0, c0 + Cg):
-        a = 0.0
-        dys = 0.0
-        for lo in range(0, S, SUM_BLOCK):  # blocked, as layer_norm.row_sum
-            dpart = zero
-            apart = zero
-            gpart = zero
-            for k in range(lo, min(S, lo + SUM_BLOCK)):
-                d = widen(x[n, c, k]) - mu
-                g = widen(dy[n, c, k])
-                dpart += d
-                apart += g * d
-                gpart += g
-            dsum += dpart
-            a += apart
-            dys += gpart
+        # dsum runs on over the group's channels, in float64 (sums.gradient_sums)
+        dsum, a, dys = gradient_sums(dy_channels, x_channels, n * C + c, mu, one, None, zero, dsum)
         dw_part[n, c] = a
         db_part[n, c] = dys
     corr = like(dsum, zero) * inv_n

@@ -18,6 +18,7 @@ from .cache import njit  # numba.njit with a cache keyed on this package's sourc
 from .common import FASTMATH, acc_of, finish, launch, n_chunks, param, row_block, scratch_for, serial_variant
 from .halves import kernel_view, like, narrow, widen
 from .memory import should_stream, store_fence, stream_row
+from .sums import deviation_sums, gradient_sums
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -80,33 +81,14 @@ def forward_rows(
         store_fence()
 
 
-# Row reductions run over blocks of this many elements, each summed in the
-# accumulation dtype (in vector lanes) and the block totals in float64, so that the
-# rounding error of a sum does not grow with the row's length (book, chapter 5).
-SUM_BLOCK = 4096
-
-
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
 def row_sum(
     x,      # (M, N) rows
     i,      # scalar: the row
     zero,   # scalar 0 in the accumulation dtype
 ):
-    """``sum(x[i])``, in vector lanes ('reassoc'), blocked (:data:`SUM_BLOCK`).
-
-    Every reduction of the row kernels is a loop of its own that stores
-    nothing: a vectorized loop that stores runs behind a run-time overlap check
-    whose scalar fallback adds in another order, so a sum taken there would
-    depend on where the arrays lie (book, chapter 5).
-    """
-    n = x.shape[1]
-    total = 0.0
-    for lo in range(0, n, SUM_BLOCK):
-        part = zero
-        for j in range(lo, min(n, lo + SUM_BLOCK)):
-            part += widen(x[i, j])
-        total += part
-    return like(total, zero)
+    """``sum(x[i])`` in the accumulation dtype (blocked: sums.deviation_sums)."""
+    return like(deviation_sums(x, i, zero, zero)[0], zero)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
@@ -120,20 +102,10 @@ def deviation_stats(
     """``(corr, var)`` of row ``i`` from a second pass over its deviations from ``mu``.
 
     Their sum corrects the rounding error of mu itself (Chan, Golub & LeVeque's
-    corrected two-pass), so the row's mean is ``mu + corr``.  Blocked as row_sum.
+    corrected two-pass), so the row's mean is ``mu + corr``.  Blocked (sums).
     """
     n = x.shape[1]
-    dsum = 0.0
-    sq = 0.0
-    for lo in range(0, n, SUM_BLOCK):
-        dpart = zero
-        sqpart = zero
-        for j in range(lo, min(n, lo + SUM_BLOCK)):
-            d = widen(x[i, j]) - mu
-            dpart += d
-            sqpart += d * d
-        dsum += dpart
-        sq += sqpart
+    dsum, sq = deviation_sums(x, i, mu, zero)
     corr = dsum / n
     var = sq / n - corr * corr
     if var < 0.0:  # rounding on a constant row (a NaN fails the test and stays NaN)
@@ -327,26 +299,9 @@ def backward_sums(
     w,      # (N,) weight or None
     zero,   # scalar 0 in the accumulation dtype
 ):
-    """Row ``i``'s ``(sum(x - mu), sum((x - mu) * wdy), sum(wdy))``, wdy = w * dy
-    (a loop that stores nothing, blocked: see row_sum)."""
-    n = x.shape[1]
-    dsum = 0.0
-    xw = 0.0
-    wsum = 0.0
-    for lo in range(0, n, SUM_BLOCK):
-        dpart = zero
-        xwpart = zero
-        wpart = zero
-        for j in range(lo, min(n, lo + SUM_BLOCK)):
-            d = widen(x[i, j]) - mu
-            g = widen(dy[i, j])
-            wdy = g * w[j] if w is not None else g
-            dpart += d
-            xwpart += d * wdy
-            wpart += wdy
-        dsum += dpart
-        xw += xwpart
-        wsum += wpart
+    """Row ``i``'s ``(sum(x - mu), sum((x - mu) * wdy), sum(wdy))``, wdy = w * dy,
+    in the accumulation dtype (blocked: sums.gradient_sums)."""
+    dsum, xw, wsum = gradient_sums(dy, x, i, mu, like(1.0, zero), w, zero, 0.0)
     return like(dsum, zero), like(xw, zero), like(wsum, zero)
 
 

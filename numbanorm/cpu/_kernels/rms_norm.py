@@ -15,8 +15,9 @@ from numba import prange
 from .cache import njit  # numba.njit with a cache keyed on this package's source
 from .common import FASTMATH, acc_of, finish, launch, n_chunks, param, row_block, scratch_for, serial_variant
 from .halves import kernel_view, like, narrow, widen
-from .layer_norm import SUM_BLOCK, _row_scale, overflowed, row_is_finite
+from .layer_norm import _row_scale, overflowed, row_is_finite
 from .memory import should_stream, store_fence, stream_row
+from .sums import deviation_sums, gradient_sums
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -75,16 +76,8 @@ def row_sum_squares(
     i,      # scalar: the row
     zero,   # scalar 0 in the accumulation dtype
 ):
-    """``sum(x[i] ** 2)`` (a loop that stores nothing, blocked: see layer_norm.row_sum)."""
-    n = x.shape[1]
-    sq = 0.0
-    for lo in range(0, n, SUM_BLOCK):
-        part = zero
-        for j in range(lo, min(n, lo + SUM_BLOCK)):
-            v = widen(x[i, j])
-            part += v * v
-        sq += part
-    return like(sq, zero)
+    """``sum(x[i] ** 2)`` in the accumulation dtype (blocked: sums.deviation_sums)."""
+    return like(deviation_sums(x, i, zero, zero)[1], zero)
 
 
 @njit(cache=True, nogil=True)
@@ -190,18 +183,9 @@ def backward_sum(
     w,      # (N,) weight or None
     zero,   # scalar 0 in the accumulation dtype
 ):
-    """Row ``i``'s ``sum(xhat * wdy)`` (a loop that stores nothing, blocked: see
-    layer_norm.row_sum)."""
-    n = x.shape[1]
-    c1 = 0.0
-    for lo in range(0, n, SUM_BLOCK):
-        part = zero
-        for j in range(lo, min(n, lo + SUM_BLOCK)):
-            g = widen(dy[i, j])
-            wdy = g * w[j] if w is not None else g
-            part += widen(x[i, j]) * r * wdy
-        c1 += part
-    return like(c1, zero)
+    """Row ``i``'s ``sum(xhat * wdy)``, xhat = x * r, in the accumulation dtype
+    (blocked: sums.gradient_sums)."""
+    return like(gradient_sums(dy, x, i, zero, r, w, zero, 0.0)[1], zero)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
