@@ -19,6 +19,7 @@ stream = importlib.import_module("numbanorm.cpu._kernels.memory")
 ln_cpu = importlib.import_module("numbanorm.cpu._kernels.layer_norm")
 rms_cpu = importlib.import_module("numbanorm.cpu._kernels.rms_norm")
 add_cpu = importlib.import_module("numbanorm.cpu._kernels.add_norm")
+common = importlib.import_module("numbanorm.cpu._kernels.common")
 
 SHAPES = [(1, 1), (1, 1023), (3, 5, 33), (5, 4099), (64, 768), (70, 7)]
 
@@ -94,29 +95,78 @@ def test_streamed_out_at_every_alignment(stream_everything, rng, offset):
     assert not raw[:start].any() and not raw[start + x.nbytes :].any()
 
 
-@pytest.mark.parametrize("block", [1, 2, 3, 7, 64, 1000])
-def test_blocking_never_changes_a_result(rng, block):
-    """Rows are split into blocks for the threads; each row's bits must not notice."""
-    x = (rng.standard_normal((23, 300)) + 5).astype(np.float32)
-    w = rng.uniform(0.5, 1.5, 300).astype(np.float32)
-    m, r = np.empty(23, np.float32), np.empty(23, np.float32)
-    eps = np.float32(1e-5)
-    # the parallel kernel against itself: a call this small runs its serial variant
-    # (common.launch), whose code LLVM vectorizes differently (an ulp apart on some rows)
-    want_y, want_m, want_r = np.empty_like(x), np.empty(23, np.float32), np.empty(23, np.float32)
-    ln_cpu._forward(x, w, None, eps, want_y, want_m, want_r, 23, False)
-    want_rms = np.empty_like(x)
-    rms_cpu._forward(x, w, np.float32(np.finfo(np.float32).eps), want_rms, np.empty(23, np.float32), 23, False)
-    for streamed in (False, True):
-        y = np.empty_like(x)
-        ln_cpu._forward(x, w, None, eps, y, m, r, block, streamed)
-        np.testing.assert_array_equal(y, want_y)
-        np.testing.assert_array_equal(m, want_m.ravel())
-        np.testing.assert_array_equal(r, want_r.ravel())
-        y = np.empty_like(x)
-        rms_eps = np.float32(np.finfo(np.float32).eps)
-        rms_cpu._forward(x, w, rms_eps, y, r, block, streamed)
-        np.testing.assert_array_equal(y, want_rms)
+def _dtypes():
+    out = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)]
+    try:
+        import ml_dtypes
+    except ImportError:
+        return out
+    return out + [np.dtype(ml_dtypes.bfloat16)]
+
+
+DTYPES = _dtypes()
+# every row length to 128 (each vector width's and unroll's remainders), then a
+# spread to 600 (on main, 123 pairs of these differed for float32 LayerNorm alone),
+# then long rows: across SUM_BLOCK, one that a call of its own runs serially (20000)
+# and one that runs in parallel even alone (40000)
+ROW_LENGTHS = (list(range(1, 129)) + list(range(131, 601, 5))
+               + [1023, 4095, 4096, 4097, 8193, 20000, 40000])
+FAMILIES = ["layer_norm", "rms_norm", "group_norm", "add_layer_norm", "add_rms_norm"]
+
+
+def _family_rows(family, rng, n, dtype):
+    """For rows of length ``n``: ``call(lo, hi)``, every output of forward and
+    backward that belongs to the rows (samples) lo..hi of one call of them alone."""
+    # enough rows that the whole call takes Numba's threads (common.SERIAL_BELOW)
+    m = max(3, -(-common.SERIAL_BELOW // n) + 1)
+    if family == "group_norm":
+        shape = (m, 4, n)  # 2 groups of 2 channels: a group is 2n contiguous elements
+        p = 4
+    else:
+        shape = (m, n)
+        p = n
+    x = (rng.standard_normal(shape) * 2 + 3).astype(dtype)
+    r = rng.standard_normal(shape).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    w = rng.uniform(0.5, 1.5, p).astype(dtype)
+    b = rng.standard_normal(p).astype(dtype)
+
+    def call(lo, hi):
+        xs, rs, dys = x[lo:hi], r[lo:hi], dy[lo:hi]
+        if family == "layer_norm":
+            y, mean, rstd = nn.layer_norm_forward(xs, n, w, b)
+            return [y, mean, rstd, nn.layer_norm_backward(dys, xs, mean, rstd, n, w)[0]]
+        if family == "rms_norm":
+            y, rstd = nn.rms_norm_forward(xs, n, w)
+            return [y, rstd, nn.rms_norm_backward(dys, xs, rstd, n, w)[0]]
+        if family == "group_norm":
+            y, mean, rstd = nn.group_norm_forward(xs, 2, w, b)
+            return [y, mean, rstd, nn.group_norm_backward(dys, xs, mean, rstd, w)[0]]
+        if family == "add_layer_norm":
+            y, s, mean, rstd = nn.add_layer_norm_forward(xs, rs, n, w, b)
+            return [y, s, mean, rstd, nn.add_layer_norm_backward(dys, dys, s, mean, rstd, n, w)[0]]
+        y, s, rstd = nn.add_rms_norm_forward(xs, rs, n, w)
+        return [y, s, rstd, nn.add_rms_norm_backward(dys, dys, s, rstd, n, w)[0]]
+
+    return m, call
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_row_does_not_depend_on_the_call(rng, family, dtype):
+    """A row's outputs are the same bits whether it is computed in a call of its own
+    (the serial kernel, on the calling thread) or among many rows (the parallel
+    kernel, on Numba's threads, in some row block): contract, determinism."""
+    differ = []
+    for n in ROW_LENGTHS:
+        m, call = _family_rows(family, rng, n, dtype)
+        whole = call(0, m)
+        for i in (0, m - 1):
+            alone = call(i, i + 1)
+            for k, (a, b) in enumerate(zip(alone, whole)):
+                if a.view(np.uint8).tobytes() != b[i : i + 1].view(np.uint8).tobytes():
+                    differ.append((n, i, k))
+    assert not differ, f"{len(differ)} (row length, row, output) differ, e.g. {differ[:10]}"
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])

@@ -42,7 +42,7 @@ from .rms_norm import row_sum_squares, scale_row, scaled_rms_row
 # reading it back, made no difference (0.74x against 0.76x, best times).
 
 
-@njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _layer_norm_forward(
     x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
     r,      # (M, N) residual rows, x's dtype
@@ -55,29 +55,48 @@ def _layer_norm_forward(
     rstd,   # (M,) per-row 1/sqrt(var(s) + eps), accumulation dtype
     block,  # scalar: rows per block, the unit of parallel work
 ):
-    M, N = x.shape
+    M = x.shape[0]
+    # the loop over row blocks only, as layer_norm._forward
+    for blk in prange(-(-M // block)):
+        layer_norm_rows(x, r, w, b, eps, y, s, mean, rstd, blk * block, min(M, blk * block + block))
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True)
+def layer_norm_rows(
+    x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
+    r,      # (M, N) residual rows, x's dtype
+    w,      # (N,) weight in the accumulation dtype, or None
+    b,      # (N,) bias in the accumulation dtype, or None
+    eps,    # scalar in the accumulation dtype
+    y,      # (M, N) output, x's dtype
+    s,      # (M, N) output x + r, x's dtype
+    mean,   # (M,) per-row mean of s, accumulation dtype
+    rstd,   # (M,) per-row 1/sqrt(var(s) + eps), accumulation dtype
+    lo,     # scalar: first row of the block
+    hi,     # scalar: one past its last row
+):
+    """Rows ``lo:hi``, called by _layer_norm_forward and its serial twin
+    (as layer_norm.forward_rows)."""
+    N = x.shape[1]
     zero = mean.dtype.type(0)
     one = mean.dtype.type(1)
     inv_n = one / mean.dtype.type(N)
-    for blk in prange(-(-M // block)):
-        lo = blk * block
-        hi = min(M, lo + block)
-        for i in range(lo, hi):
-            # pass 1: s = x + r, stored once; passes 2 to 4 read s back from cache
-            add_row(x, r, i, s)
-            mu = row_sum(s, i, zero) * inv_n
-            corr, var = deviation_stats(s, i, mu, zero, inv_n)
-            rs = one / np.sqrt(var + eps)
-            if overflowed(mu, rs) and row_is_finite(s, i):  # as layer_norm._forward
-                mean[i], rstd[i] = scaled_row(s, i, w, b, 0, 1, eps, y, i)
-                continue
-            mean[i] = mu + corr
-            rstd[i] = rs
-            # pass 4: y, by LayerNorm's own row writer
-            normalize_row(s, i, mu, corr, rs, w, b, y, i)
+    for i in range(lo, hi):
+        # pass 1: s = x + r, stored once; passes 2 to 4 read s back from cache
+        add_row(x, r, i, s)
+        mu = row_sum(s, i, zero) * inv_n
+        corr, var = deviation_stats(s, i, mu, zero, inv_n)
+        rs = one / np.sqrt(var + eps)
+        if overflowed(mu, rs) and row_is_finite(s, i):  # as layer_norm.forward_rows
+            mean[i], rstd[i] = scaled_row(s, i, w, b, 0, 1, eps, y, i)
+            continue
+        mean[i] = mu + corr
+        rstd[i] = rs
+        # pass 4: y, by LayerNorm's own row writer
+        normalize_row(s, i, mu, corr, rs, w, b, y, i)
 
 
-@njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _rms_norm_forward(
     x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
     r,      # (M, N) residual rows, x's dtype
@@ -88,21 +107,38 @@ def _rms_norm_forward(
     rstd,   # (M,) per-row 1/sqrt(mean(s^2) + eps), accumulation dtype
     block,  # scalar: rows per block, the unit of parallel work
 ):
-    M, N = x.shape
+    M = x.shape[0]
+    # the loop over row blocks only, as layer_norm._forward
+    for blk in prange(-(-M // block)):
+        rms_norm_rows(x, r, w, eps, y, s, rstd, blk * block, min(M, blk * block + block))
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True)
+def rms_norm_rows(
+    x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
+    r,      # (M, N) residual rows, x's dtype
+    w,      # (N,) weight in the accumulation dtype, or None
+    eps,    # scalar in the accumulation dtype
+    y,      # (M, N) output, x's dtype
+    s,      # (M, N) output x + r, x's dtype
+    rstd,   # (M,) per-row 1/sqrt(mean(s^2) + eps), accumulation dtype
+    lo,     # scalar: first row of the block
+    hi,     # scalar: one past its last row
+):
+    """Rows ``lo:hi``, called by _rms_norm_forward and its serial twin
+    (as layer_norm.forward_rows)."""
+    N = x.shape[1]
     zero = rstd.dtype.type(0)
     one = rstd.dtype.type(1)
     inv_n = one / rstd.dtype.type(N)
-    for blk in prange(-(-M // block)):
-        lo = blk * block
-        hi = min(M, lo + block)
-        for i in range(lo, hi):
-            add_row(x, r, i, s)
-            rs = one / np.sqrt(row_sum_squares(s, i, zero) * inv_n + eps)
-            if overflowed(zero, rs) and row_is_finite(s, i):  # as rms_norm._forward
-                rstd[i] = scaled_rms_row(s, i, w, eps, y, i)
-                continue
-            rstd[i] = rs
-            scale_row(s, i, rs, w, y, i)
+    for i in range(lo, hi):
+        add_row(x, r, i, s)
+        rs = one / np.sqrt(row_sum_squares(s, i, zero) * inv_n + eps)
+        if overflowed(zero, rs) and row_is_finite(s, i):  # as rms_norm.forward_rows
+            rstd[i] = scaled_rms_row(s, i, w, eps, y, i)
+            continue
+        rstd[i] = rs
+        scale_row(s, i, rs, w, y, i)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")

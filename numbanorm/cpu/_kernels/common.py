@@ -103,7 +103,13 @@ _SERIAL = {}
 
 def serial_variant(kernel):
     """Compile ``kernel``'s Python function again without ``parallel=True``
-    (``prange`` runs as ``range``, on the caller's thread) for :func:`launch`."""
+    (``prange`` runs as ``range``, on the caller's thread) for :func:`launch`.
+
+    A kernel's body must be only its loop over rows (or groups) calling a
+    separately compiled njit function that does all the arithmetic: compiled
+    twice, the arithmetic itself was vectorized differently by LLVM (the reduction
+    order of 'reassoc' sums), an ulp apart on many row lengths.
+    """
     f = kernel.py_func
     g = pytypes.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
     # a cache file of its own: Numba names cache files by qualname and does
@@ -133,8 +139,9 @@ _parallel_ok = True
 def launch(kernel, size, *args):
     """``kernel(*args)`` on Numba's threads, or its serial variant on the calling
     thread: for ``size`` elements too few to share, in a forked child, or while
-    another thread has the pool.  The two are the same source compiled apart:
-    LLVM may vectorize a row's sums differently, an ulp apart on some row lengths."""
+    another thread has the pool.  Both give the same bits: a kernel is a loop over
+    row blocks that calls one compiled function doing all the arithmetic
+    (``layer_norm.forward_rows``), and only that loop is compiled twice."""
     if size >= SERIAL_BELOW and _parallel_ok and _pool.acquire(blocking=False):
         try:
             return kernel(*args)

@@ -14,11 +14,12 @@ from numba import prange
 from .cache import njit  # numba.njit with a cache keyed on this package's source
 from .common import FASTMATH, acc_of, finish, launch, param, scratch_for, serial_variant
 from .halves import kernel_view, like, narrow, widen
-from .layer_norm import (SUM_BLOCK, deviation_stats, overflowed, row_is_finite, row_sum,
+from .sums import gradient_sums
+from .layer_norm import (deviation_stats, overflowed, row_is_finite, row_sum,
                          scaled_backward_row, scaled_row)
 
 
-@njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _forward(
     x,      # (N, C, S) input, float32/float64, or 16-bit floats as integer bits (halves)
     w,      # (C,) per-channel weight in the accumulation dtype, or None
@@ -28,6 +29,24 @@ def _forward(
     mean,   # (N, G) per-(sample, group) mean, accumulation dtype
     rstd,   # (N, G) per-(sample, group) 1/sqrt(var + eps), accumulation dtype
 ):
+    # the loop over groups only, as layer_norm._forward
+    for ng in prange(x.shape[0] * mean.shape[1]):
+        forward_group(x, w, b, eps, y, mean, rstd, ng)
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True)
+def forward_group(
+    x,      # (N, C, S) input, float32/float64, or 16-bit floats as integer bits (halves)
+    w,      # (C,) per-channel weight in the accumulation dtype, or None
+    b,      # (C,) per-channel bias in the accumulation dtype, or None
+    eps,    # scalar in the accumulation dtype
+    y,      # (N, C, S) output, x's dtype
+    mean,   # (N, G) per-(sample, group) mean, accumulation dtype
+    rstd,   # (N, G) per-(sample, group) 1/sqrt(var + eps), accumulation dtype
+    ng,     # scalar: the group, n * G + g
+):
+    """Group ``ng`` of the forward, called by _forward and its serial twin
+    (as layer_norm.forward_rows)."""
     N, C, S = x.shape
     G = mean.shape[1]
     Cg = C // G
@@ -37,23 +56,22 @@ def _forward(
     # a group's Cg * S elements are contiguous: its statistics are a LayerNorm row's
     groups = x.reshape((N * G, Cg * S))
     y_groups = y.reshape((N * G, Cg * S))
-    for ng in prange(N * G):
-        n = ng // G
-        g = ng % G
-        c0 = g * Cg
-        mu = row_sum(groups, ng, zero) * inv_n
-        corr, var = deviation_stats(groups, ng, mu, zero, inv_n)
-        r = one / np.sqrt(var + eps)
-        if overflowed(mu, r) and row_is_finite(groups, ng):  # as layer_norm._forward
-            mean[n, g], rstd[n, g] = scaled_row(groups, ng, w, b, c0, S, eps, y_groups, ng)
-            continue
-        mean[n, g] = mu + corr
-        rstd[n, g] = r
-        for c in range(c0, c0 + Cg):
-            # per channel, the affine folds into the scale: (x - mean) * (r * w[c]) + b[c]
-            a = r * w[c] if w is not None else r
-            bc = b[c] if b is not None else zero
-            scale_shift_row(x[n, c], mu, corr, a, bc, y[n, c])
+    n = ng // G
+    g = ng % G
+    c0 = g * Cg
+    mu = row_sum(groups, ng, zero) * inv_n
+    corr, var = deviation_stats(groups, ng, mu, zero, inv_n)
+    r = one / np.sqrt(var + eps)
+    if overflowed(mu, r) and row_is_finite(groups, ng):  # as layer_norm.forward_rows
+        mean[n, g], rstd[n, g] = scaled_row(groups, ng, w, b, c0, S, eps, y_groups, ng)
+        return
+    mean[n, g] = mu + corr
+    rstd[n, g] = r
+    for c in range(c0, c0 + Cg):
+        # per channel, the affine folds into the scale: (x - mean) * (r * w[c]) + b[c]
+        a = r * w[c] if w is not None else r
+        bc = b[c] if b is not None else zero
+        scale_shift_row(x[n, c], mu, corr, a, bc, y[n, c])
 
 
 @njit(cache=True, nogil=True)
@@ -74,7 +92,7 @@ def scale_shift_row(
         out[k] = narrow(((widen(row[k]) - mu) - corr) * a + bc, out)
 
 
-@njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _backward(
     dy,       # (N, C, S) gradient of y
     x,        # (N, C, S) forward input
@@ -85,6 +103,25 @@ def _backward(
     dw_part,  # (N, C) per-sample partial sums of dy * xhat, accumulation dtype
     db_part,  # (N, C) per-sample partial sums of dy, accumulation dtype
 ):
+    # the loop over groups only, as layer_norm._forward
+    for ng in prange(x.shape[0] * mean.shape[1]):
+        backward_group(dy, x, mean, rstd, w, dx, dw_part, db_part, ng)
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True)
+def backward_group(
+    dy,       # (N, C, S) gradient of y
+    x,        # (N, C, S) forward input
+    mean,     # (N, G) saved mean
+    rstd,     # (N, G) saved rstd
+    w,        # (C,) weight in the accumulation dtype, or None (ones)
+    dx,       # (N, C, S) output: gradient of x
+    dw_part,  # (N, C) per-sample partial sums of dy * xhat, accumulation dtype
+    db_part,  # (N, C) per-sample partial sums of dy, accumulation dtype
+    ng,       # scalar: the group, n * G + g
+):
+    """Group ``ng`` of the backward, called by _backward and its serial twin
+    (as layer_norm.forward_rows)."""
     N, C, S = x.shape
     G = mean.shape[1]
     Cg = C // G
@@ -94,59 +131,47 @@ def _backward(
     x_groups = x.reshape((N * G, Cg * S))
     dy_groups = dy.reshape((N * G, Cg * S))
     dx_groups = dx.reshape((N * G, Cg * S))
-    for ng in prange(N * G):
-        n = ng // G
-        g = ng % G
-        c0 = g * Cg
-        mu = mean[n, g]
-        r = rstd[n, g]
-        # pass 1, per channel: A = sum(dy * (x - mu)) and dbias's sum(dy); over
-        # the group, corr = mean(x - mu) corrects the saved mean's rounding (as
-        # in layer_norm._backward), so that sum(dy * xhat) = r * (A - corr * sum(dy))
-        dsum = 0.0
+    n = ng // G
+    g = ng % G
+    c0 = g * Cg
+    mu = mean[n, g]
+    r = rstd[n, g]
+    # pass 1, per channel: A = sum(dy * (x - mu)) and dbias's sum(dy); over
+    # the group, corr = mean(x - mu) corrects the saved mean's rounding (as
+    # in layer_norm._backward), so that sum(dy * xhat) = r * (A - corr * sum(dy))
+    x_channels = x.reshape((N * C, S))
+    dy_channels = dy.reshape((N * C, S))
+    dsum = 0.0
+    for c in range(c0, c0 + Cg):
+        # dsum runs on over the group's channels, in float64 (sums.gradient_sums)
+        dsum, a, dys = gradient_sums(dy_channels, x_channels, n * C + c, mu, one, None, zero, dsum)
+        dw_part[n, c] = a
+        db_part[n, c] = dys
+    corr = like(dsum, zero) * inv_n
+    # c1 = mean(xhat * wdy), c2 = mean(wdy) over the group
+    c1 = zero
+    c2 = zero
+    for c in range(c0, c0 + Cg):
+        dyx = r * (dw_part[n, c] - corr * db_part[n, c])
+        dw_part[n, c] = dyx
+        wc = w[c] if w is not None else one
+        c1 += wc * dyx
+        c2 += wc * db_part[n, c]
+    c1 *= inv_n
+    c2 *= inv_n
+    if (not (np.isfinite(corr) and np.isfinite(c1) and np.isfinite(c2))
+            and row_is_finite(x_groups, ng) and row_is_finite(dy_groups, ng)):
+        # as in layer_norm._backward
         for c in range(c0, c0 + Cg):
-            a = 0.0
-            dys = 0.0
-            for lo in range(0, S, SUM_BLOCK):  # blocked, as layer_norm.row_sum
-                dpart = zero
-                apart = zero
-                gpart = zero
-                for k in range(lo, min(S, lo + SUM_BLOCK)):
-                    d = widen(x[n, c, k]) - mu
-                    g = widen(dy[n, c, k])
-                    dpart += d
-                    apart += g * d
-                    gpart += g
-                dsum += dpart
-                a += apart
-                dys += gpart
-            dw_part[n, c] = a
-            db_part[n, c] = dys
-        corr = like(dsum, zero) * inv_n
-        # c1 = mean(xhat * wdy), c2 = mean(wdy) over the group
-        c1 = zero
-        c2 = zero
-        for c in range(c0, c0 + Cg):
-            dyx = r * (dw_part[n, c] - corr * db_part[n, c])
-            dw_part[n, c] = dyx
-            wc = w[c] if w is not None else one
-            c1 += wc * dyx
-            c2 += wc * db_part[n, c]
-        c1 *= inv_n
-        c2 *= inv_n
-        if (not (np.isfinite(corr) and np.isfinite(c1) and np.isfinite(c2))
-                and row_is_finite(x_groups, ng) and row_is_finite(dy_groups, ng)):
-            # as in layer_norm._backward
-            for c in range(c0, c0 + Cg):
-                dw_part[n, c] = zero
-                db_part[n, c] = zero
-            scaled_backward_row(dy_groups, x_groups, ng, mu, r, w, c0, S, None, dx_groups,
-                                dw_part[n], db_part[n])
-            continue
-        # pass 2: dx = (wdy - (xhat * c1 + c2)) * rstd, channel by channel
-        for c in range(c0, c0 + Cg):
-            wc = w[c] if w is not None else one
-            backward_channel(dy[n, c], x[n, c], mu, corr, r, wc, c1, c2, dx[n, c])
+            dw_part[n, c] = zero
+            db_part[n, c] = zero
+        scaled_backward_row(dy_groups, x_groups, ng, mu, r, w, c0, S, None, dx_groups,
+                            dw_part[n], db_part[n])
+        return
+    # pass 2: dx = (wdy - (xhat * c1 + c2)) * rstd, channel by channel
+    for c in range(c0, c0 + Cg):
+        wc = w[c] if w is not None else one
+        backward_channel(dy[n, c], x[n, c], mu, corr, r, wc, c1, c2, dx[n, c])
 
 
 @njit(cache=True, nogil=True)

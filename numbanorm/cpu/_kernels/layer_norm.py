@@ -18,9 +18,10 @@ from .cache import njit  # numba.njit with a cache keyed on this package's sourc
 from .common import FASTMATH, acc_of, finish, launch, n_chunks, param, row_block, scratch_for, serial_variant
 from .halves import kernel_view, like, narrow, widen
 from .memory import should_stream, store_fence, stream_row
+from .sums import deviation_sums, gradient_sums
 
 
-@njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _forward(
     x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
     w,      # (N,) weight in the accumulation dtype, or None
@@ -32,40 +33,52 @@ def _forward(
     block,  # scalar: rows per block, the unit of parallel work
     stream, # scalar bool: write y with streaming stores (memory)
 ):
-    M, N = x.shape
+    M = x.shape[0]
+    # the loop over row blocks only: all arithmetic is in forward_rows (common.serial_variant)
+    for blk in prange(-(-M // block)):
+        forward_rows(x, w, b, eps, y, mean, rstd, blk * block, min(M, blk * block + block), stream)
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True)
+def forward_rows(
+    x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
+    w,      # (N,) weight in the accumulation dtype, or None
+    b,      # (N,) bias in the accumulation dtype, or None
+    eps,    # scalar in the accumulation dtype
+    y,      # (M, N) output, x's dtype
+    mean,   # (M,) per-row mean, accumulation dtype
+    rstd,   # (M,) per-row 1/sqrt(var + eps), accumulation dtype
+    lo,     # scalar: first row of the block
+    hi,     # scalar: one past its last row
+    stream, # scalar bool: write y with streaming stores (memory)
+):
+    """Rows ``lo:hi`` of the forward: one compiled function that the parallel kernel
+    and its serial twin both call, so a row's bits never depend on which ran it."""
+    N = x.shape[1]
     # Every scalar is made in the accumulation dtype: a bare Python int or float
     # would promote float32 arithmetic to float64 (NumPy's scalar rules).
     zero = mean.dtype.type(0)
     one = mean.dtype.type(1)
     inv_n = one / mean.dtype.type(N)
-    for blk in prange(-(-M // block)):
-        lo = blk * block
-        hi = min(M, lo + block)
-        scratch = np.empty((1, N if stream else 0), y.dtype)  # a streamed row is staged here
-        for i in range(lo, hi):
-            # passes 1 and 2 read row i from memory, then from cache
-            mu = row_sum(x, i, zero) * inv_n
-            corr, var = deviation_stats(x, i, mu, zero, inv_n)
-            r = one / np.sqrt(var + eps)
-            if overflowed(mu, r) and row_is_finite(x, i):
-                mean[i], rstd[i] = scaled_row(x, i, w, b, 0, 1, eps, y, i)
-                continue
-            mean[i] = mu + corr
-            rstd[i] = r
-            # pass 3 writes the row whole (tiled, it was 3-4x slower: book, chapter 5)
-            if stream:
-                normalize_row(x, i, mu, corr, r, w, b, scratch, 0)
-                stream_row(y, i, scratch, 0)
-            else:
-                normalize_row(x, i, mu, corr, r, w, b, y, i)
+    scratch = np.empty((1, N if stream else 0), y.dtype)  # a streamed row is staged here
+    for i in range(lo, hi):
+        # passes 1 and 2 read row i from memory, then from cache
+        mu = row_sum(x, i, zero) * inv_n
+        corr, var = deviation_stats(x, i, mu, zero, inv_n)
+        r = one / np.sqrt(var + eps)
+        if overflowed(mu, r) and row_is_finite(x, i):
+            mean[i], rstd[i] = scaled_row(x, i, w, b, 0, 1, eps, y, i)
+            continue
+        mean[i] = mu + corr
+        rstd[i] = r
+        # pass 3 writes the row whole (tiled, it was 3-4x slower: book, chapter 5)
         if stream:
-            store_fence()
-
-
-# Row reductions run over blocks of this many elements, each summed in the
-# accumulation dtype (in vector lanes) and the block totals in float64, so that the
-# rounding error of a sum does not grow with the row's length (book, chapter 5).
-SUM_BLOCK = 4096
+            normalize_row(x, i, mu, corr, r, w, b, scratch, 0)
+            stream_row(y, i, scratch, 0)
+        else:
+            normalize_row(x, i, mu, corr, r, w, b, y, i)
+    if stream:
+        store_fence()
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
@@ -74,21 +87,8 @@ def row_sum(
     i,      # scalar: the row
     zero,   # scalar 0 in the accumulation dtype
 ):
-    """``sum(x[i])``, in vector lanes ('reassoc'), blocked (:data:`SUM_BLOCK`).
-
-    Every reduction of the row kernels is a loop of its own that stores
-    nothing: a vectorized loop that stores runs behind a run-time overlap check
-    whose scalar fallback adds in another order, so a sum taken there would
-    depend on where the arrays lie (book, chapter 5).
-    """
-    n = x.shape[1]
-    total = 0.0
-    for lo in range(0, n, SUM_BLOCK):
-        part = zero
-        for j in range(lo, min(n, lo + SUM_BLOCK)):
-            part += widen(x[i, j])
-        total += part
-    return like(total, zero)
+    """``sum(x[i])`` in the accumulation dtype (blocked: sums.deviation_sums)."""
+    return like(deviation_sums(x, i, zero, zero)[0], zero)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
@@ -102,20 +102,10 @@ def deviation_stats(
     """``(corr, var)`` of row ``i`` from a second pass over its deviations from ``mu``.
 
     Their sum corrects the rounding error of mu itself (Chan, Golub & LeVeque's
-    corrected two-pass), so the row's mean is ``mu + corr``.  Blocked as row_sum.
+    corrected two-pass), so the row's mean is ``mu + corr``.  Blocked (sums).
     """
     n = x.shape[1]
-    dsum = 0.0
-    sq = 0.0
-    for lo in range(0, n, SUM_BLOCK):
-        dpart = zero
-        sqpart = zero
-        for j in range(lo, min(n, lo + SUM_BLOCK)):
-            d = widen(x[i, j]) - mu
-            dpart += d
-            sqpart += d * d
-        dsum += dpart
-        sq += sqpart
+    dsum, sq = deviation_sums(x, i, mu, zero)
     corr = dsum / n
     var = sq / n - corr * corr
     if var < 0.0:  # rounding on a constant row (a NaN fails the test and stays NaN)
@@ -237,7 +227,7 @@ def normalize_row(
         out[o, j] = narrow(v, out)
 
 
-@njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _backward(
     dy,       # (M, N) gradient of y
     x,        # (M, N) forward input
@@ -249,36 +239,55 @@ def _backward(
     dw_part,  # (B, N) per-row-block partial sums of dy * xhat, accumulation dtype
     db_part,  # (B, N) per-row-block partial sums of dy, accumulation dtype
 ):
-    M, N = x.shape
+    M = x.shape[0]
     B = dw_part.shape[0]
+    # the loop over row blocks only, as _forward
+    for blk in prange(B):
+        backward_rows(dy, x, mean, rstd, w, ds, dx, dw_part, db_part, blk, blk * M // B, (blk + 1) * M // B)
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True)
+def backward_rows(
+    dy,       # (M, N) gradient of y
+    x,        # (M, N) forward input
+    mean,     # (M,) saved mean
+    rstd,     # (M,) saved rstd
+    w,        # (N,) weight in the accumulation dtype, or None (ones)
+    ds,       # (M, N) gradient added straight to dx (fused residual), or None
+    dx,       # (M, N) output: gradient of x
+    dw_part,  # (B, N) per-row-block partial sums of dy * xhat, accumulation dtype
+    db_part,  # (B, N) per-row-block partial sums of dy, accumulation dtype
+    blk,      # scalar: this block's row of dw_part and db_part
+    lo,       # scalar: first row of the block
+    hi,       # scalar: one past its last row
+):
+    """Row block ``blk`` of the backward, called by _backward and its serial twin (see forward_rows)."""
+    N = x.shape[1]
     zero = mean.dtype.type(0)
     inv_n = mean.dtype.type(1) / mean.dtype.type(N)
-    for blk in prange(B):
-        lo = blk * M // B
-        hi = (blk + 1) * M // B
-        # this block's partials in a local array (in L1/L2), not a row of dw_part (faster: book, ch. 5)
-        dwp = np.zeros(N, dw_part.dtype)
-        dbp = np.zeros(N, dw_part.dtype)
-        for i in range(lo, hi):
-            mu = mean[i]
-            r = rstd[i]
-            # pass 1: c1 = mean(xhat * wdy), c2 = mean(wdy), where
-            # xhat = ((x - mu) - corr) * r and corr = mean(x - mu) corrects the
-            # saved mean for its rounding to the float32 grid (at mean 1e4 the
-            # grid is 1e-3, 5% of the std of the contract's large-offset case,
-            # which left dweight 1.4e-2 off; with corr it is 5e-8 off).
-            dsum, xw, c2 = backward_sums(dy, x, i, mu, w, zero)
-            if (not (np.isfinite(dsum) and np.isfinite(xw) and np.isfinite(c2))
-                    and row_is_finite(x, i) and row_is_finite(dy, i)):
-                scaled_backward_row(dy, x, i, mu, r, w, 0, 1, ds, dx, dwp, dbp)  # as in _forward
-                continue
-            corr = dsum * inv_n
-            c2 *= inv_n
-            c1 = (xw * inv_n - corr * c2) * r
-            # pass 2, from cache: dx and the partials, the whole row in one loop (as the forward)
-            backward_row(dy, x, i, mu, corr, r, w, ds, c1, c2, dx, dwp, dbp)
-        dw_part[blk] = dwp
-        db_part[blk] = dbp
+    # this block's partials in a local array (in L1/L2), not a row of dw_part (faster: book, ch. 5)
+    dwp = np.zeros(N, dw_part.dtype)
+    dbp = np.zeros(N, dw_part.dtype)
+    for i in range(lo, hi):
+        mu = mean[i]
+        r = rstd[i]
+        # pass 1: c1 = mean(xhat * wdy), c2 = mean(wdy), where
+        # xhat = ((x - mu) - corr) * r and corr = mean(x - mu) corrects the
+        # saved mean for its rounding to the float32 grid (at mean 1e4 the
+        # grid is 1e-3, 5% of the std of the contract's large-offset case,
+        # which left dweight 1.4e-2 off; with corr it is 5e-8 off).
+        dsum, xw, c2 = backward_sums(dy, x, i, mu, w, zero)
+        if (not (np.isfinite(dsum) and np.isfinite(xw) and np.isfinite(c2))
+                and row_is_finite(x, i) and row_is_finite(dy, i)):
+            scaled_backward_row(dy, x, i, mu, r, w, 0, 1, ds, dx, dwp, dbp)  # as in forward_rows
+            continue
+        corr = dsum * inv_n
+        c2 *= inv_n
+        c1 = (xw * inv_n - corr * c2) * r
+        # pass 2, from cache: dx and the partials, the whole row in one loop (as the forward)
+        backward_row(dy, x, i, mu, corr, r, w, ds, c1, c2, dx, dwp, dbp)
+    dw_part[blk] = dwp
+    db_part[blk] = dbp
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
@@ -290,26 +299,9 @@ def backward_sums(
     w,      # (N,) weight or None
     zero,   # scalar 0 in the accumulation dtype
 ):
-    """Row ``i``'s ``(sum(x - mu), sum((x - mu) * wdy), sum(wdy))``, wdy = w * dy
-    (a loop that stores nothing, blocked: see row_sum)."""
-    n = x.shape[1]
-    dsum = 0.0
-    xw = 0.0
-    wsum = 0.0
-    for lo in range(0, n, SUM_BLOCK):
-        dpart = zero
-        xwpart = zero
-        wpart = zero
-        for j in range(lo, min(n, lo + SUM_BLOCK)):
-            d = widen(x[i, j]) - mu
-            g = widen(dy[i, j])
-            wdy = g * w[j] if w is not None else g
-            dpart += d
-            xwpart += d * wdy
-            wpart += wdy
-        dsum += dpart
-        xw += xwpart
-        wsum += wpart
+    """Row ``i``'s ``(sum(x - mu), sum((x - mu) * wdy), sum(wdy))``, wdy = w * dy,
+    in the accumulation dtype (blocked: sums.gradient_sums)."""
+    dsum, xw, wsum = gradient_sums(dy, x, i, mu, like(1.0, zero), w, zero, 0.0)
     return like(dsum, zero), like(xw, zero), like(wsum, zero)
 
 

@@ -15,11 +15,12 @@ from numba import prange
 from .cache import njit  # numba.njit with a cache keyed on this package's source
 from .common import FASTMATH, acc_of, finish, launch, n_chunks, param, row_block, scratch_for, serial_variant
 from .halves import kernel_view, like, narrow, widen
-from .layer_norm import SUM_BLOCK, _row_scale, overflowed, row_is_finite
+from .layer_norm import _row_scale, overflowed, row_is_finite
 from .memory import should_stream, store_fence, stream_row
+from .sums import deviation_sums, gradient_sums
 
 
-@njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _forward(
     x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
     w,      # (N,) weight in the accumulation dtype, or None
@@ -29,28 +30,44 @@ def _forward(
     block,  # scalar: rows per block, the unit of parallel work
     stream, # scalar bool: write y with streaming stores (memory)
 ):
-    M, N = x.shape
+    M = x.shape[0]
+    # the loop over row blocks only, as layer_norm._forward
+    for blk in prange(-(-M // block)):
+        forward_rows(x, w, eps, y, rstd, blk * block, min(M, blk * block + block), stream)
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True)
+def forward_rows(
+    x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
+    w,      # (N,) weight in the accumulation dtype, or None
+    eps,    # scalar in the accumulation dtype
+    y,      # (M, N) output, x's dtype
+    rstd,   # (M,) per-row 1/sqrt(mean(x^2) + eps), accumulation dtype
+    lo,     # scalar: first row of the block
+    hi,     # scalar: one past its last row
+    stream, # scalar bool: write y with streaming stores (memory)
+):
+    """Rows ``lo:hi`` of the forward, called by _forward and its serial twin
+    (as layer_norm.forward_rows)."""
+    N = x.shape[1]
     zero = rstd.dtype.type(0)
     one = rstd.dtype.type(1)
     inv_n = one / rstd.dtype.type(N)
-    for blk in prange(-(-M // block)):
-        lo = blk * block
-        hi = min(M, lo + block)
-        scratch = np.empty((1, N if stream else 0), y.dtype)  # a streamed row is staged here
-        for i in range(lo, hi):
-            r = one / np.sqrt(row_sum_squares(x, i, zero) * inv_n + eps)
-            if overflowed(zero, r) and row_is_finite(x, i):  # as layer_norm._forward
-                rstd[i] = scaled_rms_row(x, i, w, eps, y, i)
-                continue
-            rstd[i] = r
-            # whole rows, as layer_norm._forward (whose comments say why)
-            if stream:
-                scale_row(x, i, r, w, scratch, 0)
-                stream_row(y, i, scratch, 0)
-            else:
-                scale_row(x, i, r, w, y, i)
+    scratch = np.empty((1, N if stream else 0), y.dtype)  # a streamed row is staged here
+    for i in range(lo, hi):
+        r = one / np.sqrt(row_sum_squares(x, i, zero) * inv_n + eps)
+        if overflowed(zero, r) and row_is_finite(x, i):  # as layer_norm.forward_rows
+            rstd[i] = scaled_rms_row(x, i, w, eps, y, i)
+            continue
+        rstd[i] = r
+        # whole rows, as layer_norm.forward_rows (whose comments say why)
         if stream:
-            store_fence()
+            scale_row(x, i, r, w, scratch, 0)
+            stream_row(y, i, scratch, 0)
+        else:
+            scale_row(x, i, r, w, y, i)
+    if stream:
+        store_fence()
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
@@ -59,16 +76,8 @@ def row_sum_squares(
     i,      # scalar: the row
     zero,   # scalar 0 in the accumulation dtype
 ):
-    """``sum(x[i] ** 2)`` (a loop that stores nothing, blocked: see layer_norm.row_sum)."""
-    n = x.shape[1]
-    sq = 0.0
-    for lo in range(0, n, SUM_BLOCK):
-        part = zero
-        for j in range(lo, min(n, lo + SUM_BLOCK)):
-            v = widen(x[i, j])
-            part += v * v
-        sq += part
-    return like(sq, zero)
+    """``sum(x[i] ** 2)`` in the accumulation dtype (blocked: sums.deviation_sums)."""
+    return like(deviation_sums(x, i, zero, zero)[1], zero)
 
 
 @njit(cache=True, nogil=True)
@@ -119,7 +128,7 @@ def scale_row(
         out[o, j] = narrow(v, out)
 
 
-@njit(parallel=True, cache=True, fastmath=FASTMATH, nogil=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _backward(
     dy,       # (M, N) gradient of y
     x,        # (M, N) forward input
@@ -129,22 +138,40 @@ def _backward(
     dx,       # (M, N) output: gradient of x
     dw_part,  # (B, N) per-row-block partial sums of dy * xhat, accumulation dtype
 ):
-    M, N = x.shape
+    M = x.shape[0]
     B = dw_part.shape[0]
+    # the loop over row blocks only, as layer_norm._forward
+    for blk in prange(B):
+        backward_rows(dy, x, rstd, w, ds, dx, dw_part, blk, blk * M // B, (blk + 1) * M // B)
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True)
+def backward_rows(
+    dy,       # (M, N) gradient of y
+    x,        # (M, N) forward input
+    rstd,     # (M,) saved rstd
+    w,        # (N,) weight in the accumulation dtype, or None (ones)
+    ds,       # (M, N) gradient added straight to dx (fused residual), or None
+    dx,       # (M, N) output: gradient of x
+    dw_part,  # (B, N) per-row-block partial sums of dy * xhat, accumulation dtype
+    blk,      # scalar: this block's row of dw_part
+    lo,       # scalar: first row of the block
+    hi,       # scalar: one past its last row
+):
+    """Row block ``blk`` of the backward, called by _backward and its serial twin
+    (as layer_norm.forward_rows)."""
+    N = x.shape[1]
     zero = rstd.dtype.type(0)
     inv_n = rstd.dtype.type(1) / rstd.dtype.type(N)
-    for blk in prange(B):
-        lo = blk * M // B
-        hi = (blk + 1) * M // B
-        # local partial and whole rows in one loop, as layer_norm._backward (whose
-        # comments give the measurements)
-        dwp = np.zeros(N, dw_part.dtype)
-        for i in range(lo, hi):
-            r = rstd[i]
-            # pass 1: c1 = mean(xhat * wdy); pass 2, from cache: dx and the partial
-            c1 = backward_sum(dy, x, i, r, w, zero) * inv_n
-            backward_row(dy, x, i, r, w, ds, c1, dx, dwp)
-        dw_part[blk] = dwp
+    # local partial and whole rows in one loop, as layer_norm.backward_rows (whose
+    # comments give the measurements)
+    dwp = np.zeros(N, dw_part.dtype)
+    for i in range(lo, hi):
+        r = rstd[i]
+        # pass 1: c1 = mean(xhat * wdy); pass 2, from cache: dx and the partial
+        c1 = backward_sum(dy, x, i, r, w, zero) * inv_n
+        backward_row(dy, x, i, r, w, ds, c1, dx, dwp)
+    dw_part[blk] = dwp
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
@@ -156,18 +183,9 @@ def backward_sum(
     w,      # (N,) weight or None
     zero,   # scalar 0 in the accumulation dtype
 ):
-    """Row ``i``'s ``sum(xhat * wdy)`` (a loop that stores nothing, blocked: see
-    layer_norm.row_sum)."""
-    n = x.shape[1]
-    c1 = 0.0
-    for lo in range(0, n, SUM_BLOCK):
-        part = zero
-        for j in range(lo, min(n, lo + SUM_BLOCK)):
-            g = widen(dy[i, j])
-            wdy = g * w[j] if w is not None else g
-            part += widen(x[i, j]) * r * wdy
-        c1 += part
-    return like(c1, zero)
+    """Row ``i``'s ``sum(xhat * wdy)``, xhat = x * r, in the accumulation dtype
+    (blocked: sums.gradient_sums)."""
+    return like(gradient_sums(dy, x, i, zero, r, w, zero, 0.0)[1], zero)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")

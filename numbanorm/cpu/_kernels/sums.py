@@ -1,0 +1,77 @@
+"""The blocked row sums every CPU kernel takes: one loop each, inlined where it is used.
+
+A row is summed over blocks of :data:`SUM_BLOCK` elements, each block in the
+accumulation dtype (in vector lanes: FASTMATH's 'reassoc') and the block totals
+in float64, so that the rounding error of a sum does not grow with the row's
+length (book, chapter 4).  The helpers return the float64 totals; a caller
+narrows them with ``halves.like`` where its statistic is in the accumulation dtype.
+
+Each is a loop that stores nothing: a vectorized loop that stores runs behind a
+run-time overlap check whose scalar fallback adds in another order, so a sum
+taken there would depend on where the arrays lie (book, chapter 5).  A sum a
+caller does not use (``deviation_sums(...)[0]`` alone) is dropped by LLVM,
+and ``x - 0`` or ``d * 1`` fold away, so a caller pays only for what it uses.
+"""
+
+from .cache import njit  # numba.njit with a cache keyed on this package's source
+from .common import FASTMATH
+from .halves import widen
+
+SUM_BLOCK = 4096
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+def deviation_sums(
+    x,      # (M, N) rows
+    i,      # scalar: the row
+    mu,     # scalar subtracted from every element, accumulation dtype (zero: none)
+    zero,   # scalar 0 in the accumulation dtype
+):
+    """float64 ``(sum(d), sum(d * d))`` over row ``i``, ``d = x - mu``."""
+    n = x.shape[1]
+    dsum = 0.0
+    sq = 0.0
+    for lo in range(0, n, SUM_BLOCK):
+        dpart = zero
+        sqpart = zero
+        for j in range(lo, min(n, lo + SUM_BLOCK)):
+            d = widen(x[i, j]) - mu
+            dpart += d
+            sqpart += d * d
+        dsum += dpart
+        sq += sqpart
+    return dsum, sq
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+def gradient_sums(
+    dy,     # (M, N) gradient rows
+    x,      # (M, N) forward input rows
+    i,      # scalar: the row
+    mu,     # scalar subtracted from x, accumulation dtype (zero: none)
+    s,      # scalar x - mu is multiplied by, accumulation dtype (one: none)
+    w,      # (N,) weight, or None (ones)
+    zero,   # scalar 0 in the accumulation dtype
+    d0,     # float64 the first total starts from (group norm carries it across channels)
+):
+    """float64 ``(d0 + sum(d), sum(d * wdy), sum(wdy))`` over row ``i``,
+    ``d = (x - mu) * s`` and ``wdy = dy * w``."""
+    n = x.shape[1]
+    dsum = d0
+    xw = 0.0
+    wsum = 0.0
+    for lo in range(0, n, SUM_BLOCK):
+        dpart = zero
+        xwpart = zero
+        wpart = zero
+        for j in range(lo, min(n, lo + SUM_BLOCK)):
+            d = (widen(x[i, j]) - mu) * s
+            g = widen(dy[i, j])
+            wdy = g * w[j] if w is not None else g
+            dpart += d
+            xwpart += d * wdy
+            wpart += wdy
+        dsum += dpart
+        xw += xwpart
+        wsum += wpart
+    return dsum, xw, wsum
