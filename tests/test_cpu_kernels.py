@@ -109,7 +109,8 @@ DTYPES = _dtypes()
 # spread to 600 (on main, 123 pairs of these differed for float32 LayerNorm alone),
 # then long rows: across SUM_BLOCK, one that a call of its own runs serially (20000)
 # and one that runs in parallel even alone (40000)
-ROW_LENGTHS = (list(range(1, 129)) + list(range(131, 601, 5))
+# every remainder of the vector loops (1..64), then a sparse sweep and the block edges
+ROW_LENGTHS = (list(range(1, 65)) + list(range(67, 601, 17))
                + [1023, 4095, 4096, 4097, 8193, 20000, 40000])
 FAMILIES = ["layer_norm", "rms_norm", "group_norm", "add_layer_norm", "add_rms_norm"]
 
