@@ -274,7 +274,7 @@ def backward_rows(
         # pass 1: c1 = mean(xhat * wdy), c2 = mean(wdy), where
         # xhat = ((x - mu) - corr) * r and corr = mean(x - mu) corrects the
         # saved mean for its rounding to the float32 grid (at mean 1e4 the
-        # grid is 1e-3, 5% of the std of the contract's large-offset case,
+        # grid is 1e-3, 5% of the std of the tests' large-offset case,
         # which left dweight 1.4e-2 off; with corr it is 5e-8 off).
         dsum, xw, c2 = backward_sums(dy, x, i, mu, w, zero)
         if (not (np.isfinite(dsum) and np.isfinite(xw) and np.isfinite(c2))
