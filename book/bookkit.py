@@ -161,3 +161,31 @@ def draw_row_blocks(M, N, blocks, title_rows, title_part, out_name):
     ax.set_ylim(-0.05, 1.12)
     ax.axis("off")
     return fig
+
+
+def draw_thread_mapping(cases):
+    """The GPU kernels' row mapping (``numbanorm.cuda._kernels.common.row_config``) as a
+    picture: for each ``(label, N, cfg)``, the 8-byte words of the first rows of one
+    block, coloured by the warp whose thread loads them.  Thread ``t`` of a row group
+    owns words ``t, t + tpr, ...``: between two dashed lines, one load instruction of
+    the group, every thread reading one word, neighbours reading neighbours."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(cases), 1, figsize=(7.0, 1.5 + 1.1 * len(cases)), squeeze=False,
+                             constrained_layout=True)
+    for ax, (label, N, cfg) in zip(axes[:, 0], cases):
+        words = -(-N // cfg.vec)
+        shown = min(cfg.rows, 4)
+        img = np.empty((shown, words))
+        for r in range(shown):
+            thread = r * cfg.tpr + np.arange(words) % cfg.tpr   # thread of the block
+            img[r] = thread // 32                               # its warp
+        ax.imshow(img, aspect="auto", cmap="tab20", vmin=0, vmax=19, interpolation="nearest")
+        for k in range(cfg.tpr, words, cfg.tpr):
+            ax.axvline(k - 0.5, color="black", lw=0.8, ls="--")
+        ax.set_yticks(range(shown), [f"row {r}" for r in range(shown)])
+        ax.set_xlabel(f"8-byte word of the row ({cfg.vec} elements each)")
+        more = f" (of {cfg.rows})" if cfg.rows > shown else ""
+        ax.set_title(f"{label}, N = {N}: {cfg.tpr} threads per row, {cfg.rows} rows per block{more}, "
+                     f"{cfg.vpt} elements per thread", fontsize=9)
+    return fig
