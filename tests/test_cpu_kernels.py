@@ -278,3 +278,29 @@ def test_results_do_not_depend_on_where_the_arrays_lie(monkeypatch, rng, n, rows
             np.testing.assert_array_equal(out, dx_rms, err_msg=f"rms_norm backward, gap {gap}")
             add_cpu.layer_norm_forward(x, r0, w, b, 1e-5, out, s, m.ravel().copy(), r.ravel().copy())
             np.testing.assert_array_equal(out, y_add, err_msg=f"add_layer_norm, gap {gap}")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows", [1, 64])  # the serial kernel (one small row) and the parallel one
+def test_eps_zero_on_a_constant_row_gives_ieee_values_not_an_exception(dtype, rows):
+    """var = 0 and eps = 0: rstd is inf and y is NaN (0 * inf), as the oracle and IEEE say.
+    Row functions compiled with Python's error model raised ZeroDivisionError (ch4 of the
+    book failed to build)."""
+    import numbanorm as nn
+    from numbanorm import reference as ref
+
+    x = np.full((rows, 768), 3.7, dtype)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y, mean, rstd = nn.layer_norm_forward(x, 768, eps=0.0)
+        y_ref, _, rstd_ref = ref.layer_norm_forward(x, 768, eps=0.0)
+        assert np.isposinf(rstd).all() and np.isposinf(rstd_ref).all()
+        np.testing.assert_array_equal(np.isnan(y), np.isnan(y_ref))
+        z = np.zeros((rows, 768), dtype)
+        y, rstd = nn.rms_norm_forward(z, 768, eps=0.0)
+        assert np.isposinf(rstd).all() and np.isnan(y).all()
+        g = nn.group_norm(x.reshape(rows, 4, 192), 2, eps=0.0)
+        assert np.isnan(g).all()
+        y, s = nn.add_layer_norm(x, np.zeros_like(x), 768, eps=0.0)
+        assert np.isnan(y).all() and (s == x).all()
+        y, s = nn.add_rms_norm(z, z, 768, eps=0.0)
+        assert np.isnan(y).all()

@@ -75,10 +75,14 @@ class KernelCache(caching.FunctionCache):
 
 
 def njit(*args, cache=False, **options):
-    """``numba.njit``; ``cache=True`` caches on disk with :class:`KernelCache`
+    """``numba.njit`` with NumPy's error model; ``cache=True`` caches on disk with :class:`KernelCache`
     where some directory is writable, and compiles in memory where none is."""
     if args and callable(args[0]):
         return njit(cache=cache, **options)(args[0])
+
+    # NumPy's error model everywhere, as parallel=True kernels have: a division by zero
+    # (eps=0 on a constant row) gives inf/NaN instead of raising from a row function
+    options.setdefault("error_model", "numpy")
 
     def decorate(fn):
         dispatcher = numba.njit(**options)(fn)
