@@ -24,7 +24,11 @@ input arrays:
   (forward: x into y; backward: x and dy into two buffers), a device-to-device
   copy on the GPU.  ``np.copyto`` runs on one thread; on a machine whose
   memory bandwidth one core cannot saturate, a multi-threaded kernel can beat
-  it, which shows up as a ratio below 1.
+  it, which shows up as a ratio below 1;
+* ``floor_threads`` -- the same copies split over every numba thread
+  (:func:`parallel_copy`, host only), the floor of a kernel that uses them all;
+* ``numbanorm.torch`` -- numbanorm's kernels through its PyTorch functions, on
+  tensors over the same memory (host; peer ``adapter``).
 
 Byte accounting (``Case.bytes``): forward reads x and writes y (2 arrays of
 x's size), backward reads x and dy and writes dx (3 arrays).  The O(N) weight,
