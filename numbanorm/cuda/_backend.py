@@ -24,7 +24,6 @@ from numba import cuda
 
 from .. import _validate as V
 from ._kernels import common as C
-from ._kernels import add_norm, group_norm, layer_norm, rms_norm  # noqa: F401  (the launchers)
 
 name = "cuda"
 # the column sums round dweight/dbias into any float dtype as they store them: the
