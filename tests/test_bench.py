@@ -21,7 +21,7 @@ from numbanorm.measure import Case, Runner
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the repository's benchmarks/ package (not installed)
 
-from benchmarks import harness, readme_table, targets  # noqa: E402
+from benchmarks import compare, harness, readme_table, targets  # noqa: E402
 
 
 # ------------------------------------------------------------------ byte accounting
@@ -332,6 +332,28 @@ def _stand_in_cuda():
 
 
 @pytest.mark.cudasim
+def test_compare_counts_a_case_slower_only_when_floor_ratio_time_and_spread_agree(tmp_path):
+    def row(median, x_floor, impl="numbanorm.cpu", spread=0.05):
+        return {"impl": impl, "mode": "alloc", "threads": 2, "norm": "layer_norm", "direction": "forward",
+                "shape": [8, 16], "dtype": "float32", "groups": None, "device": "cpu",
+                "median_s": median, "q20_s": median * (1 - spread), "q80_s": median * (1 + spread),
+                "x_floor": x_floor}
+
+    old = [row(1.0, 1.0), row(1.0, None, impl="torch")]
+    assert compare.compare(old, [row(1.3, 1.3)], 1.1) == ([(compare.key(old[0]), 1.3, 1.3)], 1)
+    # the floor was as much slower in that run: the machine, not the code
+    assert compare.compare(old, [row(1.3, 1.0)], 1.1)[0] == []
+    # spreads that overlap are noise
+    assert compare.compare(old, [row(1.3, 1.3, spread=0.2)], 1.1)[0] == []
+    # only numbanorm's rows are compared
+    assert compare.compare(old, [row(3.0, None, impl="torch")], 1.1) == ([], 0)
+    meta = {"date": "2026-01-01T00:00:00"}
+    for name, rows in (("old", old), ("new", [row(1.3, 1.3)])):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}))
+    assert compare.main([str(tmp_path / "old.json"), str(tmp_path / "new.json")]) == 1
+    assert compare.main([str(tmp_path / "old.json"), str(tmp_path / "old.json")]) == 0
+
+
 def test_gpu_path_in_the_cuda_simulator(monkeypatch):
     pytest.importorskip("numba.cuda")
     if not measure.cuda_simulated():
