@@ -83,69 +83,32 @@ NATIVE_HALF = _native_half()
 
 # ---------------------------------------------------------------- bit casts
 
-@intrinsic
-def _bits_of(typingctx, f):
-    """The uint32 bits of a float32."""
-    sig = types.uint32(types.float32)
+def _unary(name, restype, argtype, emit, doc):
+    """An intrinsic ``restype(argtype)`` whose body is the LLVM code ``emit(builder, arg)``."""
+    def typer(typingctx, v):
+        return restype(argtype), lambda context, builder, signature, args: emit(builder, args[0])
 
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return sig, codegen
+    typer.__name__, typer.__doc__ = name, doc
+    return intrinsic(typer)
 
 
-@intrinsic
-def _float_of(typingctx, u):
-    """The float32 whose bits are the uint32 ``u``."""
-    sig = types.float32(types.uint32)
+_I16, _I32, _HALF, _FLOAT = ir.IntType(16), ir.IntType(32), ir.HalfType(), ir.FloatType()
 
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return sig, codegen
-
-
-@intrinsic
-def _low16(typingctx, u):
-    """The low 16 bits of a uint32, as int16 (bfloat16 bits)."""
-    sig = types.int16(types.uint32)
-
-    def codegen(context, builder, signature, args):
-        return builder.trunc(args[0], ir.IntType(16))
-
-    return sig, codegen
-
-
-@intrinsic
-def _half_to_f32_native(typingctx, h):
-    sig = types.float32(types.uint16)
-
-    def codegen(context, builder, signature, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-
-    return sig, codegen
-
-
-@intrinsic
-def _f32_to_half_native(typingctx, f):
-    sig = types.uint16(types.float32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
-
-    return sig, codegen
-
-
-@intrinsic
-def _bf16_to_f32(typingctx, h):
-    """bfloat16 bits (int16) -> float32: the bits become the top half of a float32."""
-    sig = types.float32(types.int16)
-
-    def codegen(context, builder, signature, args):
-        wide = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
-        return builder.bitcast(wide, ir.FloatType())
-
-    return sig, codegen
+_bits_of = _unary("_bits_of", types.uint32, types.float32, lambda b, v: b.bitcast(v, _I32),
+                  "The uint32 bits of a float32.")
+_float_of = _unary("_float_of", types.float32, types.uint32, lambda b, v: b.bitcast(v, _FLOAT),
+                   "The float32 whose bits are the uint32 ``u``.")
+_low16 = _unary("_low16", types.int16, types.uint32, lambda b, v: b.trunc(v, _I16),
+                "The low 16 bits of a uint32, as int16 (bfloat16 bits).")
+_half_to_f32_native = _unary("_half_to_f32_native", types.float32, types.uint16,
+                             lambda b, v: b.fpext(b.bitcast(v, _HALF), _FLOAT),
+                             "float16 bits -> float32 by LLVM's half type.")
+_f32_to_half_native = _unary("_f32_to_half_native", types.uint16, types.float32,
+                             lambda b, v: b.bitcast(b.fptrunc(v, _HALF), _I16),
+                             "float32 -> float16 bits by LLVM's half type.")
+_bf16_to_f32 = _unary("_bf16_to_f32", types.float32, types.int16,
+                      lambda b, v: b.bitcast(b.shl(b.zext(v, _I32), _I32(16)), _FLOAT),
+                      "bfloat16 bits (int16) -> float32: the bits become the top half of a float32.")
 
 
 # ---------------------------------------------------------------- integer conversions
