@@ -61,6 +61,7 @@ def forward_rows(
     one = mean.dtype.type(1)
     inv_n = one / mean.dtype.type(N)
     scratch = np.empty((1, N if stream else 0), y.dtype)  # a streamed row is staged here
+    dst = scratch if stream else y
     for i in range(lo, hi):
         # passes 1 and 2 read row i from memory, then from cache
         mu = row_sum(x, i, zero) * inv_n
@@ -72,11 +73,9 @@ def forward_rows(
         mean[i] = mu + corr
         rstd[i] = r
         # pass 3 writes the row whole (tiled, it was 3-4x slower: book, chapter 5)
+        normalize_row(x, i, mu, corr, r, w, b, dst, 0 if stream else i)
         if stream:
-            normalize_row(x, i, mu, corr, r, w, b, scratch, 0)
             stream_row(y, i, scratch, 0)
-        else:
-            normalize_row(x, i, mu, corr, r, w, b, y, i)
     if stream:
         store_fence()
 

@@ -54,18 +54,17 @@ def forward_rows(
     one = rstd.dtype.type(1)
     inv_n = one / rstd.dtype.type(N)
     scratch = np.empty((1, N if stream else 0), y.dtype)  # a streamed row is staged here
+    dst = scratch if stream else y
     for i in range(lo, hi):
         r = one / np.sqrt(row_sum_squares(x, i, zero) * inv_n + eps)
         if overflowed(zero, r) and row_is_finite(x, i):  # as layer_norm.forward_rows
             rstd[i] = scaled_rms_row(x, i, w, eps, y, i)
             continue
         rstd[i] = r
-        # whole rows, as layer_norm.forward_rows (whose comments say why)
+        # whole rows, one writer call, as layer_norm.forward_rows (whose comments say why)
+        scale_row(x, i, r, w, dst, 0 if stream else i)
         if stream:
-            scale_row(x, i, r, w, scratch, 0)
             stream_row(y, i, scratch, 0)
-        else:
-            scale_row(x, i, r, w, y, i)
     if stream:
         store_fence()
 
