@@ -156,9 +156,9 @@ class Frontend:
 
     def _forward(self, op, args, out):
         """``op``'s forward on ``args``, the public function's arguments in the table's role order."""
-        shortcut = self.shortcuts.get(op.name) if out is None else None
+        shortcut = self.shortcuts.get(op.name)
         if shortcut is not None:
-            hit = shortcut(*args)
+            hit = shortcut(*args, out=out)
             if hit is not None:
                 return hit
         given = dict(zip(op.forward_roles, args))
@@ -196,7 +196,7 @@ class Frontend:
                            callers_out=out_native is not None and not copy_back)
         if shortcut is not None:
             self.small.learn(op.name, caller_x, given[op.shape_role], given["weight"], given.get("bias"),
-                             given["eps"], eps, p.flat[0])
+                             given["eps"], eps, p.flat[0], out)
         results = [self._result(ctx, y, copy_back, out, out_native, x.shape, caller_x)]
         if op.fused:
             results.append(backend.wrap(s.reshape(x.shape), caller_x))

@@ -302,6 +302,57 @@ def test_check_of_the_oracle_says_what_it_is():
 
 # ---------------------------------------------------------------- repeated small calls
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_repeated_16_bit_and_out_calls_take_the_small_call_path_with_the_full_paths_bits(dtype):
+    from numbanorm.cpu import _backend
+    from numbanorm.measure import host_dtype
+
+    dt = host_dtype(dtype)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 2, 16)).astype(dt)
+    x[1, 0, 3] = np.nan  # stays in its row
+    w = rng.standard_normal(16).astype(dt)
+    w32 = w.astype(np.float32)  # weights of another dtype than x
+    plans = _backend.small_calls._plans
+    before = x.copy()
+    # the statistics too: the forward functions (no out=) replay as well
+    for fwd in (lambda: nn.layer_norm_forward(x, 16, w, w32, 1e-4), lambda: nn.rms_norm_forward(x, 16, w)):
+        plans.clear()
+        want = [a.copy() for a in fwd()]
+        for a, b in zip(fwd(), want):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+    for call in (lambda out=None: nn.layer_norm(x, 16, w, w32, 1e-4, out=out),
+                 lambda out=None: nn.rms_norm(x, 16, w, out=out)):
+        plans.clear()
+        want = call().copy()                 # the full path, which learns the call
+        assert len(plans) == 1
+        out = np.empty_like(x)
+        assert call(out) is out and len(plans) == 2  # full path again (another key: out=)
+        for got in (call(), call(out)):     # both replayed
+            assert len(plans) == 2 and got.dtype == want.dtype
+            np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+        assert call(out) is out
+        f32 = out.astype(np.float32)
+        assert np.isnan(f32[1, 0]).all() and not np.isnan(f32[[0, 2]]).any()
+        w[0] = w[0] * 2                      # contents changed in place: seen by the replay
+        assert not np.array_equal(call(out).astype(np.float32), want.astype(np.float32))
+        w[0] = w[0] / 2
+        # what the replay cannot learn is checked on every call
+        out.flags.writeable = False
+        with pytest.raises(ValueError, match="read-only"):
+            call(out)
+        out.flags.writeable = True
+        np.testing.assert_array_equal(call(x.copy()).view(np.uint8), want.view(np.uint8))
+    np.testing.assert_array_equal(x.view(np.uint8), before.view(np.uint8))  # inputs unchanged
+    # out= overlapping x: the launcher computes apart on a replayed call too
+    buf = rng.standard_normal((5, 16)).astype(dt)
+    want = nn.layer_norm(buf[:-1].copy(), 16, w)
+    nn.layer_norm(buf[:-1], 16, w, out=buf[1:].copy())  # learn the key of (4, 16) x and out
+    nn.layer_norm(buf[:-1], 16, w, out=buf[1:])
+    np.testing.assert_array_equal(buf[1:].view(np.uint8), want.view(np.uint8))
+
+
 def test_a_repeated_call_takes_the_small_call_path_and_still_validates():
     from numbanorm.cpu import _backend
 

@@ -75,12 +75,14 @@ class SmallCalls:
 
     A (1, 768) float32 LayerNorm spent most of its time in validation and in the
     launcher's checks (``book/05_cpu_kernel.md``, "Threads, forks, read-only installs
-    and small calls"),
-    all of which depend only on the arguments' types, shapes, strides and dtypes
-    and on ``eps``.  ``learn`` records a call that the full path has validated;
-    a later call with the same key goes straight to the kernel.  float32 and
-    float64 only, weights in x's dtype, no ``out=``: calls that the launchers
-    would stage or copy take the full path.
+    and small calls"), all of which depend only on the arguments' types, shapes,
+    strides and dtypes and on ``eps``.  ``learn`` records a call that the full path
+    has validated; a later call with the same key skips the frontend.  float32 and
+    float64 with weights in x's dtype and no ``out=`` go straight to the kernel;
+    every other call seen before (float16, bfloat16, weights of another dtype, a
+    C-contiguous ``out=``) goes to the kernel's launcher, which converts the
+    weights and checks ``out`` against the inputs on every call (their contents
+    and memory may change between calls; only their types and shapes are learned).
     """
 
     MAX_PLANS = 256
@@ -89,11 +91,11 @@ class SmallCalls:
         self._plans = {}
 
     @staticmethod
-    def _key(kind, x, nshape, weight, bias, eps):
+    def _key(kind, x, nshape, weight, bias, eps, out):
         if type(x) is not np.ndarray or (type(eps) is not float and eps is not None):
             return None
         sig = [kind, x.shape, x.strides, x.dtype, nshape, eps]
-        for a in (weight, bias):
+        for a in (weight, bias, out):
             if a is None:
                 sig.append(None)
             elif type(a) is np.ndarray:
@@ -102,57 +104,66 @@ class SmallCalls:
                 return None
         return tuple(sig)
 
-    def learn(self, kind, x, nshape, weight, bias, eps, checked_eps, rows):
+    def learn(self, kind, x, nshape, weight, bias, eps, checked_eps, rows, out=None):
         """Record a call of the operation ``kind`` (its name: ``layer_norm``, ``rms_norm``)
         the full path has validated: ``eps`` as given, ``checked_eps``
-        as validated, ``rows`` of the flattened problem."""
-        key = self._key(kind, x, nshape, weight, bias, eps)
-        if (key is None or rows == 0 or x.dtype not in (np.float32, np.float64)
-                or not x.flags.c_contiguous):
+        as validated, ``rows`` of the flattened problem, the caller's ``out`` or None."""
+        key = self._key(kind, x, nshape, weight, bias, eps, out)
+        if key is None or rows == 0 or not x.flags.c_contiguous:
             return
-        if any(a is not None and (a.dtype != x.dtype or a.ndim != 1 or not a.flags.c_contiguous)
-               for a in (weight, bias)):
-            return  # the launchers would convert or flatten it
+        if out is not None and not (out.flags.c_contiguous and out.shape == x.shape and out.dtype == x.dtype):
+            return  # the full path wrote it through a copy
+        if any(a is not None and (a.ndim != 1 or not a.flags.c_contiguous) for a in (weight, bias)):
+            return  # the full path flattens it
         try:
             hash(key)
         except TypeError:  # a normalized_shape holding a list
             return
+        acc = layer_norm.acc_of(x.dtype)
+        direct = out is None and x.dtype == acc and all(a is None or a.dtype == acc for a in (weight, bias))
         k = len(nshape) if isinstance(nshape, tuple) else 1
         stat_shape = x.shape[: x.ndim - k] + (1,) * k
         if len(self._plans) >= self.MAX_PLANS:
             self._plans.clear()
-        self._plans[key] = (rows, x.size // rows, stat_shape, x.dtype.type(checked_eps),
-                            layer_norm.row_block(rows))
+        self._plans[key] = (rows, x.size // rows, stat_shape, acc.type(checked_eps),
+                            layer_norm.row_block(rows), direct)
 
-    def _plan(self, kind, x, nshape, weight, bias, eps):
-        """The learned plan and fresh ``(y, stat)`` for this call, or None."""
+    def _plan(self, kind, x, nshape, weight, bias, eps, out):
+        """The learned plan and ``(y, stat)`` for this call, or None."""
         try:
-            plan = self._plans.get(self._key(kind, x, nshape, weight, bias, eps))
+            plan = self._plans.get(self._key(kind, x, nshape, weight, bias, eps, out))
         except TypeError:  # an unhashable normalized_shape: not a call seen before
             return None
-        if plan is not None:
-            return plan, np.empty(x.shape, x.dtype), np.empty(plan[2], x.dtype)
-        return None
+        if plan is None or (out is not None and not out.flags.writeable):
+            return None  # (the full path says why a read-only out= is refused)
+        y = np.empty(x.shape, x.dtype) if out is None else out
+        return plan, y, np.empty(plan[2], plan[3].dtype)
 
-    def layer_norm(self, x, nshape, weight, bias, eps):
+    def layer_norm(self, x, nshape, weight, bias, eps, out=None):
         """``(y, mean, rstd)``, or None where the call is not one seen before."""
-        got = self._plan("layer_norm", x, nshape, weight, bias, eps)
+        got = self._plan("layer_norm", x, nshape, weight, bias, eps, out)
         if got is None:
             return None
-        (m, n, _, e, block), y, mean = got
+        (m, n, _, e, block, direct), y, mean = got
         rstd = np.empty_like(mean)
-        layer_norm.launch(layer_norm._forward, x.size, x.reshape(m, n), weight, bias, e,
-                          y.reshape(m, n), mean.reshape(m), rstd.reshape(m), block, False)
+        x2, y2, mean1, rstd1 = x.reshape(m, n), y.reshape(m, n), mean.reshape(m), rstd.reshape(m)
+        if direct:
+            layer_norm.launch(layer_norm._forward, x.size, x2, weight, bias, e, y2, mean1, rstd1, block, False)
+        else:
+            layer_norm.forward(x2, weight, bias, e, y2, mean1, rstd1, y_mapped=out is not None)
         return y, mean, rstd
 
-    def rms_norm(self, x, nshape, weight, eps):
+    def rms_norm(self, x, nshape, weight, eps, out=None):
         """``(y, rstd)``, or None where the call is not one seen before."""
-        got = self._plan("rms_norm", x, nshape, weight, None, eps)
+        got = self._plan("rms_norm", x, nshape, weight, None, eps, out)
         if got is None:
             return None
-        (m, n, _, e, block), y, rstd = got
-        rms_norm.launch(rms_norm._forward, x.size, x.reshape(m, n), weight, e,
-                        y.reshape(m, n), rstd.reshape(m), block, False)
+        (m, n, _, e, block, direct), y, rstd = got
+        x2, y2, rstd1 = x.reshape(m, n), y.reshape(m, n), rstd.reshape(m)
+        if direct:
+            rms_norm.launch(rms_norm._forward, x.size, x2, weight, e, y2, rstd1, block, False)
+        else:
+            rms_norm.forward(x2, weight, e, y2, rstd1, y_mapped=out is not None)
         return y, rstd
 
 

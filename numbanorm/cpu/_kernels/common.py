@@ -12,6 +12,7 @@ import numpy as np
 from numba.np.ufunc import parallel as _numba_parallel
 
 from .cache import njit
+from .halves import kernel_view, widen
 
 # 'reassoc' lets LLVM split each row reduction over several vector accumulators
 # (a float32 row sum is otherwise one serial chain of dependent adds).
@@ -61,7 +62,23 @@ def finish(scratch, out):
 
 def param(a, dtype):
     """Affine parameters (tiny) in the accumulation dtype, contiguous."""
-    return None if a is None else np.ascontiguousarray(a, dtype=dtype)
+    if a is None:
+        return None
+    bits = kernel_view(a) if a.dtype.itemsize == 2 and a.ndim == 1 else a
+    if bits is not a:  # float16/bfloat16: NumPy's own cast took 10 us for 4096 weights
+        wide = np.empty(a.shape, dtype)
+        _widen_into(bits, wide)
+        return wide
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+@njit(cache=True, nogil=True)
+def _widen_into(
+    src,    # (N,) 16-bit floats as integer bits (halves)
+    dst,    # (N,) the accumulation dtype
+):
+    for j in range(src.shape[0]):
+        dst[j] = widen(src[j])
 
 
 def n_chunks(rows):
