@@ -12,7 +12,7 @@ import numpy as np
 from numba import prange
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import FASTMATH, acc_of, finish, launch, param, scratch_for, serial_variant
+from .common import FASTMATH, acc_of, finish, launch, param, row_block, scratch_for, serial_variant
 from .halves import kernel_view, like, narrow, widen
 from .sums import gradient_sums
 from .layer_norm import (deviation_stats, overflowed, row_is_finite, row_sum,
@@ -28,14 +28,16 @@ def _forward(
     y,      # (N, C, S) output, x's dtype
     mean,   # (N, G) per-(sample, group) mean, accumulation dtype
     rstd,   # (N, G) per-(sample, group) 1/sqrt(var + eps), accumulation dtype
+    block,  # scalar: groups per block, the unit of parallel work
 ):
-    # the loop over groups only, as layer_norm._forward
-    for ng in prange(x.shape[0] * mean.shape[1]):
-        forward_group(x, w, b, eps, y, mean, rstd, ng)
+    # the loop over blocks of groups only, as layer_norm._forward
+    NG = x.shape[0] * mean.shape[1]
+    for blk in prange(-(-NG // block)):
+        forward_groups(x, w, b, eps, y, mean, rstd, blk * block, min(NG, blk * block + block))
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True)
-def forward_group(
+def forward_groups(
     x,      # (N, C, S) input, float32/float64, or 16-bit floats as integer bits (halves)
     w,      # (C,) per-channel weight in the accumulation dtype, or None
     b,      # (C,) per-channel bias in the accumulation dtype, or None
@@ -43,10 +45,12 @@ def forward_group(
     y,      # (N, C, S) output, x's dtype
     mean,   # (N, G) per-(sample, group) mean, accumulation dtype
     rstd,   # (N, G) per-(sample, group) 1/sqrt(var + eps), accumulation dtype
-    ng,     # scalar: the group, n * G + g
+    lo,     # scalar: first group of the block, n * G + g
+    hi,     # scalar: one past its last group
 ):
-    """Group ``ng`` of the forward, called by _forward and its serial twin
-    (as layer_norm.forward_rows)."""
+    """Groups ``lo:hi`` of the forward, called by _forward and its serial twin
+    (as layer_norm.forward_rows); a call per block, not per group, keeps the
+    reference counts of its arrays out of the loop over groups."""
     N, C, S = x.shape
     G = mean.shape[1]
     Cg = C // G
@@ -56,22 +60,23 @@ def forward_group(
     # a group's Cg * S elements are contiguous: its statistics are a LayerNorm row's
     groups = x.reshape((N * G, Cg * S))
     y_groups = y.reshape((N * G, Cg * S))
-    n = ng // G
-    g = ng % G
-    c0 = g * Cg
-    mu = row_sum(groups, ng, zero) * inv_n
-    corr, var = deviation_stats(groups, ng, mu, zero, inv_n)
-    r = one / np.sqrt(var + eps)
-    if overflowed(mu, r) and row_is_finite(groups, ng):  # as layer_norm.forward_rows
-        mean[n, g], rstd[n, g] = scaled_row(groups, ng, w, b, c0, S, eps, y_groups, ng)
-        return
-    mean[n, g] = mu + corr
-    rstd[n, g] = r
-    for c in range(c0, c0 + Cg):
-        # per channel, the affine folds into the scale: (x - mean) * (r * w[c]) + b[c]
-        a = r * w[c] if w is not None else r
-        bc = b[c] if b is not None else zero
-        scale_shift_row(x[n, c], mu, corr, a, bc, y[n, c])
+    for ng in range(lo, hi):
+        n = ng // G
+        g = ng % G
+        c0 = g * Cg
+        mu = row_sum(groups, ng, zero) * inv_n
+        corr, var = deviation_stats(groups, ng, mu, zero, inv_n)
+        r = one / np.sqrt(var + eps)
+        if overflowed(mu, r) and row_is_finite(groups, ng):  # as layer_norm.forward_rows
+            mean[n, g], rstd[n, g] = scaled_row(groups, ng, w, b, c0, S, eps, y_groups, ng)
+            continue
+        mean[n, g] = mu + corr
+        rstd[n, g] = r
+        for c in range(c0, c0 + Cg):
+            # per channel, the affine folds into the scale: (x - mean) * (r * w[c]) + b[c]
+            a = r * w[c] if w is not None else r
+            bc = b[c] if b is not None else zero
+            scale_shift_row(x[n, c], mu, corr, a, bc, y[n, c])
 
 
 @njit(cache=True, nogil=True)
@@ -102,14 +107,16 @@ def _backward(
     dx,       # (N, C, S) output: gradient of x
     dw_part,  # (N, C) per-sample partial sums of dy * xhat, accumulation dtype
     db_part,  # (N, C) per-sample partial sums of dy, accumulation dtype
+    block,    # scalar: groups per block, the unit of parallel work
 ):
-    # the loop over groups only, as layer_norm._forward
-    for ng in prange(x.shape[0] * mean.shape[1]):
-        backward_group(dy, x, mean, rstd, w, dx, dw_part, db_part, ng)
+    # the loop over blocks of groups only, as layer_norm._forward
+    NG = x.shape[0] * mean.shape[1]
+    for blk in prange(-(-NG // block)):
+        backward_groups(dy, x, mean, rstd, w, dx, dw_part, db_part, blk * block, min(NG, blk * block + block))
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True)
-def backward_group(
+def backward_groups(
     dy,       # (N, C, S) gradient of y
     x,        # (N, C, S) forward input
     mean,     # (N, G) saved mean
@@ -118,10 +125,11 @@ def backward_group(
     dx,       # (N, C, S) output: gradient of x
     dw_part,  # (N, C) per-sample partial sums of dy * xhat, accumulation dtype
     db_part,  # (N, C) per-sample partial sums of dy, accumulation dtype
-    ng,       # scalar: the group, n * G + g
+    lo,       # scalar: first group of the block, n * G + g
+    hi,       # scalar: one past its last group
 ):
-    """Group ``ng`` of the backward, called by _backward and its serial twin
-    (as layer_norm.forward_rows)."""
+    """Groups ``lo:hi`` of the backward, called by _backward and its serial twin
+    (as forward_groups)."""
     N, C, S = x.shape
     G = mean.shape[1]
     Cg = C // G
@@ -131,47 +139,48 @@ def backward_group(
     x_groups = x.reshape((N * G, Cg * S))
     dy_groups = dy.reshape((N * G, Cg * S))
     dx_groups = dx.reshape((N * G, Cg * S))
-    n = ng // G
-    g = ng % G
-    c0 = g * Cg
-    mu = mean[n, g]
-    r = rstd[n, g]
-    # pass 1, per channel: A = sum(dy * (x - mu)) and dbias's sum(dy); over
-    # the group, corr = mean(x - mu) corrects the saved mean's rounding (as
-    # in layer_norm._backward), so that sum(dy * xhat) = r * (A - corr * sum(dy))
     x_channels = x.reshape((N * C, S))
     dy_channels = dy.reshape((N * C, S))
-    dsum = 0.0
-    for c in range(c0, c0 + Cg):
-        # dsum runs on over the group's channels, in float64 (sums.gradient_sums)
-        dsum, a, dys = gradient_sums(dy_channels, x_channels, n * C + c, mu, one, None, zero, dsum)
-        dw_part[n, c] = a
-        db_part[n, c] = dys
-    corr = like(dsum, zero) * inv_n
-    # c1 = mean(xhat * wdy), c2 = mean(wdy) over the group
-    c1 = zero
-    c2 = zero
-    for c in range(c0, c0 + Cg):
-        dyx = r * (dw_part[n, c] - corr * db_part[n, c])
-        dw_part[n, c] = dyx
-        wc = w[c] if w is not None else one
-        c1 += wc * dyx
-        c2 += wc * db_part[n, c]
-    c1 *= inv_n
-    c2 *= inv_n
-    if (not (np.isfinite(corr) and np.isfinite(c1) and np.isfinite(c2))
-            and row_is_finite(x_groups, ng) and row_is_finite(dy_groups, ng)):
-        # as in layer_norm._backward
+    for ng in range(lo, hi):
+        n = ng // G
+        g = ng % G
+        c0 = g * Cg
+        mu = mean[n, g]
+        r = rstd[n, g]
+        # pass 1, per channel: A = sum(dy * (x - mu)) and dbias's sum(dy); over
+        # the group, corr = mean(x - mu) corrects the saved mean's rounding (as
+        # in layer_norm._backward), so that sum(dy * xhat) = r * (A - corr * sum(dy))
+        dsum = 0.0
         for c in range(c0, c0 + Cg):
-            dw_part[n, c] = zero
-            db_part[n, c] = zero
-        scaled_backward_row(dy_groups, x_groups, ng, mu, r, w, c0, S, None, dx_groups,
-                            dw_part[n], db_part[n])
-        return
-    # pass 2: dx = (wdy - (xhat * c1 + c2)) * rstd, channel by channel
-    for c in range(c0, c0 + Cg):
-        wc = w[c] if w is not None else one
-        backward_channel(dy[n, c], x[n, c], mu, corr, r, wc, c1, c2, dx[n, c])
+            # dsum runs on over the group's channels, in float64 (sums.gradient_sums)
+            dsum, a, dys = gradient_sums(dy_channels, x_channels, n * C + c, mu, one, None, zero, dsum)
+            dw_part[n, c] = a
+            db_part[n, c] = dys
+        corr = like(dsum, zero) * inv_n
+        # c1 = mean(xhat * wdy), c2 = mean(wdy) over the group
+        c1 = zero
+        c2 = zero
+        for c in range(c0, c0 + Cg):
+            dyx = r * (dw_part[n, c] - corr * db_part[n, c])
+            dw_part[n, c] = dyx
+            wc = w[c] if w is not None else one
+            c1 += wc * dyx
+            c2 += wc * db_part[n, c]
+        c1 *= inv_n
+        c2 *= inv_n
+        if (not (np.isfinite(corr) and np.isfinite(c1) and np.isfinite(c2))
+                and row_is_finite(x_groups, ng) and row_is_finite(dy_groups, ng)):
+            # as in layer_norm._backward
+            for c in range(c0, c0 + Cg):
+                dw_part[n, c] = zero
+                db_part[n, c] = zero
+            scaled_backward_row(dy_groups, x_groups, ng, mu, r, w, c0, S, None, dx_groups,
+                                dw_part[n], db_part[n])
+            continue
+        # pass 2: dx = (wdy - (xhat * c1 + c2)) * rstd, channel by channel
+        for c in range(c0, c0 + Cg):
+            wc = w[c] if w is not None else one
+            backward_channel(dy[n, c], x[n, c], mu, corr, r, wc, c1, c2, dx[n, c])
 
 
 @njit(cache=True, nogil=True)
@@ -197,7 +206,7 @@ def forward(x, weight, bias, eps, y, mean, rstd):
     acc = acc_of(x.dtype)
     ys = scratch_for(y, x, weight, bias)
     launch(_forward, x.size, kernel_view(x), param(weight, acc), param(bias, acc),
-           acc.type(eps), kernel_view(ys), mean, rstd)
+           acc.type(eps), kernel_view(ys), mean, rstd, row_block(mean.size))
     finish(ys, y)
 
 
@@ -208,7 +217,7 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
     dw_part = np.empty((N, C), acc)
     db_part = np.empty((N, C), acc)
     launch(_backward, x.size, kernel_view(dy), kernel_view(x), mean, rstd,
-           param(weight, acc), kernel_view(dx), dw_part, db_part)
+           param(weight, acc), kernel_view(dx), dw_part, db_part, row_block(mean.size))
     # per-sample partials summed in sample order: deterministic for any thread count
     np.sum(dw_part, axis=0, out=dweight)
     np.sum(db_part, axis=0, out=dbias)
