@@ -91,6 +91,15 @@ def stamp():
         f"numpy {np.__version__}.", width=78)
 
 
+def print_wrapped(text, width=88):
+    """Print ``text`` with its long lines wrapped at ``width`` columns, continuation
+    lines indented: a results file's metadata or a long message in one line would make
+    the cell's output scroll sideways (book/check_offline.py fails on that)."""
+    for line in str(text).split("\n"):
+        print(textwrap.fill(line, width, subsequent_indent="  ", break_long_words=False,
+                            break_on_hyphens=False) if line.strip() else line)
+
+
 def readme_tables():
     """The repository's ``benchmarks.readme_table``: chapters 9 and 12 show the
     fused-add and Dask tables with the README's own row builders."""
@@ -117,6 +126,7 @@ def show_table(header, rows, text_cols=2):
     where a printed one would scroll."""
     from IPython.display import Markdown, display
 
+    rows = [[str(c) for c in row] for row in rows]
     display(Markdown("\n".join(readme_tables()._markdown_table(header, rows, text_cols))))
 
 
