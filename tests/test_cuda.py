@@ -93,21 +93,7 @@ def test_row_mapping_invariants(n, m):
         assert 1 <= cfg.grid <= m
 
 
-def test_rows_move_in_8_byte_words_where_they_can(rng):
-    a16 = cuda.to_device(np.zeros((3, 64), np.float16))
-    a32 = cuda.to_device(np.zeros((3, 64), np.float32))
-    assert C.vec_width(64, a16) == 4 and C.vec_width(64, a32) == 2
-    assert C.vec_width(64, cuda.to_device(np.zeros((3, 64)))) == 1          # float64: a word already
-    assert C.vec_width(62, cuda.to_device(np.zeros((3, 62), np.float16))) == 1  # rows split words
-    flat = cuda.to_device(np.zeros(3 * 64 + 1, np.float16))
-    assert C.vec_width(64, flat[1:].reshape(3, 64)) == 1                  # an offset start
-    assert C.vec_width(64, a16, None, flat[1:].reshape(3, 64)) == 1       # any array decides
-    assert C.words(a16, 4).view().shape == (3, 16) and C.words(a16, 4).view().dtype == np.uint64
-    # the same results through words and element by element
-    x = _rows(rng, (4, 64), np.float16)
-    by_words = nc.layer_norm(x, 64)
-    odd = cuda.to_device(np.concatenate([np.zeros(1, np.float16), x.ravel()]))[1:].reshape(4, 64)
-    np.testing.assert_array_equal(to_host(nc.layer_norm(odd, 64)), by_words)
+# (the word widths: tests/test_cuda_vec.py)
 
 
 # ---------------------------------------------------------------- both mappings, all paths
@@ -223,11 +209,25 @@ def _check_group_sums(tpr, block):
 
 
 @pytest.mark.cudasim
-@pytest.mark.parametrize("tpr,block", [(1, 32), (8, 64), (32, 64), (64, 256), (128, 128)])
+@pytest.mark.parametrize("tpr,block", [(1, 32), (8, 64), (32, 64), (64, 256), (128, 128), (256, 512),
+                                       (1024, 1024)])
 def test_shuffle_reduction(tpr, block):
     """The one reduction path, on a GPU and in the simulator (its warp shuffles from _simwarp)."""
     assert _reduce.slots(block) == max(1, block // 32)
     _check_group_sums(tpr, block)
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("tpr,block", [(64, 256), (256, 256), (512, 1024)])
+def test_cross_warp_sum_is_bit_identical_in_every_lane(rng, tpr, block):
+    """Values whose sum depends on the order: every thread of a group still gets the same
+    bits (the lane-parallel cross-warp step sums the warps' partials in one tree for all)."""
+    vals = rng.standard_normal(block) * 10.0 ** rng.integers(-8, 8, block)
+    sums, pairs = cuda.device_array((block, 2)), cuda.device_array((block, 2))
+    _reduce_kernel(tpr, block)[1, block](cuda.to_device(vals), sums, pairs)
+    got = sums.copy_to_host()[:, 0].reshape(-1, tpr)
+    assert (got == got[:, :1]).all()
+    np.testing.assert_allclose(got[:, 0], vals.reshape(-1, tpr).sum(1), rtol=1e-12, atol=1e-12 * abs(vals).sum())
 
 
 # ---------------------------------------------------------------- arrays in and out

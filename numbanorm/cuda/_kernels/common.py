@@ -39,6 +39,7 @@ import numpy as np
 from numba import cuda
 
 from .reduce import SIMULATED, WARP
+from .vec import load_pair, store_pair
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
@@ -197,28 +198,40 @@ def _address(a):
     return a.__array_interface__["data"][0]  # the simulator's, which wrap NumPy arrays
 
 
-def vec_width(n, *rows):
-    """Elements per 8-byte word for row arrays of ``n`` elements, or 1.
+def vec_width(n, *rows, max_bytes=16):
+    """Elements per word (16 bytes, else 8) for row arrays of ``n`` elements, or 1.
 
     Words need rows that split into whole words (``n % vec == 0``) and arrays
-    that start on an 8-byte boundary (any fresh allocation does; an offset view
-    may not).  Loading 4 float16 at once instead of 1 cuts the load and store
-    instructions per element by 4 and moves 4 times the bytes per request in
+    that start on a word boundary (any fresh allocation does; an offset view
+    may not): 16-byte words where both hold (``vec.load_pair``; float16,
+    bfloat16, float32), else 8-byte words (numba's uint64 loads), else single
+    elements.  Loading 8 float16 at once instead of 1 cuts the load and store
+    instructions per element by 8 and moves 8 times the bytes per request in
     flight -- what a bandwidth-bound kernel is short of with 2-byte loads.
+    ``max_bytes=8``: 8-byte words at most (GroupNorm's kernels).
     """
-    vec = WORD.itemsize // rows[0].dtype.itemsize
-    if vec == 1 or n % vec:
-        return 1
-    for a in rows:
-        if a is not None and _address(a) % WORD.itemsize:
-            return 1
-    return vec
+    item = rows[0].dtype.itemsize
+    for size in (16, 8):
+        vec = size // item
+        if size > max_bytes or vec <= 1 or n % vec or (size == 16 and item > 4):
+            continue
+        if all(a is None or _address(a) % size == 0 for a in rows):
+            return vec
+    return 1
+
+
+def u64_per_word(dtype, vec):
+    """8-byte elements of the kernels' uint64 view per word of ``vec`` elements: 2 for
+    16-byte words (``vec.load_pair``), else 1."""
+    return 2 if vec * np.dtype(dtype).itemsize == 16 else 1
 
 
 def words(a, vec):
-    """A C-contiguous (..., n) array as the kernels index it: (..., n // vec) words (or
-    bfloat16's uint16 bits) -- a :class:`Words` standing for the view, or ``a`` itself."""
-    return Words(a, vec) if vec > 1 or is_bfloat16(a.dtype) else a
+    """A C-contiguous (..., n) array as the kernels index it: (..., n // k) uint64 of
+    ``k = min(vec, 8 // itemsize)`` elements (a 16-byte word is two of them), or
+    bfloat16's uint16 bits -- a :class:`Words` standing for the view, or ``a`` itself."""
+    k = min(vec, WORD.itemsize // a.dtype.itemsize)
+    return Words(a, k) if k > 1 or is_bfloat16(a.dtype) else a
 
 
 class Words:
@@ -250,7 +263,8 @@ class Words:
 def word_fns(dtype, acc_name, vec):
     """Device functions moving one word of ``vec`` elements between memory and registers.
 
-    ``load_word(row, q, out, e)``: out[e:e + vec] = word q of row, in the
+    ``load_word(row, q, out, e)``: out[e:e + vec] = word q of row (16-byte words:
+    ``row`` is the uint64 view and word q its elements 2q, 2q + 1), in the
     accumulation dtype; ``store_word(row, q, vals, e)``: word q of row =
     vals[e:e + vec] converted to ``dtype``.  The word is split through a local
     array viewed as the element type, which the compiler turns into register
@@ -273,10 +287,28 @@ def word_fns(dtype, acc_name, vec):
 
         return load_word, store_word
 
+    PAIR = vec * np.dtype(dtype).itemsize == 16  # two uint64 moved at once (LDG.E.128/STG.E.128)
+
+    @cuda.jit(device=True)
+    def fetch(row, q, w):
+        if PAIR:
+            lo, hi = load_pair(row, q)
+            w[0] = lo
+            w[1] = hi
+        else:
+            w[0] = row[q]
+
+    @cuda.jit(device=True)
+    def put(row, q, u):
+        if PAIR:
+            store_pair(row, q, u[0], u[1])
+        else:
+            row[q] = u[0]
+
     @cuda.jit(device=True)
     def load_word(row, q, out, e):
-        w = cuda.local.array(1, U64)
-        w[0] = row[q]
+        w = cuda.local.array(2 if PAIR else 1, U64)
+        fetch(row, q, w)
         h = w.view(ELEM)
         for v in range(vec):
             out[e + v] = LOAD(h[v])
@@ -286,7 +318,7 @@ def word_fns(dtype, acc_name, vec):
         h = cuda.local.array(vec, ELEM_T)
         for v in range(vec):
             h[v] = STORE(vals[e + v])
-        row[q] = h.view(np.uint64)[0]
+        put(row, q, h.view(np.uint64))
 
     return load_word, store_word
 

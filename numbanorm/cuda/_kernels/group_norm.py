@@ -260,7 +260,7 @@ def forward(x, weight, bias, eps, y, mean, rstd, *, stream=0):
         return
     L = (c // G) * S
     # words must not straddle channels: the per-channel loop steps over S
-    vec = C.vec_width(S, x, y)
+    vec = C.vec_width(S, x, y, max_bytes=8)
     cfg = C.row_config(n * G, L, x.dtype == C.F64, vec)
     kern = _forward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), C.dtype_or_none(bias), cfg.code)
     xe = C.kview(x)
@@ -279,7 +279,7 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, *, stream=0):
     part = C.device_empty((4, n, c), acc)
     if n:
         xdt = np.dtype(x.dtype)
-        vec = C.vec_width(S, x, dy, dx)
+        vec = C.vec_width(S, x, dy, dx, max_bytes=8)
         cfg = C.row_config(n * c, S, xdt == C.F64, vec)
         xk = C.words(x.reshape(n * c, S), vec)
         dyk = C.words(dy.reshape(n * c, S), vec)

@@ -65,6 +65,7 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
     LB = C.load_fn(xdt if bdt is None else bdt, ACC.name)
     TPR, VPT, V, R, LOOP, BLOCK = code.tpr, code.vpt, code.vec, code.rows, code.loop, code.block
     WPT = VPT // V                    # words per thread
+    KW = C.u64_per_word(xdt, V)
     SHIFT = TPR.bit_length() - 1
     SLOTS = slots(BLOCK)
     ROW_SUM = stats.row_sum_fn(xdt, TPR, VPT, V, LOOP, not LAYER, has_r)
@@ -83,7 +84,7 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
         rstd,   # (M,) per-row 1/sqrt(var + eps) (RMSNorm: 1/sqrt(mean(x^2) + eps))
     ):
         M = x.shape[0]
-        NW = x.shape[1]
+        NW = x.shape[1] // KW          # words per row (KW uint64 each)
         N = NW * V
         tid = cuda.threadIdx.x
         # bit operations, not % and //: they let the compiler see that indices
@@ -170,6 +171,7 @@ def backward_kernel(kind, xdt, wdt, code, has_ds):
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
     TPR, VPT, V, R, LOOP, BLOCK = code.tpr, code.vpt, code.vec, code.rows, code.loop, code.block
     WPT = VPT // V
+    KW = C.u64_per_word(xdt, V)
     SHIFT = TPR.bit_length() - 1
     SLOTS = slots(BLOCK)
     COLS = TPR * VPT  # columns a row group holds in registers
@@ -187,7 +189,7 @@ def backward_kernel(kind, xdt, wdt, code, has_ds):
         part,   # (K, grid, N) output: per-block sums of dy * xhat (and of dy)
     ):
         M = x.shape[0]
-        NW = x.shape[1]
+        NW = x.shape[1] // KW          # words per row (KW uint64 each)
         N = NW * V
         tid = cuda.threadIdx.x
         t = tid & (TPR - 1)
