@@ -63,21 +63,23 @@ def test_row_mapping_by_row_length(knobs, monkeypatch):
     monkeypatch.setattr(C, "n_sm", lambda: 132)  # an H100
     knobs()
     cfg = C.row_config(32768, 64)
-    assert (cfg.tpr, cfg.vpt, cfg.rows, cfg.loop) == (8, 8, 32, False)  # 4 rows per warp
-    cfg = C.row_config(32768, 256)
-    assert (cfg.tpr, cfg.rows) == (32, 8)                               # a warp per row
+    assert (cfg.tpr, cfg.vpt, cfg.rows, cfg.loop) == (4, 16, 64, False)  # 8 rows per warp
+    cfg = C.row_config(32768, 512)
+    assert (cfg.tpr, cfg.rows) == (32, 8)                                # a warp per row
     cfg = C.row_config(32768, 1024)
-    assert (cfg.tpr, cfg.vpt, cfg.rows) == (128, 8, 2)
-    for n, tpr in ((2048, 256), (4096, 512), (8192, 1024)):
-        cfg = C.row_config(32768, n)                                    # a block per row
-        assert (cfg.tpr, cfg.vpt, cfg.rows, cfg.loop) == (tpr, 8, 1, False)
-        assert cfg.block == tpr and cfg.grid == 132 * (2048 // tpr)     # persistent grid
-    assert C.row_config(32768, 8193).loop                               # past the registers
-    assert C.row_config(32768, 4096, True)[:4] == (1024, 4, 1, False)   # float64: half per thread
+    assert (cfg.tpr, cfg.vpt, cfg.rows) == (64, 16, 4)
+    for n, tpr in ((4096, 256), (8192, 512)):
+        cfg = C.row_config(32768, n)                                     # a block per row
+        assert (cfg.tpr, cfg.vpt, cfg.rows, cfg.loop) == (tpr, 16, 1, False)
+        # persistent grid: one wave of the blocks the launch bounds keep resident
+        assert cfg.block == tpr and cfg.grid == 132 * max(1, 1024 // tpr)
+        assert C.row_config(32768, n, resident=512).grid == 132 * max(1, 512 // tpr)
+    assert C.row_config(32768, 8193).loop                                # past the registers
+    assert C.row_config(32768, 4096, True)[:4] == (512, 8, 1, False)     # float64: half per thread
     assert C.row_config(32768, 4097, True).loop
-    # a few short rows spread over SMs instead of filling one block (a warp each)
-    assert C.row_config(100, 64).rows == 4 and C.row_config(100, 64).grid == 25
-    assert C.row_config(100, 512).rows == 1 and C.row_config(100, 512).grid == 100
+    # a few short rows spread over SMs instead of filling one block (a warp of rows each)
+    assert C.row_config(100, 64).rows == 8 and C.row_config(100, 64).grid == 13
+    assert C.row_config(100, 1024).rows == 1 and C.row_config(100, 1024).grid == 100
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 31, 33, 255, 257, 1000, 4095, 8192, 8193, 100000])
@@ -102,9 +104,9 @@ def test_row_mapping_invariants(n, m):
 # grid of one block striding over all rows (several rows per block, partial
 # last block); 16 threads per row with 4 rows per block
 MAPPINGS = {
-    "default": ({}, [(5, 70), (2, 300)]),
-    "loop": ({"MAX_TPR": 16, "MAX_VPT": 2}, [(3, 70), (2, 33)]),
-    "one_block": ({"THREADS_PER_SM": 1, "BLOCK_THREADS": 32}, [(7, 20), (5, 9)]),
+    "default": ({}, [(5, 70), (2, 300), (3, 96)]),  # elements or 8-byte words; 16-byte words
+    "loop": ({"MAX_TPR": 16, "MAX_VPT": 2}, [(3, 70), (2, 33), (2, 64)]),
+    "one_block": ({"MIN_RESIDENT": 1, "BLOCK_THREADS": 32}, [(7, 20), (5, 9)]),
     "subwarp": ({"REG_ELEMS": 2, "BLOCK_THREADS": 64}, [(6, 30)]),
 }
 
@@ -152,7 +154,7 @@ def test_every_mapping_against_the_oracle(knobs, rng, mapping, dtype):
 @pytest.mark.cudasim
 def test_grid_stride_backward_is_deterministic(knobs, rng):
     """One block strides over every row: partial sums across rows, bit for bit again."""
-    knobs(THREADS_PER_SM=1, BLOCK_THREADS=32)
+    knobs(MIN_RESIDENT=1, BLOCK_THREADS=32)
     x, dy = _rows(rng, (9, 24)), _rows(rng, (9, 24))
     w = rng.uniform(0.5, 1.5, 24).astype(np.float32)
     _, m, r = nc.layer_norm_forward(x, 24, w)
@@ -629,7 +631,7 @@ def test_parameter_gradients_stored_in_the_parameters_dtype(rng, monkeypatch, ki
     launches (kernel, column sums) with the same bits as float32 sums cast after."""
     from numbanorm.cuda._kernels import row_norm
 
-    M, N = 64, 40  # several blocks: several partial rows per column
+    M, N = 300, 40  # several blocks: several partial rows per column
     x, dy = _rows(rng, (M, N), np.float16), _rows(rng, (M, N), np.float16)
     w = cuda.to_device(rng.uniform(0.5, 1.5, N).astype(np.float16))
     xd, dyd = cuda.to_device(x), cuda.to_device(dy)

@@ -132,3 +132,29 @@ def test_row_kernels_load_and_store_128_bits_in_the_sass(tmp_path):
     assert len(mains) == 2
     for r in mains:
         assert (r["global_load_bits"], r["global_store_bits"]) == (128, 128), r
+
+
+@cuda.jit
+def _pack_pairs(vals, out):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = V.pack_bf16x2(vals[2 * i], vals[2 * i + 1])
+
+
+@pytest.mark.cudasim
+def test_pack_bf16x2_rounds_as_ml_dtypes():
+    """Two float32 -> two bfloat16 in one uint32 (low half first): nearest, ties to even, at
+    ties, infinities, overflow, subnormals, signed zeros; NaN stays NaN."""
+    import ml_dtypes
+
+    one, ulp = np.float32(1), np.float32(2.0 ** -7)
+    vals = np.array([one + ulp / 2, one + 3 * ulp / 2, one + ulp / 2 + 2.0 ** -20, -(one + ulp / 2),
+                     np.inf, -np.inf, np.finfo(np.float32).max, -np.finfo(np.float32).max,
+                     1e-40, -1e-40, 0.0, -0.0, 3.14159, -2.71828, np.nan, 65504.0], np.float32)
+    out = cuda.device_array(len(vals) // 2, np.uint32)
+    _pack_pairs[1, 32](cuda.to_device(vals), out)
+    got = out.copy_to_host().view(np.uint16)        # little-endian: low half first
+    want = vals.astype(ml_dtypes.bfloat16).view(np.uint16)
+    finite = ~np.isnan(vals)
+    np.testing.assert_array_equal(got[finite], want[finite])
+    assert np.isnan(got.view(ml_dtypes.bfloat16).astype(np.float32)[~finite]).all()

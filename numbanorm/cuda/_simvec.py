@@ -1,6 +1,6 @@
 """The 16-byte row loads and stores (``_kernels.vec``) for numba's CUDA simulator.
 
-On hardware ``load_pair``/``store_pair`` are LLVM intrinsics (one ``<2 x i64>``
+On hardware ``load_pair``/``store_pair``/``pack_bf16x2`` are LLVM intrinsics (one ``<2 x i64>``
 access, align 16: ``LDG.E.128``/``STG.E.128``), which the simulator cannot run;
 these are the same operations in Python on the array the simulator hands the
 kernel, with the hardware's requirement made an error: a 16-byte access to an
@@ -46,3 +46,17 @@ def store_pair(row, q, lo, hi):
     _check(a, q)
     a[2 * q] = np.uint64(lo)
     a[2 * q + 1] = np.uint64(hi)
+
+
+def _bf16_bits(f):
+    """float32 -> bfloat16 bits as ``cvt.rn.bf16`` rounds: nearest, ties to even; NaN -> 0x7FFF."""
+    f = np.float32(f)
+    if f != f:
+        return 0x7FFF
+    bits = int(f.view(np.uint32))
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def pack_bf16x2(lo, hi):
+    """Two float32 as bfloat16 in one uint32, ``lo`` in the low half (``cvt.rn.bf16x2.f32``)."""
+    return np.uint32(_bf16_bits(lo) | (_bf16_bits(hi) << 16))

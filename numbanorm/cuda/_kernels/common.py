@@ -5,13 +5,16 @@ fixed-order column sums of partials, and an elementwise cast).
 Row mapping
 -----------
 A row of ``N`` elements belongs to a *row group* of ``tpr`` threads (a power of
-two).  Rows move in 8-byte words of ``vec`` elements (4 float16/bfloat16, 2
-float32; 1 for float64, odd lengths and offset views) and thread ``t`` of the
-group owns words ``t, t + tpr, t + 2*tpr, ...``, so each load instruction of a
-warp reads 256 consecutive bytes.  ``tpr`` is picked so that each thread holds
-about ``REG_ELEMS`` elements:
+two).  Rows move in words of ``vec`` elements -- 16 bytes where the arrays and
+the row length allow (8 float16/bfloat16, 4 float32: ``vec.load_pair``,
+``LDG.E.128``), else 8 bytes, else single elements (float64, odd lengths,
+offset views) -- and thread ``t`` of the group owns words ``t, t + tpr, t +
+2*tpr, ...``, so each load instruction of a warp reads 512 consecutive bytes.
+``tpr`` is picked so that each thread holds about ``REG_ELEMS`` (16) elements:
+fewer warps per row, so the per-warp cost of a row (its reductions, its
+barrier) is paid fewer times:
 
-* short rows (``N <= 256``): groups of up to 32 threads -- a warp or part of one
+* short rows (``N <= 512``): groups of up to 32 threads -- a warp or part of one
   per row, several rows per block, reductions in registers by warp shuffles;
 * long rows: ``tpr`` up to ``MAX_TPR`` threads -- a block per row, reductions
   through shared memory across the warps;
@@ -20,14 +23,18 @@ about ``REG_ELEMS`` elements:
   registers), so x is read from global memory once; longer rows take the loop
   path, which re-reads the row (from L2) for each pass.
 
-The grid is persistent: at most a few blocks per SM, each striding over rows, so
-per-thread copies of weight/bias (and, in the backward, of the dweight/dbias
-partial sums) are loaded or written once per block instead of once per row.
-Kernels are compiled with launch bounds that cap them at 64 registers
-(``MIN_RESIDENT`` threads per SM); ``numbanorm.cuda._ptx`` checks the result.
-They are specialized on ``RowConfig.code`` (the mapping, not the grid: a new row
-count compiles nothing) and cached on disk by numba-cuda, keyed on the source
-of every module here (``source_stamp``).
+The grid is persistent: one wave of the blocks the launch bounds keep resident
+on every SM, each striding over rows, so per-thread copies of weight/bias (and,
+in the backward, of the dweight/dbias partial sums: one or two partial rows per
+SM) are loaded or written once per block instead of once per row.  Kernels are
+compiled with launch bounds: ``ROW_RESIDENT`` (512) threads per SM for the row
+kernels, whose 16 elements of x, dy, weight, bias and column sums per thread
+take up to 128 registers (at 64 they spilled up to 740 bytes, sm_90),
+``MIN_RESIDENT`` (1024: 64 registers) for the rest; ``numbanorm.cuda._ptx`` and
+``benchmarks.gpu_model`` check the result.  They are specialized on
+``RowConfig.code`` (the mapping, not the grid: a new row count compiles
+nothing) and cached on disk by numba-cuda, keyed on the source of every module
+here (``source_stamp``).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ import numpy as np
 from numba import cuda
 
 from .reduce import SIMULATED, WARP
-from .vec import load_pair, store_pair
+from .vec import load_pair, pack_bf16x2, store_pair
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
@@ -58,12 +65,12 @@ except ImportError:  # pragma: no cover - depends on the environment
 # ---------------------------------------------------------------- tuning knobs
 # (module constants so that tests can shrink them and reach every mapping with
 # the simulator's tiny shapes; ``row_config.cache_clear()`` after changing them)
-REG_ELEMS = 8          # elements per thread aimed at: 8 independent loads in flight
-MAX_VPT = 8            # elements per thread held in registers at most (halved for float64)
-MAX_TPR = 1024         # threads per row at most
+REG_ELEMS = 16         # elements per thread aimed at (halved for float64): fewer warps per row
+MAX_VPT = 16           # elements per thread held in registers at most (halved for float64)
+MAX_TPR = 512          # threads per row at most (x 16 elements: rows to 8192 in registers)
 BLOCK_THREADS = 256    # threads per block for short rows (several rows per block)
-THREADS_PER_SM = 2048  # resident threads per SM on sm_80/sm_90: sizes the persistent grid
-MIN_RESIDENT = 1024    # threads per SM the register budget must allow (64 regs/thread)
+MIN_RESIDENT = 1024    # threads per SM the launch bounds guarantee (64 regs/thread): sizes the grid
+ROW_RESIDENT = 512     # ... for the row kernels (128 regs: 16 elements of x, dy, weight, bias, sums)
 SUM_COLS = 32          # column-sum kernel: columns per block (one warp, coalesced)
 SUM_SLICES = 32        # column-sum kernel: partial rows summed in parallel per column
 SUM_ROWS_PER_SLICE = 16
@@ -99,16 +106,16 @@ class RowConfig(namedtuple("RowConfig", "tpr vpt rows loop block grid vec")):
         return Mapping(self.tpr, self.vpt, self.rows, self.loop, self.block, self.vec)
 
 
-def kernel_jit(block):
+def kernel_jit(block, resident=None):
     """``cuda.jit`` for a kernel launched with ``block`` threads per block.
 
-    On hardware the launch bounds cap registers so that ``MIN_RESIDENT``
-    threads fit on an SM (ptxas spills rather than produce a kernel that cannot
-    launch); the simulator's ``jit`` takes no such option.
+    On hardware the launch bounds cap registers so that ``resident`` threads
+    (default ``MIN_RESIDENT``) fit on an SM (ptxas spills rather than produce a
+    kernel that cannot launch); the simulator's ``jit`` takes no such option.
     """
     if SIMULATED:
         return cuda.jit
-    opts = dict(launch_bounds=(block, max(1, MIN_RESIDENT // block)))
+    opts = dict(launch_bounds=(block, max(1, (resident or MIN_RESIDENT) // block)))
 
     def jit(fn):
         try:
@@ -142,13 +149,14 @@ def source_stamp():
 
 
 @functools.lru_cache(maxsize=4096)
-def row_config(M, N, wide=False, vec=1):
+def row_config(M, N, wide=False, vec=1, resident=None):
     """How ``M`` rows of ``N`` elements map onto threads (see the module docstring).
 
     ``wide``: float64 accumulation, whose values take two registers each, so
     half as many elements per thread fit the register budget.  ``vec``: the
-    elements moved by one 8-byte load (``vec_width``); a thread's ``vpt``
-    elements are then ``vpt // vec`` such words.
+    elements moved by one load (``vec_width``); a thread's ``vpt`` elements
+    are then ``vpt // vec`` such words.  ``resident``: the threads per SM the
+    kernel's launch bounds guarantee (``kernel_jit``; default ``MIN_RESIDENT``).
     """
     elems, max_vpt = (REG_ELEMS // 2, MAX_VPT // 2) if wide else (REG_ELEMS, MAX_VPT)
     tpr = min(MAX_TPR, pow2(cdiv(N, elems)))
@@ -165,7 +173,9 @@ def row_config(M, N, wide=False, vec=1):
     else:
         rows = max(WARP // min(tpr, WARP), min(BLOCK_THREADS // tpr, pow2(cdiv(M, n_sm()))))
     block = tpr * rows
-    grid = max(1, min(cdiv(M, rows), n_sm() * max(1, THREADS_PER_SM // block)))
+    # one wave: the blocks the launch bounds make resident on every SM at once (more
+    # would queue a second wave, and the backward would write more partial rows)
+    grid = max(1, min(cdiv(M, rows), n_sm() * max(1, (resident or MIN_RESIDENT) // block)))
     return RowConfig(tpr, vpt, rows, loop, block, grid, vec)
 
 
@@ -313,12 +323,21 @@ def word_fns(dtype, acc_name, vec):
         for v in range(vec):
             out[e + v] = LOAD(h[v])
 
+    PACK_BF16 = is_bfloat16(dtype) and acc_name == "float32"  # two elements per conversion
+    U32, PAIRS = cuda.uint32, max(1, vec // 2)
+
     @cuda.jit(device=True)
     def store_word(row, q, vals, e):
-        h = cuda.local.array(vec, ELEM_T)
-        for v in range(vec):
-            h[v] = STORE(vals[e + v])
-        put(row, q, h.view(np.uint64))
+        if PACK_BF16:
+            p = cuda.local.array(PAIRS, U32)
+            for v in range(PAIRS):
+                p[v] = pack_bf16x2(vals[e + 2 * v], vals[e + 2 * v + 1])
+            put(row, q, p.view(np.uint64))
+        else:
+            h = cuda.local.array(vec, ELEM_T)
+            for v in range(vec):
+                h[v] = STORE(vals[e + v])
+            put(row, q, h.view(np.uint64))
 
     return load_word, store_word
 

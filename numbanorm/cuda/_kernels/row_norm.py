@@ -71,7 +71,7 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
     ROW_SUM = stats.row_sum_fn(xdt, TPR, VPT, V, LOOP, not LAYER, has_r)
     CENTERED = stats.centered_fn(xdt, TPR, VPT, V, LOOP)
 
-    @C.kernel_jit(BLOCK)
+    @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
     def forward(
         x,      # (M, NW) input rows, NW words of V elements
         res,    # (M, NW) residual added to x (fused add), or a dummy
@@ -177,7 +177,7 @@ def backward_kernel(kind, xdt, wdt, code, has_ds):
     COLS = TPR * VPT  # columns a row group holds in registers
     K = 2 if LAYER else 1  # partial rows: dweight (and dbias)
 
-    @C.kernel_jit(BLOCK)
+    @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
     def backward(
         dy,     # (M, NW) gradient of y, x's dtype, NW words of V elements
         x,      # (M, NW) forward input
@@ -359,7 +359,7 @@ def forward(kind, x, weight, bias, eps, y, mean, rstd, residual=None, s=None, st
     if M == 0:
         return
     vec = C.vec_width(N, x, y, residual, s)
-    cfg = C.row_config(M, N, x.dtype == C.F64, vec)
+    cfg = C.row_config(M, N, x.dtype == C.F64, vec, C.ROW_RESIDENT)
     kern = forward_kernel(kind, np.dtype(x.dtype), C.dtype_or_none(weight), C.dtype_or_none(bias), cfg.code,
                           residual is not None)
     xe, xk = C.kview(x), C.words(x, vec)  # elements (dummy parameters), words (rows)
@@ -382,7 +382,7 @@ def backward(kind, dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None, strea
         C.column_sums(C.device_empty((K, 0, N), acc), dweight, dbias, stream)
         return
     vec = C.vec_width(N, x, dy, dx, ds)
-    cfg = C.row_config(M, N, x.dtype == C.F64, vec)
+    cfg = C.row_config(M, N, x.dtype == C.F64, vec, C.ROW_RESIDENT)
     part = C.device_empty((K, cfg.grid, N), acc)
     kern = backward_kernel(kind, np.dtype(x.dtype), C.dtype_or_none(weight), cfg.code, ds is not None)
     xe, xk = C.kview(x), C.words(x, vec)

@@ -12,6 +12,11 @@ does for ordinary element loads.  The caller guarantees the alignment
 no bounds check, like numba's own indexing.  The simulator cannot run an LLVM
 intrinsic: there the names are ``numbanorm.cuda._simvec``'s Python versions of
 the same operations (which raise on a misaligned or out-of-range access).
+
+``pack_bf16x2(lo, hi)``: two float32 rounded to bfloat16 (nearest, ties to even)
+in one uint32, ``lo`` in the low half -- one ``cvt.rn.bf16x2.f32`` (``F2FP.BF16``)
+for two elements, where the integer rounding of ``common.store_fn`` takes about
+five instructions for each.
 """
 
 from .reduce import SIMULATED
@@ -65,10 +70,23 @@ def _intrinsics():
 
         return types.void(row, q, lo, hi), codegen
 
-    return load_pair, store_pair
+    @intrinsic
+    def pack_bf16x2(typingctx, lo, hi):
+        if not (lo == types.float32 and hi == types.float32):
+            raise TypeError(f"pack_bf16x2 takes two float32, not {lo}, {hi}")
+
+        def codegen(context, builder, sig, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            # d.hi = bf16(a), d.lo = bf16(b): round to nearest even, NaN -> 0x7FFF
+            cvt = ir.InlineAsm(ir.FunctionType(i32, [f32, f32]), "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
+            return builder.call(cvt, [args[1], args[0]])
+
+        return types.uint32(lo, hi), codegen
+
+    return load_pair, store_pair, pack_bf16x2
 
 
 if SIMULATED:
-    from .._simvec import load_pair, store_pair  # noqa: F401
+    from .._simvec import load_pair, pack_bf16x2, store_pair  # noqa: F401
 else:
-    load_pair, store_pair = _intrinsics()
+    load_pair, store_pair, pack_bf16x2 = _intrinsics()
