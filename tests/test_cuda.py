@@ -705,3 +705,22 @@ def test_public_backward_is_two_launches_for_any_weight_dtype(rng, monkeypatch, 
         monkeypatch.setattr(_backend, "grads_in_any_dtype", True)
         for g, h in zip(got, wide):
             np.testing.assert_array_equal(g.view(np.uint8), h.view(np.uint8), err_msg=name)
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("shape", [(3, 1024), (4, 96), (2, 70)])  # 16-byte words, several rows a block, elements
+def test_large_offset_rows_against_the_oracle(rng, shape):
+    """The contract's large-offset rows (mean 1e4, std 1e-2) through the GPU forward: the
+    mean's float32 rounding (1e-3, a tenth of the std) must not reach y or rstd."""
+    n = shape[1]
+    x = (1e4 + 1e-2 * rng.standard_normal(shape)).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, n).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    y, m, r = nc.layer_norm_forward(x, n, w, b)
+    yr, mr, rr = ORACLE.layer_norm_forward(x, n, w, b)
+    for got, ref, what in ((y, yr, "y"), (m, mr, "mean"), (r, rr, "rstd")):
+        assert_close(got, ref, np.float32, f"large offset {what} {shape}")
+    y, s, m, r = nc.add_layer_norm_forward(x, np.full_like(x, 0.5), n, w, b)
+    yr, mr, rr = ORACLE.layer_norm_forward(s, n, w, b)
+    assert_close(y, yr, np.float32, f"large offset fused y {shape}")
+    assert_close(r, rr, np.float32, f"large offset fused rstd {shape}")
