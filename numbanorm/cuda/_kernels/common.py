@@ -46,7 +46,9 @@ import numpy as np
 from numba import cuda
 
 from .reduce import SIMULATED, WARP
-from .vec import load_pair, pack_bf16x2, store_pair
+# the intrinsics by module attribute: a kernel's closure pickles a module by name, but an
+# intrinsic by a per-process uuid, which would change numba-cuda's disk-cache key every run
+from . import vec as _vec
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
@@ -163,15 +165,17 @@ def row_config(M, N, wide=False, vec=1, resident=None):
     per_thread = cdiv(N, tpr)
     loop = per_thread > max_vpt
     vpt = vec if loop else max(vec, pow2(per_thread))
-    # several rows per block for short rows, but not more than there are rows
-    # for each SM to work on (a few short rows still spread over many SMs) --
-    # and never less than a whole warp: the shuffles name all 32 lanes, and a
-    # lane that does not exist makes them undefined.  The loop path keeps its
-    # partial sums per block in memory: one row group of at least a warp.
+    # several rows per block for short rows, where the blocks still cover every
+    # SM; a few rows get blocks of a warp each instead, spread over many SMs --
+    # two variants per row length, so a sweep over M compiles two kernels, not
+    # one per power of two.  Never less than a whole warp: the shuffles name all
+    # 32 lanes, and a lane that does not exist makes them undefined.  The loop
+    # path keeps its partial sums per block in memory: one row group of at least a warp.
     if loop:
         tpr, rows = max(tpr, WARP), 1
     else:
-        rows = max(WARP // min(tpr, WARP), min(BLOCK_THREADS // tpr, pow2(cdiv(M, n_sm()))))
+        fewest, most = WARP // min(tpr, WARP), max(WARP // min(tpr, WARP), BLOCK_THREADS // tpr)
+        rows = most if cdiv(M, most) >= n_sm() else fewest
     block = tpr * rows
     # one wave: the blocks the launch bounds make resident on every SM at once (more
     # would queue a second wave, and the backward would write more partial rows)
@@ -302,7 +306,7 @@ def word_fns(dtype, acc_name, vec):
     @cuda.jit(device=True)
     def fetch(row, q, w):
         if PAIR:
-            lo, hi = load_pair(row, q)
+            lo, hi = _vec.load_pair(row, q)
             w[0] = lo
             w[1] = hi
         else:
@@ -311,7 +315,7 @@ def word_fns(dtype, acc_name, vec):
     @cuda.jit(device=True)
     def put(row, q, u):
         if PAIR:
-            store_pair(row, q, u[0], u[1])
+            _vec.store_pair(row, q, u[0], u[1])
         else:
             row[q] = u[0]
 
@@ -331,7 +335,7 @@ def word_fns(dtype, acc_name, vec):
         if PACK_BF16:
             p = cuda.local.array(PAIRS, U32)
             for v in range(PAIRS):
-                p[v] = pack_bf16x2(vals[e + 2 * v], vals[e + 2 * v + 1])
+                p[v] = _vec.pack_bf16x2(vals[e + 2 * v], vals[e + 2 * v + 1])
             put(row, q, p.view(np.uint64))
         else:
             h = cuda.local.array(vec, ELEM_T)
