@@ -580,7 +580,8 @@ _PTX_CMD = [sys.executable, "-m", "numbanorm.cuda._ptx", "--check"]
 
 def test_kernels_compile_for_sm90_within_the_register_budget():
     """Compile every LayerNorm/RMSNorm/GroupNorm kernel to sm_90 PTX (NVVM; no GPU needed)
-    and, where ptxas is installed, check 64 registers and no spills for float16/float32.
+    and, where ptxas is installed, check that registers x threads fit the SM and nothing
+    spills past the budget for float16/float32.
 
     Skips where the CUDA toolkit's NVVM/NVRTC libraries are not installed (CI)."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
