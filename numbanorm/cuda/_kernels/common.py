@@ -201,7 +201,7 @@ def kview(a):
     return a.view(np.uint16) if is_bfloat16(a.dtype) else a
 
 
-WORD = np.dtype(np.uint64)  # the widest load numba-cuda emits: one 8-byte word per thread
+WORD = np.dtype(np.uint64)  # the kernels' view of rows: numba's widest element (a 16-byte word is two)
 _BITS = np.dtype(np.uint16)  # bfloat16 as the kernels index it
 
 

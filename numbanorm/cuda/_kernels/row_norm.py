@@ -13,7 +13,7 @@ RMSNorm (``kind='rms'``): ``rstd = 1 / sqrt(sum(x^2) / N + eps)`` in pass 1,
 ``y = x * rstd * weight``.
 
 The row mapping (a thread group per row, the row in registers where it fits,
-moved in 8-byte words of ``vec`` elements where the rows allow) is described in
+moved in 16- or 8-byte words of ``vec`` elements where the rows allow) is described in
 ``common``; the statistics passes are ``stats`` (shared with GroupNorm), the
 group reductions ``reduce``.  Kernels are specialized by
 closure constants (kind, dtypes, mapping, which optional arrays exist), so the
