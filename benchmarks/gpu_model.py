@@ -826,7 +826,10 @@ def main(argv=None):
     p.add_argument("--json", required=True, help="write the records here")
     p.add_argument("--sass-dir", required=True, help="write each kernel's SASS here")
     p.add_argument("--quick", action="store_true", help="float16 at N = 8192 only (tests)")
-    p.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated public names")
+    p.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated public names "
+                   "('gated': the gate's LayerNorm/RMSNorm kernels and their fused forms)")
+    p.add_argument("--ns", help="comma-separated row lengths (default: %s)" % ",".join(map(str, NS)))
+    p.add_argument("--dtypes", help="comma-separated dtypes (default: %s)" % ",".join(DTYPES))
     p.add_argument("--cache", metavar="DIR", help="reuse SASS an earlier run compiled (same sources, "
                    "specialization and toolchain) and keep what this run compiles")
     p.add_argument("--gate", action="store_true",
@@ -837,11 +840,15 @@ def main(argv=None):
     if why:
         print(f"gpu_model: cannot run: {why}")
         return 3
-    kernels = [k for k in args.kernels.split(",") if k]
+    kernels = [g for k in args.kernels.split(",") if k for g in (GATED if k == "gated" else (k,))]
     bad = sorted(set(kernels) - set(KERNELS))
     if bad:
         p.error(f"unknown kernels {bad}; known: {', '.join(KERNELS)}")
     ns, dtypes = ((8192,), ("float16",)) if args.quick else (NS, DTYPES)
+    if args.ns:
+        ns = tuple(int(n) for n in args.ns.split(","))
+    if args.dtypes:
+        dtypes = tuple(args.dtypes.split(","))
     os.makedirs(args.sass_dir, exist_ok=True)
     from numbanorm.cuda import _ptx
 

@@ -59,7 +59,9 @@ def test_a_new_row_count_compiles_no_new_kernel(tmp_path):
     partial-row count) changes with M, the compiled code must not."""
     res = _run("sweep", 1024, 4096, env={"NUMBA_CACHE_DIR": str(tmp_path)})
     assert res["launches"] == 3 * 4096  # forward, backward, column sums
-    assert res["configs"] > 1000 and res["grids"] > 100  # many launch configurations ...
+    # many launch configurations (the grid is one wave of resident blocks: at most 132 x 4
+    # at N = 1024, so fewer distinct grids than the two waves of before) ...
+    assert res["configs"] > 500 and res["grids"] > 100
     assert res["kernels"] <= 6, res  # ... a handful of kernels
 
 

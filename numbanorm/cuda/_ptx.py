@@ -105,11 +105,12 @@ def _cases():
         A = T.float64 if dt == np.float64 else T.float32
         X1, A1, A2, A3 = arr(X, 1), arr(A, 1), arr(A, 2), arr(A, 3)
         wide = dt == np.float64
-        full = C.WORD.itemsize // dt.itemsize
+        full = 16 // dt.itemsize if dt.itemsize <= 4 else 1   # 16-byte words (row kernels)
+        half = C.WORD.itemsize // dt.itemsize                   # 8-byte words (GroupNorm; fallback)
         for n in (64, 2048, 8192, 20000):
-            # rows moved in 8-byte words (the aligned case), and element by
-            # element (odd lengths, offset views) at one length
-            for vec in sorted({full, 1} if n == 2048 else {full}):
+            # rows moved in 16-byte words (the aligned case), and in 8-byte words and
+            # element by element (rows that do not split, offset views) at one length
+            for vec in sorted({full, half, 1} if n == 2048 else {full, half}):
                 R2 = arr(T.uint64, 2) if vec > 1 else arr(X, 2)
                 cfg = C.row_config(32768, n, wide, vec)
                 tag = f"{dt.name} N={n} tpr={cfg.tpr} vpt={cfg.vpt} vec={vec} rows={cfg.rows} loop={cfg.loop}"
@@ -118,6 +119,8 @@ def _cases():
                            (R2, R2, X1, X1, A, R2, R2, A1, A1), cfg.block, wide)
                     yield (f"{kind}_norm.backward {tag}", RW.backward_kernel(kind, dt, dt, cfg.code, True),
                            (R2, R2, A1, A1, X1, R2, R2, A3), cfg.block, wide)
+                if vec == full and full != half:
+                    continue  # GroupNorm moves 8-byte words at most
                 gcfg = C.row_config(4 * 32, n * 10, wide, vec)  # (4, 320 channels, 32 groups, S=n)
                 yield (f"group_norm.forward {dt.name} L={n * 10} vec={vec}", GN._forward_kernel(dt, dt, dt, gcfg.code),
                        (R2, X1, X1, A, i64, i64, R2, A1, A1), gcfg.block, wide)

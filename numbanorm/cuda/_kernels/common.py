@@ -5,13 +5,16 @@ fixed-order column sums of partials, and an elementwise cast).
 Row mapping
 -----------
 A row of ``N`` elements belongs to a *row group* of ``tpr`` threads (a power of
-two).  Rows move in 8-byte words of ``vec`` elements (4 float16/bfloat16, 2
-float32; 1 for float64, odd lengths and offset views) and thread ``t`` of the
-group owns words ``t, t + tpr, t + 2*tpr, ...``, so each load instruction of a
-warp reads 256 consecutive bytes.  ``tpr`` is picked so that each thread holds
-about ``REG_ELEMS`` elements:
+two).  Rows move in words of ``vec`` elements -- 16 bytes where the arrays and
+the row length allow (8 float16/bfloat16, 4 float32: ``vec.load_pair``,
+``LDG.E.128``), else 8 bytes, else single elements (float64, odd lengths,
+offset views) -- and thread ``t`` of the group owns words ``t, t + tpr, t +
+2*tpr, ...``, so each load instruction of a warp reads 512 consecutive bytes.
+``tpr`` is picked so that each thread holds about ``REG_ELEMS`` (16) elements:
+fewer warps per row, so the per-warp cost of a row (its reductions, its
+barrier) is paid fewer times:
 
-* short rows (``N <= 256``): groups of up to 32 threads -- a warp or part of one
+* short rows (``N <= 512``): groups of up to 32 threads -- a warp or part of one
   per row, several rows per block, reductions in registers by warp shuffles;
 * long rows: ``tpr`` up to ``MAX_TPR`` threads -- a block per row, reductions
   through shared memory across the warps;
@@ -20,14 +23,18 @@ about ``REG_ELEMS`` elements:
   registers), so x is read from global memory once; longer rows take the loop
   path, which re-reads the row (from L2) for each pass.
 
-The grid is persistent: at most a few blocks per SM, each striding over rows, so
-per-thread copies of weight/bias (and, in the backward, of the dweight/dbias
-partial sums) are loaded or written once per block instead of once per row.
-Kernels are compiled with launch bounds that cap them at 64 registers
-(``MIN_RESIDENT`` threads per SM); ``numbanorm.cuda._ptx`` checks the result.
-They are specialized on ``RowConfig.code`` (the mapping, not the grid: a new row
-count compiles nothing) and cached on disk by numba-cuda, keyed on the source
-of every module here (``source_stamp``).
+The grid is persistent: one wave of the blocks the launch bounds keep resident
+on every SM, each striding over rows, so per-thread copies of weight/bias (and,
+in the backward, of the dweight/dbias partial sums: one or two partial rows per
+SM) are loaded or written once per block instead of once per row.  Kernels are
+compiled with launch bounds: ``ROW_RESIDENT`` (512) threads per SM for the row
+kernels, whose 16 elements of x, dy, weight, bias and column sums per thread
+take up to 128 registers (at 64 they spilled up to 740 bytes, sm_90),
+``MIN_RESIDENT`` (1024: 64 registers) for the rest; ``numbanorm.cuda._ptx`` and
+``benchmarks.gpu_model`` check the result.  They are specialized on
+``RowConfig.code`` (the mapping, not the grid: a new row count compiles
+nothing) and cached on disk by numba-cuda, keyed on the source of every module
+here (``source_stamp``).
 """
 
 from __future__ import annotations
@@ -39,6 +46,9 @@ import numpy as np
 from numba import cuda
 
 from .reduce import SIMULATED, WARP
+# the intrinsics by module attribute: a kernel's closure pickles a module by name, but an
+# intrinsic by a per-process uuid, which would change numba-cuda's disk-cache key every run
+from . import vec as _vec
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
@@ -57,12 +67,12 @@ except ImportError:  # pragma: no cover - depends on the environment
 # ---------------------------------------------------------------- tuning knobs
 # (module constants so that tests can shrink them and reach every mapping with
 # the simulator's tiny shapes; ``row_config.cache_clear()`` after changing them)
-REG_ELEMS = 8          # elements per thread aimed at: 8 independent loads in flight
-MAX_VPT = 8            # elements per thread held in registers at most (halved for float64)
-MAX_TPR = 1024         # threads per row at most
+REG_ELEMS = 16         # elements per thread aimed at (halved for float64): fewer warps per row
+MAX_VPT = 16           # elements per thread held in registers at most (halved for float64)
+MAX_TPR = 512          # threads per row at most (x 16 elements: rows to 8192 in registers)
 BLOCK_THREADS = 256    # threads per block for short rows (several rows per block)
-THREADS_PER_SM = 2048  # resident threads per SM on sm_80/sm_90: sizes the persistent grid
-MIN_RESIDENT = 1024    # threads per SM the register budget must allow (64 regs/thread)
+MIN_RESIDENT = 1024    # threads per SM the launch bounds guarantee (64 regs/thread): sizes the grid
+ROW_RESIDENT = 512     # ... for the row kernels (128 regs: 16 elements of x, dy, weight, bias, sums)
 SUM_COLS = 32          # column-sum kernel: columns per block (one warp, coalesced)
 SUM_SLICES = 32        # column-sum kernel: partial rows summed in parallel per column
 SUM_ROWS_PER_SLICE = 16
@@ -98,16 +108,16 @@ class RowConfig(namedtuple("RowConfig", "tpr vpt rows loop block grid vec")):
         return Mapping(self.tpr, self.vpt, self.rows, self.loop, self.block, self.vec)
 
 
-def kernel_jit(block):
+def kernel_jit(block, resident=None):
     """``cuda.jit`` for a kernel launched with ``block`` threads per block.
 
-    On hardware the launch bounds cap registers so that ``MIN_RESIDENT``
-    threads fit on an SM (ptxas spills rather than produce a kernel that cannot
-    launch); the simulator's ``jit`` takes no such option.
+    On hardware the launch bounds cap registers so that ``resident`` threads
+    (default ``MIN_RESIDENT``) fit on an SM (ptxas spills rather than produce a
+    kernel that cannot launch); the simulator's ``jit`` takes no such option.
     """
     if SIMULATED:
         return cuda.jit
-    opts = dict(launch_bounds=(block, max(1, MIN_RESIDENT // block)))
+    opts = dict(launch_bounds=(block, max(1, (resident or MIN_RESIDENT) // block)))
 
     def jit(fn):
         try:
@@ -141,30 +151,35 @@ def source_stamp():
 
 
 @functools.lru_cache(maxsize=4096)
-def row_config(M, N, wide=False, vec=1):
+def row_config(M, N, wide=False, vec=1, resident=None):
     """How ``M`` rows of ``N`` elements map onto threads (see the module docstring).
 
     ``wide``: float64 accumulation, whose values take two registers each, so
     half as many elements per thread fit the register budget.  ``vec``: the
-    elements moved by one 8-byte load (``vec_width``); a thread's ``vpt``
-    elements are then ``vpt // vec`` such words.
+    elements moved by one load (``vec_width``); a thread's ``vpt`` elements
+    are then ``vpt // vec`` such words.  ``resident``: the threads per SM the
+    kernel's launch bounds guarantee (``kernel_jit``; default ``MIN_RESIDENT``).
     """
     elems, max_vpt = (REG_ELEMS // 2, MAX_VPT // 2) if wide else (REG_ELEMS, MAX_VPT)
     tpr = min(MAX_TPR, pow2(cdiv(N, elems)))
     per_thread = cdiv(N, tpr)
     loop = per_thread > max_vpt
     vpt = vec if loop else max(vec, pow2(per_thread))
-    # several rows per block for short rows, but not more than there are rows
-    # for each SM to work on (a few short rows still spread over many SMs) --
-    # and never less than a whole warp: the shuffles name all 32 lanes, and a
-    # lane that does not exist makes them undefined.  The loop path keeps its
-    # partial sums per block in memory: one row group of at least a warp.
+    # several rows per block for short rows, where the blocks still cover every
+    # SM; a few rows get blocks of a warp each instead, spread over many SMs --
+    # two variants per row length, so a sweep over M compiles two kernels, not
+    # one per power of two.  Never less than a whole warp: the shuffles name all
+    # 32 lanes, and a lane that does not exist makes them undefined.  The loop
+    # path keeps its partial sums per block in memory: one row group of at least a warp.
     if loop:
         tpr, rows = max(tpr, WARP), 1
     else:
-        rows = max(WARP // min(tpr, WARP), min(BLOCK_THREADS // tpr, pow2(cdiv(M, n_sm()))))
+        fewest, most = WARP // min(tpr, WARP), max(WARP // min(tpr, WARP), BLOCK_THREADS // tpr)
+        rows = most if cdiv(M, most) >= n_sm() else fewest
     block = tpr * rows
-    grid = max(1, min(cdiv(M, rows), n_sm() * max(1, THREADS_PER_SM // block)))
+    # one wave: the blocks the launch bounds make resident on every SM at once (more
+    # would queue a second wave, and the backward would write more partial rows)
+    grid = max(1, min(cdiv(M, rows), n_sm() * max(1, (resident or MIN_RESIDENT) // block)))
     return RowConfig(tpr, vpt, rows, loop, block, grid, vec)
 
 
@@ -186,7 +201,7 @@ def kview(a):
     return a.view(np.uint16) if is_bfloat16(a.dtype) else a
 
 
-WORD = np.dtype(np.uint64)  # the widest load numba-cuda emits: one 8-byte word per thread
+WORD = np.dtype(np.uint64)  # the kernels' view of rows: numba's widest element (a 16-byte word is two)
 _BITS = np.dtype(np.uint16)  # bfloat16 as the kernels index it
 
 
@@ -197,28 +212,40 @@ def _address(a):
     return a.__array_interface__["data"][0]  # the simulator's, which wrap NumPy arrays
 
 
-def vec_width(n, *rows):
-    """Elements per 8-byte word for row arrays of ``n`` elements, or 1.
+def vec_width(n, *rows, max_bytes=16):
+    """Elements per word (16 bytes, else 8) for row arrays of ``n`` elements, or 1.
 
     Words need rows that split into whole words (``n % vec == 0``) and arrays
-    that start on an 8-byte boundary (any fresh allocation does; an offset view
-    may not).  Loading 4 float16 at once instead of 1 cuts the load and store
-    instructions per element by 4 and moves 4 times the bytes per request in
+    that start on a word boundary (any fresh allocation does; an offset view
+    may not): 16-byte words where both hold (``vec.load_pair``; float16,
+    bfloat16, float32), else 8-byte words (numba's uint64 loads), else single
+    elements.  Loading 8 float16 at once instead of 1 cuts the load and store
+    instructions per element by 8 and moves 8 times the bytes per request in
     flight -- what a bandwidth-bound kernel is short of with 2-byte loads.
+    ``max_bytes=8``: 8-byte words at most (GroupNorm's kernels).
     """
-    vec = WORD.itemsize // rows[0].dtype.itemsize
-    if vec == 1 or n % vec:
-        return 1
-    for a in rows:
-        if a is not None and _address(a) % WORD.itemsize:
-            return 1
-    return vec
+    item = rows[0].dtype.itemsize
+    for size in (16, 8):
+        vec = size // item
+        if size > max_bytes or vec <= 1 or n % vec or (size == 16 and item > 4):
+            continue
+        if all(a is None or _address(a) % size == 0 for a in rows):
+            return vec
+    return 1
+
+
+def u64_per_word(dtype, vec):
+    """8-byte elements of the kernels' uint64 view per word of ``vec`` elements: 2 for
+    16-byte words (``vec.load_pair``), else 1."""
+    return 2 if vec * np.dtype(dtype).itemsize == 16 else 1
 
 
 def words(a, vec):
-    """A C-contiguous (..., n) array as the kernels index it: (..., n // vec) words (or
-    bfloat16's uint16 bits) -- a :class:`Words` standing for the view, or ``a`` itself."""
-    return Words(a, vec) if vec > 1 or is_bfloat16(a.dtype) else a
+    """A C-contiguous (..., n) array as the kernels index it: (..., n // k) uint64 of
+    ``k = min(vec, 8 // itemsize)`` elements (a 16-byte word is two of them), or
+    bfloat16's uint16 bits -- a :class:`Words` standing for the view, or ``a`` itself."""
+    k = min(vec, WORD.itemsize // a.dtype.itemsize)
+    return Words(a, k) if k > 1 or is_bfloat16(a.dtype) else a
 
 
 class Words:
@@ -250,7 +277,8 @@ class Words:
 def word_fns(dtype, acc_name, vec):
     """Device functions moving one word of ``vec`` elements between memory and registers.
 
-    ``load_word(row, q, out, e)``: out[e:e + vec] = word q of row, in the
+    ``load_word(row, q, out, e)``: out[e:e + vec] = word q of row (16-byte words:
+    ``row`` is the uint64 view and word q its elements 2q, 2q + 1), in the
     accumulation dtype; ``store_word(row, q, vals, e)``: word q of row =
     vals[e:e + vec] converted to ``dtype``.  The word is split through a local
     array viewed as the element type, which the compiler turns into register
@@ -273,20 +301,47 @@ def word_fns(dtype, acc_name, vec):
 
         return load_word, store_word
 
+    PAIR = vec * np.dtype(dtype).itemsize == 16  # two uint64 moved at once (LDG.E.128/STG.E.128)
+
+    @cuda.jit(device=True)
+    def fetch(row, q, w):
+        if PAIR:
+            lo, hi = _vec.load_pair(row, q)
+            w[0] = lo
+            w[1] = hi
+        else:
+            w[0] = row[q]
+
+    @cuda.jit(device=True)
+    def put(row, q, u):
+        if PAIR:
+            _vec.store_pair(row, q, u[0], u[1])
+        else:
+            row[q] = u[0]
+
     @cuda.jit(device=True)
     def load_word(row, q, out, e):
-        w = cuda.local.array(1, U64)
-        w[0] = row[q]
+        w = cuda.local.array(2 if PAIR else 1, U64)
+        fetch(row, q, w)
         h = w.view(ELEM)
         for v in range(vec):
             out[e + v] = LOAD(h[v])
 
+    PACK_BF16 = is_bfloat16(dtype) and acc_name == "float32"  # two elements per conversion
+    U32, PAIRS = cuda.uint32, max(1, vec // 2)
+
     @cuda.jit(device=True)
     def store_word(row, q, vals, e):
-        h = cuda.local.array(vec, ELEM_T)
-        for v in range(vec):
-            h[v] = STORE(vals[e + v])
-        row[q] = h.view(np.uint64)[0]
+        if PACK_BF16:
+            p = cuda.local.array(PAIRS, U32)
+            for v in range(PAIRS):
+                p[v] = _vec.pack_bf16x2(vals[e + 2 * v], vals[e + 2 * v + 1])
+            put(row, q, p.view(np.uint64))
+        else:
+            h = cuda.local.array(vec, ELEM_T)
+            for v in range(vec):
+                h[v] = STORE(vals[e + v])
+            put(row, q, h.view(np.uint64))
 
     return load_word, store_word
 

@@ -56,7 +56,7 @@ def _forward_kernel(xdt, wdt, bdt, cfg):
     ROW_SUM = stats.row_sum_fn(xdt, TPR, VPT, V, LOOP, False, False)
     CENTERED = stats.centered_fn(xdt, TPR, VPT, V, LOOP)
 
-    @C.kernel_jit(BLOCK)
+    @C.kernel_jit(BLOCK, C.ROW_RESIDENT)  # the row mapping's 16 elements, weight and bias per thread
     def forward(
         x,      # (N*G, LW) input, one row of LW words of V elements per (sample, group)
         w,      # (C,) per-channel weight, or a dummy
@@ -260,8 +260,8 @@ def forward(x, weight, bias, eps, y, mean, rstd, *, stream=0):
         return
     L = (c // G) * S
     # words must not straddle channels: the per-channel loop steps over S
-    vec = C.vec_width(S, x, y)
-    cfg = C.row_config(n * G, L, x.dtype == C.F64, vec)
+    vec = C.vec_width(S, x, y, max_bytes=8)
+    cfg = C.row_config(n * G, L, x.dtype == C.F64, vec, C.ROW_RESIDENT)
     kern = _forward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), C.dtype_or_none(bias), cfg.code)
     xe = C.kview(x)
     C.launch(kern, cfg.grid, cfg.block, stream, C.words(x.reshape(n * G, L), vec), C.optional(weight, xe, 1),
@@ -279,7 +279,7 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, *, stream=0):
     part = C.device_empty((4, n, c), acc)
     if n:
         xdt = np.dtype(x.dtype)
-        vec = C.vec_width(S, x, dy, dx)
+        vec = C.vec_width(S, x, dy, dx, max_bytes=8)
         cfg = C.row_config(n * c, S, xdt == C.F64, vec)
         xk = C.words(x.reshape(n * c, S), vec)
         dyk = C.words(dy.reshape(n * c, S), vec)

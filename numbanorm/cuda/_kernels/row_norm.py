@@ -13,7 +13,7 @@ RMSNorm (``kind='rms'``): ``rstd = 1 / sqrt(sum(x^2) / N + eps)`` in pass 1,
 ``y = x * rstd * weight``.
 
 The row mapping (a thread group per row, the row in registers where it fits,
-moved in 8-byte words of ``vec`` elements where the rows allow) is described in
+moved in 16- or 8-byte words of ``vec`` elements where the rows allow) is described in
 ``common``; the statistics passes are ``stats`` (shared with GroupNorm), the
 group reductions ``reduce``.  Kernels are specialized by
 closure constants (kind, dtypes, mapping, which optional arrays exist), so the
@@ -65,12 +65,13 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
     LB = C.load_fn(xdt if bdt is None else bdt, ACC.name)
     TPR, VPT, V, R, LOOP, BLOCK = code.tpr, code.vpt, code.vec, code.rows, code.loop, code.block
     WPT = VPT // V                    # words per thread
+    KW = C.u64_per_word(xdt, V)
     SHIFT = TPR.bit_length() - 1
     SLOTS = slots(BLOCK)
     ROW_SUM = stats.row_sum_fn(xdt, TPR, VPT, V, LOOP, not LAYER, has_r)
     CENTERED = stats.centered_fn(xdt, TPR, VPT, V, LOOP)
 
-    @C.kernel_jit(BLOCK)
+    @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
     def forward(
         x,      # (M, NW) input rows, NW words of V elements
         res,    # (M, NW) residual added to x (fused add), or a dummy
@@ -83,7 +84,7 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
         rstd,   # (M,) per-row 1/sqrt(var + eps) (RMSNorm: 1/sqrt(mean(x^2) + eps))
     ):
         M = x.shape[0]
-        NW = x.shape[1]
+        NW = x.shape[1] // KW          # words per row (KW uint64 each)
         N = NW * V
         tid = cuda.threadIdx.x
         # bit operations, not % and //: they let the compiler see that indices
@@ -170,12 +171,13 @@ def backward_kernel(kind, xdt, wdt, code, has_ds):
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
     TPR, VPT, V, R, LOOP, BLOCK = code.tpr, code.vpt, code.vec, code.rows, code.loop, code.block
     WPT = VPT // V
+    KW = C.u64_per_word(xdt, V)
     SHIFT = TPR.bit_length() - 1
     SLOTS = slots(BLOCK)
     COLS = TPR * VPT  # columns a row group holds in registers
     K = 2 if LAYER else 1  # partial rows: dweight (and dbias)
 
-    @C.kernel_jit(BLOCK)
+    @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
     def backward(
         dy,     # (M, NW) gradient of y, x's dtype, NW words of V elements
         x,      # (M, NW) forward input
@@ -187,7 +189,7 @@ def backward_kernel(kind, xdt, wdt, code, has_ds):
         part,   # (K, grid, N) output: per-block sums of dy * xhat (and of dy)
     ):
         M = x.shape[0]
-        NW = x.shape[1]
+        NW = x.shape[1] // KW          # words per row (KW uint64 each)
         N = NW * V
         tid = cuda.threadIdx.x
         t = tid & (TPR - 1)
@@ -357,7 +359,7 @@ def forward(kind, x, weight, bias, eps, y, mean, rstd, residual=None, s=None, st
     if M == 0:
         return
     vec = C.vec_width(N, x, y, residual, s)
-    cfg = C.row_config(M, N, x.dtype == C.F64, vec)
+    cfg = C.row_config(M, N, x.dtype == C.F64, vec, C.ROW_RESIDENT)
     kern = forward_kernel(kind, np.dtype(x.dtype), C.dtype_or_none(weight), C.dtype_or_none(bias), cfg.code,
                           residual is not None)
     xe, xk = C.kview(x), C.words(x, vec)  # elements (dummy parameters), words (rows)
@@ -380,7 +382,7 @@ def backward(kind, dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None, strea
         C.column_sums(C.device_empty((K, 0, N), acc), dweight, dbias, stream)
         return
     vec = C.vec_width(N, x, dy, dx, ds)
-    cfg = C.row_config(M, N, x.dtype == C.F64, vec)
+    cfg = C.row_config(M, N, x.dtype == C.F64, vec, C.ROW_RESIDENT)
     part = C.device_empty((K, cfg.grid, N), acc)
     kern = backward_kernel(kind, np.dtype(x.dtype), C.dtype_or_none(weight), cfg.code, ds is not None)
     xe, xk = C.kview(x), C.words(x, vec)

@@ -1,0 +1,92 @@
+"""16-byte loads and stores of a row: ``load_pair(row, q)`` -> ``(row[2q], row[2q + 1])``
+and ``store_pair(row, q, lo, hi)`` for a 1-D uint64 row whose word ``2q`` starts on a
+16-byte boundary.
+
+numba-cuda loads at most one element per instruction, 8 bytes from a uint64 array
+(``LDG.E.64`` on sm_90); a bandwidth-bound row kernel wants 16 (``LDG.E.128``:
+half the load and store instructions, twice the bytes per request in flight).
+These intrinsics emit one ``<2 x i64>`` load/store with align 16 through the
+array's own data pointer, which NVVM keeps in the global address space as it
+does for ordinary element loads.  The caller guarantees the alignment
+(``common.vec_width`` checks the arrays' addresses and row length on the host);
+no bounds check, like numba's own indexing.  The simulator cannot run an LLVM
+intrinsic: there the names are ``numbanorm.cuda._simvec``'s Python versions of
+the same operations (which raise on a misaligned or out-of-range access).
+
+``pack_bf16x2(lo, hi)``: two float32 rounded to bfloat16 (nearest, ties to even)
+in one uint32, ``lo`` in the low half -- one ``cvt.rn.bf16x2.f32`` (``F2FP.BF16``)
+for two elements, where the integer rounding of ``common.store_fn`` takes about
+five instructions for each.
+"""
+
+from .reduce import SIMULATED
+
+
+def _intrinsics():
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda import cgutils
+    from numba.cuda.extending import intrinsic
+
+    pair = types.UniTuple(types.uint64, 2)
+    vec_t = ir.VectorType(ir.IntType(64), 2)
+
+    def _check(row, q):
+        if not (isinstance(row, types.Array) and row.ndim == 1 and row.dtype == types.uint64
+                and row.layout == "C" and isinstance(q, types.Integer)):
+            raise TypeError(f"load_pair/store_pair take a C-contiguous 1-D uint64 array and an integer, "
+                            f"not {row}, {q}")
+
+    def _pointer(context, builder, rowty, row, qty, q):
+        ary = context.make_array(rowty)(context, builder, row)
+        q = context.cast(builder, q, qty, types.intp)
+        first = builder.mul(q, ir.Constant(q.type, 2))        # 8-byte word 2q: the 16-byte word q
+        ptr = cgutils.get_item_pointer(context, builder, rowty, ary, [first], wraparound=False)
+        return builder.bitcast(ptr, vec_t.as_pointer())
+
+    @intrinsic
+    def load_pair(typingctx, row, q):
+        _check(row, q)
+
+        def codegen(context, builder, sig, args):
+            v = builder.load(_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1]), align=16)
+            return context.make_tuple(builder, pair, [builder.extract_element(v, ir.Constant(ir.IntType(32), k))
+                                                      for k in range(2)])
+
+        return pair(row, q), codegen
+
+    @intrinsic
+    def store_pair(typingctx, row, q, lo, hi):
+        _check(row, q)
+
+        def codegen(context, builder, sig, args):
+            ptr = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            v = ir.Constant(vec_t, ir.Undefined)
+            for k, (val, ty) in enumerate(zip(args[2:], sig.args[2:])):
+                val = context.cast(builder, val, ty, types.uint64)
+                v = builder.insert_element(v, val, ir.Constant(ir.IntType(32), k))
+            builder.store(v, ptr, align=16)
+            return context.get_dummy_value()
+
+        return types.void(row, q, lo, hi), codegen
+
+    @intrinsic
+    def pack_bf16x2(typingctx, lo, hi):
+        if not (lo == types.float32 and hi == types.float32):
+            raise TypeError(f"pack_bf16x2 takes two float32, not {lo}, {hi}")
+
+        def codegen(context, builder, sig, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            # d.hi = bf16(a), d.lo = bf16(b): round to nearest even, NaN -> 0x7FFF
+            cvt = ir.InlineAsm(ir.FunctionType(i32, [f32, f32]), "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
+            return builder.call(cvt, [args[1], args[0]])
+
+        return types.uint32(lo, hi), codegen
+
+    return load_pair, store_pair, pack_bf16x2
+
+
+if SIMULATED:
+    from .._simvec import load_pair, pack_bf16x2, store_pair  # noqa: F401
+else:
+    load_pair, store_pair, pack_bf16x2 = _intrinsics()
