@@ -6,10 +6,14 @@ arrays over fake addresses, the launch records its arguments) and reports, per c
 * ``full``: the frontend's full path (validation, allocation, launchers, the cached
   direct launch) -- every call before the replays;
 * ``numba``: the full path launching through numba-cuda's ``_Kernel.launch``;
-* ``replay``: the public functions, a call seen before replayed (``cuda._backend.Replays``);
-* the harness's own share: ``stub_driver`` (one stubbed launch), ``stub_alloc`` (one
-  stubbed allocation) of which ``numba_array`` (numba's array object) is numba's, the rest
-  the stub's; a real driver replaces the stub's share with its own.
+* ``replay``: the frontend's methods, a call seen before replayed (``cuda._backend.Replays``);
+  ``layer_norm_cuda``/``layer_norm_top``: the same LayerNorm forward by
+  ``numbanorm.cuda.layer_norm`` and by ``numbanorm.layer_norm`` (which picks the GPU first);
+* the harness's own share: ``stub_driver`` (one stubbed launch, with a LayerNorm forward's
+  arguments: the stub's cost grows with the argument count, so for other kernels it is
+  an estimate), ``stub_alloc`` (one stubbed allocation) of which ``numba_array``
+  (numba's array object) is numba's, the rest the stub's; a real driver replaces the
+  stub's share with its own (cuLaunchKernel, and numba's allocator's cuMemAlloc).
 
 Two measurements of the same code: this thread's CPU time (best of 7 rounds; on a
 shared machine the wall time is mostly waiting for a CPU) and, where valgrind is
@@ -87,12 +91,17 @@ def main(argv=None):
         for call, n in res["launches"].items():
             stub = n * t["stub_driver"] + res["allocations"][call] * alloc
             t[call + "_stub"] = round(stub, 2)
+        for name in ("layer_norm_cuda", "layer_norm_top"):  # LayerNorm forwards, by the public functions
+            t[name + "_stub"] = t["layer_norm_forward_stub"]
     for unit in ("cpu_us", "instructions"):
         t = res[unit]
         for call in res["launches"]:
             if t:
                 print(f"{unit:12} {call:25} full {t[call + '_full']:>10} numba {t[call + '_numba']:>10} "
                       f"replay {t[call + '_replay']:>10}  (stub {t[call + '_stub']})")
+        for name in ("layer_norm_cuda", "layer_norm_top"):
+            if t:
+                print(f"{unit:12} {name:25} {'':39} replay {t[name + '_replay']:>10}  (stub {t[name + '_stub']})")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
