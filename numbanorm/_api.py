@@ -16,6 +16,11 @@ A ``Frontend`` runs each call in the same order:
 5. results are reshaped (statistics keep-dims) and handed back in the caller's
    array type.
 
+A backend with ``replays`` (CUDA) records a call that went through these steps and
+replays later calls of the same key -- everything steps 1-4 depend on: types, shapes,
+strides, dtypes, pointer alignment, aliasing, scalars -- as that call's allocations
+and launches with the new call's pointers and stream (``cuda._backend.Replays``).
+
 The methods (``layer_norm``, ``layer_norm_forward``, ``layer_norm_backward``, ...)
 are generated from ``numbanorm.operations``: each hands its arguments, in the
 table's role order, to one forward or one backward path, which the operation's
