@@ -8,9 +8,15 @@ and argument marshalling down to the driver, and only the driver is stubbed:
 * making a cuda.core stream from a handle (``Stream.from_handle``: numba-cuda's
   ``driver.ExperimentalStream``),
 * the launch itself (cuda.core's ``launch`` as numba-cuda's dispatcher calls it),
-  which checks its stream as cuda.core does: "Stream or GraphBuilder expected".
+  which checks its stream as cuda.core does: "Stream or GraphBuilder expected",
+* allocation (``cuda.device_array``: numba arrays over fake device pointers), the
+  context that slicing an array asks for, numba's own copy into a strided array
+  (recorded as a launch), and ``cuda.is_available`` (so that ``numbanorm.cuda``'s
+  public functions and the top level's choice of them run).
 
-Device arrays are numba's own, over fake device pointers.  Prints one JSON line.
+Modes: ``M N`` (launches of the direct path against numba's), ``count``, ``sweep``,
+``replay`` (public frontend against full path, call by call), ``host`` (host cost per
+call: ``benchmarks/gpu_host.py``).  Prints one JSON line.
 """
 
 import json
