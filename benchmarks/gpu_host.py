@@ -9,6 +9,7 @@ arrays over fake addresses, the launch records its arguments) and reports, per c
 * ``replay``: the frontend's methods, a call seen before replayed (``cuda._backend.Replays``);
   ``layer_norm_cuda``/``layer_norm_top``: the same LayerNorm forward by
   ``numbanorm.cuda.layer_norm`` and by ``numbanorm.layer_norm`` (which picks the GPU first);
+  ``layer_norm_foreign``: on another library's arrays (a CuPy-like ``__cuda_array_interface__``);
 * the harness's own share: ``stub_driver`` (one stubbed launch, with a LayerNorm forward's
   arguments: the stub's cost grows with the argument count, so for other kernels it is
   an estimate), ``stub_alloc`` (one stubbed allocation) of which ``numba_array``
@@ -36,6 +37,11 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HARNESS = os.path.join(os.path.dirname(HERE), "tests", "_nosim_launch.py")
+
+
+# the LayerNorm forward by numbanorm.cuda.layer_norm, by numbanorm.layer_norm, and on
+# another library's arrays (``__cuda_array_interface__``, full path and replayed)
+EXTRA = ("layer_norm_cuda", "layer_norm_top", "layer_norm_foreign")
 
 
 def _harness(args, env, prefix=()):
@@ -91,7 +97,7 @@ def main(argv=None):
         for call, n in res["launches"].items():
             stub = n * t["stub_driver"] + res["allocations"][call] * alloc
             t[call + "_stub"] = round(stub, 2)
-        for name in ("layer_norm_cuda", "layer_norm_top"):  # LayerNorm forwards, by the public functions
+        for name in EXTRA:  # the LayerNorm forward, by other routes
             t[name + "_stub"] = t["layer_norm_forward_stub"]
     for unit in ("cpu_us", "instructions"):
         t = res[unit]
@@ -99,9 +105,10 @@ def main(argv=None):
             if t:
                 print(f"{unit:12} {call:25} full {t[call + '_full']:>10} numba {t[call + '_numba']:>10} "
                       f"replay {t[call + '_replay']:>10}  (stub {t[call + '_stub']})")
-        for name in ("layer_norm_cuda", "layer_norm_top"):
+        for name in EXTRA:
             if t:
-                print(f"{unit:12} {name:25} {'':39} replay {t[name + '_replay']:>10}  (stub {t[name + '_stub']})")
+                full = f"full {t[name + '_full']:>10}" if name + "_full" in t else ""
+                print(f"{unit:12} {name:25} {full:39} replay {t[name + '_replay']:>10}  (stub {t[name + '_stub']})")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

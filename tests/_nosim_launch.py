@@ -135,6 +135,10 @@ def main():
                                   list(self.shape), list(self.strides), list(value.strides)]})
 
     devicearray.DeviceNDArray.__setitem__ = setitem
+    from numba.cuda import api
+
+    api.current_context = lambda: None  # (a view of another library's memory records its context)
+    cuda.external_stream = lambda ptr: driver.Stream(ptr, external=True)  # a producer's stream
 
     from numbanorm.cuda._kernels import common as C
     from numbanorm.cuda._kernels import group_norm as GN
@@ -237,6 +241,22 @@ def cases(M, N, device_array, forward, f16=np.float16):
     }
 
 
+class Foreign:
+    """Another library's CUDA array (CuPy-like, but neither CuPy nor torch): a
+    ``__cuda_array_interface__`` over a numba array's memory, made anew on each access
+    as CuPy's is, with its producer's stream (``stream``; None: no stream)."""
+
+    def __init__(self, a, stream=None):
+        self.a, self.stream = a, stream
+        self.shape, self.dtype = a.shape, a.dtype
+
+    @property
+    def __cuda_array_interface__(self):
+        a = self.a
+        return {"shape": a.shape, "strides": None, "typestr": a.dtype.str, "version": 3,
+                "data": (a.device_ctypes_pointer.value, False), "stream": self.stream}
+
+
 def _frontends():
     """The CUDA frontend as the public functions use it, and one without replays (the full path)."""
     from numbanorm import _api
@@ -301,6 +321,11 @@ def host(M, N, calls, device_array, launches):
     last = dispatcher.launch.last  # a LayerNorm forward's launch, as the stub got it
     mem = type(device_array((1,), np.float16).gpu_data)(2048)
     paths["stub_driver"] = (lambda: dispatcher.launch(*last), resolved)
+    fx, fw, fb = Foreign(x), Foreign(w), Foreign(b)  # the same forward on another library's arrays
+    for name, frontend in (("layer_norm_foreign_full", full), ("layer_norm_foreign_replay", nc)):
+        for _ in range(3):
+            frontend.layer_norm_forward(fx, N, fw, fb)
+        paths[name] = (lambda frontend=frontend: frontend.layer_norm_forward(fx, N, fw, fb), resolved)
     paths["stub_alloc"] = (lambda: device_array((M, N), np.float16), resolved)
     paths["numba_array"] = (lambda: devicearray.DeviceNDArray((M, N), (2 * N, 2), np.dtype(np.float16), gpu_data=mem),
                             resolved)
@@ -359,7 +384,8 @@ def replay(M, N, device_array, launches):
             return f"new{k}+{v - fresh[k]}"
 
         sent = [dict(la, args=[label(a) for a in la["args"]]) for la in launches]
-        got = [(list(r.shape), list(r.strides), str(r.dtype), label(r.device_ctypes_pointer.value)) for r in res]
+        got = [(type(r).__name__, list(m.shape), list(m.strides), str(m.dtype), label(m.device_ctypes_pointer.value))
+               for r, m in ((r, r.a if type(r) is Foreign else r) for r in res)]
         return {"launches": sent, "results": got, "replayed": any(replayed[n:])}
 
     f16, f32 = np.float16, np.float32
@@ -380,6 +406,10 @@ def replay(M, N, device_array, launches):
         "stream": lambda nc: nc.layer_norm_forward(x.bind(stream), N, w, b),
         "out": lambda nc: nc.layer_norm_forward(x, N, w, b, out=out),
         "same_dy_and_x": lambda nc: nc.layer_norm_backward(x, x, *st, N, w),
+        "foreign": lambda nc: nc.layer_norm_forward(Foreign(x, 0x5EED), N, Foreign(w), Foreign(b)),
+        "foreign_stream": lambda nc: nc.layer_norm_forward(Foreign(x, 0xBEEF), N, Foreign(w), Foreign(b)),
+        "foreign_out": lambda nc: nc.layer_norm_forward(Foreign(x, 0x5EED), N, Foreign(w), Foreign(b),
+                                                        out=Foreign(out)),
         "other_dy": lambda nc: nc.layer_norm_backward(dy, x, *st, N, w),
     }
     w2, b2 = w.reshape(2, N // 2), b.reshape(2, N // 2)  # normalized_shape (2, N / 2)

@@ -229,10 +229,11 @@ def cast(ctx, a, dtype):
 def wrap(a, like):
     if getattr(type(like), "__cuda_ndarray__", False):  # numba's own: asked first, the usual case
         return a
-    C.unrecordable()  # results of another type: not what a replay returns
     if type(like) is np.ndarray or V.side_of(like) == V.HOST:
+        C.unrecordable()  # copied: not what a replay returns
         return a.copy_to_host()
     if _is_torch(like):
+        C.unrecordable()  # a tensor: not what a replay returns
         import torch
 
         if C.is_bfloat16(a.dtype):
@@ -241,6 +242,7 @@ def wrap(a, like):
     if _is_cupy(like):
         import cupy
 
+        C.unrecordable()
         if C.is_bfloat16(a.dtype):
             return cupy.asarray(a.view(np.uint16)).view(C.BF16)
         return cupy.asarray(a)
@@ -262,8 +264,9 @@ class Replays:
     A later call of the key allocates the same arrays (in the results' shapes: no
     reshape), fills in its own pointers and launches on its own stream -- what the
     full path hands the driver for it (tests/test_cuda_launch.py compares them).
-    Only numba device arrays are replayed; a call that copies, dispatches through
-    numba, or takes other array types is never learned.
+    Numba device arrays and other ``__cuda_array_interface__`` objects are replayed,
+    not torch's or CuPy's (whose results their libraries allocate): a call that
+    copies, dispatches through numba, or makes other array types is never learned.
     """
 
     MAX_PLANS = 256
@@ -274,8 +277,8 @@ class Replays:
     @staticmethod
     def signature(kind, args):
         """``(key, pointers, arrays)`` of a call of ``kind`` (an operation's name and
-        direction) on ``args`` (None, numba device arrays, ints, floats, tuples of
-        ints), or None where a call cannot be keyed."""
+        direction) on ``args`` (None, numba device arrays, other CUDA Array Interface
+        objects, ints, floats, tuples of ints), or None where a call cannot be keyed."""
         sig, pointers, arrays = [kind], [], []
         for a in args:
             t = type(a)
@@ -288,6 +291,16 @@ class Replays:
                     return None
                 # which earlier argument is the same array (dy is x, ...) is part of the key
                 sig.append((t, a.shape, a.strides, a.dtype, p & 7, pointers.index(p) if p in pointers else -1))
+                pointers.append(p)
+                arrays.append(a)
+            elif hasattr(t, "__cuda_array_interface__") and not (_is_torch(a) or _is_cupy(a)):
+                desc = a.__cuda_array_interface__  # (torch and CuPy results are made by their libraries)
+                p = desc["data"][0]
+                if not p or desc.get("mask") is not None:
+                    return None
+                strides = desc.get("strides")
+                sig.append((t, tuple(desc["shape"]), strides and tuple(strides), desc["typestr"], p & 7,
+                            pointers.index(p) if p in pointers else -1))
                 pointers.append(p)
                 arrays.append(a)
             elif t is float and a != 0.0 or t is int:  # (0.0 and -0.0 are one key but two kernel arguments)
@@ -305,7 +318,9 @@ class Replays:
         if plan is None:
             return None
         lead, specs, launches, results = plan
-        stream = C.core_stream(arrays[lead].stream)  # the call's stream (call_context's, for numba arrays)
+        lead = arrays[lead]  # the call's stream: the leading array's own (its producer's)
+        stream = C.core_stream(lead.stream if getattr(type(lead), "__cuda_ndarray__", False)
+                               else call_context(lead).stream)
         allocs = [C.device_empty(shape, dtype) for shape, dtype in specs]
         at = pointers + [a.device_ctypes_pointer.value for a in allocs]
         for lib, config, template, slots in launches:
@@ -336,8 +351,8 @@ class Replays:
         lead = next((k for k, a in enumerate(arrays) if a is leading), None)
         allocs = [e[1] for e in log if e[0] == "alloc"]
         # where each pointer may point: the caller's arrays, then the call's allocations
-        spans = [(p, a.size * a.dtype.itemsize) for p, a in zip(pointers, arrays)]
-        spans += [(a.device_ctypes_pointer.value, a.size * a.dtype.itemsize) for a in allocs]
+        spans = [(p, native(None, a).nbytes) for p, a in zip(pointers, arrays)]
+        spans += [(a.device_ctypes_pointer.value, a.nbytes) for a in allocs]
         if lead is None or not all(p for p, _ in spans):
             return
         launches = []
