@@ -293,6 +293,10 @@ class Replays:
                 sig.append((t, a.shape, a.strides, a.dtype, p & 7, pointers.index(p) if p in pointers else -1))
                 pointers.append(p)
                 arrays.append(a)
+            elif t is float and a != 0.0 or t is int:  # (0.0 and -0.0 are one key but two kernel arguments)
+                sig.append((t, a))
+            elif t is tuple and all(type(d) is int for d in a):
+                sig.append((t, a))
             elif hasattr(t, "__cuda_array_interface__") and not (_is_torch(a) or _is_cupy(a)):
                 desc = a.__cuda_array_interface__  # (torch and CuPy results are made by their libraries)
                 p = desc["data"][0]
@@ -303,10 +307,6 @@ class Replays:
                             pointers.index(p) if p in pointers else -1))
                 pointers.append(p)
                 arrays.append(a)
-            elif t is float and a != 0.0 or t is int:  # (0.0 and -0.0 are one key but two kernel arguments)
-                sig.append((t, a))
-            elif t is tuple and all(type(d) is int for d in a):
-                sig.append((t, a))
             else:
                 return None
         return tuple(sig), pointers, arrays
