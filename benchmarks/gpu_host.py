@@ -16,10 +16,10 @@ arrays over fake addresses, the launch records its arguments) and reports, per c
   (numba's array object) is numba's, the rest the stub's; a real driver replaces the
   stub's share with its own (cuLaunchKernel, and numba's allocator's cuMemAlloc).
 
-Two measurements of the same code: this thread's CPU time (best of 7 rounds; on a
-shared machine the wall time is mostly waiting for a CPU) and, where valgrind is
-installed, callgrind's instruction count of each path (deterministic: the figures to
-compare across runs and machines).
+Two measurements of the same code, garbage collection off (as in timeit): this
+thread's CPU time (best of 7 rounds; on a shared machine the wall time is mostly
+waiting for a CPU) and, where valgrind is installed, callgrind's instruction count
+of each path (the figures to compare across runs and machines).
 
     python -m benchmarks.gpu_host --json benchmarks/results/gpu-host.json
 """
