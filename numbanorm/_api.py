@@ -16,6 +16,11 @@ A ``Frontend`` runs each call in the same order:
 5. results are reshaped (statistics keep-dims) and handed back in the caller's
    array type.
 
+A backend with ``replays`` (CUDA) records a call that went through these steps and
+replays later calls of the same key -- everything steps 1-4 depend on: types, shapes,
+strides, dtypes, pointer alignment, aliasing, scalars -- as that call's allocations
+and launches with the new call's pointers and stream (``cuda._backend.Replays``).
+
 The methods (``layer_norm``, ``layer_norm_forward``, ``layer_norm_backward``, ...)
 are generated from ``numbanorm.operations``: each hands its arguments, in the
 table's role order, to one forward or one backward path, which the operation's
@@ -142,7 +147,7 @@ def _launcher(backend, qualified):
 # ------------------------------------------------------------ the frontend
 
 class Frontend:
-    def __init__(self, backend: Backend, sides_checked: bool = False):
+    def __init__(self, backend: Backend, sides_checked: bool = False, replay: bool = True):
         self.backend = backend
         self.sides_checked = sides_checked  # the caller has run common_side on these arguments
         # each operation's (forward, backward) launchers, found once
@@ -151,11 +156,34 @@ class Frontend:
         self.small = getattr(backend, "small_calls", None)
         self.shortcuts = {op.name: getattr(self.small, op.name) for op in ops.OPERATIONS
                           if hasattr(self.small, op.name)}
+        # calls seen before (cuda): the backend's record and replay of their launches
+        self.replays = getattr(backend, "replays", None) if replay else None
+        if self.replays is None:  # (cpu, simulator) the public methods go straight to the full paths
+            self._forward, self._backward = self._forward_full, self._backward_full
 
     # ------------------------------------------------------------ the two paths
 
     def _forward(self, op, args, out):
         """``op``'s forward on ``args``, the public function's arguments in the table's role order."""
+        return self._replayed((op.name, "forward"), (*args, out), self._forward_full, op, args, out)
+
+    def _replayed(self, kind, key_args, full, *args):
+        """A replay of the call (``kind``, ``key_args``) where the backend's ``replays`` has
+        learned it; else ``full(*args, sig)``, which learns it if it can be keyed."""
+        replays = self.replays
+        sig = replays.signature(kind, key_args)
+        if sig is None:
+            return full(*args)
+        hit = replays.replay(sig)
+        if hit is not None:
+            return hit
+        try:
+            return full(*args, sig)
+        finally:
+            replays.stop()
+
+    def _forward_full(self, op, args, out, sig=None):
+        """``_forward`` by the full path; ``sig``: a call the backend's ``replays`` learns."""
         shortcut = self.shortcuts.get(op.name)
         if shortcut is not None:
             hit = shortcut(*args, out=out)
@@ -181,6 +209,8 @@ class Frontend:
         # ---- everything below may allocate and write
         backend = self.backend
         ctx = backend.call_context(caller_x)
+        if sig is not None:
+            self.replays.record()
         acc = V.acc_dtype(xdt)
         y, copy_back = self._output(ctx, out_native, p.flat, xdt)
         s = backend.empty(ctx, p.flat, xdt) if op.fused else None
@@ -201,10 +231,16 @@ class Frontend:
         if op.fused:
             results.append(backend.wrap(s.reshape(x.shape), caller_x))
         results += [backend.wrap(st.reshape(p.kept), caller_x) for st in stats]
+        if sig is not None:
+            self.replays.learn(sig, caller_x, ctx, results)
         return tuple(results)
 
     def _backward(self, op, args):
         """``op``'s backward on ``args``, the public function's arguments in the table's role order."""
+        return self._replayed((op.name, "backward"), args, self._backward_full, op, args)
+
+    def _backward_full(self, op, args, sig=None):
+        """``_backward`` by the full path; ``sig``: a call the backend's ``replays`` learns."""
         given = dict(zip(op.backward_roles, args))
         x_name = "s" if op.fused else "x"  # what was normalized: the fused norms' s = x + residual
         caller_x = given[x_name]
@@ -222,6 +258,8 @@ class Frontend:
         # ---- everything below may allocate and write
         backend = self.backend
         ctx = backend.call_context(caller_x)
+        if sig is not None:
+            self.replays.record()
         acc = V.acc_dtype(xdt)
         dx = backend.empty(ctx, p.flat, xdt)
         grads = [backend.empty(ctx, (p.width,), self._grads_in(a["weight"], xdt, acc))
@@ -233,8 +271,11 @@ class Frontend:
             self._param(ctx, a["weight"], p.width), dx, *grads,
             **({"ds": self._rows_or_none(ctx, a["ds"], p.flat, xdt)} if op.fused else {}))
         grad_dtype = self._grad_dtype(a["weight"], xdt)
-        return (backend.wrap(dx.reshape(x.shape), caller_x),
-                *[backend.wrap(backend.cast(ctx, g, grad_dtype).reshape(p.params), caller_x) for g in grads])
+        results = (backend.wrap(dx.reshape(x.shape), caller_x),
+                   *[backend.wrap(backend.cast(ctx, g, grad_dtype).reshape(p.params), caller_x) for g in grads])
+        if sig is not None:
+            self.replays.learn(sig, caller_x, ctx, results)
+        return results
 
     # ------------------------------------------------------------ small pieces
 

@@ -86,3 +86,45 @@ def test_kernels_cached_on_disk_keyed_on_all_their_sources(tmp_path):
     again = _run("sweep", 1024, 140, env=env)
     assert first["cache_hits"] == 0 and again["cache_hits"] == again["kernels"] == first["kernels"]
     assert again["stamps"] == [h.hexdigest()]
+
+
+def test_a_replayed_call_hands_the_driver_what_the_full_path_does(tmp_path):
+    """The public functions replay a call seen before (``cuda._backend.Replays``): for every
+    call -- each operation's forward and backward, and calls that differ from a learned
+    one in one thing -- the driver gets from the public frontend exactly what the full
+    path (validation, launchers, direct launch) gives it for the same arguments, and the
+    same results come back; a call seen before is replayed by its third time at the
+    latest; one that differs in shape, dtype, a parameter, eps, alignment, out=, which
+    arguments are the same array or the array type (numba's, another library's through
+    the CUDA Array Interface) is not replayed from another call's plan; a strided x
+    (copied first) is never replayed; the caller's stream (a numba array's, a producer's)
+    is used as given."""
+    res = _run("replay", 64, 1024, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    for name, calls in res.items():
+        for k, (public, full) in enumerate(calls):
+            assert not full["replayed"], name
+            assert public["launches"] == full["launches"], (name, k)
+            assert public["results"] == full["results"], (name, k)
+            assert public["launches"] or name == "again", name
+    learned = [n for n in res if n != "again"]
+    for name in learned:
+        replayed = [public["replayed"] for public, _ in res[name]]
+        if name == "strided":
+            assert replayed == [False] * 4
+            assert res[name][0][0]["launches"][0]["kernel"] == "numba setitem"
+        else:
+            assert replayed[2:] == [True, True], name
+    # a new key is never served by an earlier plan on its first call
+    for name in ("dtype", "weight_dtype", "no_bias", "unaligned", "layer_norm_backward", "foreign"):
+        assert not res[name][0][0]["replayed"], name
+    for name in ("shape", "rows", "eps", "eps_int", "out", "same_dy_and_x"):  # (their kernels were resolved)
+        assert not res[name][0][0]["replayed"] and res[name][1][0]["replayed"], name
+    # the caller's stream, not the stream of the call the plan was learned from
+    assert {la["stream"] for public, _ in res["stream"] for la in public["launches"]} == {0x5EED}
+    assert {la["stream"] for public, _ in res["layer_norm_forward"] for la in public["launches"]} == {0}
+    # another library's arrays (CUDA Array Interface): its producer's stream, its own out=
+    assert {la["stream"] for public, _ in res["foreign_stream"] for la in public["launches"]} == {0xBEEF}
+    assert {la["stream"] for public, _ in res["foreign"] for la in public["launches"]} == {0x5EED}
+    assert all(public["results"][0][0] == "Foreign" for public, _ in res["foreign_out"])
+    # after all of them, each call is still its own (no plan overwritten by another's)
+    assert all(public["replayed"] for public, _ in res["again"][:1])

@@ -167,6 +167,7 @@ def launch(ctx, launcher, *args, callers_out=False, **kwargs):
 
 def contiguous(ctx, a, shape):
     if type(a) is np.ndarray:
+        C.unrecordable()
         return cuda.to_device(np.ascontiguousarray(a).reshape(shape), stream=ctx.stream)
     if not a.is_c_contiguous():
         b = empty(ctx, a.shape, a.dtype)
@@ -178,6 +179,8 @@ def contiguous(ctx, a, shape):
 
 def empty(ctx, shape, dtype):
     shape = tuple(map(int, shape))
+    if ctx.lib is not None:
+        C.unrecordable()  # (a replay allocates numba arrays)
     if ctx.lib == "torch":
         import torch
 
@@ -191,7 +194,7 @@ def empty(ctx, shape, dtype):
 
         with cupy.cuda.Device(ctx.like.device.id):
             return _cupy_view(cupy.empty(shape, dtype))
-    return cuda.device_array(shape, dtype)
+    return C.device_empty(shape, dtype)
 
 
 def out_view(out, shape):
@@ -203,6 +206,7 @@ def out_view(out, shape):
 
 
 def copy_into(ctx, dst, src):
+    C.unrecordable()  # numba's own kernel or a host copy
     if type(dst) is np.ndarray:
         np.copyto(dst, src.copy_to_host().reshape(dst.shape))
         return
@@ -226,8 +230,10 @@ def wrap(a, like):
     if getattr(type(like), "__cuda_ndarray__", False):  # numba's own: asked first, the usual case
         return a
     if type(like) is np.ndarray or V.side_of(like) == V.HOST:
+        C.unrecordable()  # copied: not what a replay returns
         return a.copy_to_host()
     if _is_torch(like):
+        C.unrecordable()  # a tensor: not what a replay returns
         import torch
 
         if C.is_bfloat16(a.dtype):
@@ -236,7 +242,152 @@ def wrap(a, like):
     if _is_cupy(like):
         import cupy
 
+        C.unrecordable()
         if C.is_bfloat16(a.dtype):
             return cupy.asarray(a.view(np.uint16)).view(C.BF16)
         return cupy.asarray(a)
     return a
+
+
+class Replays:
+    """A call seen before, replayed: its allocations and its kernel launches, without the
+    frontend's and the launchers' work.
+
+    What a call allocates and launches (kernels, grids, blocks, the marshalled
+    kernel arguments but for the pointers) depends only on its arguments' types,
+    shapes, strides, dtypes, the alignment of their pointers (words or elements,
+    ``common.vec_width``), which of them are the same array, and its scalars: the
+    key.  The first validated call of a key that goes through cached direct launches
+    only (``common._direct_launch``) is recorded (``record``, ``learn``): each
+    launch's arguments, and for each pointer among them the array it points into
+    (a caller's array or one of the call's allocations, at an offset) or a dummy.
+    A later call of the key allocates the same arrays (in the results' shapes: no
+    reshape), fills in its own pointers and launches on its own stream -- what the
+    full path hands the driver for it (tests/test_cuda_launch.py compares them).
+    Numba device arrays and other ``__cuda_array_interface__`` objects are replayed,
+    not torch's or CuPy's (whose results their libraries allocate): a call that
+    copies, dispatches through numba, or makes other array types is never learned.
+    """
+
+    MAX_PLANS = 256
+
+    def __init__(self):
+        self._plans = {}
+
+    @staticmethod
+    def signature(kind, args):
+        """``(key, pointers, arrays)`` of a call of ``kind`` (an operation's name and
+        direction) on ``args`` (None, numba device arrays, other CUDA Array Interface
+        objects, ints, floats, tuples of ints), or None where a call cannot be keyed."""
+        sig, pointers, arrays = [kind], [], []
+        for a in args:
+            t = type(a)
+            if a is None:
+                sig.append(None)
+            elif getattr(t, "__cuda_ndarray__", False):
+                memory = a.gpu_data  # (not the device_ctypes_pointer property: 0.1 us each)
+                p = None if memory is None else memory.device_ctypes_pointer.value
+                if not p:  # (empty arrays have none: never replayed)
+                    return None
+                # which earlier argument is the same array (dy is x, ...) is part of the key
+                sig.append((t, a.shape, a.strides, a.dtype, p & 7, pointers.index(p) if p in pointers else -1))
+                pointers.append(p)
+                arrays.append(a)
+            elif t is float and a != 0.0 or t is int:  # (0.0 and -0.0 are one key but two kernel arguments)
+                sig.append((t, a))
+            elif t is tuple and all(type(d) is int for d in a):
+                sig.append((t, a))
+            elif hasattr(t, "__cuda_array_interface__") and not (_is_torch(a) or _is_cupy(a)):
+                desc = a.__cuda_array_interface__  # (torch and CuPy results are made by their libraries)
+                p = desc["data"][0]
+                if not p or desc.get("mask") is not None:
+                    return None
+                strides = desc.get("strides")
+                sig.append((t, tuple(desc["shape"]), strides and tuple(strides), desc["typestr"], p & 7,
+                            pointers.index(p) if p in pointers else -1))
+                pointers.append(p)
+                arrays.append(a)
+            else:
+                return None
+        return tuple(sig), pointers, arrays
+
+    def replay(self, sig):
+        """The results of the call ``sig`` (``signature``), or None if it is not one learned."""
+        key, pointers, arrays = sig
+        plan = self._plans.get(key)
+        if plan is None:
+            return None
+        lead, specs, launches, results = plan
+        lead = arrays[lead]  # the call's stream: the leading array's own (its producer's)
+        stream = C.core_stream(lead.stream if getattr(type(lead), "__cuda_ndarray__", False)
+                               else call_context(lead).stream)
+        allocs = [C.device_empty(shape, dtype) for shape, dtype in specs]
+        at = pointers + [a.device_ctypes_pointer.value for a in allocs]
+        for lib, config, template, slots in launches:
+            kargs = list(template)
+            for i, source, offset in slots:
+                kargs[i] = at[source] + offset
+            C.replay_launch(lib, config, stream, kargs)
+        return tuple(allocs[k] if k >= 0 else arrays[~k] for k in results)
+
+    @staticmethod
+    def record():
+        """Record what this thread allocates and launches from now on (after validation)."""
+        C._RECORDING.log = []
+
+    @staticmethod
+    def stop():
+        log, C._RECORDING.log = getattr(C._RECORDING, "log", None), None
+        return log
+
+    def learn(self, sig, leading, ctx, results):
+        """Keep the call just recorded (``record``) as the plan of ``sig``, if a replay can
+        repeat it: ``leading`` is the array whose stream it ran on (``ctx``), ``results``
+        what it returned."""
+        log = self.stop()
+        if log is None or None in log:
+            return
+        key, pointers, arrays = sig
+        lead = next((k for k, a in enumerate(arrays) if a is leading), None)
+        allocs = [e[1] for e in log if e[0] == "alloc"]
+        # where each pointer may point: the caller's arrays, then the call's allocations
+        spans = [(p, native(None, a).nbytes) for p, a in zip(pointers, arrays)]
+        spans += [(a.device_ctypes_pointer.value, a.nbytes) for a in allocs]
+        if lead is None or not all(p for p, _ in spans):
+            return
+        launches = []
+        for _, lib, config, stream, kargs, at in (e for e in log if e[0] == "launch"):
+            if stream is not ctx.stream:
+                return
+            slots = []
+            for i in at:
+                inside = [k for k, (p, n) in enumerate(spans) if p <= kargs[i] < p + n]
+                if not inside:
+                    if kargs[i] not in C._DUMMIES:
+                        return
+                    continue  # a dummy: the same array every call
+                if len({spans[k][0] for k in inside}) > 1:
+                    return  # arrays that partly overlap: not one source
+                slots.append((i, inside[0], kargs[i] - spans[inside[0]][0]))
+            launches.append((lib, config, tuple(kargs), tuple(slots)))
+        specs = [(a.shape, a.dtype) for a in allocs]
+        taken = []
+        for r in results:
+            k = next((k for k, a in enumerate(arrays) if r is a), None)
+            if k is not None:  # the caller's out=
+                taken.append(~k)
+                continue
+            p = r.device_ctypes_pointer.value
+            k = next((k for k, a in enumerate(allocs) if spans[len(arrays) + k][0] == p), None)
+            if k is None or k in taken or r.size != allocs[k].size or r.dtype != allocs[k].dtype \
+                    or not r.is_c_contiguous():
+                return
+            specs[k] = (r.shape, r.dtype)  # allocated as returned
+            taken.append(k)
+        if len(self._plans) >= self.MAX_PLANS:
+            self._plans.clear()
+        self._plans[key] = (lead, specs, tuple(launches), tuple(taken))
+
+
+# None in the simulator, or where numba-cuda's internals are not the known ones
+replays = Replays() if C._INTERNALS is not None else None

@@ -40,6 +40,7 @@ here (``source_stamp``).
 from __future__ import annotations
 
 import functools
+import threading
 from collections import namedtuple
 
 import numpy as np
@@ -471,19 +472,50 @@ def arrays(args):
     return tuple(a.view() if type(a) is Words else a for a in args)
 
 
+# What one public call allocates and launches, while ``cuda._backend.Replays`` records
+# it in this thread (``_RECORDING.log``, a list; None otherwise): ("alloc", array),
+# ("launch", codelib, config, stream, kernel arguments, positions of their pointers),
+# or None for work a replay cannot repeat (numba's dispatcher, a copy)
+_RECORDING = threading.local()
+_POINTER = 4  # where an array's pointer sits among its marshalled arguments
+_DUMMIES = set()  # the pointers of ``dummy`` arrays: constants a recorded launch may keep
+
+
+def unrecordable():
+    """The call being recorded did something a replay would not repeat."""
+    log = getattr(_RECORDING, "log", None)
+    if log is not None:
+        log.append(None)
+
+
 def _direct_launch(compiled, plan, args, grid, block, stream):
     to_core, dispatcher, _ = _INTERNALS
-    kargs = []
+    kargs, pointers = [], []
     for how, a in zip(plan, args):
         if how == "A":
+            pointers.append(len(kargs) + _POINTER)
             if type(a) is Words:
                 kargs += a.marshal()
             else:
                 kargs += (0, 0, a.size, a.dtype.itemsize, a.device_ctypes_pointer.value, *a.shape, *a.strides)
         else:
             kargs.append(how(a))
-    dispatcher.launch(to_core(stream), _launch_config(grid, block), compiled._codelibrary.get_cufunc().kernel,
-                      *kargs)
+    config, lib = _launch_config(grid, block), compiled._codelibrary
+    log = getattr(_RECORDING, "log", None)
+    if log is not None:
+        log.append(("launch", lib, config, stream, kargs, pointers))
+    dispatcher.launch(to_core(stream), config, lib.get_cufunc().kernel, *kargs)
+
+
+def replay_launch(lib, config, core_stream, kargs):
+    """A launch recorded by ``_direct_launch``, with the kernel arguments of this call
+    (``core_stream``: the call's stream, converted by ``core_stream``)."""
+    _INTERNALS[1].launch(core_stream, config, lib.get_cufunc().kernel, *kargs)
+
+
+def core_stream(stream):
+    """``stream`` as cuda.core's launch takes it (numba-cuda's own conversion)."""
+    return _INTERNALS[0](stream)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -503,10 +535,12 @@ def launch(kernel, grid, block, stream, *args):
     if resolved is not None:
         compiled, plan = resolved
         if plan is None:
+            unrecordable()
             compiled.launch(arrays(args), (grid, 1, 1), (block, 1, 1), _INTERNALS[0](stream), 0)
         else:
             _direct_launch(compiled, plan, args, grid, block, stream)
         return
+    unrecordable()
     args = arrays(args)  # numba's own path: real views
     kernel[grid, block, stream](*args)
     overloads = getattr(kernel, "overloads", None)  # None in the simulator
@@ -518,7 +552,9 @@ def launch(kernel, grid, block, stream, *args):
 
 @functools.lru_cache(maxsize=None)
 def _dummy_cached(dtype, ndim):
-    return cuda.device_array((1,) * ndim, dtype)
+    d = cuda.device_array((1,) * ndim, dtype)
+    _DUMMIES.add(_address(d))
+    return d
 
 
 def dummy(dtype, ndim):
@@ -542,7 +578,11 @@ def dtype_or_none(a):
 
 
 def device_empty(shape, dtype):
-    return cuda.device_array(shape, dtype)
+    a = cuda.device_array(shape, dtype)
+    log = getattr(_RECORDING, "log", None)
+    if log is not None:
+        log.append(("alloc", a))
+    return a
 
 
 # ---------------------------------------------------------------- column sums
