@@ -71,8 +71,11 @@ class Backend(Protocol):
     def empty(self, ctx: Any, shape: tuple, dtype: Any) -> Any:
         """An uninitialised array."""
 
-    def out_view(self, out: Any, shape: tuple) -> Any:
-        """``out`` seen as ``shape`` if it is C-contiguous, else None."""
+    def out_view(self, out: Any, shape: tuple, reads: list) -> Any:
+        """``out`` seen as ``shape`` if the launcher can write it directly, else None (the
+        result is then computed apart and copied in): it must be C-contiguous, and where
+        the backend's launchers do not handle it, overlap none of ``reads`` (the inputs,
+        x first; None for an absent one) but x itself."""
 
     def copy_into(self, ctx: Any, dst: Any, src: Any) -> None:
         """dst[...] = src (same size; dst may be strided)."""
@@ -212,7 +215,7 @@ class Frontend:
         if sig is not None:
             self.replays.record()
         acc = V.acc_dtype(xdt)
-        y, copy_back = self._output(ctx, out_native, p.flat, xdt)
+        y, copy_back = self._output(ctx, out_native, p.flat, xdt, [a[r] for r in op.forward_arrays])
         s = backend.empty(ctx, p.flat, xdt) if op.fused else None
         stats = [backend.empty(ctx, p.stats, acc) for _ in op.stats]
         if p.flat[0]:
@@ -286,10 +289,11 @@ class Frontend:
         native = self.backend.native
         return {r: native(r, given[r]) for r in roles}
 
-    def _output(self, ctx, out_native, flat_shape, dtype):
-        """``(y, copy_back)``: the array a launcher fills, ``out`` itself when it can."""
+    def _output(self, ctx, out_native, flat_shape, dtype, reads):
+        """``(y, copy_back)``: the array a launcher fills, ``out`` itself when it can;
+        ``reads``: the inputs the launcher reads."""
         if out_native is not None:
-            view = self.backend.out_view(out_native, flat_shape)
+            view = self.backend.out_view(out_native, flat_shape, reads)
             if view is not None:
                 return view, False
             return self.backend.empty(ctx, flat_shape, dtype), True

@@ -407,6 +407,9 @@ def replay(M, N, device_array, launches):
         "no_bias": lambda nc: nc.layer_norm_forward(x, N, w, None),
         "strided": lambda nc: nc.layer_norm_forward(wide[:, :N], N, w, b),
         "unaligned": lambda nc: nc.layer_norm_forward(x_off, N, w, b),
+        "unaligned16": lambda nc: nc.layer_norm_forward(x_off8, N, w, b),  # 8-byte words, not 16
+        "out_overlaps_x": lambda nc: nc.layer_norm(x_in, N, w, b, out=out_shifted),
+        "out_overlaps_weight": lambda nc: nc.layer_norm(x, N, w_in_out, b, out=out),
         "eps": lambda nc: nc.layer_norm_forward(x, N, w, b, 1e-3),
         "eps_int": lambda nc: nc.layer_norm_forward(x, N, w, b, 1),
         "stream": lambda nc: nc.layer_norm_forward(x.bind(stream), N, w, b),
@@ -421,7 +424,11 @@ def replay(M, N, device_array, launches):
     w2, b2 = w.reshape(2, N // 2), b.reshape(2, N // 2)  # normalized_shape (2, N / 2)
     flat = device_array((M * N + 4,), f16)
     x_off = flat[1:M * N + 1].reshape(M, N)  # C-contiguous, 2 bytes off a word boundary
+    x_off8 = flat[4:M * N + 4].reshape(M, N)  # 8 bytes off a 16-byte boundary
     out = device_array((M, N), f16)
+    shared = device_array(((M + 1) * N,), f16)  # out= one row after x, in the same memory
+    x_in, out_shifted = shared[:M * N].reshape(M, N), shared[N:].reshape(M, N)
+    w_in_out = out.reshape(M * N)[N:2 * N]  # a weight inside out's second row
     dy = device_array((M, N), f16)
     st = full.layer_norm_forward(x, N, w, b)[1:]
     calls = dict(cases(M, N, device_array, full))

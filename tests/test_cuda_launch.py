@@ -94,7 +94,8 @@ def test_a_replayed_call_hands_the_driver_what_the_full_path_does(tmp_path):
     one in one thing -- the driver gets from the public frontend exactly what the full
     path (validation, launchers, direct launch) gives it for the same arguments, and the
     same results come back; a call seen before is replayed by its third time at the
-    latest; one that differs in shape, dtype, a parameter, eps, alignment, out=, which
+    latest; one that differs in shape, dtype, a parameter, eps, alignment (to 2, 8 or
+    16 bytes: element, 8-byte or 16-byte words), out= (overlapping an input or not), which
     arguments are the same array or the array type (numba's, another library's through
     the CUDA Array Interface) is not replayed from another call's plan; a strided x
     (copied first) is never replayed; the caller's stream (a numba array's, a producer's)
@@ -112,10 +113,13 @@ def test_a_replayed_call_hands_the_driver_what_the_full_path_does(tmp_path):
         if name == "strided":
             assert replayed == [False] * 4
             assert res[name][0][0]["launches"][0]["kernel"] == "numba setitem"
+        elif name.startswith("out_overlaps"):  # computed apart and copied in: never replayed
+            assert replayed == [False] * 4
+            assert res[name][0][0]["launches"][-1]["kernel"] == "numba setitem"
         else:
             assert replayed[2:] == [True, True], name
     # a new key is never served by an earlier plan on its first call
-    for name in ("dtype", "weight_dtype", "no_bias", "unaligned", "layer_norm_backward", "foreign"):
+    for name in ("dtype", "weight_dtype", "no_bias", "unaligned", "unaligned16", "layer_norm_backward", "foreign"):
         assert not res[name][0][0]["replayed"], name
     for name in ("shape", "rows", "eps", "eps_int", "out", "same_dy_and_x"):  # (their kernels were resolved)
         assert not res[name][0][0]["replayed"] and res[name][1][0]["replayed"], name

@@ -52,7 +52,8 @@ def empty(ctx, shape, dtype):
     return np.empty(shape, dtype)
 
 
-def out_view(out, shape):
+def out_view(out, shape, reads):
+    # (an out= overlapping an input is the launchers' to handle: cpu/_kernels/common.py)
     if not out.flags.writeable:
         raise ValueError("`out` is read-only")
     return out.reshape(shape) if out.flags.c_contiguous else None

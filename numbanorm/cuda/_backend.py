@@ -197,12 +197,41 @@ def empty(ctx, shape, dtype):
     return C.device_empty(shape, dtype)
 
 
-def out_view(out, shape):
+def out_view(out, shape, reads):
     if type(out) is np.ndarray:  # a host `out`: filled from a device result by copy_into
         if not out.flags.writeable:
             raise ValueError("`out` is read-only")
         return None
-    return out.reshape(shape) if out.is_c_contiguous() else None
+    if not out.is_c_contiguous():
+        return None
+    # blocks run in any order, so an out= overlapping an input (but x itself: each row
+    # is read before it is written, by the threads that write it) is computed apart
+    lo, hi = _extent(out)
+    for k, a in enumerate(reads):
+        if a is None or k == 0 and _same_array(a, out):
+            continue
+        a_lo, a_hi = _extent(a)
+        if a_lo < hi and lo < a_hi:
+            return None
+    return out.reshape(shape)
+
+
+def _extent(a):
+    """The device bytes ``[lo, hi)`` that array ``a`` spans (empty for no elements)."""
+    p = C._address(a)
+    if a.size == 0:
+        return p, p
+    lo = hi = p
+    for n, st in zip(a.shape, a.strides):
+        if st < 0:
+            lo += (n - 1) * st
+        else:
+            hi += (n - 1) * st
+    return lo, hi + a.dtype.itemsize
+
+
+def _same_array(a, b):
+    return C._address(a) == C._address(b) and a.shape == b.shape and a.strides == b.strides
 
 
 def copy_into(ctx, dst, src):
@@ -249,6 +278,20 @@ def wrap(a, like):
     return a
 
 
+def _overlap(spans, p, nbytes):
+    """Where the ``nbytes`` at ``p`` meet the earlier arguments' bytes (``spans``, to which
+    they are added): ``(k, same start)`` for the first that overlaps, or None.  A
+    replay keys on it: an out= that overlaps an input is written through a copy, and
+    dy given as x is one array twice (only C-contiguous arrays are ever replayed, so
+    ``nbytes`` from the first byte is the extent)."""
+    end = p + nbytes
+    spans.append((p, end))
+    for k, (lo, hi) in enumerate(spans[:-1]):
+        if lo < end and p < hi:
+            return k, lo == p
+    return None
+
+
 class Replays:
     """A call seen before, replayed: its allocations and its kernel launches, without the
     frontend's and the launchers' work.
@@ -279,7 +322,7 @@ class Replays:
         """``(key, pointers, arrays)`` of a call of ``kind`` (an operation's name and
         direction) on ``args`` (None, numba device arrays, other CUDA Array Interface
         objects, ints, floats, tuples of ints), or None where a call cannot be keyed."""
-        sig, pointers, arrays = [kind], [], []
+        sig, pointers, arrays, spans = [kind], [], [], []
         for a in args:
             t = type(a)
             if a is None:
@@ -289,8 +332,9 @@ class Replays:
                 p = None if memory is None else memory.device_ctypes_pointer.value
                 if not p:  # (empty arrays have none: never replayed)
                     return None
-                # which earlier argument is the same array (dy is x, ...) is part of the key
-                sig.append((t, a.shape, a.strides, a.dtype, p & 7, pointers.index(p) if p in pointers else -1))
+                # alignment (the word width) and overlap with earlier arguments are part of the key
+                sig.append((t, a.shape, a.strides, a.dtype, p % C.WORD_BYTES[0],
+                            _overlap(spans, p, a.size * a.dtype.itemsize)))
                 pointers.append(p)
                 arrays.append(a)
             elif t is float and a != 0.0 or t is int:  # (0.0 and -0.0 are one key but two kernel arguments)
@@ -302,9 +346,10 @@ class Replays:
                 p = desc["data"][0]
                 if not p or desc.get("mask") is not None:
                     return None
-                strides = desc.get("strides")
-                sig.append((t, tuple(desc["shape"]), strides and tuple(strides), desc["typestr"], p & 7,
-                            pointers.index(p) if p in pointers else -1))
+                strides, shape = desc.get("strides"), tuple(desc["shape"])
+                size = int(np.prod(shape)) * int(desc["typestr"][2:])
+                sig.append((t, shape, strides and tuple(strides), desc["typestr"], p % C.WORD_BYTES[0],
+                            _overlap(spans, p, size)))
                 pointers.append(p)
                 arrays.append(a)
             else:

@@ -213,6 +213,9 @@ def _address(a):
     return a.__array_interface__["data"][0]  # the simulator's, which wrap NumPy arrays
 
 
+WORD_BYTES = (16, 8)  # the word widths rows move in, widest first (an array's address decides)
+
+
 def vec_width(n, *rows, max_bytes=16):
     """Elements per word (16 bytes, else 8) for row arrays of ``n`` elements, or 1.
 
@@ -226,7 +229,7 @@ def vec_width(n, *rows, max_bytes=16):
     ``max_bytes=8``: 8-byte words at most (GroupNorm's kernels).
     """
     item = rows[0].dtype.itemsize
-    for size in (16, 8):
+    for size in WORD_BYTES:
         vec = size // item
         if size > max_bytes or vec <= 1 or n % vec or (size == 16 and item > 4):
             continue
