@@ -27,8 +27,8 @@ from .sums import deviation_sums, gradient_sums
 @njit(parallel=True, cache=True, nogil=True)
 def _forward(
     x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
-    w,      # (N,) weight in the accumulation dtype, or None
-    b,      # (N,) bias in the accumulation dtype, or None
+    w,      # (N,) weight in the accumulation dtype or as x's 16-bit bits (halves), or None
+    b,      # (N,) bias, as w
     eps,    # scalar in the accumulation dtype
     y,      # (M, N) output, x's dtype
     mean,   # (M,) per-row mean, accumulation dtype
@@ -45,8 +45,8 @@ def _forward(
 @njit(cache=True, fastmath=FASTMATH, nogil=True)
 def forward_rows(
     x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
-    w,      # (N,) weight in the accumulation dtype, or None
-    b,      # (N,) bias in the accumulation dtype, or None
+    w,      # (N,) weight in the accumulation dtype or as x's 16-bit bits (halves), or None
+    b,      # (N,) bias, as w
     eps,    # scalar in the accumulation dtype
     y,      # (M, N) output, x's dtype
     mean,   # (M,) per-row mean, accumulation dtype
@@ -191,8 +191,8 @@ def _row_scale(
 def scaled_row(
     x,      # (M, L) rows, all elements finite
     i,      # scalar: the row
-    w,      # (C,) weight in the accumulation dtype, or None
-    b,      # (C,) bias in the accumulation dtype, or None
+    w,      # (C,) weight in the accumulation dtype or as x's 16-bit bits (halves), or None
+    b,      # (C,) bias, as w
     w0,     # scalar: weight index of the row's first element (group norm: its first channel)
     per,    # scalar: elements per weight (1 for layer norm, S for group norm)
     eps,    # scalar
@@ -230,9 +230,9 @@ def scaled_row(
         v = dev * r if big else math.ldexp(dev, e) * r
         c = w0 + j // per
         if w is not None:
-            v = v * w[c]
+            v = v * widen(w[c])
         if b is not None:
-            v = v + b[c]
+            v = v + widen(b[c])
         out[o, j] = narrow(v, out)
     return math.ldexp(mu + corr, e), (math.ldexp(r, -e) if big else r)
 
@@ -261,9 +261,9 @@ def normalize_row(
     for j in range(x.shape[1]):
         v = ((widen(x[i, j]) - mu) - corr) * r
         if w is not None:
-            v = v * w[j]
+            v = v * widen(w[j])  # 16-bit weights of a small call are widened here (SmallCalls)
         if b is not None:
-            v = v + b[j]
+            v = v + widen(b[j])
         out[o, j] = narrow(v, out)
 
 
