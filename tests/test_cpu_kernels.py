@@ -330,3 +330,22 @@ def test_eps_zero_on_a_constant_row_gives_ieee_values_not_an_exception(dtype, ro
         assert np.isnan(y).all() and (s == x).all()
         y, s = nn.add_rms_norm(z, z, 768, eps=0.0)
         assert np.isnan(y).all()
+
+
+@pytest.mark.parametrize("first", [1e4, -3e3, 0.5])
+def test_forward_rows_whose_first_element_is_far_from_the_mean(rng, first):
+    """LayerNorm's statistics take one pass over the deviations from a row's first
+    element where that element lies within a standard deviation of the mean, and the
+    two-pass elsewhere: with the one pass trusted for a first element of 1e4 among
+    N(0, 1) (64 standard deviations out), y was up to 3e-2 off."""
+    from numbanorm import reference as ref
+
+    x = rng.standard_normal((3, 4096)).astype(np.float32)
+    x[:, 0] = first
+    x[1] += 1e4  # an offset row too: its first element is near or far as the others
+    w = rng.uniform(0.5, 1.5, 4096).astype(np.float32)
+    y, mean, rstd = nn.layer_norm_forward(x, 4096, w, None)
+    y_ref, mean_ref, rstd_ref = ref.layer_norm_forward(x, 4096, w, None)
+    assert_close(y, y_ref, np.float32, "y")
+    assert_close(mean, mean_ref, np.float32, "mean")
+    assert_close(rstd, rstd_ref, np.float32, "rstd")

@@ -353,6 +353,32 @@ def test_repeated_16_bit_and_out_calls_take_the_small_call_path_with_the_full_pa
     np.testing.assert_array_equal(buf[1:].view(np.uint8), want.view(np.uint8))
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_repeated_16_bit_call_goes_straight_to_the_kernel(dtype, monkeypatch):
+    """No launcher (which widened the weights with two Numba calls and two
+    allocations on every call) for a 16-bit call without out= seen before: the
+    kernel reads x, y and 16-bit weights as their integer views."""
+    from numbanorm.cpu import _backend
+    from numbanorm.cpu._kernels import layer_norm as ln_cpu, rms_norm as rms_cpu
+    from numbanorm.measure import host_dtype
+
+    dt = host_dtype(dtype)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 64)).astype(dt)
+    w = rng.standard_normal(64).astype(dt)
+    b32 = rng.standard_normal(64).astype(np.float32)
+    _backend.small_calls._plans.clear()
+    want = (nn.layer_norm(x, 64, w, b32), nn.rms_norm(x, 64, w))  # learned by the full path
+
+    def launcher_called(*args, **kwargs):
+        raise AssertionError("a repeated 16-bit call went through the launcher")
+
+    monkeypatch.setattr(ln_cpu, "forward", launcher_called)
+    monkeypatch.setattr(rms_cpu, "forward", launcher_called)
+    for got, w_ in zip((nn.layer_norm(x, 64, w, b32), nn.rms_norm(x, 64, w)), want):
+        np.testing.assert_array_equal(got.view(np.uint8), w_.view(np.uint8))
+
+
 def test_a_repeated_call_takes_the_small_call_path_and_still_validates():
     from numbanorm.cpu import _backend
 

@@ -23,7 +23,7 @@ from .sums import deviation_sums, gradient_sums
 @njit(parallel=True, cache=True, nogil=True)
 def _forward(
     x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
-    w,      # (N,) weight in the accumulation dtype, or None
+    w,      # (N,) weight in the accumulation dtype or as x's 16-bit bits (halves), or None
     eps,    # scalar in the accumulation dtype
     y,      # (M, N) output, x's dtype
     rstd,   # (M,) per-row 1/sqrt(mean(x^2) + eps), accumulation dtype
@@ -39,7 +39,7 @@ def _forward(
 @njit(cache=True, fastmath=FASTMATH, nogil=True)
 def forward_rows(
     x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
-    w,      # (N,) weight in the accumulation dtype, or None
+    w,      # (N,) weight in the accumulation dtype or as x's 16-bit bits (halves), or None
     eps,    # scalar in the accumulation dtype
     y,      # (M, N) output, x's dtype
     rstd,   # (M,) per-row 1/sqrt(mean(x^2) + eps), accumulation dtype
@@ -83,7 +83,7 @@ def row_sum_squares(
 def scaled_rms_row(
     x,      # (M, N) rows, all elements finite
     i,      # scalar: the row
-    w,      # (N,) weight in the accumulation dtype, or None
+    w,      # (N,) weight in the accumulation dtype or as x's 16-bit bits (halves), or None
     eps,    # scalar
     out,    # (K, N) where the scaled row goes
     o,      # scalar: the row of `out`
@@ -105,7 +105,7 @@ def scaled_rms_row(
         v = np.float64(widen(x[i, j]))
         v = math.ldexp(v, -e) * r if big else v * r
         if w is not None:
-            v = v * w[j]
+            v = v * widen(w[j])  # 16-bit weights of a small call too (SmallCalls)
         out[o, j] = narrow(v, out)
     return math.ldexp(r, -e) if big else r
 
@@ -123,7 +123,7 @@ def scale_row(
     for j in range(x.shape[1]):
         v = widen(x[i, j]) * r
         if w is not None:
-            v = v * w[j]
+            v = v * widen(w[j])  # 16-bit weights of a small call too (SmallCalls)
         out[o, j] = narrow(v, out)
 
 
