@@ -285,10 +285,11 @@ def _overlap(spans, p, nbytes):
     dy given as x is one array twice (only C-contiguous arrays are ever replayed, so
     ``nbytes`` from the first byte is the extent)."""
     end = p + nbytes
-    spans.append((p, end))
-    for k, (lo, hi) in enumerate(spans[:-1]):
+    for k, (lo, hi) in enumerate(spans):
         if lo < end and p < hi:
+            spans.append((p, end))
             return k, lo == p
+    spans.append((p, end))
     return None
 
 
