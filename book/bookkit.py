@@ -122,12 +122,26 @@ def print_table(header, rows, text_cols=2):
 
 
 def show_table(header, rows, text_cols=2):
-    """The same table as an HTML table (markdown output): it wraps to the page's width
-    where a printed one would scroll."""
-    from IPython.display import Markdown, display
+    """The same table as an HTML table: it wraps to the page's width where a printed one
+    would scroll.  HTML, not markdown: myst-nb renders a markdown output as CommonMark,
+    which has no tables (the pipes came out as one paragraph of text)."""
+    from html import escape
 
-    rows = [[str(c) for c in row] for row in rows]
-    display(Markdown("\n".join(readme_tables()._markdown_table(header, rows, text_cols))))
+    from IPython.display import HTML, display
+
+    def cell(c):  # a line may break after '/' and '_' ("instr/warp/row", "layer_norm_...")
+        return escape(str(c)).replace("/", "/<wbr>").replace("_", "_<wbr>")
+
+    def row(cells, tag):
+        return "<tr>" + "".join(
+            f'<{tag} style="text-align: {"left" if i < text_cols else "right"}; '
+            f'padding: 0.15em 0.45em">{cell(c)}</{tag}>'
+            for i, c in enumerate(cells)
+        ) + "</tr>"
+
+    body = "".join(row(r, "td") for r in rows)
+    display(HTML(f'<table class="table" style="font-size: 12px">'
+                 f'<thead>{row(header, "th")}</thead><tbody>{body}</tbody></table>'))
 
 
 def draw_row_blocks(M, N, blocks, title_rows, title_part, out_name):
@@ -175,8 +189,9 @@ def draw_row_blocks(M, N, blocks, title_rows, title_part, out_name):
 
 def draw_thread_mapping(cases):
     """The GPU kernels' row mapping (``numbanorm.cuda._kernels.common.row_config``) as a
-    picture: for each ``(label, N, cfg)``, the 8-byte words of the first rows of one
-    block, coloured by the warp whose thread loads them.  Thread ``t`` of a row group
+    picture: for each ``(dtype name, N, cfg)``, the words (``cfg.vec`` elements: 16 bytes
+    where the arrays allow, else 8, else one element) of the first rows of one block,
+    coloured by the warp whose thread loads them.  Thread ``t`` of a row group
     owns words ``t, t + tpr, ...``: between two dashed lines, one load instruction of
     the group, every thread reading one word, neighbours reading neighbours."""
     import matplotlib.pyplot as plt
@@ -194,8 +209,9 @@ def draw_thread_mapping(cases):
         for k in range(cfg.tpr, words, cfg.tpr):
             ax.axvline(k - 0.5, color="black", lw=0.8, ls="--")
         ax.set_yticks(range(shown), [f"row {r}" for r in range(shown)])
-        ax.set_xlabel(f"8-byte word of the row ({cfg.vec} elements each)")
-        more = f" (of {cfg.rows})" if cfg.rows > shown else ""
-        ax.set_title(f"{label}, N = {N}: {cfg.tpr} threads per row, {cfg.rows} rows per block{more}, "
+        word = cfg.vec * np.dtype(label).itemsize
+        ax.set_xlabel(f"{word}-byte word of the row ({cfg.vec} elements each)")
+        more = f" ({shown} shown)" if cfg.rows > shown else ""
+        ax.set_title(f"{label}, N = {N}: {cfg.tpr} threads per row, rows per block: {cfg.rows}{more}, "
                      f"{cfg.vpt} elements per thread", fontsize=9)
     return fig
