@@ -108,6 +108,9 @@ MEASURE = """
 """
 
 
+UNRENDERED_TABLE = re.compile(r"<p>\|[^<]*\n\|\s*:?(-{3,}|\u2014)")  # (--- typeset as an em dash)
+
+
 def browser():
     for name in ("chromium", "chromium-browser", "google-chrome"):
         path = shutil.which(name)
@@ -149,6 +152,10 @@ def main(html_dir):
             continue
         if "</body>" not in source:  # index.html: a redirect to the first page, no content
             continue
+        # a markdown table printed by a cell: myst-nb renders it as CommonMark (no tables),
+        # one paragraph of pipes (bookkit.show_table writes HTML instead)
+        if UNRENDERED_TABLE.search(source):
+            failures.append(f"{page.name}: a markdown table left unrendered (|---| in the page)")
         n_math = len(MATH.findall(source))
         dom = rendered_dom(exe, page)
         typeset = dom.count("<mjx-container")
