@@ -22,8 +22,8 @@ barrier) is paid fewer times:
   registers (``vpt`` per thread, a compile-time constant, so the arrays are
   registers), so x is read from global memory once; longer rows take the loop
   path, which copies the row (x, s, or x and dy) into shared memory in its own
-  dtype as it first reads it where the copies fit ``STAGE_BYTES`` (48 KB: static
-  shared arrays; 16-bit forward rows to 24576 elements, backward to 12288), so
+  dtype as it first reads it where the copies fit ``STAGE_BYTES`` (47 KB: static
+  shared arrays; 16-bit forward rows to 22528 elements, backward to 10240), so
   later passes read shared memory; beyond, it re-reads the row (from L2) for
   each pass.
 
@@ -81,8 +81,9 @@ SUM_COLS = 32          # column-sum kernel: columns per block (one warp, coalesc
 SUM_SLICES = 32        # column-sum kernel: partial rows summed in parallel per column
 SUM_ROWS_PER_SLICE = 16
 CAST_BLOCK = 256       # elementwise cast kernel: threads per block
-STAGE_BYTES = 48 * 1024  # shared memory a long row's staged copies may take (static arrays: 48 KB at most)
-STAGE_GRANULE = 1024   # staged rows are sized in multiples of this many kernel elements (8 KB of uint64):
+STAGE_BYTES = 47 * 1024  # shared memory a long row's staged copies may take: static arrays get 48 KB
+                         # in all, and the reductions' scratch takes up to 768 bytes of it
+STAGE_GRANULE = 512    # staged rows are sized in multiples of this many kernel elements (4 KB of uint64):
                        # a handful of capacity classes, never one kernel per row length
 
 
