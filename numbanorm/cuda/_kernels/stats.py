@@ -19,7 +19,7 @@ from numba import cuda
 
 from . import common as C
 from . import vec as _vec
-from .reduce import group_sum, group_sum2
+from .reduce import U32, group_sum, group_sum2
 
 
 def stage_type(xdt, vec):
@@ -42,31 +42,44 @@ def stage_fns(xdt, acc_name, vec):
     array is only 8-byte aligned (numba-cuda aligns a shared array to its
     element), so a 16-byte word moves there as its two 8-byte halves.
     """
+    # shared indices as unsigned 32-bit: a signed one costs numba's negative-index
+    # wraparound (a compare and a select per access)
     LOADW, STOREW = C.word_fns(xdt, acc_name, vec)
     if C.u64_per_word(xdt, vec) == 1:
         @cuda.jit(device=True)
         def copy(row, q, stage):
-            stage[q] = row[q]
+            stage[U32(q)] = row[q]
 
-        return copy, STOREW, LOADW
+        @cuda.jit(device=True)
+        def put1(stage, q, vals, e):
+            STOREW(stage, U32(q), vals, e)
+
+        @cuda.jit(device=True)
+        def get1(stage, q, out, e):
+            LOADW(stage, U32(q), out, e)
+
+        return copy, put1, get1
     HALF = vec // 2
     LOADH, STOREH = C.word_fns(xdt, acc_name, HALF)
 
     @cuda.jit(device=True)
     def copy2(row, q, stage):
         lo, hi = _vec.load_pair(row, q)
-        stage[2 * q] = lo
-        stage[2 * q + 1] = hi
+        k = U32(q) << U32(1)
+        stage[k] = lo
+        stage[k + U32(1)] = hi
 
     @cuda.jit(device=True)
     def put(stage, q, vals, e):
-        STOREH(stage, 2 * q, vals, e)
-        STOREH(stage, 2 * q + 1, vals, e + HALF)
+        k = U32(q) << U32(1)
+        STOREH(stage, k, vals, e)
+        STOREH(stage, k + U32(1), vals, e + HALF)
 
     @cuda.jit(device=True)
     def get(stage, q, out, e):
-        LOADH(stage, 2 * q, out, e)
-        LOADH(stage, 2 * q + 1, out, e + HALF)
+        k = U32(q) << U32(1)
+        LOADH(stage, k, out, e)
+        LOADH(stage, k + U32(1), out, e + HALF)
 
     return copy2, put, get
 
