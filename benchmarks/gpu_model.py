@@ -75,7 +75,9 @@ Below ~0.6 a kernel can keep the memory system busy; above, issue is the
 limit.  ``bytes_per_row`` is compulsory DRAM traffic: each array a launch
 touches crosses DRAM once (re-reads of a row by the long-row loop path and
 read-modify-writes of partial sums are assumed to hit L2; ``load_bytes_per_row``
-is what the SASS requests, re-reads included).  Occupancy is resident threads
+is what the SASS requests from global memory, re-reads included: a long row
+staged in shared memory, ``row_staged``, is requested once, and its later
+passes' shared loads count as instructions, in loops over the row's words).  Occupancy is resident threads
 per SM from registers (allocated per warp in units of 256), static shared
 memory (228 KB per SM, 1 KB reserved per block), 2048 threads and 32 blocks;
 bytes in flight per SM = resident threads x the largest run of row-path
@@ -276,14 +278,21 @@ class Sass:
 
         return self.weighted(a, b, iterations, size)
 
+    # a kernel that stages its long rows in shared memory: its loops over the
+    # row's words may access shared memory only (the passes after the first)
+    staged = False
+
     def global_accesses(self, a, b):
-        return sum(_is_global(self.ins[k].op) for k in range(a, b + 1))
+        """Row accesses in [a, b]: global ones (and shared ones in a staged kernel)."""
+        shared = ("LDS", "STS") if self.staged else ()
+        return sum(_is_global(self.ins[k].op) or self.ins[k].op.split(".")[0] in shared for k in range(a, b + 1))
 
     def loop_kind(self, loop):
-        """'words' (global accesses: a loop over the row), 'partials' (shared loads
-        only: the cross-warp step of a reduction), or 'other'."""
+        """'words' (global accesses, or shared ones in a staged kernel: a loop over the
+        row), 'partials' (shared loads only: the cross-warp step of a reduction), or
+        'other'."""
         ops = [self.ins[k].op.split(".")[0] for k in range(loop[0], loop[1] + 1)]
-        if any(o in ("LDG", "STG", "RED", "ATOMG") for o in ops):
+        if any(o in ("LDG", "STG", "RED", "ATOMG") for o in ops) or (self.staged and "LDS" in ops):
             return "words"
         if "LDS" in ops:
             return "partials"
@@ -655,6 +664,7 @@ def analyse(launch, compiled):
     """The model's figures for one launch (totals over the launch; see the module docstring)."""
     sass = Sass(compiled.sass)
     clo = _closure(launch.kernel.py_func)
+    sass.staged = bool(clo.get("STAGED"))
     tpr = clo.get("TPR")
     rows2d = next((a for a in launch.args if isinstance(a, np.ndarray) and a.ndim == 2), None)
     warps_per_block = cdiv(launch.block, 32)
@@ -709,6 +719,7 @@ def analyse(launch, compiled):
         "elements_per_thread": clo.get("VPT"),
         "elements_per_word": clo.get("V"),
         "loop_path": clo.get("LOOP"),
+        "row_staged": sass.staged,            # a long row copied to shared memory: global memory read once
         "launch_rows": rows,
         "row_words": words,
         "registers": compiled.registers,

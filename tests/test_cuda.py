@@ -77,6 +77,21 @@ def test_row_mapping_by_row_length(knobs, monkeypatch):
     assert C.row_config(32768, 8193).loop                                # past the registers
     assert C.row_config(32768, 4096, True)[:4] == (512, 8, 1, False)     # float64: half per thread
     assert C.row_config(32768, 4097, True).loop
+    # long rows staged in shared memory in their own dtype where the copies fit the 48 KB
+    # of static shared memory beside the reductions' scratch (ptxas refuses more):
+    # float16 forward (one copy) to 22528 elements, backward (x and dy) to 10240
+    assert C.STAGE_BYTES + _reduce.slots(C.MAX_TPR) * 2 * 3 * 8 <= 48 * 1024
+    f16 = dict(wide=False, vec=8, resident=512, item=2)
+    assert C.row_config(32768, 8192, staged=1, **f16).stage == 0          # registers: nothing staged
+    assert C.row_config(32768, 16384, staged=1, **f16).stage == 4096      # 32 KB of uint64
+    assert C.row_config(32768, 22528, staged=1, **f16).stage == 5632      # 44 KB
+    assert C.row_config(32768, 22529, staged=1, **f16).stage == 0         # 48 KB: more than 47
+    assert C.row_config(32768, 32768, staged=1, **f16).stage == 0         # 64 KB: the loop path
+    assert C.row_config(32768, 10240, staged=2, **f16).stage == 2560
+    assert C.row_config(32768, 12288, staged=2, **f16).stage == 0
+    assert C.row_config(32768, 9001, False, 1, 512, 4, 1).stage == 9216   # elements (odd length): float32, 36 KB
+    # capacity classes: every row length from 8193 to 22528 compiles one of 7 kernels (4 KB apart)
+    assert len({C.row_config(1, n, staged=1, **f16).stage for n in range(8193, 22529, 8)}) == 7
     # a few short rows spread over SMs instead of filling one block (a warp of rows each)
     assert C.row_config(100, 64).rows == 8 and C.row_config(100, 64).grid == 13
     assert C.row_config(100, 1024).rows == 1 and C.row_config(100, 1024).grid == 100
@@ -100,12 +115,17 @@ def test_row_mapping_invariants(n, m):
 
 # ---------------------------------------------------------------- both mappings, all paths
 
-# (mapping knobs, shapes): the default mapping; rows forced onto the loop path; a
-# grid of one block striding over all rows (several rows per block, partial
-# last block); 16 threads per row with 4 rows per block
+# (mapping knobs, shapes): the default mapping; rows forced onto the loop path, staged
+# in shared memory (they fit), not staged (nothing fits), or the forward staged and
+# the backward not (float32; float16 both, float64 neither); a grid of one block
+# striding over all rows (several rows per block, partial last block); 16 threads
+# per row with 4 rows per block
+LONG = {"MAX_TPR": 16, "MAX_VPT": 2}
 MAPPINGS = {
     "default": ({}, [(5, 70), (2, 300), (3, 96)]),  # elements or 8-byte words; 16-byte words
-    "loop": ({"MAX_TPR": 16, "MAX_VPT": 2}, [(3, 70), (2, 33), (2, 64)]),
+    "loop": (LONG, [(3, 70), (2, 33), (2, 64)]),
+    "loop_unstaged": ({**LONG, "STAGE_BYTES": 0}, [(3, 70), (2, 33), (2, 64)]),
+    "stage_edge": ({**LONG, "STAGE_GRANULE": 4, "STAGE_BYTES": 256}, [(3, 64), (2, 33)]),
     "one_block": ({"MIN_RESIDENT": 1, "BLOCK_THREADS": 32}, [(7, 20), (5, 9)]),
     "subwarp": ({"REG_ELEMS": 2, "BLOCK_THREADS": 64}, [(6, 30)]),
 }
@@ -131,6 +151,9 @@ def test_every_mapping_against_the_oracle(knobs, rng, mapping, dtype):
         dxr, dwr, dbr = ORACLE.add_layer_norm_backward(dy, ds, x, mr, rr, n, w)
         for got, ref in zip(nc.add_layer_norm_backward(dy, ds, x, m, r, n, w), (dxr, dwr, dbr)):
             assert_close(got, ref, dtype, f"LN backward {mapping} {shape}")
+        y, s, m, r = nc.add_layer_norm_forward(x, ds, n, w, b)
+        np.testing.assert_array_equal(s, x + ds)
+        assert_close(y, ORACLE.layer_norm_forward(s, n, w, b)[0], dtype, f"LN y (fused) {mapping} {shape}")
         y, s = nc.add_rms_norm(x, dy, n, w)
         np.testing.assert_array_equal(s, x + dy)
         yr, rr = ORACLE.rms_norm_forward(s, n, w)
@@ -391,12 +414,14 @@ def test_bfloat16_store_rounds_to_nearest_even():
 
 
 @pytest.mark.cudasim
+@pytest.mark.parametrize("mapping", ["default", "loop", "loop_unstaged"])
 @pytest.mark.parametrize("shape", [(5, 64), (3, 70)])  # rows in words; element by element
-def test_bfloat16_kernels_match_the_oracle_rounded(rng, shape):
+def test_bfloat16_kernels_match_the_oracle_rounded(knobs, rng, shape, mapping):
     """LayerNorm, RMSNorm (fused add included) and GroupNorm in bfloat16: the float32
     oracle on the same bfloat16 inputs, rounded to bfloat16 (an ulp of slack: the
     kernels and the oracle sum in different orders)."""
     bf16 = _bf16()
+    knobs(**MAPPINGS[mapping][0])
     n = shape[-1]
     x, dy = _rows(rng, shape).astype(bf16), _rows(rng, shape).astype(bf16)
     w = rng.uniform(0.5, 1.5, n).astype(bf16)
@@ -725,3 +750,33 @@ def test_large_offset_rows_against_the_oracle(rng, shape):
     yr, mr, rr = ORACLE.layer_norm_forward(s, n, w, b)
     assert_close(y, yr, np.float32, f"large offset fused y {shape}")
     assert_close(r, rr, np.float32, f"large offset fused rstd {shape}")
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("mapping", ["loop", "loop_unstaged"])
+@pytest.mark.parametrize("offset", [0, 4, 1])  # float16 elements: 16-byte, 8-byte words, elements
+def test_long_rows_of_offset_views_against_the_oracle(knobs, rng, mapping, offset):
+    """Long rows in every word width (an offset view falls back to narrower words),
+    staged in shared memory or re-read, forward and backward."""
+    knobs(**MAPPINGS[mapping][0])
+    n = 64
+    x, dy = _rows(rng, (3, n), np.float16), _rows(rng, (3, n), np.float16)
+    w = rng.uniform(0.5, 1.5, n).astype(np.float16)
+    b = rng.standard_normal(n).astype(np.float16)
+
+    def view(a):
+        flat = cuda.to_device(np.concatenate([np.zeros(offset, a.dtype), a.ravel()]))
+        return flat[offset:].reshape(a.shape)
+
+    xd, dyd = view(x), view(dy)
+    vec = C.vec_width(n, xd)
+    assert vec == {0: 8, 4: 4, 1: 1}[offset]
+    staged = C.row_config(3, n, False, vec, C.ROW_RESIDENT, 2, 2).stage > 0
+    assert staged == (mapping == "loop")
+    y, m, r = (a.copy_to_host() for a in nc.layer_norm_forward(xd, n, cuda.to_device(w), cuda.to_device(b)))
+    yr, mr, rr = ORACLE.layer_norm_forward(x, n, w, b)
+    assert_close(y, yr, np.float16, f"y {mapping} {offset}")
+    assert_close(r, rr, np.float32, f"rstd {mapping} {offset}")
+    got = nc.layer_norm_backward(dyd, xd, cuda.to_device(m), cuda.to_device(r), n, cuda.to_device(w))
+    for g, ref, what in zip(got, ORACLE.layer_norm_backward(dy, x, mr, rr, n, w), ("dx", "dw", "db")):
+        assert_close(g.copy_to_host(), ref, np.float16, f"{what} {mapping} {offset}")

@@ -76,6 +76,15 @@ PROLOGUE_LOOP = """
 """
 
 
+def test_shared_loops_of_a_staged_kernel_are_word_loops():
+    """A kernel staging its long rows in shared memory reads them there in its later
+    passes: those loops (shared loads only) go over the row's words, not warp partials."""
+    s = G.Sass(SNIPPET)
+    s.staged = True
+    assert s.loop_kind((9, 13)) == "words" and s.loop_kind((14, 17)) == "words"
+    assert s.global_accesses(9, 13) == 2
+
+
 def test_row_loop_is_the_longest_outer_loop():
     # a loop storing before the row loop (the long-row backward zeroes its partial sums)
     s = G.Sass(PROLOGUE_LOOP)

@@ -107,19 +107,24 @@ def _cases():
         wide = dt == np.float64
         full = 16 // dt.itemsize if dt.itemsize <= 4 else 1   # 16-byte words (row kernels)
         half = C.WORD.itemsize // dt.itemsize                   # 8-byte words (GroupNorm; fallback)
-        for n in (64, 2048, 8192, 20000):
+        # 10240: long rows staged in shared memory, forward and (16-bit) backward, at
+        # the most shared memory they take; 20000: the 16-bit forward staged, the rest re-read
+        for n in (64, 2048, 8192, 10240, 20000):
             # rows moved in 16-byte words (the aligned case), and in 8-byte words and
             # element by element (rows that do not split, offset views) at one length
-            for vec in sorted({full, half, 1} if n == 2048 else {full, half}):
+            for vec in sorted({full, half, 1} if n == 2048 else {full} if n == 10240 else {full, half}):
                 R2 = arr(T.uint64, 2) if vec > 1 else arr(X, 2)
-                cfg = C.row_config(32768, n, wide, vec)
+                cfg = C.row_config(32768, n, wide, vec, None, dt.itemsize, 1)   # forward: x (or s) staged
+                bcfg = C.row_config(32768, n, wide, vec, None, dt.itemsize, 2)  # backward: x and dy
                 tag = f"{dt.name} N={n} tpr={cfg.tpr} vpt={cfg.vpt} vec={vec} rows={cfg.rows} loop={cfg.loop}"
                 for kind in RW.KINDS:
-                    yield (f"{kind}_norm.forward {tag}", RW.forward_kernel(kind, dt, dt, dt, cfg.code, True),
+                    yield (f"{kind}_norm.forward {tag} stage={cfg.stage}",
+                           RW.forward_kernel(kind, dt, dt, dt, cfg.code, True),
                            (R2, R2, X1, X1, A, R2, R2, A1, A1), cfg.block, wide)
-                    yield (f"{kind}_norm.backward {tag}", RW.backward_kernel(kind, dt, dt, cfg.code, True),
-                           (R2, R2, A1, A1, X1, R2, R2, A3), cfg.block, wide)
-                if vec == full and full != half:
+                    yield (f"{kind}_norm.backward {tag} stage={bcfg.stage}",
+                           RW.backward_kernel(kind, dt, dt, bcfg.code, True),
+                           (R2, R2, A1, A1, X1, R2, R2, A3), bcfg.block, wide)
+                if n == 10240 or (vec == full and full != half):
                     continue  # GroupNorm moves 8-byte words at most
                 gcfg = C.row_config(4 * 32, n * 10, wide, vec)  # (4, 320 channels, 32 groups, S=n)
                 yield (f"group_norm.forward {dt.name} L={n * 10} vec={vec}", GN._forward_kernel(dt, dt, dt, gcfg.code),

@@ -21,7 +21,11 @@ barrier) is paid fewer times:
 * rows up to ``MAX_TPR * MAX_VPT`` elements (8192; 4096 for float64) stay in
   registers (``vpt`` per thread, a compile-time constant, so the arrays are
   registers), so x is read from global memory once; longer rows take the loop
-  path, which re-reads the row (from L2) for each pass.
+  path, which copies the row (x, s, or x and dy) into shared memory in its own
+  dtype as it first reads it where the copies fit ``STAGE_BYTES`` (47 KB: static
+  shared arrays; 16-bit forward rows to 22528 elements, backward to 10240), so
+  later passes read shared memory; beyond, it re-reads the row (from L2) for
+  each pass.
 
 The grid is persistent: one wave of the blocks the launch bounds keep resident
 on every SM, each striding over rows, so per-thread copies of weight/bias (and,
@@ -78,6 +82,10 @@ SUM_COLS = 32          # column-sum kernel: columns per block (one warp, coalesc
 SUM_SLICES = 32        # column-sum kernel: partial rows summed in parallel per column
 SUM_ROWS_PER_SLICE = 16
 CAST_BLOCK = 256       # elementwise cast kernel: threads per block
+STAGE_BYTES = 47 * 1024  # shared memory a long row's staged copies may take: static arrays get 48 KB
+                         # in all, and the reductions' scratch takes up to 768 bytes of it
+STAGE_GRANULE = 512    # staged rows are sized in multiples of this many kernel elements (4 KB of uint64):
+                       # a handful of capacity classes, never one kernel per row length
 
 
 def cdiv(a, b):
@@ -97,16 +105,28 @@ def n_sm():
 
 # What the generated code depends on: kernels are specialized (and cached) on this,
 # never on the row count or the grid, which are launch arguments
-Mapping = namedtuple("Mapping", "tpr vpt rows loop block vec")
+# ``stage``: kernel elements of the shared copy of each staged row (0: the loop path re-reads global memory)
+Mapping = namedtuple("Mapping", "tpr vpt rows loop block vec stage")
 
 
-class RowConfig(namedtuple("RowConfig", "tpr vpt rows loop block grid vec")):
+class RowConfig(namedtuple("RowConfig", "tpr vpt rows loop block grid vec stage")):
     __slots__ = ()
 
     @property
     def code(self):
         """The part of the configuration a kernel is compiled for (all but the grid)."""
-        return Mapping(self.tpr, self.vpt, self.rows, self.loop, self.block, self.vec)
+        return Mapping(self.tpr, self.vpt, self.rows, self.loop, self.block, self.vec, self.stage)
+
+
+def stage_capacity(N, item, vec, staged):
+    """Kernel elements of the shared copy of a long row (``staged`` copies of ``N``
+    elements of ``item`` bytes, in uint64 words when ``vec > 1``), rounded up to
+    ``STAGE_GRANULE``; 0 when they do not fit ``STAGE_BYTES``."""
+    if not staged:
+        return 0
+    size = 8 if vec > 1 else item              # bytes per kernel element
+    cap = cdiv(cdiv(N * item, size), STAGE_GRANULE) * STAGE_GRANULE
+    return cap if cap * size * staged <= STAGE_BYTES else 0
 
 
 def kernel_jit(block, resident=None):
@@ -152,7 +172,7 @@ def source_stamp():
 
 
 @functools.lru_cache(maxsize=4096)
-def row_config(M, N, wide=False, vec=1, resident=None):
+def row_config(M, N, wide=False, vec=1, resident=None, item=0, staged=0):
     """How ``M`` rows of ``N`` elements map onto threads (see the module docstring).
 
     ``wide``: float64 accumulation, whose values take two registers each, so
@@ -160,6 +180,9 @@ def row_config(M, N, wide=False, vec=1, resident=None):
     elements moved by one load (``vec_width``); a thread's ``vpt`` elements
     are then ``vpt // vec`` such words.  ``resident``: the threads per SM the
     kernel's launch bounds guarantee (``kernel_jit``; default ``MIN_RESIDENT``).
+    ``item``, ``staged``: a long row's ``staged`` arrays of ``item``-byte elements
+    are copied to shared memory once where they fit (``stage_capacity``), so the
+    passes after the first read shared memory, not global memory.
     """
     elems, max_vpt = (REG_ELEMS // 2, MAX_VPT // 2) if wide else (REG_ELEMS, MAX_VPT)
     tpr = min(MAX_TPR, pow2(cdiv(N, elems)))
@@ -181,7 +204,8 @@ def row_config(M, N, wide=False, vec=1, resident=None):
     # one wave: the blocks the launch bounds make resident on every SM at once (more
     # would queue a second wave, and the backward would write more partial rows)
     grid = max(1, min(cdiv(M, rows), n_sm() * max(1, (resident or MIN_RESIDENT) // block)))
-    return RowConfig(tpr, vpt, rows, loop, block, grid, vec)
+    stage = stage_capacity(N, item, vec, staged) if loop else 0
+    return RowConfig(tpr, vpt, rows, loop, block, grid, vec, stage)
 
 
 # ---------------------------------------------------------------- dtypes

@@ -92,7 +92,7 @@ def _forward_kernel(xdt, wdt, bdt, cfg):
             xr = x[rr]
             yr = y[rr]
             c0 = (rr % G) * Cg           # first channel of this group
-            total = ROW_SUM(xr, xr, xr, xs, tmp, live, t, NW)
+            total = ROW_SUM(xr, xr, xr, xs, tmp, live, t, NW, xr)
             mu, corr, r = CENTERED(xr, xs, live, t, NW, total, inv_n, eps, scratch, tid)
             if live and t == 0:
                 mean[row] = mu + corr

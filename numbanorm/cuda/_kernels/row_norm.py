@@ -68,8 +68,11 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
     KW = C.u64_per_word(xdt, V)
     SHIFT = TPR.bit_length() - 1
     SLOTS = slots(BLOCK)
-    ROW_SUM = stats.row_sum_fn(xdt, TPR, VPT, V, LOOP, not LAYER, has_r)
-    CENTERED = stats.centered_fn(xdt, TPR, VPT, V, LOOP)
+    STAGE, STAGED = max(1, code.stage), code.stage > 0
+    ST = stats.stage_type(xdt, V)
+    ROW_SUM = stats.row_sum_fn(xdt, TPR, VPT, V, LOOP, not LAYER, has_r, STAGED)
+    CENTERED = stats.centered_fn(xdt, TPR, VPT, V, LOOP, STAGED)
+    READW = stats.stage_fns(xdt, ACC.name, V)[2] if STAGED else LOADW  # passes 2 and 3 of a long row
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
     def forward(
@@ -100,6 +103,9 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
         ws = cuda.local.array(VPT, ACC)     # ... of weight and bias, loaded once
         bs = cuda.local.array(VPT, ACC)
         tmp = cuda.local.array(V, ACC)      # one word in flight
+        # a long row's copy (x, or s when fused) in shared memory: passes 2 and 3
+        # read it there instead of global memory (each thread its own words: no barrier)
+        stage = cuda.shared.array(STAGE, ST)
         if not LOOP:
             for e in range(VPT):
                 j = (t + (e // V) * TPR) * V + e % V
@@ -115,9 +121,10 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
             resr = res[rr if has_r else 0]
             sr = s[rr if has_r else 0]
             # pass 1: the sum (RMSNorm: of squares), and, fused, s = x + res stored once
-            total = ROW_SUM(xr, resr, sr, xs, tmp, live, t, NW)
+            total = ROW_SUM(xr, resr, sr, xs, tmp, live, t, NW, stage)
+            src = stage if STAGED else (sr if has_r else xr)   # what passes 2 and 3 read
             if LAYER:
-                mu, corr, r = CENTERED(sr if has_r else xr, xs, live, t, NW, total, inv_n, eps, scratch, tid)
+                mu, corr, r = CENTERED(src, xs, live, t, NW, total, inv_n, eps, scratch, tid)
                 if live and t == 0:
                     mean[row] = mu + corr
                     rstd[row] = r
@@ -135,7 +142,7 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
             if live:
                 if LOOP:
                     for q in range(t, NW, TPR):
-                        LOADW(sr if has_r else xr, q, xs, 0)
+                        READW(src, q, xs, 0)
                         for v in range(V):
                             val = ((xs[v] - mu) - corr) * r if LAYER else xs[v] * r
                             if has_w:
@@ -176,6 +183,9 @@ def backward_kernel(kind, xdt, wdt, code, has_ds):
     SLOTS = slots(BLOCK)
     COLS = TPR * VPT  # columns a row group holds in registers
     K = 2 if LAYER else 1  # partial rows: dweight (and dbias)
+    STAGE, STAGED = max(1, code.stage), code.stage > 0
+    ST = stats.stage_type(xdt, V)
+    COPY, _, GET = stats.stage_fns(xdt, ACC.name, V)
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
     def backward(
@@ -204,6 +214,11 @@ def backward_kernel(kind, xdt, wdt, code, has_ds):
         dwa = cuda.local.array(VPT, ACC)    # running sum of dy * xhat, per column
         dba = cuda.local.array(VPT, ACC)    # running sum of dy, per column (LayerNorm)
         tmp = cuda.local.array(V, ACC)
+        # a long row's x and dy in shared memory: pass 2 reads them there (each
+        # thread its own words: no barrier)
+        stage = cuda.shared.array((2, STAGE), ST)
+        sx = stage[0]
+        sdy = stage[1]
         dwp = part[0, blk]
         dbp = part[K - 1, blk]
         if LOOP:
@@ -235,8 +250,14 @@ def backward_kernel(kind, xdt, wdt, code, has_ds):
             if LOOP:
                 if live:
                     for q in range(t, NW, TPR):
-                        LOADW(xr, q, xs, 0)
-                        LOADW(dyr, q, gs, 0)
+                        if STAGED:
+                            COPY(xr, q, sx)
+                            COPY(dyr, q, sdy)
+                            GET(sx, q, xs, 0)
+                            GET(sdy, q, gs, 0)
+                        else:
+                            LOADW(xr, q, xs, 0)
+                            LOADW(dyr, q, gs, 0)
                         for v in range(V):
                             wdy = gs[v] * LW(w[q * V + v]) if has_w else gs[v]
                             if LAYER:
@@ -281,8 +302,12 @@ def backward_kernel(kind, xdt, wdt, code, has_ds):
             if live:
                 if LOOP:
                     for q in range(t, NW, TPR):
-                        LOADW(xr, q, xs, 0)
-                        LOADW(dyr, q, gs, 0)
+                        if STAGED:
+                            GET(sx, q, xs, 0)
+                            GET(sdy, q, gs, 0)
+                        else:
+                            LOADW(xr, q, xs, 0)
+                            LOADW(dyr, q, gs, 0)
                         if has_ds:
                             LOADW(dsr, q, tmp, 0)
                         for v in range(V):
@@ -359,7 +384,7 @@ def forward(kind, x, weight, bias, eps, y, mean, rstd, residual=None, s=None, st
     if M == 0:
         return
     vec = C.vec_width(N, x, y, residual, s)
-    cfg = C.row_config(M, N, x.dtype == C.F64, vec, C.ROW_RESIDENT)
+    cfg = C.row_config(M, N, x.dtype == C.F64, vec, C.ROW_RESIDENT, x.dtype.itemsize, 1)  # x (or s) staged
     kern = forward_kernel(kind, np.dtype(x.dtype), C.dtype_or_none(weight), C.dtype_or_none(bias), cfg.code,
                           residual is not None)
     xe, xk = C.kview(x), C.words(x, vec)  # elements (dummy parameters), words (rows)
@@ -382,7 +407,7 @@ def backward(kind, dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None, strea
         C.column_sums(C.device_empty((K, 0, N), acc), dweight, dbias, stream)
         return
     vec = C.vec_width(N, x, dy, dx, ds)
-    cfg = C.row_config(M, N, x.dtype == C.F64, vec, C.ROW_RESIDENT)
+    cfg = C.row_config(M, N, x.dtype == C.F64, vec, C.ROW_RESIDENT, x.dtype.itemsize, 2)  # x and dy staged
     part = C.device_empty((K, cfg.grid, N), acc)
     kern = backward_kernel(kind, np.dtype(x.dtype), C.dtype_or_none(weight), cfg.code, ds is not None)
     xe, xk = C.kview(x), C.words(x, vec)

@@ -18,18 +18,83 @@ import math
 from numba import cuda
 
 from . import common as C
-from .reduce import group_sum, group_sum2
+from . import vec as _vec
+from .reduce import U32, group_sum, group_sum2
+
+
+def stage_type(xdt, vec):
+    """numba type of a staged row's elements: the kernels' view of the row (uint64
+    words, or single elements: bfloat16 as its uint16 bits)."""
+    if vec > 1:
+        return cuda.uint64
+    if C.is_bfloat16(xdt):
+        return cuda.uint16
+    return {C.F16: cuda.types.float16, C.F32: cuda.float32, C.F64: cuda.float64}[xdt]
 
 
 @functools.lru_cache(maxsize=None)
-def row_sum_fn(xdt, tpr, vpt, vec, loop, squares, has_r):
-    """``row_sum(xr, resr, sr, xs, tmp, live, t, NW)``: this thread's part of the row's
+def stage_fns(xdt, acc_name, vec):
+    """Device functions moving word ``q`` of a row to and from its shared copy (a
+    1-D array of the row's kernel elements, ``common.stage_capacity`` long).
+
+    ``copy(row, q, stage)``: the word as it is, ``put(stage, q, vals, e)``: from
+    accumulation values, ``get(stage, q, out, e)``: to them.  A shared uint64
+    array is only 8-byte aligned (numba-cuda aligns a shared array to its
+    element), so a 16-byte word moves there as its two 8-byte halves.
+    """
+    # shared indices as unsigned 32-bit: a signed one costs numba's negative-index
+    # wraparound (a compare and a select per access)
+    LOADW, STOREW = C.word_fns(xdt, acc_name, vec)
+    if C.u64_per_word(xdt, vec) == 1:
+        @cuda.jit(device=True)
+        def copy(row, q, stage):
+            stage[U32(q)] = row[q]
+
+        @cuda.jit(device=True)
+        def put1(stage, q, vals, e):
+            STOREW(stage, U32(q), vals, e)
+
+        @cuda.jit(device=True)
+        def get1(stage, q, out, e):
+            LOADW(stage, U32(q), out, e)
+
+        return copy, put1, get1
+    HALF = vec // 2
+    LOADH, STOREH = C.word_fns(xdt, acc_name, HALF)
+
+    @cuda.jit(device=True)
+    def copy2(row, q, stage):
+        lo, hi = _vec.load_pair(row, q)
+        k = U32(q) << U32(1)
+        stage[k] = lo
+        stage[k + U32(1)] = hi
+
+    @cuda.jit(device=True)
+    def put(stage, q, vals, e):
+        k = U32(q) << U32(1)
+        STOREH(stage, k, vals, e)
+        STOREH(stage, k + U32(1), vals, e + HALF)
+
+    @cuda.jit(device=True)
+    def get(stage, q, out, e):
+        k = U32(q) << U32(1)
+        LOADH(stage, k, out, e)
+        LOADH(stage, k + U32(1), out, e + HALF)
+
+    return copy2, put, get
+
+
+@functools.lru_cache(maxsize=None)
+def row_sum_fn(xdt, tpr, vpt, vec, loop, squares, has_r, staged=False):
+    """``row_sum(xr, resr, sr, xs, tmp, live, t, NW, stage)``: this thread's part of the row's
     sum (of squares with ``squares``); ``has_r``: x + res, stored into sr and rounded
-    to x's dtype, is what is summed (and left in ``xs``)."""
+    to x's dtype, is what is summed (and left in ``xs``); ``staged`` (loop path): the
+    row summed (x, or s) is also copied into ``stage``, for the later passes."""
     ACC = C.acc_type(xdt)
     LX, SX = C.load_fn(xdt, ACC.name), C.store_fn(xdt)
     LOADW, STOREW = C.word_fns(xdt, ACC.name, vec)
-    TPR, V, LOOP, LAYER = tpr, vec, loop, not squares
+    COPY, PUT, GET = stage_fns(xdt, ACC.name, vec)
+    TPR, V, LOOP, LAYER, STAGED = tpr, vec, loop, not squares, staged and loop
     WPT = vpt // vec                  # words per thread
 
     @cuda.jit(device=True)
@@ -42,17 +107,25 @@ def row_sum_fn(xdt, tpr, vpt, vec, loop, squares, has_r):
         live,   # bool: the row exists (dead rows add zeros)
         t,      # int: thread within the row group
         NW,     # int: words per row
+        stage,  # (>= NW words) shared copy of the row summed (staged), else unread
     ):
         total = ACC(0)
         if LOOP:
             if live:
                 for q in range(t, NW, TPR):
-                    LOADW(xr, q, xs, 0)
+                    if STAGED and not has_r:
+                        # the word as it is (no conversions), then read back from shared memory
+                        COPY(xr, q, stage)
+                        GET(stage, q, xs, 0)
+                    else:
+                        LOADW(xr, q, xs, 0)
                     if has_r:
                         LOADW(resr, q, tmp, 0)
                         for v in range(V):
                             xs[v] += tmp[v]
                         STOREW(sr, q, xs, 0)
+                        if STAGED:
+                            PUT(stage, q, xs, 0)
                     for v in range(V):
                         # fused: normalize the s handed back, rounded
                         val = LX(SX(xs[v])) if has_r else xs[v]
@@ -80,17 +153,18 @@ def row_sum_fn(xdt, tpr, vpt, vec, loop, squares, has_r):
 
 
 @functools.lru_cache(maxsize=None)
-def centered_fn(xdt, tpr, vpt, vec, loop):
+def centered_fn(xdt, tpr, vpt, vec, loop, staged=False):
     """``centered(src, xs, live, t, NW, total, inv_n, eps, scratch, tid)`` -> ``(mu, corr,
-    rstd)``: mean = mu + corr, with ((x - mu) - corr) the deviations the kernels use."""
+    rstd)``: mean = mu + corr, with ((x - mu) - corr) the deviations the kernels use.
+    ``staged``: ``src`` is the row's shared copy (``stage_fns``)."""
     ACC = C.acc_type(xdt)
-    LOADW = C.word_fns(xdt, ACC.name, vec)[0]
+    LOADW = stage_fns(xdt, ACC.name, vec)[2] if staged else C.word_fns(xdt, ACC.name, vec)[0]
     TPR, V, LOOP = tpr, vec, loop
     WPT = vpt // vec
 
     @cuda.jit(device=True)
     def centered(
-        src,      # (NW,) words of the row (x, or s when fused), re-read on the loop path
+        src,      # (NW,) words of the row (x, or s when fused; its shared copy when staged), re-read on the loop path
         xs,       # (VPT,) this thread's elements from row_sum (registers path)
         live,     # bool: the row exists
         t,        # int: thread within the row group
