@@ -495,7 +495,8 @@ def frontend():
     from numbanorm import _api
     from numbanorm.cuda import _backend
 
-    return _api.Frontend(_backend)
+    # every call through the full path (a replay would skip the launchers this records)
+    return _api.Frontend(_backend, replay=False)
 
 
 def capture(fe, launches, kernel, dtype, M, N):
