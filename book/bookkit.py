@@ -144,32 +144,41 @@ def show_table(header, rows, text_cols=2):
                  f'<thead>{row(header, "th")}</thead><tbody>{body}</tbody></table>'))
 
 
-def draw_row_blocks(M, N, blocks, title_rows, title_part, out_name):
-    """The CPU backward's two-stage column sum as a picture: ``M`` rows cut
-    into ``blocks`` row blocks (the package's ``n_chunks``), each adding its
-    rows into its own partial row, then the partial rows added in order."""
+def draw_row_blocks(M, N, blocks, title_rows, title_part, out_name, owner=None):
+    """A backward's two-stage column sum as a picture: ``M`` rows, each added into
+    the partial row of the block that owns it, then the ``blocks`` partial rows added
+    in order.  ``owner[i]``: the block of row ``i``; by default contiguous row blocks
+    (the CPU's, cut by the package's ``n_chunks``); a GPU grid strides over the rows."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, Rectangle
 
+    contiguous = owner is None
+    if contiguous:
+        owner = [b for b in range(blocks) for _ in range(b * M // blocks, (b + 1) * M // blocks)]
     colors = plt.cm.tab10(np.arange(blocks) % 10)
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     cell = 1.0 / max(M, 8)
     x0, xp, xs = 0.0, 1.6, 3.2           # left edges of the three arrays
     width = 1.0
-    for b in range(blocks):              # rows of block b: M*b//B .. M*(b+1)//B
-        lo, hi = b * M // blocks, (b + 1) * M // blocks
-        top = 1 - lo * cell
-        ax.add_patch(Rectangle((x0, 1 - hi * cell), width, (hi - lo) * cell,
+    for i, b in enumerate(owner):        # row i, in its block's color
+        ax.add_patch(Rectangle((x0, 1 - (i + 1) * cell), width, cell,
                                color=colors[b], alpha=0.35, lw=0))
-        ax.text(x0 - 0.05, top - (hi - lo) * cell / 2,
-                f"block {b}\nrows {lo}-{hi - 1}", ha="right", va="center",
-                fontsize=8)
+    for b in range(blocks):
+        rows = [i for i, o in enumerate(owner) if o == b]
+        mid = 1 - (np.mean(rows) + 0.5) * cell
+        if contiguous:
+            ax.text(x0 - 0.05, mid, f"block {b}\nrows {rows[0]}-{rows[-1]}",
+                    ha="right", va="center", fontsize=8)
         py = 1 - (b + 0.5) * (1.0 / blocks) * 0.6 - 0.2
         ax.add_patch(Rectangle((xp, py - 0.03), width, 0.06,
                                color=colors[b], alpha=0.8, lw=0))
-        ax.add_artist(FancyArrowPatch(
-            (x0 + width, top - (hi - lo) * cell / 2), (xp, py),
-            arrowstyle="->", mutation_scale=10, color=colors[b]))
+        if not contiguous:
+            ax.text(xp + width / 2, py, f"block {b}", ha="center", va="center", fontsize=7)
+        for i in (rows if not contiguous else [None]):
+            y = mid if i is None else 1 - (i + 0.5) * cell
+            ax.add_artist(FancyArrowPatch(
+                (x0 + width, y), (xp, py), arrowstyle="->", mutation_scale=8,
+                color=colors[b], lw=0.8 if i is not None else 1.0))
         ax.add_artist(FancyArrowPatch(
             (xp + width, py), (xs, 0.5), arrowstyle="->", mutation_scale=10,
             color="0.4"))

@@ -1,0 +1,242 @@
+"""Measurements behind the CPU kernel's design choices that chapter 5 of the book states.
+
+    python -m benchmarks.design_probes [--quick]   # writes benchmarks/results/design-probes.json
+
+Every figure is a ratio of two things timed round-robin in this one process (each round
+runs every variant once, and a ratio is the median over rounds of the round's own ratio),
+so that a slow moment of a shared machine slows both sides of a ratio alike.  Nothing
+here re-implements a kernel: the variants are the package's own launchers and compiled
+kernels called with different arguments.
+
+- streaming: LayerNorm forward float32 with weight and bias, ordinary stores against
+  streaming stores (the launcher's ``y_mapped`` flag, the size threshold set to 0 so that
+  a small output can be streamed too), over ``np.copyto`` of the same array; into a
+  preallocated (mapped) ``out=`` and into a fresh array each call.
+- small_calls: a (1, N) float32 forward with weight and bias through the public function
+  (a call seen before: ``SmallCalls`` replays it), through the full path (the replay
+  cache emptied before each call), through the kernel's launcher, and the serial kernel
+  alone; over ``torch.nn.functional.layer_norm`` when torch is installed.
+- widen: float16 weights to float32, NumPy's ``astype`` over the launcher's ``param``.
+- threading: the old small-call switch (``numba.set_num_threads(1)`` around the parallel
+  kernel) over the serial variant; ``launch`` (the non-blocking lock) over the parallel
+  kernel called directly; a forward in a child forked after the parent ran parallel
+  kernels (which computes on one thread) over the same forward in the parent.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numba
+import numpy as np
+
+import numbanorm
+from numbanorm.cpu import _backend
+from numbanorm.cpu._kernels import common, memory
+from numbanorm.cpu._kernels import layer_norm as ln
+
+from .harness import metadata
+
+OUT = Path(__file__).parent / "results" / "design-probes.json"
+
+
+def round_robin(variants, rounds, base, inner=1):
+    """``{name: median over rounds of t(name) / t(base)}`` and the per-round minimum times.
+
+    ``variants``: name -> callable; each round calls every one ``inner`` times in a row."""
+    for f in variants.values():
+        f()  # compile, fault in, warm up
+    times = {k: [] for k in variants}
+    for _ in range(rounds):
+        for k, f in variants.items():
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                f()
+            times[k].append((time.perf_counter() - t0) / inner)
+    t = {k: np.array(v) for k, v in times.items()}
+    return {
+        "ratio_to_" + base: {k: round(float(np.median(t[k] / t[base])), 3) for k in t if k != base},
+        "min_ratio_to_" + base: {k: round(float(t[k].min() / t[base].min()), 3) for k in t if k != base},
+        "rounds": rounds,
+        "inner": inner,
+    }
+
+
+def forward_args(M, N, rng):
+    x = rng.standard_normal((M, N), dtype=np.float32)
+    w = rng.uniform(0.5, 1.5, N).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    return x, w, b
+
+
+def streaming(rounds_large, rounds_small):
+    """Ordinary against streaming stores into a mapped out= and into fresh arrays."""
+    threshold = memory.STREAM_MIN_BYTES
+    rng = np.random.default_rng(0)
+    cases = []
+    shapes = [(16384, 4096), (65536, 768), (4096, 4096), (2048, 1024)]
+    try:
+        memory.STREAM_MIN_BYTES = 0  # let the flag decide alone, whatever the size
+        for i, (M, N) in enumerate(shapes + [(65536, 768)]):
+            fresh = i == len(shapes)  # the last case: into a fresh array each call
+            x, w, b = forward_args(M, N, rng)
+            y, floor = np.full_like(x, 1.0), np.full_like(x, 1.0)  # mapped: every page touched
+            mean, rstd = np.empty(M, np.float32), np.empty(M, np.float32)
+
+            def run(mapped):
+                out = np.empty_like(x) if fresh else y
+                ln.forward(x, w, b, 1e-5, out, mean, rstd, y_mapped=mapped)
+
+            r = round_robin({"copy": lambda: np.copyto(floor, x),
+                             "ordinary": lambda: run(False),
+                             "streaming": lambda: run(True)},
+                            rounds_large if x.nbytes >= threshold else rounds_small, "copy")
+            r.update(shape=[M, N], y_mib=x.nbytes >> 20, fresh_output=fresh,
+                     launcher_streams=(not fresh) and x.nbytes >= threshold)
+            cases.append(r)
+            del x, y, floor
+    finally:
+        memory.STREAM_MIN_BYTES = threshold
+    return {"stream_min_bytes": threshold, "cases": cases}
+
+
+def small_calls(rounds, inner):
+    rng = np.random.default_rng(1)
+    cases = []
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        torch = None
+    for N in (768, 4096):
+        x, w, b = forward_args(1, N, rng)
+        y, mean, rstd = np.empty_like(x), np.empty(1, np.float32), np.empty(1, np.float32)
+        serial = common._SERIAL[ln._forward]
+
+        def full():
+            _backend.small_calls._plans.clear()
+            numbanorm.layer_norm(x, N, w, b)
+
+        variants = {
+            "replay": lambda: numbanorm.layer_norm(x, N, w, b),
+            "full_path": full,
+            "launcher": lambda: ln.forward(x, w, b, 1e-5, y, mean, rstd),
+            "kernel": lambda: serial(x, w, b, np.float32(1e-5), y, mean, rstd, 1, False),
+        }
+        base = "full_path"
+        if torch is not None:
+            tx, tw, tb = (torch.from_numpy(a) for a in (x, w, b))
+            variants["torch"] = lambda: F.layer_norm(tx, (N,), tw, tb, 1e-5)
+            base = "torch"
+        r = round_robin(variants, rounds, base, inner)
+        if base == "torch":  # the same rounds' shares of the full path
+            r["share_of_full_path"] = {k: round(v / r["ratio_to_torch"]["full_path"], 3)
+                                       for k, v in r["ratio_to_torch"].items()}
+        r.update(shape=[1, N])
+        cases.append(r)
+    return cases
+
+
+def widen(rounds, inner):
+    w16 = np.random.default_rng(2).uniform(0.5, 1.5, 4096).astype(np.float16)
+    r = round_robin({"numba_param": lambda: common.param(w16, np.float32),
+                     "numpy_astype": lambda: w16.astype(np.float32)}, rounds, "numba_param", inner)
+    r.update(weights=4096)
+    return r
+
+
+def _forward_direct(kernel, M, N, rng):
+    x, w, b = forward_args(M, N, rng)
+    y, mean, rstd = np.empty_like(x), np.empty(M, np.float32), np.empty(M, np.float32)
+    return x, (x, w, b, np.float32(1e-5), y, mean, rstd, ln.row_block(M), False)
+
+
+def threading(rounds, inner):
+    rng = np.random.default_rng(3)
+    threads = numba.get_num_threads()
+    out = {"threads": threads, "switch": [], "lock": None, "fork": None}
+    for M, N in ((2, 128), (1, 768)):
+        _, args = _forward_direct(ln._forward, M, N, rng)
+
+        def switch():  # the launcher before the serial variants
+            numba.set_num_threads(1)
+            try:
+                ln._forward(*args)
+            finally:
+                numba.set_num_threads(threads)
+
+        r = round_robin({"serial_variant": lambda: common._SERIAL[ln._forward](*args),
+                         "set_num_threads_switch": switch}, rounds, "serial_variant", inner)
+        r.update(shape=[M, N])
+        out["switch"].append(r)
+    x, args = _forward_direct(ln._forward, 1024, 1024, rng)
+    r = round_robin({"direct": lambda: ln._forward(*args),
+                     "launch_with_lock": lambda: common.launch(ln._forward, x.size, *args)},
+                    rounds, "direct", max(1, inner // 20))
+    r.update(shape=[1024, 1024])
+    out["lock"] = r
+    out["fork"] = fork_cost(args, x.size)
+    return out
+
+
+def fork_cost(args, size, repeats=15):
+    """Median time of a launched forward in a forked child over the same in the parent."""
+    def med():
+        common.launch(ln._forward, size, *args)
+        ts = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            common.launch(ln._forward, size, *args)
+            ts.append(time.perf_counter() - t0)
+        return float(np.median(ts))
+
+    parent_before = med()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one thread (launch's fork hook), report and leave at once
+        try:
+            os.write(write, json.dumps(med()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        child = json.loads(f.read())
+    os.waitpid(pid, 0)
+    parent_after = med()
+    parent = (parent_before + parent_after) / 2
+    return {"shape": [1024, 1024], "child_over_parent": round(child / parent, 3),
+            "repeats": repeats}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="few rounds (a smoke run, not for the book)")
+    p.add_argument("--threads", type=int, default=min(2, numba.config.NUMBA_NUM_THREADS))
+    p.add_argument("--note", default="")
+    p.add_argument("--out", default=str(OUT))
+    a = p.parse_args(argv)
+    numba.set_num_threads(a.threads)
+    q = 4 if a.quick else 1
+    load_before = list(os.getloadavg())
+    t0 = time.perf_counter()
+    result = {
+        "streaming": streaming(12 // q, 60 // q),
+        "small_calls": small_calls(15 // q, 200),
+        "widen": widen(15 // q, 200),
+        "threading": threading(15 // q, 200),
+    }
+    note = a.note or ("load average before/after in the meta; ratios of variants timed "
+                      "round-robin in one process")
+    result["meta"] = metadata(a.threads, note=note, load_before=load_before,
+                              load_after=list(os.getloadavg()),
+                              timing={"wall_s": round(time.perf_counter() - t0, 1)})
+    result["meta"]["command"] = " ".join(["python", "-m", "benchmarks.design_probes", *sys.argv[1:]])
+    Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
