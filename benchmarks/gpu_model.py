@@ -101,6 +101,8 @@ from collections import namedtuple
 
 import numpy as np
 
+from numbanorm.operations import BY_NAME, OPERATIONS
+
 # ---------------------------------------------------------------- the model (assumptions)
 
 SMS = 132
@@ -135,15 +137,21 @@ MODEL = {
     "bytes_per_row": "compulsory DRAM traffic: every array a launch touches, once",
 }
 
+def _op_of(kernel):
+    """The table's operation of a public forward or backward name."""
+    return BY_NAME[kernel.rsplit("_", 1)[0]]
+
+
 M_ROWS = 32768
 NS = (1024, 2048, 4096, 8192, 16384, 32768)
 DTYPES = ("float16", "bfloat16", "float32")
 GROUPS, CHANNELS = 32, 128          # GroupNorm: x (M / GROUPS, CHANNELS, N * GROUPS / CHANNELS)
-KERNELS = ("layer_norm_forward", "layer_norm_backward", "rms_norm_forward", "rms_norm_backward",
-           "group_norm_forward", "group_norm_backward", "add_layer_norm_forward",
-           "add_rms_norm_forward", "add_layer_norm_backward", "add_rms_norm_backward")
+# the table's forward and backward functions: the unfused norms', then the fused forwards and backwards
+_FUSED = [op for op in OPERATIONS if op.fused]
+KERNELS = (tuple(f for op in OPERATIONS if not op.fused for f in op.functions[1:])
+           + tuple(op.functions[1] for op in _FUSED) + tuple(op.functions[2] for op in _FUSED))
 # the row kernels the issue's gate is about (GroupNorm is not)
-GATED = tuple(k for k in KERNELS if not k.startswith("group_norm"))
+GATED = tuple(k for k in KERNELS if _op_of(k).layout == "rows")
 SWEEP_MS = range(1, 4097)
 SWEEP_KERNELS = ("layer_norm_forward", "layer_norm_backward")  # the forward, and a backward with its column sums
 SWEEP_N, SWEEP_DTYPE = 1024, "float16"
@@ -468,27 +476,18 @@ def inputs(kernel, dtype, M, N):
     def E(shape, d=dt):
         return _device_empty(shape, d)
 
-    if kernel.startswith("group_norm"):
+    op = _op_of(kernel)
+    if op.layout == "groups":
         n, c, s = M // GROUPS, CHANNELS, N * GROUPS // CHANNELS
-        x, w, b = E((n, c, s)), E((c,)), E((c,))
-        if kernel == "group_norm_forward":
-            return (x, GROUPS, w, b)
-        return (E((n, c, s)), x, E((n, GROUPS), acc), E((n, GROUPS), acc), w)
-    x, w, b, shape = E((M, N)), E((N,)), E((N,)), (N,)
-
-    def stat():
-        return E((M, 1), acc)
-
-    return {
-        "layer_norm_forward": lambda: (x, shape, w, b),
-        "layer_norm_backward": lambda: (E((M, N)), x, stat(), stat(), shape, w),
-        "rms_norm_forward": lambda: (x, shape, w),
-        "rms_norm_backward": lambda: (E((M, N)), x, stat(), shape, w),
-        "add_layer_norm_forward": lambda: (x, E((M, N)), shape, w, b),
-        "add_rms_norm_forward": lambda: (x, E((M, N)), shape, w),
-        "add_layer_norm_backward": lambda: (E((M, N)), E((M, N)), x, stat(), stat(), shape, w),
-        "add_rms_norm_backward": lambda: (E((M, N)), E((M, N)), x, stat(), shape, w),
-    }[kernel]()
+        big, param, stat, shape = (n, c, s), (c,), (n, GROUPS), GROUPS
+    else:
+        big, param, stat, shape = (M, N), (N,), (M, 1), (N,)
+    made = {"weight": lambda: E(param), "bias": lambda: E(param), "mean": lambda: E(stat, acc),
+            "rstd": lambda: E(stat, acc), op.shape_role: lambda: shape}
+    roles = op.forward_roles if kernel == op.functions[1] else op.backward_roles
+    # by the table's roles: the big arrays (x, residual, dy, ds, s), the parameters, the statistics;
+    # eps is left to its default
+    return tuple(made.get(r, lambda: E(big))() for r in roles if r != "eps")
 
 
 def frontend():

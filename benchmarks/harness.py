@@ -34,7 +34,7 @@ INSTANCE_SHAPES = ((32, 256, 32, 32), (8, 64, 64, 64))
 CPU_DTYPES = ("float32", "float64")
 HALF_DTYPES = ("float16", "bfloat16")
 GPU_DTYPES = ("float16", "bfloat16", "float32")
-ALL_NORMS = ("layer_norm", "rms_norm", "group_norm", "instance_norm")
+ALL_NORMS = measure.NORMS  # the table's unfused norms and instance norm
 
 # Arrays of x's size alive at once while a case runs: forward x, y (out=), the
 # allocating forward's y, torch's y, the floor's copy = 5; backward x, dy,
@@ -74,12 +74,12 @@ def sweep_cases(norms=ALL_NORMS, dtypes=CPU_DTYPES, rows=ROWS, hidden=HIDDEN,
     cases, skipped = [], []
     for dtype in dtypes:
         for norm in norms:
-            if norm in ("layer_norm", "rms_norm"):
+            if measure.layout_of(norm) == "rows":
                 shapes = [((m, n), None) for n in hidden for m in rows]
-            elif norm == "group_norm":
-                shapes = list(groups_shapes)
-            else:
+            elif norm in measure.VARIANTS:  # instance norm: its groups are its channels
                 shapes = [(s, None) for s in instance_shapes]
+            else:
+                shapes = list(groups_shapes)
             for shape, groups in shapes:
                 for d in directions:
                     c = Case(norm, d, shape, dtype, groups, device)
@@ -99,13 +99,14 @@ def half_cases(device="cpu"):
 
 
 SMALL_ROWS = (1, 8, 64)
+ROW_NORMS = tuple(n for n in ALL_NORMS if measure.layout_of(n) == "rows")  # the norms of a decoder's token
 SMALL_HIDDEN = (768, 4096)
 
 
 def small_cases(device="cpu"):
     """The calls a decoder makes per token: rows 1, 8, 64 at hidden 768 and 4096, every dtype."""
     return [Case(norm, d, (m, n), dtype, None, device)
-            for dtype in ("float32",) + HALF_DTYPES for norm in ("layer_norm", "rms_norm")
+            for dtype in ("float32",) + HALF_DTYPES for norm in ROW_NORMS
             for n in SMALL_HIDDEN for m in SMALL_ROWS for d in measure.DIRECTIONS]
 
 

@@ -19,6 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from numbanorm import measure  # noqa: E402
+
 from .harness import RESULTS, load_results  # noqa: E402
 
 STYLE = {  # (impl, mode) -> matplotlib keyword arguments
@@ -41,7 +43,7 @@ def plot_results(results, stem, folder=RESULTS):
     for device, norm, direction in groups:
         sel = [r for r in rows if (r["device"], r["norm"], r["direction"]) == (device, norm, direction)]
         dtypes = sorted({r["dtype"] for r in sel}, key=lambda d: (len(d), d))
-        per_hidden = norm in ("layer_norm", "rms_norm")
+        per_hidden = measure.layout_of(norm) == "rows"
         cols = sorted({r["shape"][-1] for r in sel}) if per_hidden else [None]
         fig, axes = plt.subplots(len(dtypes), len(cols), figsize=(3.6 * len(cols) + 1, 3.0 * len(dtypes) + 0.6),
                                  squeeze=False, sharey="row")

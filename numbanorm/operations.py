@@ -196,6 +196,7 @@ def generate(name, signature, body, namespace, doc, where):
     return fn
 
 
+# One row per norm: data, alike in shape by design
 OPERATIONS = (
     Operation("layer_norm", "rows", ("mean", "rstd"), bias=True, eps=1e-5, fused=False, torch="layer_norm",
               kernels=("layer_norm.forward", "layer_norm.backward"),

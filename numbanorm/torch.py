@@ -49,10 +49,8 @@ import numbanorm as _numbanorm  # the top-level functions, dispatching on the ar
 from numbanorm import _validate as _V
 from numbanorm.operations import ARRAY_ROLES, BY_NAME, OPERATIONS, generate
 
-__all__ = [
-    "layer_norm", "rms_norm", "group_norm", "add_layer_norm", "add_rms_norm",
-    "LayerNorm", "RMSNorm", "GroupNorm", "replace_norms", "NormReport",
-]
+# the table's functions (generated below), then the classes written per norm
+__all__ = [op.name for op in OPERATIONS] + ["LayerNorm", "RMSNorm", "GroupNorm", "replace_norms", "NormReport"]
 
 _log = logging.getLogger(__name__)
 _HALF = (torch.float16, torch.bfloat16)

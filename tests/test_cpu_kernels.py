@@ -232,7 +232,7 @@ def test_a_streamed_forward_updates_no_reference_count_per_row(module, dtype):
     st = np.zeros(M, np.float32)
     args = (x, w, w) if module is ln_cpu else (x, w)
     stats = (st, st.copy()) if module is ln_cpu else (st,)
-    fresh(*args, np.float32(1e-5), np.empty_like(x), *stats, 0, M, True)
+    fresh(*args, np.float32(1e-5), np.empty_like(x), *stats, True, 0, M)
     llvm = fresh.inspect_llvm(fresh.signatures[0])
     body = llvm[llvm.index("define"):]
     body = body[: body.index("\ndefine", 1)]

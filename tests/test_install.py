@@ -137,3 +137,39 @@ def test_editing_a_helper_in_another_file_invalidates_the_cache(tmp_path):
     import numpy as np
     # the edited helper's +1, in float32
     np.testing.assert_allclose(np.array(eval(y2)), np.array(eval(y0)) + 1, rtol=0, atol=1e-6)
+
+
+def test_every_cpu_kernel_loads_from_the_cache_in_a_new_process(tmp_path):
+    """The parallel kernels are made by common.in_blocks/in_partials around each row
+    function, and each has a serial twin: all of them, parallel and serial, must
+    load from the cache in the next process (a kernel keyed on something that
+    changes per process, such as a dispatcher in a closure, recompiles at every
+    import: a cold-start regression no result would show)."""
+    pkg = _copy_package(str(tmp_path))
+    env = _env(PYTHONPATH=str(tmp_path), NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    code = """
+        import numpy as np
+        import numbanorm as nn
+        from numbanorm.cpu._kernels import add_norm, common, group_norm, layer_norm, rms_norm
+        assert nn.__file__.startswith(%r)
+        x = np.linspace(-1, 1, 300 * 128, dtype=np.float32).reshape(300, 128)  # parallel: >= SERIAL_BELOW
+        for a in (x, x[:4]):  # and serial
+            y, m, r = nn.layer_norm_forward(a, 128)
+            nn.layer_norm_backward(y, a, m, r, 128)
+            y, r = nn.rms_norm_forward(a, 128)
+            nn.rms_norm_backward(y, a, r, 128)
+            nn.add_layer_norm(a, a, 128)
+            nn.add_rms_norm(a, a, 128)
+            g = a.reshape(a.shape[0] * 8, 16, 1)
+            y, m, r = nn.group_norm_forward(g, 4)
+            nn.group_norm_backward(y, g, m, r)
+        kernels = [layer_norm._forward, layer_norm._backward, rms_norm._forward, rms_norm._backward,
+                   add_norm._layer_norm_forward, add_norm._rms_norm_forward, group_norm._forward,
+                   group_norm._backward]
+        kernels += [common._SERIAL[k] for k in kernels]
+        print(sum(sum(k.stats.cache_hits.values()) > 0 for k in kernels),
+              sum(sum(k.stats.cache_misses.values()) for k in kernels), len(kernels))
+    """ % pkg
+    _run(code, env)
+    hit, missed, total = map(int, _run(code, env).split())
+    assert (hit, missed) == (total, 0)

@@ -159,7 +159,7 @@ class SmallCalls:
                 x2, y2 = x2.view(bits), y2.view(bits)
                 weight = weight.view(wbits) if wbits else weight
                 bias = bias.view(bbits) if bbits else bias
-            layer_norm.launch(layer_norm._forward, x.size, x2, weight, bias, e, y2, mean1, rstd1, block, False)
+            layer_norm.launch(layer_norm._forward, x.size, block, x2, weight, bias, e, y2, mean1, rstd1, False)
         else:
             layer_norm.forward(x2, weight, bias, e, y2, mean1, rstd1, y_mapped=out is not None)
         return y, mean, rstd
@@ -176,7 +176,7 @@ class SmallCalls:
                 bits, wbits, _ = half
                 x2, y2 = x2.view(bits), y2.view(bits)
                 weight = weight.view(wbits) if wbits else weight
-            rms_norm.launch(rms_norm._forward, x.size, x2, weight, e, y2, rstd1, block, False)
+            rms_norm.launch(rms_norm._forward, x.size, block, x2, weight, e, y2, rstd1, False)
         else:
             rms_norm.forward(x2, weight, e, y2, rstd1, y_mapped=out is not None)
         return y, rstd

@@ -25,10 +25,9 @@ the ``layer_norm``/``rms_norm`` backward launchers do through their ``ds`` argum
 """
 
 import numpy as np
-from numba import prange
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import FASTMATH, acc_of, launch, param, row_block, serial_variant
+from .common import FASTMATH, acc_of, in_blocks, launch, param, row_block
 from .halves import kernel_view, narrow, widen
 from .layer_norm import deviation_stats, normalize_row, overflowed, row_is_finite, row_sum, scaled_row
 from .rms_norm import row_sum_squares, scale_row, scaled_rms_row
@@ -40,25 +39,6 @@ from .rms_norm import row_sum_squares, scale_row, scaled_rms_row
 # 0.86x with s and y staged in scratch rows and streamed.  Summing (x + r)^2 in
 # a first loop and storing s and y in a second, instead of storing s and
 # reading it back, made no difference (0.74x against 0.76x, best times).
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def _layer_norm_forward(
-    x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
-    r,      # (M, N) residual rows, x's dtype
-    w,      # (N,) weight in the accumulation dtype, or None
-    b,      # (N,) bias in the accumulation dtype, or None
-    eps,    # scalar in the accumulation dtype
-    y,      # (M, N) output, x's dtype
-    s,      # (M, N) output x + r, x's dtype
-    mean,   # (M,) per-row mean of s, accumulation dtype
-    rstd,   # (M,) per-row 1/sqrt(var(s) + eps), accumulation dtype
-    block,  # scalar: rows per block, the unit of parallel work
-):
-    M = x.shape[0]
-    # the loop over row blocks only, as layer_norm._forward
-    for blk in prange(-(-M // block)):
-        layer_norm_rows(x, r, w, b, eps, y, s, mean, rstd, blk * block, min(M, blk * block + block))
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True)
@@ -76,7 +56,7 @@ def layer_norm_rows(
     hi,     # scalar: one past its last row
 ):
     """Rows ``lo:hi``, called by _layer_norm_forward and its serial twin
-    (as layer_norm.forward_rows)."""
+    (common.in_blocks, as layer_norm.forward_rows)."""
     N = x.shape[1]
     zero = mean.dtype.type(0)
     one = mean.dtype.type(1)
@@ -96,23 +76,8 @@ def layer_norm_rows(
         normalize_row(s, i, mu, corr, rs, w, b, y, i)
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def _rms_norm_forward(
-    x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
-    r,      # (M, N) residual rows, x's dtype
-    w,      # (N,) weight in the accumulation dtype, or None
-    eps,    # scalar in the accumulation dtype
-    y,      # (M, N) output, x's dtype
-    s,      # (M, N) output x + r, x's dtype
-    rstd,   # (M,) per-row 1/sqrt(mean(s^2) + eps), accumulation dtype
-    block,  # scalar: rows per block, the unit of parallel work
-):
-    M = x.shape[0]
-    # the loop over row blocks only, as layer_norm._forward
-    for blk in prange(-(-M // block)):
-        rms_norm_rows(x, r, w, eps, y, s, rstd, blk * block, min(M, blk * block + block))
-
-
+# Alike in shape to layer_norm_rows by design (the norm's own steps after add_row), as
+# rms_norm's row functions are to layer_norm's (rms_norm's docstring)
 @njit(cache=True, fastmath=FASTMATH, nogil=True)
 def rms_norm_rows(
     x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
@@ -126,7 +91,7 @@ def rms_norm_rows(
     hi,     # scalar: one past its last row
 ):
     """Rows ``lo:hi``, called by _rms_norm_forward and its serial twin
-    (as layer_norm.forward_rows)."""
+    (common.in_blocks, as layer_norm.forward_rows)."""
     N = x.shape[1]
     zero = rstd.dtype.type(0)
     one = rstd.dtype.type(1)
@@ -162,18 +127,18 @@ def layer_norm_forward(x, residual, weight, bias, eps, y, s, mean, rstd):
     float64 x).
     """
     acc = acc_of(x.dtype)
-    launch(_layer_norm_forward, x.size, kernel_view(x), kernel_view(residual), param(weight, acc),
-           param(bias, acc), acc.type(eps), kernel_view(y), kernel_view(s), mean, rstd,
-           row_block(x.shape[0]))
+    launch(_layer_norm_forward, x.size, row_block(x.shape[0]), kernel_view(x),
+           kernel_view(residual), param(weight, acc), param(bias, acc), acc.type(eps), kernel_view(y),
+           kernel_view(s), mean, rstd)
 
 
 def rms_norm_forward(x, residual, weight, eps, y, s, rstd):
     """Fill ``y``, ``s`` (M, N) and ``rstd`` (M,); shapes and dtypes as in layer_norm_forward."""
     acc = acc_of(x.dtype)
-    launch(_rms_norm_forward, x.size, kernel_view(x), kernel_view(residual), param(weight, acc),
-           acc.type(eps), kernel_view(y), kernel_view(s), rstd, row_block(x.shape[0]))
+    launch(_rms_norm_forward, x.size, row_block(x.shape[0]), kernel_view(x),
+           kernel_view(residual), param(weight, acc), acc.type(eps), kernel_view(y), kernel_view(s), rstd)
 
 
-# Serial twins of the parallel kernels (common.launch)
-serial_variant(_layer_norm_forward)
-serial_variant(_rms_norm_forward)
+# The parallel kernels, with their serial twins (common.launch)
+_layer_norm_forward = in_blocks(layer_norm_rows)
+_rms_norm_forward = in_blocks(rms_norm_rows)

@@ -9,31 +9,13 @@ contiguous in memory, so each (sample, group) is a "row" for the statistics:
 """
 
 import numpy as np
-from numba import prange
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import FASTMATH, acc_of, finish, launch, param, row_block, scratch_for, serial_variant
+from .common import FASTMATH, acc_of, finish, in_blocks, launch, param, row_block, scratch_for
 from .halves import kernel_view, like, narrow, widen
 from .sums import gradient_sums
 from .layer_norm import (deviation_stats, overflowed, row_is_finite, row_sum,
                          scaled_backward_row, scaled_row)
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def _forward(
-    x,      # (N, C, S) input, float32/float64, or 16-bit floats as integer bits (halves)
-    w,      # (C,) per-channel weight in the accumulation dtype, or None
-    b,      # (C,) per-channel bias in the accumulation dtype, or None
-    eps,    # scalar in the accumulation dtype
-    y,      # (N, C, S) output, x's dtype
-    mean,   # (N, G) per-(sample, group) mean, accumulation dtype
-    rstd,   # (N, G) per-(sample, group) 1/sqrt(var + eps), accumulation dtype
-    block,  # scalar: groups per block, the unit of parallel work
-):
-    # the loop over blocks of groups only, as layer_norm._forward
-    NG = x.shape[0] * mean.shape[1]
-    for blk in prange(-(-NG // block)):
-        forward_groups(x, w, b, eps, y, mean, rstd, blk * block, min(NG, blk * block + block))
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True)
@@ -51,12 +33,7 @@ def forward_groups(
     """Groups ``lo:hi`` of the forward, called by _forward and its serial twin
     (as layer_norm.forward_rows); a call per block, not per group, keeps the
     reference counts of its arrays out of the loop over groups."""
-    N, C, S = x.shape
-    G = mean.shape[1]
-    Cg = C // G
-    zero = mean.dtype.type(0)
-    one = mean.dtype.type(1)
-    inv_n = one / mean.dtype.type(Cg * S)
+    N, C, S, G, Cg, zero, one, inv_n = dims(x, mean)
     # a group's Cg * S elements are contiguous: its statistics are a LayerNorm row's
     groups = x.reshape((N * G, Cg * S))
     y_groups = y.reshape((N * G, Cg * S))
@@ -79,6 +56,21 @@ def forward_groups(
             scale_shift_row(x[n, c], mu, corr, a, bc, y[n, c])
 
 
+@njit(cache=True, nogil=True, inline="always")
+def dims(
+    x,      # (N, C, S) input
+    mean,   # (N, G) statistics, accumulation dtype
+):
+    """``(N, C, S, G, Cg, zero, one, inv_n)``: the shape, groups, channels per group,
+    and 0, 1 and 1/(Cg * S) in the accumulation dtype (a bare Python number would
+    promote float32 arithmetic to float64, layer_norm.forward_rows)."""
+    N, C, S = x.shape
+    G = mean.shape[1]
+    Cg = C // G
+    one = mean.dtype.type(1)
+    return N, C, S, G, Cg, mean.dtype.type(0), one, one / mean.dtype.type(Cg * S)
+
+
 @njit(cache=True, nogil=True)
 def scale_shift_row(
     row,    # (S,) one channel of one sample
@@ -97,24 +89,6 @@ def scale_shift_row(
         out[k] = narrow(((widen(row[k]) - mu) - corr) * a + bc, out)
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def _backward(
-    dy,       # (N, C, S) gradient of y
-    x,        # (N, C, S) forward input
-    mean,     # (N, G) saved mean
-    rstd,     # (N, G) saved rstd
-    w,        # (C,) weight in the accumulation dtype, or None (ones)
-    dx,       # (N, C, S) output: gradient of x
-    dw_part,  # (N, C) per-sample partial sums of dy * xhat, accumulation dtype
-    db_part,  # (N, C) per-sample partial sums of dy, accumulation dtype
-    block,    # scalar: groups per block, the unit of parallel work
-):
-    # the loop over blocks of groups only, as layer_norm._forward
-    NG = x.shape[0] * mean.shape[1]
-    for blk in prange(-(-NG // block)):
-        backward_groups(dy, x, mean, rstd, w, dx, dw_part, db_part, blk * block, min(NG, blk * block + block))
-
-
 @njit(cache=True, fastmath=FASTMATH, nogil=True)
 def backward_groups(
     dy,       # (N, C, S) gradient of y
@@ -130,12 +104,7 @@ def backward_groups(
 ):
     """Groups ``lo:hi`` of the backward, called by _backward and its serial twin
     (as forward_groups)."""
-    N, C, S = x.shape
-    G = mean.shape[1]
-    Cg = C // G
-    zero = mean.dtype.type(0)
-    one = mean.dtype.type(1)
-    inv_n = one / mean.dtype.type(Cg * S)
+    N, C, S, G, Cg, zero, one, inv_n = dims(x, mean)
     x_groups = x.reshape((N * G, Cg * S))
     dy_groups = dy.reshape((N * G, Cg * S))
     dx_groups = dx.reshape((N * G, Cg * S))
@@ -205,8 +174,8 @@ def forward(x, weight, bias, eps, y, mean, rstd):
     """Fill ``y`` (N, C, S) and ``mean``/``rstd`` (N, G) for group norm."""
     acc = acc_of(x.dtype)
     ys = scratch_for(y, x, weight, bias)
-    launch(_forward, x.size, kernel_view(x), param(weight, acc), param(bias, acc),
-           acc.type(eps), kernel_view(ys), mean, rstd, row_block(mean.size))
+    launch(_forward, x.size, row_block(mean.size), kernel_view(x), param(weight, acc),
+           param(bias, acc), acc.type(eps), kernel_view(ys), mean, rstd)
     finish(ys, y)
 
 
@@ -216,13 +185,13 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
     acc = acc_of(x.dtype)
     dw_part = np.empty((N, C), acc)
     db_part = np.empty((N, C), acc)
-    launch(_backward, x.size, kernel_view(dy), kernel_view(x), mean, rstd,
-           param(weight, acc), kernel_view(dx), dw_part, db_part, row_block(mean.size))
+    launch(_backward, x.size, row_block(mean.size), kernel_view(dy), kernel_view(x), mean, rstd,
+           param(weight, acc), kernel_view(dx), dw_part, db_part)
     # per-sample partials summed in sample order: deterministic for any thread count
     np.sum(dw_part, axis=0, out=dweight)
     np.sum(db_part, axis=0, out=dbias)
 
 
-# Serial twins of the parallel kernels (common.launch)
-serial_variant(_forward)
-serial_variant(_backward)
+# The parallel kernels over blocks of groups, with their serial twins (common.launch)
+_forward = in_blocks(forward_groups)
+_backward = in_blocks(backward_groups)

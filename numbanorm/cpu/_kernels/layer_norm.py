@@ -15,31 +15,12 @@ caller's ``out=`` is written with streaming stores (``memory``).
 import math
 
 import numpy as np
-from numba import prange
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import FASTMATH, acc_of, finish, launch, n_chunks, param, row_block, scratch_for, serial_variant
+from .common import FASTMATH, acc_of, finish, in_blocks, in_partials, launch, n_chunks, param, row_block, scratch_for
 from .halves import kernel_view, like, narrow, widen
 from .memory import should_stream, store_fence, stream_row
 from .sums import deviation_sums, gradient_sums
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def _forward(
-    x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
-    w,      # (N,) weight in the accumulation dtype or as x's 16-bit bits (halves), or None
-    b,      # (N,) bias, as w
-    eps,    # scalar in the accumulation dtype
-    y,      # (M, N) output, x's dtype
-    mean,   # (M,) per-row mean, accumulation dtype
-    rstd,   # (M,) per-row 1/sqrt(var + eps), accumulation dtype
-    block,  # scalar: rows per block, the unit of parallel work
-    stream, # scalar bool: write y with streaming stores (memory)
-):
-    M = x.shape[0]
-    # the loop over row blocks only: all arithmetic is in forward_rows (common.serial_variant)
-    for blk in prange(-(-M // block)):
-        forward_rows(x, w, b, eps, y, mean, rstd, blk * block, min(M, blk * block + block), stream)
 
 
 # 'contract' here only: the forward has no difference that must come out exactly 0 (the
@@ -54,12 +35,13 @@ def forward_rows(
     y,      # (M, N) output, x's dtype
     mean,   # (M,) per-row mean, accumulation dtype
     rstd,   # (M,) per-row 1/sqrt(var + eps), accumulation dtype
+    stream, # scalar bool: write y with streaming stores (memory)
     lo,     # scalar: first row of the block
     hi,     # scalar: one past its last row
-    stream, # scalar bool: write y with streaming stores (memory)
 ):
     """Rows ``lo:hi`` of the forward: one compiled function that the parallel kernel
-    and its serial twin both call, so a row's bits never depend on which ran it."""
+    _forward and its serial twin both call (common.in_blocks), so a row's bits never
+    depend on which ran it."""
     N = x.shape[1]
     # Every scalar is made in the accumulation dtype: a bare Python int or float
     # would promote float32 arithmetic to float64 (NumPy's scalar rules).
@@ -270,25 +252,6 @@ def normalize_row(
         out[o, j] = narrow(v, out)
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def _backward(
-    dy,       # (M, N) gradient of y
-    x,        # (M, N) forward input
-    mean,     # (M,) saved mean
-    rstd,     # (M,) saved rstd
-    w,        # (N,) weight in the accumulation dtype, or None (ones)
-    ds,       # (M, N) gradient added straight to dx (fused residual), or None
-    dx,       # (M, N) output: gradient of x
-    dw_part,  # (B, N) per-row-block partial sums of dy * xhat, accumulation dtype
-    db_part,  # (B, N) per-row-block partial sums of dy, accumulation dtype
-):
-    M = x.shape[0]
-    B = dw_part.shape[0]
-    # the loop over row blocks only, as _forward
-    for blk in prange(B):
-        backward_rows(dy, x, mean, rstd, w, ds, dx, dw_part, db_part, blk, blk * M // B, (blk + 1) * M // B)
-
-
 @njit(cache=True, fastmath=FASTMATH, nogil=True)
 def backward_rows(
     dy,       # (M, N) gradient of y
@@ -304,7 +267,8 @@ def backward_rows(
     lo,       # scalar: first row of the block
     hi,       # scalar: one past its last row
 ):
-    """Row block ``blk`` of the backward, called by _backward and its serial twin (see forward_rows)."""
+    """Row block ``blk`` of the backward, called by _backward and its serial twin
+    (common.in_partials; see forward_rows)."""
     N = x.shape[1]
     zero = mean.dtype.type(0)
     inv_n = mean.dtype.type(1) / mean.dtype.type(N)
@@ -445,9 +409,8 @@ def forward(x, weight, bias, eps, y, mean, rstd, y_mapped=False):
     """
     acc = acc_of(x.dtype)
     ys = scratch_for(y, x, weight, bias)
-    launch(_forward, x.size, kernel_view(x), param(weight, acc), param(bias, acc),
-           acc.type(eps), kernel_view(ys), mean, rstd, row_block(x.shape[0]),
-           should_stream(ys, y_mapped and ys is y))
+    launch(_forward, x.size, row_block(x.shape[0]), kernel_view(x), param(weight, acc),
+           param(bias, acc), acc.type(eps), kernel_view(ys), mean, rstd, should_stream(ys, y_mapped and ys is y))
     finish(ys, y)
 
 
@@ -465,13 +428,13 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None):
     B = n_chunks(M)
     dw_part = np.empty((B, N), acc)
     db_part = np.empty((B, N), acc)
-    launch(_backward, x.size, kernel_view(dy), kernel_view(x), mean, rstd,
+    launch(_backward, x.size, B, kernel_view(dy), kernel_view(x), mean, rstd,
            param(weight, acc), kernel_view(ds), kernel_view(dx), dw_part, db_part)
     # fixed-order sum of the block partials: bit-identical for any thread count
     np.sum(dw_part, axis=0, out=dweight)
     np.sum(db_part, axis=0, out=dbias)
 
 
-# Serial twins of the parallel kernels (common.launch)
-serial_variant(_forward)
-serial_variant(_backward)
+# The parallel kernels, with their serial twins (common.launch)
+_forward = in_blocks(forward_rows)
+_backward = in_partials(backward_rows)

@@ -5,35 +5,22 @@
 
 No mean is subtracted, so one pass gives the statistic and a second, from
 cache, writes y; a large caller's ``out=`` is streamed, as in LayerNorm's kernels.
+
+The row functions follow LayerNorm's argument order and steps line for line
+(``duplicates`` pairs them by shape) but not its arithmetic: no mean, no bias,
+one sum fewer; one function for both would carry flags into the hot row loops.
 """
 
 import math
 
 import numpy as np
-from numba import prange
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import FASTMATH, acc_of, finish, launch, n_chunks, param, row_block, scratch_for, serial_variant
+from .common import FASTMATH, acc_of, finish, in_blocks, in_partials, launch, n_chunks, param, row_block, scratch_for
 from .halves import kernel_view, like, narrow, widen
 from .layer_norm import _row_scale, overflowed, row_is_finite
 from .memory import should_stream, store_fence, stream_row
 from .sums import deviation_sums, gradient_sums
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def _forward(
-    x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
-    w,      # (N,) weight in the accumulation dtype or as x's 16-bit bits (halves), or None
-    eps,    # scalar in the accumulation dtype
-    y,      # (M, N) output, x's dtype
-    rstd,   # (M,) per-row 1/sqrt(mean(x^2) + eps), accumulation dtype
-    block,  # scalar: rows per block, the unit of parallel work
-    stream, # scalar bool: write y with streaming stores (memory)
-):
-    M = x.shape[0]
-    # the loop over row blocks only, as layer_norm._forward
-    for blk in prange(-(-M // block)):
-        forward_rows(x, w, eps, y, rstd, blk * block, min(M, blk * block + block), stream)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True)
@@ -43,9 +30,9 @@ def forward_rows(
     eps,    # scalar in the accumulation dtype
     y,      # (M, N) output, x's dtype
     rstd,   # (M,) per-row 1/sqrt(mean(x^2) + eps), accumulation dtype
+    stream, # scalar bool: write y with streaming stores (memory)
     lo,     # scalar: first row of the block
     hi,     # scalar: one past its last row
-    stream, # scalar bool: write y with streaming stores (memory)
 ):
     """Rows ``lo:hi`` of the forward, called by _forward and its serial twin
     (as layer_norm.forward_rows)."""
@@ -127,23 +114,6 @@ def scale_row(
         out[o, j] = narrow(v, out)
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def _backward(
-    dy,       # (M, N) gradient of y
-    x,        # (M, N) forward input
-    rstd,     # (M,) saved rstd
-    w,        # (N,) weight in the accumulation dtype, or None (ones)
-    ds,       # (M, N) gradient added straight to dx (fused residual), or None
-    dx,       # (M, N) output: gradient of x
-    dw_part,  # (B, N) per-row-block partial sums of dy * xhat, accumulation dtype
-):
-    M = x.shape[0]
-    B = dw_part.shape[0]
-    # the loop over row blocks only, as layer_norm._forward
-    for blk in prange(B):
-        backward_rows(dy, x, rstd, w, ds, dx, dw_part, blk, blk * M // B, (blk + 1) * M // B)
-
-
 @njit(cache=True, fastmath=FASTMATH, nogil=True)
 def backward_rows(
     dy,       # (M, N) gradient of y
@@ -215,8 +185,8 @@ def forward(x, weight, eps, y, rstd, y_mapped=False):
     """Fill ``y`` (M, N) and ``rstd`` (M,); arguments as in layer_norm.forward."""
     acc = acc_of(x.dtype)
     ys = scratch_for(y, x, weight)
-    launch(_forward, x.size, kernel_view(x), param(weight, acc), acc.type(eps), kernel_view(ys), rstd,
-           row_block(x.shape[0]), should_stream(ys, y_mapped and ys is y))
+    launch(_forward, x.size, row_block(x.shape[0]), kernel_view(x), param(weight, acc),
+           acc.type(eps), kernel_view(ys), rstd, should_stream(ys, y_mapped and ys is y))
     finish(ys, y)
 
 
@@ -227,12 +197,13 @@ def backward(dy, x, rstd, weight, dx, dweight, ds=None):
     if M == 0:
         dweight[:] = 0
         return
-    dw_part = np.empty((n_chunks(M), N), acc)
-    launch(_backward, x.size, kernel_view(dy), kernel_view(x), rstd, param(weight, acc),
+    B = n_chunks(M)
+    dw_part = np.empty((B, N), acc)
+    launch(_backward, x.size, B, kernel_view(dy), kernel_view(x), rstd, param(weight, acc),
            kernel_view(ds), kernel_view(dx), dw_part)
     np.sum(dw_part, axis=0, out=dweight)
 
 
-# Serial twins of the parallel kernels (common.launch)
-serial_variant(_forward)
-serial_variant(_backward)
+# The parallel kernels, with their serial twins (common.launch)
+_forward = in_blocks(forward_rows)
+_backward = in_partials(backward_rows)

@@ -45,6 +45,8 @@ def deviation_sums(
     return dsum, sq
 
 
+# deviation_sums's blocking again, written out: a shared loop would take an element
+# function and a tuple of accumulators into the hottest loops LLVM must vectorize
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
 def gradient_sums(
     dy,     # (M, N) gradient rows

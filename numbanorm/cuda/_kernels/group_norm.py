@@ -110,6 +110,7 @@ def _forward_kernel(xdt, wdt, bdt, cfg):
                                 tmp[v] = ((xs[v] - mu) - corr) * a + bc
                             STOREW(yr, q, tmp, 0)
                 else:
+                    # the row mapping's resident-word loop, as row_norm's; the body differs (weight by channel)
                     for k in range(WPT):
                         q = t + k * TPR
                         if q < NW:
@@ -124,6 +125,8 @@ def _forward_kernel(xdt, wdt, bdt, cfg):
     return forward
 
 
+# The two backward kernels open alike (thread group, scratch, word buffers, row loop):
+# a kernel allocates its own shared and local arrays, so each keeps its preamble.
 @functools.lru_cache(maxsize=None)
 def _channel_sums_kernel(xdt, cfg):
     ACC = C.acc_type(xdt)

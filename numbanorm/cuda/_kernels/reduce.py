@@ -78,6 +78,8 @@ def group_sum(v, scratch, buf, tid, tpr):
     return v
 
 
+# group_sum2/group_sum3: fixed arity on purpose, every value's shuffles interleaved and
+# one barrier for all of them (group_sum once per value would take a barrier each)
 @cuda.jit(device=True)
 def group_sum2(a, b, scratch, buf, tid, tpr):
     off = U32(min(tpr, WARP)) >> U32(1)
