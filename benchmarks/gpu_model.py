@@ -79,7 +79,7 @@ is what the SASS requests from global memory, re-reads included: a long row
 staged in shared memory, ``row_staged``, is requested once, and its later
 passes' shared loads count as instructions, in loops over the row's words).  Occupancy is resident threads
 per SM from registers (allocated per warp in units of 256), static shared
-memory (228 KB per SM, 1 KB reserved per block), 2048 threads and 32 blocks;
+and dynamic shared memory (228 KB per SM, 1 KB reserved per block), 2048 threads and 32 blocks;
 bytes in flight per SM = resident threads x the largest run of row-path
 global loads a thread issues before it uses any of their results.
 """
@@ -397,7 +397,7 @@ def gate_failures(records, strict=False, spill_budget=None):
 
 # ---------------------------------------------------------------- driving the launchers without a GPU
 
-Launch = namedtuple("Launch", "kernel grid block args")
+Launch = namedtuple("Launch", "kernel grid block args shared")  # shared: dynamic shared bytes per block
 
 
 class _DeviceLike(np.ndarray):
@@ -433,8 +433,8 @@ def offline(cc=CC):
 
     launches = []
 
-    def record(kernel, grid, block, stream, *args):
-        launches.append(Launch(kernel, grid, block, C.arrays(args)))
+    def record(kernel, grid, block, stream, *args, shared=0):
+        launches.append(Launch(kernel, grid, block, C.arrays(args), shared))
 
     patches = [(dispatcher, "get_current_device", lambda: _Device()), (C, "n_sm", lambda: SMS),
                (C, "launch", record), (C, "bfloat16_unsupported", lambda: ""),
@@ -711,7 +711,7 @@ def analyse(launch, compiled):
         total = warps * per_row
         requested = warps * sass.global_bytes(0, end, iterations)
         span = (0, end)
-    resident = occupancy(compiled.registers, launch.block, compiled.shared_bytes)
+    resident = occupancy(compiled.registers, launch.block, compiled.shared_bytes + launch.shared)
     return {
         "grid": launch.grid,
         "block": launch.block,
@@ -727,6 +727,7 @@ def analyse(launch, compiled):
         "spill_bytes": compiled.spill_bytes,
         "stack_bytes": compiled.stack_bytes,
         "shared_bytes": compiled.shared_bytes,
+        "dynamic_shared_bytes": launch.shared,  # a staged long row's copies, sized per call
         "global_load_bits": sass.widest_global(*span, "LDG"),
         "global_store_bits": sass.widest_global(*span, "STG"),
         "loop_instructions": round(per_row, 1),
@@ -746,7 +747,7 @@ def records_for(fe, launches, kernel, dtype, N, M=M_ROWS, sass_dir=None, written
     groups = {}
     for ln in capture(fe, launches, kernel, dtype, M, N):
         sig = signature(ln.args)
-        key = (id(ln.kernel), sig, ln.grid, ln.block)
+        key = (id(ln.kernel), sig, ln.grid, ln.block, ln.shared)
         if key in groups:
             groups[key][1] += 1
         else:

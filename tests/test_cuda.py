@@ -77,21 +77,27 @@ def test_row_mapping_by_row_length(knobs, monkeypatch):
     assert C.row_config(32768, 8193).loop                                # past the registers
     assert C.row_config(32768, 4096, True)[:4] == (512, 8, 1, False)     # float64: half per thread
     assert C.row_config(32768, 4097, True).loop
-    # long rows staged in shared memory in their own dtype where the copies fit the 48 KB
-    # of static shared memory beside the reductions' scratch (ptxas refuses more):
-    # float16 forward (one copy) to 22528 elements, backward (x and dy) to 10240
-    assert C.STAGE_BYTES + _reduce.slots(C.MAX_TPR) * 2 * 3 * 8 <= 48 * 1024
+    # long rows staged in (dynamic) shared memory in their own dtype where the copies fit
+    # sm_90's 227 KB per block beside the reductions' static scratch: float16 forward (one
+    # copy) to 115712 elements, backward (x and dy) to 57856
+    assert C.STAGE_BYTES + C.SCRATCH_BYTES == C.SHARED_OPTIN == 232448
+    assert _reduce.slots(C.MAX_TPR) * 2 * 3 * 8 <= C.SCRATCH_BYTES
     f16 = dict(wide=False, vec=8, resident=512, item=2)
-    assert C.row_config(32768, 8192, staged=1, **f16).stage == 0          # registers: nothing staged
-    assert C.row_config(32768, 16384, staged=1, **f16).stage == 4096      # 32 KB of uint64
-    assert C.row_config(32768, 22528, staged=1, **f16).stage == 5632      # 44 KB
-    assert C.row_config(32768, 22529, staged=1, **f16).stage == 0         # 48 KB: more than 47
-    assert C.row_config(32768, 32768, staged=1, **f16).stage == 0         # 64 KB: the loop path
-    assert C.row_config(32768, 10240, staged=2, **f16).stage == 2560
-    assert C.row_config(32768, 12288, staged=2, **f16).stage == 0
-    assert C.row_config(32768, 9001, False, 1, 512, 4, 1).stage == 9216   # elements (odd length): float32, 36 KB
-    # capacity classes: every row length from 8193 to 22528 compiles one of 7 kernels (4 KB apart)
-    assert len({C.row_config(1, n, staged=1, **f16).stage for n in range(8193, 22529, 8)}) == 7
+    assert C.row_config(32768, 8192, staged=1, **f16)[-2:] == (0, 0)          # registers: nothing staged
+    assert C.row_config(32768, 16384, staged=1, **f16)[-2:] == (4096, 32768)  # 32 KB of uint64
+    assert C.row_config(32768, 32768, staged=1, **f16)[-2:] == (8192, 65536)  # 64 KB: over 48, opted in
+    assert C.row_config(32768, 115712, staged=1, **f16)[-2:] == (28928, 231424)
+    assert C.row_config(32768, 115720, staged=1, **f16).stage == 0            # more than 227 KB: the loop path
+    assert C.row_config(32768, 57856, staged=2, **f16)[-2:] == (14464, 231424)
+    assert C.row_config(32768, 57864, staged=2, **f16).stage == 0
+    assert C.row_config(32768, 9001, False, 1, 512, 4, 1)[-2:] == (9001, 36004)  # elements (odd length): float32
+    # the size is the launch's, not the kernel's: every staged row length compiles one kernel
+    assert len({C.row_config(1, n, staged=1, **f16).code for n in range(8200, 115712, 8)}) == 1
+    # the grid: one block per SM either way (ROW_RESIDENT threads of 512), and what shared memory allows
+    assert C.row_config(32768, 115712, staged=1, **f16).grid == 132
+    assert C.blocks_per_sm(128, 1024, 0) == 8
+    assert C.blocks_per_sm(128, 1024, 64 * 1024) == 3                         # 228 KB / (64 + 1 + 1) KB
+    assert C.blocks_per_sm(128, 1024, 200 * 1024) == 1
     # a few short rows spread over SMs instead of filling one block (a warp of rows each)
     assert C.row_config(100, 64).rows == 8 and C.row_config(100, 64).grid == 13
     assert C.row_config(100, 1024).rows == 1 and C.row_config(100, 1024).grid == 100
@@ -125,7 +131,7 @@ MAPPINGS = {
     "default": ({}, [(5, 70), (2, 300), (3, 96)]),  # elements or 8-byte words; 16-byte words
     "loop": (LONG, [(3, 70), (2, 33), (2, 64)]),
     "loop_unstaged": ({**LONG, "STAGE_BYTES": 0}, [(3, 70), (2, 33), (2, 64)]),
-    "stage_edge": ({**LONG, "STAGE_GRANULE": 4, "STAGE_BYTES": 256}, [(3, 64), (2, 33)]),
+    "stage_edge": ({**LONG, "STAGE_BYTES": 256}, [(3, 64), (2, 33)]),
     "one_block": ({"MIN_RESIDENT": 1, "BLOCK_THREADS": 32}, [(7, 20), (5, 9)]),
     "subwarp": ({"REG_ELEMS": 2, "BLOCK_THREADS": 64}, [(6, 30)]),
 }
@@ -780,3 +786,64 @@ def test_long_rows_of_offset_views_against_the_oracle(knobs, rng, mapping, offse
     got = nc.layer_norm_backward(dyd, xd, cuda.to_device(m), cuda.to_device(r), n, cuda.to_device(w))
     for g, ref, what in zip(got, ORACLE.layer_norm_backward(dy, x, mr, rr, n, w), ("dx", "dw", "db")):
         assert_close(g.copy_to_host(), ref, np.float16, f"{what} {mapping} {offset}")
+
+
+# ---------------------------------------------------------------- long rows in over 48 KB of shared memory
+
+def _close16(got, ref, dt, what):
+    """assert_close, and for bfloat16 (no tolerance of its own there) one bfloat16 ulp of
+    the largest magnitude (2**-8: float16's 2e-3 is four of its half ulps)."""
+    if not C.is_bfloat16(np.dtype(dt)):
+        return assert_close(got, ref, dt, what)
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    scale = max(1.0, float(np.max(np.abs(ref))))
+    np.testing.assert_allclose(got, ref, rtol=2.0 ** -8, atol=2.0 ** -8 * scale, err_msg=what)
+
+
+# each dtype one forward and one backward, fused in one and not in the other: the simulator
+# runs a row at ~0.2 ms (forward) / ~1 ms (backward) per element
+OVER_48_KB = {"float16": (False, True), "bfloat16": (True, False), "float32": (True, False)}
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("dtype", list(OVER_48_KB))
+def test_long_rows_staged_in_over_48_kb_against_the_oracle(knobs, rng, dtype):
+    """Rows whose staged copies take more than the 48 KB a kernel gets without opting in
+    (49 KB of dynamic shared memory: the forward's x or s at N, the backward's x and dy at
+    N / 2), forward and backward, fused (s = x + res; dx + ds) and not, in the simulator
+    against the oracle.  One warp per row (``MAX_TPR``): the simulator's cost is per
+    thread; the copies' size is the row's whatever the threads."""
+    dt = _bf16() if dtype == "bfloat16" else np.dtype(dtype)
+    fused_forward, fused_backward = OVER_48_KB[dtype]
+    knobs(MAX_TPR=32)
+    item = np.dtype(dt).itemsize
+    n = 49 * 1024 // item                         # the forward's row: one 49 KB copy
+    for rows, staged in ((n, 1), (n // 2, 2)):
+        cfg = C.row_config(1, rows, False, 16 // item, C.ROW_RESIDENT, item, staged)
+        assert cfg.loop and cfg.shared == 49 * 1024 > C.SHARED_DEFAULT, cfg
+
+    def data(shape):
+        return _rows(rng, shape).astype(dt)
+
+    x, res = data((1, n)), data((1, n))
+    w, b = rng.uniform(0.5, 1.5, n).astype(dt), rng.standard_normal(n).astype(dt)
+    if fused_forward:
+        y, s, m, r = nc.add_layer_norm_forward(x, res, n, w, b)
+        np.testing.assert_array_equal(s, x + res)
+        x = s
+    else:
+        y, m, r = nc.layer_norm_forward(x, n, w, b)
+    yr, mr, rr = ORACLE.layer_norm_forward(x, n, w, b)
+    _close16(y, yr, dt, f"LN y (fused: {fused_forward})")
+    assert_close(m, mr, np.float32, "LN mean")
+    assert_close(r, rr, np.float32, "LN rstd")
+    h = n // 2                                     # the backward's row: x and dy, 49 KB
+    x, dy, ds, w = data((1, h)), data((1, h)), data((1, h)), w[:h]
+    _, mr, rr = ORACLE.layer_norm_forward(x, h, w, None)
+    m, r = mr.astype(np.float32), rr.astype(np.float32)
+    if fused_backward:
+        got, ref = nc.add_layer_norm_backward(dy, ds, x, m, r, h, w), ORACLE.add_layer_norm_backward(dy, ds, x, m, r, h, w)
+    else:
+        got, ref = nc.layer_norm_backward(dy, x, m, r, h, w), ORACLE.layer_norm_backward(dy, x, m, r, h, w)
+    for g, e, what in zip(got, ref, ("dx", "dw", "db")):
+        _close16(g, e, dt, f"LN backward {what} (fused: {fused_backward})")

@@ -68,7 +68,7 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
     KW = C.u64_per_word(xdt, V)
     SHIFT = TPR.bit_length() - 1
     SLOTS = slots(BLOCK)
-    STAGE, STAGED = max(1, code.stage), code.stage > 0
+    STAGED = code.stage
     ST = stats.stage_type(xdt, V)
     ROW_SUM = stats.row_sum_fn(xdt, TPR, VPT, V, LOOP, not LAYER, has_r, STAGED)
     CENTERED = stats.centered_fn(xdt, TPR, VPT, V, LOOP, STAGED)
@@ -103,9 +103,13 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
         ws = cuda.local.array(VPT, ACC)     # ... of weight and bias, loaded once
         bs = cuda.local.array(VPT, ACC)
         tmp = cuda.local.array(V, ACC)      # one word in flight
-        # a long row's copy (x, or s when fused) in shared memory: passes 2 and 3
-        # read it there instead of global memory (each thread its own words: no barrier)
-        stage = cuda.shared.array(STAGE, ST)
+        # a long row's copy (x, or s when fused) in dynamic shared memory (the launch
+        # sizes it: a row's kernel elements, or none): passes 2 and 3 read it there
+        # instead of global memory (each thread its own words: no barrier)
+        if STAGED:
+            stage = cuda.shared.array(0, ST)
+        else:
+            stage = cuda.shared.array(1, ST)  # never read
         if not LOOP:
             for e in range(VPT):
                 j = (t + (e // V) * TPR) * V + e % V
@@ -183,7 +187,7 @@ def backward_kernel(kind, xdt, wdt, code, has_ds):
     SLOTS = slots(BLOCK)
     COLS = TPR * VPT  # columns a row group holds in registers
     K = 2 if LAYER else 1  # partial rows: dweight (and dbias)
-    STAGE, STAGED = max(1, code.stage), code.stage > 0
+    STAGED = code.stage
     ST = stats.stage_type(xdt, V)
     COPY, _, GET = stats.stage_fns(xdt, ACC.name, V)
 
@@ -214,11 +218,14 @@ def backward_kernel(kind, xdt, wdt, code, has_ds):
         dwa = cuda.local.array(VPT, ACC)    # running sum of dy * xhat, per column
         dba = cuda.local.array(VPT, ACC)    # running sum of dy, per column (LayerNorm)
         tmp = cuda.local.array(V, ACC)
-        # a long row's x and dy in shared memory: pass 2 reads them there (each
-        # thread its own words: no barrier)
-        stage = cuda.shared.array((2, STAGE), ST)
-        sx = stage[0]
-        sdy = stage[1]
+        # a long row's x and dy in dynamic shared memory (the launch sizes it: two rows'
+        # kernel elements, or none): pass 2 reads them there (each thread its own words: no barrier)
+        if STAGED:
+            stage = cuda.shared.array(0, ST)
+            sx = stage[:x.shape[1]]
+            sdy = stage[x.shape[1]:]
+        else:
+            sx = sdy = cuda.shared.array(1, ST)  # never read
         dwp = part[0, blk]
         dbp = part[K - 1, blk]
         if LOOP:
@@ -390,7 +397,7 @@ def forward(kind, x, weight, bias, eps, y, mean, rstd, residual=None, s=None, st
     xe, xk = C.kview(x), C.words(x, vec)  # elements (dummy parameters), words (rows)
     C.launch(kern, cfg.grid, cfg.block, stream, xk, C.optional(residual, xk, 2, vec), C.optional(weight, xe, 1),
              C.optional(bias, xe, 1), np.dtype(rstd.dtype).type(eps), C.words(y, vec),
-             C.optional(s, xk, 2, vec), C.optional(mean, rstd, 1), rstd)
+             C.optional(s, xk, 2, vec), C.optional(mean, rstd, 1), rstd, shared=cfg.shared)
 
 
 def backward(kind, dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None, stream=0):
@@ -412,5 +419,5 @@ def backward(kind, dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None, strea
     kern = backward_kernel(kind, np.dtype(x.dtype), C.dtype_or_none(weight), cfg.code, ds is not None)
     xe, xk = C.kview(x), C.words(x, vec)
     C.launch(kern, cfg.grid, cfg.block, stream, C.words(dy, vec), xk, C.optional(mean, rstd, 1), rstd,
-             C.optional(weight, xe, 1), C.optional(ds, xk, 2, vec), C.words(dx, vec), part)
+             C.optional(weight, xe, 1), C.optional(ds, xk, 2, vec), C.words(dx, vec), part, shared=cfg.shared)
     C.column_sums(part, dweight, dbias, stream)
