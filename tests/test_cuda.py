@@ -847,3 +847,95 @@ def test_long_rows_staged_in_over_48_kb_against_the_oracle(knobs, rng, dtype):
         got, ref = nc.layer_norm_backward(dy, x, m, r, h, w), ORACLE.layer_norm_backward(dy, x, m, r, h, w)
     for g, e, what in zip(got, ref, ("dx", "dw", "db")):
         _close16(g, e, dt, f"LN backward {what} (fused: {fused_backward})")
+
+
+# ---------------------------------------------------------------- LayerNorm statistics in one reduction
+
+def _edge_rows(rng, m, n, dtype):
+    """Rows 0 and 5 ordinary; 1 large-offset (mean 1e4, std 1e-2: the contract's); 2 its
+    first 8 elements 64 std out (the shift, the mean of the first word, is: the shifted
+    one-pass cannot serve it, the two-pass fallback does); 3 constant; 4 a NaN in the
+    middle (which must not leak into the rows beside it)."""
+    x = rng.standard_normal((m, n)) * 2 + 0.5
+    x[1] = 1e4 + 1e-2 * rng.standard_normal(n)
+    x[2] = 0.5 + 1e-2 * rng.standard_normal(n)    # (a small std: rstd ~ 100, compared to 2e-5 of it)
+    x[2, :8] = x[2, 8:].mean() + 64 * x[2, 8:].std()
+    x[3] = 3.25
+    x[4, n // 2] = np.nan
+    return x.astype(dtype)
+
+
+def _exact_layer_norm_row(row, w, b, eps):
+    """y of one row computed exactly (fractions; the square root to 40 digits), rounded to
+    float64 once: the float64 oracle's own mean rounding is 3.6e-11 of y at a mean of 1e4
+    and a std of 1e-2, over float64's tolerance."""
+    import decimal
+    from fractions import Fraction
+
+    def dec(f):
+        return decimal.Decimal(f.numerator) / decimal.Decimal(f.denominator)
+
+    with decimal.localcontext() as ctx:
+        ctx.prec = 40
+        vals = [Fraction(float(v)) for v in row]
+        mean = sum(vals) / len(vals)
+        var = sum((v - mean) ** 2 for v in vals) / len(vals)
+        rstd = 1 / (dec(var) + dec(Fraction(eps))).sqrt()
+        return np.array([float(dec(v - mean) * rstd * dec(Fraction(float(wi))) + dec(Fraction(float(bi))))
+                         for v, wi, bi in zip(vals, w, b)])
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("mapping,n", [("default", 70), ("default", 1024), ("loop", 70), ("loop64", 200)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layer_norm_statistics_edge_rows_side_by_side(knobs, rng, mapping, n, dtype):
+    """The forward's statistics come from one group reduction of the sums of x - x[0] and
+    their squares; a row where that is not exact enough (x[0] an outlier, NaN) takes the
+    corrected two-pass, while its neighbours in the same warp (N = 70: groups of 8 or 16
+    threads) or block (N = 1024: groups of 64 or 128 threads; loop64: a block of 64 per
+    row) keep their one pass -- all against the oracle, fused or not."""
+    knobs(**{"loop": LONG, "loop64": {"MAX_TPR": 64, "MAX_VPT": 2}}.get(mapping, {}))
+    cfg = C.row_config(6, n, dtype == np.float64)
+    assert cfg.loop if mapping != "default" else cfg.rows > 1 and (cfg.tpr < 32) == (n == 70)
+    x = _edge_rows(rng, 6, n, dtype)
+    w = rng.uniform(0.5, 1.5, n).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype)
+    y, m, r = nc.layer_norm_forward(x, n, w, b)
+    yr, mr, rr = ORACLE.layer_norm_forward(x, n, w, b)
+    assert np.isnan(y[4]).all() and np.isnan(m[4]).all() and np.isnan(r[4]).all()
+    assert not np.isnan(y[[0, 1, 2, 3, 5]]).any()
+    if dtype == np.float64:
+        yr[1] = _exact_layer_norm_row(x[1], w, b, 1e-5)
+    for row in range(6):
+        assert_close(y[row], yr[row], dtype, f"y row {row}")
+        assert_close(m[row], mr[row], dtype, f"mean row {row}")
+        assert_close(r[row], rr[row], dtype, f"rstd row {row}")
+    assert_close(y[2, 8:], yr[2, 8:], dtype, "y row 2 beside its outliers")  # (the outliers' 64 set y's scale)
+    np.testing.assert_array_equal(y[3], b)  # a constant row: its deviations are exactly 0
+    res = np.zeros_like(x)
+    res[:, 0] = 0.5  # s = x + res: the shift is s's first element, not x's
+    y, s, m, r = nc.add_layer_norm_forward(x, res, n, w, b)
+    yr, mr, rr = ORACLE.layer_norm_forward(s, n, w, b)
+    for row in (0, 2, 5):
+        assert_close(y[row, 8:], yr[row, 8:], dtype, f"fused y row {row}")
+        assert_close(r[row], rr[row], dtype, f"fused rstd row {row}")
+
+
+@pytest.mark.cudasim
+def test_layer_norm_outlier_first_word_takes_the_two_pass(knobs, rng):
+    """A first word (the shift's 4 float32) 64 std away from the rest: the shifted sums'
+    var = ms - m1^2 cancels all but ~4 / N of ms (12 of float32's 24 bits at N = 16384:
+    rstd off by ~1e-4), so that row must take the two-pass; the other row (an ordinary
+    one) keeps the one pass."""
+    knobs(**LONG)  # the loop path, a warp per row: the simulator's cheapest long row
+    n = 16384
+    x = 1 + 1e-2 * rng.standard_normal((2, n))
+    x[0, :4] = x[0, 4:].mean() + 64 * x[0, 4:].std()
+    x = x.astype(np.float32)
+    assert C.vec_width(n, x) == 4
+    y, m, r = nc.layer_norm_forward(x, n)
+    yr, mr, rr = ORACLE.layer_norm_forward(x, n)
+    for row in range(2):
+        assert_close(r[row], rr[row], np.float32, f"rstd row {row}")
+        assert_close(m[row], mr[row], np.float32, f"mean row {row}")
+        assert_close(y[row, 4:], yr[row, 4:], np.float32, f"y row {row} (beside the outliers)")

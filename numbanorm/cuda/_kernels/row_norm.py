@@ -4,10 +4,13 @@ launchers.
 
 LayerNorm (``kind='layer'``):
 
-    mean = sum(x) / N                              (pass 1, row in registers)
-    corr = sum(x - mean) / N,  var = sum((x - mean)^2) / N - corr^2
-                                                   (pass 2: corrected two-pass)
-    y    = ((x - mean) - corr) * rstd * weight + bias
+    k = mean(x[:vec]),  m1 = sum(x - k) / N,  ms = sum((x - k)^2) / N
+                                                   (pass 1, row in registers; one reduction)
+    mean = mu + corr with mu = k, corr = m1,  var = ms - m1^2
+                                                   where m1^2 <= ms / 2 (k near the mean)
+    else mu = k + m1, corr = sum(x - mu) / N,  var = sum((x - mu)^2) / N - corr^2
+                                                   (pass 2: corrected two-pass, for those rows)
+    y    = ((x - mu) - corr) * rstd * weight + bias
 
 RMSNorm (``kind='rms'``): ``rstd = 1 / sqrt(sum(x^2) / N + eps)`` in pass 1,
 ``y = x * rstd * weight``.
@@ -70,8 +73,9 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
     SLOTS = slots(BLOCK)
     STAGED = code.stage
     ST = stats.stage_type(xdt, V)
-    ROW_SUM = stats.row_sum_fn(xdt, TPR, VPT, V, LOOP, not LAYER, has_r, STAGED)
-    CENTERED = stats.centered_fn(xdt, TPR, VPT, V, LOOP, STAGED)
+    ROW_SUM = stats.row_sum_fn(xdt, TPR, VPT, V, LOOP, not LAYER, has_r, STAGED, shifted=LAYER)
+    FIRST = stats.first_fn(xdt, V, has_r)
+    SHIFTED = stats.shifted_fn(xdt, TPR, VPT, V, LOOP, STAGED)
     READW = stats.stage_fns(xdt, ACC.name, V)[2] if STAGED else LOADW  # passes 2 and 3 of a long row
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
@@ -124,15 +128,19 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
             yr = y[rr]
             resr = res[rr if has_r else 0]
             sr = s[rr if has_r else 0]
-            # pass 1: the sum (RMSNorm: of squares), and, fused, s = x + res stored once
-            total = ROW_SUM(xr, resr, sr, xs, tmp, live, t, NW, stage)
+            # pass 1: the sums of x - k and their squares, k the mean of the row's first
+            # word (RMSNorm: of x^2), and, fused, s = x + res stored once
             src = stage if STAGED else (sr if has_r else xr)   # what passes 2 and 3 read
             if LAYER:
-                mu, corr, r = CENTERED(src, xs, live, t, NW, total, inv_n, eps, scratch, tid)
+                k = FIRST(xr, resr, tmp)
+                s1, s2 = ROW_SUM(xr, resr, sr, xs, tmp, live, t, NW, stage, k)
+                # one group reduction (a second pass only for rows it cannot serve)
+                mu, corr, r, it = SHIFTED(src, xs, live, t, NW, k, s1, s2, inv_n, eps, scratch, it, tid)
                 if live and t == 0:
                     mean[row] = mu + corr
                     rstd[row] = r
             else:
+                total = ROW_SUM(xr, resr, sr, xs, tmp, live, t, NW, stage)
                 mu = zero
                 corr = zero
                 sq = group_sum(total, scratch, it & 1, tid, TPR)
