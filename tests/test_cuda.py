@@ -680,7 +680,7 @@ def test_parameter_gradients_stored_in_the_parameters_dtype(rng, monkeypatch, ki
     wide = run(np.float32)
     launches = []
     real = C.launch
-    monkeypatch.setattr(C, "launch", lambda *a: launches.append(a[0]) or real(*a))
+    monkeypatch.setattr(C, "launch", lambda *a, **k: launches.append(a[0]) or real(*a, **k))
     narrow = run(np.float16)
     assert len(launches) == 2 and C.row_config(M, N).grid > 1
     np.testing.assert_array_equal(narrow[0], wide[0])
@@ -718,7 +718,7 @@ def test_public_backward_is_two_launches_for_any_weight_dtype(rng, monkeypatch, 
     }
     launches = []
     real = C.launch
-    monkeypatch.setattr(C, "launch", lambda *a: launches.append(a[0]) or real(*a))
+    monkeypatch.setattr(C, "launch", lambda *a, **k: launches.append(a[0]) or real(*a, **k))
     for name, (call, n_launches, ref) in calls.items():
         del launches[:]
         got = [to_host(a) for a in call()]
