@@ -52,7 +52,12 @@ rows.  One iteration of it is one row for the warp's row group, and
   the inner one takes the trips, the outer counts once;
 * peeled remainder copies outside an unrolled loop and conditional blocks both
   count in full, so the count is an upper bound for a full, live row (slightly
-  high for warps that skip the ``t == 0`` stores).
+  high for warps that skip the ``t == 0`` stores) -- except LayerNorm's two-pass
+  fallback: the block a predicated branch skips right after a vote (``BAR.RED.OR``,
+  ``VOTE.ANY``) runs only when a row of the block (or warp) has its shift, the
+  mean of its first word, over a std from its mean (0.5% of Gaussian 16-bit rows,
+  5% of float32 ones), and is counted apart, per row group that takes it
+  (``fallback_instructions``; its loads are left out of ``load_bytes_per_row``).
 
 Kernels without a row loop (``cast``) count their straight-line code once per
 warp; ``column_sums`` counts its loop over the partial rows (``P / slices``
@@ -79,7 +84,7 @@ is what the SASS requests from global memory, re-reads included: a long row
 staged in shared memory, ``row_staged``, is requested once, and its later
 passes' shared loads count as instructions, in loops over the row's words).  Occupancy is resident threads
 per SM from registers (allocated per warp in units of 256), static shared
-memory (228 KB per SM, 1 KB reserved per block), 2048 threads and 32 blocks;
+and dynamic shared memory (228 KB per SM, 1 KB reserved per block), 2048 threads and 32 blocks;
 bytes in flight per SM = resident threads x the largest run of row-path
 global loads a thread issues before it uses any of their results.
 """
@@ -239,6 +244,19 @@ class Sass:
             if any(self.ins[k].op.startswith("CALL") for k in range(a, b)):
                 for k in range(a, b):
                     self.cold[k] = True
+        # LayerNorm's two-pass fallback: the code a conditional branch skips right after a
+        # vote of the block (BAR.RED.OR: syncthreads_or) or the warp (VOTE.ANY: any_sync)
+        self.rare = [False] * n
+        for k, i in enumerate(self.ins):
+            if i.op.startswith(("BAR.RED.OR", "VOTE.ANY")):
+                bra = next((j for j in range(k + 1, n) if self.ins[j].op.split(".")[0] in ("BRA", "EXIT", "BAR")
+                            or j in self.label_idx), None)
+                if bra is None or self.ins[bra].op != "BRA" or not self.ins[bra].pred:
+                    continue
+                t = self.index_of.get(_target(self.ins[bra]))
+                if t is not None and t > bra:
+                    for j in range(bra + 1, t):
+                        self.rare[j] = True
 
     def row_loop(self):
         """(first, last) instruction of the row loop, or None: of the outermost loops
@@ -270,9 +288,10 @@ class Sass:
             k += 1
         return total
 
-    def count(self, a, b, iterations):
-        """Instructions one warp issues in one pass over [a, b]."""
-        return self.weighted(a, b, iterations, lambda k: 1)
+    def count(self, a, b, iterations, rare=False):
+        """Instructions one warp issues in one pass over [a, b]: the common path, or
+        (``rare``) only the fallback's (``self.rare``)."""
+        return self.weighted(a, b, iterations, lambda k: 1 if self.rare[k] == rare else 0)
 
     def widest_global(self, a, b, kind="LDG"):
         bits = [global_bits(self.ins[k].op) for k in range(a, b + 1) if self.ins[k].op.split(".")[0] == kind]
@@ -282,7 +301,7 @@ class Sass:
         """Bytes one warp's global loads (``kind``) request in one pass over [a, b]."""
         def size(k):
             op = self.ins[k].op
-            return 32 * global_bits(op) / 8 if op.split(".")[0] == kind else 0
+            return 32 * global_bits(op) / 8 if op.split(".")[0] == kind and not self.rare[k] else 0
 
         return self.weighted(a, b, iterations, size)
 
@@ -405,7 +424,7 @@ def gate_failures(records, strict=False, spill_budget=None):
 
 # ---------------------------------------------------------------- driving the launchers without a GPU
 
-Launch = namedtuple("Launch", "kernel grid block args")
+Launch = namedtuple("Launch", "kernel grid block args shared")  # shared: dynamic shared bytes per block
 
 
 class _DeviceLike(np.ndarray):
@@ -441,8 +460,8 @@ def offline(cc=CC):
 
     launches = []
 
-    def record(kernel, grid, block, stream, *args):
-        launches.append(Launch(kernel, grid, block, C.arrays(args)))
+    def record(kernel, grid, block, stream, *args, shared=0):
+        launches.append(Launch(kernel, grid, block, C.arrays(args), shared))
 
     patches = [(dispatcher, "get_current_device", lambda: _Device()), (C, "n_sm", lambda: SMS),
                (C, "launch", record), (C, "bfloat16_unsupported", lambda: ""),
@@ -700,6 +719,7 @@ def analyse(launch, compiled):
     if row_loop:
         a, b = row_loop
         per_row = sass.count(a, b, iterations)
+        fallback = sass.count(a, b, iterations, rare=True)
         outside = sass.count(0, a - 1, iterations) + sass.count(b + 1, end, iterations)
         warp_rows = rows * tpr / 32           # warp-iterations of the row loop in the launch
         total = warp_rows * per_row + warps * outside
@@ -707,10 +727,11 @@ def analyse(launch, compiled):
         span = (a, b)
     else:
         per_row = outside = sass.count(0, end, iterations)
+        fallback = 0.0
         total = warps * per_row
         requested = warps * sass.global_bytes(0, end, iterations)
         span = (0, end)
-    resident = occupancy(compiled.registers, launch.block, compiled.shared_bytes)
+    resident = occupancy(compiled.registers, launch.block, compiled.shared_bytes + launch.shared)
     return {
         "grid": launch.grid,
         "block": launch.block,
@@ -726,9 +747,11 @@ def analyse(launch, compiled):
         "spill_bytes": compiled.spill_bytes,
         "stack_bytes": compiled.stack_bytes,
         "shared_bytes": compiled.shared_bytes,
+        "dynamic_shared_bytes": launch.shared,  # a staged long row's copies, sized per call
         "global_load_bits": sass.widest_global(*span, "LDG"),
         "global_store_bits": sass.widest_global(*span, "STG"),
         "loop_instructions": round(per_row, 1),
+        "fallback_instructions": round(fallback, 1),  # per row group that takes LayerNorm's two-pass
         "outside_loop_instructions": round(outside, 1),
         "unresolved_loops": sorted({hex(x) for x in unresolved}),
         "_total_instructions": total,
@@ -745,7 +768,7 @@ def records_for(fe, launches, kernel, dtype, N, M=M_ROWS, sass_dir=None, written
     groups = {}
     for ln in capture(fe, launches, kernel, dtype, M, N):
         sig = signature(ln.args)
-        key = (id(ln.kernel), sig, ln.grid, ln.block)
+        key = (id(ln.kernel), sig, ln.grid, ln.block, ln.shared)
         if key in groups:
             groups[key][1] += 1
         else:

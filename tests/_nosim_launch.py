@@ -14,9 +14,13 @@ and argument marshalling down to the driver, and only the driver is stubbed:
   (recorded as a launch), and ``cuda.is_available`` (so that ``numbanorm.cuda``'s
   public functions and the top level's choice of them run).
 
+* giving a kernel more than 48 KB of dynamic shared memory (``cuKernelGetFunction``,
+  ``cuFuncSetAttribute``: recorded among the launches, in order).
+
 Modes: ``M N`` (launches of the direct path against numba's), ``count``, ``sweep``,
-``replay`` (public frontend against full path, call by call), ``host`` (host cost per
-call: ``benchmarks/gpu_host.py``).  Prints one JSON line.
+``replay`` (public frontend against full path, call by call), ``shared`` (long rows
+staged in over 48 KB of shared memory), ``host`` (host cost per call:
+``benchmarks/gpu_host.py``).  Prints one JSON line.
 """
 
 import json
@@ -67,12 +71,16 @@ def main():
         def __init__(self, name):
             self.name = name
             self.kernel = ("kernel", name)
+            self.handle = ("CUkernel", name)
 
     libraries = set()  # one per compiled kernel
+    cufuncs = {}  # the loaded kernel of each library, as numba-cuda keeps it (per device)
 
     def get_cufunc(self):
         libraries.add(id(self))
-        return Function(self.name)
+        if id(self) not in cufuncs:
+            cufuncs[id(self)] = Function(self.name)
+        return cufuncs[id(self)]
 
     CUDACodeLibrary.get_cufunc = get_cufunc
     launches = []
@@ -81,10 +89,19 @@ def main():
         if not isinstance(stream, (CoreStream, GraphBuilder)) and not LENIENT:
             raise TypeError(f"Stream or GraphBuilder expected, got {type(stream).__name__}")
         launches.append({"stream": getattr(stream, "handle", stream), "grid": list(config.grid), "block": list(config.block),
-                         "kernel": kernel[1], "args": [getattr(a, "value", a) for a in args]})
+                         "shared": config.shmem_size, "kernel": kernel[1], "args": [getattr(a, "value", a) for a in args]})
         launch.last = (stream, config, kernel, *args)  # (to time the stub itself)
 
     dispatcher.launch = launch
+
+    def get_function(kernel):  # a library's CUkernel -> its CUfunction in the current context
+        return ("CUfunction", kernel[1])
+
+    def set_attribute(fn, attr, value):
+        launches.append({"attribute": attr.name, "value": value, "kernel": fn[1]})
+
+    driver.driver.cuKernelGetFunction = get_function
+    driver.driver.cuFuncSetAttribute = set_attribute
     load = dispatcher.CUDACache.load_overload
 
     def load_overload(self, *args, **kwargs):  # count the kernels read from numba's disk cache
@@ -153,6 +170,8 @@ def main():
         return host(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), device_array, launches)
     if sys.argv[1] == "replay":
         return replay(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
+    if sys.argv[1] == "shared":
+        return shared(int(sys.argv[2]), int(sys.argv[3]), device_array, launches, cufuncs)
     if sys.argv[1] == "count":
         return count(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
     if sys.argv[1] == "sweep":
@@ -442,6 +461,38 @@ def replay(M, N, device_array, launches):
     for name in other:
         res["again"].append((seen(calls[name], nc), seen(calls[name], full)))
     print(json.dumps(res))
+
+
+def shared(M, N, device_array, launches, cufuncs):
+    """LayerNorm forward (x staged: 2N bytes) and backward (x and dy: 4N) of float16 rows of
+    N elements, through the full path three times (numba's dispatcher, then the direct
+    launch), then the public frontend four times (learned, then replayed), the last time
+    in a new context (the loaded kernels forgotten, as numba-cuda loads them per device):
+    per call, what reached the driver, in order; and the staged bytes the row mapping gives."""
+    from numbanorm.cuda._kernels import common as C
+
+    nc, full = _frontends()
+    f16 = np.float16
+    x, dy, w = device_array((M, N), f16), device_array((M, N), f16), device_array((N,), f16)
+    st = (device_array((M, 1), np.float32), device_array((M, 1), np.float32))  # (mean, rstd: no forward run yet)
+    calls = {"forward": lambda fe: fe.layer_norm_forward(x, N, w, w),
+             "backward": lambda fe: fe.layer_norm_backward(dy, x, *st, N, w)}
+    replayed = []
+    real = nc.replays.replay
+    nc.replays.replay = lambda sig: (lambda r: replayed.append(r is not None) or r)(real(sig))
+    out = {"bytes": {"forward": C.row_config(M, N, False, 8, C.ROW_RESIDENT, 2, 1).shared,
+                     "backward": C.row_config(M, N, False, 8, C.ROW_RESIDENT, 2, 2).shared}}
+    for name, call in calls.items():
+        out[name] = []
+        for k, fe in enumerate((full, full, full, nc, nc, nc, nc)):
+            if k == 6:
+                cufuncs.clear()  # a new context: the kernel loaded anew, its attribute not set there
+            del launches[:]
+            n = len(replayed)
+            call(fe)
+            out[name].append({"events": [{k: v for k, v in la.items() if k != "args"} for la in launches],
+                              "replayed": any(replayed[n:])})
+    print(json.dumps(out))
 
 
 def sweep(N, M_max, device_array, libraries, launches, C, LN, RW):

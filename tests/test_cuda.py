@@ -77,21 +77,27 @@ def test_row_mapping_by_row_length(knobs, monkeypatch):
     assert C.row_config(32768, 8193).loop                                # past the registers
     assert C.row_config(32768, 4096, True)[:4] == (512, 8, 1, False)     # float64: half per thread
     assert C.row_config(32768, 4097, True).loop
-    # long rows staged in shared memory in their own dtype where the copies fit the 48 KB
-    # of static shared memory beside the reductions' scratch (ptxas refuses more):
-    # float16 forward (one copy) to 22528 elements, backward (x and dy) to 10240
-    assert C.STAGE_BYTES + _reduce.slots(C.MAX_TPR) * 2 * 3 * 8 <= 48 * 1024
+    # long rows staged in (dynamic) shared memory in their own dtype where the copies fit
+    # sm_90's 227 KB per block beside the reductions' static scratch: float16 forward (one
+    # copy) to 115712 elements, backward (x and dy) to 57856
+    assert C.STAGE_BYTES + C.SCRATCH_BYTES == C.SHARED_OPTIN == 232448
+    assert _reduce.slots(C.MAX_TPR) * 2 * 3 * 8 <= C.SCRATCH_BYTES
     f16 = dict(wide=False, vec=8, resident=512, item=2)
-    assert C.row_config(32768, 8192, staged=1, **f16).stage == 0          # registers: nothing staged
-    assert C.row_config(32768, 16384, staged=1, **f16).stage == 4096      # 32 KB of uint64
-    assert C.row_config(32768, 22528, staged=1, **f16).stage == 5632      # 44 KB
-    assert C.row_config(32768, 22529, staged=1, **f16).stage == 0         # 48 KB: more than 47
-    assert C.row_config(32768, 32768, staged=1, **f16).stage == 0         # 64 KB: the loop path
-    assert C.row_config(32768, 10240, staged=2, **f16).stage == 2560
-    assert C.row_config(32768, 12288, staged=2, **f16).stage == 0
-    assert C.row_config(32768, 9001, False, 1, 512, 4, 1).stage == 9216   # elements (odd length): float32, 36 KB
-    # capacity classes: every row length from 8193 to 22528 compiles one of 7 kernels (4 KB apart)
-    assert len({C.row_config(1, n, staged=1, **f16).stage for n in range(8193, 22529, 8)}) == 7
+    assert C.row_config(32768, 8192, staged=1, **f16)[-2:] == (0, 0)          # registers: nothing staged
+    assert C.row_config(32768, 16384, staged=1, **f16)[-2:] == (4096, 32768)  # 32 KB of uint64
+    assert C.row_config(32768, 32768, staged=1, **f16)[-2:] == (8192, 65536)  # 64 KB: over 48, opted in
+    assert C.row_config(32768, 115712, staged=1, **f16)[-2:] == (28928, 231424)
+    assert C.row_config(32768, 115720, staged=1, **f16).stage == 0            # more than 227 KB: the loop path
+    assert C.row_config(32768, 57856, staged=2, **f16)[-2:] == (14464, 231424)
+    assert C.row_config(32768, 57864, staged=2, **f16).stage == 0
+    assert C.row_config(32768, 9001, False, 1, 512, 4, 1)[-2:] == (9001, 36004)  # elements (odd length): float32
+    # the size is the launch's, not the kernel's: every staged row length compiles one kernel
+    assert len({C.row_config(1, n, staged=1, **f16).code for n in range(8200, 115712, 8)}) == 1
+    # the grid: one block per SM either way (ROW_RESIDENT threads of 512), and what shared memory allows
+    assert C.row_config(32768, 115712, staged=1, **f16).grid == 132
+    assert C.blocks_per_sm(128, 1024, 0) == 8
+    assert C.blocks_per_sm(128, 1024, 64 * 1024) == 3                         # 228 KB / (64 + 1 + 1) KB
+    assert C.blocks_per_sm(128, 1024, 200 * 1024) == 1
     # a few short rows spread over SMs instead of filling one block (a warp of rows each)
     assert C.row_config(100, 64).rows == 8 and C.row_config(100, 64).grid == 13
     assert C.row_config(100, 1024).rows == 1 and C.row_config(100, 1024).grid == 100
@@ -125,7 +131,7 @@ MAPPINGS = {
     "default": ({}, [(5, 70), (2, 300), (3, 96)]),  # elements or 8-byte words; 16-byte words
     "loop": (LONG, [(3, 70), (2, 33), (2, 64)]),
     "loop_unstaged": ({**LONG, "STAGE_BYTES": 0}, [(3, 70), (2, 33), (2, 64)]),
-    "stage_edge": ({**LONG, "STAGE_GRANULE": 4, "STAGE_BYTES": 256}, [(3, 64), (2, 33)]),
+    "stage_edge": ({**LONG, "STAGE_BYTES": 256}, [(3, 64), (2, 33)]),
     "one_block": ({"MIN_RESIDENT": 1, "BLOCK_THREADS": 32}, [(7, 20), (5, 9)]),
     "subwarp": ({"REG_ELEMS": 2, "BLOCK_THREADS": 64}, [(6, 30)]),
 }
@@ -674,7 +680,7 @@ def test_parameter_gradients_stored_in_the_parameters_dtype(rng, monkeypatch, ki
     wide = run(np.float32)
     launches = []
     real = C.launch
-    monkeypatch.setattr(C, "launch", lambda *a: launches.append(a[0]) or real(*a))
+    monkeypatch.setattr(C, "launch", lambda *a, **k: launches.append(a[0]) or real(*a, **k))
     narrow = run(np.float16)
     assert len(launches) == 2 and C.row_config(M, N).grid > 1
     np.testing.assert_array_equal(narrow[0], wide[0])
@@ -712,7 +718,7 @@ def test_public_backward_is_two_launches_for_any_weight_dtype(rng, monkeypatch, 
     }
     launches = []
     real = C.launch
-    monkeypatch.setattr(C, "launch", lambda *a: launches.append(a[0]) or real(*a))
+    monkeypatch.setattr(C, "launch", lambda *a, **k: launches.append(a[0]) or real(*a, **k))
     for name, (call, n_launches, ref) in calls.items():
         del launches[:]
         got = [to_host(a) for a in call()]
@@ -780,3 +786,156 @@ def test_long_rows_of_offset_views_against_the_oracle(knobs, rng, mapping, offse
     got = nc.layer_norm_backward(dyd, xd, cuda.to_device(m), cuda.to_device(r), n, cuda.to_device(w))
     for g, ref, what in zip(got, ORACLE.layer_norm_backward(dy, x, mr, rr, n, w), ("dx", "dw", "db")):
         assert_close(g.copy_to_host(), ref, np.float16, f"{what} {mapping} {offset}")
+
+
+# ---------------------------------------------------------------- long rows in over 48 KB of shared memory
+
+def _close16(got, ref, dt, what):
+    """assert_close, and for bfloat16 (no tolerance of its own there) one bfloat16 ulp of
+    the largest magnitude (2**-8: float16's 2e-3 is four of its half ulps)."""
+    if not C.is_bfloat16(np.dtype(dt)):
+        return assert_close(got, ref, dt, what)
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    scale = max(1.0, float(np.max(np.abs(ref))))
+    np.testing.assert_allclose(got, ref, rtol=2.0 ** -8, atol=2.0 ** -8 * scale, err_msg=what)
+
+
+# each dtype one forward and one backward, fused in one and not in the other: the simulator
+# runs a row at ~0.2 ms (forward) / ~1 ms (backward) per element
+OVER_48_KB = {"float16": (False, True), "bfloat16": (True, False), "float32": (True, False)}
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("dtype", list(OVER_48_KB))
+def test_long_rows_staged_in_over_48_kb_against_the_oracle(knobs, rng, dtype):
+    """Rows whose staged copies take more than the 48 KB a kernel gets without opting in
+    (49 KB of dynamic shared memory: the forward's x or s at N, the backward's x and dy at
+    N / 2), forward and backward, fused (s = x + res; dx + ds) and not, in the simulator
+    against the oracle.  One warp per row (``MAX_TPR``): the simulator's cost is per
+    thread; the copies' size is the row's whatever the threads."""
+    dt = _bf16() if dtype == "bfloat16" else np.dtype(dtype)
+    fused_forward, fused_backward = OVER_48_KB[dtype]
+    knobs(MAX_TPR=32)
+    item = np.dtype(dt).itemsize
+    n = 49 * 1024 // item                         # the forward's row: one 49 KB copy
+    for rows, staged in ((n, 1), (n // 2, 2)):
+        cfg = C.row_config(1, rows, False, 16 // item, C.ROW_RESIDENT, item, staged)
+        assert cfg.loop and cfg.shared == 49 * 1024 > C.SHARED_DEFAULT, cfg
+
+    def data(shape):
+        return _rows(rng, shape).astype(dt)
+
+    x, res = data((1, n)), data((1, n))
+    w, b = rng.uniform(0.5, 1.5, n).astype(dt), rng.standard_normal(n).astype(dt)
+    if fused_forward:
+        y, s, m, r = nc.add_layer_norm_forward(x, res, n, w, b)
+        np.testing.assert_array_equal(s, x + res)
+        x = s
+    else:
+        y, m, r = nc.layer_norm_forward(x, n, w, b)
+    yr, mr, rr = ORACLE.layer_norm_forward(x, n, w, b)
+    _close16(y, yr, dt, f"LN y (fused: {fused_forward})")
+    assert_close(m, mr, np.float32, "LN mean")
+    assert_close(r, rr, np.float32, "LN rstd")
+    h = n // 2                                     # the backward's row: x and dy, 49 KB
+    x, dy, ds, w = data((1, h)), data((1, h)), data((1, h)), w[:h]
+    _, mr, rr = ORACLE.layer_norm_forward(x, h, w, None)
+    m, r = mr.astype(np.float32), rr.astype(np.float32)
+    if fused_backward:
+        got, ref = nc.add_layer_norm_backward(dy, ds, x, m, r, h, w), ORACLE.add_layer_norm_backward(dy, ds, x, m, r, h, w)
+    else:
+        got, ref = nc.layer_norm_backward(dy, x, m, r, h, w), ORACLE.layer_norm_backward(dy, x, m, r, h, w)
+    for g, e, what in zip(got, ref, ("dx", "dw", "db")):
+        _close16(g, e, dt, f"LN backward {what} (fused: {fused_backward})")
+
+
+# ---------------------------------------------------------------- LayerNorm statistics in one reduction
+
+def _edge_rows(rng, m, n, dtype):
+    """Rows 0 and 5 ordinary; 1 large-offset (mean 1e4, std 1e-2: the contract's); 2 its
+    first 8 elements 64 std out (the shift, the mean of the first word, is: the shifted
+    one-pass cannot serve it, the two-pass fallback does); 3 constant; 4 a NaN in the
+    middle (which must not leak into the rows beside it)."""
+    x = rng.standard_normal((m, n)) * 2 + 0.5
+    x[1] = 1e4 + 1e-2 * rng.standard_normal(n)
+    x[2] = 0.5 + 1e-2 * rng.standard_normal(n)    # (a small std: rstd ~ 100, compared to 2e-5 of it)
+    x[2, :8] = x[2, 8:].mean() + 64 * x[2, 8:].std()
+    x[3] = 3.25
+    x[4, n // 2] = np.nan
+    return x.astype(dtype)
+
+
+def _exact_layer_norm_row(row, w, b, eps):
+    """y of one row computed exactly (fractions; the square root to 40 digits), rounded to
+    float64 once: the float64 oracle's own mean rounding is 3.6e-11 of y at a mean of 1e4
+    and a std of 1e-2, over float64's tolerance."""
+    import decimal
+    from fractions import Fraction
+
+    def dec(f):
+        return decimal.Decimal(f.numerator) / decimal.Decimal(f.denominator)
+
+    with decimal.localcontext() as ctx:
+        ctx.prec = 40
+        vals = [Fraction(float(v)) for v in row]
+        mean = sum(vals) / len(vals)
+        var = sum((v - mean) ** 2 for v in vals) / len(vals)
+        rstd = 1 / (dec(var) + dec(Fraction(eps))).sqrt()
+        return np.array([float(dec(v - mean) * rstd * dec(Fraction(float(wi))) + dec(Fraction(float(bi))))
+                         for v, wi, bi in zip(vals, w, b)])
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("mapping,n", [("default", 70), ("default", 1024), ("loop", 70), ("loop64", 200)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layer_norm_statistics_edge_rows_side_by_side(knobs, rng, mapping, n, dtype):
+    """The forward's statistics come from one group reduction of the sums of x - x[0] and
+    their squares; a row where that is not exact enough (x[0] an outlier, NaN) takes the
+    corrected two-pass, while its neighbours in the same warp (N = 70: groups of 8 or 16
+    threads) or block (N = 1024: groups of 64 or 128 threads; loop64: a block of 64 per
+    row) keep their one pass -- all against the oracle, fused or not."""
+    knobs(**{"loop": LONG, "loop64": {"MAX_TPR": 64, "MAX_VPT": 2}}.get(mapping, {}))
+    cfg = C.row_config(6, n, dtype == np.float64)
+    assert cfg.loop if mapping != "default" else cfg.rows > 1 and (cfg.tpr < 32) == (n == 70)
+    x = _edge_rows(rng, 6, n, dtype)
+    w = rng.uniform(0.5, 1.5, n).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype)
+    y, m, r = nc.layer_norm_forward(x, n, w, b)
+    yr, mr, rr = ORACLE.layer_norm_forward(x, n, w, b)
+    assert np.isnan(y[4]).all() and np.isnan(m[4]).all() and np.isnan(r[4]).all()
+    assert not np.isnan(y[[0, 1, 2, 3, 5]]).any()
+    if dtype == np.float64:
+        yr[1] = _exact_layer_norm_row(x[1], w, b, 1e-5)
+    for row in range(6):
+        assert_close(y[row], yr[row], dtype, f"y row {row}")
+        assert_close(m[row], mr[row], dtype, f"mean row {row}")
+        assert_close(r[row], rr[row], dtype, f"rstd row {row}")
+    assert_close(y[2, 8:], yr[2, 8:], dtype, "y row 2 beside its outliers")  # (the outliers' 64 set y's scale)
+    np.testing.assert_array_equal(y[3], b)  # a constant row: its deviations are exactly 0
+    res = np.zeros_like(x)
+    res[:, 0] = 0.5  # s = x + res: the shift is s's first element, not x's
+    y, s, m, r = nc.add_layer_norm_forward(x, res, n, w, b)
+    yr, mr, rr = ORACLE.layer_norm_forward(s, n, w, b)
+    for row in (0, 2, 5):
+        assert_close(y[row, 8:], yr[row, 8:], dtype, f"fused y row {row}")
+        assert_close(r[row], rr[row], dtype, f"fused rstd row {row}")
+
+
+@pytest.mark.cudasim
+def test_layer_norm_outlier_first_word_takes_the_two_pass(knobs, rng):
+    """A first word (the shift's 4 float32) 64 std away from the rest: the shifted sums'
+    var = ms - m1^2 cancels all but ~4 / N of ms (12 of float32's 24 bits at N = 16384:
+    rstd off by ~1e-4), so that row must take the two-pass; the other row (an ordinary
+    one) keeps the one pass."""
+    knobs(**LONG)  # the loop path, a warp per row: the simulator's cheapest long row
+    n = 16384
+    x = 1 + 1e-2 * rng.standard_normal((2, n))
+    x[0, :4] = x[0, 4:].mean() + 64 * x[0, 4:].std()
+    x = x.astype(np.float32)
+    assert C.vec_width(n, x) == 4
+    y, m, r = nc.layer_norm_forward(x, n)
+    yr, mr, rr = ORACLE.layer_norm_forward(x, n)
+    for row in range(2):
+        assert_close(r[row], rr[row], np.float32, f"rstd row {row}")
+        assert_close(m[row], mr[row], np.float32, f"mean row {row}")
+        assert_close(y[row, 4:], yr[row, 4:], np.float32, f"y row {row} (beside the outliers)")

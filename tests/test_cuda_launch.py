@@ -132,3 +132,32 @@ def test_a_replayed_call_hands_the_driver_what_the_full_path_does(tmp_path):
     assert all(public["results"][0][0] == "Foreign" for public, _ in res["foreign_out"])
     # after all of them, each call is still its own (no plan overwritten by another's)
     assert all(public["replayed"] for public, _ in res["again"][:1])
+
+
+def test_long_rows_get_their_dynamic_shared_memory_allowed_before_the_launch(tmp_path):
+    """Float16 rows of 32768 elements: the forward stages x (64 KB), the backward x and dy
+    (128 KB) in dynamic shared memory, more than the 48 KB a kernel gets unless it opts in.
+    Through numba's dispatcher, the direct launch and a replay alike, the driver sees the
+    kernel's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES set to the row's bytes before
+    its first launch (and once per kernel and context: again in a new context, before a
+    replayed launch), and every launch carries those bytes."""
+    res = _run("shared", 4, 32768, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    assert res["bytes"] == {"forward": 65536, "backward": 131072}
+    for name in ("forward", "backward"):
+        nbytes, calls = res["bytes"][name], res[name]
+        replayed = [c["replayed"] for c in calls]
+        assert replayed[:4] == [False] * 4 and replayed[5:] == [True, True], name  # (full path, learned; replays)
+        for k, call in enumerate(calls):
+            events = call["events"]
+            main = [e for e in events if e["kernel"].startswith(f"{name}_kernel")]
+            attrs = [e for e in main if "attribute" in e]
+            launched = [e for e in main if "attribute" not in e]
+            assert [e["shared"] for e in launched] == [nbytes], (name, k)
+            # the other launches (the backward's column sums) ask for none
+            assert all(e.get("shared", 0) == 0 for e in events if e not in main), (name, k)
+            if k in (0, 6):  # the kernel's first launch in its context: allowed first
+                assert attrs == [{"attribute": "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES",
+                                  "value": nbytes, "kernel": main[0]["kernel"]}], (name, k)
+                assert main.index(attrs[0]) < main.index(launched[0]), (name, k)
+            else:
+                assert attrs == [], (name, k)

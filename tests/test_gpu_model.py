@@ -92,6 +92,34 @@ def test_row_loop_is_the_longest_outer_loop():
     assert s.row_loop() == (2, 5)
 
 
+FALLBACK_AFTER_A_VOTE = """
+.L_x_0:
+        /*0000*/                   LDG.E.64 R4, desc[UR4][R2.64] ;
+        /*0010*/                   FADD R6, R4, R5 ;
+        /*0020*/                   BAR.RED.OR.DEFER_BLOCKING 0x0, P6 ;
+        /*0030*/                   B2R.RESULT RZ, P3 ;
+        /*0040*/              @!P3 BRA `(.L_x_1) ;
+        /*0050*/                   FADD R7, R4, -R6 ;
+        /*0060*/                   FFMA R8, R7, R7, R8 ;
+        /*0070*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+.L_x_1:
+        /*0080*/                   STG.E.64 desc[UR4][R8.64], R6 ;
+        /*0090*/               @P1 BRA `(.L_x_0) ;
+        /*00a0*/                   EXIT ;
+"""
+
+
+def test_the_fallback_after_a_vote_is_counted_apart():
+    """LayerNorm's two-pass fallback (the block a predicated branch skips right after the
+    block's vote) is not in the row's common count; it is counted on its own."""
+    s = G.Sass(FALLBACK_AFTER_A_VOTE)
+    assert s.row_loop() == (0, 9)
+    assert s.count(0, 9, lambda loop: 1.0) == 7          # 10 instructions, 3 of them the fallback's
+    assert s.count(0, 9, lambda loop: 1.0, rare=True) == 3
+    plain = G.Sass(FALLBACK_AFTER_A_VOTE.replace("BAR.RED.OR.DEFER_BLOCKING 0x0, P6", "ISETP.NE.AND P3, PT, R6, RZ, PT"))
+    assert plain.count(0, 9, lambda loop: 1.0) == 10     # any other conditional block counts in full
+
+
 OFFSETS_FROM_ONE_BASE = """
 .L_x_0:
         /*0000*/                   IADD3 R8, P2, R17, 0x20, RZ ;

@@ -107,8 +107,7 @@ def _cases():
         wide = dt == np.float64
         full = 16 // dt.itemsize if dt.itemsize <= 4 else 1   # 16-byte words (row kernels)
         half = C.WORD.itemsize // dt.itemsize                   # 8-byte words (GroupNorm; fallback)
-        # 10240: long rows staged in shared memory, forward and (16-bit) backward, at
-        # the most shared memory they take; 20000: the 16-bit forward staged, the rest re-read
+        # 10240, 20000: long rows staged in (dynamic) shared memory, forward and backward
         for n in (64, 2048, 8192, 10240, 20000):
             # rows moved in 16-byte words (the aligned case), and in 8-byte words and
             # element by element (rows that do not split, offset views) at one length

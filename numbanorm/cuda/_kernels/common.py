@@ -22,13 +22,13 @@ barrier) is paid fewer times:
   registers (``vpt`` per thread, a compile-time constant, so the arrays are
   registers), so x is read from global memory once; longer rows take the loop
   path, which copies the row (x, s, or x and dy) into shared memory in its own
-  dtype as it first reads it where the copies fit ``STAGE_BYTES`` (47 KB: static
-  shared arrays; 16-bit forward rows to 22528 elements, backward to 10240), so
-  later passes read shared memory; beyond, it re-reads the row (from L2) for
-  each pass.
+  dtype as it first reads it where the copies fit ``STAGE_BYTES`` (dynamic shared
+  memory sized per call, up to sm_90's 227 KB per block: 16-bit forward rows to
+  115712 elements, backward to 57856; float32 half as long), so later passes
+  read shared memory; beyond, it re-reads the row (from L2) for each pass.
 
-The grid is persistent: one wave of the blocks the launch bounds keep resident
-on every SM, each striding over rows, so per-thread copies of weight/bias (and,
+The grid is persistent: one wave of the blocks the launch bounds (and a staged row's
+shared memory: ``blocks_per_sm``) keep resident on every SM, each striding over rows, so per-thread copies of weight/bias (and,
 in the backward, of the dweight/dbias partial sums: one or two partial rows per
 SM) are loaded or written once per block instead of once per row.  Kernels are
 compiled with launch bounds: ``ROW_RESIDENT`` (512) threads per SM for the row
@@ -82,10 +82,20 @@ SUM_COLS = 32          # column-sum kernel: columns per block (one warp, coalesc
 SUM_SLICES = 32        # column-sum kernel: partial rows summed in parallel per column
 SUM_ROWS_PER_SLICE = 16
 CAST_BLOCK = 256       # elementwise cast kernel: threads per block
-STAGE_BYTES = 47 * 1024  # shared memory a long row's staged copies may take: static arrays get 48 KB
-                         # in all, and the reductions' scratch takes up to 768 bytes of it
-STAGE_GRANULE = 512    # staged rows are sized in multiples of this many kernel elements (4 KB of uint64):
-                       # a handful of capacity classes, never one kernel per row length
+# shared memory (sm_90): a block gets 48 KB (static + dynamic) unless its kernel opts in
+# (``allow_shared``) to the per-block maximum, cudaDevAttrMaxSharedMemoryPerBlockOptin =
+# 232448 bytes (227 KB) on compute capability 9.0 (CUDA C++ Programming Guide, "Technical
+# Specifications per Compute Capability"); an SM has 228 KB, 1 KB of it reserved per block
+SHARED_DEFAULT = 48 * 1024
+SHARED_OPTIN = 232448
+SHARED_PER_SM = 228 * 1024
+SHARED_RESERVED = 1024
+SCRATCH_BYTES = 1024   # static shared memory beside a row's copies: the reductions' scratch (<= 768 bytes)
+# All of it for a long row's staged copies: the row kernels' grid is one 512-thread block per
+# SM anyway (ROW_RESIDENT), so even 227 KB costs no block the grid had, and the row is read
+# from global memory once (gpu-model, float16 N = 32768: 688 -> 418 KB of loads per row
+# forward, 1315 -> 1053 backward, for issue/memory 1.43 -> 1.49 and 1.29 -> 1.35)
+STAGE_BYTES = SHARED_OPTIN - SCRATCH_BYTES
 
 
 def cdiv(a, b):
@@ -104,29 +114,40 @@ def n_sm():
 
 
 # What the generated code depends on: kernels are specialized (and cached) on this,
-# never on the row count or the grid, which are launch arguments
-# ``stage``: kernel elements of the shared copy of each staged row (0: the loop path re-reads global memory)
+# never on the row count, the grid or the staged row's size, which are launch arguments
+# ``stage``: the loop path copies its rows to (dynamic) shared memory (False: it re-reads global memory)
 Mapping = namedtuple("Mapping", "tpr vpt rows loop block vec stage")
 
 
-class RowConfig(namedtuple("RowConfig", "tpr vpt rows loop block grid vec stage")):
+class RowConfig(namedtuple("RowConfig", "tpr vpt rows loop block grid vec stage shared")):
+    """``stage``: kernel elements of each staged row's shared copy (0: none); ``shared``:
+    the dynamic shared memory a block is launched with (bytes: every copy)."""
     __slots__ = ()
 
     @property
     def code(self):
-        """The part of the configuration a kernel is compiled for (all but the grid)."""
-        return Mapping(self.tpr, self.vpt, self.rows, self.loop, self.block, self.vec, self.stage)
+        """The part of the configuration a kernel is compiled for (all but the grid and sizes)."""
+        return Mapping(self.tpr, self.vpt, self.rows, self.loop, self.block, self.vec, self.stage > 0)
 
 
 def stage_capacity(N, item, vec, staged):
     """Kernel elements of the shared copy of a long row (``staged`` copies of ``N``
-    elements of ``item`` bytes, in uint64 words when ``vec > 1``), rounded up to
-    ``STAGE_GRANULE``; 0 when they do not fit ``STAGE_BYTES``."""
+    elements of ``item`` bytes, in uint64 words when ``vec > 1``); 0 when they do
+    not fit ``STAGE_BYTES``."""
     if not staged:
         return 0
     size = 8 if vec > 1 else item              # bytes per kernel element
-    cap = cdiv(cdiv(N * item, size), STAGE_GRANULE) * STAGE_GRANULE
+    cap = cdiv(N * item, size)
     return cap if cap * size * staged <= STAGE_BYTES else 0
+
+
+def blocks_per_sm(block, resident, shared):
+    """Blocks of ``block`` threads resident per SM: the launch bounds' ``resident`` threads,
+    and the shared memory they take (``shared`` dynamic bytes, the scratch, the reserve)."""
+    n = max(1, resident // block)
+    if shared:
+        n = min(n, SHARED_PER_SM // (shared + SCRATCH_BYTES + SHARED_RESERVED))
+    return max(1, n)
 
 
 def kernel_jit(block, resident=None):
@@ -203,9 +224,10 @@ def row_config(M, N, wide=False, vec=1, resident=None, item=0, staged=0):
     block = tpr * rows
     # one wave: the blocks the launch bounds make resident on every SM at once (more
     # would queue a second wave, and the backward would write more partial rows)
-    grid = max(1, min(cdiv(M, rows), n_sm() * max(1, (resident or MIN_RESIDENT) // block)))
     stage = stage_capacity(N, item, vec, staged) if loop else 0
-    return RowConfig(tpr, vpt, rows, loop, block, grid, vec, stage)
+    shared = stage * (8 if vec > 1 else item) * staged
+    grid = max(1, min(cdiv(M, rows), n_sm() * blocks_per_sm(block, resident or MIN_RESIDENT, shared)))
+    return RowConfig(tpr, vpt, rows, loop, block, grid, vec, stage, shared)
 
 
 # ---------------------------------------------------------------- dtypes
@@ -515,7 +537,7 @@ def unrecordable():
         log.append(None)
 
 
-def _direct_launch(compiled, plan, args, grid, block, stream):
+def _direct_launch(compiled, plan, args, grid, block, stream, shared=0):
     to_core, dispatcher, _ = _INTERNALS
     kargs, pointers = [], []
     for how, a in zip(plan, args):
@@ -527,17 +549,47 @@ def _direct_launch(compiled, plan, args, grid, block, stream):
                 kargs += (0, 0, a.size, a.dtype.itemsize, a.device_ctypes_pointer.value, *a.shape, *a.strides)
         else:
             kargs.append(how(a))
-    config, lib = _launch_config(grid, block), compiled._codelibrary
+    config, lib = _launch_config(grid, block, shared), compiled._codelibrary
     log = getattr(_RECORDING, "log", None)
     if log is not None:
         log.append(("launch", lib, config, stream, kargs, pointers))
-    dispatcher.launch(to_core(stream), config, lib.get_cufunc().kernel, *kargs)
+    dispatcher.launch(to_core(stream), config, _cufunc(lib, shared).kernel, *kargs)
 
 
 def replay_launch(lib, config, core_stream, kargs):
     """A launch recorded by ``_direct_launch``, with the kernel arguments of this call
-    (``core_stream``: the call's stream, converted by ``core_stream``)."""
-    _INTERNALS[1].launch(core_stream, config, lib.get_cufunc().kernel, *kargs)
+    (``core_stream``: the call's stream, converted by ``core_stream``; ``config`` carries
+    the dynamic shared memory)."""
+    _INTERNALS[1].launch(core_stream, config, _cufunc(lib, config.shmem_size).kernel, *kargs)
+
+
+# cufunc id -> (cufunc, the dynamic shared bytes it is allowed): numba-cuda keeps one
+# cufunc per code library and device (``CUDACodeLibrary.get_cufunc``)
+_ALLOWED = {}
+
+
+def allow_shared(lib, nbytes):
+    """Let the kernel of code library ``lib`` launch with ``nbytes`` of dynamic shared
+    memory in this context: over 48 KB the driver refuses the launch unless the kernel's
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES says so first (numba-cuda never sets it).
+    Once per kernel and context, and again only for a larger ``nbytes``."""
+    f = lib.get_cufunc()
+    seen = _ALLOWED.get(id(f))
+    if seen is None or seen[0] is not f or seen[1] < nbytes:
+        from numba.cuda.cudadrv.driver import binding, driver
+
+        # numba-cuda loads kernels as a library's CUkernel; the attribute is set on its
+        # CUfunction in the current context
+        fn = driver.cuKernelGetFunction(f.handle)
+        attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        driver.cuFuncSetAttribute(fn, attr, nbytes)
+        _ALLOWED[id(f)] = (f, nbytes)
+    return f
+
+
+def _cufunc(lib, shared):
+    """The kernel of ``lib`` (its cufunc), allowed ``shared`` bytes of dynamic shared memory."""
+    return allow_shared(lib, shared) if shared > SHARED_DEFAULT else lib.get_cufunc()
 
 
 def core_stream(stream):
@@ -546,12 +598,14 @@ def core_stream(stream):
 
 
 @functools.lru_cache(maxsize=1024)
-def _launch_config(grid, block):
-    return _INTERNALS[1].LaunchConfig(grid=(grid, 1, 1), block=(block, 1, 1), shmem_size=0, is_cooperative=False)
+def _launch_config(grid, block, shared=0):
+    return _INTERNALS[1].LaunchConfig(grid=(grid, 1, 1), block=(block, 1, 1), shmem_size=shared,
+                                      is_cooperative=False)
 
 
-def launch(kernel, grid, block, stream, *args):
-    """``kernel[grid, block, stream](*args)``: ``stream`` is the call's (0: the default).
+def launch(kernel, grid, block, stream, *args, shared=0):
+    """``kernel[grid, block, stream, shared](*args)``: ``stream`` is the call's (0: the
+    default), ``shared`` the bytes of dynamic shared memory per block.
 
     Launchers pass C-contiguous arrays of fixed rank for every argument of a
     given kernel, so the arrays' dtypes (and scalars' types) identify the
@@ -563,16 +617,23 @@ def launch(kernel, grid, block, stream, *args):
         compiled, plan = resolved
         if plan is None:
             unrecordable()
-            compiled.launch(arrays(args), (grid, 1, 1), (block, 1, 1), _INTERNALS[0](stream), 0)
+            if shared > SHARED_DEFAULT:
+                allow_shared(compiled._codelibrary, shared)
+            compiled.launch(arrays(args), (grid, 1, 1), (block, 1, 1), _INTERNALS[0](stream), shared)
         else:
-            _direct_launch(compiled, plan, args, grid, block, stream)
+            _direct_launch(compiled, plan, args, grid, block, stream, shared)
         return
     unrecordable()
     args = arrays(args)  # numba's own path: real views
-    kernel[grid, block, stream](*args)
+    types = None
+    if _INTERNALS is not None:
+        types = tuple(kernel.typeof_pyval(a) for a in args)
+        if shared > SHARED_DEFAULT:  # compiled (or loaded) first, to be allowed the memory before its launch
+            allow_shared(kernel.compile(types)._codelibrary, shared)
+    kernel[grid, block, stream, shared](*args)
     overloads = getattr(kernel, "overloads", None)  # None in the simulator
-    if overloads and _INTERNALS is not None:
-        compiled = overloads.get(tuple(kernel.typeof_pyval(a) for a in args))
+    if overloads and types is not None:
+        compiled = overloads.get(types)
         if compiled is not None:
             _RESOLVED[key] = (compiled, _plan(compiled))
 

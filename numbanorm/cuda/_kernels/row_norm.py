@@ -4,10 +4,13 @@ launchers.
 
 LayerNorm (``kind='layer'``):
 
-    mean = sum(x) / N                              (pass 1, row in registers)
-    corr = sum(x - mean) / N,  var = sum((x - mean)^2) / N - corr^2
-                                                   (pass 2: corrected two-pass)
-    y    = ((x - mean) - corr) * rstd * weight + bias
+    k = mean(x[:vec]),  m1 = sum(x - k) / N,  ms = sum((x - k)^2) / N
+                                                   (pass 1, row in registers; one reduction)
+    mean = mu + corr with mu = k, corr = m1,  var = ms - m1^2
+                                                   where m1^2 <= ms / 2 (k near the mean)
+    else mu = k + m1, corr = sum(x - mu) / N,  var = sum((x - mu)^2) / N - corr^2
+                                                   (pass 2: corrected two-pass, for those rows)
+    y    = ((x - mu) - corr) * rstd * weight + bias
 
 RMSNorm (``kind='rms'``): ``rstd = 1 / sqrt(sum(x^2) / N + eps)`` in pass 1,
 ``y = x * rstd * weight``.
@@ -68,10 +71,11 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
     KW = C.u64_per_word(xdt, V)
     SHIFT = TPR.bit_length() - 1
     SLOTS = slots(BLOCK)
-    STAGE, STAGED = max(1, code.stage), code.stage > 0
+    STAGED = code.stage
     ST = stats.stage_type(xdt, V)
-    ROW_SUM = stats.row_sum_fn(xdt, TPR, VPT, V, LOOP, not LAYER, has_r, STAGED)
-    CENTERED = stats.centered_fn(xdt, TPR, VPT, V, LOOP, STAGED)
+    ROW_SUM = stats.row_sum_fn(xdt, TPR, VPT, V, LOOP, not LAYER, has_r, STAGED, shifted=LAYER)
+    FIRST = stats.first_fn(xdt, V, has_r)
+    SHIFTED = stats.shifted_fn(xdt, TPR, VPT, V, LOOP, STAGED)
     READW = stats.stage_fns(xdt, ACC.name, V)[2] if STAGED else LOADW  # passes 2 and 3 of a long row
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
@@ -103,9 +107,13 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
         ws = cuda.local.array(VPT, ACC)     # ... of weight and bias, loaded once
         bs = cuda.local.array(VPT, ACC)
         tmp = cuda.local.array(V, ACC)      # one word in flight
-        # a long row's copy (x, or s when fused) in shared memory: passes 2 and 3
-        # read it there instead of global memory (each thread its own words: no barrier)
-        stage = cuda.shared.array(STAGE, ST)
+        # a long row's copy (x, or s when fused) in dynamic shared memory (the launch
+        # sizes it: a row's kernel elements, or none): passes 2 and 3 read it there
+        # instead of global memory (each thread its own words: no barrier)
+        if STAGED:
+            stage = cuda.shared.array(0, ST)
+        else:
+            stage = cuda.shared.array(1, ST)  # never read
         if not LOOP:
             for e in range(VPT):
                 j = (t + (e // V) * TPR) * V + e % V
@@ -120,15 +128,19 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
             yr = y[rr]
             resr = res[rr if has_r else 0]
             sr = s[rr if has_r else 0]
-            # pass 1: the sum (RMSNorm: of squares), and, fused, s = x + res stored once
-            total = ROW_SUM(xr, resr, sr, xs, tmp, live, t, NW, stage)
+            # pass 1: the sums of x - k and their squares, k the mean of the row's first
+            # word (RMSNorm: of x^2), and, fused, s = x + res stored once
             src = stage if STAGED else (sr if has_r else xr)   # what passes 2 and 3 read
             if LAYER:
-                mu, corr, r = CENTERED(src, xs, live, t, NW, total, inv_n, eps, scratch, tid)
+                k = FIRST(xr, resr, tmp)
+                s1, s2 = ROW_SUM(xr, resr, sr, xs, tmp, live, t, NW, stage, k)
+                # one group reduction (a second pass only for rows it cannot serve)
+                mu, corr, r, it = SHIFTED(src, xs, live, t, NW, k, s1, s2, inv_n, eps, scratch, it, tid)
                 if live and t == 0:
                     mean[row] = mu + corr
                     rstd[row] = r
             else:
+                total = ROW_SUM(xr, resr, sr, xs, tmp, live, t, NW, stage)
                 mu = zero
                 corr = zero
                 sq = group_sum(total, scratch, it & 1, tid, TPR)
@@ -183,7 +195,7 @@ def backward_kernel(kind, xdt, wdt, code, has_ds):
     SLOTS = slots(BLOCK)
     COLS = TPR * VPT  # columns a row group holds in registers
     K = 2 if LAYER else 1  # partial rows: dweight (and dbias)
-    STAGE, STAGED = max(1, code.stage), code.stage > 0
+    STAGED = code.stage
     ST = stats.stage_type(xdt, V)
     COPY, _, GET = stats.stage_fns(xdt, ACC.name, V)
 
@@ -214,11 +226,14 @@ def backward_kernel(kind, xdt, wdt, code, has_ds):
         dwa = cuda.local.array(VPT, ACC)    # running sum of dy * xhat, per column
         dba = cuda.local.array(VPT, ACC)    # running sum of dy, per column (LayerNorm)
         tmp = cuda.local.array(V, ACC)
-        # a long row's x and dy in shared memory: pass 2 reads them there (each
-        # thread its own words: no barrier)
-        stage = cuda.shared.array((2, STAGE), ST)
-        sx = stage[0]
-        sdy = stage[1]
+        # a long row's x and dy in dynamic shared memory (the launch sizes it: two rows'
+        # kernel elements, or none): pass 2 reads them there (each thread its own words: no barrier)
+        if STAGED:
+            stage = cuda.shared.array(0, ST)
+            sx = stage[:x.shape[1]]
+            sdy = stage[x.shape[1]:]
+        else:
+            sx = sdy = cuda.shared.array(1, ST)  # never read
         dwp = part[0, blk]
         dbp = part[K - 1, blk]
         if LOOP:
@@ -372,6 +387,12 @@ def backward_kernel(kind, xdt, wdt, code, has_ds):
     return backward
 
 
+def _shared(cfg):
+    """``common.launch``'s dynamic shared memory for a launch of ``cfg``, named only where a
+    row is staged (wrappers of ``launch`` written before it took ``shared`` keep working)."""
+    return {"shared": cfg.shared} if cfg.shared else {}
+
+
 def forward(kind, x, weight, bias, eps, y, mean, rstd, residual=None, s=None, stream=0):
     """Fill ``y``, ``rstd`` (and ``mean``, LayerNorm) for the rows of ``x``.
 
@@ -390,7 +411,7 @@ def forward(kind, x, weight, bias, eps, y, mean, rstd, residual=None, s=None, st
     xe, xk = C.kview(x), C.words(x, vec)  # elements (dummy parameters), words (rows)
     C.launch(kern, cfg.grid, cfg.block, stream, xk, C.optional(residual, xk, 2, vec), C.optional(weight, xe, 1),
              C.optional(bias, xe, 1), np.dtype(rstd.dtype).type(eps), C.words(y, vec),
-             C.optional(s, xk, 2, vec), C.optional(mean, rstd, 1), rstd)
+             C.optional(s, xk, 2, vec), C.optional(mean, rstd, 1), rstd, **_shared(cfg))
 
 
 def backward(kind, dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None, stream=0):
@@ -412,5 +433,5 @@ def backward(kind, dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None, strea
     kern = backward_kernel(kind, np.dtype(x.dtype), C.dtype_or_none(weight), cfg.code, ds is not None)
     xe, xk = C.kview(x), C.words(x, vec)
     C.launch(kern, cfg.grid, cfg.block, stream, C.words(dy, vec), xk, C.optional(mean, rstd, 1), rstd,
-             C.optional(weight, xe, 1), C.optional(ds, xk, 2, vec), C.words(dx, vec), part)
+             C.optional(weight, xe, 1), C.optional(ds, xk, 2, vec), C.words(dx, vec), part, **_shared(cfg))
     C.column_sums(part, dweight, dbias, stream)
