@@ -36,7 +36,9 @@ def _forward(
         forward_rows(x, w, eps, y, rstd, blk * block, min(M, blk * block + block), stream)
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True)
+# 'contract', as layer_norm.forward_rows (whose comment says why the forward may): the
+# sum of squares takes fused multiply-adds
+@njit(cache=True, fastmath=FASTMATH | {"contract"}, nogil=True)
 def forward_rows(
     x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
     w,      # (N,) weight in the accumulation dtype or as x's 16-bit bits (halves), or None
