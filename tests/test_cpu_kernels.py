@@ -58,6 +58,29 @@ def test_stream_row_unaligned_items():
     np.testing.assert_array_equal(dst, src)
 
 
+@pytest.mark.parametrize("length", [0, 1, 15, 16, 17, 33, 100, 611])
+@pytest.mark.parametrize("dtype,offset", [(dt, off) for dt in (np.uint16, np.float32, np.float64)
+                                          for off in range(0, 64, np.dtype(dt).itemsize)])
+def test_stream_span_is_every_whole_aligned_line(length, dtype, offset):
+    """The span a row writer stores with put_streaming: it starts on a line and holds
+    whole lines (the vector streaming stores claim that alignment), and leaves
+    less than a line on either side to ordinary stores."""
+    dst, _, _ = _line_offset_view(length, dtype, offset)
+    lo, hi = stream.stream_span(dst[None], 0)
+    item = dst.itemsize
+    assert 0 <= lo <= hi <= length
+    assert (dst.ctypes.data + lo * item) % 64 == 0 or lo == hi == length
+    assert (hi - lo) * item % 64 == 0
+    assert lo * item < 64 or lo == length
+    assert (length - hi) * item < 64
+
+
+def test_stream_span_of_an_unaligned_row_is_empty():
+    """A float32 row at an odd address takes ordinary stores only."""
+    dst = np.zeros(4 * 50 + 1, np.uint8)[1:].view(np.float32)
+    assert stream.stream_span(dst[None], 0) == (50, 50)
+
+
 def _affine(rng, n, dtype, kind):
     w = rng.uniform(0.5, 1.5, n).astype(dtype) if kind != "none" else None
     b = rng.standard_normal(n).astype(dtype) if kind == "both" else None

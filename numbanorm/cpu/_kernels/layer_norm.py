@@ -19,7 +19,7 @@ import numpy as np
 from .cache import njit  # numba.njit with a cache keyed on this package's source
 from .common import FASTMATH, acc_of, finish, in_blocks, in_partials, launch, n_chunks, param, row_block, scratch_for
 from .halves import kernel_view, like, narrow, widen
-from .memory import should_stream, store_fence, stream_row
+from .memory import put_streaming, should_stream, store_fence, stream_row, stream_span
 from .sums import deviation_sums, gradient_sums
 
 
@@ -48,8 +48,10 @@ def forward_rows(
     zero = mean.dtype.type(0)
     one = mean.dtype.type(1)
     inv_n = one / mean.dtype.type(N)
-    scratch = np.empty((1, N if stream else 0), y.dtype)  # a streamed row is staged here
-    dst = scratch if stream else y
+    # y is x (out=x): vectorized stores into x need a row apart, so those rows are
+    # staged in a scratch row and copied out; other rows are streamed as written
+    staged = stream and y.ctypes.data == x.ctypes.data
+    scratch = np.empty((1, N if staged else 0), y.dtype)
     for i in range(lo, hi):
         # one pass reads row i from memory (a second, from cache, where it cannot be trusted)
         mu, m1, ms = shifted_stats(x, i, zero)
@@ -65,9 +67,16 @@ def forward_rows(
         mean[i] = mu + corr
         rstd[i] = r
         # pass 3 writes the row whole (tiled, it was 3-4x slower: book, chapter 5)
-        normalize_row(x, i, mu, corr, r, w, b, dst, 0 if stream else i)
-        if stream:
+        if staged:
+            normalize_row(x, i, mu, corr, r, w, b, scratch, 0)
             stream_row(y, i, scratch, 0)
+        elif stream:  # its whole lines straight out with streaming stores (memory)
+            s0, s1 = stream_span(y, i)
+            normalize_span(x, i, mu, corr, r, w, b, y, i, 0, s0, False)
+            normalize_span(x, i, mu, corr, r, w, b, y, i, s0, s1, True)
+            normalize_span(x, i, mu, corr, r, w, b, y, i, s1, N, False)
+        else:
+            normalize_row(x, i, mu, corr, r, w, b, y, i)
     if stream:
         store_fence()
 
@@ -234,22 +243,46 @@ def normalize_row(
     out,    # (K, N) where the normalized row goes
     o,      # scalar: the row of `out`
 ):
-    """Write row ``i``, normalized, into ``out[o]``.
+    """Write row ``i``, normalized, into ``out[o]`` (:func:`normalize_span` of the whole row)."""
+    normalize_span(x, i, mu, corr, r, w, b, out, o, 0, x.shape[1], False)
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+def normalize_span(
+    x,      # (M, N) input rows
+    i,      # scalar: the row to write (in cache)
+    mu,     # scalar: row i's first-pass mean
+    corr,   # scalar: the mean's correction, mean = mu + corr
+    r,      # scalar: row i's rstd
+    w,      # (N,) weight or None
+    b,      # (N,) bias or None
+    out,    # (K, N) where the normalized row goes
+    o,      # scalar: the row of `out`
+    lo,     # scalar: first element of the span
+    hi,     # scalar: one past its last
+    nt,     # constant bool: streaming stores (a span from memory.stream_span)
+):
+    """Write elements ``lo:hi`` of row ``i``, normalized, into ``out[o]``.
 
     ``((x - mu) - corr) * r`` must stay in that order: folded into
     ``x - (mu + corr)``, the correction would round onto the float32 grid near
     the mean and be lost.  FASTMATH's 'reassoc' alone does not fold it (that
     also needs 'nsz'; book, chapter 5), and the large-offset tests fail if a
     compiler ever does.  Inlined, with rows as (array, index) rather than views,
-    for the reason of memory.stream_row.
+    for the reason of memory.stream_row.  A streamed and a plain span compute
+    the same operations, so an element's bits do not depend on which took it.
     """
-    for j in range(x.shape[1]):
+    for k in range(hi - lo):
+        j = np.uint64(lo + k)  # unsigned: no wraparound select, which made every load a gather
         v = ((widen(x[i, j]) - mu) - corr) * r
         if w is not None:
             v = v * widen(w[j])  # 16-bit weights of a small call are widened here (SmallCalls)
         if b is not None:
             v = v + widen(b[j])
-        out[o, j] = narrow(v, out)
+        if nt:
+            put_streaming(out, o, j, narrow(v, out))
+        else:
+            out[o, j] = narrow(v, out)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True)

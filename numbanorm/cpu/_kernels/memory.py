@@ -3,8 +3,10 @@
 An ordinary store to a line not in cache first reads it (a read-for-ownership):
 writing ``y`` costs two array passes of memory traffic.  A non-temporal store
 writes whole lines without reading them, as ``np.copyto`` does for large arrays,
-so a row normalized into a scratch row in cache and streamed out
-(:func:`stream_row`) costs one.  It pays only into a caller's mapped ``out=``
+so it costs one.  A row writer stores the whole lines of a row
+(:func:`stream_span`) with :func:`put_streaming` straight from its loop; a row
+written in place (``out=x``) is normalized into a scratch row and copied out by
+:func:`stream_row`.  It pays only into a caller's mapped ``out=``
 larger than the last-level cache (``should_stream``); the measurements that
 decided it are in the book, chapter 5 ("Writing a large out=").
 """
@@ -13,6 +15,7 @@ import os
 
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
@@ -31,6 +34,35 @@ def _stream_vec(typingctx, dst, src):
         d = builder.inttoptr(args[0], vec.as_pointer())
         s = builder.inttoptr(args[1], vec.as_pointer())
         store = builder.store(builder.load(s, align=1), d, align=_VEC)
+        store.set_metadata("nontemporal", builder.module.add_metadata([ir.IntType(32)(1)]))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_LINE = 64  # bytes of a cache line, and of the widest vector store (AVX-512)
+
+
+@intrinsic
+def put_streaming(typingctx, arr, o, j, v):
+    """``arr[o, j] = v`` with a non-temporal store that claims ``_LINE``-byte alignment.
+
+    For the loops of a row writer over the span :func:`stream_span` gives: LLVM
+    vectorizes such a loop as it would ``arr[o, j] = v`` and keeps the
+    ``!nontemporal`` mark on the vector stores (``vmovntps``/``vmovntdq``),
+    which need the alignment claimed, so the span must start on a line and hold
+    whole lines; an element left to a scalar store is stored as usual (x86 has
+    no unaligned 16-bit streaming store; AMD's 32-bit one, ``movntss``, takes
+    any address).
+    """
+    sig = types.void(arr, o, j, v)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1], args[2]])
+        val = context.cast(builder, args[3], signature.args[3], aryty.dtype)
+        store = builder.store(val, ptr, align=_LINE)
         store.set_metadata("nontemporal", builder.module.add_metadata([ir.IntType(32)(1)]))
         return context.get_dummy_value()
 
@@ -98,6 +130,23 @@ def stream_row(
         _stream_vec(d + off, s + off)
     for j in range(head + vecs * _VEC // size, n):
         dst[i, j] = src[k, j]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def stream_span(
+    dst,    # (M, N) destination, in memory, C-contiguous
+    i,      # scalar: its row to write
+):
+    """``(lo, hi)``: the elements of row ``i`` from its first ``_LINE``-aligned address
+    to its last whole line, which a row writer stores with :func:`put_streaming`;
+    ``(N, N)`` for a row whose address is not a multiple of its item size."""
+    n = dst.shape[1]
+    size = _itemsize(dst)
+    d = dst.ctypes.data + i * dst.strides[0]
+    if d % size != 0:
+        return n, n
+    lo = min(n, ((_LINE - d % _LINE) % _LINE) // size)
+    return lo, lo + (n - lo) * size // _LINE * _LINE // size
 
 
 def _last_level_cache_bytes():

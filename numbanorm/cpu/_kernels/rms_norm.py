@@ -19,11 +19,13 @@ from .cache import njit  # numba.njit with a cache keyed on this package's sourc
 from .common import FASTMATH, acc_of, finish, in_blocks, in_partials, launch, n_chunks, param, row_block, scratch_for
 from .halves import kernel_view, like, narrow, widen
 from .layer_norm import _row_scale, overflowed, row_is_finite
-from .memory import should_stream, store_fence, stream_row
+from .memory import put_streaming, should_stream, store_fence, stream_row, stream_span
 from .sums import deviation_sums, gradient_sums
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True)
+# 'contract', as layer_norm.forward_rows (whose comment says why the forward may): the
+# sum of squares takes fused multiply-adds
+@njit(cache=True, fastmath=FASTMATH | {"contract"}, nogil=True)
 def forward_rows(
     x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
     w,      # (N,) weight in the accumulation dtype or as x's 16-bit bits (halves), or None
@@ -40,18 +42,27 @@ def forward_rows(
     zero = rstd.dtype.type(0)
     one = rstd.dtype.type(1)
     inv_n = one / rstd.dtype.type(N)
-    scratch = np.empty((1, N if stream else 0), y.dtype)  # a streamed row is staged here
-    dst = scratch if stream else y
+    # y is x (out=x): vectorized stores into x need a row apart, so those rows are
+    # staged in a scratch row and copied out; other rows are streamed as written
+    staged = stream and y.ctypes.data == x.ctypes.data
+    scratch = np.empty((1, N if staged else 0), y.dtype)
     for i in range(lo, hi):
         r = one / np.sqrt(row_sum_squares(x, i, zero) * inv_n + eps)
         if overflowed(zero, r) and row_is_finite(x, i):  # as layer_norm.forward_rows
             rstd[i] = scaled_rms_row(x, i, w, eps, y, i)
             continue
         rstd[i] = r
-        # whole rows, one writer call, as layer_norm.forward_rows (whose comments say why)
-        scale_row(x, i, r, w, dst, 0 if stream else i)
-        if stream:
+        # whole rows, streamed or not, as layer_norm.forward_rows (whose comments say why)
+        if staged:
+            scale_row(x, i, r, w, scratch, 0)
             stream_row(y, i, scratch, 0)
+        elif stream:
+            s0, s1 = stream_span(y, i)
+            scale_span(x, i, r, w, y, i, 0, s0, False)
+            scale_span(x, i, r, w, y, i, s0, s1, True)
+            scale_span(x, i, r, w, y, i, s1, N, False)
+        else:
+            scale_row(x, i, r, w, y, i)
     if stream:
         store_fence()
 
@@ -106,12 +117,32 @@ def scale_row(
     out,    # (K, N) where the scaled row goes
     o,      # scalar: the row of `out`
 ):
-    """Write row ``i`` times ``r * w`` into ``out[o]``."""
-    for j in range(x.shape[1]):
+    """Write row ``i`` times ``r * w`` into ``out[o]`` (:func:`scale_span` of the whole row)."""
+    scale_span(x, i, r, w, out, o, 0, x.shape[1], False)
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+def scale_span(
+    x,      # (M, N) input rows
+    i,      # scalar: the row to write (in cache)
+    r,      # scalar: row i's rstd
+    w,      # (N,) weight or None
+    out,    # (K, N) where the scaled row goes
+    o,      # scalar: the row of `out`
+    lo,     # scalar: first element of the span
+    hi,     # scalar: one past its last
+    nt,     # constant bool: streaming stores (as layer_norm.normalize_span)
+):
+    """Write elements ``lo:hi`` of row ``i`` times ``r * w`` into ``out[o]``."""
+    for k in range(hi - lo):
+        j = np.uint64(lo + k)  # unsigned, as in layer_norm.normalize_span
         v = widen(x[i, j]) * r
         if w is not None:
             v = v * widen(w[j])  # 16-bit weights of a small call too (SmallCalls)
-        out[o, j] = narrow(v, out)
+        if nt:
+            put_streaming(out, o, j, narrow(v, out))
+        else:
+            out[o, j] = narrow(v, out)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True)
