@@ -151,7 +151,8 @@ def widen(rounds, inner):
 def _forward_direct(kernel, M, N, rng):
     x, w, b = forward_args(M, N, rng)
     y, mean, rstd = np.empty_like(x), np.empty(M, np.float32), np.empty(M, np.float32)
-    return x, (x, w, b, np.float32(1e-5), y, mean, rstd, ln.row_block(M), False)
+    # the generated kernel's arguments: the block size, then forward_rows's own (common.in_blocks)
+    return x, (ln.row_block(M), x, w, b, np.float32(1e-5), y, mean, rstd, False)
 
 
 def threading(rounds, inner):

@@ -620,3 +620,20 @@ def test_repository_half_table_is_the_committed_results():
     text = (ROOT / "README.md").read_text()
     cells = readme_table.parse(text, readme_table.HALF_START, readme_table.HALF_END)
     assert cells and cells == readme_table.half_rows([r for run in runs for r in run["rows"]])
+
+
+# ------------------------------------------------------------------ the book's design probes
+
+
+def test_design_probes_call_the_kernels_with_their_current_arguments():
+    """benchmarks/design_probes.py (chapter 5's figures) calls the package's own launchers and
+    generated kernels; a change of their arguments broke it silently once (the block size
+    moved first when the shells were generated).  The cheap probes, one round each."""
+    from benchmarks import design_probes
+
+    threading = design_probes.threading(1, 1)
+    assert threading["lock"]["ratio_to_direct"]["launch_with_lock"] > 0
+    assert all(r["ratio_to_serial_variant"]["set_num_threads_switch"] > 0 for r in threading["switch"])
+    assert threading["fork"] is not None
+    widen = design_probes.widen(1, 1)
+    assert widen
