@@ -124,7 +124,7 @@ def small_calls(rounds, inner):
             "replay": lambda: numbanorm.layer_norm(x, N, w, b),
             "full_path": full,
             "launcher": lambda: ln.forward(x, w, b, 1e-5, y, mean, rstd),
-            "kernel": lambda: serial(x, w, b, np.float32(1e-5), y, mean, rstd, 1, False),
+            "kernel": lambda: serial(1, x, w, b, np.float32(1e-5), y, mean, rstd, False),  # block first
         }
         base = "full_path"
         if torch is not None:

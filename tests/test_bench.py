@@ -635,5 +635,6 @@ def test_design_probes_call_the_kernels_with_their_current_arguments():
     assert threading["lock"]["ratio_to_direct"]["launch_with_lock"] > 0
     assert all(r["ratio_to_serial_variant"]["set_num_threads_switch"] > 0 for r in threading["switch"])
     assert threading["fork"] is not None
+    assert all(c["shape"][0] == 1 for c in design_probes.small_calls(1, 1))
     widen = design_probes.widen(1, 1)
     assert widen
