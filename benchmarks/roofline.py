@@ -14,7 +14,7 @@ here, on the same thread counts as the benchmarks, and not quoted from a data sh
   ``np.copyto`` of a 256 MiB array, counted as read plus write.
 
 The kernels' own points come from the benchmark results (their GB/s) and the operation
-counts of :data:`FLOPS_PER_ELEMENT`; the book's performance chapter draws them.
+counts of :data:`FLOPS_PER_ELEMENT` (the table of operations'); the book's performance chapter draws them.
 """
 
 from __future__ import annotations
@@ -32,21 +32,10 @@ from numbanorm import measure
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-# Floating-point operations per element, counted from the formulas as the CPU kernels
-# evaluate them (an add, a multiply or a subtract is 1, a fused multiply-add 2):
-#   LayerNorm forward:  mean (1) + centred sum of squares (3) + (x - mean) * rstd * w + b (4)
-#   RMSNorm forward:    sum of squares (2) + x * rstd * w (2)
-#   LayerNorm backward: xhat (2), g = dy * w (1), the sums of g and g * xhat (3),
-#                       dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) (4),
-#                       dweight and dbias partials (3)
-#   RMSNorm backward:   xhat (1), g (1), sum of g * xhat (2), dx (3), dweight partial (2)
-# GroupNorm counts as LayerNorm (the same sums over a group instead of a row).
-FLOPS_PER_ELEMENT = {
-    ("layer_norm", "forward"): 8, ("layer_norm", "backward"): 13,
-    ("rms_norm", "forward"): 4, ("rms_norm", "backward"): 9,
-    ("group_norm", "forward"): 8, ("group_norm", "backward"): 13,
-    ("instance_norm", "forward"): 8, ("instance_norm", "backward"): 13,
-}
+# Floating-point operations per element of each benchmarked norm: the table's counts
+# (numbanorm.operations, where they are derived)
+FLOPS_PER_ELEMENT = {(norm, d): measure.operation_of(norm).flops[k]
+                     for norm in measure.NORMS for k, d in enumerate(measure.DIRECTIONS)}
 FMAS_PER_ELEMENT = 16
 
 

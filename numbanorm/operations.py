@@ -44,6 +44,7 @@ class Operation:
     fused: bool        # s = x + residual is normalized (and returned); backward takes ds and s
     torch: str         # the torch.nn.functional counterpart (of x + residual when fused)
     kernels: tuple     # forward and backward launchers, 'module.function' in each backend's _kernels
+    flops: tuple       # floating-point operations per element, forward and backward (the roofline's; below)
     docs: tuple        # docstrings of the plain, forward and backward functions
 
     # ---------------------------------------------------------------- names and signatures
@@ -196,30 +197,45 @@ def generate(name, signature, body, namespace, doc, where):
     return fn
 
 
-# One row per norm: data, alike in shape by design
+# One row per norm: data, alike in shape by design.  ``flops`` are counted from the
+# formulas as the CPU kernels evaluate them (an add, a multiply or a subtract is 1, a
+# fused multiply-add 2), for the roofline (benchmarks/roofline.py):
+#   LayerNorm forward:  mean (1) + centred sum of squares (3) + (x - mean) * rstd * w + b (4)
+#   RMSNorm forward:    sum of squares (2) + x * rstd * w (2)
+#   LayerNorm backward: xhat (2), g = dy * w (1), the sums of g and g * xhat (3),
+#                       dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) (4),
+#                       dweight and dbias partials (3)
+#   RMSNorm backward:   xhat (1), g (1), sum of g * xhat (2), dx (3), dweight partial (2)
+#   GroupNorm as LayerNorm (the same sums over a group instead of a row); the fused
+#   operations one add more each way (s = x + residual; dx + ds)
 OPERATIONS = (
     Operation("layer_norm", "rows", ("mean", "rstd"), bias=True, eps=1e-5, fused=False, torch="layer_norm",
               kernels=("layer_norm.forward", "layer_norm.backward"),
+              flops=(8, 13),
               docs=("LayerNorm over the trailing ``normalized_shape`` of ``x``: ``y``.",
                     "LayerNorm keeping what the backward needs: ``(y, mean, rstd)``.",
                     "Gradients of LayerNorm: ``(dx, dweight, dbias)``.")),
     Operation("rms_norm", "rows", ("rstd",), bias=False, eps=None, fused=False, torch="rms_norm",
               kernels=("rms_norm.forward", "rms_norm.backward"),
+              flops=(4, 9),
               docs=("RMSNorm over the trailing ``normalized_shape`` of ``x``: ``y``.",
                     "RMSNorm keeping what the backward needs: ``(y, rstd)``.",
                     "Gradients of RMSNorm: ``(dx, dweight)``.")),
     Operation("group_norm", "groups", ("mean", "rstd"), bias=True, eps=1e-5, fused=False, torch="group_norm",
               kernels=("group_norm.forward", "group_norm.backward"),
+              flops=(8, 13),
               docs=("GroupNorm of ``x`` of shape ``(N, C, *spatial)``: ``y``.",
                     "GroupNorm keeping what the backward needs: ``(y, mean, rstd)``, stats ``(N, G)``.",
                     "Gradients of GroupNorm: ``(dx, dweight, dbias)``.")),
     Operation("add_layer_norm", "rows", ("mean", "rstd"), bias=True, eps=1e-5, fused=True, torch="layer_norm",
               kernels=("add_norm.layer_norm_forward", "layer_norm.backward"),
+              flops=(9, 14),
               docs=("``s = x + residual`` and its LayerNorm in one pass over memory: ``(y, s)``.",
                     "Fused add + LayerNorm keeping what the backward needs: ``(y, s, mean, rstd)``.",
                     "Gradients of fused add + LayerNorm: ``(dx, dweight, dbias)``; dx is also d(residual).")),
     Operation("add_rms_norm", "rows", ("rstd",), bias=False, eps=None, fused=True, torch="rms_norm",
               kernels=("add_norm.rms_norm_forward", "rms_norm.backward"),
+              flops=(5, 10),
               docs=("``s = x + residual`` and its RMSNorm in one pass over memory: ``(y, s)``.",
                     "Fused add + RMSNorm keeping what the backward needs: ``(y, s, rstd)``.",
                     "Gradients of fused add + RMSNorm: ``(dx, dweight)``; dx is also d(residual).")),
