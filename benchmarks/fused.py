@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import json
 import os
 import sys
@@ -42,12 +41,15 @@ import numpy as np
 from numba import njit, prange
 
 import numbanorm
-from numbanorm import measure
+from numbanorm import _api, measure
+from numbanorm.cpu import _backend
+from numbanorm.operations import BY_NAME, OPERATIONS
 
-_launchers = importlib.import_module("numbanorm.cpu._kernels.add_norm")
+# the table's fused operations by the norm they fuse: the API names them add_<norm>
+FUSED = {op.name.removeprefix("add_"): op for op in OPERATIONS if op.fused}
 
 
-@njit(parallel=True)  # not cache=True: the tests load this file under another module name
+@njit(parallel=True)  # (not cache=True: a script's helper, compiled once per run)
 def parallel_add(x, r, s):
     for i in prange(x.shape[0]):
         for j in range(x.shape[1]):
@@ -61,34 +63,27 @@ def _par_add(x, r):
 
 
 def runners(norm, x, r, w, b, torch):
-    n = x.shape[-1]
+    """The variants for ``norm``, through the table: its fused operation and the plain one."""
+    op, plain = FUSED[norm], BY_NAME[norm]
     s, y = np.ones_like(x), np.ones_like(x)  # touched: their pages are mapped
     acc = np.float64 if x.dtype == np.float64 else np.float32
-    stat = np.empty(x.shape[0], acc), np.empty(x.shape[0], acc)
-    if norm == "layer_norm":
-        fused = lambda: numbanorm.add_layer_norm(x, r, n, w, b)  # noqa: E731
-        unfused = lambda: numbanorm.layer_norm(np.add(x, r), n, w, b)  # noqa: E731
-        fused_into = lambda: _launchers.layer_norm_forward(x, r, w, b, 1e-5, y, s, *stat)  # noqa: E731
-        unfused_into = lambda: numbanorm.layer_norm(np.add(x, r, out=s), n, w, b, out=y)  # noqa: E731
-        unfused_par = lambda: numbanorm.layer_norm(_par_add(x, r), n, w, b)  # noqa: E731
-    else:
-        fused = lambda: numbanorm.add_rms_norm(x, r, n, w)  # noqa: E731
-        unfused = lambda: numbanorm.rms_norm(np.add(x, r), n, w)  # noqa: E731
-        eps = float(np.finfo(acc).eps)
-        fused_into = lambda: _launchers.rms_norm_forward(x, r, w, eps, y, s, stat[0])  # noqa: E731
-        unfused_into = lambda: numbanorm.rms_norm(np.add(x, r, out=s), n, w, out=y)  # noqa: E731
-        unfused_par = lambda: numbanorm.rms_norm(_par_add(x, r), n, w)  # noqa: E731
-    out = [measure.Runner("unfused", "alloc", unfused), measure.Runner("fused", "alloc", fused),
-           measure.Runner("unfused-par", "alloc", unfused_par),
-           measure.Runner("unfused-into", "out", unfused_into), measure.Runner("fused-into", "out", fused_into)]
+    stats = [np.empty(x.shape[0], acc) for _ in op.stats]
+    values = {"x": x, "residual": r, "normalized_shape": x.shape[-1], "weight": w, "bias": b}
+    params = [values[p] for p in op.params]
+    eps = op.eps if op.eps is not None else float(np.finfo(acc).eps)  # the public default
+    launcher = _api._launcher(_backend, op.kernels[0])  # the fused CPU launcher, frontend's argument order
+
+    def unfused_of(s, **out):  # the plain norm of s = x + r, computed by the caller
+        return lambda: plain.call(numbanorm, "plain", dict(values, x=s()), **out)
+
+    out = [measure.Runner("unfused", "alloc", unfused_of(lambda: np.add(x, r))),
+           measure.Runner("fused", "alloc", lambda: op.call(numbanorm, "plain", values)),
+           measure.Runner("unfused-par", "alloc", unfused_of(lambda: _par_add(x, r))),
+           measure.Runner("unfused-into", "out", unfused_of(lambda: np.add(x, r, out=s), out=y)),
+           measure.Runner("fused-into", "out", lambda: launcher(x, r, *params, eps, y, s, *stats))]
     if torch is not None:
-        tx, tr, tw, tb = (torch.from_numpy(a) for a in (x, r, w, b))
-        F = torch.nn.functional
-        if norm == "layer_norm":
-            fn = lambda: F.layer_norm(tx + tr, (n,), tw, tb, 1e-5)  # noqa: E731
-        else:
-            fn = lambda: F.rms_norm(tx + tr, (n,), tw)  # noqa: E731
-        out.append(measure.Runner("torch", "alloc", fn))
+        tvalues = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in values.items()}
+        out.append(measure.Runner("torch", "alloc", lambda: op.call_torch(torch.nn.functional, tvalues)))
     return out
 
 
@@ -97,7 +92,7 @@ def main(argv=None):
     ap.add_argument("--shape", type=int, nargs=2, default=(16384, 4096), metavar=("ROWS", "HIDDEN"))
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--norms", nargs="+", default=["layer_norm", "rms_norm"], choices=["layer_norm", "rms_norm"])
+    ap.add_argument("--norms", nargs="+", default=list(FUSED), choices=list(FUSED))
     ap.add_argument("--budget", type=float, default=10.0, help="seconds of round-robin rounds per norm")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--json", help="write the results here")

@@ -3,9 +3,10 @@
     python benchmarks/gpu_bench.py [--rows 32768] [--cols 1024 2048 4096 8192]
                                    [--dtypes float16 bfloat16 float32] [--repeats 20]
 
-For LayerNorm, RMSNorm and GroupNorm, forward and backward, at ``rows`` x
-``cols`` (GroupNorm: x of shape (rows/256, 256 channels, cols) in 32 groups,
-the same bytes), it times round-robin with ``numbanorm.measure.time_runners`` (the suite's one
+For every benchmarked norm of the table (``numbanorm.measure.NORMS``: LayerNorm,
+RMSNorm, GroupNorm, InstanceNorm), forward and backward, at ``rows`` x ``cols``
+(GroupNorm: x of shape (rows/256, 256 channels, cols) in 32 groups, InstanceNorm
+in 256; the same bytes), it times round-robin with ``numbanorm.measure.time_runners`` (the suite's one
 timing core; every sample ends with a device synchronisation):
 
 * ``kernel``: numbanorm's launchers on preallocated arrays -- the kernels
@@ -60,79 +61,70 @@ def _driver_version(cuda):
         return None
 
 
-def _cases(norm, rows, cols, tdtype, torch):
-    """Inputs and the four (forward, backward) callables of one norm at one shape."""
-    import numpy as np
-
-    import numbanorm
+def _cases(norm, rows, cols, dtype, side):
+    """The four ``(forward, backward)`` callables of one norm at one shape on ``side``
+    (``measure.TorchCudaSide``; the tests pass the simulator's ``NumbaCudaSide``), and
+    the forward's ``measure.Case``.  Built from the table of operations, with no branch
+    on the norm: ``api`` and ``torch`` are the suite's own calls (``torch`` only where
+    the side holds torch tensors), ``copy`` its floor, ``kernel`` the launchers."""
     from numbanorm import measure
+
+    op = measure.operation_of(norm)
+    shape = (rows // GN_CHANNELS, GN_CHANNELS, cols) if op.layout == "groups" else (rows, cols)
+    # GN_GROUPS for a groups-layout operation of the table; its variants (instance norm)
+    # take their own count in measure.Case
+    groups = GN_GROUPS if op.layout == "groups" and norm == op.name else None
+    fwd, bwd = (measure.Case(norm, d, shape, dtype, groups, device="gpu") for d in measure.DIRECTIONS)
+    inp = measure.Inputs(fwd, side)
+    import numbanorm
+
+    calls = {"kernel": _kernel_calls(op, fwd, inp),
+             "api": (measure.numbanorm_calls(numbanorm, fwd, inp)["alloc"],
+                     measure.numbanorm_calls(numbanorm, bwd, inp)["alloc"])}
+    torch_f, torch_b = measure.torch_calls(fwd, inp), measure.torch_calls(bwd, inp)
+    if torch_f:
+        calls["torch"] = (torch_f["alloc"], torch_b["alloc"])
+    calls["copy"] = (measure.floor_calls(fwd, inp)["out"], measure.floor_calls(bwd, inp)["out"])
+    return calls, fwd
+
+
+def _kernel_calls(op, case, inp):
+    """``(forward, backward)``: ``op``'s launchers on arrays allocated here, in the
+    frontend's argument order (forward: x, parameters, eps, y, statistics; backward:
+    dy, x, statistics, weight, dx, parameter gradients), so the timing leaves out
+    validation and allocation.  Each returns what it wrote; the forward runs once
+    here, so the backward's statistics are real."""
+    import numpy as np
+    from numba import cuda
+
+    from numbanorm import _api, measure
     from numbanorm.cuda import _backend as B
 
-    group_norm = sys.modules["numbanorm.cuda._kernels.group_norm"]
-    layer_norm = sys.modules["numbanorm.cuda._kernels.layer_norm"]
-    rms_norm = sys.modules["numbanorm.cuda._kernels.rms_norm"]
-    F = torch.nn.functional
-    dev = "cuda"
-    g = torch.Generator(device=dev).manual_seed(0)
-    shape = (rows // GN_CHANNELS, GN_CHANNELS, cols) if norm == "group_norm" else (rows, cols)
-    nparam = GN_CHANNELS if norm == "group_norm" else cols
-    x = torch.randn(shape, generator=g, device=dev, dtype=tdtype)
-    dy = torch.randn(shape, generator=g, device=dev, dtype=tdtype)
-    w = (torch.rand(nparam, generator=g, device=dev) + 0.5).to(tdtype)
-    b = torch.randn(nparam, generator=g, device=dev, dtype=tdtype)
-    acc = torch.float32
-    nb = B._torch_view  # numba views of the same memory
-    xv, dyv, wv, bv = nb(x), nb(dy), nb(w), nb(b)
-    y, dx = torch.empty_like(x), torch.empty_like(x)
-    yv, dxv = nb(y), nb(dx)
-    dw, db = torch.empty(nparam, device=dev, dtype=acc), torch.empty(nparam, device=dev, dtype=acc)
-    dwv, dbv = nb(dw), nb(db)
+    fwd, bwd = (_api._launcher(B, k) for k in op.kernels)
+    values = measure.arguments(case, inp.x, inp.w, inp.b)
+    p = _api.LAYOUTS[op.layout](case.shape, values[op.shape_role])
+    acc = np.float64 if case.dtype == "float64" else np.float32
+    eps = op.eps if op.eps is not None else float(np.finfo(acc).eps)  # the public default
 
-    if norm == "layer_norm":
-        mean, rstd = torch.empty(rows, device=dev, dtype=acc), torch.empty(rows, device=dev, dtype=acc)
-        mv, rv = nb(mean), nb(rstd)
-        kfwd = lambda: layer_norm.forward(xv, wv, bv, 1e-5, yv, mv, rv)  # noqa: E731
-        kbwd = lambda: layer_norm.backward(dyv, xv, mv, rv, wv, dxv, dwv, dbv)  # noqa: E731
-        _, m_, r_ = numbanorm.layer_norm_forward(x, cols, w, b)
-        afwd = lambda: numbanorm.layer_norm(x, cols, w, b)  # noqa: E731
-        abwd = lambda: numbanorm.layer_norm_backward(dy, x, m_, r_, cols, w)  # noqa: E731
-        tfwd = lambda: F.layer_norm(x, (cols,), w, b)  # noqa: E731
-        grads_of = lambda xr, wr, br: F.layer_norm(xr, (cols,), wr, br)  # noqa: E731
-    elif norm == "rms_norm":
-        rstd = torch.empty(rows, device=dev, dtype=acc)
-        rv = nb(rstd)
-        eps = float(np.finfo(np.float32).eps)
-        kfwd = lambda: rms_norm.forward(xv, wv, eps, yv, rv)  # noqa: E731
-        kbwd = lambda: rms_norm.backward(dyv, xv, rv, wv, dxv, dwv)  # noqa: E731
-        _, r_ = numbanorm.rms_norm_forward(x, cols, w)
-        afwd = lambda: numbanorm.rms_norm(x, cols, w)  # noqa: E731
-        abwd = lambda: numbanorm.rms_norm_backward(dy, x, r_, cols, w)  # noqa: E731
-        tfwd = lambda: F.rms_norm(x, (cols,), w, eps)  # noqa: E731
-        grads_of = lambda xr, wr, br: F.rms_norm(xr, (cols,), wr, eps)  # noqa: E731
-    else:
-        n = shape[0]
-        mean = torch.empty((n, GN_GROUPS), device=dev, dtype=acc)
-        rstd = torch.empty((n, GN_GROUPS), device=dev, dtype=acc)
-        mv, rv = nb(mean), nb(rstd)
-        kfwd = lambda: group_norm.forward(xv, wv, bv, 1e-5, yv, mv, rv)  # noqa: E731
-        kbwd = lambda: group_norm.backward(dyv, xv, mv, rv, wv, dxv, dwv, dbv)  # noqa: E731
-        _, m_, r_ = numbanorm.group_norm_forward(x, GN_GROUPS, w, b)
-        afwd = lambda: numbanorm.group_norm(x, GN_GROUPS, w, b)  # noqa: E731
-        abwd = lambda: numbanorm.group_norm_backward(dy, x, m_, r_, w)  # noqa: E731
-        tfwd = lambda: F.group_norm(x, GN_GROUPS, w, b)  # noqa: E731
-        grads_of = lambda xr, wr, br: F.group_norm(xr, GN_GROUPS, wr, br)  # noqa: E731
+    def view(a, shape):  # a numba view of the side's array, as the launchers see it
+        return B.native("x", a).reshape(shape)
 
-    xr = x.detach().requires_grad_(True)
-    wr = w.detach().requires_grad_(True)
-    br = b.detach().requires_grad_(True)
-    out = grads_of(xr, wr, br)
-    ins = (xr, wr) if norm == "rms_norm" else (xr, wr, br)
-    tbwd = lambda: torch.autograd.grad(out, ins, dy, retain_graph=True)  # noqa: E731
+    x, dy = view(inp.x, p.flat), view(inp.dy, p.flat)
+    params = [view(values[r], (p.width,)) for r in op.params]
+    y, dx = cuda.device_array(p.flat, x.dtype), cuda.device_array(p.flat, x.dtype)
+    stats = [cuda.device_array(p.stats, acc) for _ in op.stats]
+    grads = [cuda.device_array(p.width, acc) for _ in op.backward_outputs[1:]]
 
-    side = measure.TorchCudaSide()
-    cfwd, cbwd = measure.floor_call(side, x), measure.floor_call(side, x, dy)
+    def forward():
+        fwd(x, *params, eps, y, *stats)
+        return (y, *stats)
 
-    return {"kernel": (kfwd, kbwd), "api": (afwd, abwd), "torch": (tfwd, tbwd), "copy": (cfwd, cbwd)}, x
+    def backward():
+        bwd(dy, x, *stats, params[0], dx, *grads)
+        return (dx, *grads)
+
+    forward()
+    return forward, backward
 
 
 def main(argv=None):
@@ -140,7 +132,8 @@ def main(argv=None):
     p.add_argument("--rows", type=int, default=32768)
     p.add_argument("--cols", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     p.add_argument("--dtypes", nargs="+", default=["float16", "bfloat16", "float32"])
-    p.add_argument("--norms", nargs="+", default=["layer_norm", "rms_norm", "group_norm"])
+    p.add_argument("--norms", nargs="+", default=None,
+                   help="default: every benchmarked norm of the table (numbanorm.measure.NORMS)")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--iters", type=int, default=10, help="calls per timed sample")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/gpu-<date>.json)")
@@ -170,12 +163,11 @@ def main(argv=None):
         if dname == "bfloat16" and C.bfloat16_unsupported():
             print(f"skipping bfloat16: {C.bfloat16_unsupported()}")
             continue
-        tdtype = getattr(torch, dname)
-        for norm in args.norms:
+        for norm in args.norms or measure.NORMS:
             for cols in args.cols:
-                calls, x = _cases(norm, args.rows, cols, tdtype, torch)
-                nbytes = x.numel() * x.element_size()
-                row = {"norm": norm, "dtype": dname, "rows": args.rows, "cols": cols, "shape": list(x.shape)}
+                calls, case = _cases(norm, args.rows, cols, dname, measure.TorchCudaSide())
+                nbytes = case.nbytes
+                row = {"norm": norm, "dtype": dname, "rows": args.rows, "cols": cols, "shape": list(case.shape)}
                 for k, direction in enumerate(measure.DIRECTIONS):
                     runners = [measure.Runner(who, "alloc", fns[k]) for who, fns in calls.items()]
                     measure.time_runners(runners, torch.cuda.synchronize, repeats=args.repeats, number=args.iters)
@@ -192,7 +184,7 @@ def main(argv=None):
                       f"torch {row['forward_torch_GBps']:6.0f}, copy {row['forward_copy_GBps']:6.0f})  "
                       f"bwd {row['backward_kernel_GBps']:7.0f} GB/s (api {row['backward_api_GBps']:6.0f}, "
                       f"torch {row['backward_torch_GBps']:6.0f}, copy {row['backward_copy_GBps']:6.0f})", flush=True)
-                del calls, x
+                del calls
                 torch.cuda.empty_cache()
 
     dev = cuda.get_current_device()

@@ -441,6 +441,31 @@ def _fused_run(ratio):
     return {"meta": meta, "results": rows}
 
 
+def test_fused_benchmark_times_every_fused_operation_of_the_table(tmp_path):
+    """benchmarks/fused.py, driven by the table (no branch on the norm), runs each fused
+    operation's variants, and the ones that return y return the oracle's y."""
+    from benchmarks import fused
+
+    out = tmp_path / "fused.json"
+    assert fused.main(["--shape", "16", "40", "--budget", "0.01", "--no-torch", "--json", str(out)]) == 0
+    got = {(r["norm"], r["variant"]) for r in json.loads(out.read_text())["results"]}
+    variants = ("unfused", "fused", "unfused-par", "unfused-into", "fused-into")
+    assert set(fused.FUSED) == {"layer_norm", "rms_norm"}
+    assert got == {(n, v) for n in fused.FUSED for v in variants}
+    rng = np.random.default_rng(0)
+    x, r = rng.standard_normal((2, 16, 40))
+    w, b = rng.uniform(0.5, 1.5, 40), rng.standard_normal(40)
+    from numbanorm import reference
+
+    for norm, op in fused.FUSED.items():
+        want = op.call(reference, "plain", {"x": x, "residual": r, "normalized_shape": 40, "weight": w, "bias": b})[0]
+        for runner in fused.runners(norm, x, r, w, b, None):
+            y = runner.fn()
+            if runner.impl != "fused-into":  # (the launcher returns nothing)
+                np.testing.assert_allclose(y[0] if runner.impl == "fused" else y, want, rtol=1e-12, atol=1e-12,
+                                           err_msg=f"{norm} {runner.impl}")
+
+
 def test_fused_table_and_target():
     runs = [_fused_run(1.5)]
     cells = readme_table.fused_rows(runs)

@@ -642,6 +642,33 @@ def test_gpu_bench_refuses_clearly_without_a_gpu():
     assert out.returncode == 2 and "gpu_bench:" in out.stderr, out.stderr
 
 
+@pytest.mark.cudasim
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm", "group_norm", "instance_norm"])
+def test_gpu_bench_cases_compute_what_the_public_functions_do(norm):
+    """gpu_bench's callables, built from the table with no branch on the norm, run in the
+    simulator (numba device arrays; torch's column needs a CUDA torch): its ``kernel``
+    launchers write what the public functions return, bit for bit, forward and backward,
+    and its copy floor runs."""
+    sys.path.insert(0, os.path.join(HERE, ".."))
+    try:
+        from benchmarks import gpu_bench
+    finally:
+        sys.path.pop(0)
+    from numbanorm import measure
+
+    calls, case = gpu_bench._cases(norm, gpu_bench.GN_CHANNELS, 4, "float32", measure.NumbaCudaSide())
+    assert set(calls) == {"kernel", "api", "copy"} and case.shape[-1] == 4
+    for k, direction in enumerate(measure.DIRECTIONS):
+        got = [to_host(a) for a in calls["kernel"][k]()]
+        want = calls["api"][k]()
+        # the api's plain forward returns y alone: the statistics the kernel wrote are
+        # checked by the backward, which the api runs on its own forward's
+        want = (want,) if direction == "forward" else want
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g.reshape(np.shape(w)), to_host(w), err_msg=f"{norm} {direction}")
+        calls["copy"][k]()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a real CUDA GPU")
 def test_gpu_bench_runs(tmp_path):
