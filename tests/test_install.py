@@ -110,7 +110,7 @@ def test_read_only_install_imports_and_computes(tmp_path):
 def test_editing_a_helper_in_another_file_invalidates_the_cache(tmp_path):
     pkg = _copy_package(str(tmp_path))
     env = _env(PYTHONPATH=str(tmp_path), NUMBA_CACHE_DIR=str(tmp_path / "cache"))
-    # add_layer_norm's kernel lives in add_norm.py and inlines layer_norm.normalize_row
+    # add_layer_norm's kernel lives in add_norm.py and inlines layer_norm.normalize_span
     code = """
         import numpy as np
         import numbanorm
@@ -128,8 +128,8 @@ def test_editing_a_helper_in_another_file_invalidates_the_cache(tmp_path):
     helper = os.path.join(pkg, "cpu", "_kernels", "layer_norm.py")
     with open(helper) as f:
         src = f.read()
-    # normalize_row's store (the first after its def): every output plus 1
-    at = src.index("out[o, j] = narrow(v, out)\n", src.index("def normalize_row("))
+    # normalize_span's plain store (the first after its def): every output plus 1
+    at = src.index("out[o, j] = narrow(v, out)\n", src.index("def normalize_span("))
     with open(helper, "w") as f:
         f.write(src[:at] + src[at:].replace("narrow(v, out)", "narrow(v + 1, out)", 1))
     y2, hits2 = _run(code, env).rsplit(" ", 1)

@@ -29,8 +29,8 @@ import numpy as np
 from .cache import njit  # numba.njit with a cache keyed on this package's source
 from .common import FASTMATH, acc_of, in_blocks, launch, param, row_block
 from .halves import kernel_view, narrow, widen
-from .layer_norm import deviation_stats, normalize_row, overflowed, row_is_finite, row_sum, scaled_row
-from .rms_norm import row_sum_squares, scale_row, scaled_rms_row
+from .layer_norm import deviation_stats, normalize_span, overflowed, row_is_finite, row_sum, scaled_row
+from .rms_norm import row_sum_squares, scale_span, scaled_rms_row
 
 # s and y are always fresh allocations here (the fused functions have no out=),
 # and fresh outputs are faster with ordinary stores than with streaming ones
@@ -73,7 +73,7 @@ def layer_norm_rows(
         mean[i] = mu + corr
         rstd[i] = rs
         # pass 4: y, by LayerNorm's own row writer
-        normalize_row(s, i, mu, corr, rs, w, b, y, i)
+        normalize_span(s, i, mu, corr, rs, w, b, y, i, 0, N, False)
 
 
 # Alike in shape to layer_norm_rows by design (the norm's own steps after add_row), as
@@ -103,7 +103,7 @@ def rms_norm_rows(
             rstd[i] = scaled_rms_row(s, i, w, eps, y, i)
             continue
         rstd[i] = rs
-        scale_row(s, i, rs, w, y, i)
+        scale_span(s, i, rs, w, y, i, 0, N, False)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")

@@ -82,7 +82,7 @@ def scale_shift_row(
 ):
     # Not FASTMATH: the loop has no reduction for 'reassoc' to vectorize, so the
     # flag would buy nothing here.  (x - mu) - corr stays in that order either
-    # way: 'reassoc' alone does not fold it (layer_norm.normalize_row).
+    # way: 'reassoc' alone does not fold it (layer_norm.normalize_span).
     # Also never x * a + (bc - mean * a): that folding cancels catastrophically
     # when |mean| >> std (two digits lost in float32 at mean 1e4, std 1e-2).
     for k in range(row.shape[0]):

@@ -68,7 +68,7 @@ def forward_rows(
         rstd[i] = r
         # pass 3 writes the row whole (tiled, it was 3-4x slower: book, chapter 5)
         if staged:
-            normalize_row(x, i, mu, corr, r, w, b, scratch, 0)
+            normalize_span(x, i, mu, corr, r, w, b, scratch, 0, 0, N, False)
             stream_row(y, i, scratch, 0)
         elif stream:  # its whole lines straight out with streaming stores (memory)
             s0, s1 = stream_span(y, i)
@@ -76,7 +76,7 @@ def forward_rows(
             normalize_span(x, i, mu, corr, r, w, b, y, i, s0, s1, True)
             normalize_span(x, i, mu, corr, r, w, b, y, i, s1, N, False)
         else:
-            normalize_row(x, i, mu, corr, r, w, b, y, i)
+            normalize_span(x, i, mu, corr, r, w, b, y, i, 0, N, False)
     if stream:
         store_fence()
 
@@ -92,7 +92,7 @@ def shifted_stats(
 
     Where ``k`` lies within a standard deviation of the mean (:func:`one_pass_ok`),
     ``var = ms - m1^2`` cancels at most half of ``ms`` (one bit), and the mean
-    split as ``mu = k``, ``corr = m1`` is the split normalize_row keeps apart:
+    split as ``mu = k``, ``corr = m1`` is the split normalize_span keeps apart:
     as good as the corrected two-pass of deviation_stats, in one pass of the
     three a forward makes (float16 (16384, 4096) in L2: 143 ns a row of 919).
     """
@@ -229,22 +229,6 @@ def scaled_row(
             v = v + widen(b[c])
         out[o, j] = narrow(v, out)
     return math.ldexp(mu + corr, e), (math.ldexp(r, -e) if big else r)
-
-
-@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
-def normalize_row(
-    x,      # (M, N) input rows
-    i,      # scalar: the row to write (in cache)
-    mu,     # scalar: row i's first-pass mean
-    corr,   # scalar: the mean's correction, mean = mu + corr
-    r,      # scalar: row i's rstd
-    w,      # (N,) weight or None
-    b,      # (N,) bias or None
-    out,    # (K, N) where the normalized row goes
-    o,      # scalar: the row of `out`
-):
-    """Write row ``i``, normalized, into ``out[o]`` (:func:`normalize_span` of the whole row)."""
-    normalize_span(x, i, mu, corr, r, w, b, out, o, 0, x.shape[1], False)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
@@ -416,7 +400,7 @@ def backward_row(
 ):
     """Row ``i`` of dx, and its terms of the partials.
 
-    ``(x - mu) - corr`` stays in that order for the reason of normalize_row.
+    ``(x - mu) - corr`` stays in that order for the reason of normalize_span.
     No 'contract' (FASTMATH): fused into a multiply-add, ``wdy - c2`` is not
     exactly 0 for a one-element row.
     """

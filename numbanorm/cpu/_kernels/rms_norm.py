@@ -54,7 +54,7 @@ def forward_rows(
         rstd[i] = r
         # whole rows, streamed or not, as layer_norm.forward_rows (whose comments say why)
         if staged:
-            scale_row(x, i, r, w, scratch, 0)
+            scale_span(x, i, r, w, scratch, 0, 0, N, False)
             stream_row(y, i, scratch, 0)
         elif stream:
             s0, s1 = stream_span(y, i)
@@ -62,7 +62,7 @@ def forward_rows(
             scale_span(x, i, r, w, y, i, s0, s1, True)
             scale_span(x, i, r, w, y, i, s1, N, False)
         else:
-            scale_row(x, i, r, w, y, i)
+            scale_span(x, i, r, w, y, i, 0, N, False)
     if stream:
         store_fence()
 
@@ -106,19 +106,6 @@ def scaled_rms_row(
             v = v * widen(w[j])  # 16-bit weights of a small call too (SmallCalls)
         out[o, j] = narrow(v, out)
     return math.ldexp(r, -e) if big else r
-
-
-@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
-def scale_row(
-    x,      # (M, N) input rows
-    i,      # scalar: the row to write (in cache)
-    r,      # scalar: row i's rstd
-    w,      # (N,) weight or None
-    out,    # (K, N) where the scaled row goes
-    o,      # scalar: the row of `out`
-):
-    """Write row ``i`` times ``r * w`` into ``out[o]`` (:func:`scale_span` of the whole row)."""
-    scale_span(x, i, r, w, out, o, 0, x.shape[1], False)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
