@@ -228,3 +228,38 @@ def test_shared_array_is_one_array_per_block(monkeypatch):
     out = np.zeros(64, np.float32)
     k[1, 64](out)
     np.testing.assert_array_equal(out, np.arange(63, -1, -1))
+
+
+def test_the_block_loop_yields_and_keeps_numba_cudas_semantics():
+    """numbanorm's BlockManager.run (``_simblock``: the same loop, yielding the GIL after
+    each poll) is the simulator's: barriers release every thread together, and an
+    exception in one thread reaches the launch and aborts the others."""
+    from numba.cuda.simulator import kernel
+
+    from numbanorm.cuda import _simblock
+
+    assert kernel.BlockManager.run is _simblock._run
+    assert _simblock.install() is False  # once
+
+    @cuda.jit
+    def rotate(out):
+        i = cuda.threadIdx.x
+        out[i] = i
+        cuda.syncthreads()
+        v = out[(i + 1) % 64]
+        cuda.syncthreads()
+        out[i] = v
+
+    out = np.zeros(64, np.int64)
+    rotate[2, 64](out)
+    np.testing.assert_array_equal(out, (np.arange(64) + 1) % 64)
+
+    @cuda.jit
+    def fails(out):
+        if cuda.threadIdx.x == 5:
+            raise ValueError("thread 5")
+        cuda.syncthreads()
+        out[cuda.threadIdx.x] = 1
+
+    with pytest.raises(ValueError, match="thread 5"):
+        fails[1, 32](np.zeros(32, np.int64))

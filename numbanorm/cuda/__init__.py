@@ -48,12 +48,13 @@ class _Unavailable:
 if _why:
     _frontend = _frontend_sides_checked = _Unavailable()
 else:
-    from . import _simlibdevice, _simshared, _simwarp
+    from . import _simblock, _simlibdevice, _simshared, _simwarp
 
     # under NUMBA_ENABLE_CUDASIM=1 only: what the simulator lacks to run the GPU code
     _simwarp.install()
     _simlibdevice.install()
     _simshared.install()  # one shared array per block (the simulator's allocation races)
+    _simblock.install()   # the block loop yields the GIL to the block's threads
     from . import _backend
 
     _frontend = _api.Frontend(_backend)
