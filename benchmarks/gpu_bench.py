@@ -111,7 +111,8 @@ def _kernel_calls(op, case, inp):
 
     x, dy = view(inp.x, p.flat), view(inp.dy, p.flat)
     params = [view(values[r], (p.width,)) for r in op.params]
-    y, dx = cuda.device_array(p.flat, x.dtype), cuda.device_array(p.flat, x.dtype)
+    # y and dx as the side allocates x (bfloat16 included; a view owns its array)
+    y, dx = view(inp.side.empty_like(inp.x), p.flat), view(inp.side.empty_like(inp.x), p.flat)
     stats = [cuda.device_array(p.stats, acc) for _ in op.stats]
     grads = [cuda.device_array(p.width, acc) for _ in op.backward_outputs[1:]]
 
