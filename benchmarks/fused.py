@@ -73,8 +73,8 @@ def runners(norm, x, r, w, b, torch):
     eps = op.eps if op.eps is not None else float(np.finfo(acc).eps)  # the public default
     launcher = _api._launcher(_backend, op.kernels[0])  # the fused CPU launcher, frontend's argument order
 
-    def unfused_of(s, **out):  # the plain norm of s = x + r, computed by the caller
-        return lambda: plain.call(numbanorm, "plain", dict(values, x=s()), **out)
+    def unfused_of(add, **out):  # the plain norm of add() = x + r, the add timed with it
+        return lambda: plain.call(numbanorm, "plain", dict(values, x=add()), **out)
 
     out = [measure.Runner("unfused", "alloc", unfused_of(lambda: np.add(x, r))),
            measure.Runner("fused", "alloc", lambda: op.call(numbanorm, "plain", values)),
