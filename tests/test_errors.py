@@ -379,6 +379,26 @@ def test_a_repeated_16_bit_call_goes_straight_to_the_kernel(dtype, monkeypatch):
         np.testing.assert_array_equal(got.view(np.uint8), w_.view(np.uint8))
 
 
+@pytest.mark.parametrize("shape, nshape", [((4, 8), (8,)), ((3, 8), (3, 8)), ((1, 24), (24,)), ((2, 3, 8), (3, 8))])
+def test_a_repeated_call_returns_what_the_first_did_for_every_layout_of_x(shape, nshape):
+    """The small-call path passes an x already of (rows, N) to the kernel as it is,
+    and reshapes every other x (a 2-D x over two normalized dimensions too)."""
+    from numbanorm.cpu import _backend
+
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal(shape).astype(np.float32)
+    # a weight over two dimensions is not learned (the full path flattens it): none there
+    w = rng.standard_normal(nshape).astype(np.float32) if len(nshape) == 1 else None
+    _backend.small_calls._plans.clear()
+    for fwd in (lambda: nn.layer_norm_forward(x, nshape, w, w), lambda: nn.rms_norm_forward(x, nshape, w)):
+        first = fwd()
+        assert len(_backend.small_calls._plans) >= 1
+        for a, b in zip(first, fwd()):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)
+        assert first[0].shape == shape
+
+
 def test_a_repeated_call_takes_the_small_call_path_and_still_validates():
     from numbanorm.cpu import _backend
 
