@@ -7,6 +7,7 @@ bit for bit against the ordinary one.
 """
 
 import importlib
+import platform
 from types import SimpleNamespace
 
 import numpy as np
@@ -261,6 +262,36 @@ def test_a_streamed_forward_updates_no_reference_count_per_row(module, dtype):
     body = body[: body.index("\ndefine", 1)]
     increfs = re.findall(r"call void @NRT_incref\(ptr (?:nonnull )?(%[^)]+)\)", body)
     assert increfs and max(increfs.count(v) for v in increfs) == 1, sorted(increfs)
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 instruction names")
+@pytest.mark.parametrize("module", [ln_cpu, rms_cpu], ids=["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("dtype", [np.float32, np.uint16, np.int16], ids=["float32", "float16", "bfloat16"])
+def test_a_streamed_forward_compiles_to_non_temporal_vector_stores(module, dtype):
+    """put_streaming's mark survives to the machine code of a streamed row writer
+    for every dtype (the integer views are 16-bit floats: halves).  A narrowing that
+    ends in a plain truncation is folded by LLVM with the store into a truncating
+    store (vpmovdw), which has no non-temporal form: a bfloat16 narrowing written so
+    streamed its rows with ordinary stores, each line read for ownership first, and
+    every other test passed."""
+    import re
+    from numba import njit
+
+    # forward_rows's streamed span alone (its staged rows are copied out by stream_row)
+    if module is ln_cpu:
+        def write(x, w, y):
+            lo, hi = stream.stream_span(y, 0)  # whole aligned lines, as put_streaming claims
+            ln_cpu.normalize_span(x, 0, np.float32(0), np.float32(0), np.float32(1), w, w, y, 0, lo, hi, True)
+    else:
+        def write(x, w, y):
+            lo, hi = stream.stream_span(y, 0)
+            rms_cpu.scale_span(x, 0, np.float32(1), w, y, 0, lo, hi, True)
+    options = {k: v for k, v in module.forward_rows.targetoptions.items() if k not in ("cache", "nopython")}
+    fresh = njit(**options)(write)  # not cached: inspectable
+    x = np.zeros((1, 256), dtype)
+    fresh(x, np.ones(256, np.float32), np.empty_like(x))
+    asm = fresh.inspect_asm(fresh.signatures[0])
+    assert re.search(r"\bv?movnt(?:dq|ps|pd)\s", asm), "no non-temporal vector store"
 
 
 def test_backward_dx_of_a_row_does_not_depend_on_the_others(rng):
