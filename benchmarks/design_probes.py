@@ -21,6 +21,9 @@ kernels called with different arguments.
   kernel) over the serial variant; ``launch`` (the non-blocking lock) over the parallel
   kernel called directly; a forward in a child forked after the parent ran parallel
   kernels (which computes on one thread) over the same forward in the parent.
+- row_costs: LayerNorm and RMSNorm forward into a large mapped ``out=`` (float16,
+  bfloat16, float32) over the faster copy floor, beside the same rows' arithmetic alone
+  (the serial kernel on rows in cache) over the same floor: chapter 9's bound.
 """
 
 import argparse
@@ -36,17 +39,18 @@ import numpy as np
 import numbanorm
 from numbanorm.cpu import _backend
 from numbanorm.cpu._kernels import common, memory
+from numbanorm import measure
 from numbanorm.cpu._kernels import layer_norm as ln
+from numbanorm.cpu._kernels import rms_norm as rms
+from numbanorm.cpu._kernels.halves import kernel_view
 
 from .harness import metadata
 
 OUT = Path(__file__).parent / "results" / "design-probes.json"
 
 
-def round_robin(variants, rounds, base, inner=1):
-    """``{name: median over rounds of t(name) / t(base)}`` and the per-round minimum times.
-
-    ``variants``: name -> callable; each round calls every one ``inner`` times in a row."""
+def timed_rounds(variants, rounds, inner=1):
+    """``{name: array of per-round times}``; each round calls every variant ``inner`` times in a row."""
     for f in variants.values():
         f()  # compile, fault in, warm up
     times = {k: [] for k in variants}
@@ -56,7 +60,14 @@ def round_robin(variants, rounds, base, inner=1):
             for _ in range(inner):
                 f()
             times[k].append((time.perf_counter() - t0) / inner)
-    t = {k: np.array(v) for k, v in times.items()}
+    return {k: np.array(v) for k, v in times.items()}
+
+
+def round_robin(variants, rounds, base, inner=1):
+    """``{name: median over rounds of t(name) / t(base)}`` and the per-round minimum times.
+
+    ``variants``: name -> callable; each round calls every one ``inner`` times in a row."""
+    t = timed_rounds(variants, rounds, inner)
     return {
         "ratio_to_" + base: {k: round(float(np.median(t[k] / t[base])), 3) for k in t if k != base},
         "min_ratio_to_" + base: {k: round(float(t[k].min() / t[base].min()), 3) for k in t if k != base},
@@ -212,6 +223,59 @@ def fork_cost(args, size, repeats=15):
             "repeats": repeats}
 
 
+def row_costs(rounds, rows=16384, n=4096, cached=32):
+    """A forward into a large mapped out= against the faster copy floor, and against the
+    same rows' arithmetic alone: the serial kernel over ``cached`` rows that stay in
+    cache, called until it has done ``rows`` rows, its time over the threads.  Where
+    that bound alone exceeds a target, no memory schedule can meet it on this CPU."""
+    threads = numba.get_num_threads()
+    rng = np.random.default_rng(4)
+    cases = []
+    for dtype in ("float16", "bfloat16", "float32"):
+        try:
+            dt = measure.host_dtype(dtype)
+        except ValueError:  # bfloat16 without ml_dtypes
+            continue
+        x = (rng.standard_normal((rows, n), dtype=np.float32) + 0.5).astype(dt)
+        w = rng.uniform(0.5, 1.5, n).astype(np.float32)
+        b = (0.1 * rng.standard_normal(n)).astype(np.float32)
+        y, floor = np.full_like(x, 1.0), np.full_like(x, 1.0)  # mapped: every page touched
+        mean, rstd = np.empty(rows, np.float32), np.empty(rows, np.float32)
+        xv, yv = kernel_view(x[:cached]), kernel_view(y[:cached])
+        eps = np.float32(1e-5)
+        for norm, module in (("layer_norm", ln), ("rms_norm", rms)):
+            serial = common._SERIAL[module._forward]
+            # the generated kernel's arguments: the block size, then forward_rows's own
+            if module is ln:
+                out = lambda: ln.forward(x, w, b, 1e-5, y, mean, rstd, y_mapped=True)  # noqa: E731
+                cache_args = (cached, xv, w, b, eps, yv, mean[:cached], rstd[:cached], False)
+            else:
+                out = lambda: rms.forward(x, w, 1e-5, y, rstd, y_mapped=True)  # noqa: E731
+                cache_args = (cached, xv, w, eps, yv, rstd[:cached], False)
+
+            def arithmetic():
+                for _ in range(rows // cached):
+                    serial(*cache_args)
+
+            t = timed_rounds({"copy": lambda: np.copyto(floor, x),
+                              "copy_threads": lambda: measure.parallel_copy(floor, x),
+                              "out": out, "arithmetic": arithmetic}, rounds)
+            faster = np.minimum(t["copy"], t["copy_threads"])
+            cases.append({
+                "norm": norm, "dtype": dtype, "shape": [rows, n], "threads": threads,
+                # the targets' measure: the streamed forward over the faster copy floor
+                "out_over_faster_floor": round(float(np.median(t["out"] / faster)), 3),
+                # its lower bound: the arithmetic alone, spread over the threads
+                "arithmetic_over_faster_floor": round(float(np.median(t["arithmetic"] / threads / faster)), 3),
+                "copy_threads_over_copy": round(float(np.median(t["copy_threads"] / t["copy"])), 3),
+                # how far the machine's copy bandwidth moved between this case's rounds
+                "copy_threads_slowest_over_fastest": round(float(t["copy_threads"].max() / t["copy_threads"].min()), 3),
+                "rounds": rounds,
+            })
+        del x, y, floor
+    return cases
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="few rounds (a smoke run, not for the book)")
@@ -228,6 +292,7 @@ def main(argv=None):
         "small_calls": small_calls(15 // q, 200),
         "widen": widen(15 // q, 200),
         "threading": threading(15 // q, 200),
+        "row_costs": row_costs(15 // q),
     }
     note = a.note or ("load average before/after in the meta; ratios of variants timed "
                       "round-robin in one process")

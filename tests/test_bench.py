@@ -663,3 +663,6 @@ def test_design_probes_call_the_kernels_with_their_current_arguments():
     assert all(c["shape"][0] == 1 for c in design_probes.small_calls(1, 1))
     widen = design_probes.widen(1, 1)
     assert widen
+    costs = design_probes.row_costs(1, rows=64, n=256, cached=32)
+    assert {(c["norm"], c["dtype"]) for c in costs} >= {("layer_norm", "float16"), ("rms_norm", "float32")}
+    assert all(c["out_over_faster_floor"] > 0 and c["arithmetic_over_faster_floor"] > 0 for c in costs)
