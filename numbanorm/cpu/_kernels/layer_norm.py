@@ -19,7 +19,7 @@ import numpy as np
 from .cache import njit  # numba.njit with a cache keyed on this package's source
 from .common import FASTMATH, acc_of, finish, in_blocks, in_partials, launch, n_chunks, param, row_block, scratch_for
 from .halves import kernel_view, like, narrow, widen
-from .memory import put_streaming, should_stream, store_fence, stream_row, stream_span
+from .memory import ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_row, stream_span
 from .sums import deviation_sums, gradient_sums
 
 
@@ -52,6 +52,7 @@ def forward_rows(
     # staged in a scratch row and copied out; other rows are streamed as written
     staged = stream and y.ctypes.data == x.ctypes.data
     scratch = np.empty((1, N if staged else 0), y.dtype)
+    chunk = ahead_chunk(x)
     for i in range(lo, hi):
         # one pass reads row i from memory (a second, from cache, where it cannot be trusted)
         mu, m1, ms = shifted_stats(x, i, zero)
@@ -73,7 +74,10 @@ def forward_rows(
         elif stream:  # its whole lines straight out with streaming stores (memory)
             s0, s1 = stream_span(y, i)
             normalize_span(x, i, mu, corr, r, w, b, y, i, 0, s0, False)
-            normalize_span(x, i, mu, corr, r, w, b, y, i, s0, s1, True)
+            for c in range(s0, s1, chunk):  # the next row asked for as this one is written (memory)
+                e = min(c + chunk, s1)
+                ask_ahead(x, i, hi, c, e)
+                normalize_span(x, i, mu, corr, r, w, b, y, i, c, e, True)
             normalize_span(x, i, mu, corr, r, w, b, y, i, s1, N, False)
         else:
             normalize_span(x, i, mu, corr, r, w, b, y, i, 0, N, False)

@@ -83,6 +83,55 @@ def _itemsize(typingctx, arr):
 
 
 @intrinsic
+def _prefetch_l2(typingctx, addr):
+    """Ask for the cache line at address ``addr`` into L2 (``prefetcht1``; a hint, never faults)."""
+    sig = types.void(types.intp)
+
+    def codegen(context, builder, signature, args):
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0")
+        # read, locality 2 (L2: the whole next row asked for into L1 evicted this row's weights), data
+        builder.call(fn, [builder.inttoptr(args[0], i8p), i32(0), i32(2), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+AHEAD_BYTES = 1024  # of the next row asked for before each 1 KiB of this one is written
+
+
+@njit(cache=True, nogil=True, inline="always")
+def ahead_chunk(
+    x,      # (M, N) rows in memory
+):
+    """Elements of a row a streamed row writer writes between two :func:`ask_ahead`."""
+    return max(1, AHEAD_BYTES // _itemsize(x))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def ask_ahead(
+    x,      # (M, N) rows in memory, C-contiguous
+    i,      # scalar: the row being written
+    hi,     # scalar: one past the last row of the block
+    lo_el,  # scalar: first element of the chunk about to be written
+    hi_el,  # scalar: one past its last
+):
+    """Ask for elements ``lo_el:hi_el`` of row ``i + 1``, if the block has it.
+
+    A row's statistics read it from memory and its write pass computes from cache, so
+    without this the reads of a row and the arithmetic of the one before it do not
+    overlap; asked for chunk by chunk, the next row arrives while this one is written
+    (asked for whole before the write, it did not: book, chapter 9).
+    """
+    if i + 1 < hi:
+        size = _itemsize(x)
+        d = x.ctypes.data + (i + 1) * x.strides[0]
+        for off in range(lo_el * size, hi_el * size, _LINE):
+            _prefetch_l2(d + off)
+
+
+@intrinsic
 def store_fence(typingctx):
     """Order this thread's streaming stores before anything it does next.
 
