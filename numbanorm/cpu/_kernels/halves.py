@@ -149,7 +149,7 @@ def _f32_to_half_bits(f):
 def _f32_to_bf16(f):
     """float32 -> bfloat16 bits (int16), rounded to nearest even; NaN stays a quiet NaN."""
     u = _bits_of(f)
-    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+    if f != f:  # one vector compare (vcmpunordps); the bits' |u| > 0x7F800000 took two
         return _low16((u >> np.uint32(16)) | np.uint32(0x40))
     # the carry of a round up may ripple into the exponent: up to Inf, as IEEE rounds
     return _low16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
