@@ -268,6 +268,10 @@ def row_costs(rounds, rows=16384, n=4096, cached=32):
                 # its lower bound: the arithmetic alone, spread over the threads
                 "arithmetic_over_faster_floor": round(float(np.median(t["arithmetic"] / threads / faster)), 3),
                 "copy_threads_over_copy": round(float(np.median(t["copy_threads"] / t["copy"])), 3),
+                # the rates behind the ratios: bytes of x and y over the threaded copy's
+                # median time, and over the arithmetic's spread over the threads
+                "copy_threads_gbps": round(2 * x.nbytes / float(np.median(t["copy_threads"])) / 1e9, 1),
+                "arithmetic_gbps": round(2 * x.nbytes / (float(np.median(t["arithmetic"])) / threads) / 1e9, 1),
                 # how far the machine's copy bandwidth moved between this case's rounds
                 "copy_threads_slowest_over_fastest": round(float(t["copy_threads"].max() / t["copy_threads"].min()), 3),
                 "rounds": rounds,
