@@ -37,9 +37,9 @@ import numba
 import numpy as np
 
 import numbanorm
+from numbanorm import measure
 from numbanorm.cpu import _backend
 from numbanorm.cpu._kernels import common, memory
-from numbanorm import measure
 from numbanorm.cpu._kernels import layer_norm as ln
 from numbanorm.cpu._kernels import rms_norm as rms
 from numbanorm.cpu._kernels.halves import kernel_view
