@@ -41,7 +41,7 @@ import numpy as np
 from numba import njit, prange
 
 import numbanorm
-from numbanorm import _api, measure
+from numbanorm import _api, _validate, measure
 from numbanorm.cpu import _backend
 from numbanorm.operations import BY_NAME, OPERATIONS
 
@@ -70,7 +70,7 @@ def runners(norm, x, r, w, b, torch):
     stats = [np.empty(x.shape[0], acc) for _ in op.stats]
     values = {"x": x, "residual": r, "normalized_shape": x.shape[-1], "weight": w, "bias": b}
     params = [values[p] for p in op.params]
-    eps = op.eps if op.eps is not None else float(np.finfo(acc).eps)  # the public default
+    eps = _validate.rms_eps(op.eps, x.dtype)  # the frontend's own default (None: machine eps)
     launcher = _api._launcher(_backend, op.kernels[0])  # the fused CPU launcher, frontend's argument order
 
     def unfused_of(add, **out):  # the plain norm of add() = x + r, the add timed with it

@@ -97,14 +97,14 @@ def _kernel_calls(op, case, inp):
     import numpy as np
     from numba import cuda
 
-    from numbanorm import _api, measure
+    from numbanorm import _api, _validate, measure
     from numbanorm.cuda import _backend as B
 
     fwd, bwd = (_api._launcher(B, k) for k in op.kernels)
     values = measure.arguments(case, inp.x, inp.w, inp.b)
     p = _api.LAYOUTS[op.layout](case.shape, values[op.shape_role])
     acc = np.float64 if case.dtype == "float64" else np.float32
-    eps = op.eps if op.eps is not None else float(np.finfo(acc).eps)  # the public default
+    eps = _validate.rms_eps(op.eps, acc)  # the frontend's own default (None: machine eps)
 
     def view(a, shape):  # a numba view of the side's array, as the launchers see it
         return B.native("x", a).reshape(shape)
