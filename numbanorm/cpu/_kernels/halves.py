@@ -61,24 +61,31 @@ def kernel_view(a):
     return a
 
 
+def _x86_features():
+    """The x86 features Numba compiles for (``"+f16c,..."``), or None: another
+    architecture, or a named target CPU whose features are not listed."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    if config.CPU_FEATURES is not None:
+        return config.CPU_FEATURES.split(",")
+    if config.CPU_NAME in (None, "host"):
+        from llvmlite import binding
+        return binding.get_host_cpu_features().flatten().split(",")
+    return None
+
+
 def _native_half():
     """Whether LLVM lowers half <-> float to instructions for Numba's target CPU."""
-    machine = platform.machine().lower()
-    if machine in ("aarch64", "arm64"):
+    if platform.machine().lower() in ("aarch64", "arm64"):
         return True
-    if machine not in ("x86_64", "amd64"):
-        return False
-    if config.CPU_FEATURES is not None:
-        features = config.CPU_FEATURES
-    elif config.CPU_NAME in (None, "host"):
-        from llvmlite import binding
-        features = binding.get_host_cpu_features().flatten()
-    else:
-        return False
-    return "+f16c" in features.split(",")
+    return "+f16c" in (_x86_features() or ())
 
 
 NATIVE_HALF = _native_half()
+# Where AVX512-FP16 makes vectors of LLVM's half legal, float16 is stored as such
+# vectors (the kernels' integer bits are folded away), and LLVM's x86 back end
+# gives a !nontemporal store of them an ordinary store (memory.via_cache).
+HALF_VECTORS = NATIVE_HALF and "+avx512fp16" in (_x86_features() or ())
 
 
 # ---------------------------------------------------------------- bit casts

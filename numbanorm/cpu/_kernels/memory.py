@@ -16,9 +16,10 @@ import os
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
+from .halves import HALF_VECTORS
 
 _VEC = 32  # bytes per streaming store: one AVX register; LLVM splits it on narrower machines
 
@@ -172,13 +173,41 @@ def stream_row(
         head = min(n, ((_VEC - d % _VEC) % _VEC) // size)
     for j in range(head):
         dst[i, j] = src[k, j]
-    vecs = (n - head) * size // _VEC
-    s = src.ctypes.data + k * src.strides[0]
-    for v in range(vecs):
-        off = head * size + v * _VEC
-        _stream_vec(d + off, s + off)
-    for j in range(head + vecs * _VEC // size, n):
+    mid = head + (n - head) * size // _VEC * _VEC // size
+    stream_lines(dst, i, src, k, head, mid)
+    for j in range(mid, n):
         dst[i, j] = src[k, j]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def stream_lines(
+    dst,    # (M, N) destination, in memory, C-contiguous
+    i,      # scalar: its row to write
+    src,    # (K, N) the values, same dtype (a scratch row in cache)
+    k,      # scalar: its row to read
+    lo,     # scalar: first element, on a _VEC-aligned address of dst's row
+    hi,     # scalar: one past the last, (hi - lo) items a multiple of _VEC bytes
+):
+    """``dst[i, lo:hi] = src[k, lo:hi]``, every store a streaming one (see stream_row)."""
+    size = _itemsize(dst)
+    d = dst.ctypes.data + i * dst.strides[0]
+    s = src.ctypes.data + k * src.strides[0]
+    for off in range(lo * size, hi * size, _VEC):
+        _stream_vec(d + off, s + off)
+
+
+def via_cache(y):
+    """Whether a row writer streams ``y`` through a scratch chunk (:func:`stream_lines`)
+    instead of with :func:`put_streaming`: a compile-time constant."""
+    raise NotImplementedError("via_cache is called from Numba kernels only")
+
+
+@overload(via_cache)
+def _via_cache(y):
+    # float16 bits where half vectors are legal (halves.HALF_VECTORS): put_streaming's
+    # stores would go out as ordinary ones, each line read for ownership first
+    flag = y.dtype == types.uint16 and HALF_VECTORS
+    return lambda y: flag
 
 
 @njit(cache=True, nogil=True, inline="always")
