@@ -4,9 +4,9 @@
     rstd = 1 / sqrt(sum((x - mean)^2) / N + eps)
     y    = (x - mean) * rstd * weight + bias
 
-The forward takes both sums in one pass over the deviations from the row's first
-element, or in two (a corrected two-pass) where that element is far from the
-mean (``shifted_stats``), and writes y in one more.  One row (up to tens of KiB)
+The forward takes both sums in one pass over the deviations from the mean of the
+row's first few elements, or in two (a corrected two-pass) where that shift is far
+from the mean (``shifted_stats``), and writes y in one more.  One row (up to tens of KiB)
 stays in L1/L2 between the passes, so x is read from memory once; the extra
 passes cost cache bandwidth only.  A large
 caller's ``out=`` is written with streaming stores (``memory``).
@@ -90,14 +90,22 @@ def forward_rows(
         store_fence()
 
 
+# Elements whose mean is a row's shift: it misses the row's mean by more than a standard
+# deviation with probability erfc(sqrt(16 / 2)) = 6e-5 on independent elements (one
+# element: 32%, and those rows pay a second statistics pass; book, chapter 5)
+SHIFT_SAMPLE = 16
+
+
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
 def shifted_stats(
     x,      # (M, N) rows (of x, or of s = x + residual), never empty (_validate)
     i,      # scalar: the row
     zero,   # scalar 0 in the accumulation dtype
 ):
-    """``(k, m1, ms)``: row ``i``'s first element and the float64 ``mean(d)`` and
-    ``mean(d^2)`` of its deviations ``d = x - k``, in one pass (blocked: sums).
+    """``(k, m1, ms)``: row ``i``'s shift ``k``, the mean of its first
+    ``SHIFT_SAMPLE`` elements in the accumulation dtype, and the float64
+    ``mean(d)`` and ``mean(d^2)`` of its deviations ``d = x - k``, in one pass
+    (blocked: sums).
 
     Where ``k`` lies within a standard deviation of the mean (:func:`one_pass_ok`),
     ``var = ms - m1^2`` cancels at most half of ``ms`` (one bit), and the mean
@@ -105,9 +113,13 @@ def shifted_stats(
     as good as the corrected two-pass of deviation_stats, in one pass of the
     three a forward makes (float16 (16384, 4096) in L2: 143 ns a row of 919).
     """
-    k = widen(x[i, 0])
-    s1, s2 = deviation_sums(x, i, k, zero)
     n = x.shape[1]
+    m = min(n, SHIFT_SAMPLE)
+    total = 0.0  # float64: the sum of a float32 row near its largest values stays finite
+    for j in range(m):
+        total += widen(x[i, j])
+    k = like(total / m, zero)
+    s1, s2 = deviation_sums(x, i, k, zero)
     return k, s1 / n, s2 / n
 
 
@@ -117,7 +129,7 @@ def one_pass_ok(
     ms,     # scalar: its mean(d^2), float64
 ):
     """Whether shifted_stats's variance can be trusted: ``m1^2 <= ms / 2``, so
-    that ``ms - m1^2`` loses at most one bit.  Not for a row whose first element
+    that ``ms - m1^2`` loses at most one bit.  Not for a row whose shift
     is an outlier, or with a NaN, an Inf or an overflow: those take the two-pass
     (the caller branches itself: a branch inside an inlined function that reads
     x kept a reference count of x per row, see memory.stream_row)."""
