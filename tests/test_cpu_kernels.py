@@ -289,6 +289,7 @@ def test_a_streamed_forward_compiles_to_non_temporal_vector_stores(module, dtype
     span = njit(inline="always")(span)
 
     def write(x, w, y, scratch):
+        common.wide_vectors(x)  # as every row function (512 bits wide where WIDE_VECTORS)
         lo, hi = stream.stream_span(y, 0)  # whole aligned lines, as put_streaming claims
         if stream.via_cache(y):  # float16 where half vectors are legal (AVX512-FP16)
             span(x, w, scratch, 0, lo, hi, False)
@@ -301,6 +302,44 @@ def test_a_streamed_forward_compiles_to_non_temporal_vector_stores(module, dtype
     fresh(x, np.ones(256, np.float32), np.empty_like(x), np.empty_like(x))
     asm = fresh.inspect_asm(fresh.signatures[0])
     assert re.search(r"\bv?movnt(?:dq|ps|pd)\s", asm), "no non-temporal vector store"
+
+
+def test_every_row_function_asks_for_wide_vectors():
+    """Every function whose loops do a kernel's arithmetic calls common.wide_vectors:
+    one that did not would be vectorized 256 bits wide where 512 pay (AVX512-FP16),
+    and every result would still be right."""
+    gn_cpu = importlib.import_module("numbanorm.cpu._kernels.group_norm")
+    rows = {kernel.py_func.__globals__["ROWS"] for kernel in common._SERIAL}
+    assert len(rows) >= 8, rows  # LayerNorm and RMSNorm (and fused), GroupNorm, forward and backward
+    # the group norm's per-channel loops are functions of their own (not inlined)
+    for f in rows | {gn_cpu.scale_shift_row, gn_cpu.backward_channel}:
+        assert "wide_vectors" in f.py_func.__code__.co_names, f.py_func.__qualname__
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_wide_vectors_set_the_vector_width_of_the_calling_function(monkeypatch, wide):
+    """The attribute that makes LLVM vectorize 512 bits wide is on a row function where
+    WIDE_VECTORS holds its input's element type (forced here, so that both ways run on
+    any machine), and an AVX-512 machine then computes in 512-bit registers."""
+    from numba import njit, types
+    from llvmlite import binding
+
+    monkeypatch.setattr(common, "WIDE_VECTORS", (types.uint16,) if wide else ())
+    options = {k: v for k, v in ln_cpu.forward_rows.targetoptions.items() if k not in ("cache", "nopython")}
+    fresh = njit(**options)(ln_cpu.forward_rows.py_func)  # not cached: compiled with the flag as set
+    st = np.zeros(2, np.float32)
+    for dtype in (np.uint16, np.float32):  # float16 bits, and an element type never listed
+        x = np.ones((2, 256), dtype)
+        fresh(x, None, None, np.float32(1e-5), np.empty_like(x), st, st.copy(), False, 0, 2)
+    for sig, on in zip(fresh.signatures, (wide, False)):
+        llvm = fresh.inspect_llvm(sig)
+        define = next(line for line in llvm.splitlines() if line.startswith("define") and "forward_rows" in line)
+        group = define.rsplit("#", 1)[-1].split()[0] if "#" in define else None
+        listed = define + "".join(line for line in llvm.splitlines()
+                                  if group and line.startswith(f"attributes #{group} "))
+        assert ('"prefer-vector-width"="512"' in listed) == on, (sig, listed)
+    if wide and "+avx512f" in binding.get_host_cpu_features().flatten().split(","):
+        assert "zmm" in fresh.inspect_asm(fresh.signatures[0])
 
 
 def test_backward_dx_of_a_row_does_not_depend_on_the_others(rng):

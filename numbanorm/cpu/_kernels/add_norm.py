@@ -27,7 +27,7 @@ the ``layer_norm``/``rms_norm`` backward launchers do through their ``ds`` argum
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import FASTMATH, acc_of, in_blocks, launch, param, row_block
+from .common import FASTMATH, acc_of, in_blocks, launch, param, row_block, wide_vectors
 from .halves import kernel_view, narrow, widen
 from .layer_norm import deviation_stats, normalize_span, overflowed, row_is_finite, row_sum, scaled_row
 from .rms_norm import row_sum_squares, scale_span, scaled_rms_row
@@ -57,6 +57,7 @@ def layer_norm_rows(
 ):
     """Rows ``lo:hi``, called by _layer_norm_forward and its serial twin
     (common.in_blocks, as layer_norm.forward_rows)."""
+    wide_vectors(x)
     N = x.shape[1]
     zero = mean.dtype.type(0)
     one = mean.dtype.type(1)
@@ -92,6 +93,7 @@ def rms_norm_rows(
 ):
     """Rows ``lo:hi``, called by _rms_norm_forward and its serial twin
     (common.in_blocks, as layer_norm.forward_rows)."""
+    wide_vectors(x)
     N = x.shape[1]
     zero = rstd.dtype.type(0)
     one = rstd.dtype.type(1)

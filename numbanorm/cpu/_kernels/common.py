@@ -10,11 +10,12 @@ import types as pytypes
 
 import numba
 import numpy as np
-from numba import prange
+from numba import prange, types
+from numba.extending import intrinsic
 from numba.np.ufunc import parallel as _numba_parallel
 
 from .cache import njit
-from .halves import kernel_view, widen
+from .halves import HALF_VECTORS, kernel_view, widen
 
 # 'reassoc' lets LLVM split each row reduction over several vector accumulators
 # (a float32 row sum is otherwise one serial chain of dependent adds).
@@ -23,6 +24,29 @@ from .halves import kernel_view, widen
 # No 'nnan'/'ninf': NaN and Inf must propagate exactly as IEEE says (the contract
 # keeps a NaN inside its own row, and the tests check that it does get there).
 FASTMATH = {"reassoc"}
+
+# LLVM vectorizes 256 bits wide on every Intel AVX-512 CPU (the clock drop of 512-bit
+# code on the first ones).  From Sapphire Rapids, the first with AVX512-FP16, 512 bits
+# pay for the 16-bit row functions, not for float32's (measured: book, chapter 9):
+# the element types whose row functions ask for them.
+WIDE_VECTORS = (types.uint16, types.int16) if HALF_VECTORS else ()
+
+
+@intrinsic
+def wide_vectors(typingctx, x):
+    """Vectorize the calling function's loops 512 bits wide where ``x``'s element type
+    is in WIDE_VECTORS: every row function (and every function of its own that it
+    calls with a hot loop) calls it first, on its input."""
+    def codegen(context, builder, signature, args):
+        # decided here, at each compile: Numba keeps a typer's result per argument type
+        if signature.args[0].dtype in WIDE_VECTORS:
+            # string attributes: llvmlite's attribute set admits only its own list of names
+            for a in ('"prefer-vector-width"="512"', '"min-legal-vector-width"="512"'):
+                set.add(builder.function.attributes, a)
+        return context.get_dummy_value()
+
+    return types.void(x), codegen
+
 
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)

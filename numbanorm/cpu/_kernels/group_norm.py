@@ -11,7 +11,7 @@ contiguous in memory, so each (sample, group) is a "row" for the statistics:
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import FASTMATH, acc_of, finish, in_blocks, launch, param, row_block, scratch_for
+from .common import FASTMATH, acc_of, finish, in_blocks, launch, param, row_block, scratch_for, wide_vectors
 from .halves import kernel_view, like, narrow, widen
 from .sums import gradient_sums
 from .layer_norm import (deviation_stats, overflowed, row_is_finite, row_sum,
@@ -33,6 +33,7 @@ def forward_groups(
     """Groups ``lo:hi`` of the forward, called by _forward and its serial twin
     (as layer_norm.forward_rows); a call per block, not per group, keeps the
     reference counts of its arrays out of the loop over groups."""
+    wide_vectors(x)
     N, C, S, G, Cg, zero, one, inv_n = dims(x, mean)
     # a group's Cg * S elements are contiguous: its statistics are a LayerNorm row's
     groups = x.reshape((N * G, Cg * S))
@@ -80,6 +81,7 @@ def scale_shift_row(
     bc,     # scalar: bias[c]
     out,    # (S,) the output channel
 ):
+    wide_vectors(row)
     # Not FASTMATH: the loop has no reduction for 'reassoc' to vectorize, so the
     # flag would buy nothing here.  (x - mu) - corr stays in that order either
     # way: 'reassoc' alone does not fold it (layer_norm.normalize_span).
@@ -104,6 +106,7 @@ def backward_groups(
 ):
     """Groups ``lo:hi`` of the backward, called by _backward and its serial twin
     (as forward_groups)."""
+    wide_vectors(dy)
     N, C, S, G, Cg, zero, one, inv_n = dims(x, mean)
     x_groups = x.reshape((N * G, Cg * S))
     dy_groups = dy.reshape((N * G, Cg * S))
@@ -164,6 +167,7 @@ def backward_channel(
     c2,     # scalar: mean(wdy) over the group
     dx,     # (S,) output channel
 ):
+    wide_vectors(dy)
     # Not FASTMATH, as scale_shift_row (no reduction here either).
     for k in range(x.shape[0]):
         xhat = ((widen(x[k]) - mu) - corr) * r

@@ -17,7 +17,8 @@ import math
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import FASTMATH, acc_of, finish, in_blocks, in_partials, launch, n_chunks, param, row_block, scratch_for
+from .common import (FASTMATH, acc_of, finish, in_blocks, in_partials, launch, n_chunks, param, row_block,
+                     scratch_for, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
 from .memory import (ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_lines, stream_row,
                      stream_span, via_cache)
@@ -43,6 +44,7 @@ def forward_rows(
     """Rows ``lo:hi`` of the forward: one compiled function that the parallel kernel
     _forward and its serial twin both call (common.in_blocks), so a row's bits never
     depend on which ran it."""
+    wide_vectors(x)
     N = x.shape[1]
     # Every scalar is made in the accumulation dtype: a bare Python int or float
     # would promote float32 arithmetic to float64 (NumPy's scalar rules).
@@ -307,6 +309,7 @@ def backward_rows(
 ):
     """Row block ``blk`` of the backward, called by _backward and its serial twin
     (common.in_partials; see forward_rows)."""
+    wide_vectors(dy)
     N = x.shape[1]
     zero = mean.dtype.type(0)
     inv_n = mean.dtype.type(1) / mean.dtype.type(N)

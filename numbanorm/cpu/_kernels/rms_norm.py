@@ -16,7 +16,8 @@ import math
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import FASTMATH, acc_of, finish, in_blocks, in_partials, launch, n_chunks, param, row_block, scratch_for
+from .common import (FASTMATH, acc_of, finish, in_blocks, in_partials, launch, n_chunks, param, row_block,
+                     scratch_for, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
 from .layer_norm import _row_scale, overflowed, row_is_finite
 from .memory import (ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_lines, stream_row,
@@ -39,6 +40,7 @@ def forward_rows(
 ):
     """Rows ``lo:hi`` of the forward, called by _forward and its serial twin
     (as layer_norm.forward_rows)."""
+    wide_vectors(x)
     N = x.shape[1]
     zero = rstd.dtype.type(0)
     one = rstd.dtype.type(1)
@@ -156,6 +158,7 @@ def backward_rows(
 ):
     """Row block ``blk`` of the backward, called by _backward and its serial twin
     (as layer_norm.forward_rows)."""
+    wide_vectors(dy)
     N = x.shape[1]
     zero = rstd.dtype.type(0)
     inv_n = rstd.dtype.type(1) / rstd.dtype.type(N)
