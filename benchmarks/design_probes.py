@@ -24,6 +24,11 @@ kernels called with different arguments.
 - row_costs: LayerNorm and RMSNorm forward into a large mapped ``out=`` (float16,
   bfloat16, float32) over the faster copy floor, beside the same rows' arithmetic alone
   (the serial kernel on rows in cache) over the same floor: chapter 9's bound.
+- vector_width: the row functions of LayerNorm and RMSNorm, forward and backward,
+  compiled twice from their own source, 512 bits wide (``common.wide_vectors``) and as
+  LLVM chooses (256 bits on Intel's AVX-512 CPUs), on rows in cache, one thread.
+
+``--only NAME,...`` runs some of these; ``--out`` writes them elsewhere (a second machine).
 """
 
 import argparse
@@ -40,6 +45,7 @@ import numbanorm
 from numbanorm import measure
 from numbanorm.cpu import _backend
 from numbanorm.cpu._kernels import common, memory
+from numbanorm.cpu._kernels.common import WIDE_VECTORS
 from numbanorm.cpu._kernels import layer_norm as ln
 from numbanorm.cpu._kernels import rms_norm as rms
 from numbanorm.cpu._kernels.halves import kernel_view
@@ -280,24 +286,81 @@ def row_costs(rounds, rows=16384, n=4096, cached=32):
     return cases
 
 
+def vector_width(rounds, n=4096, cached=32, dtypes=("float16", "bfloat16", "float32")):
+    """Each row function compiled for each dtype with ``common.WIDE_VECTORS`` holding its
+    element type and empty (fresh, uncached compiles of the package's own functions),
+    timed round-robin on ``cached`` rows in cache: the arithmetic alone, 512 bits over
+    LLVM's own width."""
+    from numba import njit
+
+    rng = np.random.default_rng(5)
+    eps = np.float32(1e-5)
+    cases = []
+    for dtype in dtypes:
+        try:
+            dt = measure.host_dtype(dtype)
+        except ValueError:  # bfloat16 without ml_dtypes
+            continue
+        x = kernel_view((rng.standard_normal((cached, n), dtype=np.float32) + 0.5).astype(dt))
+        dy = kernel_view(rng.standard_normal((cached, n), dtype=np.float32).astype(dt))
+        y, dx = np.empty_like(x), np.empty_like(x)
+        w = rng.uniform(0.5, 1.5, n).astype(np.float32)
+        b = (0.1 * rng.standard_normal(n)).astype(np.float32)
+        mean, rstd = np.empty(cached, np.float32), np.empty(cached, np.float32)
+        part, part2 = np.empty((1, n), np.float32), np.empty((1, n), np.float32)
+        ln.forward_rows(x, w, b, eps, y, mean, rstd, False, 0, cached)  # statistics the backward reads
+        calls = {
+            ("layer_norm", "forward"): (ln.forward_rows, (x, w, b, eps, y, mean, rstd, False, 0, cached)),
+            ("layer_norm", "backward"): (ln.backward_rows, (dy, x, mean, rstd, w, None, dx, part, part2, 0, 0, cached)),
+            ("rms_norm", "forward"): (rms.forward_rows, (x, w, eps, y, rstd, False, 0, cached)),
+            ("rms_norm", "backward"): (rms.backward_rows, (dy, x, rstd, w, None, dx, part, 0, 0, cached)),
+        }
+        for (norm, direction), (rows_fn, args) in calls.items():
+            options = {k: v for k, v in rows_fn.targetoptions.items() if k not in ("cache", "nopython")}
+            compiled = {}
+            for wide in (False, True):
+                # read when the function is compiled, by its first call
+                common.WIDE_VECTORS = (numba.from_dtype(x.dtype),) if wide else ()
+                try:
+                    f = njit(**options)(rows_fn.py_func)
+                    f(*args)
+                finally:
+                    common.WIDE_VECTORS = WIDE_VECTORS
+                compiled["512" if wide else "llvm"] = f
+            t = timed_rounds({k: (lambda f=f: f(*args)) for k, f in compiled.items()}, rounds, inner=20)
+            cases.append({
+                "norm": norm, "direction": direction, "dtype": dtype, "n": n,
+                "wide_over_llvm": round(float(np.median(t["512"] / t["llvm"])), 3),
+                "llvm_ns_per_row": round(float(np.median(t["llvm"])) / cached * 1e9),
+                "wide_ns_per_row": round(float(np.median(t["512"])) / cached * 1e9),
+                "rounds": rounds,
+            })
+    return {"wide_vectors_here": [str(t) for t in WIDE_VECTORS], "cases": cases}
+
+
+PROBES = {
+    "streaming": lambda q: streaming(12 // q, 60 // q),
+    "small_calls": lambda q: small_calls(15 // q, 200),
+    "widen": lambda q: widen(15 // q, 200),
+    "threading": lambda q: threading(15 // q, 200),
+    "row_costs": lambda q: row_costs(15 // q),
+    "vector_width": lambda q: vector_width(31 // q),
+}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="few rounds (a smoke run, not for the book)")
     p.add_argument("--threads", type=int, default=min(2, numba.config.NUMBA_NUM_THREADS))
     p.add_argument("--note", default="")
     p.add_argument("--out", default=str(OUT))
+    p.add_argument("--only", default=",".join(PROBES), help="comma-separated probes (default: all)")
     a = p.parse_args(argv)
     numba.set_num_threads(a.threads)
     q = 4 if a.quick else 1
     load_before = list(os.getloadavg())
     t0 = time.perf_counter()
-    result = {
-        "streaming": streaming(12 // q, 60 // q),
-        "small_calls": small_calls(15 // q, 200),
-        "widen": widen(15 // q, 200),
-        "threading": threading(15 // q, 200),
-        "row_costs": row_costs(15 // q),
-    }
+    result = {name: PROBES[name](q) for name in a.only.split(",")}
     note = a.note or ("load average before/after in the meta; ratios of variants timed "
                       "round-robin in one process")
     result["meta"] = metadata(a.threads, note=note, load_before=load_before,

@@ -5,6 +5,7 @@ arithmetic is the point), so it takes seconds.
 """
 
 import csv
+import importlib
 import io
 import json
 import math
@@ -687,3 +688,10 @@ def test_design_probes_call_the_kernels_with_their_current_arguments():
     costs = design_probes.row_costs(1, rows=64, n=256, cached=32)
     assert {(c["norm"], c["dtype"]) for c in costs} >= {("layer_norm", "float16"), ("rms_norm", "float32")}
     assert all(c["out_over_faster_floor"] > 0 and c["arithmetic_over_faster_floor"] > 0 for c in costs)
+    common = importlib.import_module("numbanorm.cpu._kernels.common")
+    flag = common.WIDE_VECTORS
+    width = design_probes.vector_width(1, n=64, cached=2, dtypes=("bfloat16",))
+    assert common.WIDE_VECTORS == flag  # the probe's compiles set it and put it back
+    assert {(c["norm"], c["direction"]) for c in width["cases"]} == {
+        (norm, d) for norm in ("layer_norm", "rms_norm") for d in ("forward", "backward")}
+    assert all(c["wide_over_llvm"] > 0 for c in width["cases"])
