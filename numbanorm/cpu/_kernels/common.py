@@ -40,9 +40,8 @@ def wide_vectors(typingctx, x):
     def codegen(context, builder, signature, args):
         # decided here, at each compile: Numba keeps a typer's result per argument type
         if signature.args[0].dtype in WIDE_VECTORS:
-            # string attributes: llvmlite's attribute set admits only its own list of names
-            for a in ('"prefer-vector-width"="512"', '"min-legal-vector-width"="512"'):
-                set.add(builder.function.attributes, a)
+            # a string attribute: llvmlite's attribute set admits only its own list of names
+            set.add(builder.function.attributes, '"prefer-vector-width"="512"')
         return context.get_dummy_value()
 
     return types.void(x), codegen
