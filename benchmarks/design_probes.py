@@ -8,10 +8,10 @@ so that a slow moment of a shared machine slows both sides of a ratio alike.  No
 here re-implements a kernel: the variants are the package's own launchers and compiled
 kernels called with different arguments.
 
-- streaming: LayerNorm forward float32 with weight and bias, ordinary stores against
-  streaming stores (the launcher's ``y_mapped`` flag, the size threshold set to 0 so that
-  a small output can be streamed too), over ``np.copyto`` of the same array; into a
-  preallocated (mapped) ``out=`` and into a fresh array each call.
+- streaming: LayerNorm forward with float32 weight and bias, ordinary stores against
+  streaming stores (the kernel's flag, whatever the size), over ``np.copyto`` of the same
+  array; into a preallocated (mapped) ``out=`` and into a fresh array each call, float32
+  and, fresh, the 16-bit types.
 - small_calls: a (1, N) float32 forward with weight and bias through the public function
   (a call seen before: ``SmallCalls`` replays it), through the full path (the replay
   cache emptied before each call), through the kernel's launcher, and the serial kernel
@@ -94,25 +94,32 @@ def streaming(rounds_large, rounds_small):
     threshold = memory.STREAM_MIN_BYTES
     rng = np.random.default_rng(0)
     cases = []
-    shapes = [(16384, 4096), (65536, 768), (4096, 4096), (2048, 1024)]
+    # (shape, dtype, fresh): a fresh output is allocated by each call, as the launchers'
+    # callers without out= do, and its pages are faulted in (and zeroed) by the kernel's stores
+    shapes = [((16384, 4096), "float32", False), ((65536, 768), "float32", False),
+              ((4096, 4096), "float32", False), ((2048, 1024), "float32", False),
+              ((16384, 4096), "float32", True), ((65536, 768), "float32", True),
+              ((4096, 4096), "float32", True), ((2048, 1024), "float32", True),
+              ((16384, 4096), "float16", True), ((16384, 4096), "bfloat16", True)]
     try:
         memory.STREAM_MIN_BYTES = 0  # let the flag decide alone, whatever the size
-        for i, (M, N) in enumerate(shapes + [(65536, 768)]):
-            fresh = i == len(shapes)  # the last case: into a fresh array each call
+        for (M, N), dtype, fresh in shapes:
             x, w, b = forward_args(M, N, rng)
+            x = x.astype(measure.host_dtype(dtype))
             y, floor = np.full_like(x, 1.0), np.full_like(x, 1.0)  # mapped: every page touched
             mean, rstd = np.empty(M, np.float32), np.empty(M, np.float32)
 
-            def run(mapped):
+            def run(stream):
                 out = np.empty_like(x) if fresh else y
-                ln.forward(x, w, b, 1e-5, out, mean, rstd, y_mapped=mapped)
+                ln.launch(ln._forward, x.size, common.row_block(M), kernel_view(x), w, b,
+                          np.float32(1e-5), kernel_view(out), mean, rstd, stream)
 
             r = round_robin({"copy": lambda: np.copyto(floor, x),
                              "ordinary": lambda: run(False),
                              "streaming": lambda: run(True)},
                             rounds_large if x.nbytes >= threshold else rounds_small, "copy")
-            r.update(shape=[M, N], y_mib=x.nbytes >> 20, fresh_output=fresh,
-                     launcher_streams=(not fresh) and x.nbytes >= threshold)
+            r.update(shape=[M, N], dtype=dtype, y_mib=x.nbytes >> 20, fresh_output=fresh,
+                     launcher_streams=x.nbytes >= threshold)
             cases.append(r)
             del x, y, floor
     finally:
@@ -253,10 +260,10 @@ def row_costs(rounds, rows=16384, n=4096, cached=32):
             serial = common._SERIAL[module._forward]
             # the generated kernel's arguments: the block size, then forward_rows's own
             if module is ln:
-                out = lambda: ln.forward(x, w, b, 1e-5, y, mean, rstd, y_mapped=True)  # noqa: E731
+                out = lambda: ln.forward(x, w, b, 1e-5, y, mean, rstd)  # noqa: E731
                 cache_args = (cached, xv, w, b, eps, yv, mean[:cached], rstd[:cached], False)
             else:
-                out = lambda: rms.forward(x, w, 1e-5, y, rstd, y_mapped=True)  # noqa: E731
+                out = lambda: rms.forward(x, w, 1e-5, y, rstd)  # noqa: E731
                 cache_args = (cached, xv, w, eps, yv, rstd[:cached], False)
 
             def arithmetic():

@@ -61,9 +61,8 @@ class Backend(Protocol):
     def call_context(self, leading: Any) -> Any:
         """Where a call whose results take ``leading``'s array type runs."""
 
-    def launch(self, ctx: Any, launcher: Any, *args: Any, callers_out: bool = False, **kwargs: Any) -> Any:
-        """Run ``launcher(*args, **kwargs)`` in ``ctx``.  ``callers_out``: y is the caller's
-        ``out=`` rather than a fresh allocation (the CPU streams large stores into it)."""
+    def launch(self, ctx: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run ``launcher(*args, **kwargs)`` in ``ctx``."""
 
     def contiguous(self, ctx: Any, a: Any, shape: tuple) -> Any:
         """C-contiguous array of ``shape`` with a's values."""
@@ -225,8 +224,7 @@ class Frontend:
             for r in op.params:
                 inputs.append(self._param(ctx, a[r], p.width))
             outputs = (y, s) if op.fused else (y,)
-            backend.launch(ctx, self.launchers[op.name][0], *inputs, eps, *outputs, *stats,
-                           callers_out=out_native is not None and not copy_back)
+            backend.launch(ctx, self.launchers[op.name][0], *inputs, eps, *outputs, *stats)
         if shortcut is not None:
             self.small.learn(op.name, caller_x, given[op.shape_role], given["weight"], given.get("bias"),
                              given["eps"], eps, p.flat[0], out)

@@ -3,14 +3,12 @@
 It implements ``numbanorm._api.Backend``; a CPU call has no context (``None``).
 """
 
-import functools
-import inspect
-
 import numpy as np
 
 from .. import _validate as V
 from ._kernels import layer_norm, rms_norm  # SmallCalls launches these directly
 from ._kernels.halves import kernel_view
+from ._kernels.memory import should_stream
 
 name = "cpu"
 # dweight/dbias are summed into float32 and cast after (the column sums store acc only)
@@ -32,17 +30,8 @@ def call_context(leading):
     return None
 
 
-def launch(ctx, launcher, *args, callers_out=False, **kwargs):
-    # y in a caller's out= has its pages mapped: a large one is written with streaming stores
-    if callers_out and _streams_stores(launcher):
-        kwargs["y_mapped"] = True
+def launch(ctx, launcher, *args, **kwargs):
     return launcher(*args, **kwargs)
-
-
-@functools.lru_cache(maxsize=None)
-def _streams_stores(launcher):
-    """The launchers that can stream stores into y say so by taking ``y_mapped``."""
-    return "y_mapped" in inspect.signature(launcher).parameters
 
 
 def contiguous(ctx, a, shape):
@@ -134,7 +123,8 @@ class SmallCalls:
         # x already (rows, N): its reshape, and y's, cost 0.25 us each (a float32 (1, 4096) call is 5.5 us)
         flat = x.shape == (rows, x.size // rows)
         self._plans[key] = (rows, x.size // rows, stat_shape, acc.type(checked_eps),
-                            layer_norm.row_block(rows), direct, _views(x, weight, bias), flat)
+                            layer_norm.row_block(rows), direct, _views(x, weight, bias), flat,
+                            should_stream(x))
 
     def _plan(self, kind, x, nshape, weight, bias, eps, out):
         """The learned plan and ``(y, stat)`` for this call, or None."""
@@ -152,7 +142,7 @@ class SmallCalls:
         got = self._plan("layer_norm", x, nshape, weight, bias, eps, out)
         if got is None:
             return None
-        (m, n, _, e, block, direct, half, flat), y, mean = got
+        (m, n, _, e, block, direct, half, flat, stream), y, mean = got
         rstd = np.empty_like(mean)
         x2, y2 = (x, y) if flat else (x.reshape(m, n), y.reshape(m, n))
         mean1, rstd1 = mean.reshape(m), rstd.reshape(m)
@@ -162,9 +152,9 @@ class SmallCalls:
                 x2, y2 = x2.view(bits), y2.view(bits)
                 weight = weight.view(wbits) if wbits else weight
                 bias = bias.view(bbits) if bbits else bias
-            layer_norm.launch(layer_norm._forward, x.size, block, x2, weight, bias, e, y2, mean1, rstd1, False)
+            layer_norm.launch(layer_norm._forward, x.size, block, x2, weight, bias, e, y2, mean1, rstd1, stream)
         else:
-            layer_norm.forward(x2, weight, bias, e, y2, mean1, rstd1, y_mapped=out is not None)
+            layer_norm.forward(x2, weight, bias, e, y2, mean1, rstd1)
         return y, mean, rstd
 
     def rms_norm(self, x, nshape, weight, eps, out=None):
@@ -172,7 +162,7 @@ class SmallCalls:
         got = self._plan("rms_norm", x, nshape, weight, None, eps, out)
         if got is None:
             return None
-        (m, n, _, e, block, direct, half, flat), y, rstd = got
+        (m, n, _, e, block, direct, half, flat, stream), y, rstd = got
         x2, y2 = (x, y) if flat else (x.reshape(m, n), y.reshape(m, n))
         rstd1 = rstd.reshape(m)
         if direct:
@@ -180,9 +170,9 @@ class SmallCalls:
                 bits, wbits, _ = half
                 x2, y2 = x2.view(bits), y2.view(bits)
                 weight = weight.view(wbits) if wbits else weight
-            rms_norm.launch(rms_norm._forward, x.size, block, x2, weight, e, y2, rstd1, False)
+            rms_norm.launch(rms_norm._forward, x.size, block, x2, weight, e, y2, rstd1, stream)
         else:
-            rms_norm.forward(x2, weight, e, y2, rstd1, y_mapped=out is not None)
+            rms_norm.forward(x2, weight, e, y2, rstd1)
         return y, rstd
 
 

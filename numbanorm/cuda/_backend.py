@@ -155,13 +155,9 @@ def call_context(leading):
     return CallContext(_stream(producer) if producer not in (None, 1, 2) else 0)
 
 
-def launch(ctx, launcher, *args, callers_out=False, **kwargs):
+def launch(ctx, launcher, *args, **kwargs):
     """``launcher(*args, **kwargs)`` with its kernels on ``ctx.stream``, passed to it
-    explicitly.
-
-    ``callers_out`` (y is the caller's ``out=``) changes nothing on a device:
-    no page faults to avoid, so no ``y_mapped`` hint for the launchers.
-    """
+    explicitly."""
     return launcher(*args, stream=ctx.stream, **kwargs)
 
 

@@ -440,18 +440,18 @@ def backward_row(
         dbp[j] += g
 
 
-def forward(x, weight, bias, eps, y, mean, rstd, y_mapped=False):
+def forward(x, weight, bias, eps, y, mean, rstd):
     """Fill ``y``, ``mean``, ``rstd`` for the rows of ``x``.
 
     x, y: (M, N) C-contiguous of x's dtype; weight, bias: (N,) any float dtype or
     None; mean, rstd: (M,) C-contiguous, float32 (float64 for float64 x).
-    ``y_mapped``: y is a caller's ``out=``, its pages already mapped, so a large
-    y goes out through streaming stores (``memory``).
+    A y larger than the last-level cache goes out through streaming stores
+    (``memory.should_stream``); a scratch copy of it (``scratch_for``) does not.
     """
     acc = acc_of(x.dtype)
     ys = scratch_for(y, x, weight, bias)
     launch(_forward, x.size, row_block(x.shape[0]), kernel_view(x), param(weight, acc),
-           param(bias, acc), acc.type(eps), kernel_view(ys), mean, rstd, should_stream(ys, y_mapped and ys is y))
+           param(bias, acc), acc.type(eps), kernel_view(ys), mean, rstd, ys is y and should_stream(y))
     finish(ys, y)
 
 

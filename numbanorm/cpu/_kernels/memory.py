@@ -6,8 +6,8 @@ writes whole lines without reading them, as ``np.copyto`` does for large arrays,
 so it costs one.  A row writer stores the whole lines of a row
 (:func:`stream_span`) with :func:`put_streaming` straight from its loop; a row
 written in place (``out=x``) is normalized into a scratch row and copied out by
-:func:`stream_row`.  It pays only into a caller's mapped ``out=``
-larger than the last-level cache (``should_stream``); the measurements that
+:func:`stream_row`.  It pays into an output larger than the last-level cache
+(``should_stream``), a caller's ``out=`` or a fresh array; the measurements that
 decided it are in the book, chapter 5 ("Writing a large out=").
 """
 
@@ -252,6 +252,7 @@ def _last_level_cache_bytes():
 STREAM_MIN_BYTES = _last_level_cache_bytes()
 
 
-def should_stream(y, y_mapped):
-    """Whether a forward launcher writes ``y`` with streaming stores."""
-    return bool(y_mapped) and y.nbytes >= STREAM_MIN_BYTES
+def should_stream(y):
+    """Whether a forward launcher writes ``y`` with streaming stores: a caller's
+    ``out=`` or a fresh array alike."""
+    return y.nbytes >= STREAM_MIN_BYTES

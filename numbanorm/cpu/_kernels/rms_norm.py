@@ -211,12 +211,12 @@ def backward_row(
         dwp[j] += g * xhat
 
 
-def forward(x, weight, eps, y, rstd, y_mapped=False):
+def forward(x, weight, eps, y, rstd):
     """Fill ``y`` (M, N) and ``rstd`` (M,); arguments as in layer_norm.forward."""
     acc = acc_of(x.dtype)
     ys = scratch_for(y, x, weight)
     launch(_forward, x.size, row_block(x.shape[0]), kernel_view(x), param(weight, acc),
-           acc.type(eps), kernel_view(ys), rstd, should_stream(ys, y_mapped and ys is y))
+           acc.type(eps), kernel_view(ys), rstd, ys is y and should_stream(y))
     finish(ys, y)
 
 
