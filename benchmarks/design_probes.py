@@ -11,7 +11,8 @@ kernels called with different arguments.
 - streaming: LayerNorm forward with float32 weight and bias, ordinary stores against
   streaming stores (the kernel's flag, whatever the size), over ``np.copyto`` of the same
   array; into a preallocated (mapped) ``out=`` and into a fresh array each call, float32
-  and, fresh, the 16-bit types.
+  and, fresh, the 16-bit types; float32 into ``out=`` also followed by a parallel loop
+  reading ``y`` once (the next layer's reads: what a streamed line costs its consumer).
 - small_calls: a (1, N) float32 forward with weight and bias through the public function
   (a call seen before: ``SmallCalls`` replays it), through the full path (the replay
   cache emptied before each call), through the kernel's launcher, and the serial kernel
@@ -89,6 +90,16 @@ def forward_args(M, N, rng):
     return x, w, b
 
 
+@numba.njit(parallel=True)
+def _read_rows(y, sums):
+    """Read every element of ``y`` (M, N) once, on every thread: the next layer's reads."""
+    for i in numba.prange(y.shape[0]):
+        acc = np.float32(0)
+        for j in range(y.shape[1]):
+            acc += y[i, j]
+        sums[i] = acc
+
+
 def streaming(rounds_large, rounds_small):
     """Ordinary against streaming stores into a mapped out= and into fresh arrays."""
     threshold = memory.STREAM_MIN_BYTES
@@ -96,28 +107,31 @@ def streaming(rounds_large, rounds_small):
     cases = []
     # (shape, dtype, fresh): a fresh output is allocated by each call, as the launchers'
     # callers without out= do, and its pages are faulted in (and zeroed) by the kernel's stores
-    shapes = [((16384, 4096), "float32", False), ((65536, 768), "float32", False),
-              ((4096, 4096), "float32", False), ((2048, 1024), "float32", False),
-              ((16384, 4096), "float32", True), ((65536, 768), "float32", True),
-              ((4096, 4096), "float32", True), ((2048, 1024), "float32", True),
-              ((16384, 4096), "float16", True), ((16384, 4096), "bfloat16", True)]
+    float32 = [(16384, 4096), (65536, 768), (4096, 4096), (2048, 1024), (512, 1024)]
+    shapes = ([(s, "float32", False) for s in float32] + [(s, "float32", True) for s in float32[:4]]
+              + [((16384, 4096), "float16", True), ((16384, 4096), "bfloat16", True)])
     try:
         memory.STREAM_MIN_BYTES = 0  # let the flag decide alone, whatever the size
         for (M, N), dtype, fresh in shapes:
             x, w, b = forward_args(M, N, rng)
             x = x.astype(measure.host_dtype(dtype))
             y, floor = np.full_like(x, 1.0), np.full_like(x, 1.0)  # mapped: every page touched
-            mean, rstd = np.empty(M, np.float32), np.empty(M, np.float32)
+            mean, rstd, sums = (np.empty(M, np.float32) for _ in range(3))
 
-            def run(stream):
+            def run(stream, then_read=False):
                 out = np.empty_like(x) if fresh else y
                 ln.launch(ln._forward, x.size, common.row_block(M), kernel_view(x), w, b,
                           np.float32(1e-5), kernel_view(out), mean, rstd, stream)
+                if then_read:
+                    _read_rows(out, sums)
 
-            r = round_robin({"copy": lambda: np.copyto(floor, x),
-                             "ordinary": lambda: run(False),
-                             "streaming": lambda: run(True)},
-                            rounds_large if x.nbytes >= threshold else rounds_small, "copy")
+            variants = {"copy": lambda: np.copyto(floor, x),
+                        "ordinary": lambda: run(False),
+                        "streaming": lambda: run(True)}
+            if dtype == "float32" and not fresh:  # y read again right after, as by a next layer
+                variants.update({"ordinary_then_read": lambda: run(False, True),
+                                 "streaming_then_read": lambda: run(True, True)})
+            r = round_robin(variants, rounds_large if x.nbytes >= threshold else rounds_small, "copy")
             r.update(shape=[M, N], dtype=dtype, y_mib=x.nbytes >> 20, fresh_output=fresh,
                      launcher_streams=x.nbytes >= threshold)
             cases.append(r)
