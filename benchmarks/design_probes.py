@@ -360,7 +360,7 @@ def vector_width(rounds, n=4096, cached=32, dtypes=("float16", "bfloat16", "floa
 
 
 PROBES = {
-    "streaming": lambda q: streaming(12 // q, 60 // q),
+    "streaming": lambda q: streaming(30 // q, 60 // q),
     "small_calls": lambda q: small_calls(15 // q, 200),
     "widen": lambda q: widen(15 // q, 200),
     "threading": lambda q: threading(15 // q, 200),
