@@ -82,6 +82,30 @@ def test_group_norm_long_group(long_row, long_dy):
     assert _rel(dx, dxr) < 1e-3 and _rel(dw, dwr) < 1e-3 and _rel(db, dbr) < 1e-5
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_group_norm_group_whose_first_channel_is_an_outlier(dtype):
+    """A group's one-pass statistics shift by the mean of its first elements, all in
+    channel 0; where that channel sits far from the group's mean the shift cannot be
+    trusted and the group takes the corrected two-pass.  Both groups here do."""
+    import importlib
+    ln_cpu = importlib.import_module("numbanorm.cpu._kernels.layer_norm")
+    rng = np.random.default_rng(11)
+    x = (1e-2 * rng.standard_normal((2, 8, 300))).astype(dtype)
+    x[:, 0] += dtype(50.0)  # channel 0 of group 0
+    x[:, 4] -= dtype(3e3)   # channel 4, the first of group 1
+    groups = x.reshape(4, -1)
+    for i in range(4):
+        _, m1, ms = ln_cpu.shifted_stats(groups, i, dtype(0))
+        assert not ln_cpu.one_pass_ok(m1, ms), i
+    w = np.linspace(0.5, 2.0, 8).astype(dtype)
+    b = np.linspace(-1.0, 1.0, 8).astype(dtype)
+    y, mean, rstd = nn.group_norm_forward(x, 2, w, b)
+    yr, mr, rr = ORACLE.group_norm_forward(x, 2, w, b)
+    tol = 1e-5 if dtype == np.float32 else 1e-13
+    assert _rel(mean, mr) < tol and _rel(rstd, rr) < tol
+    assert np.max(np.abs(y - yr)) < 10 * tol * np.max(np.abs(yr))
+
+
 @pytest.mark.parametrize("n", [1, 7, 4095, 4096, 4097, 3 * 4096 + 5])
 def test_block_edges(n):
     """Rows just around the accumulation block, offset: every block boundary case."""

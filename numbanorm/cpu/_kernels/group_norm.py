@@ -4,7 +4,7 @@ x is seen as (N, C, S) with S the product of the spatial dimensions; the C
 channels split into G groups of C/G channels.  A group's C/G * S elements are
 contiguous in memory, so each (sample, group) is a "row" for the statistics:
 
-    mean, rstd over x[n, g*Cg:(g+1)*Cg, :]      (two-pass, as LayerNorm)
+    mean, rstd over x[n, g*Cg:(g+1)*Cg, :]      (as a LayerNorm row's: one pass, shifted)
     y[n, c, :] = (x[n, c, :] - mean) * rstd * weight[c] + bias[c]
 """
 
@@ -14,8 +14,8 @@ from .cache import njit  # numba.njit with a cache keyed on this package's sourc
 from .common import FASTMATH, acc_of, finish, in_blocks, launch, param, row_block, scratch_for, wide_vectors
 from .halves import kernel_view, like, narrow, widen
 from .sums import gradient_sums
-from .layer_norm import (deviation_stats, overflowed, row_is_finite, row_sum,
-                         scaled_backward_row, scaled_row)
+from .layer_norm import (deviation_stats, one_pass_ok, overflowed, row_is_finite,
+                         scaled_backward_row, scaled_row, shifted_stats)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True)
@@ -42,8 +42,13 @@ def forward_groups(
         n = ng // G
         g = ng % G
         c0 = g * Cg
-        mu = row_sum(groups, ng, zero) * inv_n
-        corr, var = deviation_stats(groups, ng, mu, zero, inv_n)
+        # one pass over the group where its shift can be trusted, as layer_norm.forward_rows
+        mu, m1, ms = shifted_stats(groups, ng, zero)
+        if one_pass_ok(m1, ms):
+            corr, var = like(m1, zero), like(ms - m1 * m1, zero)
+        else:
+            mu = like(mu + m1, zero)
+            corr, var = deviation_stats(groups, ng, mu, zero, inv_n)
         r = one / np.sqrt(var + eps)
         if overflowed(mu, r) and row_is_finite(groups, ng):  # as layer_norm.forward_rows
             mean[n, g], rstd[n, g] = scaled_row(groups, ng, w, b, c0, S, eps, y_groups, ng)
