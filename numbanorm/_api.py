@@ -158,6 +158,8 @@ class Frontend:
         self.small = getattr(backend, "small_calls", None)
         self.shortcuts = {op.name: getattr(self.small, op.name) for op in ops.OPERATIONS
                           if hasattr(self.small, op.name)}
+        self.back_shortcuts = {op.name: getattr(self.small, op.name + "_backward") for op in ops.OPERATIONS
+                               if hasattr(self.small, op.name + "_backward")}
         # calls seen before (cuda): the backend's record and replay of their launches
         self.replays = getattr(backend, "replays", None) if replay else None
         if self.replays is None:  # (cpu, simulator) the public methods go straight to the full paths
@@ -242,6 +244,11 @@ class Frontend:
 
     def _backward_full(self, op, args, sig=None):
         """``_backward`` by the full path; ``sig``: a call the backend's ``replays`` learns."""
+        shortcut = self.back_shortcuts.get(op.name)
+        if shortcut is not None:
+            hit = shortcut(*args)
+            if hit is not None:
+                return hit
         given = dict(zip(op.backward_roles, args))
         x_name = "s" if op.fused else "x"  # what was normalized: the fused norms' s = x + residual
         caller_x = given[x_name]
@@ -274,6 +281,8 @@ class Frontend:
         grad_dtype = self._grad_dtype(a["weight"], xdt)
         results = (backend.wrap(dx.reshape(x.shape), caller_x),
                    *[backend.wrap(backend.cast(ctx, g, grad_dtype).reshape(p.params), caller_x) for g in grads])
+        if shortcut is not None:
+            self.small.learn_backward(op.name, args, p.flat, p.params, acc)
         if sig is not None:
             self.replays.learn(sig, caller_x, ctx, results)
         return results

@@ -353,6 +353,57 @@ def test_repeated_16_bit_and_out_calls_take_the_small_call_path_with_the_full_pa
     np.testing.assert_array_equal(buf[1:].view(np.uint8), want.view(np.uint8))
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_a_repeated_backward_takes_the_small_call_path_with_the_full_paths_bits(dtype):
+    """A backward seen before skips the frontend (its validation and conversions: 33 of a
+    134 us (256, 768) float32 call) and gives the full path's bits; a call that needs a
+    conversion is never learned, and one that differs from a learned call is validated."""
+    from numbanorm.cpu import _backend
+    from numbanorm.measure import host_dtype
+
+    dt = host_dtype(dtype)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 2, 16)).astype(dt)
+    x[1, 0, 3] = np.nan  # stays in its row
+    dy = rng.standard_normal(x.shape).astype(dt)
+    small = _backend.small_calls
+    plans = small._plans
+    before = [x.copy(), dy.copy()]
+    for w in (rng.standard_normal(16).astype(dt), rng.standard_normal(16).astype(np.float32), None):
+        _, mean, rstd = nn.layer_norm_forward(x, 16, w)
+        for name, stats, shortcut in (("layer_norm", (mean, rstd), small.layer_norm_backward),
+                                      ("rms_norm", nn.rms_norm_forward(x, 16, w)[1:], small.rms_norm_backward)):
+            bwd = getattr(nn, name + "_backward")
+            plans.clear()
+            assert shortcut(dy, x, *stats, 16, w) is None  # not seen yet
+            want = [a.copy() for a in bwd(dy, x, *stats, 16, w)]  # the full path, which learns it
+            assert shortcut(dy, x, *stats, 16, w) is not None
+            for got in (bwd(dy, x, *stats, 16, w), shortcut(dy, x, *stats, 16, w)):
+                for a, b in zip(got, want):
+                    assert a.dtype == b.dtype and a.shape == b.shape
+                    np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+            dx = np.asarray(want[0], np.float64)
+            assert np.isnan(dx[1, 0]).all() and not np.isnan(dx[[0, 2]]).any()
+            if w is not None:  # contents changed in place: seen by the replay
+                w[0] = w[0] * 2
+                assert not np.array_equal(np.asarray(bwd(dy, x, *stats, 16, w)[0], np.float64), dx,
+                                          equal_nan=True)
+                w[0] = w[0] / 2
+            # dy in another dtype is cast by the full path: never learned, the same result
+            plans.clear()
+            dy2 = dy.astype(np.float32 if dt == np.float64 else np.float64)
+            got = bwd(dy2, x, *stats, 16, w)
+            assert not plans and shortcut(dy2, x, *stats, 16, w) is None
+            np.testing.assert_array_equal(got[0].view(np.uint8),
+                                          bwd(dy2.astype(dt), x, *stats, 16, w)[0].view(np.uint8))
+            # a call that differs from a learned one is validated again
+            bwd(dy, x, *stats, 16, w)
+            with pytest.raises(ValueError, match="rstd"):
+                bwd(dy, x, *stats[:-1], stats[-1][:2], 16, w)
+    for a, b in zip((x, dy), before):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_a_repeated_16_bit_call_goes_straight_to_the_kernel(dtype, monkeypatch):
     """No launcher (which widened the weights with two Numba calls and two

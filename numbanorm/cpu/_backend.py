@@ -176,6 +176,77 @@ class SmallCalls:
         return y, rstd
 
 
+    # ---- the backward of a call seen before
+
+    @staticmethod
+    def _backward_key(kind, args):
+        """The key of a backward call ``args`` (its public arguments in order), or None:
+        every array a NumPy array, the normalized shape hashable."""
+        sig = [kind + "_backward"]
+        for a in args:
+            if a is None or type(a) is int:
+                sig.append(a)
+            elif type(a) is np.ndarray:
+                sig.append((a.shape, a.strides, a.dtype))
+            elif type(a) is tuple:
+                sig.append(("shape", a))
+            else:
+                return None
+        return tuple(sig)
+
+    def learn_backward(self, kind, args, flat, params, acc):
+        """Record a backward call that the full path has validated: ``args`` its public
+        arguments in order (dy, x, stats..., normalized_shape, weight), ``flat`` = (M, N),
+        ``params`` dweight's shape, ``acc`` the accumulation dtype.  Only the call that
+        needs no conversion is learned: dy in x's dtype, the statistics in ``acc``, every
+        array C-contiguous (the full path would copy or cast them)."""
+        dy, x, *stats, _, weight = args
+        key = self._backward_key(kind, args)
+        if key is None or flat[0] == 0 or dy.dtype != x.dtype:
+            return
+        if not all(a.flags.c_contiguous for a in (dy, x, *stats)) or any(s.dtype != acc for s in stats):
+            return
+        if weight is not None and not weight.flags.c_contiguous:
+            return
+        try:
+            hash(key)
+        except TypeError:
+            return
+        if len(self._plans) >= self.MAX_PLANS:
+            self._plans.clear()
+        grads = np.dtype(weight.dtype if weight is not None else x.dtype)
+        self._plans[key] = (flat, params, grads)
+
+    def _backward_plan(self, kind, args):
+        try:
+            return self._plans.get(self._backward_key(kind, args))
+        except TypeError:
+            return None
+
+    def layer_norm_backward(self, dy, x, mean, rstd, nshape, weight):
+        """``(dx, dweight, dbias)``, or None where the call is not one seen before."""
+        plan = self._backward_plan("layer_norm", (dy, x, mean, rstd, nshape, weight))
+        if plan is None:
+            return None
+        (m, n), params, grads = plan
+        acc = mean.dtype
+        dx, dw, db = np.empty(x.shape, x.dtype), np.empty(n, acc), np.empty(n, acc)
+        layer_norm.backward(dy.reshape(m, n), x.reshape(m, n), mean.reshape(m), rstd.reshape(m),
+                            None if weight is None else weight.reshape(n), dx.reshape(m, n), dw, db)
+        return dx, dw.astype(grads, copy=False).reshape(params), db.astype(grads, copy=False).reshape(params)
+
+    def rms_norm_backward(self, dy, x, rstd, nshape, weight):
+        """``(dx, dweight)``, or None where the call is not one seen before."""
+        plan = self._backward_plan("rms_norm", (dy, x, rstd, nshape, weight))
+        if plan is None:
+            return None
+        (m, n), params, grads = plan
+        dx, dw = np.empty(x.shape, x.dtype), np.empty(n, rstd.dtype)
+        rms_norm.backward(dy.reshape(m, n), x.reshape(m, n), rstd.reshape(m),
+                          None if weight is None else weight.reshape(n), dx.reshape(m, n), dw)
+        return dx, dw.astype(grads, copy=False).reshape(params)
+
+
 def _views(x, weight, bias):
     """For a 16-bit ``x``: the integer dtype the kernels read it as (``halves.kernel_view``),
     and the same for each weight in x's dtype (None: passed as it is); else None."""
