@@ -107,8 +107,9 @@ def streaming(rounds_large, rounds_small):
     cases = []
     # (shape, dtype, fresh): a fresh output is allocated by each call, as the launchers'
     # callers without out= do, and its pages are faulted in (and zeroed) by the kernel's stores
-    float32 = [(16384, 4096), (65536, 768), (4096, 4096), (2048, 1024), (512, 1024)]
-    shapes = ([(s, "float32", False) for s in float32] + [(s, "float32", True) for s in float32[:4]]
+    float32 = [(16384, 4096), (65536, 768), (4096, 4096), (4096, 1024), (2048, 1024),
+               (1024, 1024), (512, 1024)]
+    shapes = ([(s, "float32", False) for s in float32] + [(s, "float32", True) for s in float32[:5]]
               + [((16384, 4096), "float16", True), ((16384, 4096), "bfloat16", True)])
     try:
         memory.STREAM_MIN_BYTES = 0  # let the flag decide alone, whatever the size

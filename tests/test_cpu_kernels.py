@@ -229,8 +229,8 @@ def test_out_overlapping_x_by_a_row_gives_the_out_of_place_result(rng, dtype):
     np.testing.assert_array_equal(out4, want)
 
 
-def test_stream_threshold_is_the_last_level_cache():
-    assert stream.STREAM_MIN_BYTES >= 1 << 20
+def test_stream_threshold_is_a_quarter_of_the_last_level_cache():
+    assert stream.STREAM_MIN_BYTES == stream._last_level_cache_bytes() // 4 >= 1 << 18
     y = np.empty(8)
     assert not stream.should_stream(y)          # small
     assert stream.should_stream(SimpleNamespace(nbytes=stream.STREAM_MIN_BYTES))
