@@ -65,3 +65,20 @@ def impl(impl_name):
 def rng():
     return np.random.default_rng(1234)
 
+
+
+def unstreamed(f, *args, **kwargs):
+    """``f(*args, **kwargs)`` with every CPU output written by ordinary stores (the
+    replayed calls' plans, which keep their choice of store, forgotten before and after):
+    what a streamed output is compared with."""
+    from numbanorm.cpu import _backend
+    from numbanorm.cpu._kernels import memory
+
+    saved = memory.STREAM_MIN_BYTES
+    memory.STREAM_MIN_BYTES = 1 << 62
+    _backend.small_calls._plans.clear()
+    try:
+        return f(*args, **kwargs)
+    finally:
+        memory.STREAM_MIN_BYTES = saved
+        _backend.small_calls._plans.clear()

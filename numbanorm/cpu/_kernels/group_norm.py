@@ -13,6 +13,8 @@ import numpy as np
 from .cache import njit  # numba.njit with a cache keyed on this package's source
 from .common import FASTMATH, acc_of, finish, in_blocks, launch, param, row_block, scratch_for, wide_vectors
 from .halves import kernel_view, like, narrow, widen
+from .memory import (ahead_chunk, put_streaming, should_stream, store_fence, stream_lines, stream_span,
+                     via_cache)
 from .sums import gradient_sums
 from .layer_norm import (deviation_stats, one_pass_ok, overflowed, row_is_finite,
                          scaled_backward_row, scaled_row, shifted_stats)
@@ -20,46 +22,99 @@ from .layer_norm import (deviation_stats, one_pass_ok, overflowed, row_is_finite
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True)
 def forward_groups(
-    x,      # (N, C, S) input, float32/float64, or 16-bit floats as integer bits (halves)
+    x,      # (N * G, Cg * S) input, a group a row, float32/float64, or 16-bit floats as integer bits (halves)
     w,      # (C,) per-channel weight in the accumulation dtype, or None
     b,      # (C,) per-channel bias in the accumulation dtype, or None
     eps,    # scalar in the accumulation dtype
-    y,      # (N, C, S) output, x's dtype
+    y,      # (N * G, Cg * S) output, x's dtype
+    xc,     # (N * C, S) the same input, a channel a row
+    yc,     # (N * C, S) the same output, a channel a row
     mean,   # (N, G) per-(sample, group) mean, accumulation dtype
     rstd,   # (N, G) per-(sample, group) 1/sqrt(var + eps), accumulation dtype
+    stream, # scalar bool: write y with streaming stores (memory), never where y is x
     lo,     # scalar: first group of the block, n * G + g
     hi,     # scalar: one past its last group
 ):
     """Groups ``lo:hi`` of the forward, called by _forward and its serial twin
     (as layer_norm.forward_rows); a call per block, not per group, keeps the
-    reference counts of its arrays out of the loop over groups."""
+    reference counts of its arrays out of the loop over groups.
+
+    A group's Cg * S elements are contiguous, so its statistics are a LayerNorm row's
+    (of x); its write pass goes channel by channel (rows of xc, yc, as (array, row):
+    memory.stream_row).  Both views come in as arguments: made here by reshapes,
+    Numba increfed them in the loop over channels (an atomic each, which drains the
+    write-combining buffers of the streaming stores).
+    """
     wide_vectors(x)
-    N, C, S, G, Cg, zero, one, inv_n = dims(x, mean)
-    # a group's Cg * S elements are contiguous: its statistics are a LayerNorm row's
-    groups = x.reshape((N * G, Cg * S))
-    y_groups = y.reshape((N * G, Cg * S))
+    N, G = mean.shape
+    C, S = xc.shape[0] // N, xc.shape[1]
+    Cg = C // G
+    zero, one = mean.dtype.type(0), mean.dtype.type(1)
+    inv_n = one / mean.dtype.type(Cg * S)
+    scratch = np.empty((1, S if stream and via_cache(y) else 0), y.dtype)
     for ng in range(lo, hi):
         n = ng // G
         g = ng % G
         c0 = g * Cg
         # one pass over the group where its shift can be trusted, as layer_norm.forward_rows
-        mu, m1, ms = shifted_stats(groups, ng, zero)
+        mu, m1, ms = shifted_stats(x, ng, zero)
         if one_pass_ok(m1, ms):
             corr, var = like(m1, zero), like(ms - m1 * m1, zero)
         else:
             mu = like(mu + m1, zero)
-            corr, var = deviation_stats(groups, ng, mu, zero, inv_n)
+            corr, var = deviation_stats(x, ng, mu, zero, inv_n)
         r = one / np.sqrt(var + eps)
-        if overflowed(mu, r) and row_is_finite(groups, ng):  # as layer_norm.forward_rows
-            mean[n, g], rstd[n, g] = scaled_row(groups, ng, w, b, c0, S, eps, y_groups, ng)
+        if overflowed(mu, r) and row_is_finite(x, ng):  # as layer_norm.forward_rows
+            mean[n, g], rstd[n, g] = scaled_row(x, ng, w, b, c0, S, eps, y, ng)
             continue
         mean[n, g] = mu + corr
         rstd[n, g] = r
-        for c in range(c0, c0 + Cg):
-            # per channel, the affine folds into the scale: (x - mean) * (r * w[c]) + b[c]
-            a = r * w[c] if w is not None else r
-            bc = b[c] if b is not None else zero
-            scale_shift_row(x[n, c], mu, corr, a, bc, y[n, c])
+        write_channels(xc, yc, n * C + c0, n * C + c0 + Cg, c0, mu, corr, r, w, b, scratch, stream)
+    if stream:
+        store_fence()
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True)
+def write_channels(
+    xc,       # (N * C, S) input, a channel a row
+    yc,       # (N * C, S) output, a channel a row
+    lo,       # scalar: first channel row of the group, n * C + c0
+    hi,       # scalar: one past its last
+    c0,       # scalar: the group's first channel
+    mu,       # scalar: the group's first-pass mean
+    corr,     # scalar: its correction, mean = mu + corr
+    r,        # scalar: the group's rstd
+    w,        # (C,) weight in the accumulation dtype, or None
+    b,        # (C,) bias in the accumulation dtype, or None
+    scratch,  # (1, S) or (1, 0): a channel row staged in cache (memory.via_cache)
+    stream,   # scalar bool: streaming stores
+):
+    """The write pass of one group, channel row by channel row.  A function of its own,
+    called once a group: inlined in forward_groups's loop over groups, its spans
+    increfed xc and yc on every channel (an atomic each, which drains the
+    write-combining buffers of the streaming stores)."""
+    wide_vectors(xc)
+    S = xc.shape[1]
+    zero = r - r
+    chunk = ahead_chunk(xc)
+    for ch in range(lo, hi):
+        c = c0 + ch - lo
+        # per channel, the affine folds into the scale: (x - mean) * (r * w[c]) + b[c]
+        a = r * w[c] if w is not None else r
+        bc = b[c] if b is not None else zero
+        if stream:  # its whole lines with streaming stores, as layer_norm.forward_rows
+            s0, s1 = stream_span(yc, ch)
+            scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, 0, s0, False)
+            if via_cache(yc):  # a constant: float16 where its vector stores drop the hint
+                for e0 in range(s0, s1, chunk):
+                    e1 = min(e0 + chunk, s1)
+                    scale_shift_span(xc, ch, mu, corr, a, bc, scratch, 0, e0, e1, False)
+                    stream_lines(yc, ch, scratch, 0, e0, e1)
+            else:
+                scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, s0, s1, True)
+            scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, s1, S, False)
+        else:
+            scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, 0, S, False)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -77,23 +132,35 @@ def dims(
     return N, C, S, G, Cg, mean.dtype.type(0), one, one / mean.dtype.type(Cg * S)
 
 
-@njit(cache=True, nogil=True)
-def scale_shift_row(
-    row,    # (S,) one channel of one sample
+@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+def scale_shift_span(
+    x,      # (N * C, S) input, a channel a row
+    i,      # scalar: the channel's row
     mu,     # scalar: first-pass group mean
     corr,   # scalar: its correction, mean = mu + corr
     a,      # scalar: rstd * weight[c]
     bc,     # scalar: bias[c]
-    out,    # (S,) the output channel
+    out,    # (K, S) where the channel goes
+    o,      # scalar: its row of `out`
+    lo,     # scalar: first element of the span
+    hi,     # scalar: one past its last
+    nt,     # constant bool: streaming stores (a span from memory.stream_span)
 ):
-    wide_vectors(row)
-    # Not FASTMATH: the loop has no reduction for 'reassoc' to vectorize, so the
-    # flag would buy nothing here.  (x - mu) - corr stays in that order either
-    # way: 'reassoc' alone does not fold it (layer_norm.normalize_span).
-    # Also never x * a + (bc - mean * a): that folding cancels catastrophically
-    # when |mean| >> std (two digits lost in float32 at mean 1e4, std 1e-2).
-    for k in range(row.shape[0]):
-        out[k] = narrow(((widen(row[k]) - mu) - corr) * a + bc, out)
+    """Write elements ``lo:hi`` of channel row ``i``, normalized, into ``out[o]``; a
+    streamed span and a plain one compute the same operations (layer_norm.normalize_span).
+
+    (x - mu) - corr stays in that order: 'reassoc' alone does not fold it
+    (layer_norm.normalize_span).  Never x * a + (bc - mean * a) either: that folding
+    cancels catastrophically when |mean| >> std (two digits lost in float32 at mean
+    1e4, std 1e-2).
+    """
+    for k in range(hi - lo):
+        j = np.uint64(lo + k)  # unsigned, as in normalize_span
+        v = narrow(((widen(x[i, j]) - mu) - corr) * a + bc, out)
+        if nt:
+            put_streaming(out, o, j, v)
+        else:
+            out[o, j] = v
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True)
@@ -173,7 +240,7 @@ def backward_channel(
     dx,     # (S,) output channel
 ):
     wide_vectors(dy)
-    # Not FASTMATH, as scale_shift_row (no reduction here either).
+    # Not FASTMATH: the loop has no reduction for 'reassoc' to vectorize.
     for k in range(x.shape[0]):
         xhat = ((widen(x[k]) - mu) - corr) * r
         dx[k] = narrow((widen(dy[k]) * wc - (xhat * c1 + c2)) * r, dx)
@@ -183,8 +250,15 @@ def forward(x, weight, bias, eps, y, mean, rstd):
     """Fill ``y`` (N, C, S) and ``mean``/``rstd`` (N, G) for group norm."""
     acc = acc_of(x.dtype)
     ys = scratch_for(y, x, weight, bias)
-    launch(_forward, x.size, row_block(mean.size), kernel_view(x), param(weight, acc),
-           param(bias, acc), acc.type(eps), kernel_view(ys), mean, rstd)
+    # in place (y is x), a vectorized span's stores run behind an overlap check that
+    # fails: the scalar loop would claim put_streaming's alignment element by element
+    stream = ys is y and should_stream(y) and y.ctypes.data != x.ctypes.data
+    N, C, S = x.shape
+    xv, yv = kernel_view(x), kernel_view(ys)
+    groups = (N * mean.shape[1], -1)
+    launch(_forward, x.size, row_block(mean.size), xv.reshape(groups), param(weight, acc),
+           param(bias, acc), acc.type(eps), yv.reshape(groups), xv.reshape(N * C, S),
+           yv.reshape(N * C, S), mean, rstd, stream)
     finish(ys, y)
 
 
