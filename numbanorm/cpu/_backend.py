@@ -6,7 +6,7 @@ It implements ``numbanorm._api.Backend``; a CPU call has no context (``None``).
 import numpy as np
 
 from .. import _validate as V
-from ._kernels import layer_norm, rms_norm  # SmallCalls launches these directly
+from ._kernels import group_norm, layer_norm, rms_norm  # SmallCalls launches these directly
 from ._kernels.halves import kernel_view
 from ._kernels.memory import should_stream
 
@@ -100,8 +100,9 @@ class SmallCalls:
         return tuple(sig)
 
     def learn(self, kind, x, nshape, weight, bias, eps, checked_eps, rows, out=None):
-        """Record a call of the operation ``kind`` (its name: ``layer_norm``, ``rms_norm``)
-        the full path has validated: ``eps`` as given, ``checked_eps``
+        """Record a call of the operation ``kind`` (its name: ``layer_norm``, ``rms_norm``,
+        ``group_norm``, whose ``nshape`` is num_groups) the full path has validated:
+        ``eps`` as given, ``checked_eps``
         as validated, ``rows`` of the flattened problem, the caller's ``out`` or None."""
         key = self._key(kind, x, nshape, weight, bias, eps, out)
         if key is None or rows == 0 or not x.flags.c_contiguous:
@@ -115,6 +116,12 @@ class SmallCalls:
         except TypeError:  # a normalized_shape holding a list
             return
         acc = layer_norm.acc_of(x.dtype)
+        if kind == "group_norm":  # nshape is num_groups; the launcher converts the weights
+            if len(self._plans) >= self.MAX_PLANS:
+                self._plans.clear()
+            n, c = x.shape[:2]
+            self._plans[key] = ((n, c, x.size // (n * c)), (n, nshape), acc.type(checked_eps))
+            return
         direct = out is None and all(a is None or a.dtype in (acc, x.dtype) for a in (weight, bias))
         k = len(nshape) if isinstance(nshape, tuple) else 1
         stat_shape = x.shape[: x.ndim - k] + (1,) * k
@@ -155,6 +162,21 @@ class SmallCalls:
             layer_norm.launch(layer_norm._forward, x.size, block, x2, weight, bias, e, y2, mean1, rstd1, stream)
         else:
             layer_norm.forward(x2, weight, bias, e, y2, mean1, rstd1)
+        return y, mean, rstd
+
+    def group_norm(self, x, num_groups, weight, bias, eps, out=None):
+        """``(y, mean, rstd)``, or None where the call is not one seen before: through the
+        launcher, which converts the weights and checks ``out`` against the inputs."""
+        try:
+            plan = self._plans.get(self._key("group_norm", x, num_groups, weight, bias, eps, out))
+        except TypeError:
+            return None
+        if plan is None or (out is not None and not out.flags.writeable):
+            return None
+        flat, stats, e = plan
+        y = np.empty(x.shape, x.dtype) if out is None else out
+        mean, rstd = np.empty(stats, e.dtype), np.empty(stats, e.dtype)
+        group_norm.forward(x.reshape(flat), weight, bias, e, y.reshape(flat), mean, rstd)
         return y, mean, rstd
 
     def rms_norm(self, x, nshape, weight, eps, out=None):
