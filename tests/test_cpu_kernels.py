@@ -313,7 +313,7 @@ def test_a_streamed_forward_updates_no_reference_count_per_row(module, dtype):
     M, N = 4, 64
     if module is gn_cpu:  # 4 channel rows of 16; the group's mean 0, rstd 1
         x, w, f = np.zeros((M, 16), dtype), np.ones(M, np.float32), np.float32(0)
-        fresh(x, np.empty_like(x), 0, M, 0, f, f, f + 1, w, w, np.empty((1, 16), dtype), True)
+        fresh(x, np.empty_like(x), 0, M, 0, f, f, f + 1, w, w, f, np.empty((1, 16), dtype), True)
     else:
         x = np.zeros((M, N), dtype)
         w = np.ones(N, np.float32)

@@ -197,7 +197,6 @@ class SmallCalls:
             rms_norm.forward(x2, weight, e, y2, rstd1)
         return y, rstd
 
-
     # ---- the backward of a call seen before
 
     @staticmethod

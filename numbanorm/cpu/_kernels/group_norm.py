@@ -69,7 +69,7 @@ def forward_groups(
             continue
         mean[n, g] = mu + corr
         rstd[n, g] = r
-        write_channels(xc, yc, n * C + c0, n * C + c0 + Cg, c0, mu, corr, r, w, b, scratch, stream)
+        write_channels(xc, yc, n * C + c0, n * C + c0 + Cg, c0, mu, corr, r, w, b, zero, scratch, stream)
     if stream:
         store_fence()
 
@@ -86,6 +86,7 @@ def write_channels(
     r,        # scalar: the group's rstd
     w,        # (C,) weight in the accumulation dtype, or None
     b,        # (C,) bias in the accumulation dtype, or None
+    zero,     # scalar 0 in the accumulation dtype
     scratch,  # (1, S) or (1, 0): a channel row staged in cache (memory.via_cache)
     stream,   # scalar bool: streaming stores
 ):
@@ -95,7 +96,6 @@ def write_channels(
     write-combining buffers of the streaming stores)."""
     wide_vectors(xc)
     S = xc.shape[1]
-    zero = r - r
     chunk = ahead_chunk(xc)
     for ch in range(lo, hi):
         c = c0 + ch - lo
