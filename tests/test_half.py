@@ -15,7 +15,7 @@ import pytest
 from numba import njit
 
 import numbanorm as nn
-from conftest import ORACLE
+from conftest import ORACLE, unstreamed
 from numbanorm.cpu._kernels import halves as H
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -233,13 +233,15 @@ def test_group_norm(rng, dt, shape, groups):
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
 @pytest.mark.parametrize("n", [300, 1537])  # 1537: a streamed row in several ask_ahead chunks (memory)
 def test_into_out_in_place_and_streamed(rng, dt, n, monkeypatch):
-    """out=x in place gives the bits of a fresh call; so do streamed stores into out=."""
+    """Streamed stores, into out= and into a fresh array, give the bits of ordinary ones;
+    so does out=x in place."""
     from numbanorm.cpu._kernels import memory
     x = _data(rng, (37, n), dt)
     out = np.empty_like(x)
     monkeypatch.setattr(memory, "STREAM_MIN_BYTES", 0)
     for f in (nn.layer_norm, nn.rms_norm):
-        want = f(x, n)
+        want = unstreamed(f, x, n)
+        np.testing.assert_array_equal(f(x, n).view(np.uint16), want.view(np.uint16))
         np.testing.assert_array_equal(f(x, n, out=out).view(np.uint16), want.view(np.uint16))
         xc = x.copy()
         np.testing.assert_array_equal(f(xc, n, out=xc).view(np.uint16), want.view(np.uint16))
