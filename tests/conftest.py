@@ -66,7 +66,6 @@ def rng():
     return np.random.default_rng(1234)
 
 
-
 def unstreamed(f, *args, **kwargs):
     """``f(*args, **kwargs)`` with every CPU output written by ordinary stores (the
     replayed calls' plans, which keep their choice of store, forgotten before and after):

@@ -111,27 +111,30 @@ class SmallCalls:
             return  # the full path wrote it through a copy
         if any(a is not None and (a.ndim != 1 or not a.flags.c_contiguous) for a in (weight, bias)):
             return  # the full path flattens it
-        try:
-            hash(key)
-        except TypeError:  # a normalized_shape holding a list
-            return
         acc = layer_norm.acc_of(x.dtype)
         if kind == "group_norm":  # nshape is num_groups; the launcher converts the weights
-            if len(self._plans) >= self.MAX_PLANS:
-                self._plans.clear()
             n, c = x.shape[:2]
-            self._plans[key] = ((n, c, x.size // (n * c)), (n, nshape), acc.type(checked_eps))
+            self._keep(key, ((n, c, x.size // (n * c)), (n, nshape), acc.type(checked_eps)))
             return
         direct = out is None and all(a is None or a.dtype in (acc, x.dtype) for a in (weight, bias))
         k = len(nshape) if isinstance(nshape, tuple) else 1
         stat_shape = x.shape[: x.ndim - k] + (1,) * k
-        if len(self._plans) >= self.MAX_PLANS:
-            self._plans.clear()
         # x already (rows, N): its reshape, and y's, cost 0.25 us each (a float32 (1, 4096) call is 5.5 us)
         flat = x.shape == (rows, x.size // rows)
-        self._plans[key] = (rows, x.size // rows, stat_shape, acc.type(checked_eps),
-                            layer_norm.row_block(rows), direct, _views(x, weight, bias), flat,
-                            should_stream(x))
+        self._keep(key, (rows, x.size // rows, stat_shape, acc.type(checked_eps),
+                         layer_norm.row_block(rows), direct, _views(x, weight, bias), flat,
+                         should_stream(x)))
+
+    def _keep(self, key, plan):
+        """Learn ``plan`` under ``key``, emptying the table when it is full; a key that
+        cannot be hashed (a normalized_shape holding a list) is not learned."""
+        try:
+            hash(key)
+        except TypeError:
+            return
+        if len(self._plans) >= self.MAX_PLANS:
+            self._plans.clear()
+        self._plans[key] = plan
 
     def _plan(self, kind, x, nshape, weight, bias, eps, out):
         """The learned plan and ``(y, stat)`` for this call, or None."""
@@ -229,14 +232,7 @@ class SmallCalls:
             return
         if weight is not None and not weight.flags.c_contiguous:
             return
-        try:
-            hash(key)
-        except TypeError:
-            return
-        if len(self._plans) >= self.MAX_PLANS:
-            self._plans.clear()
-        grads = np.dtype(weight.dtype if weight is not None else x.dtype)
-        self._plans[key] = (flat, params, grads)
+        self._keep(key, (flat, params, np.dtype(weight.dtype if weight is not None else x.dtype)))
 
     def _backward_plan(self, kind, args):
         try:
