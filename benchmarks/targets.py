@@ -143,13 +143,18 @@ def evaluate(results):
         shape = "x".join(map(str, c["shape"]))
         v = c["first_call_s"]
         out.append({"rule": "first call, cached kernel < 0.3 s (new process)",
-                    "case": f"{c['norm']} {c['direction']} {shape}", "value": v, "unit": "s",
+                    "case": f"{c['norm']} {c['direction']} {shape}" + _with_scipy(c), "value": v, "unit": "s",
                     "limit": COLD_LIMITS["first_call_s"],
                     "status": "PASS" if v < COLD_LIMITS["first_call_s"] else "FAIL"})
     if not cold:
         out.append({"rule": "first call, cached kernel < 0.3 s (new process)", "case": "-", "value": None,
                     "unit": "s", "limit": COLD_LIMITS["first_call_s"], "status": "MISSING"})
     return out
+
+
+def _with_scipy(cold):
+    """A first call's label says where numba's BLAS check imported SciPy (cold_start)."""
+    return {True: ", scipy installed", False: ", no scipy"}.get(cold.get("scipy_installed"), "")
 
 
 def evaluate_fused(runs):

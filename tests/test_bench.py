@@ -6,6 +6,7 @@ arithmetic is the point), so it takes seconds.
 
 import csv
 import importlib
+import importlib.util
 import io
 import json
 import math
@@ -443,6 +444,8 @@ def test_cold_start_in_a_fresh_process():
     (res,) = cold_start([Case("rms_norm", "forward", (8, 64), "float32")], threads=1)
     assert res["norm"] == "rms_norm" and res["shape"] == [8, 64] and res["fresh_cache"] is False
     assert 0 < res["import_s"] < 60 and 0 < res["steady_s"] <= res["first_call_s"] < 60
+    # the child runs this interpreter: it sees the SciPy this process sees
+    assert res["scipy_installed"] is (importlib.util.find_spec("scipy") is not None)
 
 
 # ------------------------------------------------------------------ fused-add and Dask tables
