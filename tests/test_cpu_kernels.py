@@ -313,7 +313,7 @@ def test_a_streamed_forward_updates_no_reference_count_per_row(module, dtype):
     M, N = 4, 64
     if module is gn_cpu:  # 4 channel rows of 16; the group's mean 0, rstd 1
         x, w, f = np.zeros((M, 16), dtype), np.ones(M, np.float32), np.float32(0)
-        fresh(x, np.empty_like(x), 0, M, 0, f, f, f + 1, w, w, f, np.empty((1, 16), dtype), True)
+        fresh(x, np.empty_like(x), 0, M, 0, f, f, f + 1, w, w, f, True)
     else:
         x = np.zeros((M, N), dtype)
         w = np.ones(N, np.float32)
@@ -338,9 +338,9 @@ def test_a_streamed_forward_compiles_to_non_temporal_vector_stores(module, dtype
     ends in a plain truncation is folded by LLVM with the store into a truncating
     store (vpmovdw), which has no non-temporal form: a bfloat16 narrowing written so
     streamed its rows with ordinary stores, each line read for ownership first, and
-    every other test passed.  Where AVX512-FP16 makes vectors of half legal, LLVM
-    stores float16 as such vectors and drops the mark: those rows go through a
-    scratch chunk and stream_lines (memory.via_cache; this test failed there before)."""
+    every other test passed.  Where AVX512-FP16 makes vectors of half legal, a float16
+    span whose streamed stores were of LLVM's half was not vectorized at all (vmovsh,
+    element by element): put_streaming keeps them integers (this test failed without)."""
     import re
     from numba import njit
 
@@ -357,19 +357,15 @@ def test_a_streamed_forward_compiles_to_non_temporal_vector_stores(module, dtype
                                     out, o, lo, hi, nt)
     span = njit(inline="always")(span)
 
-    def write(x, w, y, scratch):
+    def write(x, w, y):
         common.wide_vectors(x)  # as every row function (512 bits wide where WIDE_VECTORS)
         lo, hi = stream.stream_span(y, 0)  # whole aligned lines, as put_streaming claims
-        if stream.via_cache(y):  # float16 where half vectors are legal (AVX512-FP16)
-            span(x, w, scratch, 0, lo, hi, False)
-            stream.stream_lines(y, 0, scratch, 0, lo, hi)
-        else:
-            span(x, w, y, 0, lo, hi, True)
+        span(x, w, y, 0, lo, hi, True)
     rows = module.forward_groups if module is gn_cpu else module.forward_rows
     options = {k: v for k, v in rows.targetoptions.items() if k not in ("cache", "nopython")}
     fresh = njit(**options)(write)  # not cached: inspectable
     x = np.zeros((1, 256), dtype)
-    fresh(x, np.ones(256, np.float32), np.empty_like(x), np.empty_like(x))
+    fresh(x, np.ones(256, np.float32), np.empty_like(x))
     asm = fresh.inspect_asm(fresh.signatures[0])
     assert re.search(r"\bv?movnt(?:dq|ps|pd)\s", asm), "no non-temporal vector store"
 

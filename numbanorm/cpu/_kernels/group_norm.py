@@ -13,8 +13,7 @@ import numpy as np
 from .cache import njit  # numba.njit with a cache keyed on this package's source
 from .common import FASTMATH, acc_of, finish, in_blocks, launch, param, row_block, scratch_for, wide_vectors
 from .halves import kernel_view, like, narrow, widen
-from .memory import (ahead_chunk, put_streaming, should_stream, store_fence, stream_lines, stream_span,
-                     via_cache)
+from .memory import put_streaming, should_stream, store_fence, stream_span
 from .sums import gradient_sums
 from .layer_norm import (deviation_stats, one_pass_ok, overflowed, row_is_finite,
                          scaled_backward_row, scaled_row, shifted_stats)
@@ -51,7 +50,6 @@ def forward_groups(
     Cg = C // G
     zero, one = mean.dtype.type(0), mean.dtype.type(1)
     inv_n = one / mean.dtype.type(Cg * S)
-    scratch = np.empty((1, S if stream and via_cache(y) else 0), y.dtype)
     for ng in range(lo, hi):
         n = ng // G
         g = ng % G
@@ -69,7 +67,7 @@ def forward_groups(
             continue
         mean[n, g] = mu + corr
         rstd[n, g] = r
-        write_channels(xc, yc, n * C + c0, n * C + c0 + Cg, c0, mu, corr, r, w, b, zero, scratch, stream)
+        write_channels(xc, yc, n * C + c0, n * C + c0 + Cg, c0, mu, corr, r, w, b, zero, stream)
     if stream:
         store_fence()
 
@@ -87,7 +85,6 @@ def write_channels(
     w,        # (C,) weight in the accumulation dtype, or None
     b,        # (C,) bias in the accumulation dtype, or None
     zero,     # scalar 0 in the accumulation dtype
-    scratch,  # (1, S) or (1, 0): a channel row staged in cache (memory.via_cache)
     stream,   # scalar bool: streaming stores
 ):
     """The write pass of one group, channel row by channel row.  A function of its own,
@@ -96,7 +93,6 @@ def write_channels(
     write-combining buffers of the streaming stores)."""
     wide_vectors(xc)
     S = xc.shape[1]
-    chunk = ahead_chunk(xc)
     for ch in range(lo, hi):
         c = c0 + ch - lo
         # per channel, the affine folds into the scale: (x - mean) * (r * w[c]) + b[c]
@@ -105,13 +101,7 @@ def write_channels(
         if stream:  # its whole lines with streaming stores, as layer_norm.forward_rows
             s0, s1 = stream_span(yc, ch)
             scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, 0, s0, False)
-            if via_cache(yc):  # a constant: float16 where its vector stores drop the hint
-                for e0 in range(s0, s1, chunk):
-                    e1 = min(e0 + chunk, s1)
-                    scale_shift_span(xc, ch, mu, corr, a, bc, scratch, 0, e0, e1, False)
-                    stream_lines(yc, ch, scratch, 0, e0, e1)
-            else:
-                scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, s0, s1, True)
+            scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, s0, s1, True)
             scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, s1, S, False)
         else:
             scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, 0, S, False)

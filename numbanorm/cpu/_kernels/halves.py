@@ -82,9 +82,8 @@ def _native_half():
 
 
 NATIVE_HALF = _native_half()
-# Where AVX512-FP16 makes vectors of LLVM's half legal, float16 is stored as such
-# vectors (the kernels' integer bits are folded away), and LLVM's x86 back end
-# gives a !nontemporal store of them an ordinary store (memory.via_cache).
+# AVX512-FP16 (Sapphire Rapids and later): vectors of LLVM's half are legal, and the
+# 16-bit row functions pay for 512-bit vectors (common.WIDE_VECTORS).
 HALF_VECTORS = NATIVE_HALF and "+avx512fp16" in (_x86_features() or ())
 
 

@@ -16,10 +16,9 @@ import os
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .halves import HALF_VECTORS
 
 _VEC = 32  # bytes per streaming store: one AVX register; LLVM splits it on narrower machines
 
@@ -55,6 +54,13 @@ def put_streaming(typingctx, arr, o, j, v):
     whole lines; an element left to a scalar store is stored as usual (x86 has
     no unaligned 16-bit streaming store; AMD's 32-bit one, ``movntss``, takes
     any address).
+
+    float16 bits are stored OR-ed with a zero LLVM cannot prove zero
+    (:func:`_opaque_zero`): a plain store of them, InstCombine turns into a store of
+    LLVM's half (the bits are ``bitcast(fptrunc(v))``, halves), and a non-temporal
+    store of half vectors is one LLVM does not vectorize (the loop went scalar:
+    ``vmovsh``, element by element).  The OR keeps the stored value an integer, which
+    goes out as ``vmovntdq``, for one ``vpor`` a vector.
     """
     sig = types.void(arr, o, j, v)
 
@@ -63,11 +69,19 @@ def put_streaming(typingctx, arr, o, j, v):
         ary = context.make_array(aryty)(context, builder, args[0])
         ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1], args[2]])
         val = context.cast(builder, args[3], signature.args[3], aryty.dtype)
+        if aryty.dtype == types.uint16:
+            val = builder.or_(val, _opaque_zero(builder, ary, val.type))
         store = builder.store(val, ptr, align=_LINE)
         store.set_metadata("nontemporal", builder.module.add_metadata([ir.IntType(32)(1)]))
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _opaque_zero(builder, ary, ty):
+    """0 of integer type ``ty`` that LLVM cannot prove 0: the array's row count >> 62."""
+    n = cgutils.unpack_tuple(builder, ary.shape)[0]
+    return builder.trunc(builder.lshr(n, ir.Constant(n.type, 62)), ty)
 
 
 @intrinsic
@@ -194,20 +208,6 @@ def stream_lines(
     s = src.ctypes.data + k * src.strides[0]
     for off in range(lo * size, hi * size, _VEC):
         _stream_vec(d + off, s + off)
-
-
-def via_cache(y):
-    """Whether a row writer streams ``y`` through a scratch chunk (:func:`stream_lines`)
-    instead of with :func:`put_streaming`: a compile-time constant."""
-    raise NotImplementedError("via_cache is called from Numba kernels only")
-
-
-@overload(via_cache)
-def _via_cache(y):
-    # float16 bits where half vectors are legal (halves.HALF_VECTORS): put_streaming's
-    # stores would go out as ordinary ones, each line read for ownership first
-    flag = y.dtype == types.uint16 and HALF_VECTORS
-    return lambda y: flag
 
 
 @njit(cache=True, nogil=True, inline="always")

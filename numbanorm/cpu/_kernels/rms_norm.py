@@ -20,8 +20,7 @@ from .common import (FASTMATH, acc_of, finish, in_blocks, in_partials, launch, n
                      scratch_for, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
 from .layer_norm import _row_scale, overflowed, row_is_finite
-from .memory import (ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_lines, stream_row,
-                     stream_span, via_cache)
+from .memory import ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_row, stream_span
 from .sums import deviation_sums, gradient_sums
 
 
@@ -48,7 +47,7 @@ def forward_rows(
     # y is x (out=x): vectorized stores into x need a row apart, so those rows are
     # staged in a scratch row and copied out; other rows are streamed as written
     staged = stream and y.ctypes.data == x.ctypes.data
-    scratch = np.empty((1, N if staged or (stream and via_cache(y)) else 0), y.dtype)
+    scratch = np.empty((1, N if staged else 0), y.dtype)
     chunk = ahead_chunk(x)
     for i in range(lo, hi):
         r = one / np.sqrt(row_sum_squares(x, i, zero) * inv_n + eps)
@@ -66,11 +65,7 @@ def forward_rows(
             for c in range(s0, s1, chunk):  # the next row asked for as this one is written (memory)
                 e = min(c + chunk, s1)
                 ask_ahead(x, i, hi, c, e)
-                if via_cache(y):  # a constant: float16 where its vector stores drop the hint (memory)
-                    scale_span(x, i, r, w, scratch, 0, c, e, False)
-                    stream_lines(y, i, scratch, 0, c, e)
-                else:
-                    scale_span(x, i, r, w, y, i, c, e, True)
+                scale_span(x, i, r, w, y, i, c, e, True)
             scale_span(x, i, r, w, y, i, s1, N, False)
         else:
             scale_span(x, i, r, w, y, i, 0, N, False)
