@@ -13,6 +13,9 @@ kernels called with different arguments.
   array; into a preallocated (mapped) ``out=`` and into a fresh array each call, float32
   and, fresh, the 16-bit types; float32 into ``out=`` also followed by a parallel loop
   reading ``y`` once (the next layer's reads: what a streamed line costs its consumer).
+- backward_streaming: the LayerNorm backward's dx (float16, bfloat16, float32, weight
+  float32), ordinary against streaming stores (the kernel's flag), over ``np.copyto`` of
+  x and dy into two buffers; into a fresh dx each call and into a mapped one.
 - small_calls: a (1, N) float32 forward with weight and bias through the public function
   (a call seen before: ``SmallCalls`` replays it), through the full path (the replay
   cache emptied before each call), through the kernel's launcher, and the serial kernel
@@ -140,6 +143,46 @@ def streaming(rounds_large, rounds_small):
     finally:
         memory.STREAM_MIN_BYTES = threshold
     return {"stream_min_bytes": threshold, "cases": cases}
+
+
+def backward_streaming(rounds, shapes=((16384, 4096), (65536, 768)),
+                       dtypes=("float16", "bfloat16", "float32")):
+    """The LayerNorm backward's dx, ordinary against streaming stores (the kernel's flag),
+    over ``np.copyto`` of x and dy into two buffers; into a fresh dx each call (what the
+    public backward does) and into a preallocated (mapped) one."""
+    rng = np.random.default_rng(1)
+    cases = []
+    for M, N in shapes:
+        for dtype in dtypes:
+            try:
+                dt = measure.host_dtype(dtype)
+            except ValueError:  # bfloat16 without ml_dtypes
+                continue
+            x, w, b = forward_args(M, N, rng)
+            x = x.astype(dt)
+            dy = rng.standard_normal((M, N), dtype=np.float32).astype(dt)
+            _, mean, rstd = numbanorm.layer_norm_forward(x, N, w, b)
+            mean, rstd = mean.reshape(M), rstd.reshape(M)
+            B = common.n_chunks(M)
+            parts = [np.empty((B, N), np.float32) for _ in range(2)]
+            mapped, fa, fb = (np.full_like(x, 1.0) for _ in range(3))
+            for fresh in (True, False):
+                def run(stream, fresh=fresh):
+                    dx = np.empty_like(x) if fresh else mapped
+                    ln.launch(ln._backward, x.size, B, kernel_view(dy), kernel_view(x), mean, rstd, w, None,
+                              kernel_view(dx), *parts, stream)
+
+                def copy():
+                    np.copyto(fa, x)
+                    np.copyto(fb, dy)
+
+                r = round_robin({"copy": copy, "ordinary": lambda: run(False), "streaming": lambda: run(True)},
+                                rounds, "copy")
+                r.update(shape=[M, N], dtype=dtype, dx_mib=x.nbytes >> 20, fresh_output=fresh,
+                         launcher_streams=memory.should_stream(x))
+                cases.append(r)
+            del x, dy, mapped, fa, fb
+    return {"stream_min_bytes": memory.STREAM_MIN_BYTES, "cases": cases}
 
 
 def small_calls(rounds, inner):
@@ -333,9 +376,9 @@ def vector_width(rounds, n=4096, cached=32, dtypes=("float16", "bfloat16", "floa
         ln.forward_rows(x, w, b, eps, y, mean, rstd, False, 0, cached)  # statistics the backward reads
         calls = {
             ("layer_norm", "forward"): (ln.forward_rows, (x, w, b, eps, y, mean, rstd, False, 0, cached)),
-            ("layer_norm", "backward"): (ln.backward_rows, (dy, x, mean, rstd, w, None, dx, part, part2, 0, 0, cached)),
+            ("layer_norm", "backward"): (ln.backward_rows, (dy, x, mean, rstd, w, None, dx, part, part2, False, 0, 0, cached)),
             ("rms_norm", "forward"): (rms.forward_rows, (x, w, eps, y, rstd, False, 0, cached)),
-            ("rms_norm", "backward"): (rms.backward_rows, (dy, x, rstd, w, None, dx, part, 0, 0, cached)),
+            ("rms_norm", "backward"): (rms.backward_rows, (dy, x, rstd, w, None, dx, part, False, 0, 0, cached)),
         }
         for (norm, direction), (rows_fn, args) in calls.items():
             options = {k: v for k, v in rows_fn.targetoptions.items() if k not in ("cache", "nopython")}
@@ -362,6 +405,7 @@ def vector_width(rounds, n=4096, cached=32, dtypes=("float16", "bfloat16", "floa
 
 PROBES = {
     "streaming": lambda q: streaming(30 // q, 60 // q),
+    "backward_streaming": lambda q: backward_streaming(20 // q),
     "small_calls": lambda q: small_calls(15 // q, 200),
     "widen": lambda q: widen(15 // q, 200),
     "threading": lambda q: threading(15 // q, 200),

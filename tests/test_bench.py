@@ -698,3 +698,6 @@ def test_design_probes_call_the_kernels_with_their_current_arguments():
     assert {(c["norm"], c["direction"]) for c in width["cases"]} == {
         (norm, d) for norm in ("layer_norm", "rms_norm") for d in ("forward", "backward")}
     assert all(c["wide_over_llvm"] > 0 for c in width["cases"])
+    back = design_probes.backward_streaming(1, shapes=((8, 96),), dtypes=("float32",))
+    assert [c["fresh_output"] for c in back["cases"]] == [True, False]
+    assert all(c["ratio_to_copy"]["streaming"] > 0 and c["ratio_to_copy"]["ordinary"] > 0 for c in back["cases"])

@@ -157,6 +157,68 @@ def test_streamed_group_norm_equals_ordinary_stores(stream_everything, rng, dtyp
         assert_close(want, ORACLE.group_norm(wide[0], groups, *wide[1:]), dt)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5, 33), (5, 611), (4, 1537)], ids=str)
+@pytest.mark.parametrize("weighted", [False, True], ids=["ones", "weight"])
+def test_streamed_backward_equals_ordinary_stores(stream_everything, monkeypatch, rng, dtype, shape, weighted):
+    """A large dx is written as a large y: its rows' whole lines with streaming stores,
+    by the same span function as the rest, so the bits are those of ordinary stores, for
+    LayerNorm and RMSNorm and their fused residual forms (dx + ds), first call and replay."""
+    from numbanorm.measure import host_dtype
+    flags = []
+    for module in (ln_cpu, rms_cpu):
+        real = module.launch
+        monkeypatch.setattr(module, "launch", lambda k, size, *a, real=real, module=module: (
+            flags.append(a[-1]) if k is module._backward else None) or real(k, size, *a))
+    dt = host_dtype(dtype)
+    n = shape[-1]
+    x, dy, ds = ((rng.standard_normal(shape) * 3 + 1).astype(dt) for _ in range(3))
+    w = rng.uniform(0.5, 1.5, n).astype(dt) if weighted else None
+    _, mean, rstd = nn.layer_norm_forward(x, n, w)
+    _, rstd_rms = nn.rms_norm_forward(x, n, w)
+    calls = [(nn.layer_norm_backward, (dy, x, mean, rstd, n, w)),
+             (nn.rms_norm_backward, (dy, x, rstd_rms, n, w)),
+             (nn.add_layer_norm_backward, (dy, ds, x, mean, rstd, n, w)),
+             (nn.add_rms_norm_backward, (dy, ds, x, rstd_rms, n, w))]
+    for f, args in calls:
+        want = unstreamed(f, *args)
+        flags.clear()
+        for _ in range(2):  # the full path, then the replay of a call seen before
+            for got, exp in zip(f(*args), want):
+                np.testing.assert_array_equal(got.view(np.uint8), exp.view(np.uint8), err_msg=f.__name__)
+        assert flags == [True, True], (f.__name__, flags)  # both streamed
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 instruction names")
+@pytest.mark.parametrize("module", [ln_cpu, rms_cpu], ids=["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("dtype", [np.float32, np.uint16, np.int16], ids=["float32", "float16", "bfloat16"])
+def test_a_streamed_backward_compiles_to_non_temporal_vector_stores(module, dtype):
+    """The backward's streamed dx span vectorizes with its non-temporal mark, as the
+    forward's (test_a_streamed_forward_compiles_to_non_temporal_vector_stores)."""
+    import re
+    from numba import njit
+
+    f = np.float32(0.5)
+    if module is ln_cpu:
+        def span(dy, x, w, dx, dwp, lo, hi):
+            ln_cpu.backward_span(dy, x, 0, f, f, f, w, None, f, f, dx, dwp, dwp, lo, hi, True)
+    else:
+        def span(dy, x, w, dx, dwp, lo, hi):
+            rms_cpu.backward_span(dy, x, 0, f, w, None, f, dx, dwp, lo, hi, True)
+    span = njit(inline="always")(span)
+
+    def write(dy, x, w, dx, dwp):
+        common.wide_vectors(dy)  # as backward_rows
+        lo, hi = stream.stream_span(dx, 0)
+        span(dy, x, w, dx, dwp, lo, hi)
+    options = {k: v for k, v in module.backward_rows.targetoptions.items() if k not in ("cache", "nopython")}
+    fresh = njit(**options)(write)  # not cached: inspectable
+    x = np.zeros((1, 256), dtype)
+    fresh(x, x, np.ones(256, np.float32), np.empty_like(x), np.zeros(256, np.float32))
+    asm = fresh.inspect_asm(fresh.signatures[0])
+    assert re.search(r"\bv?movnt(?:dq|ps|pd)\s", asm), "no non-temporal vector store"
+
+
 def _dtypes():
     out = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)]
     try:
@@ -327,6 +389,32 @@ def test_a_streamed_forward_updates_no_reference_count_per_row(module, dtype):
     increfs = re.findall(r"call void @NRT_incref\(ptr (?:nonnull )?(%[^)]+)\)", body)
     assert increfs or module is gn_cpu, "the pattern matched no incref"  # (the writer has none)
     assert all(increfs.count(v) == 1 for v in increfs), sorted(increfs)
+
+
+@pytest.mark.parametrize("module", [ln_cpu, rms_cpu], ids=["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("dtype", [np.float32, np.uint16])
+def test_a_streamed_backward_updates_no_reference_count_per_row(module, dtype):
+    """As the forward's (above): with its three dx spans inlined in one branch and its
+    plain span in the other, Numba increfed dy, x, w, dx and the partials every row.
+    (dy and x are increfed again on the path of a row whose sums overflowed, rare.)"""
+    import re
+    from numba import njit
+
+    fresh = njit(fastmath=common.FASTMATH, nogil=True)(module.backward_rows.py_func)  # not cached: inspectable
+    M, N = 4, 64
+    x, w, st = np.zeros((M, N), dtype), np.ones(N, np.float32), np.ones(M, np.float32)
+    part = np.zeros((1, N), np.float32)
+    stats = (st, st.copy()) if module is ln_cpu else (st,)
+    parts = (part, part.copy()) if module is ln_cpu else (part,)
+    fresh(x, x, *stats, w, None, np.empty_like(x), *parts, True, 0, 0, M)
+    llvm = fresh.inspect_llvm(fresh.signatures[0])
+    body = llvm[llvm.index("define"):]
+    body = body[: body.index("\ndefine", 1)]
+    increfs = re.findall(r"call void @NRT_incref\(ptr (?:nonnull )?(%[^)]+)\)", body)
+    assert "%arg.dx.0" in increfs, "the pattern matched no incref of dx"
+    once = [v for v in increfs if v not in ("%arg.dy.0", "%arg.x.0")]
+    assert all(once.count(v) == 1 for v in once), sorted(increfs)
+    assert increfs.count("%arg.dy.0") <= 2 and increfs.count("%arg.x.0") <= 2, sorted(increfs)
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 instruction names")

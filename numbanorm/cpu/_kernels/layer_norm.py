@@ -20,7 +20,8 @@ from .cache import njit  # numba.njit with a cache keyed on this package's sourc
 from .common import (FASTMATH, acc_of, finish, in_blocks, in_partials, launch, n_chunks, param, row_block,
                      scratch_for, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
-from .memory import ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_row, stream_span
+from .memory import (ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_apart, stream_row,
+                     stream_span)
 from .sums import deviation_sums, gradient_sums
 
 
@@ -298,6 +299,7 @@ def backward_rows(
     dx,       # (M, N) output: gradient of x
     dw_part,  # (B, N) per-row-block partial sums of dy * xhat, accumulation dtype
     db_part,  # (B, N) per-row-block partial sums of dy, accumulation dtype
+    stream,   # scalar bool: write dx with streaming stores (memory), as the forward its y
     blk,      # scalar: this block's row of dw_part and db_part
     lo,       # scalar: first row of the block
     hi,       # scalar: one past its last row
@@ -328,9 +330,16 @@ def backward_rows(
         c2 *= inv_n
         c1 = (xw * inv_n - corr * c2) * r
         # pass 2, from cache: dx and the partials, the whole row in one loop (as the forward)
-        backward_row(dy, x, i, mu, corr, r, w, ds, c1, c2, dx, dwp, dbp)
+        # with its whole lines streamed (as forward_rows), in three spans whatever `stream`:
+        # the spans inlined in two branches, Numba increfed each array per row (as forward_rows)
+        s0, s1 = stream_span(dx, i) if stream else (N, N)
+        backward_span(dy, x, i, mu, corr, r, w, ds, c1, c2, dx, dwp, dbp, 0, s0, False)
+        backward_span(dy, x, i, mu, corr, r, w, ds, c1, c2, dx, dwp, dbp, s0, s1, True)
+        backward_span(dy, x, i, mu, corr, r, w, ds, c1, c2, dx, dwp, dbp, s1, N, False)
     dw_part[blk] = dwp
     db_part[blk] = dbp
+    if stream:
+        store_fence()
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
@@ -363,7 +372,7 @@ def scaled_backward_row(
     dwp,    # (C,) dweight partial, accumulated into at the weight's index
     dbp,    # (C,) dbias partial, the same
 ):
-    """backward_sums and backward_row for a finite row whose float sums overflowed:
+    """backward_sums and backward_span for a finite row whose float sums overflowed:
     in float64, x and dy each scaled by a power of two (exact), r split as
     ``fr * 2**er`` so that no intermediate leaves the range (see scaled_row)."""
     n = x.shape[1]
@@ -402,7 +411,7 @@ def scaled_backward_row(
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
-def backward_row(
+def backward_span(
     dy,     # (M, N) gradient of y
     x,      # (M, N) forward input
     i,      # scalar: the row (dy[i], x[i] in cache)
@@ -416,21 +425,29 @@ def backward_row(
     dx,     # (M, N) output
     dwp,    # (N,) this row block's dweight partial, accumulated into
     dbp,    # (N,) this row block's dbias partial, accumulated into
+    lo,     # scalar: first element of the span
+    hi,     # scalar: one past its last
+    nt,     # constant bool: streaming stores (a span from memory.stream_span)
 ):
-    """Row ``i`` of dx, and its terms of the partials.
+    """Elements ``lo:hi`` of row ``i`` of dx, and their terms of the partials; a
+    streamed span and a plain one compute the same operations (normalize_span).
 
     ``(x - mu) - corr`` stays in that order for the reason of normalize_span.
     No 'contract' (FASTMATH): fused into a multiply-add, ``wdy - c2`` is not
     exactly 0 for a one-element row.
     """
-    for j in range(x.shape[1]):
+    for k in range(hi - lo):
+        j = np.uint64(lo + k)  # unsigned, as in normalize_span
         g = widen(dy[i, j])
         xhat = ((widen(x[i, j]) - mu) - corr) * r
         wdy = g * w[j] if w is not None else g
         v = (wdy - (xhat * c1 + c2)) * r
         if ds is not None:
             v = v + widen(ds[i, j])
-        dx[i, j] = narrow(v, dx)
+        if nt:
+            put_streaming(dx, i, j, narrow(v, dx))
+        else:
+            dx[i, j] = narrow(v, dx)
         dwp[j] += g * xhat
         dbp[j] += g
 
@@ -465,7 +482,7 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None):
     dw_part = np.empty((B, N), acc)
     db_part = np.empty((B, N), acc)
     launch(_backward, x.size, B, kernel_view(dy), kernel_view(x), mean, rstd,
-           param(weight, acc), kernel_view(ds), kernel_view(dx), dw_part, db_part)
+           param(weight, acc), kernel_view(ds), kernel_view(dx), dw_part, db_part, stream_apart(dx, dy, x, ds))
     # fixed-order sum of the block partials: bit-identical for any thread count
     np.sum(dw_part, axis=0, out=dweight)
     np.sum(db_part, axis=0, out=dbias)

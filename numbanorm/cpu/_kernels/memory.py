@@ -13,6 +13,7 @@ decided it are in the book, chapter 5 ("Writing a large out=").
 
 import os
 
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -258,3 +259,10 @@ def should_stream(y):
     """Whether a forward launcher writes ``y`` with streaming stores: a caller's
     ``out=`` or a fresh array alike."""
     return y.nbytes >= STREAM_MIN_BYTES
+
+
+def stream_apart(y, *reads):
+    """:func:`should_stream` for an output ``y`` that must also share no memory with
+    ``reads`` (arrays, or None): where a span's stores may overlap its loads, LLVM runs
+    the span's scalar loop, whose stores cannot keep put_streaming's claimed alignment."""
+    return should_stream(y) and not any(r is not None and np.may_share_memory(y, r) for r in reads)

@@ -20,7 +20,8 @@ from .common import (FASTMATH, acc_of, finish, in_blocks, in_partials, launch, n
                      scratch_for, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
 from .layer_norm import _row_scale, overflowed, row_is_finite
-from .memory import ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_row, stream_span
+from .memory import (ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_apart, stream_row,
+                     stream_span)
 from .sums import deviation_sums, gradient_sums
 
 
@@ -147,6 +148,7 @@ def backward_rows(
     ds,       # (M, N) gradient added straight to dx (fused residual), or None
     dx,       # (M, N) output: gradient of x
     dw_part,  # (B, N) per-row-block partial sums of dy * xhat, accumulation dtype
+    stream,   # scalar bool: write dx with streaming stores (as layer_norm.backward_rows)
     blk,      # scalar: this block's row of dw_part
     lo,       # scalar: first row of the block
     hi,       # scalar: one past its last row
@@ -164,8 +166,13 @@ def backward_rows(
         r = rstd[i]
         # pass 1: c1 = mean(xhat * wdy); pass 2, from cache: dx and the partial
         c1 = backward_sum(dy, x, i, r, w, zero) * inv_n
-        backward_row(dy, x, i, r, w, ds, c1, dx, dwp)
+        s0, s1 = stream_span(dx, i) if stream else (N, N)  # three spans, as layer_norm.backward_rows
+        backward_span(dy, x, i, r, w, ds, c1, dx, dwp, 0, s0, False)
+        backward_span(dy, x, i, r, w, ds, c1, dx, dwp, s0, s1, True)
+        backward_span(dy, x, i, r, w, ds, c1, dx, dwp, s1, N, False)
     dw_part[blk] = dwp
+    if stream:
+        store_fence()
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
@@ -183,7 +190,7 @@ def backward_sum(
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
-def backward_row(
+def backward_span(
     dy,     # (M, N) gradient of y
     x,      # (M, N) forward input
     i,      # scalar: the row (dy[i], x[i] in cache)
@@ -193,16 +200,23 @@ def backward_row(
     c1,     # scalar: row i's mean(xhat * wdy)
     dx,     # (M, N) output
     dwp,    # (N,) this row block's dweight partial, accumulated into
+    lo,     # scalar: first element of the span
+    hi,     # scalar: one past its last
+    nt,     # constant bool: streaming stores (as layer_norm.backward_span)
 ):
-    """Row ``i`` of dx, and its terms of the partial."""
-    for j in range(x.shape[1]):
+    """Elements ``lo:hi`` of row ``i`` of dx, and their terms of the partial."""
+    for k in range(hi - lo):
+        j = np.uint64(lo + k)  # unsigned, as in layer_norm.normalize_span
         g = widen(dy[i, j])
         xhat = widen(x[i, j]) * r
         wdy = g * w[j] if w is not None else g
         v = (wdy - xhat * c1) * r
         if ds is not None:
             v = v + widen(ds[i, j])
-        dx[i, j] = narrow(v, dx)
+        if nt:
+            put_streaming(dx, i, j, narrow(v, dx))
+        else:
+            dx[i, j] = narrow(v, dx)
         dwp[j] += g * xhat
 
 
@@ -225,7 +239,7 @@ def backward(dy, x, rstd, weight, dx, dweight, ds=None):
     B = n_chunks(M)
     dw_part = np.empty((B, N), acc)
     launch(_backward, x.size, B, kernel_view(dy), kernel_view(x), rstd, param(weight, acc),
-           kernel_view(ds), kernel_view(dx), dw_part)
+           kernel_view(ds), kernel_view(dx), dw_part, stream_apart(dx, dy, x, ds))
     np.sum(dw_part, axis=0, out=dweight)
 
 
