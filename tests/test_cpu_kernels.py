@@ -189,8 +189,31 @@ def test_streamed_backward_equals_ordinary_stores(stream_everything, monkeypatch
         assert flags == [True, True], (f.__name__, flags)  # both streamed
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("shape, groups", [((3, 4, 33), 2), ((2, 6, 5, 7), 6), ((2, 8, 1537), 4)], ids=str)
+@pytest.mark.parametrize("weighted", [False, True], ids=["ones", "weight"])
+def test_streamed_group_norm_backward_equals_ordinary_stores(stream_everything, monkeypatch, rng, dtype, shape,
+                                                            groups, weighted):
+    """GroupNorm's dx streams its channel rows as its forward's y: the bits of ordinary
+    stores, dx and the parameter gradients alike."""
+    from numbanorm.measure import host_dtype
+    flags = []
+    real = gn_cpu.launch
+    monkeypatch.setattr(gn_cpu, "launch", lambda k, size, *a: (
+        flags.append(a[-1]) if k is gn_cpu._backward else None) or real(k, size, *a))
+    dt = host_dtype(dtype)
+    x, dy = ((rng.standard_normal(shape) * 3 + 1).astype(dt) for _ in range(2))
+    w = rng.uniform(0.5, 1.5, shape[1]).astype(dt) if weighted else None
+    _, mean, rstd = nn.group_norm_forward(x, groups, w)
+    want = unstreamed(nn.group_norm_backward, dy, x, mean, rstd, w)
+    flags.clear()
+    for got, exp in zip(nn.group_norm_backward(dy, x, mean, rstd, w), want):
+        np.testing.assert_array_equal(got.view(np.uint8), exp.view(np.uint8))
+    assert flags == [True]
+
+
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 instruction names")
-@pytest.mark.parametrize("module", [ln_cpu, rms_cpu], ids=["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("module", [ln_cpu, rms_cpu, gn_cpu], ids=["layer_norm", "rms_norm", "group_norm"])
 @pytest.mark.parametrize("dtype", [np.float32, np.uint16, np.int16], ids=["float32", "float16", "bfloat16"])
 def test_a_streamed_backward_compiles_to_non_temporal_vector_stores(module, dtype):
     """The backward's streamed dx span vectorizes with its non-temporal mark, as the
@@ -202,16 +225,20 @@ def test_a_streamed_backward_compiles_to_non_temporal_vector_stores(module, dtyp
     if module is ln_cpu:
         def span(dy, x, w, dx, dwp, lo, hi):
             ln_cpu.backward_span(dy, x, 0, f, f, f, w, None, f, f, dx, dwp, dwp, lo, hi, True)
-    else:
+    elif module is rms_cpu:
         def span(dy, x, w, dx, dwp, lo, hi):
             rms_cpu.backward_span(dy, x, 0, f, w, None, f, dx, dwp, lo, hi, True)
+    else:
+        def span(dy, x, w, dx, dwp, lo, hi):
+            gn_cpu.dx_span(dy, x, 0, f, f, f, f, f, f, dx, lo, hi, True)
     span = njit(inline="always")(span)
 
     def write(dy, x, w, dx, dwp):
         common.wide_vectors(dy)  # as backward_rows
         lo, hi = stream.stream_span(dx, 0)
         span(dy, x, w, dx, dwp, lo, hi)
-    options = {k: v for k, v in module.backward_rows.targetoptions.items() if k not in ("cache", "nopython")}
+    rows = module.dx_channels if module is gn_cpu else module.backward_rows
+    options = {k: v for k, v in rows.targetoptions.items() if k not in ("cache", "nopython")}
     fresh = njit(**options)(write)  # not cached: inspectable
     x = np.zeros((1, 256), dtype)
     fresh(x, x, np.ones(256, np.float32), np.empty_like(x), np.zeros(256, np.float32))
@@ -391,26 +418,35 @@ def test_a_streamed_forward_updates_no_reference_count_per_row(module, dtype):
     assert all(increfs.count(v) == 1 for v in increfs), sorted(increfs)
 
 
-@pytest.mark.parametrize("module", [ln_cpu, rms_cpu], ids=["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("module", [ln_cpu, rms_cpu, gn_cpu], ids=["layer_norm", "rms_norm", "group_norm"])
 @pytest.mark.parametrize("dtype", [np.float32, np.uint16])
 def test_a_streamed_backward_updates_no_reference_count_per_row(module, dtype):
     """As the forward's (above): with its three dx spans inlined in one branch and its
     plain span in the other, Numba increfed dy, x, w, dx and the partials every row.
-    (dy and x are increfed again on the path of a row whose sums overflowed, rare.)"""
+    (dy and x are increfed again on the path of a row whose sums overflowed, rare.)
+    GroupNorm's dx writer, called once a group, increfs no array at all."""
     import re
     from numba import njit
 
-    fresh = njit(fastmath=common.FASTMATH, nogil=True)(module.backward_rows.py_func)  # not cached: inspectable
     M, N = 4, 64
     x, w, st = np.zeros((M, N), dtype), np.ones(N, np.float32), np.ones(M, np.float32)
-    part = np.zeros((1, N), np.float32)
-    stats = (st, st.copy()) if module is ln_cpu else (st,)
-    parts = (part, part.copy()) if module is ln_cpu else (part,)
-    fresh(x, x, *stats, w, None, np.empty_like(x), *parts, True, 0, 0, M)
+    f = np.float32(0.5)
+    if module is gn_cpu:  # 4 channel rows of 64
+        fresh = njit(nogil=True)(module.dx_channels.py_func)  # not cached: inspectable
+        fresh(x, x, 0, M, 0, f, f, f, w, f, f, f, np.empty_like(x), True)
+    else:
+        fresh = njit(fastmath=common.FASTMATH, nogil=True)(module.backward_rows.py_func)
+        part = np.zeros((1, N), np.float32)
+        stats = (st, st.copy()) if module is ln_cpu else (st,)
+        parts = (part, part.copy()) if module is ln_cpu else (part,)
+        fresh(x, x, *stats, w, None, np.empty_like(x), *parts, True, 0, 0, M)
     llvm = fresh.inspect_llvm(fresh.signatures[0])
     body = llvm[llvm.index("define"):]
     body = body[: body.index("\ndefine", 1)]
     increfs = re.findall(r"call void @NRT_incref\(ptr (?:nonnull )?(%[^)]+)\)", body)
+    if module is gn_cpu:
+        assert not increfs, sorted(increfs)
+        return
     assert "%arg.dx.0" in increfs, "the pattern matched no incref of dx"
     once = [v for v in increfs if v not in ("%arg.dy.0", "%arg.x.0")]
     assert all(once.count(v) == 1 for v in once), sorted(increfs)
@@ -465,7 +501,7 @@ def test_every_row_function_asks_for_wide_vectors():
     rows = {kernel.py_func.__globals__["ROWS"] for kernel in common._SERIAL}
     assert len(rows) >= 8, rows  # LayerNorm and RMSNorm (and fused), GroupNorm, forward and backward
     # the group norm's per-channel loops are functions of their own (not inlined)
-    for f in rows | {gn_cpu.write_channels, gn_cpu.backward_channel}:
+    for f in rows | {gn_cpu.write_channels, gn_cpu.dx_channels}:
         assert "wide_vectors" in f.py_func.__code__.co_names, f.py_func.__qualname__
 
 

@@ -13,10 +13,25 @@ import numpy as np
 from .cache import njit  # numba.njit with a cache keyed on this package's source
 from .common import FASTMATH, acc_of, finish, in_blocks, launch, param, row_block, scratch_for, wide_vectors
 from .halves import kernel_view, like, narrow, widen
-from .memory import put_streaming, should_stream, store_fence, stream_span
+from .memory import put_streaming, should_stream, store_fence, stream_apart, stream_span
 from .sums import gradient_sums
 from .layer_norm import (deviation_stats, one_pass_ok, overflowed, row_is_finite,
                          scaled_backward_row, scaled_row, shifted_stats)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def dims(
+    xc,     # (N * C, S) input, a channel a row
+    mean,   # (N, G) statistics, accumulation dtype
+):
+    """``(N, C, S, G, Cg, zero, one, inv_n)``: the shape, groups, channels per group,
+    and 0, 1 and 1/(Cg * S) in the accumulation dtype (a bare Python number would
+    promote float32 arithmetic to float64, layer_norm.forward_rows)."""
+    N, G = mean.shape
+    C, S = xc.shape[0] // N, xc.shape[1]
+    Cg = C // G
+    one = mean.dtype.type(1)
+    return N, C, S, G, Cg, mean.dtype.type(0), one, one / mean.dtype.type(Cg * S)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True)
@@ -45,11 +60,7 @@ def forward_groups(
     write-combining buffers of the streaming stores).
     """
     wide_vectors(x)
-    N, G = mean.shape
-    C, S = xc.shape[0] // N, xc.shape[1]
-    Cg = C // G
-    zero, one = mean.dtype.type(0), mean.dtype.type(1)
-    inv_n = one / mean.dtype.type(Cg * S)
+    N, C, S, G, Cg, zero, one, inv_n = dims(xc, mean)
     for ng in range(lo, hi):
         n = ng // G
         g = ng % G
@@ -107,21 +118,6 @@ def write_channels(
             scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, 0, S, False)
 
 
-@njit(cache=True, nogil=True, inline="always")
-def dims(
-    x,      # (N, C, S) input
-    mean,   # (N, G) statistics, accumulation dtype
-):
-    """``(N, C, S, G, Cg, zero, one, inv_n)``: the shape, groups, channels per group,
-    and 0, 1 and 1/(Cg * S) in the accumulation dtype (a bare Python number would
-    promote float32 arithmetic to float64, layer_norm.forward_rows)."""
-    N, C, S = x.shape
-    G = mean.shape[1]
-    Cg = C // G
-    one = mean.dtype.type(1)
-    return N, C, S, G, Cg, mean.dtype.type(0), one, one / mean.dtype.type(Cg * S)
-
-
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
 def scale_shift_span(
     x,      # (N * C, S) input, a channel a row
@@ -155,26 +151,25 @@ def scale_shift_span(
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True)
 def backward_groups(
-    dy,       # (N, C, S) gradient of y
-    x,        # (N, C, S) forward input
+    dy,       # (N * G, Cg * S) gradient of y, a group a row
+    x,        # (N * G, Cg * S) forward input, a group a row
     mean,     # (N, G) saved mean
     rstd,     # (N, G) saved rstd
     w,        # (C,) weight in the accumulation dtype, or None (ones)
-    dx,       # (N, C, S) output: gradient of x
+    dx,       # (N * G, Cg * S) output: gradient of x, a group a row
+    dyc,      # (N * C, S) the same gradient, a channel a row
+    xc,       # (N * C, S) the same input, a channel a row
+    dxc,      # (N * C, S) the same output, a channel a row
     dw_part,  # (N, C) per-sample partial sums of dy * xhat, accumulation dtype
     db_part,  # (N, C) per-sample partial sums of dy, accumulation dtype
+    stream,   # scalar bool: write dx with streaming stores (memory)
     lo,       # scalar: first group of the block, n * G + g
     hi,       # scalar: one past its last group
 ):
     """Groups ``lo:hi`` of the backward, called by _backward and its serial twin
-    (as forward_groups)."""
+    (as forward_groups, whose two views of each array it takes for the same reason)."""
     wide_vectors(dy)
-    N, C, S, G, Cg, zero, one, inv_n = dims(x, mean)
-    x_groups = x.reshape((N * G, Cg * S))
-    dy_groups = dy.reshape((N * G, Cg * S))
-    dx_groups = dx.reshape((N * G, Cg * S))
-    x_channels = x.reshape((N * C, S))
-    dy_channels = dy.reshape((N * C, S))
+    N, C, S, G, Cg, zero, one, inv_n = dims(xc, mean)
     for ng in range(lo, hi):
         n = ng // G
         g = ng % G
@@ -187,7 +182,7 @@ def backward_groups(
         dsum = 0.0
         for c in range(c0, c0 + Cg):
             # dsum runs on over the group's channels, in float64 (sums.gradient_sums)
-            dsum, a, dys = gradient_sums(dy_channels, x_channels, n * C + c, mu, one, None, zero, dsum)
+            dsum, a, dys = gradient_sums(dyc, xc, n * C + c, mu, one, None, zero, dsum)
             dw_part[n, c] = a
             db_part[n, c] = dys
         corr = like(dsum, zero) * inv_n
@@ -203,37 +198,76 @@ def backward_groups(
         c1 *= inv_n
         c2 *= inv_n
         if (not (np.isfinite(corr) and np.isfinite(c1) and np.isfinite(c2))
-                and row_is_finite(x_groups, ng) and row_is_finite(dy_groups, ng)):
+                and row_is_finite(x, ng) and row_is_finite(dy, ng)):
             # as in layer_norm._backward
             for c in range(c0, c0 + Cg):
                 dw_part[n, c] = zero
                 db_part[n, c] = zero
-            scaled_backward_row(dy_groups, x_groups, ng, mu, r, w, c0, S, None, dx_groups,
-                                dw_part[n], db_part[n])
+            scaled_backward_row(dy, x, ng, mu, r, w, c0, S, None, dx, dw_part[n], db_part[n])
             continue
         # pass 2: dx = (wdy - (xhat * c1 + c2)) * rstd, channel by channel
-        for c in range(c0, c0 + Cg):
-            wc = w[c] if w is not None else one
-            backward_channel(dy[n, c], x[n, c], mu, corr, r, wc, c1, c2, dx[n, c])
+        dx_channels(dyc, xc, n * C + c0, n * C + c0 + Cg, c0, mu, corr, r, w, c1, c2, one, dxc, stream)
+    if stream:
+        store_fence()
 
 
 @njit(cache=True, nogil=True)
-def backward_channel(
-    dy,     # (S,) gradient of y, one channel of one sample
-    x,      # (S,) the same channel of the input
+def dx_channels(
+    dyc,      # (N * C, S) gradient of y, a channel a row
+    xc,       # (N * C, S) forward input, a channel a row
+    lo,       # scalar: first channel row of the group, n * C + c0
+    hi,       # scalar: one past its last
+    c0,       # scalar: the group's first channel
+    mu,       # scalar: saved group mean
+    corr,     # scalar: its correction, mean(x - mu) over the group
+    r,        # scalar: saved group rstd
+    w,        # (C,) weight in the accumulation dtype, or None (ones)
+    c1,       # scalar: mean(xhat * wdy) over the group
+    c2,       # scalar: mean(wdy) over the group
+    one,      # scalar 1 in the accumulation dtype
+    dxc,      # (N * C, S) output, a channel a row
+    stream,   # scalar bool: streaming stores
+):
+    """The dx pass of one group, channel row by channel row, each in three spans (its
+    whole lines streamed where ``stream``), called once a group as write_channels.
+    Not FASTMATH (inlined here, the spans compile with this function's flags): the
+    loop has no reduction for 'reassoc' to vectorize."""
+    wide_vectors(dyc)
+    S = xc.shape[1]
+    for ch in range(lo, hi):
+        wc = w[c0 + ch - lo] if w is not None else one
+        s0, s1 = stream_span(dxc, ch) if stream else (S, S)  # three spans, as layer_norm.backward_rows
+        dx_span(dyc, xc, ch, mu, corr, r, wc, c1, c2, dxc, 0, s0, False)
+        dx_span(dyc, xc, ch, mu, corr, r, wc, c1, c2, dxc, s0, s1, True)
+        dx_span(dyc, xc, ch, mu, corr, r, wc, c1, c2, dxc, s1, S, False)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def dx_span(
+    dy,     # (N * C, S) gradient of y, a channel a row
+    x,      # (N * C, S) forward input, a channel a row
+    i,      # scalar: the channel's row
     mu,     # scalar: saved group mean
-    corr,   # scalar: its correction, mean(x - mu) over the group
+    corr,   # scalar: its correction
     r,      # scalar: saved group rstd
     wc,     # scalar: weight[c] (1 without weight)
     c1,     # scalar: mean(xhat * wdy) over the group
     c2,     # scalar: mean(wdy) over the group
-    dx,     # (S,) output channel
+    dx,     # (N * C, S) output, a channel a row
+    lo,     # scalar: first element of the span
+    hi,     # scalar: one past its last
+    nt,     # constant bool: streaming stores (a span from memory.stream_span)
 ):
-    wide_vectors(dy)
-    # Not FASTMATH: the loop has no reduction for 'reassoc' to vectorize.
-    for k in range(x.shape[0]):
-        xhat = ((widen(x[k]) - mu) - corr) * r
-        dx[k] = narrow((widen(dy[k]) * wc - (xhat * c1 + c2)) * r, dx)
+    """Elements ``lo:hi`` of channel row ``i`` of dx; a streamed span and a plain one
+    compute the same operations (layer_norm.backward_span)."""
+    for k in range(hi - lo):
+        j = np.uint64(lo + k)  # unsigned, as in layer_norm.normalize_span
+        xhat = ((widen(x[i, j]) - mu) - corr) * r
+        v = narrow((widen(dy[i, j]) * wc - (xhat * c1 + c2)) * r, dx)
+        if nt:
+            put_streaming(dx, i, j, v)
+        else:
+            dx[i, j] = v
 
 
 def forward(x, weight, bias, eps, y, mean, rstd):
@@ -258,8 +292,11 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
     acc = acc_of(x.dtype)
     dw_part = np.empty((N, C), acc)
     db_part = np.empty((N, C), acc)
-    launch(_backward, x.size, row_block(mean.size), kernel_view(dy), kernel_view(x), mean, rstd,
-           param(weight, acc), kernel_view(dx), dw_part, db_part)
+    dyv, xv, dxv = kernel_view(dy), kernel_view(x), kernel_view(dx)
+    groups, channels = (N * mean.shape[1], -1), (N * C, S)
+    launch(_backward, x.size, row_block(mean.size), dyv.reshape(groups), xv.reshape(groups), mean, rstd,
+           param(weight, acc), dxv.reshape(groups), dyv.reshape(channels), xv.reshape(channels),
+           dxv.reshape(channels), dw_part, db_part, stream_apart(dx, dy, x))
     # per-sample partials summed in sample order: deterministic for any thread count
     np.sum(dw_part, axis=0, out=dweight)
     np.sum(db_part, axis=0, out=dbias)
