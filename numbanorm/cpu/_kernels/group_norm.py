@@ -279,7 +279,8 @@ def forward(x, weight, bias, eps, y, mean, rstd):
     stream = ys is y and should_stream(y) and y.ctypes.data != x.ctypes.data
     N, C, S = x.shape
     xv, yv = kernel_view(x), kernel_view(ys)
-    groups = (N * mean.shape[1], -1)
+    G = mean.shape[1]
+    groups = (N * G, C // G * S)  # no -1: N may be 0
     launch(_forward, x.size, row_block(mean.size), xv.reshape(groups), param(weight, acc),
            param(bias, acc), acc.type(eps), yv.reshape(groups), xv.reshape(N * C, S),
            yv.reshape(N * C, S), mean, rstd, stream)
@@ -293,7 +294,8 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
     dw_part = np.empty((N, C), acc)
     db_part = np.empty((N, C), acc)
     dyv, xv, dxv = kernel_view(dy), kernel_view(x), kernel_view(dx)
-    groups, channels = (N * mean.shape[1], -1), (N * C, S)
+    G = mean.shape[1]
+    groups, channels = (N * G, C // G * S), (N * C, S)  # no -1: N may be 0
     launch(_backward, x.size, row_block(mean.size), dyv.reshape(groups), xv.reshape(groups), mean, rstd,
            param(weight, acc), dxv.reshape(groups), dyv.reshape(channels), xv.reshape(channels),
            dxv.reshape(channels), dw_part, db_part, stream_apart(dx, dy, x))
