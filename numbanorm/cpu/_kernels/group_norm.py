@@ -13,7 +13,7 @@ import numpy as np
 from .cache import njit  # numba.njit with a cache keyed on this package's source
 from .common import FASTMATH, acc_of, finish, in_blocks, launch, param, row_block, scratch_for, wide_vectors
 from .halves import kernel_view, like, narrow, widen
-from .memory import put_streaming, should_stream, store_fence, stream_apart, stream_span
+from .memory import put_streaming, store_fence, stream_apart, stream_span
 from .sums import gradient_sums
 from .layer_norm import (deviation_stats, one_pass_ok, overflowed, row_is_finite,
                          scaled_backward_row, scaled_row, shifted_stats)
@@ -270,20 +270,24 @@ def dx_span(
             dx[i, j] = v
 
 
+def _views(a, mean):
+    """``a`` (N, C, S) as the kernels read it, twice: a (sample, group) a row and a
+    channel a row.  Explicit shapes: a batch of N = 0 does not reshape with -1."""
+    N, C, S = a.shape
+    G = mean.shape[1]
+    v = kernel_view(a)
+    return v.reshape(N * G, C // G * S), v.reshape(N * C, S)
+
+
 def forward(x, weight, bias, eps, y, mean, rstd):
     """Fill ``y`` (N, C, S) and ``mean``/``rstd`` (N, G) for group norm."""
     acc = acc_of(x.dtype)
     ys = scratch_for(y, x, weight, bias)
-    # in place (y is x), a vectorized span's stores run behind an overlap check that
-    # fails: the scalar loop would claim put_streaming's alignment element by element
-    stream = ys is y and should_stream(y) and y.ctypes.data != x.ctypes.data
-    N, C, S = x.shape
-    xv, yv = kernel_view(x), kernel_view(ys)
-    G = mean.shape[1]
-    groups = (N * G, C // G * S)  # no -1: N may be 0
-    launch(_forward, x.size, row_block(mean.size), xv.reshape(groups), param(weight, acc),
-           param(bias, acc), acc.type(eps), yv.reshape(groups), xv.reshape(N * C, S),
-           yv.reshape(N * C, S), mean, rstd, stream)
+    stream = ys is y and stream_apart(y, x)  # never in place (memory.stream_apart says why)
+    xg, xc = _views(x, mean)
+    yg, yc = _views(ys, mean)
+    launch(_forward, x.size, row_block(mean.size), xg, param(weight, acc), param(bias, acc), acc.type(eps),
+           yg, xc, yc, mean, rstd, stream)
     finish(ys, y)
 
 
@@ -293,12 +297,9 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
     acc = acc_of(x.dtype)
     dw_part = np.empty((N, C), acc)
     db_part = np.empty((N, C), acc)
-    dyv, xv, dxv = kernel_view(dy), kernel_view(x), kernel_view(dx)
-    G = mean.shape[1]
-    groups, channels = (N * G, C // G * S), (N * C, S)  # no -1: N may be 0
-    launch(_backward, x.size, row_block(mean.size), dyv.reshape(groups), xv.reshape(groups), mean, rstd,
-           param(weight, acc), dxv.reshape(groups), dyv.reshape(channels), xv.reshape(channels),
-           dxv.reshape(channels), dw_part, db_part, stream_apart(dx, dy, x))
+    (dyg, dyc), (xg, xc), (dxg, dxc) = (_views(a, mean) for a in (dy, x, dx))
+    launch(_backward, x.size, row_block(mean.size), dyg, xg, mean, rstd, param(weight, acc), dxg, dyc, xc, dxc,
+           dw_part, db_part, stream_apart(dx, dy, x))
     # per-sample partials summed in sample order: deterministic for any thread count
     np.sum(dw_part, axis=0, out=dweight)
     np.sum(db_part, axis=0, out=dbias)
