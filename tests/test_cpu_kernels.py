@@ -460,11 +460,12 @@ def test_a_streamed_forward_compiles_to_non_temporal_vector_stores(module, dtype
     """put_streaming's mark survives to the machine code of a streamed row writer
     for every dtype (the integer views are 16-bit floats: halves).  A narrowing that
     ends in a plain truncation is folded by LLVM with the store into a truncating
-    store (vpmovdw), which has no non-temporal form: a bfloat16 narrowing written so
-    streamed its rows with ordinary stores, each line read for ownership first, and
-    every other test passed.  Where AVX512-FP16 makes vectors of half legal, a float16
-    span whose streamed stores were of LLVM's half was not vectorized at all (vmovsh,
-    element by element): put_streaming keeps them integers (this test failed without)."""
+    store (vpmovdw), which has no non-temporal form: the bfloat16 narrowing, which
+    truncates once after its NaN select, streamed its rows with ordinary stores, each
+    line read for ownership first, and every other test passed.  Where AVX512-FP16
+    makes vectors of half legal, a float16 span whose streamed stores were of LLVM's
+    half was not vectorized at all (vmovsh, element by element).  put_streaming's
+    opaque OR keeps both integers (this test failed without it, for each)."""
     import re
     from numba import njit
 

@@ -155,10 +155,12 @@ def _f32_to_half_bits(f):
 def _f32_to_bf16(f):
     """float32 -> bfloat16 bits (int16), rounded to nearest even; NaN stays a quiet NaN."""
     u = _bits_of(f)
+    h = np.uint32(u >> np.uint32(16))  # Numba types a shift of a uint32 as uint64
     if f != f:  # one vector compare (vcmpunordps); the bits' |u| > 0x7F800000 took two
-        return _low16((u >> np.uint32(16)) | np.uint32(0x40))
-    # the carry of a round up may ripple into the exponent: up to Inf, as IEEE rounds
-    return _low16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+        o = h | np.uint32(0x40)
+    else:  # the carry of a round up may ripple into the exponent: up to Inf, as IEEE rounds
+        o = np.uint32((u + np.uint32(0x7FFF) + (h & np.uint32(1))) >> np.uint32(16))
+    return _low16(o)  # once, after the select: a vector narrowing is two shuffles (vpmovdw)
 
 
 # ---------------------------------------------------------------- what the kernels call

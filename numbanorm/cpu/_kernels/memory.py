@@ -56,12 +56,14 @@ def put_streaming(typingctx, arr, o, j, v):
     no unaligned 16-bit streaming store; AMD's 32-bit one, ``movntss``, takes
     any address).
 
-    float16 bits are stored OR-ed with a zero LLVM cannot prove zero
-    (:func:`_opaque_zero`): a plain store of them, InstCombine turns into a store of
-    LLVM's half (the bits are ``bitcast(fptrunc(v))``, halves), and a non-temporal
-    store of half vectors is one LLVM does not vectorize (the loop went scalar:
-    ``vmovsh``, element by element).  The OR keeps the stored value an integer, which
-    goes out as ``vmovntdq``, for one ``vpor`` a vector.
+    16-bit floats are stored OR-ed with a zero LLVM cannot prove zero
+    (:func:`_opaque_zero`), which keeps the stored value an integer vector that
+    goes out as ``vmovntdq``, for one ``vpor`` a vector.  Without it, InstCombine
+    turns a store of float16 bits into a store of LLVM's half (the bits are
+    ``bitcast(fptrunc(v))``, halves), and a non-temporal store of half vectors is
+    one LLVM does not vectorize (``vmovsh``, element by element); and a bfloat16
+    narrowing, which ends in a truncation, is folded with its store into a
+    truncating store (``vpmovdw`` to memory), which has no non-temporal form.
     """
     sig = types.void(arr, o, j, v)
 
@@ -70,7 +72,7 @@ def put_streaming(typingctx, arr, o, j, v):
         ary = context.make_array(aryty)(context, builder, args[0])
         ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1], args[2]])
         val = context.cast(builder, args[3], signature.args[3], aryty.dtype)
-        if aryty.dtype == types.uint16:
+        if aryty.dtype in (types.uint16, types.int16):
             val = builder.or_(val, _opaque_zero(builder, ary, val.type))
         store = builder.store(val, ptr, align=_LINE)
         store.set_metadata("nontemporal", builder.module.add_metadata([ir.IntType(32)(1)]))
