@@ -14,7 +14,11 @@ Where SciPy is installed, the first call includes numba importing ``scipy.linalg
 the first kernel a process loads makes numba import ``numba.np.arraymath``, which
 checks for a BLAS that way.  On the Xeon VM that is 0.19 s of a 0.38 s first call
 (measured with scipy importable and with it blocked, same cached kernel), so each
-measurement records ``scipy_installed``.
+measurement records ``scipy_installed``, and the children can run another
+interpreter (``python``: a venv of numbanorm's dependencies alone, as a user's
+``pip install numbanorm`` makes it).  :func:`numba_alone` measures the same in a
+process that calls one trivial cached numba function instead: what any numba
+program pays before its first kernel runs.
 """
 
 from __future__ import annotations
@@ -56,12 +60,51 @@ def child(case_json):
             "scipy_installed": importlib.util.find_spec("scipy") is not None}
 
 
-def cold_start(cases, threads=None, fresh_cache=False, python=None, timeout=600):
-    """One dict per case (``measure.Case``): import, first-call and steady-state seconds."""
+def numba_child():
+    """``import numba`` and the first call of a trivial cached function, in this new process."""
+    t0 = time.perf_counter()
+    import numba
+
+    t_import = time.perf_counter() - t0
+
+    @numba.njit(cache=True)  # cached in the parent's NUMBA_CACHE_DIR
+    def plus_one(v):
+        return v + 1
+
+    t0 = time.perf_counter()
+    plus_one(1)
+    return {"import_s": t_import, "first_call_s": time.perf_counter() - t0,
+            "scipy_installed": importlib.util.find_spec("scipy") is not None}
+
+
+def _env(threads):
     env = dict(os.environ)
     if threads is not None:
         env["NUMBA_NUM_THREADS"] = str(threads)
     env.pop("NUMBA_DISABLE_JIT", None)
+    return env
+
+
+def _run_child(python, args, env, timeout, what):
+    proc = subprocess.run([python or sys.executable, os.path.abspath(__file__), *args],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode:
+        raise RuntimeError(f"cold-start process for {what} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def numba_alone(threads=None, python=None, timeout=600):
+    """:func:`numba_child` in a fresh process whose cache already holds the function."""
+    env = _env(threads)
+    with tempfile.TemporaryDirectory(prefix="numbanorm-cold-") as tmp:
+        env["NUMBA_CACHE_DIR"] = tmp
+        _run_child(python, ["--numba"], env, timeout, "numba alone")  # compiles into the cache
+        return _run_child(python, ["--numba"], env, timeout, "numba alone")
+
+
+def cold_start(cases, threads=None, fresh_cache=False, python=None, timeout=600):
+    """One dict per case (``measure.Case``): import, first-call and steady-state seconds."""
+    env = _env(threads)
     # the child imports the numbanorm this process measures (the repository's, when run from its root)
     import numbanorm
 
@@ -70,11 +113,7 @@ def cold_start(cases, threads=None, fresh_cache=False, python=None, timeout=600)
     out = []
 
     def one(case):
-        proc = subprocess.run([python or sys.executable, os.path.abspath(__file__), json.dumps(case.to_dict())],
-                              env=env, capture_output=True, text=True, timeout=timeout)
-        if proc.returncode:
-            raise RuntimeError(f"cold-start process for {case.label} failed:\n{proc.stderr[-2000:]}")
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        return _run_child(python, [json.dumps(case.to_dict())], env, timeout, case.label)
 
     for case in cases:
         with tempfile.TemporaryDirectory(prefix="numbanorm-cold-") as tmp:
@@ -90,4 +129,4 @@ def cold_start(cases, threads=None, fresh_cache=False, python=None, timeout=600)
 
 
 if __name__ == "__main__":
-    print(json.dumps(child(sys.argv[1])))
+    print(json.dumps(numba_child() if sys.argv[1] == "--numba" else child(sys.argv[1])))

@@ -161,14 +161,15 @@ def git_state():
 
 
 def run(cases, threads=None, impls=None, peers=measure.PEERS, note="", skipped=(), cold=True,
-        compile_times=True, show_progress=True, **timing):
-    """Run ``cases`` (and the cold-start measurements); returns the results dict."""
+        compile_times=True, show_progress=True, cold_python=None, **timing):
+    """Run ``cases`` (and the cold-start measurements, their processes on ``cold_python``
+    if given); returns the results dict."""
     threads = measure.set_threads(threads)
     load_before = measure.loadavg()
     rows = measure.sweep(cases, impls, peers, threads, show_progress=show_progress, desc="sweep", **timing)
     cold_start = {}
     if cold:
-        cold_start = cold_start_runs(threads, compile_times)
+        cold_start = cold_start_runs(threads, compile_times, cold_python)
     meta = metadata(threads, note, load_before, measure.loadavg(), skipped, timing)
     return {"meta": meta, "rows": rows, "cold_start": cold_start}
 
@@ -179,13 +180,15 @@ COLD_CASES = tuple(Case(n, d, s, "float32", g) for n, s, g in
                    for d in measure.DIRECTIONS)
 
 
-def cold_start_runs(threads, compile_times=True):
-    """Each float32 kernel's first call in a fresh process: cached, and compiled from nothing."""
-    from .cold_start import cold_start
+def cold_start_runs(threads, compile_times=True, python=None):
+    """Each float32 kernel's first call in a fresh process (on interpreter ``python``):
+    cached, and compiled from nothing; and numba's own first call beside them."""
+    from .cold_start import cold_start, numba_alone
 
-    out = {"cached": cold_start(COLD_CASES, threads)}
+    out = {"cached": cold_start(COLD_CASES, threads, python=python),
+           "numba_alone": numba_alone(threads, python)}
     if compile_times:
-        out["fresh_cache"] = cold_start(COLD_CASES, threads, fresh_cache=True)
+        out["fresh_cache"] = cold_start(COLD_CASES, threads, fresh_cache=True, python=python)
     return out
 
 

@@ -58,6 +58,9 @@ def parser():
     ap.add_argument("--mem-gib", type=float, help="skip cases whose buffers exceed this (default: half the memory)")
     ap.add_argument("--no-cold-start", action="store_true", help="skip the fresh-process first-call measurements")
     ap.add_argument("--no-compile-times", action="store_true", help="skip compiling from an empty cache")
+    ap.add_argument("--cold-python", help="interpreter of the cold-start processes (default: this one), e.g. "
+                                          "a venv of numbanorm's dependencies alone: with SciPy installed, "
+                                          "numba imports it on its first kernel load")
     ap.add_argument("--out", help="result file stem under benchmarks/results (default: cpu, gpu or targets)")
     ap.add_argument("--merge", action="store_true", help="replace the re-run cases in an existing <stem> file")
     ap.add_argument("--dir", default=str(harness.RESULTS), help="results folder (default benchmarks/results)")
@@ -109,7 +112,8 @@ def main(argv=None):
           file=sys.stderr)
     res = harness.run(cases, threads, a.impl, a.peers, a.note, skipped,
                       cold=a.device == "cpu" and not (a.no_cold_start or a.half or a.small),
-                      compile_times=not a.no_compile_times, show_progress=not a.no_progress, **timing)
+                      compile_times=not a.no_compile_times, show_progress=not a.no_progress,
+                      cold_python=a.cold_python, **timing)
     res["meta"]["wall_s"] = round(time.perf_counter() - t0, 1)
     if a.merge:
         path = Path(a.dir) / f"{stem}.json"

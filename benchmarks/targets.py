@@ -185,6 +185,10 @@ def summary(results, fused=()):
         lines.append(f"NOTE: the targets are stated for {THREADS} threads; this run used {threads}")
     if meta.get("note"):
         lines.append(f"NOTE: {meta['note']}")
+    alone = (results.get("cold_start") or {}).get("numba_alone")
+    if alone:
+        lines.append(f"numba alone in a new process: import {alone['import_s']:.3f} s, first call of a cached "
+                     f"trivial function {alone['first_call_s']:.3f} s{_with_scipy(alone)}")
     ev = evaluate(results) + evaluate_fused(fused)
     w = max(len(e["rule"]) for e in ev)
     wc = max(len(e["case"]) for e in ev)

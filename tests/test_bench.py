@@ -448,6 +448,33 @@ def test_cold_start_in_a_fresh_process():
     assert res["scipy_installed"] is (importlib.util.find_spec("scipy") is not None)
 
 
+def test_numba_alone_in_a_fresh_process_and_in_the_targets_summary(tmp_path):
+    """numba's own first call (a trivial cached function) is measured in a new process
+    and printed above the targets: the part of numbanorm's first call no kernel can cut."""
+    from benchmarks.cold_start import numba_alone
+
+    alone = numba_alone(threads=1)
+    assert set(alone) == {"import_s", "first_call_s", "scipy_installed"}
+    assert 0 < alone["import_s"] < 60 and 0 < alone["first_call_s"] < 60
+    assert alone["scipy_installed"] is (importlib.util.find_spec("scipy") is not None)
+    res = harness.load_results(_synthetic_results(tmp_path))
+    res["cold_start"] = {"cached": [], "numba_alone": dict(alone, first_call_s=0.123, scipy_installed=False)}
+    assert "first call of a cached trivial function 0.123 s, no scipy" in targets.summary(res)
+
+
+def test_cold_start_processes_can_run_another_interpreter(monkeypatch):
+    """--cold-python reaches every cold-start process (a venv without the book extra's SciPy)."""
+    from benchmarks import cold_start as cs, run
+
+    seen = []
+    monkeypatch.setattr(cs, "_run_child", lambda python, args, env, timeout, what: seen.append(python) or
+                        {"import_s": 0.1, "first_call_s": 0.1, "steady_s": 0.1, "scipy_installed": False})
+    out = harness.cold_start_runs(1, compile_times=True, python="/elsewhere/python")
+    assert set(out) == {"cached", "numba_alone", "fresh_cache"}
+    assert seen and set(seen) == {"/elsewhere/python"}
+    assert run.parser().parse_args(["--cold-python", "/elsewhere/python"]).cold_python == "/elsewhere/python"
+
+
 # ------------------------------------------------------------------ fused-add and Dask tables
 
 
