@@ -158,8 +158,10 @@ def test_cpu_tensors_cross_without_copies(monkeypatch):
     torch.testing.assert_close(nt.layer_norm(x_nc, 16), nt.layer_norm(x_nc.contiguous(), 16), rtol=0, atol=0)
 
 
-def test_bfloat16_cpu_tensors_cross_without_copies(monkeypatch):
-    """bfloat16 reaches numbanorm as an ml_dtypes view of the tensor's bytes, and comes back the same way."""
+@pytest.mark.parametrize("grad", [False, True], ids=["eager-no-grad", "operator"])
+def test_bfloat16_cpu_tensors_cross_without_copies(monkeypatch, grad):
+    """bfloat16 reaches numbanorm as an ml_dtypes view of the tensor's bytes, and comes back
+    the same way: through the operator (a weight that needs a gradient) and without it."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
     import numbanorm
 
@@ -171,16 +173,106 @@ def test_bfloat16_cpu_tensors_cross_without_copies(monkeypatch):
         seen["y"] = y
         return y, np.ones(x.shape[:-1] + (1,), np.float32)
 
+    # the operator runs rms_norm_forward; an eager call without autograd, the plain rms_norm
     monkeypatch.setattr(numbanorm, "rms_norm_forward", spy)
+    monkeypatch.setattr(numbanorm, "rms_norm", lambda *a: spy(*a)[0])
     x = torch.randn(8, 5, dtype=torch.bfloat16).t()  # strided
-    w = torch.rand(8, dtype=torch.bfloat16)
+    w = torch.rand(8, dtype=torch.bfloat16).requires_grad_(grad)
     y = nt.rms_norm(x, 8, w)
+    assert y.requires_grad is grad
     assert seen["x"].dtype == ml_dtypes.bfloat16 and seen["weight"].dtype == ml_dtypes.bfloat16
     assert seen["x"].ctypes.data == x.data_ptr() and seen["x"].strides == (2, 10)
     assert seen["weight"].ctypes.data == w.data_ptr()
     np.testing.assert_array_equal(seen["x"].astype(np.float32), x.float().numpy())
     assert y.dtype == torch.bfloat16 and y.data_ptr() == seen["y"].ctypes.data
     torch.testing.assert_close(y, x * 2, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------ eager calls without the operator
+
+def _operator_refused(monkeypatch):
+    """Make every numbanorm operator raise: a call that reaches one fails."""
+    def refused(*args):
+        raise AssertionError("the custom operator ran")
+
+    for name in list(nt._OPERATORS):
+        monkeypatch.setitem(nt._OPERATORS, name, (refused, refused))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_an_eager_call_without_autograd_skips_the_operator(monkeypatch, dtype):
+    """A decoder's per-token norm: plain tensors, no gradient needed.  It runs the operator's
+    implementation without the operator's dispatch (about 100 us a call), with the same bits."""
+    if dtype is torch.bfloat16:
+        pytest.importorskip("ml_dtypes")
+    x = torch.randn(3, 64).to(dtype)
+    w = torch.nn.Parameter((torch.rand(64) + 0.5).to(dtype))
+    b = torch.randn(64).to(dtype)
+    via_operator = nt.layer_norm(x, 64, w, b)  # w requires grad: the operator, with its graph
+    assert via_operator.requires_grad
+    with torch.no_grad():
+        expected = nt.rms_norm(x, 64, w), nt.group_norm(x.reshape(3, 8, 8), 2, w[:8], b[:8])
+    _operator_refused(monkeypatch)
+    with torch.no_grad():
+        y = nt.layer_norm(x, 64, w, b)
+        got = nt.rms_norm(x, 64, w), nt.group_norm(x.reshape(3, 8, 8), 2, w[:8], b[:8])
+        ys = nt.add_rms_norm(x, x, 64, w)
+    assert not y.requires_grad and y.dtype == dtype
+    torch.testing.assert_close(y, via_operator.detach(), rtol=0, atol=0)
+    for a, e in zip(got, expected):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
+    assert isinstance(ys, tuple) and len(ys) == 2
+    with torch.inference_mode():
+        torch.testing.assert_close(nt.LayerNorm(64).to(dtype)(x), nt.layer_norm(x, 64, torch.ones(64, dtype=dtype),
+                                                                                torch.zeros(64, dtype=dtype)))
+    with pytest.raises(AssertionError, match="operator ran"):
+        nt.layer_norm(x, 64, w, b)  # grad mode on and w requires grad: the operator's autograd
+
+
+def test_the_backward_of_an_eager_graph_skips_the_operator(monkeypatch):
+    """Autograd's backward of an eager graph runs the backward's implementation directly too."""
+    x = t64(4, 16)
+    w, b = affine((16,), "both")
+    y = nt.layer_norm(x, 16, w, b)
+    g = torch.randn_like(y)
+    want = torch.autograd.grad(y, (x, w, b), g, retain_graph=True)
+    refused = []
+    monkeypatch.setitem(nt._OPERATORS, "layer_norm",
+                        (nt._OPERATORS["layer_norm"][0], lambda *a: refused.append(a) or 1 / 0))
+    got = torch.autograd.grad(y, (x, w, b), g)
+    assert not refused
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
+
+
+def test_modes_and_functorch_see_the_operator():
+    """Under a dispatch mode (a FLOP counter's, say) the call reaches the operator, so the
+    mode sees numbanorm's op; so does torch's profiler, and so do a call under a torch
+    function mode and torch.func's wrapped tensors."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(2, 16)
+    with torch.no_grad(), Record() as rec:
+        nt.layer_norm(x, 16)
+    assert any("numbanorm.layer_norm_forward" in o for o in rec.ops), rec.ops
+    with torch.no_grad(), torch.device("cpu"):  # a torch function mode
+        assert not nt._direct((x,))
+    with torch.no_grad(), torch.profiler.profile() as prof:
+        nt.layer_norm(x, 16)
+    assert any(e.name == "numbanorm::layer_norm_forward" for e in prof.events())
+    # torch.func wraps its tensors (vmap's batched ones here): those go to the operator
+    seen = []
+    torch.func.vmap(lambda t: seen.append(nt._direct((t,))) or t)(x)
+    assert seen == [False] and nt._direct((x,))
 
 
 def test_errors_cross_unchanged():
