@@ -200,8 +200,8 @@ def _needed(ctx, *grads):
 
 
 def _register_autograd(op, forward):
-    """The forward operator's gradient is the backward operator (:func:`_call`), on the saved
-    input and statistics."""
+    """The forward operator's gradient is the backward operator (:func:`_backward`), on the
+    saved input and statistics."""
 
     def setup_context(ctx, inputs, output):
         given = dict(zip(op.forward_roles, inputs))
@@ -223,7 +223,7 @@ def _register_autograd(op, forward):
         else:
             args = {"dy": g["y"], "ds": g.get("s"), _normalized(op): x, **dict(zip(op.stats, stats)),
                     "normalized_shape": ctx.normalized_shape, "weight": weight}
-            dx, *dparams = _call(op, "backward", op.args("backward", args))
+            dx, *dparams = _backward(op, op.args("backward", args))
             got = {"x": dx, "residual": dx, **dict(zip(op.params, dparams))}  # dx is also d(residual)
         return _needed(ctx, *(got.get(r) for r in op.forward_roles))
 
@@ -246,7 +246,7 @@ def _operators(op):
     return tuple(made)
 
 
-_IMPLEMENTATIONS = {}  # (name, kind) -> the operator's implementation, which _call may run directly
+_IMPLEMENTATIONS = {}  # (name, kind) -> the operator's implementation, which _direct calls may run
 _OPERATORS = {op.name: _operators(op) for op in OPERATIONS}
 
 
@@ -289,12 +289,13 @@ def _direct(args):
     return True
 
 
-def _call(op, kind, args):
-    """``op``'s forward or backward operator on ``args`` (its schema's order), or, where
-    :func:`_direct` allows, the operator's implementation itself."""
+def _backward(op, args):
+    """``op``'s backward operator on ``args`` (its schema's order), or, where :func:`_direct`
+    allows, the operator's implementation itself."""
     if _direct(args):
-        return _IMPLEMENTATIONS[op.name, kind](*args)
-    return _OPERATORS[op.name][0 if kind == "forward" else 1](*args)
+        return _IMPLEMENTATIONS[op.name, "backward"](*args)
+    return _OPERATORS[op.name][1](*args)
+
 
 #: every operator this module registers, for ``torch.library.opcheck`` and the curious
 OPERATORS = tuple(custom for pair in _OPERATORS.values() for custom in pair)
