@@ -1,6 +1,7 @@
 """Cold start: the first call of a CPU kernel in a fresh Python process.
 
     python benchmarks/cold_start.py '<case as JSON>'    # one measurement, printed as JSON
+    python benchmarks/cold_start.py --numba             # numba alone: a trivial cached function
 
 :func:`cold_start` (used by ``harness.cold_start_runs``) runs this file once per
 case in a new process (after an untimed one that makes sure the cache holds the
