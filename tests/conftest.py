@@ -81,3 +81,18 @@ def unstreamed(f, *args, **kwargs):
     finally:
         memory.STREAM_MIN_BYTES = saved
         _backend.small_calls._plans.clear()
+
+
+# pyproject's addopts run the suite on two pytest-xdist workers, split by what a test
+# compiles: compiling a Numba kernel holds one core, so one worker takes every test of
+# the CPU kernels (in file order, as without xdist) and the other the GPU kernels' tests
+# (the CUDA simulator, NVVM).  Each CPU kernel is compiled by one worker only, and both
+# cores are busy.
+_GPU_FILES = ("test_cuda", "test_gpu")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        gpu = (item.get_closest_marker("cudasim") or item.get_closest_marker("gpu")
+               or item.path.name.startswith(_GPU_FILES))
+        item.add_marker(pytest.mark.xdist_group("gpu_kernels" if gpu else "cpu_kernels"))
