@@ -424,7 +424,10 @@ def test_a_streamed_backward_updates_no_reference_count_per_row(module, dtype):
     """As the forward's (above): with its three dx spans inlined in one branch and its
     plain span in the other, Numba increfed dy, x, w, dx and the partials every row.
     (dy and x are increfed again on the path of a row whose sums overflowed, rare.)
-    GroupNorm's dx writer, called once a group, increfs no array at all."""
+    GroupNorm's dx writer, called once a group, increfs no array at all.
+
+    Its streamed span asks for the next row as the forward's does (memory.ask_ahead):
+    without, float16 LayerNorm backward at (16384, 4096) into dx took 1.2x as long."""
     import re
     from numba import njit
 
@@ -448,6 +451,7 @@ def test_a_streamed_backward_updates_no_reference_count_per_row(module, dtype):
         assert not increfs, sorted(increfs)
         return
     assert "%arg.dx.0" in increfs, "the pattern matched no incref of dx"
+    assert "call void @llvm.prefetch" in body, "the streamed span asks for none of the next row"
     once = [v for v in increfs if v not in ("%arg.dy.0", "%arg.x.0")]
     assert all(once.count(v) == 1 for v in once), sorted(increfs)
     assert increfs.count("%arg.dy.0") <= 2 and increfs.count("%arg.x.0") <= 2, sorted(increfs)

@@ -313,6 +313,7 @@ def backward_rows(
     # this block's partials in a local array (in L1/L2), not a row of dw_part (faster: book, ch. 5)
     dwp = np.zeros(N, dw_part.dtype)
     dbp = np.zeros(N, dw_part.dtype)
+    chunk = ahead_chunk(x)
     for i in range(lo, hi):
         mu = mean[i]
         r = rstd[i]
@@ -334,7 +335,13 @@ def backward_rows(
         # the spans inlined in two branches, Numba increfed each array per row (as forward_rows)
         s0, s1 = stream_span(dx, i) if stream else (N, N)
         backward_span(dy, x, i, mu, corr, r, w, ds, c1, c2, dx, dwp, dbp, 0, s0, False)
-        backward_span(dy, x, i, mu, corr, r, w, ds, c1, c2, dx, dwp, dbp, s0, s1, True)
+        for c in range(s0, s1, chunk):  # the next row asked for as this one is written (forward_rows)
+            e = min(c + chunk, s1)
+            ask_ahead(x, i, hi, c, e)
+            ask_ahead(dy, i, hi, c, e)
+            if ds is not None:
+                ask_ahead(ds, i, hi, c, e)
+            backward_span(dy, x, i, mu, corr, r, w, ds, c1, c2, dx, dwp, dbp, c, e, True)
         backward_span(dy, x, i, mu, corr, r, w, ds, c1, c2, dx, dwp, dbp, s1, N, False)
     dw_part[blk] = dwp
     db_part[blk] = dbp
@@ -441,7 +448,7 @@ def backward_span(
         g = widen(dy[i, j])
         xhat = ((widen(x[i, j]) - mu) - corr) * r
         wdy = g * w[j] if w is not None else g
-        v = (wdy - (xhat * c1 + c2)) * r
+        v = (wdy - (xhat * c1 + c2)) * r  # xhat = 0 (a one-element row): exactly c2
         if ds is not None:
             v = v + widen(ds[i, j])
         if nt:

@@ -162,13 +162,20 @@ def backward_rows(
     # local partial and whole rows in one loop, as layer_norm.backward_rows (whose
     # comments give the measurements)
     dwp = np.zeros(N, dw_part.dtype)
+    chunk = ahead_chunk(x)
     for i in range(lo, hi):
         r = rstd[i]
         # pass 1: c1 = mean(xhat * wdy); pass 2, from cache: dx and the partial
         c1 = backward_sum(dy, x, i, r, w, zero) * inv_n
         s0, s1 = stream_span(dx, i) if stream else (N, N)  # three spans, as layer_norm.backward_rows
         backward_span(dy, x, i, r, w, ds, c1, dx, dwp, 0, s0, False)
-        backward_span(dy, x, i, r, w, ds, c1, dx, dwp, s0, s1, True)
+        for c in range(s0, s1, chunk):  # the next row asked for as this one is written
+            e = min(c + chunk, s1)
+            ask_ahead(x, i, hi, c, e)
+            ask_ahead(dy, i, hi, c, e)
+            if ds is not None:
+                ask_ahead(ds, i, hi, c, e)
+            backward_span(dy, x, i, r, w, ds, c1, dx, dwp, c, e, True)
         backward_span(dy, x, i, r, w, ds, c1, dx, dwp, s1, N, False)
     dw_part[blk] = dwp
     if stream:
