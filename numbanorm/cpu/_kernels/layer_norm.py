@@ -448,7 +448,7 @@ def backward_span(
         g = widen(dy[i, j])
         xhat = ((widen(x[i, j]) - mu) - corr) * r
         wdy = g * w[j] if w is not None else g
-        v = (wdy - (xhat * c1 + c2)) * r  # xhat = 0 (a one-element row): exactly c2
+        v = (wdy - (xhat * c1 + c2)) * r
         if ds is not None:
             v = v + widen(ds[i, j])
         if nt:
