@@ -425,6 +425,17 @@ def mem_total_bytes():
     return None
 
 
+def cpu_target():
+    """LLVM's name for the CPU Numba compiles for, the AVX-512 16-bit features it sees
+    (a VM may hide some), and whether the 16-bit row functions run 512 bits wide there."""
+    from .cpu._kernels import halves
+
+    features = halves._x86_features() or ()
+    return {"llvm_cpu": halves._cpu_name(),
+            "avx512": {f: f"+{f}" in features for f in ("avx512bw", "avx512fp16", "avx512bf16")},
+            "wide_16bit_rows": bool(halves.WIDE_HALVES)}
+
+
 def machine_info(include_gpu=True):
     mem = mem_total_bytes()
     return {
@@ -433,6 +444,7 @@ def machine_info(include_gpu=True):
         "mem_gib": round(mem / 2**30, 1) if mem else None,
         "gpu": gpu_name() if include_gpu else None,
         "platform": platform.platform(),
+        "cpu_target": cpu_target(),
     }
 
 

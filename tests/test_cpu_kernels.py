@@ -385,7 +385,7 @@ def test_a_large_output_is_streamed_fresh_or_given(name, out, stream_everything,
 
 
 @pytest.mark.parametrize("module", [ln_cpu, rms_cpu, gn_cpu], ids=["layer_norm", "rms_norm", "group_norm"])
-@pytest.mark.parametrize("dtype", [np.float32, np.uint16])
+@pytest.mark.parametrize("dtype", [np.float32, np.uint16, np.int16])  # int16: bfloat16, two narrowings
 def test_a_streamed_forward_updates_no_reference_count_per_row(module, dtype):
     """Each NRT incref is an atomic, and an atomic drains the write-combining buffers of
     the streaming stores: with the row writer inlined once per branch, Numba increfed
@@ -534,6 +534,21 @@ def test_wide_vectors_set_the_vector_width_of_the_calling_function(monkeypatch, 
         assert ('"prefer-vector-width"="512"' in listed) == on, (sig, listed)
     if wide and "+avx512f" in binding.get_host_cpu_features().flatten().split(","):
         assert "zmm" in fresh.inspect_asm(fresh.signatures[0])
+
+
+@pytest.mark.parametrize("features, name, wide", [
+    ("+avx512f,+avx512bw,+avx512fp16", "sapphirerapids", True),
+    # a VM that hides AVX512-FP16 on an Emerald Rapids host (the feature alone said 256 bits)
+    ("+avx512f,+avx512bw,-avx512fp16,-avx512bf16", "emeraldrapids", True),
+    ("+avx512f,+avx512bw,-avx512fp16", "icelake-server", False),  # the clock drops
+    ("+avx2,+f16c", "emeraldrapids", False),  # AVX-512 hidden whole
+    ("+avx512f,+avx512bw,+avx512fp16", "generic", True),
+])
+def test_sixteen_bit_rows_ask_for_512_bits_from_sapphire_rapids_on(monkeypatch, features, name, wide):
+    from numbanorm.cpu._kernels import halves
+
+    monkeypatch.setattr(halves, "NATIVE_HALF", True)  # F16C: the features listed say so
+    assert halves.wide_halves(tuple(features.split(",")), name) is wide
 
 
 def test_backward_dx_of_a_row_does_not_depend_on_the_others(rng):

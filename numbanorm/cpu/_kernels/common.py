@@ -15,7 +15,7 @@ from numba.extending import intrinsic
 from numba.np.ufunc import parallel as _numba_parallel
 
 from .cache import njit
-from .halves import HALF_VECTORS, kernel_view, widen
+from .halves import WIDE_HALVES, kernel_view, widen
 
 # 'reassoc' lets LLVM split each row reduction over several vector accumulators
 # (a float32 row sum is otherwise one serial chain of dependent adds).
@@ -26,10 +26,10 @@ from .halves import HALF_VECTORS, kernel_view, widen
 FASTMATH = {"reassoc"}
 
 # LLVM vectorizes 256 bits wide on every Intel AVX-512 CPU (the clock drop of 512-bit
-# code on the first ones).  From Sapphire Rapids, the first with AVX512-FP16, 512 bits
-# pay for the 16-bit row functions, not for float32's (measured: book, chapter 9):
-# the element types whose row functions ask for them.
-WIDE_VECTORS = (types.uint16, types.int16) if HALF_VECTORS else ()
+# code on the first ones).  From Sapphire Rapids, 512 bits pay for the 16-bit row
+# functions, not for float32's (halves.wide_halves; measured: book, chapter 9): the
+# element types whose row functions ask for them.
+WIDE_VECTORS = (types.uint16, types.int16) if WIDE_HALVES else ()
 
 
 @intrinsic
