@@ -385,7 +385,7 @@ def test_a_large_output_is_streamed_fresh_or_given(name, out, stream_everything,
 
 
 @pytest.mark.parametrize("module", [ln_cpu, rms_cpu, gn_cpu], ids=["layer_norm", "rms_norm", "group_norm"])
-@pytest.mark.parametrize("dtype", [np.float32, np.uint16, np.int16])  # int16: bfloat16, two narrowings
+@pytest.mark.parametrize("dtype", [np.float32, np.uint16, np.int16])  # int16: bfloat16 bits
 def test_a_streamed_forward_updates_no_reference_count_per_row(module, dtype):
     """Each NRT incref is an atomic, and an atomic drains the write-combining buffers of
     the streaming stores: with the row writer inlined once per branch, Numba increfed
@@ -540,7 +540,7 @@ def test_wide_vectors_set_the_vector_width_of_the_calling_function(monkeypatch, 
     ("+avx512f,+avx512bw,+avx512fp16", "sapphirerapids", True),
     # a VM that hides AVX512-FP16 on an Emerald Rapids host (the feature alone said 256 bits)
     ("+avx512f,+avx512bw,-avx512fp16,-avx512bf16", "emeraldrapids", True),
-    ("+avx512f,+avx512bw,-avx512fp16", "icelake-server", False),  # the clock drops
+    ("+avx512f,+avx512bw,-avx512fp16", "icelake-server", False),  # before Sapphire Rapids: LLVM's width
     ("+avx2,+f16c", "emeraldrapids", False),  # AVX-512 hidden whole
     ("+avx512f,+avx512bw,+avx512fp16", "generic", True),
 ])

@@ -98,8 +98,8 @@ def wide_halves(features, cpu_name):
     """Whether the 16-bit row functions pay for 512-bit vectors (common.WIDE_VECTORS):
     on a CPU with AVX512-FP16, or one of SPR_AND_LATER with AVX512-BW.  By name too,
     because a VM may hide AVX512-FP16 from its guest: on one of ours that did, the
-    bfloat16 LayerNorm forward into out= took 1.2x the copy at 256 bits and 1.0x at 512
-    (book, chapter 9)."""
+    bfloat16 LayerNorm forward into out= took 1.28x the copy at 256 bits and 0.98x at
+    512 (book, chapter 9)."""
     features = features or ()
     return NATIVE_HALF and ("+avx512fp16" in features or
                             ("+avx512bw" in features and cpu_name in SPR_AND_LATER))
