@@ -204,6 +204,8 @@ def test_info_reports_versions_threads_cache_cpu_and_gpu(capsys):
         host = ll.get_host_cpu_features()
         for label, key in (("F16C", "f16c"), ("AVX2", "avx2"), ("AVX-512", "avx512f")):
             assert f" {label} {'yes' if host[key] else 'no'}" in f["cpu target"]
+    from numbanorm.cpu._kernels.halves import WIDE_HALVES
+    assert f["cpu target"].endswith(f"; 16-bit rows 512 bits wide {'yes' if WIDE_HALVES else 'no'}")
     ok, why = registry.usable("cuda")
     assert f["gpu"].startswith("in use: " if ok else f"not in use: {why.splitlines()[0][:100]}")
     assert ("simulator" in f["gpu"]) == (ok and SIMULATED)
