@@ -40,7 +40,8 @@ hold those counts, for every benchmark.
 How it is timed (:func:`time_runners`)
 --------------------------------------
 1. each runner's first call is timed alone (``first_call_s``: numba's compile
-   or cache load for the first case of a signature, torch's lazy set-up);
+   or cache load for the first case of a signature, torch's lazy set-up), and
+   the parallel kernels it left to a compile thread are waited for;
 2. one more (warm) call, timed, picks ``number``, the calls per sample, so a
    sample lasts at least ``min_sample_s`` (timer resolution and call overhead
    amortised);
@@ -677,6 +678,14 @@ def _warm_call(fn, sync, clock):
     return max(clock() - t0, 1e-9)
 
 
+def compiled_in_background():
+    """Wait for the CPU's parallel kernels that first calls handed to a compile thread (until
+    they are compiled, those calls run on one thread: not what is timed)."""
+    background = sys.modules.get("numbanorm.cpu._kernels.background")
+    if background is not None:
+        background.wait()
+
+
 def time_runners(runners, sync=lambda: None, *, repeats=None, budget_s=1.0, min_repeats=5,
                  max_repeats=50, max_s=None, min_sample_s=2e-3, max_number=1000, number=None):
     """Time ``runners`` in place (``first_call_s``, ``number``, ``samples``); returns the rounds run.
@@ -693,6 +702,7 @@ def time_runners(runners, sync=lambda: None, *, repeats=None, budget_s=1.0, min_
         r.fn()
         sync()
         r.first_call_s = clock() - t0
+    compiled_in_background()
     for r in runners:
         # a warm call sets the calls per sample (the first call is no guide: it may
         # compile).  Nor is the first warm call where it fills a sample alone: it may

@@ -22,6 +22,8 @@ rms_cpu = importlib.import_module("numbanorm.cpu._kernels.rms_norm")
 add_cpu = importlib.import_module("numbanorm.cpu._kernels.add_norm")
 common = importlib.import_module("numbanorm.cpu._kernels.common")
 gn_cpu = importlib.import_module("numbanorm.cpu._kernels.group_norm")
+spans = importlib.import_module("numbanorm.cpu._kernels.spans")
+stats = importlib.import_module("numbanorm.cpu._kernels.stats")
 
 SHAPES = [(1, 1), (1, 1023), (3, 5, 33), (5, 4099), (64, 768), (70, 7)]
 
@@ -442,7 +444,7 @@ def test_a_streamed_backward_updates_no_reference_count_per_row(module, dtype):
         part = np.zeros((1, N), np.float32)
         stats = (st, st.copy()) if module is ln_cpu else (st,)
         parts = (part, part.copy()) if module is ln_cpu else (part,)
-        fresh(x, x, *stats, w, None, np.empty_like(x), *parts, True, 0, 0, M)
+        fresh(x, x, *stats, w, None, np.empty_like(x), *parts, True, 0, 1)  # one block of M rows
     llvm = fresh.inspect_llvm(fresh.signatures[0])
     body = llvm[llvm.index("define"):]
     body = body[: body.index("\ndefine", 1)]
@@ -476,10 +478,10 @@ def test_a_streamed_forward_compiles_to_non_temporal_vector_stores(module, dtype
     # forward_rows's streamed chunk alone (its staged rows are copied out by stream_row)
     if module is ln_cpu:
         def span(x, w, out, o, lo, hi, nt):
-            ln_cpu.normalize_span(x, 0, np.float32(0), np.float32(0), np.float32(1), w, w, out, o, lo, hi, nt)
+            spans.normalize_span(x, 0, np.float32(0), np.float32(0), np.float32(1), w, w, out, o, lo, hi, nt)
     elif module is rms_cpu:
         def span(x, w, out, o, lo, hi, nt):
-            rms_cpu.scale_span(x, 0, np.float32(1), w, out, o, lo, hi, nt)
+            spans.scale_span(x, 0, np.float32(1), w, out, o, lo, hi, nt)
     else:
         def span(x, w, out, o, lo, hi, nt):
             gn_cpu.scale_shift_span(x, 0, np.float32(0), np.float32(0), np.float32(1), np.float32(0),
@@ -503,7 +505,8 @@ def test_every_row_function_asks_for_wide_vectors():
     """Every function whose loops do a kernel's arithmetic calls common.wide_vectors:
     one that did not would be vectorized 256 bits wide where 512 pay (AVX512-FP16),
     and every result would still be right."""
-    rows = {kernel.py_func.__globals__["ROWS"] for kernel in common._SERIAL}
+    rows = {k.rows for mod in (ln_cpu, rms_cpu, gn_cpu, add_cpu) for k in vars(mod).values()
+            if isinstance(k, common.Kernel)}
     assert len(rows) >= 8, rows  # LayerNorm and RMSNorm (and fused), GroupNorm, forward and backward
     # the group norm's per-channel loops are functions of their own (not inlined)
     for f in rows | {gn_cpu.write_channels, gn_cpu.dx_channels}:
@@ -652,8 +655,8 @@ def test_one_pass_statistics_hold_for_a_first_element_two_deviations_out(rng, dt
     x = rng.standard_normal((1, 4096)).astype(np.float32)
     x[0, 0] = x.mean() + 2 * x.std()
     view = x.astype(dtype).view(np.uint16) if dtype == np.float16 else x
-    k, m1, ms = ln_cpu.shifted_stats(view, 0, np.float32(0))
-    assert ln_cpu.one_pass_ok(m1, ms)
+    k, m1, ms = stats.shifted_stats(view, 0, np.float32(0))
+    assert stats.one_pass_ok(m1, ms)
     np.testing.assert_allclose(k + m1, x.astype(dtype).astype(np.float64).mean(), atol=1e-6)
 
 

@@ -11,12 +11,13 @@ contiguous in memory, so each (sample, group) is a "row" for the statistics:
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import FASTMATH, acc_of, finish, in_blocks, launch, param, row_block, scratch_for, wide_vectors
+from .common import (FASTMATH, RESCALE, acc_of, finish, in_blocks, launch, param, row_block, scratch_for,
+                     wide_vectors)
 from .halves import kernel_view, like, narrow, widen
 from .memory import put_streaming, store_fence, stream_apart, stream_span
+from .rescale import scaled_backward_row, scaled_row
+from .stats import deviation_stats, one_pass_ok, overflowed, row_is_finite, shifted_stats
 from .sums import gradient_sums
-from .layer_norm import (deviation_stats, one_pass_ok, overflowed, row_is_finite,
-                         scaled_backward_row, scaled_row, shifted_stats)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -49,9 +50,10 @@ def forward_groups(
     lo,     # scalar: first group of the block, n * G + g
     hi,     # scalar: one past its last group
 ):
-    """Groups ``lo:hi`` of the forward, called by _forward and its serial twin
-    (as layer_norm.forward_rows); a call per block, not per group, keeps the
-    reference counts of its arrays out of the loop over groups.
+    """Groups ``lo:hi`` of the forward, called by _forward and by the calling thread
+    (as layer_norm.forward_rows, whose return value it returns too); a call per
+    block, not per group, keeps the reference counts of its arrays out of the loop
+    over groups.
 
     A group's Cg * S elements are contiguous, so its statistics are a LayerNorm row's
     (of x); its write pass goes channel by channel (rows of xc, yc, as (array, row):
@@ -61,6 +63,7 @@ def forward_groups(
     """
     wide_vectors(x)
     N, C, S, G, Cg, zero, one, inv_n = dims(xc, mean)
+    left = 0
     for ng in range(lo, hi):
         n = ng // G
         g = ng % G
@@ -74,13 +77,18 @@ def forward_groups(
             corr, var = deviation_stats(x, ng, mu, zero, inv_n)
         r = one / np.sqrt(var + eps)
         if overflowed(mu, r) and row_is_finite(x, ng):  # as layer_norm.forward_rows
-            mean[n, g], rstd[n, g] = scaled_row(x, ng, w, b, c0, S, eps, y, ng)
+            if RESCALE:
+                mean[n, g], rstd[n, g] = scaled_row(x, ng, w, b, c0, S, eps, y, ng)
+            else:
+                mean[n, g], rstd[n, g] = zero, -one
+                left += 1
             continue
         mean[n, g] = mu + corr
         rstd[n, g] = r
         write_channels(xc, yc, n * C + c0, n * C + c0 + Cg, c0, mu, corr, r, w, b, zero, stream)
     if stream:
         store_fence()
+    return left
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True)
@@ -166,10 +174,12 @@ def backward_groups(
     lo,       # scalar: first group of the block, n * G + g
     hi,       # scalar: one past its last group
 ):
-    """Groups ``lo:hi`` of the backward, called by _backward and its serial twin
-    (as forward_groups, whose two views of each array it takes for the same reason)."""
+    """Groups ``lo:hi`` of the backward, called by _backward and by the calling thread
+    (as forward_groups, whose two views of each array it takes for the same reason);
+    returns how many groups it left to its rescaling variant (layer_norm.backward_rows)."""
     wide_vectors(dy)
     N, C, S, G, Cg, zero, one, inv_n = dims(xc, mean)
+    left = 0
     for ng in range(lo, hi):
         n = ng // G
         g = ng % G
@@ -199,16 +209,19 @@ def backward_groups(
         c2 *= inv_n
         if (not (np.isfinite(corr) and np.isfinite(c1) and np.isfinite(c2))
                 and row_is_finite(x, ng) and row_is_finite(dy, ng)):
-            # as in layer_norm._backward
-            for c in range(c0, c0 + Cg):
-                dw_part[n, c] = zero
-                db_part[n, c] = zero
-            scaled_backward_row(dy, x, ng, mu, r, w, c0, S, None, dx, dw_part[n], db_part[n])
+            if RESCALE:  # as in layer_norm.backward_rows
+                for c in range(c0, c0 + Cg):
+                    dw_part[n, c] = zero
+                    db_part[n, c] = zero
+                scaled_backward_row(dy, x, ng, mu, r, w, c0, S, None, dx, dw_part[n], db_part[n])
+            else:
+                left += 1
             continue
         # pass 2: dx = (wdy - (xhat * c1 + c2)) * rstd, channel by channel
         dx_channels(dyc, xc, n * C + c0, n * C + c0 + Cg, c0, mu, corr, r, w, c1, c2, one, dxc, stream)
     if stream:
         store_fence()
+    return left
 
 
 @njit(cache=True, nogil=True)
@@ -305,6 +318,6 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
     np.sum(db_part, axis=0, out=dbias)
 
 
-# The parallel kernels over blocks of groups, with their serial twins (common.launch)
+# The row functions with their parallel kernels over blocks of groups (common.launch)
 _forward = in_blocks(forward_groups)
-_backward = in_blocks(backward_groups)
+_backward = in_blocks(backward_groups, marks=None)
