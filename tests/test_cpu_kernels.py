@@ -23,6 +23,7 @@ add_cpu = importlib.import_module("numbanorm.cpu._kernels.add_norm")
 common = importlib.import_module("numbanorm.cpu._kernels.common")
 gn_cpu = importlib.import_module("numbanorm.cpu._kernels.group_norm")
 spans = importlib.import_module("numbanorm.cpu._kernels.spans")
+background = importlib.import_module("numbanorm.cpu._kernels.background")
 stats = importlib.import_module("numbanorm.cpu._kernels.stats")
 
 SHAPES = [(1, 1), (1, 1023), (3, 5, 33), (5, 4099), (64, 768), (70, 7)]
@@ -678,3 +679,119 @@ def test_forward_rows_whose_first_element_is_far_from_the_mean(rng, first):
     assert_close(y, y_ref, np.float32, "y")
     assert_close(mean, mean_ref, np.float32, "mean")
     assert_close(rstd, rstd_ref, np.float32, "rstd")
+
+
+# ------------------------------------------------------------------ what a first call compiles
+
+
+def test_generated_kernels_name_their_own_source_and_cache_beside_their_row_function():
+    """A parallel kernel is compiled from generated source under a file name of its own,
+    whose lines ``linecache`` (so a traceback) shows, and is cached beside its row
+    function's module.  They were compiled under common.py's name: a traceback through
+    one showed common.py's first lines."""
+    import linecache
+
+    for module in (ln_cpu, rms_cpu, gn_cpu, add_cpu):
+        for kernel in (k for k in vars(module).values() if isinstance(k, common.Kernel)):
+            code = kernel.parallel.py_func.__code__
+            source = kernel.rows.py_func.__code__.co_filename
+            assert code.co_filename.startswith(source + " <parallel kernel of "), code.co_filename
+            assert linecache.getline(code.co_filename, code.co_firstlineno).startswith("def kernel(block, ")
+            assert "ROWS(" in "".join(linecache.getlines(code.co_filename))
+            assert kernel.parallel._cache.cache_path == kernel.rows._cache.cache_path
+
+
+def test_a_row_function_is_one_compiled_function_for_both_paths():
+    """The calling thread and the parallel kernel run one compiled row function: parfors
+    typed the prange index of the backward's blocks unsigned, and the row function
+    called with it was compiled a second time (a second compile, and a second function
+    whose bits had only to agree).  Every row function's bounds are int64 either way."""
+    x = np.linspace(-2, 3, 300 * 128, dtype=np.float32).reshape(300, 128)  # parallel: >= SERIAL_BELOW
+    with background.synchronous():
+        for a in (x, x[:3]):
+            _, mean, rstd = nn.layer_norm_forward(a, 128)
+            nn.layer_norm_backward(a, a, mean, rstd, 128)
+            _, rstd = nn.rms_norm_forward(a, 128)
+            nn.rms_norm_backward(a, a, rstd, 128)
+            _, mean, rstd = nn.group_norm_forward(a.reshape(-1, 8, 16), 4)
+            nn.group_norm_backward(a.reshape(-1, 8, 16), a.reshape(-1, 8, 16), mean, rstd)
+    for module in (ln_cpu, rms_cpu, gn_cpu):
+        for kernel in (k for k in vars(module).values() if isinstance(k, common.Kernel)):
+            assert kernel.rows.signatures and kernel.parallel.signatures
+            assert all(tuple(map(str, s[-2:])) == ("int64", "int64") for s in kernel.rows.signatures), \
+                kernel.rows.signatures
+
+
+def test_a_row_function_compiles_no_rare_path():
+    """A row function's compile leaves out what its rows rarely or never need: the float64
+    rescaling of rows whose sums overflowed (a variant of the row function compiled
+    when a row first needs it: Kernel.rescue), and Numba's formatted message for an
+    array assignment whose shapes disagree (the backward's partials, written element by
+    element).  Both were compiled into every backward's first call."""
+    from numba import njit
+    from numba.core import event
+
+    compiled = []
+
+    class Names(event.Listener):
+        def on_start(self, ev):
+            compiled.append(ev.data["dispatcher"].py_func.__qualname__)
+
+        def on_end(self, ev):
+            pass
+
+    M, N = 4, 64
+    x, st = np.ones((M, N), np.float32), np.ones(M, np.float32)
+    part = np.zeros((1, N), np.float32)
+    with event.install_listener("numba:compile", Names()):
+        for rows, args in ((ln_cpu.forward_rows, (x, None, None, np.float32(1e-5), x.copy(), st, st.copy(), False)),
+                           (ln_cpu.backward_rows, (x, x, st, st, None, None, x.copy(), part, part.copy(), False)),
+                           (gn_cpu.backward_groups, None)):
+            if args is None:  # GroupNorm: one sample of 4 channels in 2 groups
+                xc, g = x.reshape(4, N), x.reshape(2, 2 * N)
+                stats = np.ones((1, 2), np.float32)
+                args = (g, g, stats, stats, None, g.copy(), xc, xc, xc.copy(), np.zeros((1, 4), np.float32),
+                        np.zeros((1, 4), np.float32), False)
+            options = {k: v for k, v in rows.targetoptions.items() if k not in ("cache", "nopython")}
+            fresh = njit(**options)(rows.py_func)  # not cached: compiled here
+            fresh(*args, 0, 1)
+    assert not [f for f in compiled if f.startswith(("scaled_", "row_scale"))], compiled
+    assert not [f for f in compiled if "shape_context" in f or f.startswith(("integer_str", "unicode"))], compiled
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rows_whose_sums_overflowed_in_a_parallel_call_in_place_and_not(dtype):
+    """The row functions leave a finite row whose sums overflowed to their rescaling
+    variant (Kernel.rescue): a forward's such rows alone, marked in rstd, since the
+    others are written already (in place, over x); a backward's whole call again.
+    Among enough rows for the parallel kernels, in place and not, every row is the
+    bits of its own call."""
+    rng = np.random.default_rng(7)
+    m, n = -(-common.SERIAL_BELOW // 64) + 3, 64
+    x = rng.standard_normal((m, n)).astype(dtype)
+    huge = 1e20 if dtype == np.float32 else 1e155
+    for i in (1, m // 2, m - 1):
+        x[i] *= huge
+    w = rng.uniform(0.5, 1.5, n).astype(dtype)
+    dy = rng.standard_normal((m, n)).astype(dtype)
+    with background.synchronous():  # (the parallel kernels, compiled here)
+        calls = {"layer_norm": lambda a, **k: nn.layer_norm(a, n, w, w, **k),
+                 "rms_norm": lambda a, **k: nn.rms_norm(a, n, w, **k),
+                 "group_norm": lambda a, **k: nn.group_norm(a.reshape(m, 4, n // 4), 2, w[:4], w[:4],
+                                                            **{key: v.reshape(m, 4, n // 4) for key, v in k.items()})}
+        for name, f in calls.items():
+            whole = f(x).reshape(m, n)
+            inplace = x.copy()
+            f(inplace, out=inplace)
+            np.testing.assert_array_equal(inplace, whole, err_msg=name)
+            for i in (0, 1, m // 2, m - 1):
+                np.testing.assert_array_equal(f(x[i:i + 1]).reshape(1, n), whole[i:i + 1], err_msg=f"{name} {i}")
+            assert np.isfinite(whole).all(), name
+        y, s = nn.add_layer_norm(x, np.zeros_like(x), n, w, w)
+        np.testing.assert_array_equal(y, nn.layer_norm(x, n, w, w))
+        _, mean, rstd = nn.layer_norm_forward(x, n, w)
+        dx, dw, db = nn.layer_norm_backward(dy, x, mean, rstd, n, w)
+        want = ORACLE.layer_norm_backward(dy, x, mean, rstd, n, w)
+        for got, exp in zip((dx, dw, db), want):
+            assert np.isfinite(got).all()
+            assert_close(got, exp, dtype)

@@ -180,6 +180,16 @@ class Kernel:
         self._marks = marks  # (see rescue)
         self._rescaling = None
 
+    @property
+    def signatures(self):
+        """The argument types the row function is compiled (or loaded) for."""
+        return self.rows.signatures
+
+    @property
+    def stats(self):
+        """Numba's counts of the row function's cache hits and misses."""
+        return self.rows.stats
+
     def serial(self, block, *args):
         """Every item in one call of the row function, on the calling thread."""
         return self.rows(*args, 0, self._count(args))
@@ -204,8 +214,10 @@ class Kernel:
             self._rescaling(*args, i, i + 1)
 
 
-# How a kernel counts its items, by the row function argument that has one per item:
-# a statistic a row (or group) for a loop over rows, a partial row for a loop over row blocks
+# The two parallel loops every CPU kernel is, around a row function ROWS that does all the
+# arithmetic of its items lo:hi (its own arguments first, the bounds last), told apart by
+# the argument that counts the items: a statistic a row (or group) for a loop over rows,
+# a partial row for a loop over row blocks
 _COUNTS = {"rstd": "size", "dw_part": "shape[0]"}
 
 
