@@ -337,12 +337,15 @@ def compile_variants(op, dtype, everything=False):
 
 def compile_cpu(dtypes=("float32",), everything=False, show_progress=True, out=None):
     """Compile (or load) every CPU operation's kernels, forward and backward, in each of
-    ``dtypes``: their row functions and parallel kernels, on this thread, into numba's
-    cache.  0 when every call ran, else 1."""
+    ``dtypes``: their row functions and parallel kernels, plain and with streaming stores
+    (cpu._kernels.common.STREAMING), on this thread, into numba's cache; the variants
+    that rescale rows whose sums overflowed are compiled when a row first needs one.
+    0 when every call ran, else 1."""
     import time
 
     from . import cpu, measure
-    from .cpu._kernels import background
+    from .cpu._backend import small_calls
+    from .cpu._kernels import background, memory
     from .operations import OPERATIONS
 
     p = lambda *a: print(*a, file=out or sys.stdout)  # noqa: E731
@@ -351,6 +354,7 @@ def compile_cpu(dtypes=("float32",), everything=False, show_progress=True, out=N
     p(f"numbanorm compile: {len(jobs) * 2} calls ({', '.join(dtypes)}), kernel cache: {_info_cache()}")
     bar = measure.progress(len(jobs) * 2, "compile", disable=not show_progress)
     failed = 0
+    stream_threshold = memory.STREAM_MIN_BYTES
     t_all = time.perf_counter()
     rng = np.random.default_rng(0)
     for op, dt, label, params in jobs:
@@ -367,16 +371,22 @@ def compile_cpu(dtypes=("float32",), everything=False, show_progress=True, out=N
             bar.set_postfix_str(f"{op.name} {direction} {dt}, {label}")
             t0 = time.perf_counter()
             try:
-                with background.synchronous():  # the parallel kernel too, here
-                    for values in calls:
-                        if direction == "forward":
-                            values.update(zip(op.forward_outputs, op.call(cpu, "forward", values)))
-                        else:
-                            op.call(cpu, "backward", values)
+                with background.synchronous():  # the parallel kernels too, here
+                    for stream_min in (stream_threshold, 0):  # and with the streaming stores
+                        memory.STREAM_MIN_BYTES = stream_min
+                        small_calls._plans.clear()  # (a plan keeps its choice of stores)
+                        for values in calls:
+                            if direction == "forward":
+                                values.update(zip(op.forward_outputs, op.call(cpu, "forward", values)))
+                            else:
+                                op.call(cpu, "backward", values)
                 note = ""
             except Exception as e:  # reported and counted; the other operations still compile
                 failed += 1
                 note = f"  FAILED: {type(e).__name__}: {e}"[:200]
+            finally:
+                memory.STREAM_MIN_BYTES = stream_threshold
+                small_calls._plans.clear()
             bar.update()
             if not show_progress or note:
                 p(f"  {op.name:<15} {direction:<9} {dt:<9} {label:<16} {time.perf_counter() - t0:6.1f} s{note}")

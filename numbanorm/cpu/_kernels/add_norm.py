@@ -31,7 +31,7 @@ from .common import FASTMATH, RESCALE, acc_of, in_blocks, launch, param, row_blo
 from .halves import kernel_view, narrow, widen
 from .rescale import scaled_rms_row, scaled_row
 from .spans import normalize_span, scale_span
-from .stats import deviation_stats, overflowed, row_is_finite, row_sum, row_sum_squares
+from .stats import overflowed, row_is_finite, row_stats, row_sum_squares
 
 # s and y are always fresh allocations here (the fused functions have no out=),
 # and fresh outputs are faster with ordinary stores than with streaming ones
@@ -42,7 +42,9 @@ from .stats import deviation_stats, overflowed, row_is_finite, row_sum, row_sum_
 # reading it back, made no difference (0.74x against 0.76x, best times).
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True)
+# 'contract', as the norms' own forwards (layer_norm.forward_rows says why a forward may):
+# the fused rows are the bits of the norm's forward of the s they return
+@njit(cache=True, fastmath=FASTMATH | {"contract"}, nogil=True)
 def layer_norm_rows(
     x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
     r,      # (M, N) residual rows, x's dtype
@@ -62,13 +64,11 @@ def layer_norm_rows(
     N = x.shape[1]
     zero = mean.dtype.type(0)
     one = mean.dtype.type(1)
-    inv_n = one / mean.dtype.type(N)
     left = 0
     for i in range(lo, hi):
         # pass 1: s = x + r, stored once; passes 2 to 4 read s back from cache
         add_row(x, r, i, s)
-        mu = row_sum(s, i, zero) * inv_n
-        corr, var = deviation_stats(s, i, mu, zero, inv_n)
+        mu, corr, var = row_stats(s, i, zero)  # as layer_norm_forward(s): the same bits
         rs = one / np.sqrt(var + eps)
         if overflowed(mu, rs) and row_is_finite(s, i):  # as layer_norm.forward_rows
             if RESCALE:
@@ -86,7 +86,7 @@ def layer_norm_rows(
 
 # Alike in shape to layer_norm_rows by design (the norm's own steps after add_row), as
 # rms_norm's row functions are to layer_norm's (rms_norm's docstring)
-@njit(cache=True, fastmath=FASTMATH, nogil=True)
+@njit(cache=True, fastmath=FASTMATH | {"contract"}, nogil=True)
 def rms_norm_rows(
     x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
     r,      # (M, N) residual rows, x's dtype
@@ -129,7 +129,7 @@ def add_row(
     s,      # (M, N) output x + r
 ):
     """``s[i] = x[i] + r[i]``.  Its sum is made afterwards, from cache, by a loop
-    that stores nothing (see layer_norm.row_sum)."""
+    that stores nothing (stats.row_stats)."""
     for j in range(x.shape[1]):
         s[i, j] = narrow(widen(x[i, j]) + widen(r[i, j]), s)
 

@@ -3,7 +3,7 @@
 Numba's own ``cache=True`` has two faults for a package laid out like this one:
 
 * It stamps a cached kernel with the hash of the one file that holds the
-  decorated function.  The helpers it inlines (``row_sum``, ``normalize_span``,
+  decorated function.  The helpers it inlines (``row_sums``, ``normalize_span``,
   ``stream_row`` ...) live in other files, so editing one of them left a kernel
   of another file loading its old machine code.  Here the stamp is one hash of
   every ``.py`` file of this package (the kernels compile nothing from outside

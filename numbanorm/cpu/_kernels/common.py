@@ -66,7 +66,7 @@ def scratch_for(out, src=None, *params):
     copied in, as NumPy's ufuncs do for overlapping operands.  An in-place
     ``out=x`` is written directly: each row's sums are taken in loops that store
     nothing before the row is overwritten element by element
-    (``layer_norm.row_sum``), so it gives the bits of an out-of-place call.
+    (``sums``), so it gives the bits of an out-of-place call.
     Fresh too where ``out`` overlaps any of ``params`` (weight, bias: every row
     reads all of them, so no overlap is safe).
     """
@@ -151,11 +151,45 @@ def row_block(rows):
 SERIAL_BELOW = 32768
 
 
-# What a row function does with a row whose sums overflowed on finite inputs: False, leave
-# it (a forward marks its rstd -1) and count it; True, normalize it in float64 (rescale).
-# The row functions are compiled with False, the rare path out of their code, and a
-# variant with True (Kernel.rescue) runs again what they leave.
+# Two paths of the row functions that a call rarely takes, each compiled into a variant of
+# its own (variant(), from the first call that takes it), so that a first call compiles
+# neither: STREAMING, the streaming stores into a large output (memory), whose bits
+# are the plain stores' (a row function without them runs meanwhile: launch); RESCALE,
+# what a row whose sums overflowed on finite inputs gets: False, it is left (a forward
+# marks its rstd -1) and counted; True, it is normalized in float64 (rescale).  A row
+# function reads them as ``if STREAMING and stream:``, ``if RESCALE:`` (Numba prunes a
+# branch on a False global before typing it).
+STREAMING = False
 RESCALE = False
+FLAGS = ("STREAMING", "RESCALE")
+
+
+def with_flags(fn, **flags):
+    """The Python function of dispatcher ``fn`` with the module ``flags`` set in its globals,
+    and in those of each function of this package it calls that reads one of them."""
+    f = fn.py_func
+    env = dict(f.__globals__, **flags)
+    for name in f.__code__.co_names:
+        callee = env.get(name)
+        if hasattr(callee, "py_func") and set(FLAGS) & set(callee.py_func.__code__.co_names):
+            env[name] = variant(callee, **flags)
+    g = pytypes.FunctionType(f.__code__, env, f.__name__, f.__defaults__, f.__closure__)
+    g.__qualname__ = ".".join([f.__qualname__] + [k.lower() for k in FLAGS if flags.get(k)])  # its cache file's
+    g.__module__ = f.__module__
+    return g
+
+
+_VARIANTS = {}
+
+
+def variant(fn, dispatcher=None, **flags):
+    """``fn`` compiled again with the module ``flags`` (STREAMING, RESCALE) set: made once,
+    compiled when first called; ``dispatcher``: the class of dispatcher to make."""
+    key = (fn, dispatcher, tuple(sorted(flags.items())))
+    if key not in _VARIANTS:
+        options = {k: v for k, v in fn.targetoptions.items() if k not in ("nopython", "boundscheck")}
+        _VARIANTS[key] = njit(cache=True, dispatcher=dispatcher, **options)(with_flags(fn, **flags))
+    return _VARIANTS[key]
 
 
 class Kernel:
@@ -171,14 +205,19 @@ class Kernel:
     many row lengths.)
     """
 
-    __slots__ = ("rows", "parallel", "_count", "_marks", "_rescaling")
+    __slots__ = ("rows", "parallel", "_counted", "_count", "_marks", "_stream_at", "_streaming")
 
-    def __init__(self, rows, parallel, count, marks):
+    def __init__(self, rows, counted, marks, dispatcher=None):
         self.rows = rows
-        self.parallel = parallel
-        self._count = count  # rows' arguments (without the bounds) -> n
-        self._marks = marks  # (see rescue)
-        self._rescaling = None
+        self.parallel = _parallel_kernel(rows, counted, dispatcher)
+        lead = list(inspect.signature(rows.py_func).parameters)[:-2]
+        index = lead.index(counted)
+        self._counted = counted
+        self._count = (lambda args: args[index].size) if _COUNTS[counted] == "size" else (
+            lambda args: args[index].shape[0])  # rows' arguments (without the bounds) -> n
+        self._marks = None if marks is None else lead.index(marks)  # (see rescue)
+        self._stream_at = lead.index("stream") + 1 if "stream" in lead else None  # in a launch's arguments
+        self._streaming = None
 
     @property
     def signatures(self):
@@ -194,24 +233,25 @@ class Kernel:
         """Every item in one call of the row function, on the calling thread."""
         return self.rows(*args, 0, self._count(args))
 
+    def streaming(self):
+        """The Kernel of the row function's STREAMING variant, whose row function and
+        parallel kernel are compiled on the compile thread (``background``)."""
+        if self._streaming is None:
+            rows = variant(self.rows, background.Dispatcher, STREAMING=True)
+            self._streaming = Kernel(rows, self._counted, None, background.Dispatcher)
+        return self._streaming
+
     def rescue(self, block, *args):
-        """Run again, by the variant of the row function compiled with RESCALE (once, when
-        first needed), what the row function left: a forward's rows marked by a negative
-        rstd, each alone (the others are written, maybe over x); a backward's, everything
-        (it reads no array it writes)."""
-        if self._rescaling is None:
-            f = self.rows.py_func
-            g = pytypes.FunctionType(f.__code__, dict(f.__globals__, RESCALE=True), f.__name__, f.__defaults__,
-                                     f.__closure__)
-            g.__qualname__ = f"{f.__qualname__}.rescaling"  # (its cache file's name)
-            g.__module__ = f.__module__
-            options = {k: v for k, v in self.rows.targetoptions.items() if k not in ("nopython", "boundscheck")}
-            self._rescaling = njit(cache=True, **options)(g)
+        """Run again, by the RESCALE variant of the row function (compiled when first
+        needed), what the row function left: a forward's rows marked by a negative rstd,
+        each alone (the others are written, maybe over x); a backward's, everything (it
+        reads no array it writes)."""
+        rescaling = variant(self.rows, RESCALE=True)
         if self._marks is None:
-            self._rescaling(*args, 0, self._count(args))
+            rescaling(*args, 0, self._count(args))
             return
         for i in np.flatnonzero(args[self._marks].ravel() < 0):
-            self._rescaling(*args, i, i + 1)
+            rescaling(*args, i, i + 1)
 
 
 # The two parallel loops every CPU kernel is, around a row function ROWS that does all the
@@ -221,24 +261,24 @@ class Kernel:
 _COUNTS = {"rstd": "size", "dw_part": "shape[0]"}
 
 
-def _kernel_of(rows, counted, marks):
-    """The :class:`Kernel` of ``rows``, whose items are counted by its argument ``counted``
-    and left rows marked in its argument ``marks`` (or None: see Kernel.rescue).
+def _parallel_kernel(rows, counted, dispatcher=None):
+    """The ``parallel=True`` kernel ``kernel(block, *rows' arguments)`` that runs ``rows``
+    over the items counted by its argument ``counted``, ``block`` items a task.
 
-    The parallel kernel is written out with ``rows``' own parameters rather than
-    ``*args``: Numba's dispatcher took 0.15-0.2 us more per call of a ``*args`` kernel.
-    ``rows`` is a global of the kernel, not a closure cell or an argument: Numba keys a
-    cached function on its closure's pickled contents, and a dispatcher pickles with a
-    fresh id per process (a recompile on every import).  The source is compiled under a
-    file name of its own (a traceback shows it, from ``linecache``), cached beside the
-    row function's module (``cache.GENERATED``).  The block index is made an int64:
-    parfors types a prange index unsigned, and a row function called with it was
-    compiled a second time for that type.
+    Written out with ``rows``' own parameters rather than ``*args``: Numba's dispatcher
+    took 0.15-0.2 us more per call of a ``*args`` kernel.  ``rows`` is a global of the
+    kernel, not a closure cell or an argument: Numba keys a cached function on its
+    closure's pickled contents, and a dispatcher pickles with a fresh id per process (a
+    recompile on every import).  The source is compiled under a file name of its own (a
+    traceback shows it, from ``linecache``), cached beside the row function's module
+    (``cache.GENERATED``).  The block index is made an int64: parfors types a prange
+    index unsigned, and a row function called with it was compiled a second time for
+    that type.  The kernel returns the sum of ``rows``' returns (rows left: Kernel.rescue).
     """
     params = list(inspect.signature(rows.py_func).parameters)
     lead = params[:-2]
     # the bounds last, the counted argument there, and no argument named as the kernel's own
-    assert params[-2:] == ["lo", "hi"] and counted in lead and not {"n", "k", "block"} & set(lead), params
+    assert params[-2:] == ["lo", "hi"] and counted in lead and not {"n", "k", "block", "left"} & set(lead), params
     args = ", ".join(lead)
     src = (f"def kernel(block, {args}):\n"
            f"    n = {counted}.{_COUNTS[counted]}\n"
@@ -248,18 +288,15 @@ def _kernel_of(rows, counted, marks):
            f"        left += ROWS({args}, lo, min(n, lo + block))\n"
            f"    return left\n")
     source = rows.py_func.__code__.co_filename
-    filename = f"{source} <parallel kernel of {rows.__qualname__}>"
+    filename = f"{source} <parallel kernel of {rows.py_func.__qualname__}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     GENERATED[filename] = source
     namespace = {"prange": prange, "int64": np.int64, "ROWS": rows}
     exec(compile(src, filename, "exec"), namespace)
     f = namespace["kernel"]
-    f.__qualname__ = f"{rows.__qualname__}.parallel"
-    f.__module__ = rows.__module__
-    parallel = njit(parallel=True, cache=True, nogil=True, dispatcher=background.Dispatcher)(f)
-    index = lead.index(counted)
-    count = (lambda args: args[index].size) if _COUNTS[counted] == "size" else (lambda args: args[index].shape[0])
-    return Kernel(rows, parallel, count, None if marks is None else lead.index(marks))
+    f.__qualname__ = f"{rows.py_func.__qualname__}.parallel"
+    f.__module__ = rows.py_func.__module__
+    return njit(parallel=True, cache=True, nogil=True, dispatcher=dispatcher or background.Dispatcher)(f)
 
 
 def in_blocks(rows, marks="rstd"):
@@ -267,14 +304,14 @@ def in_blocks(rows, marks="rstd"):
     groups) of ``args``, in blocks of ``block`` (:func:`row_block`) on Numba's threads.
     ``marks``: the output where ``rows`` marks a row it leaves (a forward's rstd), or None
     (a backward, whose rstd is an input)."""
-    return _kernel_of(rows, "rstd", marks)
+    return Kernel(rows, "rstd", marks)
 
 
 def in_partials(rows):
     """The :class:`Kernel` that runs ``rows(*args, lo, hi)`` over row blocks ``lo:hi`` of the
     ``dw_part.shape[0]`` blocks (:func:`n_chunks`) of ``args``' rows, one block a task on
     Numba's threads; block ``k`` writes row ``k`` of its dweight/dbias partials."""
-    return _kernel_of(rows, "dw_part", None)
+    return Kernel(rows, "dw_part", None)
 
 
 # Held while a parallel kernel runs.  The workqueue layer aborts the process when
@@ -293,21 +330,40 @@ def launch(kernel, size, *args):
     all the items on the calling thread: for ``size`` elements too few to share, in a
     forked child, while another thread has the pool, or while the parallel kernel
     is not compiled yet (it is then compiled on a thread of its own: ``background``).
-    Both give the same bits (:class:`Kernel`)."""
-    left = later = None
+    Both give the same bits (:class:`Kernel`).  A call that streams its output takes
+    the STREAMING variant once it is compiled, the plain row function (the same bits)
+    until then."""
+    left = None
+    if kernel._stream_at is not None and args[kernel._stream_at]:
+        left = _run(kernel.streaming(), size, args, True)
+    if left is None:
+        left = _run(kernel, size, args, False)
+    if left:
+        kernel.rescue(*args)
+
+
+def _run(kernel, size, args, optional):
+    """What ``kernel`` returns for ``args`` (launch), or None where ``optional`` and its
+    parallel kernel or row function is not compiled yet (handed to ``background``)."""
+    later = None
     if size >= SERIAL_BELOW and _parallel_ok and _pool.acquire(blocking=False):
         try:
-            left = kernel.parallel(*args)
+            return kernel.parallel(*args)
         except background.NotCompiled as e:
             later = e
         finally:
             _pool.release()
-    if left is None:
+        if optional:  # a variant's row function alone on one thread would be slower
+            background.compile_later(later.dispatcher, later.sig)
+            return None
+    try:
         left = kernel.serial(*args)
+    except background.NotCompiled as e:  # (a variant's row function)
+        background.compile_later(e.dispatcher, e.sig)
+        return None
     if later is not None:  # after the row function's compile, which the kernel's needs
         background.compile_later(later.dispatcher, later.sig)
-    if left:
-        kernel.rescue(*args)
+    return left
 
 
 def _after_fork_in_child():

@@ -11,12 +11,12 @@ contiguous in memory, so each (sample, group) is a "row" for the statistics:
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import (FASTMATH, RESCALE, acc_of, finish, in_blocks, launch, param, row_block, scratch_for,
-                     wide_vectors)
+from .common import (FASTMATH, RESCALE, STREAMING, acc_of, finish, in_blocks, launch, param, row_block,
+                     scratch_for, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
 from .memory import put_streaming, store_fence, stream_apart, stream_span
 from .rescale import scaled_backward_row, scaled_row
-from .stats import deviation_stats, one_pass_ok, overflowed, row_is_finite, shifted_stats
+from .stats import overflowed, row_is_finite, row_stats
 from .sums import gradient_sums
 
 
@@ -69,12 +69,7 @@ def forward_groups(
         g = ng % G
         c0 = g * Cg
         # one pass over the group where its shift can be trusted, as layer_norm.forward_rows
-        mu, m1, ms = shifted_stats(x, ng, zero)
-        if one_pass_ok(m1, ms):
-            corr, var = like(m1, zero), like(ms - m1 * m1, zero)
-        else:
-            mu = like(mu + m1, zero)
-            corr, var = deviation_stats(x, ng, mu, zero, inv_n)
+        mu, corr, var = row_stats(x, ng, zero)
         r = one / np.sqrt(var + eps)
         if overflowed(mu, r) and row_is_finite(x, ng):  # as layer_norm.forward_rows
             if RESCALE:
@@ -86,7 +81,7 @@ def forward_groups(
         mean[n, g] = mu + corr
         rstd[n, g] = r
         write_channels(xc, yc, n * C + c0, n * C + c0 + Cg, c0, mu, corr, r, w, b, zero, stream)
-    if stream:
+    if STREAMING and stream:  # (streamed stores: the STREAMING variant's, as layer_norm.forward_rows)
         store_fence()
     return left
 
@@ -117,13 +112,15 @@ def write_channels(
         # per channel, the affine folds into the scale: (x - mean) * (r * w[c]) + b[c]
         a = r * w[c] if w is not None else r
         bc = b[c] if b is not None else zero
-        if stream:  # its whole lines with streaming stores, as layer_norm.forward_rows
-            s0, s1 = stream_span(yc, ch)
-            scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, 0, s0, False)
-            scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, s0, s1, True)
-            scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, s1, S, False)
-        else:
-            scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, 0, S, False)
+        # its whole lines with streaming stores where `stream`, the plain spans before and
+        # after them one inlined copy, as layer_norm.forward_rows
+        s0, s1 = stream_span(yc, ch) if STREAMING and stream else (S, S)
+        lo_e, hi_e = 0, s0
+        for part in range(2):
+            scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, lo_e, hi_e, False)
+            if STREAMING and part == 0:
+                scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, s0, s1, True)
+            lo_e, hi_e = s1, S
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
@@ -141,10 +138,10 @@ def scale_shift_span(
     nt,     # constant bool: streaming stores (a span from memory.stream_span)
 ):
     """Write elements ``lo:hi`` of channel row ``i``, normalized, into ``out[o]``; a
-    streamed span and a plain one compute the same operations (layer_norm.normalize_span).
+    streamed span and a plain one compute the same operations (spans.normalize_span).
 
     (x - mu) - corr stays in that order: 'reassoc' alone does not fold it
-    (layer_norm.normalize_span).  Never x * a + (bc - mean * a) either: that folding
+    (spans.normalize_span).  Never x * a + (bc - mean * a) either: that folding
     cancels catastrophically when |mean| >> std (two digits lost in float32 at mean
     1e4, std 1e-2).
     """
@@ -219,7 +216,7 @@ def backward_groups(
             continue
         # pass 2: dx = (wdy - (xhat * c1 + c2)) * rstd, channel by channel
         dx_channels(dyc, xc, n * C + c0, n * C + c0 + Cg, c0, mu, corr, r, w, c1, c2, one, dxc, stream)
-    if stream:
+    if STREAMING and stream:
         store_fence()
     return left
 
@@ -241,18 +238,21 @@ def dx_channels(
     dxc,      # (N * C, S) output, a channel a row
     stream,   # scalar bool: streaming stores
 ):
-    """The dx pass of one group, channel row by channel row, each in three spans (its
-    whole lines streamed where ``stream``), called once a group as write_channels.
+    """The dx pass of one group, channel row by channel row, each in spans (its whole
+    lines streamed where ``stream``), called once a group as write_channels.
     Not FASTMATH (inlined here, the spans compile with this function's flags): the
     loop has no reduction for 'reassoc' to vectorize."""
     wide_vectors(dyc)
     S = xc.shape[1]
     for ch in range(lo, hi):
         wc = w[c0 + ch - lo] if w is not None else one
-        s0, s1 = stream_span(dxc, ch) if stream else (S, S)  # three spans, as layer_norm.backward_rows
-        dx_span(dyc, xc, ch, mu, corr, r, wc, c1, c2, dxc, 0, s0, False)
-        dx_span(dyc, xc, ch, mu, corr, r, wc, c1, c2, dxc, s0, s1, True)
-        dx_span(dyc, xc, ch, mu, corr, r, wc, c1, c2, dxc, s1, S, False)
+        s0, s1 = stream_span(dxc, ch) if STREAMING and stream else (S, S)  # spans as write_channels's
+        lo_e, hi_e = 0, s0
+        for part in range(2):
+            dx_span(dyc, xc, ch, mu, corr, r, wc, c1, c2, dxc, lo_e, hi_e, False)
+            if STREAMING and part == 0:
+                dx_span(dyc, xc, ch, mu, corr, r, wc, c1, c2, dxc, s0, s1, True)
+            lo_e, hi_e = s1, S
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -274,7 +274,7 @@ def dx_span(
     """Elements ``lo:hi`` of channel row ``i`` of dx; a streamed span and a plain one
     compute the same operations (layer_norm.backward_span)."""
     for k in range(hi - lo):
-        j = np.uint64(lo + k)  # unsigned, as in layer_norm.normalize_span
+        j = np.uint64(lo + k)  # unsigned, as in spans.normalize_span
         xhat = ((widen(x[i, j]) - mu) - corr) * r
         v = narrow((widen(dy[i, j]) * wc - (xhat * c1 + c2)) * r, dx)
         if nt:

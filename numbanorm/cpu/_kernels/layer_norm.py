@@ -15,14 +15,14 @@ caller's ``out=`` is written with streaming stores (``memory``).
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import (FASTMATH, RESCALE, acc_of, finish, in_blocks, in_partials, launch, n_chunks, param,
-                     row_block, scratch_for, weights, wide_vectors)
+from .common import (FASTMATH, RESCALE, STREAMING, acc_of, finish, in_blocks, in_partials, launch, n_chunks,
+                     param, row_block, scratch_for, weights, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
 from .memory import (ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_apart, stream_row,
                      stream_span)
 from .rescale import scaled_backward_row, scaled_row
 from .spans import normalize_span
-from .stats import deviation_stats, one_pass_ok, overflowed, row_is_finite, shifted_stats
+from .stats import overflowed, row_is_finite, row_stats
 from .sums import gradient_sums
 
 
@@ -52,21 +52,17 @@ def forward_rows(
     # would promote float32 arithmetic to float64 (NumPy's scalar rules).
     zero = mean.dtype.type(0)
     one = mean.dtype.type(1)
-    inv_n = one / mean.dtype.type(N)
     # y is x (out=x): vectorized stores into x need a row apart, so those rows are
-    # staged in a scratch row and copied out; other rows are streamed as written
-    staged = stream and y.ctypes.data == x.ctypes.data
-    scratch = np.empty((1, N if staged else 0), y.dtype)
-    chunk = ahead_chunk(x)
+    # staged in a scratch row and copied out; other rows are streamed as written.
+    # (Streamed stores are compiled in the STREAMING variant alone: common.STREAMING)
+    staged = STREAMING and stream and y.ctypes.data == x.ctypes.data
+    if STREAMING:
+        scratch = np.empty((1, N if staged else 0), y.dtype)
+        chunk = ahead_chunk(x)
     left = 0
     for i in range(lo, hi):
         # one pass reads row i from memory (a second, from cache, where it cannot be trusted)
-        mu, m1, ms = shifted_stats(x, i, zero)
-        if one_pass_ok(m1, ms):
-            corr, var = like(m1, zero), like(ms - m1 * m1, zero)
-        else:
-            mu = like(mu + m1, zero)
-            corr, var = deviation_stats(x, i, mu, zero, inv_n)
+        mu, corr, var = row_stats(x, i, zero)
         r = one / np.sqrt(var + eps)
         if overflowed(mu, r) and row_is_finite(x, i):
             if RESCALE:
@@ -77,21 +73,25 @@ def forward_rows(
             continue
         mean[i] = mu + corr
         rstd[i] = r
-        # pass 3 writes the row whole (tiled, it was 3-4x slower: book, chapter 5)
-        if staged:
+        # pass 3 writes the row whole (tiled, it was 3-4x slower: book, chapter 5): streamed,
+        # its whole lines straight out with streaming stores (memory) and the elements before
+        # and after them with plain ones, in one inlined copy for both (an array chosen
+        # between y and the scratch row there, Numba increfed x and y every row)
+        if STREAMING and staged:
             normalize_span(x, i, mu, corr, r, w, b, scratch, 0, 0, N, False)
             stream_row(y, i, scratch, 0)
-        elif stream:  # its whole lines straight out with streaming stores (memory)
-            s0, s1 = stream_span(y, i)
-            normalize_span(x, i, mu, corr, r, w, b, y, i, 0, s0, False)
-            for c in range(s0, s1, chunk):  # the next row asked for as this one is written (memory)
-                e = min(c + chunk, s1)
-                ask_ahead(x, i, hi, c, e)
-                normalize_span(x, i, mu, corr, r, w, b, y, i, c, e, True)
-            normalize_span(x, i, mu, corr, r, w, b, y, i, s1, N, False)
         else:
-            normalize_span(x, i, mu, corr, r, w, b, y, i, 0, N, False)
-    if stream:
+            s0, s1 = stream_span(y, i) if STREAMING and stream else (N, N)
+            a, e = 0, s0
+            for part in range(2):
+                normalize_span(x, i, mu, corr, r, w, b, y, i, a, e, False)
+                if STREAMING:
+                    for c in range(s0 if part == 0 else s1, s1, chunk):  # the next row asked for as this one is written
+                        ce = min(c + chunk, s1)
+                        ask_ahead(x, i, hi, c, ce)
+                        normalize_span(x, i, mu, corr, r, w, b, y, i, c, ce, True)
+                a, e = s1, N
+    if STREAMING and stream:
         store_fence()
     return left
 
@@ -124,7 +124,8 @@ def backward_rows(
     # a block's partials in a local array (in L1/L2), not a row of dw_part (faster: book, ch. 5)
     dwp = np.empty(N, dw_part.dtype)
     dbp = np.empty(N, dw_part.dtype)
-    chunk = ahead_chunk(x)
+    if STREAMING:  # (the streamed stores: in the STREAMING variant alone, as forward_rows)
+        chunk = ahead_chunk(x)
     left = 0
     for k in range(lo, hi):
         for j in range(N):
@@ -151,24 +152,27 @@ def backward_rows(
             c2 *= inv_n
             c1 = (xw * inv_n - corr * c2) * r
             # pass 2, from cache: dx and the partials, the whole row in one loop (as the forward)
-            # with its whole lines streamed (as forward_rows), in three spans whatever `stream`:
-            # the spans inlined in two branches, Numba increfed each array per row (as forward_rows)
-            s0, s1 = stream_span(dx, i) if stream else (N, N)
-            backward_span(dy, x, i, mu, corr, r, w, ds, c1, c2, dx, dwp, dbp, 0, s0, False)
-            for c in range(s0, s1, chunk):  # the next row asked for as this one is written (forward_rows)
-                e = min(c + chunk, s1)
-                ask_ahead(x, i, end, c, e)
-                ask_ahead(dy, i, end, c, e)
-                if ds is not None:
-                    ask_ahead(ds, i, end, c, e)
-                backward_span(dy, x, i, mu, corr, r, w, ds, c1, c2, dx, dwp, dbp, c, e, True)
-            backward_span(dy, x, i, mu, corr, r, w, ds, c1, c2, dx, dwp, dbp, s1, N, False)
+            # with its whole lines streamed (as forward_rows), in spans whatever `stream`: the
+            # spans inlined in two branches, Numba increfed each array per row (as forward_rows)
+            s0, s1 = stream_span(dx, i) if STREAMING and stream else (N, N)
+            a, e = 0, s0
+            for part in range(2):  # the plain spans before and after, as forward_rows
+                backward_span(dy, x, i, mu, corr, r, w, ds, c1, c2, dx, dwp, dbp, a, e, False)
+                if STREAMING:
+                    for c in range(s0 if part == 0 else s1, s1, chunk):  # the next row asked for (forward_rows)
+                        ce = min(c + chunk, s1)
+                        ask_ahead(x, i, end, c, ce)
+                        ask_ahead(dy, i, end, c, ce)
+                        if ds is not None:
+                            ask_ahead(ds, i, end, c, ce)
+                        backward_span(dy, x, i, mu, corr, r, w, ds, c1, c2, dx, dwp, dbp, c, ce, True)
+                a, e = s1, N
         # element by element: an array assignment compiles a shape check whose error message
         # formats its shapes, and Numba compiled that string formatting with every kernel
         for j in range(N):
             dw_part[k, j] = dwp[j]
             db_part[k, j] = dbp[j]
-    if stream:
+    if STREAMING and stream:
         store_fence()
     return left
 
@@ -208,14 +212,14 @@ def backward_span(
     nt,     # constant bool: streaming stores (a span from memory.stream_span)
 ):
     """Elements ``lo:hi`` of row ``i`` of dx, and their terms of the partials; a
-    streamed span and a plain one compute the same operations (normalize_span).
+    streamed span and a plain one compute the same operations (spans.normalize_span).
 
-    ``(x - mu) - corr`` stays in that order for the reason of normalize_span.
+    ``(x - mu) - corr`` stays in that order for the reason of spans.normalize_span.
     No 'contract' (FASTMATH): fused into a multiply-add, ``wdy - c2`` is not
     exactly 0 for a one-element row.
     """
     for k in range(hi - lo):
-        j = np.uint64(lo + k)  # unsigned, as in normalize_span
+        j = np.uint64(lo + k)  # unsigned, as in spans.normalize_span
         g = widen(dy[i, j])
         xhat = ((widen(x[i, j]) - mu) - corr) * r
         wdy = g * w[j] if w is not None else g

@@ -87,7 +87,7 @@ def scaled_rms_row(
 ):
     """RMSNorm of a finite row whose sum of squares overflowed (or underflowed to 0
     with eps = 0), in float64 on the row scaled by a power of two; returns its rstd
-    (as layer_norm.scaled_row)."""
+    (as scaled_row)."""
     n = x.shape[1]
     e = row_scale(x, i)
     sq = 0.0

@@ -14,8 +14,8 @@ one sum fewer; one function for both would carry flags into the hot row loops.
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import (FASTMATH, RESCALE, acc_of, finish, in_blocks, in_partials, launch, n_chunks, param,
-                     row_block, scratch_for, weights, wide_vectors)
+from .common import (FASTMATH, RESCALE, STREAMING, acc_of, finish, in_blocks, in_partials, launch, n_chunks,
+                     param, row_block, scratch_for, weights, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
 from .memory import (ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_apart, stream_row,
                      stream_span)
@@ -45,11 +45,11 @@ def forward_rows(
     zero = rstd.dtype.type(0)
     one = rstd.dtype.type(1)
     inv_n = one / rstd.dtype.type(N)
-    # y is x (out=x): vectorized stores into x need a row apart, so those rows are
-    # staged in a scratch row and copied out; other rows are streamed as written
-    staged = stream and y.ctypes.data == x.ctypes.data
-    scratch = np.empty((1, N if staged else 0), y.dtype)
-    chunk = ahead_chunk(x)
+    # a row apart for y is x where streamed, as layer_norm.forward_rows (whose comments say why)
+    staged = STREAMING and stream and y.ctypes.data == x.ctypes.data
+    if STREAMING:
+        scratch = np.empty((1, N if staged else 0), y.dtype)
+        chunk = ahead_chunk(x)
     left = 0
     for i in range(lo, hi):
         r = one / np.sqrt(row_sum_squares(x, i, zero) * inv_n + eps)
@@ -62,20 +62,21 @@ def forward_rows(
             continue
         rstd[i] = r
         # whole rows, streamed or not, as layer_norm.forward_rows (whose comments say why)
-        if staged:
+        if STREAMING and staged:
             scale_span(x, i, r, w, scratch, 0, 0, N, False)
             stream_row(y, i, scratch, 0)
-        elif stream:
-            s0, s1 = stream_span(y, i)
-            scale_span(x, i, r, w, y, i, 0, s0, False)
-            for c in range(s0, s1, chunk):  # the next row asked for as this one is written (memory)
-                e = min(c + chunk, s1)
-                ask_ahead(x, i, hi, c, e)
-                scale_span(x, i, r, w, y, i, c, e, True)
-            scale_span(x, i, r, w, y, i, s1, N, False)
         else:
-            scale_span(x, i, r, w, y, i, 0, N, False)
-    if stream:
+            s0, s1 = stream_span(y, i) if STREAMING and stream else (N, N)
+            a, e = 0, s0
+            for part in range(2):
+                scale_span(x, i, r, w, y, i, a, e, False)
+                if STREAMING:
+                    for c in range(s0 if part == 0 else s1, s1, chunk):  # the next row asked for (memory)
+                        ce = min(c + chunk, s1)
+                        ask_ahead(x, i, hi, c, ce)
+                        scale_span(x, i, r, w, y, i, c, ce, True)
+                a, e = s1, N
+    if STREAMING and stream:
         store_fence()
     return left
 
@@ -103,7 +104,8 @@ def backward_rows(
     # local partial and whole rows in one loop, as layer_norm.backward_rows (whose
     # comments give the measurements)
     dwp = np.empty(N, dw_part.dtype)
-    chunk = ahead_chunk(x)
+    if STREAMING:
+        chunk = ahead_chunk(x)
     for k in range(lo, hi):
         for j in range(N):
             dwp[j] = zero
@@ -112,19 +114,22 @@ def backward_rows(
             r = rstd[i]
             # pass 1: c1 = mean(xhat * wdy); pass 2, from cache: dx and the partial
             c1 = backward_sum(dy, x, i, r, w, zero) * inv_n
-            s0, s1 = stream_span(dx, i) if stream else (N, N)  # three spans, as layer_norm.backward_rows
-            backward_span(dy, x, i, r, w, ds, c1, dx, dwp, 0, s0, False)
-            for c in range(s0, s1, chunk):  # the next row asked for as this one is written
-                e = min(c + chunk, s1)
-                ask_ahead(x, i, end, c, e)
-                ask_ahead(dy, i, end, c, e)
-                if ds is not None:
-                    ask_ahead(ds, i, end, c, e)
-                backward_span(dy, x, i, r, w, ds, c1, dx, dwp, c, e, True)
-            backward_span(dy, x, i, r, w, ds, c1, dx, dwp, s1, N, False)
+            s0, s1 = stream_span(dx, i) if STREAMING and stream else (N, N)  # as layer_norm.backward_rows
+            a, e = 0, s0
+            for part in range(2):
+                backward_span(dy, x, i, r, w, ds, c1, dx, dwp, a, e, False)
+                if STREAMING:
+                    for c in range(s0 if part == 0 else s1, s1, chunk):  # the next row asked for
+                        ce = min(c + chunk, s1)
+                        ask_ahead(x, i, end, c, ce)
+                        ask_ahead(dy, i, end, c, ce)
+                        if ds is not None:
+                            ask_ahead(ds, i, end, c, ce)
+                        backward_span(dy, x, i, r, w, ds, c1, dx, dwp, c, ce, True)
+                a, e = s1, N
         for j in range(N):  # element by element, as layer_norm.backward_rows
             dw_part[k, j] = dwp[j]
-    if stream:
+    if STREAMING and stream:
         store_fence()
     return 0  # (rows left to a rescaling variant: none, its one sum has no overflow path)
 
@@ -160,7 +165,7 @@ def backward_span(
 ):
     """Elements ``lo:hi`` of row ``i`` of dx, and their terms of the partial."""
     for k in range(hi - lo):
-        j = np.uint64(lo + k)  # unsigned, as in layer_norm.normalize_span
+        j = np.uint64(lo + k)  # unsigned, as in spans.normalize_span
         g = widen(dy[i, j])
         xhat = widen(x[i, j]) * r
         wdy = g * w[j] if w is not None else g

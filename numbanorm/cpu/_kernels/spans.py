@@ -59,11 +59,11 @@ def scale_span(
     o,      # scalar: the row of `out`
     lo,     # scalar: first element of the span
     hi,     # scalar: one past its last
-    nt,     # constant bool: streaming stores (as layer_norm.normalize_span)
+    nt,     # constant bool: streaming stores (as normalize_span)
 ):
     """Write elements ``lo:hi`` of row ``i`` times ``r * w`` into ``out[o]``."""
     for k in range(hi - lo):
-        j = np.uint64(lo + k)  # unsigned, as in layer_norm.normalize_span
+        j = np.uint64(lo + k)  # unsigned, as in normalize_span
         v = widen(x[i, j]) * r
         if w is not None:
             v = v * widen(w[j])  # 16-bit weights of a small call too (SmallCalls)

@@ -2,12 +2,12 @@
 ``layer_norm``, ``rms_norm``, ``group_norm`` (a (sample, group) is a row) and
 ``add_norm`` share.
 
-``shifted_stats`` and ``one_pass_ok``: LayerNorm's statistics in one pass, over the
-deviations from a shift (the mean of the row's first elements), where that pass can
-be trusted; ``deviation_stats``: the corrected two-pass for the rows where it cannot;
-``row_sum``, ``row_sum_squares``: the sums of the two-pass and of RMSNorm; ``overflowed``
-and ``row_is_finite``: whether a row's sums left the floating-point range on finite
-inputs (those rows go to ``rescale``).  The sums themselves are ``sums``'s blocked loops.
+``row_stats``: LayerNorm's statistics in one pass, over the deviations from a shift
+(the mean of the row's first elements) where ``one_pass_ok`` says that pass can be
+trusted, and in the corrected two-pass elsewhere; ``row_sum_squares``: RMSNorm's;
+``overflowed`` and ``row_is_finite``: whether a row's sums left the floating-point
+range on finite inputs (those rows go to ``rescale``).  The sums themselves are
+``sums``'s blocked loops.
 """
 
 import numpy as np
@@ -24,54 +24,67 @@ from .sums import deviation_sums
 SHIFT_SAMPLE = 16
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
-def shifted_stats(
+@njit(cache=True, nogil=True, inline="always")
+def shift(
     x,      # (M, N) rows (of x, or of s = x + residual), never empty (_validate)
     i,      # scalar: the row
     zero,   # scalar 0 in the accumulation dtype
 ):
-    """``(k, m1, ms)``: row ``i``'s shift ``k``, the mean of its first
-    ``SHIFT_SAMPLE`` elements in the accumulation dtype, and the float64
-    ``mean(d)`` and ``mean(d^2)`` of its deviations ``d = x - k``, in one pass
-    (blocked: sums).
-
-    Where ``k`` lies within a standard deviation of the mean (:func:`one_pass_ok`),
-    ``var = ms - m1^2`` cancels at most half of ``ms`` (one bit), and the mean
-    split as ``mu = k``, ``corr = m1`` is the split normalize_span keeps apart:
-    as good as the corrected two-pass of deviation_stats, in one pass of the
-    three a forward makes (float16 (16384, 4096) in L2: 143 ns a row of 919).
-    """
-    n = x.shape[1]
-    m = min(n, SHIFT_SAMPLE)
+    """Row ``i``'s shift: the mean of its first ``SHIFT_SAMPLE`` elements, in the
+    accumulation dtype."""
+    m = min(x.shape[1], SHIFT_SAMPLE)
     total = 0.0  # float64: the sum of a float32 row near its largest values stays finite
     for j in range(m):
         total += widen(x[i, j])
-    k = like(total / m, zero)
-    s1, s2 = deviation_sums(x, i, k, zero)
-    return k, s1 / n, s2 / n
+    return like(total / m, zero)
+
+
+@njit(cache=True, fastmath=FASTMATH | {"contract"}, nogil=True)
+def row_stats(
+    x,      # (M, N) rows (of x, or of s = x + residual), never empty (_validate)
+    i,      # scalar: the row
+    zero,   # scalar 0 in the accumulation dtype
+):
+    """``(mu, corr, var)`` of row ``i`` in the accumulation dtype, its mean split as
+    ``mu + corr`` (the split normalize_span keeps apart).
+
+    One pass over the deviations ``d = x - k`` from its :func:`shift` ``k`` gives
+    ``m1 = mean(d)`` and ``ms = mean(d^2)``; where ``k`` lies within a standard
+    deviation of the mean (:func:`one_pass_ok`), ``var = ms - m1^2`` cancels at most
+    half of ``ms`` (one bit), and ``mu = k``, ``corr = m1``: as good as the corrected
+    two-pass, in one pass of the three a forward makes (float16 (16384, 4096) in L2:
+    143 ns a row of 919).  Elsewhere a second pass over the deviations from the
+    first's mean ``mu = k + m1``, whose sum corrects mu's rounding (Chan, Golub &
+    LeVeque's corrected two-pass).  Both passes are one loop (the sums inlined once:
+    a second copy cost a fifth of a forward's compile).  Blocked (sums).
+    """
+    n = x.shape[1]
+    mu = shift(x, i, zero)
+    second = False
+    while True:
+        s1, s2 = deviation_sums(x, i, mu, zero)
+        m1, ms = s1 / n, s2 / n
+        if second or one_pass_ok(m1, ms):
+            break
+        mu = like(mu + m1, zero)
+        second = True
+    var = ms - m1 * m1
+    if var < 0.0:  # rounding on a constant row (a NaN fails the test and stays NaN)
+        var = 0.0
+    return mu, like(m1, zero), like(var, zero)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def one_pass_ok(
-    m1,     # scalar: shifted_stats's mean(d), float64
-    ms,     # scalar: its mean(d^2), float64
+    m1,     # scalar: mean(d), d = x - shift, float64
+    ms,     # scalar: mean(d^2), float64
 ):
-    """Whether shifted_stats's variance can be trusted: ``m1^2 <= ms / 2``, so
+    """Whether a one-pass variance can be trusted (row_stats): ``m1^2 <= ms / 2``, so
     that ``ms - m1^2`` loses at most one bit.  Not for a row whose shift
     is an outlier, or with a NaN, an Inf or an overflow: those take the two-pass
     (the caller branches itself: a branch inside an inlined function that reads
     x kept a reference count of x per row, see memory.stream_row)."""
     return np.isfinite(ms) and m1 * m1 <= 0.5 * ms
-
-
-@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
-def row_sum(
-    x,      # (M, N) rows
-    i,      # scalar: the row
-    zero,   # scalar 0 in the accumulation dtype
-):
-    """``sum(x[i])`` in the accumulation dtype (blocked: sums.deviation_sums)."""
-    return like(deviation_sums(x, i, zero, zero)[0], zero)
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
@@ -82,28 +95,6 @@ def row_sum_squares(
 ):
     """``sum(x[i] ** 2)`` in the accumulation dtype (blocked: sums.deviation_sums)."""
     return like(deviation_sums(x, i, zero, zero)[1], zero)
-
-
-@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
-def deviation_stats(
-    x,      # (M, N) rows (of x, or of s = x + residual)
-    i,      # scalar: the row
-    mu,     # scalar: its first-pass mean, accumulation dtype
-    zero,   # scalar 0 in the accumulation dtype
-    inv_n,  # scalar 1/N in the accumulation dtype
-):
-    """``(corr, var)`` of row ``i`` from a second pass over its deviations from ``mu``.
-
-    Their sum corrects the rounding error of mu itself (Chan, Golub & LeVeque's
-    corrected two-pass), so the row's mean is ``mu + corr``.  Blocked (sums).
-    """
-    n = x.shape[1]
-    dsum, sq = deviation_sums(x, i, mu, zero)
-    corr = dsum / n
-    var = sq / n - corr * corr
-    if var < 0.0:  # rounding on a constant row (a NaN fails the test and stays NaN)
-        var = 0.0
-    return like(corr, zero), like(var, zero)
 
 
 @njit(cache=True, nogil=True, inline="always")
