@@ -3,6 +3,7 @@
     python -m benchmarks.cold_start                   # all of it -> benchmarks/results/cold-start.json
     python -m benchmarks.cold_start --dtypes float32 --only first_calls,import
     python -m benchmarks.cold_start --main-job        # also the README's main job from a copy of the clone
+    python -m benchmarks.cold_start --baseline DIR --only first_calls   # and another checkout's, alternated
     python benchmarks/cold_start.py child '<case as JSON>' [--profile]   # one process's measurement
     python benchmarks/cold_start.py numba             # numba alone: a trivial cached function
 
@@ -188,7 +189,7 @@ def child(case_json, profile=False):
     t0, c0 = time.perf_counter(), time.thread_time()
     fn()
     t_first, cpu_first = time.perf_counter() - t0, time.thread_time() - c0
-    measure.compiled_in_background()
+    getattr(measure, "compiled_in_background", lambda: None)()  # (a checkout from before it: --baseline)
     t_background = time.perf_counter() - t0 - t_first
     steady = []
     for _ in range(STEADY_CALLS):
@@ -259,12 +260,24 @@ def label(case):
     return f"{case['op']} {case['direction']} {case['dtype']}"
 
 
-def first_calls(case_list, threads=None, python=None, tree=ROOT, fresh=True, timeout=900, show=print):
+def first_calls(case_list, threads=None, python=None, tree=ROOT, fresh=True, baseline=None, timeout=900,
+                show=print):
     """``{"fresh_cache": [...], "cached": [...]}``: each case's first call in a new process
     with an empty cache (profiled; without ``fresh``, not kept), then in a second one that
-    loads what the first cached."""
+    loads what the first cached.  ``baseline``: another checkout's numbanorm, whose first
+    call from an empty cache is measured before each case's (``baseline_fresh_cache``):
+    alternated, a loaded machine slows both alike."""
     out = {"fresh_cache": [], "cached": []}
+    if baseline:
+        out["baseline_fresh_cache"] = []
     for case in case_list:
+        if baseline:
+            with tempfile.TemporaryDirectory(prefix="numbanorm-cold-") as tmp:
+                before = _run_child(python, ["child", json.dumps(case), "--profile"], _env(threads, tmp, baseline),
+                                    timeout, label(case))
+            out["baseline_fresh_cache"].append(dict(case, **before))
+            show(f"{label(case):<32} baseline, empty cache: first call {before['first_call_s']:6.2f} s "
+                 f"({before['first_call_cpu_s']:.2f} s CPU)")
         with tempfile.TemporaryDirectory(prefix="numbanorm-cold-") as tmp:
             env = _env(threads, tmp, tree)
             first = _run_child(python, ["child", json.dumps(case)] + (["--profile"] if fresh else []), env,
@@ -336,11 +349,11 @@ def main_job(python=None, timeout=7200):
 
 
 def run(dtypes=DTYPES, only=("first_calls", "compile", "numba_alone"), threads=None, python=None,
-        with_main_job=False, fresh=True, show=print):
+        with_main_job=False, fresh=True, baseline=None, show=print):
     """The cold-start measurements as one dict (``harness``'s ``cold_start`` section)."""
     out = {}
     if "first_calls" in only:
-        out.update(first_calls(cases(dtypes), threads, python, fresh=fresh, show=show))
+        out.update(first_calls(cases(dtypes), threads, python, fresh=fresh, baseline=baseline, show=show))
     if "numba_alone" in only:
         out["numba_alone"] = numba_alone(threads, python)
     if "compile" in only:
@@ -364,11 +377,14 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=targets.THREADS)
     ap.add_argument("--python", help="interpreter of the measured processes (default: this one), e.g. a venv "
                                      "of numbanorm's dependencies alone")
+    ap.add_argument("--baseline", metavar="DIR", help="a checkout whose numbanorm's first calls (empty cache) "
+                                                     "are measured too, alternated with this one's")
     ap.add_argument("--note", default="")
     ap.add_argument("--out", default="cold-start", help="results stem under benchmarks/results")
     a = ap.parse_args(argv)
     load_before = harness.measure.loadavg()
-    cold = run(tuple(a.dtypes), tuple(a.only.split(",")), a.threads, a.python, a.main_job)
+    cold = run(tuple(a.dtypes), tuple(a.only.split(",")), a.threads, a.python, a.main_job,
+               baseline=a.baseline and os.path.abspath(a.baseline))
     meta = harness.metadata(a.threads, a.note, load_before, harness.measure.loadavg(), (), {})
     meta["command"] = "python -m benchmarks.cold_start " + " ".join(argv if argv is not None else sys.argv[1:])
     path = harness.RESULTS / f"{a.out}.json"

@@ -27,7 +27,7 @@ the ``layer_norm``/``rms_norm`` backward launchers do through their ``ds`` argum
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import FASTMATH, RESCALE, acc_of, in_blocks, launch, param, row_block, wide_vectors
+from .common import RESCALE, acc_of, in_blocks, launch, param, row_block, wide_vectors
 from .halves import kernel_view, narrow, widen
 from .rescale import scaled_rms_row, scaled_row
 from .spans import normalize_span, scale_span
@@ -44,7 +44,7 @@ from .stats import overflowed, row_is_finite, row_stats, row_sum_squares
 
 # 'contract', as the norms' own forwards (layer_norm.forward_rows says why a forward may):
 # the fused rows are the bits of the norm's forward of the s they return
-@njit(cache=True, fastmath=FASTMATH | {"contract"}, nogil=True)
+@njit(cache=True, fastmath={"contract"}, nogil=True)
 def layer_norm_rows(
     x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
     r,      # (M, N) residual rows, x's dtype
@@ -86,7 +86,7 @@ def layer_norm_rows(
 
 # Alike in shape to layer_norm_rows by design (the norm's own steps after add_row), as
 # rms_norm's row functions are to layer_norm's (rms_norm's docstring)
-@njit(cache=True, fastmath=FASTMATH | {"contract"}, nogil=True)
+@njit(cache=True, fastmath={"contract"}, nogil=True)
 def rms_norm_rows(
     x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
     r,      # (M, N) residual rows, x's dtype
@@ -121,7 +121,7 @@ def rms_norm_rows(
     return left
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def add_row(
     x,      # (M, N) input rows
     r,      # (M, N) residual rows

@@ -8,7 +8,8 @@ compiled meanwhile by :func:`compile_later`'s worker thread; the calls after it 
 Numba's threads.  Compiling a parallel kernel costs more than compiling its row
 function (Numba's parfors pipeline optimizes and generates the row function's code
 again in each of the four modules it makes), so a first call waits for the row
-function alone.
+function alone.  The row functions' streaming-store variants (``common.STREAMING``),
+row function and parallel kernel, are compiled here too, the plain ones standing in.
 
 The worker holds Numba's compiler lock while it compiles, and a child forked then
 would inherit the lock held by a thread it does not have, and hang at its first

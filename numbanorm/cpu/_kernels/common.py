@@ -25,6 +25,9 @@ from .halves import WIDE_HALVES, kernel_view, widen
 # left 5e-5 (x rstd = 316) where the exact answer is 0 for one-element groups.
 # No 'nnan'/'ninf': NaN and Inf must propagate exactly as IEEE says (the contract
 # keeps a NaN inside its own row, and the tests check that it does get there).
+# For the sums alone (functions of their own: stats.row_stats): a row function's own loops
+# reduce nothing, and with 'reassoc' LLVM ordered a span's arithmetic differently in a row
+# function's two variants (STREAMING), an ulp apart.
 FASTMATH = {"reassoc"}
 
 # LLVM vectorizes 256 bits wide on every Intel AVX-512 CPU (the clock drop of 512-bit

@@ -35,7 +35,7 @@ def dims(
     return N, C, S, G, Cg, mean.dtype.type(0), one, one / mean.dtype.type(Cg * S)
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True)
+@njit(cache=True, fastmath={"contract"}, nogil=True)  # (as layer_norm.forward_rows)
 def forward_groups(
     x,      # (N * G, Cg * S) input, a group a row, float32/float64, or 16-bit floats as integer bits (halves)
     w,      # (C,) per-channel weight in the accumulation dtype, or None
@@ -86,7 +86,7 @@ def forward_groups(
     return left
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True)
+@njit(cache=True, fastmath={"contract"}, nogil=True)
 def write_channels(
     xc,       # (N * C, S) input, a channel a row
     yc,       # (N * C, S) output, a channel a row
@@ -123,7 +123,7 @@ def write_channels(
             lo_e, hi_e = s1, S
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+@njit(cache=True, fastmath={"contract"}, nogil=True, inline="always")
 def scale_shift_span(
     x,      # (N * C, S) input, a channel a row
     i,      # scalar: the channel's row
@@ -154,7 +154,7 @@ def scale_shift_span(
             out[o, j] = v
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True)
+@njit(cache=True, nogil=True)  # (as layer_norm.backward_rows)
 def backward_groups(
     dy,       # (N * G, Cg * S) gradient of y, a group a row
     x,        # (N * G, Cg * S) forward input, a group a row
@@ -189,7 +189,7 @@ def backward_groups(
         dsum = 0.0
         for c in range(c0, c0 + Cg):
             # dsum runs on over the group's channels, in float64 (sums.gradient_sums)
-            dsum, a, dys = gradient_sums(dyc, xc, n * C + c, mu, one, None, zero, dsum)
+            dsum, a, dys = channel_sums(dyc, xc, n * C + c, mu, zero, dsum)
             dw_part[n, c] = a
             db_part[n, c] = dys
         corr = like(dsum, zero) * inv_n
@@ -219,6 +219,21 @@ def backward_groups(
     if STREAMING and stream:
         store_fence()
     return left
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True)  # on its own: as layer_norm.backward_sums
+def channel_sums(
+    dyc,    # (N * C, S) gradient of y, a channel a row
+    xc,     # (N * C, S) forward input, a channel a row
+    i,      # scalar: the channel's row
+    mu,     # scalar: saved group mean
+    zero,   # scalar 0 in the accumulation dtype
+    d0,     # float64: the group's sum(x - mu) over its channels before this one
+):
+    """``(d0 + sum(x - mu), sum(dy * (x - mu)), sum(dy))`` over channel row ``i``
+    (sums.gradient_sums)."""
+    wide_vectors(dyc)
+    return gradient_sums(dyc, xc, i, mu, like(1.0, zero), None, zero, d0)
 
 
 @njit(cache=True, nogil=True)

@@ -28,8 +28,9 @@ from .sums import gradient_sums
 
 # 'contract' here only: the forward has no difference that must come out exactly 0 (the
 # backward's wdy - c2, common.FASTMATH), and the multiply-adds of its sums and of y's
-# (t * r) * w + b cut float16 rows in cache from 877-922 to 730-790 ns a row
-@njit(cache=True, fastmath=FASTMATH | {"contract"}, nogil=True)
+# (t * r) * w + b cut float16 rows in cache from 877-922 to 730-790 ns a row.  No
+# 'reassoc' (common.FASTMATH): the sums are stats.row_stats's
+@njit(cache=True, fastmath={"contract"}, nogil=True)
 def forward_rows(
     x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
     w,      # (N,) weight in the accumulation dtype or as x's 16-bit bits (halves), or None
@@ -96,7 +97,7 @@ def forward_rows(
     return left
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True)
+@njit(cache=True, nogil=True)  # (no fastmath: the sums are backward_sums's, common.FASTMATH)
 def backward_rows(
     dy,       # (M, N) gradient of y
     x,        # (M, N) forward input
@@ -177,7 +178,9 @@ def backward_rows(
     return left
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+# Compiled on its own, not inlined: a reduction inlined into two variants of a row function
+# (common.STREAMING) was vectorized apart, an ulp apart in some rows; a call is the same sums
+@njit(cache=True, fastmath=FASTMATH, nogil=True)
 def backward_sums(
     dy,     # (M, N) gradient of y
     x,      # (M, N) forward input
@@ -188,11 +191,12 @@ def backward_sums(
 ):
     """Row ``i``'s ``(sum(x - mu), sum((x - mu) * wdy), sum(wdy))``, wdy = w * dy,
     in the accumulation dtype (blocked: sums.gradient_sums)."""
+    wide_vectors(dy)
     dsum, xw, wsum = gradient_sums(dy, x, i, mu, like(1.0, zero), w, zero, 0.0)
     return like(dsum, zero), like(xw, zero), like(wsum, zero)
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def backward_span(
     dy,     # (M, N) gradient of y
     x,      # (M, N) forward input

@@ -27,7 +27,7 @@ from .sums import gradient_sums
 
 # 'contract', as layer_norm.forward_rows (whose comment says why the forward may): the
 # sum of squares takes fused multiply-adds
-@njit(cache=True, fastmath=FASTMATH | {"contract"}, nogil=True)
+@njit(cache=True, fastmath={"contract"}, nogil=True)
 def forward_rows(
     x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
     w,      # (N,) weight in the accumulation dtype or as x's 16-bit bits (halves), or None
@@ -81,7 +81,7 @@ def forward_rows(
     return left
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True)
+@njit(cache=True, nogil=True)  # (as layer_norm.backward_rows)
 def backward_rows(
     dy,       # (M, N) gradient of y
     x,        # (M, N) forward input
@@ -134,7 +134,7 @@ def backward_rows(
     return 0  # (rows left to a rescaling variant: none, its one sum has no overflow path)
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+@njit(cache=True, fastmath=FASTMATH, nogil=True)  # on its own: as layer_norm.backward_sums
 def backward_sum(
     dy,     # (M, N) gradient of y
     x,      # (M, N) forward input
@@ -145,10 +145,11 @@ def backward_sum(
 ):
     """Row ``i``'s ``sum(xhat * wdy)``, xhat = x * r, in the accumulation dtype
     (blocked: sums.gradient_sums)."""
-    return like(gradient_sums(dy, x, i, zero, r, w, zero, 0.0)[1], zero)
+    wide_vectors(dy)
+    return like(gradient_sums(dy, x, i, like(0.0, zero), r, w, zero, 0.0)[1], zero)  # (0: folds away)
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def backward_span(
     dy,     # (M, N) gradient of y
     x,      # (M, N) forward input

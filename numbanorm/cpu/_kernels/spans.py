@@ -6,12 +6,11 @@
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import FASTMATH
 from .halves import narrow, widen
 from .memory import put_streaming
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+@njit(cache=True, fastmath={"contract"}, nogil=True, inline="always")
 def normalize_span(
     x,      # (M, N) input rows
     i,      # scalar: the row to write (in cache)
@@ -30,9 +29,9 @@ def normalize_span(
 
     ``((x - mu) - corr) * r`` must stay in that order: folded into
     ``x - (mu + corr)``, the correction would round onto the float32 grid near
-    the mean and be lost.  FASTMATH's 'reassoc' alone does not fold it (that
-    also needs 'nsz'; book, chapter 5), and the large-offset tests fail if a
-    compiler ever does.  Inlined, with rows as (array, index) rather than views,
+    the mean and be lost (no 'reassoc' here; with it alone LLVM did not fold it
+    either, that also needs 'nsz': book, chapter 5), and the large-offset tests fail
+    if a compiler ever does.  Inlined, with rows as (array, index) rather than views,
     for the reason of memory.stream_row.  A streamed and a plain span compute
     the same operations, so an element's bits do not depend on which took it.
     """
@@ -49,7 +48,7 @@ def normalize_span(
             out[o, j] = narrow(v, out)
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+@njit(cache=True, fastmath={"contract"}, nogil=True, inline="always")
 def scale_span(
     x,      # (M, N) input rows
     i,      # scalar: the row to write (in cache)

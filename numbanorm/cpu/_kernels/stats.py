@@ -13,7 +13,7 @@ range on finite inputs (those rows go to ``rescale``).  The sums themselves are
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import FASTMATH
+from .common import FASTMATH, wide_vectors
 from .halves import like, widen
 from .sums import deviation_sums
 
@@ -39,6 +39,8 @@ def shift(
     return like(total / m, zero)
 
 
+# Compiled on its own, not inlined: a reduction inlined into two variants of a row function
+# (common.STREAMING) could be vectorized apart (and inlined, it left increfs of x a row)
 @njit(cache=True, fastmath=FASTMATH | {"contract"}, nogil=True)
 def row_stats(
     x,      # (M, N) rows (of x, or of s = x + residual), never empty (_validate)
@@ -58,16 +60,16 @@ def row_stats(
     LeVeque's corrected two-pass).  Both passes are one loop (the sums inlined once:
     a second copy cost a fifth of a forward's compile).  Blocked (sums).
     """
+    wide_vectors(x)
     n = x.shape[1]
     mu = shift(x, i, zero)
-    second = False
-    while True:
+    m1 = ms = 0.0
+    for attempt in range(2):  # (a while loop here left two increfs of x a call)
         s1, s2 = deviation_sums(x, i, mu, zero)
         m1, ms = s1 / n, s2 / n
-        if second or one_pass_ok(m1, ms):
+        if attempt == 1 or one_pass_ok(m1, ms):
             break
         mu = like(mu + m1, zero)
-        second = True
     var = ms - m1 * m1
     if var < 0.0:  # rounding on a constant row (a NaN fails the test and stays NaN)
         var = 0.0
@@ -87,14 +89,15 @@ def one_pass_ok(
     return np.isfinite(ms) and m1 * m1 <= 0.5 * ms
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+@njit(cache=True, fastmath=FASTMATH | {"contract"}, nogil=True)  # on its own, as row_stats
 def row_sum_squares(
     x,      # (M, N) rows
     i,      # scalar: the row
     zero,   # scalar 0 in the accumulation dtype
 ):
     """``sum(x[i] ** 2)`` in the accumulation dtype (blocked: sums.deviation_sums)."""
-    return like(deviation_sums(x, i, zero, zero)[1], zero)
+    wide_vectors(x)
+    return like(deviation_sums(x, i, like(0.0, zero), zero)[1], zero)  # (a constant 0: x - 0 folds away)
 
 
 @njit(cache=True, nogil=True, inline="always")
