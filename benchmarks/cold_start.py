@@ -260,29 +260,43 @@ def label(case):
     return f"{case['op']} {case['direction']} {case['dtype']}"
 
 
-def first_calls(case_list, threads=None, python=None, tree=ROOT, fresh=True, baseline=None, timeout=900,
-                show=print):
+def _fresh(python, case, threads, tree, timeout, profile):
+    """One first call from an empty cache; with ``profile``, a second process's breakdown
+    beside it (the profile's own bookkeeping is not in the timed call)."""
+    with tempfile.TemporaryDirectory(prefix="numbanorm-cold-") as tmp:
+        first = _run_child(python, ["child", json.dumps(case)], _env(threads, tmp, tree), timeout, label(case))
+    if profile:
+        with tempfile.TemporaryDirectory(prefix="numbanorm-cold-") as tmp:
+            prof = _run_child(python, ["child", json.dumps(case), "--profile"], _env(threads, tmp, tree), timeout,
+                              label(case))
+        first["breakdown"] = dict(prof.pop("breakdown"), profiled_run={k: prof[k] for k in (
+            "first_call_s", "first_call_cpu_s", "background_s")})
+    return first
+
+
+def first_calls(case_list, threads=None, python=None, tree=ROOT, fresh=True, baseline=None, profile=True,
+                timeout=900, show=print):
     """``{"fresh_cache": [...], "cached": [...]}``: each case's first call in a new process
-    with an empty cache (profiled; without ``fresh``, not kept), then in a second one that
-    loads what the first cached.  ``baseline``: another checkout's numbanorm, whose first
-    call from an empty cache is measured before each case's (``baseline_fresh_cache``):
-    alternated, a loaded machine slows both alike."""
+    with an empty cache (without ``fresh``, not kept), then in a second one that loads what
+    the first cached; with ``profile``, a third process breaks the first call's compile
+    down.  ``baseline``: another checkout's numbanorm, whose first call from an empty cache
+    is measured before each case's (``baseline_fresh_cache``): alternated, a loaded
+    machine slows both alike."""
     out = {"fresh_cache": [], "cached": []}
     if baseline:
         out["baseline_fresh_cache"] = []
     for case in case_list:
         if baseline:
-            with tempfile.TemporaryDirectory(prefix="numbanorm-cold-") as tmp:
-                before = _run_child(python, ["child", json.dumps(case), "--profile"], _env(threads, tmp, baseline),
-                                    timeout, label(case))
+            before = _fresh(python, case, threads, baseline, timeout, profile)
             out["baseline_fresh_cache"].append(dict(case, **before))
             show(f"{label(case):<32} baseline, empty cache: first call {before['first_call_s']:6.2f} s "
                  f"({before['first_call_cpu_s']:.2f} s CPU)")
         with tempfile.TemporaryDirectory(prefix="numbanorm-cold-") as tmp:
             env = _env(threads, tmp, tree)
-            first = _run_child(python, ["child", json.dumps(case)] + (["--profile"] if fresh else []), env,
-                               timeout, label(case))
+            first = _run_child(python, ["child", json.dumps(case)], env, timeout, label(case))
             cached = _run_child(python, ["child", json.dumps(case)], env, timeout, label(case))
+        if fresh and profile:
+            first["breakdown"] = _fresh(python, case, threads, tree, timeout, True)["breakdown"]
         if fresh:
             out["fresh_cache"].append(dict(case, **first))
         out["cached"].append(dict(case, **cached))
@@ -349,11 +363,12 @@ def main_job(python=None, timeout=7200):
 
 
 def run(dtypes=DTYPES, only=("first_calls", "compile", "numba_alone"), threads=None, python=None,
-        with_main_job=False, fresh=True, baseline=None, show=print):
+        with_main_job=False, fresh=True, baseline=None, profile=True, show=print):
     """The cold-start measurements as one dict (``harness``'s ``cold_start`` section)."""
     out = {}
     if "first_calls" in only:
-        out.update(first_calls(cases(dtypes), threads, python, fresh=fresh, baseline=baseline, show=show))
+        out.update(first_calls(cases(dtypes), threads, python, fresh=fresh, baseline=baseline, profile=profile,
+                               show=show))
     if "numba_alone" in only:
         out["numba_alone"] = numba_alone(threads, python)
     if "compile" in only:
@@ -379,12 +394,13 @@ def main(argv=None):
                                      "of numbanorm's dependencies alone")
     ap.add_argument("--baseline", metavar="DIR", help="a checkout whose numbanorm's first calls (empty cache) "
                                                      "are measured too, alternated with this one's")
+    ap.add_argument("--no-profile", action="store_true", help="no breakdown (one process fewer a case)")
     ap.add_argument("--note", default="")
     ap.add_argument("--out", default="cold-start", help="results stem under benchmarks/results")
     a = ap.parse_args(argv)
     load_before = harness.measure.loadavg()
     cold = run(tuple(a.dtypes), tuple(a.only.split(",")), a.threads, a.python, a.main_job,
-               baseline=a.baseline and os.path.abspath(a.baseline))
+               baseline=a.baseline and os.path.abspath(a.baseline), profile=not a.no_profile)
     meta = harness.metadata(a.threads, a.note, load_before, harness.measure.loadavg(), (), {})
     meta["command"] = "python -m benchmarks.cold_start " + " ".join(argv if argv is not None else sys.argv[1:])
     path = harness.RESULTS / f"{a.out}.json"

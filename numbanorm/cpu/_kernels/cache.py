@@ -88,10 +88,11 @@ class KernelCache(caching.FunctionCache):
 
     def holds(self, sig, target_context):
         """Whether the cache has an entry for the argument types ``sig`` (read from its index,
-        nothing loaded)."""
+        nothing loaded).  Without Numba's compiler lock, so nothing that a compile on another
+        thread reads is touched (``target_context.refresh()`` here made a concurrent typing
+        miss the attributes of arrays)."""
         if not self._enabled:
             return False
-        target_context.refresh()
         return self._index_key(sig, target_context.codegen()) in self._cache_file._load_index()
 
 

@@ -208,16 +208,15 @@ class Kernel:
     many row lengths.)
     """
 
-    __slots__ = ("rows", "parallel", "_counted", "_count", "_marks", "_stream_at", "_streaming")
+    __slots__ = ("rows", "parallel", "_counted", "_count_at", "_by_size", "_marks", "_stream_at", "_streaming")
 
     def __init__(self, rows, counted, marks, dispatcher=None):
         self.rows = rows
         self.parallel = _parallel_kernel(rows, counted, dispatcher)
         lead = list(inspect.signature(rows.py_func).parameters)[:-2]
-        index = lead.index(counted)
         self._counted = counted
-        self._count = (lambda args: args[index].size) if _COUNTS[counted] == "size" else (
-            lambda args: args[index].shape[0])  # rows' arguments (without the bounds) -> n
+        self._count_at = lead.index(counted)  # n: that argument's size or its rows (_COUNTS)
+        self._by_size = _COUNTS[counted] == "size"
         self._marks = None if marks is None else lead.index(marks)  # (see rescue)
         self._stream_at = lead.index("stream") + 1 if "stream" in lead else None  # in a launch's arguments
         self._streaming = None
@@ -231,6 +230,11 @@ class Kernel:
     def stats(self):
         """Numba's counts of the row function's cache hits and misses."""
         return self.rows.stats
+
+    def _count(self, args):
+        """n, the items of rows' arguments ``args``."""
+        a = args[self._count_at]
+        return a.size if self._by_size else a.shape[0]
 
     def serial(self, block, *args):
         """Every item in one call of the row function, on the calling thread."""
@@ -336,10 +340,14 @@ def launch(kernel, size, *args):
     Both give the same bits (:class:`Kernel`).  A call that streams its output takes
     the STREAMING variant once it is compiled, the plain row function (the same bits)
     until then."""
-    left = None
     if kernel._stream_at is not None and args[kernel._stream_at]:
         left = _run(kernel.streaming(), size, args, True)
-    if left is None:
+        if left is None:
+            left = _run(kernel, size, args, False)
+    elif size < SERIAL_BELOW:  # a small call: the row function here, written out (each Python
+        a = args[kernel._count_at + 1]  # call more is a share of a small call's time)
+        left = kernel.rows(*args[1:], 0, a.size if kernel._by_size else a.shape[0])
+    else:
         left = _run(kernel, size, args, False)
     if left:
         kernel.rescue(*args)
