@@ -490,9 +490,9 @@ def test_cold_start_processes_can_run_another_interpreter(monkeypatch):
     from benchmarks import cold_start as cs, run
 
     seen = []
-    monkeypatch.setattr(cs, "_run_child", lambda python, args, env, timeout, what: seen.append(python) or
-                        {"import_s": 0.1, "first_call_s": 0.1, "first_call_cpu_s": 0.1, "background_s": 0.1,
-                         "steady_s": 0.1, "scipy_installed": False})
+    monkeypatch.setattr(cs, "_run_child", lambda python, args, env, timeout, what: seen.append(python) or dict(
+        {"import_s": 0.1, "first_call_s": 0.1, "first_call_cpu_s": 0.1, "background_s": 0.1, "steady_s": 0.1,
+         "scipy_installed": False}, **({"breakdown": {}} if "--profile" in args else {})))
     monkeypatch.setattr(cs, "compile_command", lambda **kw: seen.append(kw["python"]) or {"wall_s": 1.0})
     out = harness.cold_start_runs(1, compile_times=True, python="/elsewhere/python")
     assert set(out) == {"cached", "numba_alone", "fresh_cache", "compile_command"}
