@@ -300,7 +300,7 @@ def _function(op, kind):
     body = {"plain": f"_plain(_op, ({roles},), out)", "forward": f"_forward(_op, ({roles},))",
             "backward": f"_backward(_op, ({roles},))"}[kind]
     namespace = {"_op": op, "_plain": _plain, "_forward": _forward, "_backward": _backward}
-    fn = generate(op.function(kind), sig, body, namespace, f"Lazy: {op.doc(kind)}", __name__)
+    fn = generate(op.function(kind), sig, body, namespace, op.doc(kind, "dask"), __name__)
     fn.__module__ = __name__
     return fn
 

@@ -74,6 +74,47 @@ def test_every_implementation_has_the_tables_functions_and_parameters(name):
             assert got == _params(op.signature(kind), drop), (name, op.function(kind))
 
 
+def _sections(doc):
+    """numpydoc ``{section: [entry names]}`` of ``doc`` (an entry: an unindented ``name : type`` line)."""
+    out, lines, current = {}, doc.splitlines(), None
+    for i, line in enumerate(lines):
+        if i + 1 < len(lines) and lines[i + 1] and set(lines[i + 1]) == {"-"} and len(lines[i + 1]) == len(line):
+            current = out.setdefault(line, [])
+        elif current is not None and line and not line.startswith(" ") and set(line) != {"-"}:
+            current.append(line.split(" : ")[0])
+    return out
+
+
+def _documented():
+    """``(level, module, [(operation, kind, function name)])``: every public function of the table."""
+    out = [(name, mod, [(op, kind, op.function(kind)) for op in ops for kind in KINDS]) for name, mod, ops in _levels()]
+    try:
+        import numbanorm.torch as nt
+    except ImportError:  # torch is an optional extra
+        pass
+    else:
+        out.append(("numbanorm.torch", nt, [(op, "plain", op.name) for op in OPERATIONS]))
+    return out
+
+
+@pytest.mark.parametrize("level", _documented(), ids=lambda level: level[0])
+def test_every_public_function_documents_its_parameters_results_and_errors(level):
+    """numpydoc sections for every function at every level: each parameter of its signature
+    in order, each result the table names, and the errors it raises."""
+    import pydoc
+
+    name, mod, functions = level
+    for op, kind, function in functions:
+        fn = getattr(mod, function)
+        sections = _sections(fn.__doc__)
+        assert sections["Parameters"] == list(inspect.signature(fn).parameters), (name, fn.__name__)
+        outputs = {"plain": op.plain_outputs, "forward": op.forward_outputs, "backward": op.backward_outputs}
+        assert sections["Returns"] == list(outputs[kind]), (name, fn.__name__)
+        assert sections["Raises"][:2] == ["TypeError", "ValueError"], (name, fn.__name__)
+        shown = pydoc.render_doc(fn)  # what help() prints
+        assert all(f"{p} : " in shown for p in inspect.signature(fn).parameters), (name, fn.__name__)
+
+
 def test_public_names():
     assert set(operations.FUNCTIONS) <= set(numbanorm.__all__)
     assert list(numbanorm.cpu.__all__) == list(operations.FUNCTIONS)
