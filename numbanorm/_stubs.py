@@ -5,7 +5,8 @@ The functions of ``numbanorm``, ``numbanorm.cpu``, ``numbanorm.cuda``,
 ``numbanorm.operations``, so a type checker or an IDE reading the source finds
 none of them; these stubs declare them, with their numpydoc docstrings.
 ``python -m numbanorm._stubs`` rewrites the files; tests/test_stubs.py checks
-that the committed ones are what the table gives.
+that the committed ones are what the table gives.  ``numbanorm.cuda``'s are the top
+level's (the same signatures, array types and docstrings), imported.
 
 Array types: NumPy arrays in give NumPy arrays out (the first overload); any
 other array the top level takes (a CUDA array: numba's, CuPy's, torch's, or
@@ -184,13 +185,16 @@ def render(module):
         body = _functions(level, ops, array, result, shape, names={"x": "input"} if torch else None,
                           out={"torch": None, "dask": "None"}.get(level, "array"),
                           doc_level=level if level != "cpu" else "numbanorm")
-    else:  # the top level and numbanorm.cuda: NumPy in, NumPy out; a CUDA array in, its own type out
+    elif level == "cuda":  # the top level's functions, the same signatures and docstrings
+        names = "".join(f"    {f} as {f},\n" for op in ops for f in op.functions)
+        imports, body = f"from numbanorm import (\n{names})\n", ""
+    else:  # the top level: NumPy in, NumPy out; a CUDA array in, its own type out
         imports = _NUMPY_IMPORTS
         body = _functions(level, ops, "_Array", "Any", "_Shape", leading="NDArray[Any]")
     functions = [op.name if level == "torch" else f for op in ops for f in
                  ((op.name,) if level == "torch" else op.functions)]
     names = "".join(f'    "{n}",\n' for n in (*functions, *extra_names))
-    types = "" if level in _LEVELS else _ARRAYS
+    types = "" if level in _LEVELS or level == "cuda" else _ARRAYS
     return f"{HEADER}\n{imports}{_EXTRA.get(level, '')}{types}\n__all__ = [\n{names}]\n\n{body}"
 
 

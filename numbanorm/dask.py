@@ -305,7 +305,7 @@ def _function(op, kind):
     return fn
 
 
-# the fused operations have no lazy form yet (none was asked for); s would be one more output of the same blocks
+# the fused operations have no lazy form: s would be one more output of the same blocks, added when wanted
 _OPERATIONS = [op for op in OPERATIONS if not op.fused]
 for _op in _OPERATIONS:
     for _kind in KINDS:

@@ -86,6 +86,7 @@ GOOD = """
     g = nn.group_norm(np.ones((2, 4, 3)), 2, weight=np.ones(4))
     y, rstd = nc.rms_norm_forward(x, 8)
     ok: bool = ncu.is_available()
+    y = ncu.rms_norm(x, 8)
     layer = nn.LayerNorm(8)
 """
 
