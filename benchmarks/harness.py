@@ -20,8 +20,9 @@ import os
 import sys
 from pathlib import Path
 
-from numbanorm import measure
 from numbanorm.measure import Case
+
+from . import measure
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -88,7 +89,7 @@ def sweep_cases(norms=ALL_NORMS, dtypes=CPU_DTYPES, rows=ROWS, hidden=HIDDEN,
 
 
 def half_cases(device="cpu"):
-    """Issue 13's 16-bit sweep: each norm's large shapes in float16 and bfloat16, with float32
+    """The 16-bit targets' sweep: each norm's large shapes in float16 and bfloat16, with float32
     for comparison (its own target is against the faster of the two copy floors)."""
     cases = []
     for dtype in HALF_DTYPES + ("float32",):

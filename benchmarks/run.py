@@ -20,9 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from numbanorm import measure
-
-from . import harness, targets
+from . import harness, measure, targets
 
 
 def _ints(s):

@@ -21,7 +21,9 @@ import sys
 
 import numpy as np
 
-DTYPES = ("float16", "float32", "float64")
+DTYPES = ("float16", "float32", "float64")  # what check runs unless --dtype says otherwise
+# what --dtype offers: bfloat16 arrays on the host are ml_dtypes.bfloat16 (an optional package)
+DTYPE_CHOICES = ("float16", "bfloat16", "float32", "float64")
 
 
 # ------------------------------------------------------------------ info
@@ -209,18 +211,7 @@ def check(impls=None, dtypes=DTYPES, out=None):
     oracle = registry.get("oracle")
     names = registry.available(include_oracle=False)
     if impls:
-        unknown = [i for i in impls if i not in registry.IMPLEMENTATIONS]
-        if unknown:
-            p(f"unknown implementation(s) {unknown}; registered: {list(registry.IMPLEMENTATIONS)}")
-            return 2
-        if "oracle" in impls:
-            p("oracle: the reference every implementation is checked against, not checked "
-              f"itself; check one of {names}")
-            return 2
-        missing = [i for i in impls if i not in names]
-        for i in missing:
-            p(f"{i}: not usable here: {registry.usable(i)[1].splitlines()[0]}")
-        if missing:
+        if not _all_usable(impls, p):
             return 1
         names = [n for n in names if n in impls]
     if "cuda" in names and measure.cuda_simulated():
@@ -279,6 +270,8 @@ def bench(threads=None, repeats=None, budget=0.3, dtypes=("float32",), impls=Non
     from . import measure
 
     p = lambda *a: print(*a, file=out or sys.stdout)  # noqa: E731
+    if impls and not _all_usable(impls, p):
+        return 1
     threads = measure.set_threads(threads)
     peers = ["floor"] + (["torch"] if torch else []) + (["oracle"] if oracle else [])
     have_torch = measure.torch_or_none() is not None
@@ -296,8 +289,8 @@ def bench(threads=None, repeats=None, budget=0.3, dtypes=("float32",), impls=Non
       f"torch {v['torch'] or 'not installed'}")
     if torch and not have_torch:
         p("torch is not installed: no comparison with torch (pip install torch to compare)")
-    if not cases:
-        p("nothing to run: no usable implementation selected")
+    if not cases:  # (only the GPU chosen, and it is numba's simulator: its times mean nothing)
+        p(f"nothing to run: {gpu_desc} is not timed")
         return 1
     timing = {"budget_s": budget} if repeats is None else {"repeats": repeats}
     rows = measure.sweep(cases, impls, peers, threads, show_progress=show_progress,
@@ -321,12 +314,55 @@ def _parser():
     sub = ap.add_subparsers(dest="command", metavar="{info,check,bench}")
     sub.add_parser("info", help="versions, threads, usable implementations and GPU")
     c = sub.add_parser("check", help="every operation against the oracle (exit code 1 on a failure)")
-    c.add_argument("--impl", action="append", metavar="NAME",
-                   help="only this registry implementation (repeatable; default: every usable one)")
-    c.add_argument("--dtype", action="append", choices=DTYPES, help="only this dtype (repeatable)")
+    c.add_argument("--impl", action="append", type=_kernel_name, metavar="NAME",
+                   help="only this implementation (repeatable; default: every usable one)")
+    c.add_argument("--dtype", action="append", type=_dtype_name, metavar="DTYPE",
+                   help=f"only this dtype, one of {', '.join(DTYPE_CHOICES)} (repeatable; default: "
+                        f"{', '.join(DTYPES)})")
     b = sub.add_parser("bench", help="a quick benchmark of representative shapes")
     _bench_args(b)
     return ap
+
+
+# The arguments check and bench share are read by one function each, so that a bad value
+# gets the same error from either: argparse's, naming the value and the valid ones, exit 2.
+
+def _kernel_name(s):
+    """An implementation of the registry that runs kernels (not the oracle they are checked against)."""
+    from . import registry
+
+    names = [n for n in registry.IMPLEMENTATIONS if n != "oracle"]
+    if s not in names:
+        why = "the NumPy reference the kernels are checked against, " if s == "oracle" else ""
+        raise argparse.ArgumentTypeError(f"invalid choice: {s!r} ({why}choose from {', '.join(map(repr, names))})")
+    return s
+
+
+def _dtype_name(s):
+    if s not in DTYPE_CHOICES:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {s!r} (choose from {', '.join(map(repr, DTYPE_CHOICES))})")
+    if s == "bfloat16":
+        try:
+            import ml_dtypes  # noqa: F401  (gives NumPy its bfloat16 dtype)
+        except ImportError:
+            raise argparse.ArgumentTypeError(
+                "bfloat16 needs ml_dtypes, whose bfloat16 is NumPy's (pip install ml-dtypes)") from None
+    return s
+
+
+def _all_usable(impls, p):
+    """True if every implementation in ``impls`` can run here; else False, each one that
+    cannot said with why (check and bench alike)."""
+    from . import registry
+
+    ok = True
+    for name in impls:
+        usable, why = registry.usable(name) if name in registry.IMPLEMENTATIONS else (False, "not registered")
+        if not usable:
+            p(f"{name}: not usable here: {why.splitlines()[0]}")
+            ok = False
+    return ok
 
 
 def _positive_int(s):
@@ -347,9 +383,10 @@ def _bench_args(b):
     b.add_argument("--threads", type=_positive_int, help="threads for numba and torch alike (default: all)")
     b.add_argument("--repeats", type=_positive_int, help="round-robin repeats per case (default: fit --budget)")
     b.add_argument("--budget", type=_positive_float, default=0.3, help="seconds of timed repeats per case (default 0.3)")
-    b.add_argument("--dtype", action="append", choices=("float16", "float32", "float64"),
-                   help="CPU dtype (repeatable; default float32)")
-    b.add_argument("--impl", action="append", metavar="NAME", help="only this registry implementation")
+    b.add_argument("--dtype", action="append", type=_dtype_name, metavar="DTYPE",
+                   help=f"CPU dtype, one of {', '.join(DTYPE_CHOICES)} (repeatable; default float32)")
+    b.add_argument("--impl", action="append", type=_kernel_name, metavar="NAME",
+                   help="only this implementation (repeatable; default: every usable one)")
     b.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
     b.add_argument("--oracle", action="store_true", help="time the NumPy oracle too")
     b.add_argument("--tiny", action="store_true", help="tiny shapes: a smoke test, the numbers mean nothing")

@@ -344,15 +344,15 @@ def _stat_shape(x_shape, k):
 # ------------------------------------------------------------ the methods, from the table
 
 def _method(op, kind):
-    """``Frontend``'s method ``kind`` of ``op``: the public signature (the forward and plain
-    ones with ``out=`` where the norm takes it), handing the arguments to one path."""
-    params = list(op.signature("plain" if kind == "forward" else kind).parameters.values())
+    """``Frontend``'s method ``kind`` of ``op``: the public signature, handing the arguments
+    to one path."""
+    params = list(op.signature(kind).parameters.values())
     sig = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *params])
     roles = ", ".join(op.backward_roles if kind == "backward" else op.forward_roles)
     if kind == "backward":
         body = f"self._backward(_op, ({roles},))"
     else:
-        out = "out" if op.has_out else "None"
+        out = "out" if kind == "plain" and op.has_out else "None"
         n = len(op.plain_outputs)
         pick = "" if kind == "forward" else "[0]" if n == 1 else f"[:{n}]"
         body = f"self._forward(_op, ({roles},), {out}){pick}"

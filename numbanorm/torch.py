@@ -328,12 +328,8 @@ def _functional_of(op):
     params = [p.replace(name=_input_name(op, p.name)) for p in op.signature("plain").parameters.values()
               if p.name != "out"]
     names = ", ".join(p.name for p in params)
-    if op.fused:
-        doc = op.doc("plain").replace("``(y, s)``", "``(y, s)``, both differentiable")
-    else:
-        doc = f"``torch.nn.functional.{op.torch}`` on numbanorm's kernels: {op.doc('plain')}"
     fn = generate(op.name, inspect.Signature(params), f"_functional(_op, ({names},))",
-                  {"_functional": _functional, "_op": op}, doc, __name__)
+                  {"_functional": _functional, "_op": op}, op.doc("plain", "torch"), __name__)
     fn.__module__ = __name__
     return fn
 

@@ -17,13 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from numbanorm import measure
-from numbanorm.measure import Case, Runner
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the repository's benchmarks/ package (not installed)
 
-from benchmarks import compare, harness, readme_table, targets  # noqa: E402
+from benchmarks import compare, harness, measure, readme_table, targets  # noqa: E402
+from benchmarks.measure import Case, Runner  # noqa: E402
 
 
 # ------------------------------------------------------------------ byte accounting
@@ -176,19 +174,17 @@ def test_threads_are_set_alike_and_checked():
 # ------------------------------------------------------------------ progress bar
 
 
-def test_text_progress_bar_without_tqdm(monkeypatch):
+def test_progress_without_tqdm_is_a_line_per_case(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "tqdm", None)
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)
-    bar = measure.progress(4, "x")
-    assert isinstance(bar, measure.TextBar)
-    s = io.StringIO()
-    bar = measure.TextBar(4, "sweep", stream=s)
-    for i in range(4):
-        bar.set_postfix_str(f"case {i}")
-        bar.update()
-    bar.close()
-    text = s.getvalue()
-    assert "sweep [" in text and "4/4" in text and "case 3" in text
+    for disable in (False, True):
+        bar = measure.progress(4, "sweep", disable=disable)
+        for i in range(4):
+            bar.set_postfix_str(f"case {i}")
+            bar.update()
+        bar.close()
+        err = capsys.readouterr().err.splitlines()
+        assert err == ([] if disable else [f"sweep {i + 1}/4 case {i}" for i in range(4)])
 
 
 # ------------------------------------------------------------------ results files
@@ -297,6 +293,17 @@ def test_readme_table_cli_writes_between_markers(tmp_path):
     text = readme.read_text()
     assert readme_table.main([str(path), "--readme", str(readme)]) == 0
     assert readme.read_text() == text and "| layer_norm | 16384x4096 |" in text
+
+
+def test_every_results_file_is_in_the_results_readme():
+    """benchmarks/results/README.md names every file there (archive/ too) and no file that is gone."""
+    import re
+
+    folder = ROOT / "benchmarks" / "results"
+    named = set(re.findall(r"`([^`/ ]+\.(?:json|csv|png))`", (folder / "README.md").read_text()))
+    files = {p.name for p in folder.rglob("*") if p.is_file() and p.name != "README.md"}
+    assert files - named == set(), "files the results README does not list"
+    assert named - files == set(), "the results README lists files that are not there"
 
 
 def test_repository_readme_has_the_markers():
@@ -567,12 +574,7 @@ def test_repository_readme_tables_are_the_committed_results():
 
 
 def _script(name):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def test_fused_benchmark_runs_on_a_tiny_shape(tmp_path, capsys):
@@ -638,7 +640,7 @@ def test_a_16_bit_case_times_every_peer_and_both_floors():
     assert {r["impl"] for r in back} == {"numbanorm.cpu", "torch", "numbanorm.torch"}
 
 
-def test_the_faster_floor_is_the_larger_ratio_and_issue_13_targets_are_measured():
+def test_the_faster_floor_is_the_larger_ratio_and_the_16_bit_targets_are_measured():
     t = next(t for t in targets.TARGETS if t.versus == "floors" and t.dtype == "float16")
     row = {"impl": "numbanorm.cpu", "device": "cpu", "dtype": "float16", "norm": t.norm, "shape": list(t.shape),
            "direction": "forward", "mode": "out", "groups": None, "x_floor": 1.1, "x_floor_threads": 1.3}

@@ -337,13 +337,15 @@ def test_mixed_sides_rejected_without_importing_numba_cuda():
 
 
 def test_unavailable_without_numba_cuda():
-    """No numba-cuda: importing works, is_available() is False, every function says why."""
+    """No numba-cuda: importing works, is_available() is False, every function says why
+    and keeps its signature."""
     code = textwrap.dedent("""
-        import sys
+        import inspect, sys
         sys.modules["numba.cuda"] = None  # as if numba-cuda were not installed
         import numbanorm, numbanorm.cuda as nc
         from numbanorm import registry
         assert not nc.is_available() and "numba-cuda" in nc.why_unavailable()
+        assert inspect.signature(nc.layer_norm_forward) == inspect.signature(numbanorm.layer_norm_forward)
         assert registry.usable("cuda")[0] is False and "cuda" not in registry.available()
         try:
             nc.layer_norm(None, 4)

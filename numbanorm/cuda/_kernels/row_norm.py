@@ -387,12 +387,6 @@ def backward_kernel(kind, xdt, wdt, code, has_ds):
     return backward
 
 
-def _shared(cfg):
-    """``common.launch``'s dynamic shared memory for a launch of ``cfg``, named only where a
-    row is staged (wrappers of ``launch`` written before it took ``shared`` keep working)."""
-    return {"shared": cfg.shared} if cfg.shared else {}
-
-
 def forward(kind, x, weight, bias, eps, y, mean, rstd, residual=None, s=None, stream=0):
     """Fill ``y``, ``rstd`` (and ``mean``, LayerNorm) for the rows of ``x``.
 
@@ -411,7 +405,7 @@ def forward(kind, x, weight, bias, eps, y, mean, rstd, residual=None, s=None, st
     xe, xk = C.kview(x), C.words(x, vec)  # elements (dummy parameters), words (rows)
     C.launch(kern, cfg.grid, cfg.block, stream, xk, C.optional(residual, xk, 2, vec), C.optional(weight, xe, 1),
              C.optional(bias, xe, 1), np.dtype(rstd.dtype).type(eps), C.words(y, vec),
-             C.optional(s, xk, 2, vec), C.optional(mean, rstd, 1), rstd, **_shared(cfg))
+             C.optional(s, xk, 2, vec), C.optional(mean, rstd, 1), rstd, shared=cfg.shared)
 
 
 def backward(kind, dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None, stream=0):
@@ -433,5 +427,5 @@ def backward(kind, dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None, strea
     kern = backward_kernel(kind, np.dtype(x.dtype), C.dtype_or_none(weight), cfg.code, ds is not None)
     xe, xk = C.kview(x), C.words(x, vec)
     C.launch(kern, cfg.grid, cfg.block, stream, C.words(dy, vec), xk, C.optional(mean, rstd, 1), rstd,
-             C.optional(weight, xe, 1), C.optional(ds, xk, 2, vec), C.words(dx, vec), part, **_shared(cfg))
+             C.optional(weight, xe, 1), C.optional(ds, xk, 2, vec), C.words(dx, vec), part, shared=cfg.shared)
     C.column_sums(part, dweight, dbias, stream)
