@@ -1634,26 +1634,6 @@ class Jobs:
         return {"rows": rows, "skipped": skipped}
 
     @staticmethod
-    def host_warm(job, state):
-        host_cost(warm_only=True)
-
-    @staticmethod
-    def host_time(job, state):
-        return host_cost()
-
-    @staticmethod
-    def graph_warm(job, state):
-        cuda_graph(warm_only=True)
-
-    @staticmethod
-    def graph_run(job, state):
-        return cuda_graph()
-
-    @staticmethod
-    def cpu_warm(job, state):
-        cpu_scaling(0, warm_only=True)
-
-    @staticmethod
     def big_warm(job, state):
         # the kernels of the big cases, on small inputs of the same mappings
         lib = TorchLib()
@@ -1669,8 +1649,9 @@ class Jobs:
 
 
 PHASES = {"correctness": (Jobs.correctness, None), "speed": (Jobs.speed_warm, Jobs.speed_time),
-          "host": (Jobs.host_warm, Jobs.host_time), "graph": (Jobs.graph_warm, Jobs.graph_run),
-          "cpu": (Jobs.cpu_warm, None), "big": (Jobs.big_warm, Jobs.big_run)}
+          "host": (lambda job, state: host_cost(warm_only=True), lambda job, state: host_cost()),
+          "graph": (lambda job, state: cuda_graph(warm_only=True), lambda job, state: cuda_graph()),
+          "cpu": (lambda job, state: cpu_scaling(0, warm_only=True), None), "big": (Jobs.big_warm, Jobs.big_run)}
 
 
 # timed cases whose x is this large warm up a few at a time (a backward's tensors and three peers'

@@ -36,26 +36,14 @@ if not SIMULATED:
     pytest.skip("these run in the simulator; on a GPU run benchmarks/gpu_check.py itself",
                 allow_module_level=True)
 
-from numbanorm.cuda._kernels import common as C  # noqa: E402
 from numbanorm.operations import BY_NAME  # noqa: E402
+from test_cuda import knobs  # noqa: E402,F401  (the fixture that shrinks the mapping's knobs)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # rows in registers to 32 elements, staged copies to 256 bytes, 128 bytes of shared memory
 # without opting in (32 of them the reductions' scratch), grids of a block or two
 SMALL = dict(MAX_TPR=16, MAX_VPT=2, STAGE_BYTES=256, SHARED_DEFAULT=128, SCRATCH_BYTES=32,
              ROW_RESIDENT=32, MIN_RESIDENT=32)
-
-
-@pytest.fixture
-def knobs(monkeypatch):
-    def set_(**kw):
-        for k, v in kw.items():
-            monkeypatch.setattr(C, k, v)
-        C.row_config.cache_clear()
-
-    yield set_
-    monkeypatch.undo()
-    C.row_config.cache_clear()
 
 
 def _found(op, dtype, tiny=True):
