@@ -1,7 +1,7 @@
 """One prepared run on a GPU machine: correctness, compute-sanitizer, speed, host cost,
 CUDA graphs, the static model against the measurement, and CPU scaling -- one JSON.
 
-    python -m benchmarks.gpu_check --out $OUT/gpu-h100.json          # everything, ~6 min on an H100
+    python -m benchmarks.gpu_check --out $OUT/gpu-h100.json          # everything, at most 5.5 min
     python -m benchmarks.gpu_check --only correctness sanitizer --out X.json
     python -m benchmarks.gpu_check --skip speed --budget correctness=60 --out X.json
 
@@ -73,18 +73,24 @@ import zlib
 
 import numpy as np
 
-from benchmarks import gpu_bench, gpu_model
-from numbanorm import measure
-from numbanorm.operations import BY_NAME, OPERATIONS, TOLERANCE, relative_error
+# numba-cuda puts itself under numba.cuda from a .pth file, which Python reads only in site
+# directories: where it is installed with pip --target (the device machine's recipe), not read
+with contextlib.suppress(ImportError):
+    import _numba_cuda_redirector  # noqa: F401
+
+from benchmarks import gpu_bench, gpu_model  # noqa: E402
+from numbanorm import measure  # noqa: E402
+from numbanorm.operations import BY_NAME, OPERATIONS, TOLERANCE, relative_error  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SECTIONS = ("correctness", "sanitizer", "speed", "host", "graph", "model", "cpu_scaling")
 # seconds per section (the correctness budget is the parallel phase: its cases and the warm-up
 # of what the timed sections run); --deadline cuts every section at the run's end
-BUDGET_S = {"correctness": 150, "sanitizer": 60, "speed": 100, "host": 15, "graph": 20, "model": 5,
-            "cpu_scaling": 40}
-DEADLINE_S = 390
+BUDGET_S = {"correctness": 120, "sanitizer": 45, "speed": 70, "host": 10, "graph": 15, "model": 5,
+            "cpu_scaling": 35}
+BIG_S = 40  # the inputs over 2**31 elements, after the parallel phase
+DEADLINE_S = 330  # an H100's 15 minutes: a machine's start, this run, and a second one
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 LIBS = ("numba", "cupy", "torch")
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
@@ -248,6 +254,8 @@ def environment(report):
         d["device"] = f"none: {nc.why_unavailable()}"
         return
     from numba import cuda
+
+    d["versions"]["numba.cuda_from"] = os.path.dirname(getattr(cuda, "__file__", "") or "")
 
     if _simulated():
         d["device"] = "numba CUDA simulator"
@@ -1058,6 +1066,8 @@ class SpeedCase:
     tensors made on the GPU; ``warm`` makes them once (compiles), ``time`` makes fresh
     tensors and times them with CUDA events, round-robin."""
 
+    device = "cuda"
+
     def __init__(self, case):
         import torch
 
@@ -1070,16 +1080,17 @@ class SpeedCase:
         torch, op, c = self.torch, self.op, self.case
         dt = getattr(torch, c["dtype"])
         shape = tuple(c["shape"])
-        g = torch.Generator(device="cuda").manual_seed(zlib.crc32(repr(c).encode()))
+        dev = self.device
+        g = torch.Generator(device=dev).manual_seed(zlib.crc32(repr(c).encode()))
         n = shape[-1] if op.layout == "rows" else shape[1]
 
         def randn(*s):
-            return (torch.randn(s, device="cuda", generator=g) + 0.5).to(dt)
+            return (torch.randn(s, device=dev, generator=g) + 0.5).to(dt)
 
         v = {"x": randn(*shape), op.shape_role: n if op.layout == "rows" else c["groups"],
-             "weight": (torch.rand(n, device="cuda", generator=g) + 0.5).to(dt)}
+             "weight": (torch.rand(n, device=dev, generator=g) + 0.5).to(dt)}
         if op.bias:
-            v["bias"] = (0.1 * torch.randn(n, device="cuda", generator=g)).to(dt)
+            v["bias"] = (0.1 * torch.randn(n, device=dev, generator=g)).to(dt)
         if op.fused:
             v["residual"] = randn(*shape)
         grads = {"dy": randn(*shape)}
@@ -1136,7 +1147,7 @@ class SpeedCase:
         args = (v["x"], v["weight"], v.get("bias"), v.get("residual"))
         out = {}
         nbytes = _arrays_moved(op, c["pass"]) * v["x"].numel() * v["x"].element_size()
-        src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+        src = torch.empty(nbytes // 2, dtype=torch.uint8, device=self.device)
         dst = torch.empty_like(src)
         out["copy"] = lambda: dst.copy_(src)
         torch_f = self._torch_fn()
@@ -1179,7 +1190,8 @@ class SpeedCase:
                 f()
             except Exception as e:  # one peer failing leaves the others timed
                 self.skipped[name] = f"{type(e).__name__}: {e}"[:300]
-        self.torch.cuda.synchronize()
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
 
     def time(self, rounds=10, min_ms=1.0):
         torch, c = self.torch, self.case
@@ -1681,6 +1693,17 @@ def _worker(wid, tasks, results, cache_dir, heavy):
         results.put((wid, job["id"], phase, res, err, round(time.time() - t0, 2)))
         if "sticky" in state or (err and any(s in err for s in STICKY)):
             return
+        _release()
+
+
+def _release():
+    """Hand the memory the libraries' pools keep back to the device (the workers share it)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        cupy.get_default_memory_pool().free_all_blocks()
 
 
 def _error():
@@ -1890,10 +1913,10 @@ def main(argv=None):
         with run.section(name) as info:
             if not gpu:
                 raise Skip(f"no GPU kernels here: {nc.why_unavailable()}")
+            pool = Pool(jobs_n, cache_dir)  # the workers import while the cases are planned
             jobs = build_jobs(run, ops, args.dtypes, lib_names)
             info.update(jobs=len(jobs), workers=jobs_n,
                         libraries_skipped={n: v for n, v in lib_status.items() if isinstance(v, str)})
-            pool = Pool(jobs_n if jobs else 0, cache_dir)
 
             def on_result(job, res, err):
                 if job["kind"] == "correctness":
@@ -1913,7 +1936,7 @@ def main(argv=None):
         big = [j for j in phase2 if j["kind"] == "big"]
         if big:
             with run.section("correctness_big") as info:
-                res, err = pool.phase2(big[0], timeout=min(150, max(5, run.left())))
+                res, err = pool.phase2(big[0], timeout=min(BIG_S, max(5, run.left())))
                 if err:
                     raise RuntimeError(err[:1500])
                 report.add_cases(res)
@@ -1937,7 +1960,7 @@ def main(argv=None):
             if not report.data["speed"]:
                 raise Skip("no speed rows to set the model beside")
             report.data["model"] = model_rows(report.data["speed"])
-    report.data["targets"] = targets(report.data, run)
+    report.data["targets"] = targets(report.data)
     report.data["seconds"] = round(time.monotonic() - run.t0, 1)
     report.save()
     print(summary(report.data))
@@ -1990,7 +2013,7 @@ def _copy_target(row):
     return TARGET_COPY["float32"] if row["dtype"] == "float32" else TARGET_COPY["16-bit"]
 
 
-def targets(d, run):
+def targets(d):
     """Which of the issue's targets hold in this run (None: not measured here)."""
     t = {}
     c = d["correctness"]
