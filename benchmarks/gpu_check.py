@@ -1913,7 +1913,8 @@ def main(argv=None):
         with run.section(name) as info:
             if not gpu:
                 raise Skip(f"no GPU kernels here: {nc.why_unavailable()}")
-            pool = Pool(jobs_n, cache_dir)  # the workers import while the cases are planned
+            pooled = any(run.wants(x) for x in ("correctness", "speed", "host", "graph", "cpu_scaling"))
+            pool = Pool(jobs_n if pooled else 0, cache_dir)  # the workers import while the cases are planned
             jobs = build_jobs(run, ops, args.dtypes, lib_names)
             info.update(jobs=len(jobs), workers=jobs_n,
                         libraries_skipped={n: v for n, v in lib_status.items() if isinstance(v, str)})
