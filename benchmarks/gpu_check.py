@@ -80,7 +80,7 @@ with contextlib.suppress(ImportError):
 
 from benchmarks import gpu_bench, gpu_model  # noqa: E402
 from numbanorm import measure  # noqa: E402
-from numbanorm.operations import BY_NAME, OPERATIONS, TOLERANCE, relative_error  # noqa: E402
+from numbanorm.operations import BY_NAME, OPERATIONS, relative_error, tolerance  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -114,12 +114,6 @@ STICKY = ("ILLEGAL_ADDRESS", "illegal memory access", "LAUNCH_FAILED", "unspecif
           "MISALIGNED", "ILLEGAL_INSTRUCTION", "HARDWARE_STACK_ERROR", "device-side assert")
 
 
-def tolerance(dtype):
-    """``numbanorm.operations``' tolerance of ``dtype``; bfloat16, which the table has none
-    for, the float16 one times the ratio of their ulps (2**-7 / 2**-10 = 8)."""
-    if dtype == "bfloat16":
-        return TOLERANCE["float16"] * 8
-    return TOLERANCE[dtype]
 
 
 def _simulated():

@@ -161,9 +161,9 @@ class Operation:
 
         x has a common offset (mean 3, std 2), as activations do; weight and bias
         are not trivial.  For the fused operations x and residual are multiples of
-        1/64 (1/8 in bfloat16, whose significand has 8 bits) below 32 in magnitude,
-        so that x + residual is exact in every dtype and the oracle's float64 sum is
-        the kernels' s.  ``backward`` adds dy (and ds).
+        1/64 (1/8 in bfloat16, whose significand has 8 bits), so that x + residual,
+        below 32 in magnitude for these draws, is exact in every dtype and the
+        oracle's float64 sum is the kernels' s.  ``backward`` adds dy (and ds).
         """
         x = 3.0 + 2.0 * rng.standard_normal(shape)
         n = shape[-1] if self.layout == "rows" else shape[1]
@@ -408,8 +408,9 @@ TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-5, "float64": 1e
 
 
 def tolerance(dtype):
-    """The tolerance of results in ``dtype`` (any spelling NumPy understands)."""
-    return TOLERANCE[np.dtype(dtype).name]
+    """The tolerance of results in ``dtype``: its name, or any spelling NumPy understands
+    ("bfloat16" by name works without ml_dtypes imported)."""
+    return TOLERANCE[dtype if isinstance(dtype, str) and dtype in TOLERANCE else np.dtype(dtype).name]
 
 
 def to_host(a):
