@@ -728,3 +728,39 @@ def test_design_probes_call_the_kernels_with_their_current_arguments():
     back = design_probes.backward_streaming(1, shapes=((8, 96),), dtypes=("float32",))
     assert [c["fresh_output"] for c in back["cases"]] == [True, False]
     assert all(c["ratio_to_copy"]["streaming"] > 0 and c["ratio_to_copy"]["ordinary"] > 0 for c in back["cases"])
+
+
+def test_the_streaming_sweep_spans_its_range_of_the_cache_in_whole_mib():
+    from fractions import Fraction
+
+    from benchmarks import streaming
+
+    got = streaming.sizes(16 << 20, Fraction(1, 8), Fraction(8))
+    assert [s >> 20 for s in got] == [2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128]
+    assert [s >> 20 for s in streaming.sizes(300 << 20, Fraction(1, 8), Fraction(1, 4))] == [38, 56, 75]
+    assert streaming.shape_of("layer_norm", 16 << 20) == (1024, 4096)
+    assert streaming.shape_of("group_norm", 8 << 20) == (8, 64, 64, 64)
+
+
+def test_the_streaming_crossover_is_where_streaming_wins_from_there_up():
+    from benchmarks import streaming
+
+    def cases(wins):  # {mib: [streaming/ordinary per norm]}
+        return [{"mib": m, "streaming_over_ordinary": r} for m, rs in wins.items() for r in rs]
+
+    assert streaming.crossover(cases({4: [1.2, 0.9], 8: [0.9, 0.8], 16: [0.7, 0.6]})) == 8 << 20
+    # a size where one norm loses again moves it above that size
+    assert streaming.crossover(cases({4: [0.9, 0.9], 8: [1.1, 0.8], 16: [0.7, 0.6]})) == 16 << 20
+    assert streaming.crossover(cases({4: [0.9], 8: [1.1]})) is None
+
+
+def test_the_streaming_sweep_times_each_store_kind_and_restores_the_threshold():
+    from benchmarks import streaming
+    from numbanorm.cpu._kernels import memory
+
+    before = memory.STREAM_MIN_BYTES
+    for norm in streaming.NORMS:
+        c = streaming.case(norm, 1 << 20, rounds=1, then_read=norm == "layer_norm", budget_s=0)
+        assert set(c["ratio_to_copy"]) >= {"copy_threads", "ordinary", "streaming"}
+        assert all(v > 0 for v in c["ratio_to_copy"].values()) and c["mib"] == 1
+    assert memory.STREAM_MIN_BYTES == before

@@ -6,12 +6,15 @@ writes whole lines without reading them, as ``np.copyto`` does for large arrays,
 so it costs one.  A row writer stores the whole lines of a row
 (:func:`stream_span`) with :func:`put_streaming` straight from its loop; a row
 written in place (``out=x``) is normalized into a scratch row and copied out by
-:func:`stream_row`.  It pays into an output of a quarter of the last-level cache or
-more (``should_stream``), a caller's ``out=`` or a fresh array; the measurements that
-decided it are in the book, chapter 5 ("Writing a large out=").
+:func:`stream_row`.  It pays into an output too large to stay in the cache the
+kernels can count on (``should_stream``, :data:`STREAM_MIN_BYTES`), a caller's ``out=``
+or a fresh array: below it, ordinary stores leave ``y`` in cache for its next reader.
+``python -m benchmarks.streaming`` measures where it starts to pay on a CPU; the book,
+chapter 5 ("Writing a large out="), has the measurements.
 """
 
 import os
+from fractions import Fraction
 
 import numpy as np
 from llvmlite import ir
@@ -230,31 +233,88 @@ def stream_span(
     return lo, lo + (n - lo) * size // _LINE * _LINE // size
 
 
-def _last_level_cache_bytes():
-    """The largest cache level's size, from glibc or sysfs; 32 MiB when neither says."""
-    best = 0
-    for name in ("SC_LEVEL4_CACHE_SIZE", "SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
+_SYSFS_CACHE = "/sys/devices/system/cpu/cpu0/cache"
+_DEFAULT_CACHE = (32 << 20, None)  # where no size can be read: the L3 of a Zen 3 CCX, sharers unknown
+
+
+def cpu_list(text):
+    """The CPU numbers of a Linux CPU list (``"0-3,8"``)."""
+    out = set()
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def last_level_cache(folder=_SYSFS_CACHE):
+    """``(bytes, CPUs sharing it)`` of cpu0's highest data cache level, from Linux's
+    ``index*/{level,type,size,shared_cpu_list}`` under ``folder``; :data:`_DEFAULT_CACHE`
+    where none can be read (another OS), sharers None where the list is missing."""
+    best = (0, 0, None)
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith("index")]
+    except OSError:
+        names = []
+    for name in names:  # an entry that cannot be read is skipped alone
+
+        def read(field):
+            with open(os.path.join(folder, name, field)) as f:
+                return f.read().strip()
+
         try:
-            best = max(best, int(os.sysconf(name)))
-        except (ValueError, OSError, AttributeError):
-            pass
-    if best <= 0:
-        base = "/sys/devices/system/cpu/cpu0/cache"
-        try:
-            for idx in os.listdir(base):
-                with open(os.path.join(base, idx, "size")) as f:
-                    text = f.read().strip().upper()
-                mult = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
-                best = max(best, int(text.rstrip("KM")) * mult)
+            if read("type") == "Instruction":
+                continue
+            level, text = int(read("level")), read("size").upper()
+            size = int(text.rstrip("KMG")) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
         except (OSError, ValueError):
-            pass
-    return best if best > 0 else 32 << 20
+            continue
+        try:
+            sharing = cpu_list(read("shared_cpu_list"))
+        except (OSError, ValueError):
+            sharing = None
+        best = max(best, (level, size, sharing), key=lambda b: b[:2])
+    return best[1:] if best[1] > 0 else _DEFAULT_CACHE
 
 
-# Outputs smaller than this take ordinary stores (see the module docstring): a quarter of
-# the last-level cache, where streaming was faster on both machines measured (8 MiB of
-# 32), also when the output was read right after; at 2 MiB, with that read, it was slower.
-STREAM_MIN_BYTES = _last_level_cache_bytes() // 4
+# The cache one CPU can count on: its slice of a shared L3 and its own L2 are under this on
+# every x86 part but AMD's 3D V-Cache ones (Zen 3: 4 + 0.5 MiB, Emerald Rapids: 5 + 2 MiB).
+# A VM can show a few vCPUs the whole L3 of a host whose other tenants use it too.
+CACHE_PER_CPU = 8 << 20
+
+
+def cache_share(cache_bytes, cpus, per_cpu=CACHE_PER_CPU):
+    """The part of a last-level cache of ``cache_bytes`` that ``cpus`` of its CPUs (the
+    ones this process may run on) can count on: all of it, or ``per_cpu`` bytes each."""
+    return min(cache_bytes, max(1, cpus) * per_cpu)
+
+
+def stream_min_bytes(cache_bytes, fraction):
+    """The smallest output written with streaming stores: ``fraction`` of the cache the
+    kernels can count on (:func:`cache_share`), in whole cache lines."""
+    return int(cache_bytes * fraction) // _LINE * _LINE
+
+
+def _usable_cpus():
+    try:
+        return os.sched_getaffinity(0)
+    except (AttributeError, OSError):  # no affinity call (macOS, Windows)
+        return set(range(os.cpu_count() or 1))
+
+
+def _cache_here():
+    """``(last-level cache bytes, usable CPUs sharing it, the share they can count on)``."""
+    size, sharing = last_level_cache()
+    usable = _usable_cpus()
+    cpus = len(usable if sharing is None else usable & sharing) or len(usable)
+    return size, cpus, cache_share(size, cpus)
+
+
+LAST_LEVEL_CACHE, CACHE_CPUS, CACHE_BYTES = _cache_here()
+# Outputs smaller than this take ordinary stores (see the module docstring): where
+# streaming stores started to win (benchmarks/streaming.py), as a fraction of CACHE_BYTES
+STREAM_FRACTION = Fraction(1)
+STREAM_MIN_BYTES = stream_min_bytes(CACHE_BYTES, STREAM_FRACTION)
 
 
 def should_stream(y):
