@@ -566,6 +566,49 @@ def test_repository_readme_tables_are_the_committed_results():
     assert readme_table.parse(text, readme_table.DASK_START, readme_table.DASK_END) == readme_table.dask_rows(dask_run)
 
 
+def test_repository_targets_table_shows_every_cpu_kinds_file():
+    """The README's targets table is what readme_table makes of the committed targets-<kind>.json
+    files, one column per CPU kind, and no file is left out."""
+    files = sorted((ROOT / "benchmarks" / "results").glob("targets-*.json"))
+    runs = [harness.load_results(p) for p in files]
+    text = (ROOT / "README.md").read_text()
+    assert {p.name for p in files} >= {"targets-epyc.json", "targets-xeon.json"}
+    cells = readme_table.parse(text, readme_table.TARGETS_START, readme_table.TARGETS_END)
+    assert cells and cells == readme_table.targets_rows(runs)
+    assert all(f"`benchmarks/results/{p.name}`" in text for p in files)
+
+
+def test_targets_side_by_side_say_which_run_is_older_and_what_it_lacks(tmp_path):
+    old, new = (harness.load_results(_synthetic_results(tmp_path / d)) for d in ("a", "b"))
+    old["meta"]["machine"].update(cpu="AMD EPYC", cpu_target=None)
+    old["meta"]["git"] = {"commit": "ad014739d528", "uncommitted": []}
+    new["meta"]["machine"]["cpu"] = "Intel(R) Xeon(R) Processor"
+    new["meta"]["date"] = "2026-01-04T00:00:00+00:00"
+    old["rows"] = [r for r in old["rows"] if r["norm"] != "rms_norm"]
+    block = readme_table.render_targets([old, new], ["e.json", "x.json"])
+    assert "| target | case | limit | epyc | xeon |" in block
+    epyc, xeon = (ln for ln in block.splitlines() if ln.startswith("- *"))
+    assert "measured 2026-01-01 at commit `ad01473`" in epyc and "3 day(s) older than the newest" in epyc
+    assert "older" not in xeon and "CPU target not recorded" in epyc
+    rows = {(r[0], r[1]): r[3:] for r in readme_table.targets_rows([old, new])}
+    assert rows[("forward <= 0.7x torch (large)", "rms_norm 16384x4096")] == ("not measured", "0.50x")
+    assert rows[("forward out= <= 1.15x np.copyto", "layer_norm 16384x4096")] == ("**1.20x FAIL**",) * 2
+    text = readme_table.update(f"{readme_table.TARGETS_START}\n{readme_table.TARGETS_END}", block,
+                               readme_table.TARGETS_START, readme_table.TARGETS_END)
+    assert readme_table.parse(text, readme_table.TARGETS_START, readme_table.TARGETS_END) == \
+        readme_table.targets_rows([old, new])
+
+
+def test_a_targets_run_is_named_by_its_cpu_kind(monkeypatch):
+    from benchmarks import run
+
+    assert harness.cpu_kind("AMD EPYC 7B13 64-Core Processor") == "epyc"
+    assert harness.cpu_kind("Intel(R) Xeon(R) Platinum 8592+") == "xeon"
+    assert harness.cpu_kind("Some New Chip", "znver5") == "znver5"  # no brand word: LLVM's name
+    monkeypatch.setattr(harness, "cpu_kind", lambda *a: "xeon")
+    assert run.targets_stem() == "targets-xeon"
+
+
 def _script(name):
     import importlib.util
 
