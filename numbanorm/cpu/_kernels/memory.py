@@ -23,6 +23,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
+from .halves import _x86_features
 
 _VEC = 32  # bytes per streaming store: one AVX register; LLVM splits it on narrower machines
 
@@ -66,7 +67,9 @@ def put_streaming(typingctx, arr, o, j, v):
     ``bitcast(fptrunc(v))``, halves), and a non-temporal store of half vectors is
     one LLVM does not vectorize (``vmovsh``, element by element); and a bfloat16
     narrowing, which ends in a truncation, is folded with its store into a
-    truncating store (``vpmovdw`` to memory), which has no non-temporal form.
+    truncating store (``vpmovdw`` to memory), which has no non-temporal form --
+    where there is one: an x86 CPU without AVX-512 has no truncating store, and
+    there bfloat16 bits go out without the ``vpor`` (:data:`TRUNCATING_STORES`).
     """
     sig = types.void(arr, o, j, v)
 
@@ -75,13 +78,18 @@ def put_streaming(typingctx, arr, o, j, v):
         ary = context.make_array(aryty)(context, builder, args[0])
         ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1], args[2]])
         val = context.cast(builder, args[3], signature.args[3], aryty.dtype)
-        if aryty.dtype in (types.uint16, types.int16):
+        if aryty.dtype == types.uint16 or (aryty.dtype == types.int16 and TRUNCATING_STORES):
             val = builder.or_(val, _opaque_zero(builder, ary, val.type))
         store = builder.store(val, ptr, align=_LINE)
         store.set_metadata("nontemporal", builder.module.add_metadata([ir.IntType(32)(1)]))
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+# Whether the CPU compiled for may fold a truncation into its store (vpmovdw: AVX-512F);
+# any CPU not known to be x86 is taken to
+TRUNCATING_STORES = "+avx512f" in (_x86_features() or ("+avx512f",))
 
 
 def _opaque_zero(builder, ary, ty):
