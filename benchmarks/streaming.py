@@ -74,9 +74,9 @@ def _call(norm, x, w, b, y):
 
 
 def _stores(stream):
-    """Every output from now on written with streaming stores (True) or ordinary ones."""
+    """Every ``out=`` from now on written with streaming stores (True) or ordinary ones (a
+    replayed call with ``out=`` asks ``memory.should_stream`` each time)."""
     memory.STREAM_MIN_BYTES = 0 if stream else 1 << 62
-    _backend.small_calls._plans.clear()  # a replayed call keeps the choice it learned
 
 
 def case(norm, nbytes, rounds, then_read=False, budget_s=0.02, rng=None):

@@ -807,3 +807,34 @@ def test_the_streaming_sweep_times_each_store_kind_and_restores_the_threshold():
         assert set(c["ratio_to_copy"]) >= {"copy_threads", "ordinary", "streaming"}
         assert all(v > 0 for v in c["ratio_to_copy"].values()) and c["mib"] == 1
     assert memory.STREAM_MIN_BYTES == before
+
+
+def test_the_narrowing_probe_counts_the_streamed_loop_per_16_elements():
+    from benchmarks import narrowing
+
+    asm = """
+.LBB0_3:
+\tvmovups\t(%rax), %ymm0
+\tvmovntps\t%ymm0, (%rbx)
+\tjne\t.LBB0_3
+.LBB0_7:
+\tvpmovzxwd\t(%r9,%rdi,2), %ymm6
+\tvpsrld\t$16, %ymm7, %ymm6
+\tvcmpunordps\t%ymm7, %ymm12, %ymm8
+\tvblendvps\t%ymm8, %ymm6, %ymm7, %ymm6
+\tvextractf128\t$1, %ymm6, %xmm7
+\tvpackusdw\t%xmm7, %xmm6, %xmm6
+\tvmovntdq\t%xmm6, (%r10,%rdi,2)
+\taddq\t$8, %rdi
+\tjne\t.LBB0_7
+"""
+    loop = narrowing.streamed_loop(asm)
+    assert loop[0].startswith("vpmovzxwd") and loop[-1].startswith("jne")  # not the staged copy's loop
+    c = narrowing.count(loop)
+    assert c["elements_per_iteration"] == 8  # one 16-byte store of 16-bit bits
+    assert c["vector_per_16"] == 14 and c["narrowing_per_16"] == 10
+    assert narrowing.cpu_env("host") == {}
+    env = narrowing.cpu_env("znver3")
+    assert env["NUMBA_CPU_NAME"] == "znver3"
+    feats = env["NUMBA_CPU_FEATURES"].split(",")
+    assert "+avx2" in feats and "+f16c" in feats and not any(f.startswith("+avx512") for f in feats)
