@@ -1,7 +1,7 @@
 """The CPU kernels' own machinery: streaming stores, row blocks, in-place calls, placement.
 
 Large outputs go out through streaming stores (``numbanorm.cpu._kernels.memory``) only
-above the last-level cache size, far beyond the shapes a test can afford; these
+from ``memory.STREAM_MIN_BYTES`` (megabytes), beyond the shapes a test can afford; these
 tests lower the threshold so that small odd shapes take that path, and check it
 bit for bit against the ordinary one.
 """
