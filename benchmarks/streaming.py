@@ -113,15 +113,18 @@ def case(norm, nbytes, rounds, then_read=False, budget_s=0.02, rng=None):
     return {"norm": norm, "shape": list(shape), "mib": x.nbytes / 2**20,
             "ratio_to_copy": {k: round(float(np.median(t[k] / t["copy"])), 3) for k in t if k != "copy"},
             "streaming_over_ordinary": round(float(np.median(t["streaming"] / t["ordinary"])), 3),
+            **({"streaming_over_ordinary_then_read": round(float(np.median(
+                t["streaming_then_read"] / t["ordinary_then_read"])), 3)} if then_read else {}),
             "copy_ms": round(float(np.median(t["copy"])) * 1e3, 3), "rounds": rounds, "inner": inner}
 
 
-def crossover(cases):
-    """The smallest size (bytes) from which streaming beats ordinary stores for every norm
-    at every size measured from there up; None where it never does at the largest."""
+def crossover(cases, key="streaming_over_ordinary"):
+    """The smallest size (bytes) from which streaming beats ordinary stores (``key``: the
+    ratio compared, with or without y's next reader) for every norm at every size measured
+    from there up; None where it never does at the largest."""
     by_size = {}
     for c in cases:
-        by_size.setdefault(round(c["mib"] * 2**20), []).append(c["streaming_over_ordinary"] < 1)
+        by_size.setdefault(round(c["mib"] * 2**20), []).append(c[key] < 1)
     best = None
     for size in sorted(by_size, reverse=True):
         if not all(by_size[size]):
@@ -171,13 +174,18 @@ def main(argv=None):
            "skipped_for_memory_mib": [s >> 20 for s in sizes(llc, a.lo, a.hi) if s not in todo],
            "crossover_bytes": first, "crossover_of_cache": None if first is None else round(first / llc, 4),
            "cases": cases}
+    if a.then_read:
+        read = crossover(cases, "streaming_over_ordinary_then_read")
+        res.update(crossover_then_read_bytes=read,
+                   crossover_then_read_of_cache=None if read is None else round(read / llc, 4))
     res["meta"] = metadata(threads, note=a.note, load_before=load_before, load_after=list(os.getloadavg()),
                            timing={"wall_s": round(time.perf_counter() - t0, 1), "rounds": a.rounds})
     res["meta"]["command"] = " ".join(["python", "-m", "benchmarks.streaming", *sys.argv[1:]])
     path = Path(a.out) if a.out else RESULTS / f"stream-sweep-{cpu_kind()}.json"
     path.write_text(json.dumps(res, indent=1) + "\n")
+    then = f", {res['crossover_then_read_of_cache']} with y read next" if a.then_read else ""
     print(f"streaming wins from {first and first / 2**20} MiB "
-          f"({res['crossover_of_cache']} of the {llc / 2**20:.1f} MiB cache read); "
+          f"({res['crossover_of_cache']} of the {llc / 2**20:.1f} MiB of cache counted on{then}); "
           f"the code streams from {memory.STREAM_MIN_BYTES / 2**20:.1f} MiB; wrote {path}")
     return 0
 

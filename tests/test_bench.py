@@ -806,6 +806,7 @@ def test_the_streaming_sweep_times_each_store_kind_and_restores_the_threshold():
         c = streaming.case(norm, 1 << 20, rounds=1, then_read=norm == "layer_norm", budget_s=0)
         assert set(c["ratio_to_copy"]) >= {"copy_threads", "ordinary", "streaming"}
         assert all(v > 0 for v in c["ratio_to_copy"].values()) and c["mib"] == 1
+        assert ("streaming_over_ordinary_then_read" in c) == (norm == "layer_norm")
     assert memory.STREAM_MIN_BYTES == before
 
 
