@@ -144,6 +144,18 @@ def metadata(threads, note="", load_before=None, load_after=None, skipped=(), ti
     }
 
 
+# brand words of /proc/cpuinfo's model name that name a CPU kind for results files
+CPU_KINDS = ("epyc", "xeon", "ryzen", "threadripper", "core", "graviton", "neoverse", "apple")
+
+
+def cpu_kind(model=None, llvm_cpu=None):
+    """The CPU kind that names a results file per machine (``targets-<kind>.json``): the
+    first brand word of the model name (``xeon``, ``epyc``), else LLVM's name for the CPU."""
+    words = (model if model is not None else measure.cpu_model()).lower().replace("(r)", " ").split()
+    kind = next((w for w in words if w in CPU_KINDS), None)
+    return kind or (llvm_cpu or measure.cpu_target()["llvm_cpu"] or "cpu").lower()
+
+
 def git_state():
     """The commit measured, and the package files that differed from it (kernels being edited)."""
     import subprocess

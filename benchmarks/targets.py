@@ -6,7 +6,7 @@
 All targets are on the CPU, numba and torch on the same thread count (2 threads); a
 ratio is numbanorm's median time over the peer's, so ``<= 0.7x torch`` means at most
 70 % of torch's time.  ``floors`` is the faster of the two copy floors (``np.copyto`` on
-one thread, the same copy on every numba thread).  The 16-bit and small-call targets
+one thread, the same copy on every numba thread), ``floor_threads`` the second alone.  The 16-bit and small-call targets
 (issue 13) are measured by ``--half`` and ``--small``; ``python -m benchmarks.run
 --targets`` measures exactly the cases below.
 """
@@ -25,6 +25,9 @@ SMALL = ((256, 768),)
 CONV = (("group_norm", (32, 256, 32, 32), 32), ("group_norm", (8, 64, 64, 64), 8),
         ("instance_norm", (32, 256, 32, 32), 256), ("instance_norm", (8, 64, 64, 64), 64))
 ROW_NORMS = ("layer_norm", "rms_norm")
+# 8 MiB of float32: half the smallest output streamed on both 2-CPU VMs (memory.STREAM_MIN_BYTES);
+# GroupNorm's (8, 64, 64, 64) is 8 MiB too, under the stricter out= target above
+IN_CACHE = (("layer_norm", (512, 4096), None), ("rms_norm", (512, 4096), None))
 HALF = ("float16", "bfloat16")
 
 
@@ -36,7 +39,7 @@ class Target:
     groups: int | None
     direction: str
     mode: str        # 'out' or 'alloc'
-    versus: str      # 'floor' (np.copyto), 'floors' (the faster copy floor) or 'torch'
+    versus: str      # 'floor' (np.copyto), 'floor_threads' (on every thread), 'floors' (the faster) or 'torch'
     limit: float
     dtype: str = "float32"
     impl: str = "numbanorm.cpu"  # or 'numbanorm.torch': the same kernels on torch tensors
@@ -81,6 +84,12 @@ def _targets():
                        ((1, 4096), "float16", 1.5), ((64, 4096), "float16", 1.0)):
         t.append(Target(f"small forward <= {lim}x torch", "layer_norm", s, None, "forward", "alloc", "torch",
                         lim, dt))
+    # issue 34: no step backwards where streaming stores begin, and bfloat16 at the CPU's own width
+    for n, s, g in IN_CACHE:
+        t.append(Target("in-cache forward out= <= 1.25x np.copyto", n, s, g, "forward", "out", "floor", 1.25))
+    for n in ROW_NORMS:
+        t.append(Target("bfloat16 forward out= at this CPU's vector width <= 1.25x the all-threads copy", n, big,
+                        None, "forward", "out", "floor_threads", 1.25, "bfloat16"))
     return tuple(t)
 
 

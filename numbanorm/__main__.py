@@ -57,6 +57,7 @@ def info(out=None):
     p(f"cpu            {m['cpu']}, {m['cores']} logical CPUs ({_info_usable_cpus()} usable here), "
       f"{m['mem_gib']} GiB")
     p(f"cpu target     {_info_cpu_target()}")
+    p(f"streaming      {_info_streaming()}")
     in_use, layers = _info_threading()  # first: numba.get_num_threads() raises without a layer
     threads = numba.get_num_threads() if in_use.endswith(" in use") else "none"
     p(f"threads        {threads} (numba.get_num_threads(); NUMBA_NUM_THREADS={numba.config.NUMBA_NUM_THREADS})")
@@ -105,6 +106,16 @@ def _info_cpu_target():
 
     return (f"{name} ({where}): " + ", ".join(f"{label} {'yes' if key in on else 'no'}" for label, key in known)
             + f"; 16-bit rows 512 bits wide {'yes' if WIDE_HALVES else 'no'}")
+
+
+def _info_streaming():
+    """From which output size the forward kernels write with streaming stores, and why there."""
+    from .cpu._kernels import memory as m
+
+    mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
+    return (f"outputs of {mib(m.STREAM_MIN_BYTES)} or more ({m.STREAM_FRACTION} x the {mib(m.CACHE_BYTES)} of "
+            f"cache counted on: a {mib(m.LAST_LEVEL_CACHE)} last-level cache, {m.CACHE_CPUS} usable CPU(s) "
+            f"sharing it, at most {mib(m.CACHE_PER_CPU)} each)")
 
 
 def _info_threading():

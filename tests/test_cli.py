@@ -256,6 +256,10 @@ def test_info_reports_versions_threads_cache_cpu_and_gpu(capsys):
             assert f" {label} {'yes' if host[key] else 'no'}" in f["cpu target"]
     from numbanorm.cpu._kernels.halves import WIDE_HALVES
     assert f["cpu target"].endswith(f"; 16-bit rows 512 bits wide {'yes' if WIDE_HALVES else 'no'}")
+    from numbanorm.cpu._kernels import memory
+    assert f["streaming"].startswith(f"outputs of {memory.STREAM_MIN_BYTES / 2**20:.1f} MiB or more "
+                                     f"({memory.STREAM_FRACTION} x the {memory.CACHE_BYTES / 2**20:.1f} MiB ")
+    assert f"{memory.CACHE_CPUS} usable CPU(s)" in f["streaming"]
     ok, why = registry.usable("cuda")
     assert f["gpu"].startswith("in use: " if ok else f"not in use: {why.splitlines()[0][:100]}")
     assert ("simulator" in f["gpu"]) == (ok and SIMULATED)
