@@ -291,6 +291,26 @@ def gpu_run():
     return max(found, key=lambda t: t[0])[1:] if found else (None, None)
 
 
+def gpu_or_simulator():
+    """True where the CUDA driver reports a GPU; else numba's CUDA simulator is switched
+    on (``NUMBA_ENABLE_CUDASIM``), which must happen before ``numba.cuda`` is first
+    imported.  The driver is asked directly, without importing numba.cuda."""
+    import ctypes
+
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            driver = ctypes.CDLL(name)
+        except OSError:
+            continue
+        count = ctypes.c_int(0)
+        if (driver.cuInit(0) == 0 and driver.cuDeviceGetCount(ctypes.byref(count)) == 0
+                and count.value > 0):
+            return True
+        break
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    return False
+
+
 # ------------------------------------------------------------------ the benchmark sweeps
 
 def cases(run, device):
