@@ -530,17 +530,15 @@ GPU_PEAK_GFLOPS = 67e3   # H100 SXM data sheet: float32 without tensor cores
 
 
 def draw_roofline(panels):
-    """The panels side by side (two to a row), a shared legend below: colour is the
-    kernel, marker the dtype (every dtype plotted has its entry)."""
+    """The panels one under the other, each the page's width, a shared legend below:
+    colour is the kernel, marker the dtype (every dtype plotted has its entry)."""
     import matplotlib.pyplot as plt
 
     marks = {"float16": "s", "bfloat16": "^", "float32": "o", "float64": "D"}
     colors = {("layer_norm", "forward"): "C0", ("layer_norm", "backward"): "C1",
               ("rms_norm", "forward"): "C2", ("rms_norm", "backward"): "C3"}
-    cols = min(2, len(panels))
-    rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols, 4.0 * rows), squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7.0, 3.5 * len(panels) + 0.7),
+                             squeeze=False, layout="constrained")
     fig.get_layout_engine().set(h_pad=0.15)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
@@ -567,7 +565,7 @@ def draw_roofline(panels):
         ax.set_xlabel("FLOP per byte moved", fontsize=9)
         ax.set_ylabel("GFLOP/s", fontsize=9)
         ax.tick_params(labelsize=8)
-        ax.set_title(textwrap.fill(p["title"], 44), fontsize=10, loc="left")
+        ax.set_title(p["title"], fontsize=10.5, loc="left")
         ax.grid(alpha=0.3, which="both")
     handles = [plt.Line2D([], [], color=c, marker="o", ls="", label=f"{NAMES[n]} {d}")
                for (n, d), c in colors.items()]
@@ -588,7 +586,8 @@ def history(story):
     log = load("design-log.json", BOOK_RESULTS)["stories"][story]
     rows = []
     for r in log["rows"]:
-        values = ", ".join(f"{v:g}" if isinstance(v, (int, float)) else str(v)
+        fmt = ".2f" if r["unit"] == "x" else "g"   # ratios as the text gave them: 1.30x
+        values = ", ".join(format(v, fmt) if isinstance(v, float) else str(v)
                            for v in r["values"])
         at = f" (at {r['at']})" if r.get("at") else ""
         rows.append((r["case"] + at, values, r["unit"], r["source"]))
