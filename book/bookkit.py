@@ -6,10 +6,12 @@ numbanorm's own; numbanorm ships no BatchNorm, so the book brings this one as
 its point of comparison.  (Lines stay under 80 columns: the book shows them.)
 """
 
+import contextlib
 import datetime
 import os
 import platform
 import textwrap
+import warnings
 
 import numpy as np
 
@@ -593,3 +595,169 @@ def history(story):
         rows.append((r["case"] + at, values, r["unit"], r["source"]))
     print_wrapped(log["title"])
     show_table(("measured", "values", "unit", "recorded in"), rows, text_cols=1)
+
+
+# ------------------------------------------------------------------ chapter 10's experiments
+
+def band(ax, x, runs, color, label, **style):
+    """Mean over seeds as a line, their range as a band; a diverged run (NaN)
+    drops out of both, and the label says how many did."""
+    runs = np.array(runs, dtype=float)      # JSON null (diverged) -> NaN
+    lost = int(np.isnan(runs[:, -1]).sum())
+    if lost:
+        label += f" ({lost} of {len(runs)} diverged)"
+    with warnings.catch_warnings():         # a step where every run is NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ax.plot(x, np.nanmean(runs, axis=0), color=color, label=label, **style)
+        ax.fill_between(x, np.nanmin(runs, axis=0), np.nanmax(runs, axis=0),
+                        color=color, alpha=0.15, lw=0)
+
+
+@contextlib.contextmanager
+def one_thread():
+    """numbanorm's kernels and BLAS on one thread, for tiny arrays.
+
+    The arrays in these loops are a few KiB: there is nothing to split between
+    threads, and on a busy machine a parallel launch can wait milliseconds
+    for a descheduled thread.
+    """
+    import numba
+    from threadpoolctl import threadpool_limits
+
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        with threadpool_limits(1):
+            yield
+    finally:
+        numba.set_num_threads(threads)
+
+
+def plot_warmup(warm):
+    """Chapter 10's Pre-LN/Post-LN warm-up runs (book/results/warmup.json): the
+    figure, the table, and the numbers its prose states, returned for glue_all."""
+    import matplotlib.pyplot as plt
+
+    out = {}
+    wcfg = warm["settings"]
+    for k, v in wcfg.items():  # the prose states the run's settings from the file
+        if isinstance(v, (int, float)):
+            out[f"warmcfg_{k}"] = v
+    styles = {("Post-LN", False): ("C3", "-"), ("Post-LN", True): ("C3", "--"),
+              ("Pre-LN", False): ("C0", "-"), ("Pre-LN", True): ("C0", "--")}
+
+    def warm_runs(lr, placement, warmup):
+        return [r for r in warm["results"] if r["lr"] == lr
+                and r["placement"] == placement and r["warmup"] == warmup]
+
+    w = wcfg["smooth"]
+    fig, axes = plt.subplots(1, len(wcfg["lrs"]), figsize=(10, 4), sharey=True,
+                             squeeze=False)
+    axes = axes[0]
+    for ax, lr in zip(axes, wcfg["lrs"]):
+        for (placement, warmup), (color, ls) in styles.items():
+            rs = warm_runs(lr, placement, warmup)
+            steps = w * np.arange(len(rs[0]["curve"])) + w / 2
+            band(ax, steps, [r["curve"] for r in rs], color,
+                 f"{placement}, {'warm-up' if warmup else 'no warm-up'}", ls=ls)
+        ax.axvline(wcfg["warmup"], color="0.5", lw=0.8, ls=":", label="end of warm-up")
+        ax.axhline(np.log(wcfg["vocab"]), color="k", lw=0.8, ls=":",
+                   label=f"uniform guess, ln {wcfg['vocab']}")
+        ax.set_yscale("log")
+        ax.set_title(f"Adam, learning rate {lr:g}")
+        ax.set_xlabel("training step")
+    axes[0].set_ylabel(f"training loss ({w}-step mean)")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    plt.show()
+
+    print(f"{'':8s} {'warm-up':8s} {'lr':>6s} {'final loss':>16s} "
+          f"{'test accuracy':>16s} {'diverged':>8s}")
+    for lr, tag in zip(sorted(wcfg["lrs"]), ["lo", "hi"]):
+        out[f"warm_lr_{tag}"] = lr
+        for placement, warmup in styles:
+            rs = warm_runs(lr, placement, warmup)
+            loss = np.array([np.nan if r["final_loss"] is None else r["final_loss"]
+                             for r in rs])
+            acc = np.array([r["test_accuracy"] for r in rs])
+            print(f"{placement:8s} {'yes' if warmup else 'no':8s} {lr:6g} "
+                  f"{np.nanmean(loss):8.3f} ± {np.nanstd(loss):.3f} "
+                  f"{acc.mean():8.3f} ± {acc.std():.3f} "
+                  f"{np.isnan(loss).sum():5d}/{len(rs)}")
+            key = f"{placement[:-3].lower()}_{'warm' if warmup else 'cold'}_{tag}"
+            out[f"loss_{key}"] = float(np.nanmean(loss))
+            out[f"lossstd_{key}"] = float(np.nanstd(loss))
+            out[f"acc_{key}"] = float(acc.mean())
+    out["warm_seeds"] = len(wcfg["seeds"])
+    print(f"(run {warm['created']}: {warm['seconds'] / 60:.0f} minutes for "
+          f"{len(warm['results'])} trainings, numbanorm "
+          f"{warm['versions']['numbanorm']}, torch {warm['versions']['torch']})")
+    return out
+
+
+def plot_adding(adding):
+    """Chapter 10's LSTM adding-task runs (book/results/lstm_adding.json): the figure,
+    the table, and the numbers its prose states, returned for glue_all."""
+    import matplotlib.pyplot as plt
+
+    out = {}
+    acfg = adding["settings"]
+    for k, v in acfg.items():
+        if isinstance(v, (int, float)):
+            out[f"addcfg_{k}"] = v
+    conditions = acfg["conditions"]                  # (T, input scale) pairs
+    fig, axes = plt.subplots(1, len(conditions), figsize=(10, 3.8), sharey=True,
+                             squeeze=False)
+    axes = axes[0]
+    w = acfg["smooth"]
+
+    def adding_runs(ln, T, scale):
+        return [r for r in adding["results"]
+                if r["ln"] == ln and r["T"] == T and r["scale"] == scale]
+
+    for ax, (T, scale) in zip(axes, conditions):
+        for ln, color in [(False, "0.35"), (True, "C0")]:
+            curves = np.array([r["curve"] for r in adding_runs(ln, T, scale)])
+            steps = w * np.arange(curves.shape[1]) + w / 2
+            name = "LayerNorm LSTM" if ln else "LSTM"
+            for i, c in enumerate(curves):       # one thin line per seed
+                ax.plot(steps, c, color=color, lw=0.7, alpha=0.6,
+                        label=f"{name}, each seed" if i == 0 else None)
+            ax.plot(steps, np.median(curves, axis=0), color=color, lw=2,
+                    label=f"{name}, median")
+        ax.axhline(1 / 6, color="k", ls=":", lw=1, label="predict the mean")
+        ax.set_yscale("log")
+        ax.set_title(f"T = {T}, inputs × {scale:g}", fontsize=10)
+        ax.set_xlabel("training step")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel(f"MSE ({w}-step mean)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    plt.show()
+
+    def solved_at(curve, level=1 / 60):
+        """First step whose smoothed MSE is below a tenth of predicting the mean."""
+        below = np.flatnonzero(np.array(curve) < level)
+        return w * (below[0] + 1) if len(below) else np.inf    # never
+
+    print_wrapped(f"final MSE: mean of the last {acfg['final_window']} batches, mean ± std "
+                  f"over {len(acfg['seeds'])} seeds; step at which the MSE first fell below "
+                  "1/60, per seed")
+    for T, scale in conditions:
+        for ln in (False, True):
+            rs = adding_runs(ln, T, scale)
+            final = np.array([r["final_mse"] for r in rs])
+            when = np.array([solved_at(r["curve"]) for r in rs])
+            name = "LayerNorm LSTM" if ln else "LSTM"
+            print(f"  T {T:3d}, x{scale:<3g} {name:15s} {final.mean():.4f} ± "
+                  f"{final.std():.4f}   below 1/60 at steps "
+                  f"{', '.join('never' if np.isinf(v) else f'{v:.0f}' for v in when)}")
+            key = f"{'ln' if ln else 'plain'}_T{T}_x{scale:g}"
+            out[f"adding_{key}"] = float(final.mean())
+            out[f"addingstd_{key}"] = float(final.std())
+            out[f"solved_{key}"] = float(np.median(when))
+    out["adding_seeds"] = len(acfg["seeds"])
+    out["adding_steps"] = acfg["steps"]
+    print(f"(run {adding['created']}: {adding['seconds'] / 60:.0f} minutes, numbanorm "
+          f"{adding['versions']['numbanorm']})")
+    return out
