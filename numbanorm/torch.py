@@ -57,6 +57,8 @@ __all__ = [op.name for op in OPERATIONS] + ["LayerNorm", "RMSNorm", "GroupNorm",
 
 _log = logging.getLogger(__name__)
 _HALF = (torch.float16, torch.bfloat16)
+# a scalar torch.compile traces as a symbol (dynamic=True): it has a value only when the operator runs
+_SYMBOLIC = (torch.SymFloat, torch.SymInt)
 
 
 # ------------------------------------------------------------ crossing
@@ -314,7 +316,8 @@ def _functional(op, args):
     _check_tensors(op.name, **{_input_name(op, r): given[r] for r in op.forward_arrays})
     if op.layout == "rows":
         given["normalized_shape"] = _shape(given["normalized_shape"])
-    given["eps"] = _V.check_eps(given["eps"], allow_none=op.eps is None)
+    if not isinstance(given["eps"], _SYMBOLIC):  # (symbolic: checked by the operator, on its value)
+        given["eps"] = _V.real_eps(given["eps"], allow_none=op.eps is None)
     args = op.args("forward", given)
     if _direct(args):  # no graph to record: the plain function, without the statistics
         return _IMPLEMENTATIONS[op.name, "plain"](*args)
