@@ -87,7 +87,7 @@ class SmallCalls:
 
     @staticmethod
     def _key(kind, x, nshape, weight, bias, eps, out):
-        if type(x) is not np.ndarray or (type(eps) is not float and eps is not None):
+        if type(x) is not np.ndarray or (type(eps) is not float and eps is not None) or not _exact(nshape):
             return None
         sig = [kind, x.shape, x.strides, x.dtype, nshape, eps]
         for a in (weight, bias, out):
@@ -212,7 +212,7 @@ class SmallCalls:
                 sig.append(a)
             elif type(a) is np.ndarray:
                 sig.append((a.shape, a.strides, a.dtype))
-            elif type(a) is tuple:
+            elif _exact(a):
                 sig.append(("shape", a))
             else:
                 return None
@@ -262,6 +262,20 @@ class SmallCalls:
         rms_norm.backward(dy.reshape(m, n), x.reshape(m, n), rstd.reshape(m),
                           None if weight is None else weight.reshape(n), dx.reshape(m, n), dw)
         return dx, dw.astype(grads, copy=False).reshape(params)
+
+
+def _exact(n):
+    """Whether ``n`` is an int or a tuple of ints, by type: a key holding it matches only
+    calls the full path answers alike (``64.0 == 64`` and ``True == 1``, which it refuses
+    for a shape or a group count, would otherwise find the call learned for 64 or 1)."""
+    if type(n) is int:
+        return True
+    if type(n) is not tuple:
+        return False
+    for d in n:
+        if type(d) is not int:
+            return False
+    return True
 
 
 def _views(x, weight, bias):
