@@ -116,10 +116,20 @@ def _check_tensors(fn, **args):
 
 
 def _shape(normalized_shape):
-    """torch.Size, lists and ints alike, as the list the operators' schema takes."""
-    if isinstance(normalized_shape, (int, np.integer)):
-        return [int(normalized_shape)]
-    return [int(d) if isinstance(d, np.integer) else d for d in normalized_shape]
+    """torch.Size, lists, tuples and ints alike, as the list of ints the operators' schema
+    takes; anything else is numbanorm's ``TypeError`` here, on every path (the schema
+    would refuse a float differently, or take a bool).  Sizes torch.compile traces as
+    symbols pass as they are."""
+    if isinstance(normalized_shape, _SYMBOLIC):
+        return [normalized_shape]
+    if isinstance(normalized_shape, (tuple, list)) and any(isinstance(d, _SYMBOLIC) for d in normalized_shape):
+        return list(normalized_shape)
+    return list(_V._as_shape(normalized_shape))
+
+
+def _groups(num_groups):
+    """``num_groups`` as an int, numbanorm's ``TypeError`` for anything else (a bool too)."""
+    return num_groups if isinstance(num_groups, _SYMBOLIC) else _V.integer("num_groups", num_groups)
 
 
 # ------------------------------------------------------------ custom operators
@@ -316,6 +326,8 @@ def _functional(op, args):
     _check_tensors(op.name, **{_input_name(op, r): given[r] for r in op.forward_arrays})
     if op.layout == "rows":
         given["normalized_shape"] = _shape(given["normalized_shape"])
+    else:
+        given["num_groups"] = _groups(given["num_groups"])
     if not isinstance(given["eps"], _SYMBOLIC):  # (symbolic: checked by the operator, on its value)
         given["eps"] = _V.real_eps(given["eps"], allow_none=op.eps is None)
     args = op.args("forward", given)

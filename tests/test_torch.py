@@ -1,6 +1,7 @@
 """numbanorm.torch: gradcheck, drop-in modules in real models, state_dict, memory sharing."""
 
 import copy
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -302,6 +303,24 @@ def test_non_tensor_arguments_are_type_errors():
         nt.add_rms_norm(x, [1.0] * 8, 8)
     with pytest.raises(TypeError, match="eps"):
         nt.rms_norm(x, 8, eps="small")
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: nt.layer_norm(x, 64.0), lambda x: nt.layer_norm(x, (64.0,)), lambda x: nt.rms_norm(x, [Fraction(64)]),
+    lambda x: nt.layer_norm(x, "ab"), lambda x: nt.group_norm(x.reshape(4, 8, 8), 2.0),
+    lambda x: nt.group_norm(x.reshape(4, 8, 8), True), lambda x: nt.add_rms_norm(x, x, 64.0),
+], ids=["64.0", "(64.0,)", "[Fraction]", "str", "groups 2.0", "groups True", "fused 64.0"])
+def test_a_call_gets_one_answer_on_every_path(call):
+    """The same arguments get numbanorm's TypeError whether the call runs its operator (x
+    requires grad) or not; the operator's schema would refuse a float otherwise, and take
+    a bool as a group count."""
+    x = torch.randn(4, 64)
+    answers = set()
+    for grad in (False, True):
+        with pytest.raises(TypeError, match="normalized_shape|num_groups") as e:
+            call(x.clone().requires_grad_(grad))
+        answers.add(str(e.value))
+    assert len(answers) == 1, answers
 
 
 # ------------------------------------------------------------ custom operators, torch.compile

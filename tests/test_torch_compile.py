@@ -42,10 +42,11 @@ def module(make, shapes):
     return m, [(rand(*s),) for s in shapes]
 
 
-def functional(fn, shapes, eps, residual=False, bias=True):
+def functional(fn, shapes, eps, residual=False, bias=True, axis=-1):
+    """``fn`` and its calls on ``shapes``, weights over ``axis`` of x (GroupNorm's C: 1)."""
     calls = []
     for s in shapes:
-        c = s[1] if fn is nt.group_norm else s[-1]
+        c = s[axis]
         calls.append((rand(*s), *((rand(*s),) if residual else ()), rand(c, low=0.5),
                       *((rand(c),) if bias else ()), eps))
     return fn, calls
@@ -65,7 +66,7 @@ CASES = {
     "GroupNorm": lambda: module(lambda: nt.GroupNorm(4, 8), CONV),
     "layer_norm": lambda: functional(LN, ROWS, 1e-5),
     "rms_norm": lambda: functional(RMS, ROWS, 1e-6, bias=False),
-    "group_norm": lambda: functional(GN, CONV, 1e-5),
+    "group_norm": lambda: functional(GN, CONV, 1e-5, axis=1),
     "add_layer_norm": lambda: functional(ALN, ROWS, 1e-5, residual=True),
     "add_rms_norm": lambda: functional(ARMS, ROWS, None, residual=True, bias=False),
 }
