@@ -97,6 +97,16 @@ def float_dtype(name, a):
     )
 
 
+def layer_dtype(dtype):
+    """A layer's ``dtype=`` as a NumPy dtype: :func:`float_dtype`'s ``TypeError``, naming it,
+    unless numbanorm computes in it (at construction, not at the first forward)."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"`dtype` must be a NumPy dtype, got {dtype!r}") from None
+    return float_dtype("dtype", np.empty(0, dt))
+
+
 _FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
