@@ -201,33 +201,63 @@ def _operator_refused(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_an_eager_call_without_autograd_skips_the_operator(monkeypatch, dtype):
-    """A decoder's per-token norm: plain tensors, no gradient needed.  It runs the operator's
-    implementation without the operator's dispatch (about 100 us a call), with the same bits."""
+def test_an_eager_call_skips_the_operator(monkeypatch, dtype):
+    """A decoder's per-token norm: plain tensors.  It runs the operator's implementation
+    without the operator's dispatch (about 100 us a call), with the same bits; where
+    autograd records a graph (w requires grad), around the same implementation."""
     if dtype is torch.bfloat16:
         pytest.importorskip("ml_dtypes")
+    ops = torch.ops.numbanorm
     x = torch.randn(3, 64).to(dtype)
     w = torch.nn.Parameter((torch.rand(64) + 0.5).to(dtype))
     b = torch.randn(64).to(dtype)
-    via_operator = nt.layer_norm(x, 64, w, b)  # w requires grad: the operator, with its graph
-    assert via_operator.requires_grad
     with torch.no_grad():
-        expected = nt.rms_norm(x, 64, w), nt.group_norm(x.reshape(3, 8, 8), 2, w[:8], b[:8])
+        expected = (ops.layer_norm_forward(x, [64], w, b, 1e-5)[0], ops.rms_norm_forward(x, [64], w, None)[0],
+                    ops.group_norm_forward(x.reshape(3, 8, 8), 2, w[:8], b[:8], 1e-5)[0],
+                    ops.add_rms_norm_forward(x, x, [64], w, None)[:2])
     _operator_refused(monkeypatch)
+    graph = nt.layer_norm(x, 64, w, b)  # grad mode on and w requires grad: a graph, no operator
+    assert graph.requires_grad and graph.grad_fn is not None
+    torch.testing.assert_close(graph.detach(), expected[0], rtol=0, atol=0)
     with torch.no_grad():
         y = nt.layer_norm(x, 64, w, b)
-        got = nt.rms_norm(x, 64, w), nt.group_norm(x.reshape(3, 8, 8), 2, w[:8], b[:8])
-        ys = nt.add_rms_norm(x, x, 64, w)
+        got = (y, nt.rms_norm(x, 64, w), nt.group_norm(x.reshape(3, 8, 8), 2, w[:8], b[:8]), nt.add_rms_norm(x, x, 64, w))
     assert not y.requires_grad and y.dtype == dtype
-    torch.testing.assert_close(y, via_operator.detach(), rtol=0, atol=0)
-    for a, e in zip(got, expected):
+    for a, e in zip(got[:3], expected[:3]):
         torch.testing.assert_close(a, e, rtol=0, atol=0)
-    assert isinstance(ys, tuple) and len(ys) == 2
+    assert isinstance(got[3], tuple) and len(got[3]) == 2
+    for a, e in zip(got[3], expected[3]):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
     with torch.inference_mode():
         torch.testing.assert_close(nt.LayerNorm(64).to(dtype)(x), nt.layer_norm(x, 64, torch.ones(64, dtype=dtype),
                                                                                 torch.zeros(64, dtype=dtype)))
-    with pytest.raises(AssertionError, match="operator ran"):
-        nt.layer_norm(x, 64, w, b)  # grad mode on and w requires grad: the operator's autograd
+
+
+@pytest.mark.parametrize("op", [pytest.param(op, id=op.name) for op in nt.OPERATIONS])
+def test_an_eager_graph_has_the_operators_bits_forward_and_backward(op):
+    """The eager call that records a graph (autograd.Function around the implementation)
+    against the forward and backward operators themselves, through their autograd formula."""
+    g = torch.Generator().manual_seed(3)
+    shape = (4, 6, 5) if op.layout == "groups" else (4, 2, 5)
+    c = shape[1] if op.layout == "groups" else shape[-1]
+    values = {"x": torch.randn(*shape, generator=g), "residual": torch.randn(*shape, generator=g),
+              op.shape_role: 3 if op.layout == "groups" else [5], "weight": torch.rand(c, generator=g) + 0.5,
+              "bias": torch.randn(c, generator=g), "eps": op.eps}
+    args = [values[r] for r in op.forward_roles]
+    leaves = [a for a in args if isinstance(a, torch.Tensor)]
+    grads, nodes = [], []
+    for run in (lambda *a: getattr(nt, op.name)(*a), lambda *a: nt._OPERATORS[op.name][0](*a)):
+        ins = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) else a for a in args]
+        out = run(*ins)
+        out = out[:len(op.plain_outputs)] if isinstance(out, tuple) else (out,)
+        nodes.append(type(out[0].grad_fn).__name__)
+        ws = [torch.randn(o.shape, generator=torch.Generator().manual_seed(i)) for i, o in enumerate(out)]
+        grads.append([o.detach() for o in out] + list(torch.autograd.grad(out, [a for a in ins if isinstance(
+            a, torch.Tensor)], ws)))
+    assert nodes[0] == f"{op.name}_graphBackward" and "numbanorm" in nodes[1], nodes
+    assert len(grads[0]) == len(op.plain_outputs) + len(leaves)
+    for a, e in zip(*grads):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
 
 
 def test_the_backward_of_an_eager_graph_skips_the_operator(monkeypatch):
