@@ -8,7 +8,8 @@ ratio is numbanorm's median time over the peer's, so ``<= 0.7x torch`` means at 
 70 % of torch's time.  ``floors`` is the faster of the two copy floors (``np.copyto`` on
 one thread, the same copy on every numba thread).  The 16-bit and small-call targets
 (issue 13) are measured by ``--half`` and ``--small``; ``python -m benchmarks.run
---targets`` measures exactly the cases below.
+--targets`` measures exactly the cases below, numbanorm.torch's cost per call (modes
+``no_grad``, ``grad``, ``module_no_grad``, ``module_grad``) by ``benchmarks.torch_calls``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ CONV = (("group_norm", (32, 256, 32, 32), 32), ("group_norm", (8, 64, 64, 64), 8
         ("instance_norm", (32, 256, 32, 32), 256), ("instance_norm", (8, 64, 64, 64), 64))
 ROW_NORMS = ("layer_norm", "rms_norm")
 HALF = ("float16", "bfloat16")
+TORCH_CALLS = ((1, 768), (1, 4096), (8, 4096))  # the small calls of numbanorm.torch's targets
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,13 @@ def _targets():
                        ((1, 4096), "float16", 1.5), ((64, 4096), "float16", 1.0)):
         t.append(Target(f"small forward <= {lim}x torch", "layer_norm", s, None, "forward", "alloc", "torch",
                         lim, dt))
+    # issue 34: numbanorm.torch's cost per small call against torch's eager call, the function
+    # (modes no_grad, grad) and the module (module_no_grad, module_grad); benchmarks/torch_calls.py
+    for s in TORCH_CALLS:
+        for kind, what in (("", "function"), ("module_", "module")):
+            for d, grad, lim in (("forward", "no_grad", 1.5), ("forward", "grad", 2.0), ("backward", "grad", 2.0)):
+                t.append(Target(f"torch {what} {d}, {grad.replace('_', ' ')} <= {lim}x torch eager", "layer_norm",
+                                s, None, d, kind + grad, "torch", lim, impl="numbanorm.torch"))
     return tuple(t)
 
 

@@ -577,3 +577,25 @@ def test_float16_autocast_on_gpu():
                                rtol=2e-2, atol=2e-2)
     y.float().sum().backward()
     assert xh.grad is not None and xh.grad.dtype == torch.float16
+
+
+# ------------------------------------------------------------------ the cost per call
+
+def test_the_per_call_measurement_gives_every_target_its_row():
+    """benchmarks/torch_calls.py times numbanorm.torch against torch for the function and
+    the module, without and with a graph, forward and backward: each of the targets of
+    benchmarks/targets.py on numbanorm.torch's calls finds its row and its ratio."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's benchmarks/
+    from benchmarks import targets, torch_calls
+
+    shape = targets.TORCH_CALLS[0]
+    rows = torch_calls.rows(1, shapes=(shape,), repeats=2, number=1)
+    assert len(rows) == 2 * len(torch_calls.PASSES)
+    mine = [t for t in targets.TARGETS if t.mode in {m for _, m in torch_calls.PASSES}]
+    assert len(mine) == 6 * len(targets.TORCH_CALLS)
+    ev = [e for e in targets.evaluate({"rows": rows}) if e["rule"].startswith("torch ") and "1x768" in e["case"]]
+    assert len(ev) == 6 and all(e["status"] in ("PASS", "FAIL") and e["value"] > 0 for e in ev), ev
+    assert "1x768 backward module_grad" in torch_calls.table(rows)
