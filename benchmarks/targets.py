@@ -83,7 +83,7 @@ def _targets():
                        ((1, 4096), "float16", 1.5), ((64, 4096), "float16", 1.0)):
         t.append(Target(f"small forward <= {lim}x torch", "layer_norm", s, None, "forward", "alloc", "torch",
                         lim, dt))
-    # issue 34: numbanorm.torch's cost per small call against torch's eager call, the function
+    # numbanorm.torch's cost per small call against torch's eager call, the function
     # (modes no_grad, grad) and the module (module_no_grad, module_grad); benchmarks/torch_calls.py
     for s in TORCH_CALLS:
         for kind, what in (("", "function"), ("module_", "module")):

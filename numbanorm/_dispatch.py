@@ -43,7 +43,7 @@ def _dispatching(op, kind):
     Where the CPU backend has a shortcut of ``op`` (``SmallCalls``: a call seen before),
     the function asks it first, as the CPU frontend's full path does first thing: a
     call it has not seen (host arrays or not) goes on as above.  The frontend's layers
-    cost 1.4 us of a 6 us (1, 768) float32 call.
+    are a fifth of such a call's time.
     """
     name, sig = op.function(kind), op.signature(kind)
     params = sig.parameters.values()
@@ -54,12 +54,8 @@ def _dispatching(op, kind):
     if shortcut is not None:
         roles = ", ".join(op.backward_roles if kind == "backward" else op.forward_roles)
         out = "" if kind == "backward" else ", out=out" if kind == "plain" else ", out=None"
-        forward = "" if kind == "backward" else f".{op.function('forward')}({call})"
-        # the frontend's forward method returns every output: the plain function's y is its first
-        if kind == "plain":
-            body = f"(_small({roles}{out}) or _pick({arrays}){forward})[0]"
-        else:
-            body = f"_small({roles}{out}) or {body}"
+        # the shortcut returns every output, and the plain function y, the first
+        body = f"(_small({roles}{out}) or ({body},))[0]" if kind == "plain" else f"_small({roles}{out}) or {body}"
     fn = _ops.generate(name, sig, body, {"_pick": _pick, "_small": shortcut}, op.doc(kind), "numbanorm")
     fn.__module__ = "numbanorm"
     return fn
