@@ -119,6 +119,10 @@ def main(argv=None):
                       cold=a.device == "cpu" and not (a.no_cold_start or a.half or a.small),
                       compile_times=not a.no_compile_times, show_progress=not a.no_progress,
                       cold_python=a.cold_python, **timing)
+    if a.targets and measure.torch_or_none() is not None:  # numbanorm.torch's cost per call
+        from . import torch_calls
+
+        res["rows"] += torch_calls.rows(threads, shapes=targets.TORCH_CALLS, **timing)
     res["meta"]["wall_s"] = round(time.perf_counter() - t0, 1)
     if a.merge:
         path = Path(a.dir) / f"{stem}.json"

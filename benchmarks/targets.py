@@ -8,7 +8,8 @@ ratio is numbanorm's median time over the peer's, so ``<= 0.7x torch`` means at 
 70 % of torch's time.  ``floors`` is the faster of the two copy floors (``np.copyto`` on
 one thread, the same copy on every numba thread), ``floor_threads`` the second alone.  The 16-bit and small-call targets
 (issue 13) are measured by ``--half`` and ``--small``; ``python -m benchmarks.run
---targets`` measures exactly the cases below.
+--targets`` measures exactly the cases below, numbanorm.torch's cost per call (modes
+``no_grad``, ``grad``, ``module_no_grad``, ``module_grad``) by ``benchmarks.torch_calls``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ ROW_NORMS = ("layer_norm", "rms_norm")
 # GroupNorm's (8, 64, 64, 64) is 8 MiB too, under the stricter out= target above
 IN_CACHE = (("layer_norm", (512, 4096), None), ("rms_norm", (512, 4096), None))
 HALF = ("float16", "bfloat16")
+TORCH_CALLS = ((1, 768), (1, 4096), (8, 4096))  # the small calls of numbanorm.torch's targets
 
 
 @dataclass(frozen=True)
@@ -84,12 +86,19 @@ def _targets():
                        ((1, 4096), "float16", 1.5), ((64, 4096), "float16", 1.0)):
         t.append(Target(f"small forward <= {lim}x torch", "layer_norm", s, None, "forward", "alloc", "torch",
                         lim, dt))
-    # issue 34: no step backwards where streaming stores begin, and bfloat16 at the CPU's own width
+    # no step backwards where streaming stores begin, and bfloat16 at the CPU's own width
     for n, s, g in IN_CACHE:
         t.append(Target("in-cache forward out= <= 1.25x np.copyto", n, s, g, "forward", "out", "floor", 1.25))
     for n in ROW_NORMS:
         t.append(Target("bfloat16 forward out= at this CPU's vector width <= 1.25x the all-threads copy", n, big,
                         None, "forward", "out", "floor_threads", 1.25, "bfloat16"))
+    # numbanorm.torch's cost per small call against torch's eager call, the function
+    # (modes no_grad, grad) and the module (module_no_grad, module_grad); benchmarks/torch_calls.py
+    for s in TORCH_CALLS:
+        for kind, what in (("", "function"), ("module_", "module")):
+            for d, grad, lim in (("forward", "no_grad", 1.5), ("forward", "grad", 2.0), ("backward", "grad", 2.0)):
+                t.append(Target(f"torch {what} {d}, {grad.replace('_', ' ')} <= {lim}x torch eager", "layer_norm",
+                                s, None, d, kind + grad, "torch", lim, impl="numbanorm.torch"))
     return tuple(t)
 
 

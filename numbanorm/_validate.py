@@ -97,6 +97,16 @@ def float_dtype(name, a):
     )
 
 
+def layer_dtype(dtype):
+    """A layer's ``dtype=`` as a NumPy dtype: :func:`float_dtype`'s ``TypeError``, naming it,
+    unless numbanorm computes in it (at construction, not at the first forward)."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"`dtype` must be a NumPy dtype, got {dtype!r}") from None
+    return float_dtype("dtype", np.empty(0, dt))
+
+
 _FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -141,19 +151,28 @@ def acc_dtype(dt):
     return np.dtype(np.float64) if dt == np.float64 else np.dtype(np.float32)
 
 
-def check_eps(eps, dt=None, *, allow_none=False):
-    """``eps`` as a Python float: a real number (not a bool, not a string) that is
-    finite and >= 0 once converted to the accumulation dtype of ``dt`` (float64
-    when ``dt`` is None): 1e39 passes as a float but is inf in float32."""
+def real_eps(eps, *, allow_none=False):
+    """``eps`` as a Python float, its type checked (a real number, not a bool, not a string;
+    None where ``allow_none``); its value is :func:`check_eps`'s to check.  An int beyond
+    any float is inf."""
     if eps is None and allow_none:
         return None
     if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
         raise TypeError(f"`eps` must be a real number, got {eps!r} of type {type(eps).__name__}")
-    acc = acc_dtype(dt) if dt is not None else np.dtype(np.float64)
     try:
-        e = float(eps)  # plain Python for float64: torch.compile traces this (no np.errstate)
-    except OverflowError:  # an int beyond any float
-        e = math.inf
+        return float(eps)
+    except OverflowError:
+        return math.inf
+
+
+def check_eps(eps, dt=None, *, allow_none=False):
+    """``eps`` as a Python float: a real number (not a bool, not a string) that is
+    finite and >= 0 once converted to the accumulation dtype of ``dt`` (float64
+    when ``dt`` is None): 1e39 passes as a float but is inf in float32."""
+    e = real_eps(eps, allow_none=allow_none)
+    if e is None:
+        return None
+    acc = acc_dtype(dt) if dt is not None else np.dtype(np.float64)
     if acc != np.float64 and math.isfinite(e):
         with np.errstate(over="ignore", invalid="ignore"):
             e = float(acc.type(e))

@@ -53,6 +53,13 @@ class Operation:
         """``(plain, forward, backward)`` public names."""
         return (self.name, f"{self.name}_forward", f"{self.name}_backward")
 
+    def __post_init__(self):
+        # every cached property filled now, not at its first read: that read may fall inside
+        # torch.compile's traced region, which cannot enter cached_property's lock (Python < 3.12)
+        for attr in vars(Operation).values():
+            if isinstance(attr, cached_property):
+                attr.__get__(self, Operation)
+
     @cached_property  # read on every call by the frontend
     def shape_role(self):
         return "normalized_shape" if self.layout == "rows" else "num_groups"
