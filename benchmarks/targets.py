@@ -7,7 +7,7 @@ All targets are on the CPU, numba and torch on the same thread count (2 threads)
 ratio is numbanorm's median time over the peer's, so ``<= 0.7x torch`` means at most
 70 % of torch's time.  ``floors`` is the faster of the two copy floors (``np.copyto`` on
 one thread, the same copy on every numba thread), ``floor_threads`` the second alone.  The 16-bit and small-call targets
-(issue 13) are measured by ``--half`` and ``--small``; ``python -m benchmarks.run
+are measured by ``--half`` and ``--small``; ``python -m benchmarks.run
 --targets`` measures exactly the cases below, numbanorm.torch's cost per call (modes
 ``no_grad``, ``grad``, ``module_no_grad``, ``module_grad``) by ``benchmarks.torch_calls``.
 """
@@ -71,7 +71,7 @@ def _targets():
         t.append(Target("backward <= 0.9x torch autograd (GroupNorm)", n, s, g, "backward", "alloc", "torch", 0.9))
     for n, s, g in small:
         t.append(Target("backward <= 1.0x torch autograd (small)", n, s, g, "backward", "alloc", "torch", 1.0))
-    # issue 13: 16-bit at memory speed, and small calls as cheap as torch's
+    # 16-bit at memory speed, and small calls as cheap as torch's
     big = (16384, 4096)
     for n in ROW_NORMS:
         for dt, lim in (("float16", 1.25), ("bfloat16", 1.25), ("float32", 1.10)):
