@@ -65,21 +65,38 @@ def main():
     class Module:
         initialized = True  # (numba sets up a module's globals once, through the driver)
 
+    statics = {}  # code library (its id) -> its kernel's static shared memory, as ptxas -v reports it for sm_90
+
     class Function:
         module = Module()
 
-        def __init__(self, name):
-            self.name = name
-            self.kernel = ("kernel", name)
-            self.handle = ("CUkernel", name)
+        def __init__(self, lib):
+            self.name = lib.name
+            self.kernel = ("kernel", lib.name, id(lib))
+            self.handle = ("CUkernel", lib.name, id(lib))
+            self._lib = lib
 
+        @property
+        def attrs(self):  # what the driver reports for the loaded kernel: its cubin's, as ptxas makes it
+            return driver.FuncAttr(regs=0, shared=statics[id(self._lib)], local=0, const=0, maxthreads=1024)
+
+    class Statics(dict):
+        def __missing__(self, key):
+            from numbanorm.cuda._ptx import static_shared
+
+            self[key] = static_shared(loaded[key].get_asm_str())
+            return self[key]
+
+    statics = Statics()  # code library (its id) -> its kernel's static shared memory, as ptxas -v reports it for sm_90
+    loaded = {}  # code library (its id) -> the library
     libraries = set()  # one per compiled kernel
     cufuncs = {}  # the loaded kernel of each library, as numba-cuda keeps it (per device)
 
     def get_cufunc(self):
         libraries.add(id(self))
+        loaded[id(self)] = self
         if id(self) not in cufuncs:
-            cufuncs[id(self)] = Function(self.name)
+            cufuncs[id(self)] = Function(self)
         return cufuncs[id(self)]
 
     CUDACodeLibrary.get_cufunc = get_cufunc
@@ -89,16 +106,17 @@ def main():
         if not isinstance(stream, (CoreStream, GraphBuilder)) and not LENIENT:
             raise TypeError(f"Stream or GraphBuilder expected, got {type(stream).__name__}")
         launches.append({"stream": getattr(stream, "handle", stream), "grid": list(config.grid), "block": list(config.block),
-                         "shared": config.shmem_size, "kernel": kernel[1], "args": [getattr(a, "value", a) for a in args]})
+                         "shared": config.shmem_size, "kernel": kernel[1], "lib": kernel[2],
+                         "args": [getattr(a, "value", a) for a in args]})
         launch.last = (stream, config, kernel, *args)  # (to time the stub itself)
 
     dispatcher.launch = launch
 
     def get_function(kernel):  # a library's CUkernel -> its CUfunction in the current context
-        return ("CUfunction", kernel[1])
+        return ("CUfunction", *kernel[1:])
 
     def set_attribute(fn, attr, value):
-        launches.append({"attribute": attr.name, "value": value, "kernel": fn[1]})
+        launches.append({"attribute": attr.name, "value": value, "kernel": fn[1], "lib": fn[2]})
 
     driver.driver.cuKernelGetFunction = get_function
     driver.driver.cuFuncSetAttribute = set_attribute
@@ -140,6 +158,7 @@ def main():
 
     cuda.device_array = device_array  # allocation is the driver's too
     cuda.is_available = lambda: True  # (numbanorm.cuda's public functions, and the top level's choice of them)
+    cuda.is_bfloat16_supported = lambda: True  # (an H100's compute capability)
     from contextlib import nullcontext
 
     from numba.cuda.cudadrv import devices
@@ -172,6 +191,8 @@ def main():
         return replay(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
     if sys.argv[1] == "shared":
         return shared(int(sys.argv[2]), int(sys.argv[3]), device_array, launches, cufuncs)
+    if sys.argv[1] == "optin":
+        return optin(sys.argv[2], device_array, launches, cufuncs, statics)
     if sys.argv[1] == "count":
         return count(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
     if sys.argv[1] == "sweep":
@@ -493,6 +514,54 @@ def shared(M, N, device_array, launches, cufuncs):
             out[name].append({"events": [{k: v for k, v in la.items() if k != "args"} for la in launches],
                               "replayed": any(replayed[n:])})
     print(json.dumps(out))
+
+
+def optin(which, device_array, launches, cufuncs, statics):
+    """LayerNorm forward (x staged) and backward (x and dy) of 4 rows of each length in
+    ``BOUNDARIES[which]``, each call in a new context (the loaded kernels forgotten): the
+    full path twice (numba's dispatcher, the direct launch), then the public frontend three
+    times (learned, replayed): per call, what reached the driver, and the static shared
+    memory ptxas gives each kernel launched with dynamic shared memory."""
+    from numbanorm.cuda._kernels import common as C
+
+    nc, full = _frontends()
+    replayed = []
+    real = nc.replays.replay
+    nc.replays.replay = lambda sig: (lambda r: replayed.append(r is not None) or r)(real(sig))
+    out = {}
+    for direction, dtype, N in BOUNDARIES[which]:
+        dt = C.BF16 if dtype == "bfloat16" else np.dtype(dtype)
+        x, dy, w = device_array((4, N), dt), device_array((4, N), dt), device_array((N,), dt)
+        acc = np.float64 if dtype == "float64" else np.float32
+        st = (device_array((4, 1), acc), device_array((4, 1), acc))
+        if direction == "forward":
+            call = lambda fe: fe.layer_norm_forward(x, N, w, w)  # noqa: E731
+        else:
+            call = lambda fe: fe.layer_norm_backward(dy, x, *st, N, w)  # noqa: E731
+        calls = []
+        for fe in (full, full, nc, nc, nc):
+            cufuncs.clear()  # a new context: the kernel loaded anew, its attribute not set there
+            del launches[:]
+            n = len(replayed)
+            call(fe)
+            calls.append({"events": [{k: v for k, v in la.items() if k != "args"} for la in launches],
+                          "replayed": any(replayed[n:])})
+        staged = {la["lib"] for c in calls for la in c["events"] if la.get("shared")}
+        out[f"{direction} {dtype} {N}"] = {"calls": calls, "static": {str(k): statics[k] for k in staged}}
+    print(json.dumps(out))
+
+
+# (direction, dtype, N): each side of the 48 KB boundary of static (the reductions' scratch) and
+# dynamic shared memory (the staged row: x, or x and dy) together; 16-byte words (N a multiple
+# of 8 or 4) and elements (odd N) compile two kernels
+BOUNDARIES = {
+    "forward": [("forward", "float16", n) for n in (24448, 24449, 24576, 24577)]
+    + [("forward", "bfloat16", n) for n in (24448, 24449, 24576)]
+    + [("forward", "float32", n) for n in (12224, 12225, 12288)]
+    + [("forward", "float64", n) for n in (6080, 6081, 6144)],
+    "backward": [("backward", "float16", n) for n in (12192, 12193, 12288, 12289)]
+    + [("backward", "bfloat16", n) for n in (12192, 12193, 12288)],
+}
 
 
 def sweep(N, M_max, device_array, libraries, launches, C, LN, RW):

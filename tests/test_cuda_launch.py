@@ -157,7 +157,45 @@ def test_long_rows_get_their_dynamic_shared_memory_allowed_before_the_launch(tmp
             assert all(e.get("shared", 0) == 0 for e in events if e not in main), (name, k)
             if k in (0, 6):  # the kernel's first launch in its context: allowed first
                 assert attrs == [{"attribute": "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES",
-                                  "value": nbytes, "kernel": main[0]["kernel"]}], (name, k)
+                                  "value": nbytes, "kernel": main[0]["kernel"], "lib": main[0]["lib"]}], (name, k)
                 assert main.index(attrs[0]) < main.index(launched[0]), (name, k)
             else:
                 assert attrs == [], (name, k)
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_the_opt_in_counts_the_kernels_static_shared_memory(tmp_path, direction):
+    """The 48 KB a block gets without opting in covers static and dynamic shared memory
+    together, and the row kernels carry static scratch for their reductions: at each side
+    of the boundary (float16 and bfloat16 forward at N = 24448 | 24449 .. 24576, float32 at
+    12224 | 12225 .. 12288, float64 at 6080 | 6081 .. 6144; the 16-bit backward, x and dy
+    staged, at 12192 | 12193 .. 12288; rows in 16-byte words and element by element), the
+    driver sees CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES set to the launch's dynamic
+    bytes before the launch exactly where they and the kernel's static size as ``ptxas -v``
+    reports it for sm_90 (what the driver reports for the loaded kernel) pass 48 KB -- on
+    every path: numba's dispatcher, the direct launch, a replay, each in a new context."""
+    if not __import__("numbanorm.cuda._ptx", fromlist=["find_tool"]).find_tool("ptxas"):
+        pytest.skip("ptxas is not installed")
+    res = _run("optin", direction, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    assert len(res) >= 7
+    over = 0
+    for case, got in res.items():
+        calls = got["calls"]
+        assert [c["replayed"] for c in calls] == [False, False, False, True, True], case
+        for k, call in enumerate(calls):
+            events = call["events"]
+            for e in events:
+                if "attribute" in e or not e.get("shared"):
+                    continue
+                static = got["static"][str(e["lib"])]
+                assert static > 0 and e["shared"] + static <= 232448, (case, static)  # the per-block maximum
+                attrs = [a for a in events if "attribute" in a and a["lib"] == e["lib"]]
+                if e["shared"] + static > 48 * 1024:
+                    over += k == 0
+                    assert attrs == [{"attribute": "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES",
+                                      "value": e["shared"], "kernel": e["kernel"], "lib": e["lib"]}], (case, k)
+                    assert events.index(attrs[0]) < events.index(e), (case, k)
+                else:
+                    assert attrs == [], (case, k)
+    # both sides of the boundary, the dynamic bytes alone under 48 KB on the far side of it
+    assert 0 < over < len(res), over

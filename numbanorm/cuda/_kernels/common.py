@@ -568,12 +568,12 @@ def replay_launch(lib, config, core_stream, kargs):
 _ALLOWED = {}
 
 
-def allow_shared(lib, nbytes):
-    """Let the kernel of code library ``lib`` launch with ``nbytes`` of dynamic shared
-    memory in this context: over 48 KB the driver refuses the launch unless the kernel's
-    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES says so first (numba-cuda never sets it).
-    Once per kernel and context, and again only for a larger ``nbytes``."""
-    f = lib.get_cufunc()
+def allow_shared(f, nbytes):
+    """Let the loaded kernel ``f`` (a cufunc) launch with ``nbytes`` of dynamic shared memory
+    in its context: the driver refuses a launch whose static and dynamic shared memory
+    together pass 48 KB unless the kernel's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    says so first (numba-cuda never sets it).  Once per kernel and context, and again only
+    for a larger ``nbytes``."""
     seen = _ALLOWED.get(id(f))
     if seen is None or seen[0] is not f or seen[1] < nbytes:
         from numba.cuda.cudadrv.driver import binding, driver
@@ -588,8 +588,13 @@ def allow_shared(lib, nbytes):
 
 
 def _cufunc(lib, shared):
-    """The kernel of ``lib`` (its cufunc), allowed ``shared`` bytes of dynamic shared memory."""
-    return allow_shared(lib, shared) if shared > SHARED_DEFAULT else lib.get_cufunc()
+    """The kernel of code library ``lib`` in the current context (its cufunc), allowed
+    ``shared`` bytes of dynamic shared memory where they and the kernel's static shared
+    memory (its reductions' scratch, as the driver reports it) pass the default 48 KB."""
+    f = lib.get_cufunc()
+    if shared and shared + f.attrs.shared > SHARED_DEFAULT:
+        allow_shared(f, shared)
+    return f
 
 
 def core_stream(stream):
@@ -617,8 +622,8 @@ def launch(kernel, grid, block, stream, *args, shared=0):
         compiled, plan = resolved
         if plan is None:
             unrecordable()
-            if shared > SHARED_DEFAULT:
-                allow_shared(compiled._codelibrary, shared)
+            if shared:
+                _cufunc(compiled._codelibrary, shared)
             compiled.launch(arrays(args), (grid, 1, 1), (block, 1, 1), _INTERNALS[0](stream), shared)
         else:
             _direct_launch(compiled, plan, args, grid, block, stream, shared)
@@ -628,8 +633,8 @@ def launch(kernel, grid, block, stream, *args, shared=0):
     types = None
     if _INTERNALS is not None:
         types = tuple(kernel.typeof_pyval(a) for a in args)
-        if shared > SHARED_DEFAULT:  # compiled (or loaded) first, to be allowed the memory before its launch
-            allow_shared(kernel.compile(types)._codelibrary, shared)
+        if shared:  # compiled (and loaded) first, to be allowed the memory before its launch
+            _cufunc(kernel.compile(types)._codelibrary, shared)
     kernel[grid, block, stream, shared](*args)
     overloads = getattr(kernel, "overloads", None)  # None in the simulator
     if overloads and types is not None:
