@@ -30,10 +30,16 @@ import numpy as np
 
 
 HITS = []
+SYNCS = []  # what waited for the device or copied between host and device, in order
+FAKE_LIBS = ("alloc",)  # the modes that run with the CUDA torch and CuPy stand-ins (tests/_fake_libs.py)
 LENIENT = bool(__import__("os").environ.get("NN_LENIENT_STREAM"))  # to time code that passes raw streams
 
 
 def main():
+    if sys.argv[1] in FAKE_LIBS:  # CUDA torch and CuPy stand-ins, before anything imports the real ones
+        import _fake_libs
+
+        _fake_libs.install()
     from numba import cuda
     from numba.cuda import dispatcher
     from numba.cuda.codegen import CUDACodeLibrary, JITCUDACodegen
@@ -166,11 +172,18 @@ def main():
     devices._runtime.ensure_context = nullcontext  # (slicing a device array asks for a context)
 
     def setitem(self, key, value):  # numba's copy into a strided array: a kernel of its own
+        if not self.stream:
+            SYNCS.append("setitem on stream 0")  # (numba synchronizes after it there)
         launches.append({"stream": getattr(self.stream, "handle", self.stream), "kernel": "numba setitem",
                          "args": [self.device_ctypes_pointer.value, value.device_ctypes_pointer.value,
                                   list(self.shape), list(self.strides), list(value.strides)]})
 
     devicearray.DeviceNDArray.__setitem__ = setitem
+    # what waits for the device or copies between host and device: recorded
+    for owner, name in ((driver.Stream, "synchronize"), (driver.driver, "cuCtxSynchronize"),
+                        (driver.driver, "cuStreamSynchronize"), (cuda, "synchronize"),
+                        (driver, "host_to_device"), (driver, "device_to_host")):
+        setattr(owner, name, (lambda name: lambda *a, **k: SYNCS.append(name))(name))
     from numba.cuda import api
 
     api.current_context = lambda: None  # (a view of another library's memory records its context)
@@ -193,6 +206,8 @@ def main():
         return shared(int(sys.argv[2]), int(sys.argv[3]), device_array, launches, cufuncs)
     if sys.argv[1] == "optin":
         return optin(sys.argv[2], device_array, launches, cufuncs, statics)
+    if sys.argv[1] == "alloc":
+        return allocators(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
     if sys.argv[1] == "count":
         return count(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
     if sys.argv[1] == "sweep":
@@ -279,6 +294,68 @@ def cases(M, N, device_array, forward, f16=np.float16):
         "add_layer_norm_forward": lambda nc: nc.add_layer_norm_forward(x, res, N, w, b),
         "add_layer_norm_backward": lambda nc: nc.add_layer_norm_backward(dy, dy, *add, N, w),
     }
+
+
+def _library_arrays(lib, dtype):
+    """``(make(shape, dtype), stream context, stream handle)``: the arrays of the CUDA torch
+    or CuPy stand-in (``dtype``: float16 in ``cases`` means this one), made and used on a
+    stream of the library's own (``side``) or its default stream."""
+    import torch
+
+    if lib.startswith("cupy"):
+        import cupy
+
+        return (lambda shape, dt: cupy.empty(shape, dtype)), cupy.cuda.Stream(0xC0B1), 0xC0B1
+    tdt = getattr(torch, np.dtype(dtype).name if dtype != "bfloat16" else "bfloat16")
+    make = lambda shape, dt: torch.empty(shape, dtype=tdt, device="cuda:0")  # noqa: E731
+    if lib.endswith("default stream"):
+        return make, __import__("contextlib").nullcontext(), 0
+    return make, torch.cuda.stream(torch.cuda.Stream(0x70C4)), 0x70C4
+
+
+def allocators(M, N, device_array, launches):
+    """Each operation's public forward and backward (``cases``) on CUDA torch tensors and
+    CuPy arrays (the stand-ins of ``_fake_libs``), by ``numbanorm.cuda`` three times and by
+    the top level once, inside the library's stream: per call, what reached the driver
+    (launches and their streams; numba's allocations, which are cuMemAlloc, and their
+    frees; synchronizations and host-device copies) and what the library's allocator
+    served (bytes, device, stream); a strided x (copied first) and a float32 dy beside
+    float16 x (cast first) too."""
+    import _fake_libs
+
+    import numbanorm
+    import numbanorm.cuda
+
+    from numbanorm.cuda._kernels import common as C
+
+    out = {}
+    for lib, dtype in (("torch", "float16"), ("torch", "bfloat16"), ("torch default stream", "float16"),
+                       ("cupy", "float32")):
+        make, on_stream, handle = _library_arrays(lib, dtype if dtype != "bfloat16" else "bfloat16")
+        with on_stream:
+            calls = cases(M, N, make, numbanorm.cuda)
+            if lib.startswith("torch"):
+                x, w, dy32 = make((M, N), None), make((N,), None), __import__("torch").empty(
+                    (M, N), dtype=__import__("torch").float32, device="cuda:0")
+                wide = make((M, N + 8), None)
+                stats = numbanorm.cuda.layer_norm_forward(x, N, w)[1:]
+                calls["strided_x"] = lambda nc: nc.layer_norm_forward(wide[:, :N], N, w)
+                calls["float32_dy"] = lambda nc: nc.layer_norm_backward(dy32, x, *stats, N, w)
+            for name, call in calls.items():
+                per = []
+                for fe in (numbanorm.cuda, numbanorm.cuda, numbanorm.cuda, numbanorm):
+                    del launches[:], SYNCS[:], _fake_libs.LOG[:]
+                    n0 = device_array.count[0]
+                    res = call(fe)
+                    per.append({"numba_allocs": device_array.count[0] - n0, "syncs": SYNCS[:],
+                                "launch_streams": sorted({la["stream"] for la in launches if "stream" in la}),
+                                "kernels": [la["kernel"] for la in launches if "stream" in la],
+                                "lib_allocs": [e[2:] for e in _fake_libs.LOG if e[0].endswith("alloc")],
+                                "results": sorted({type(r).__module__ + "." + type(r).__name__ for r in res}),
+                                "n_results": len(res)})
+                    del res
+                out[f"{lib} {dtype} {name}"] = {"stream": handle, "calls": per}
+    print(json.dumps(out))
 
 
 class Foreign:

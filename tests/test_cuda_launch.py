@@ -199,3 +199,30 @@ def test_the_opt_in_counts_the_kernels_static_shared_memory(tmp_path, direction)
                     assert attrs == [], (case, k)
     # both sides of the boundary, the dynamic bytes alone under 48 KB on the far side of it
     assert 0 < over < len(res), over
+
+
+def test_a_call_on_torch_or_cupy_arrays_takes_their_memory_and_stream_only(tmp_path):
+    """Each operation's forward and backward on CUDA torch tensors (float16, bfloat16; on a
+    stream of torch's and on its default stream) and CuPy arrays, by ``numbanorm.cuda`` and
+    the top level, the first call included: every array of the call -- results, the
+    backward's partial sums, a strided x's contiguous copy, a float32 dy's float16 cast --
+    comes from the library's allocator (PyTorch's caching allocator, CuPy's pool: the
+    stand-ins of tests/_fake_libs.py) on the caller's current stream; nothing from numba's
+    (cuMemAlloc, and cuMemFree after it), no synchronization (numba's copy on stream 0
+    would synchronize), no host-device copy, every launch on the caller's stream: what
+    CUDA-graph capture (``torch.cuda.graph``) requires."""
+    res = _run("alloc", 64, 1024, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    assert len(res) == 38
+    for case, got in res.items():
+        lib = case.split()[0]
+        for k, call in enumerate(got["calls"]):
+            where = (case, k)
+            assert call["numba_allocs"] == 0, where
+            assert call["syncs"] == [], where
+            assert call["launch_streams"] == [got["stream"]], where
+            assert call["results"] == [{"torch": "_fake_libs.Tensor", "cupy": "_fake_libs.ndarray"}[lib]], where
+            assert call["lib_allocs"] and {tuple(a[1:]) for a in call["lib_allocs"]} == {(0, got["stream"])}, where
+            if "backward" in case or "dy" in case:  # the partial sums beside the results (and dy's cast)
+                assert len(call["lib_allocs"]) > call["n_results"], where
+            if "strided" in case:
+                assert call["kernels"][0] == "numba setitem", where

@@ -17,6 +17,7 @@ launches.
 """
 
 import functools
+import inspect
 import sys
 
 import numpy as np
@@ -40,6 +41,11 @@ class CallContext:
         self.stream = stream  # numba stream (0: the default stream)
         self.lib = lib        # 'torch' or 'cupy' when the results' array comes from them
         self.like = like      # that array (allocation device)
+
+    def empty(self, shape, dtype):
+        """An uninitialised array from the call's allocator (``empty``): what a launcher's
+        temporaries are allocated with."""
+        return empty(self, shape, dtype)
 
 
 _DEFAULT = CallContext()
@@ -155,9 +161,17 @@ def call_context(leading):
     return CallContext(_stream(producer) if producer not in (None, 1, 2) else 0)
 
 
+@functools.lru_cache(maxsize=None)
+def _takes_empty(launcher):
+    return "empty" in inspect.signature(launcher).parameters
+
+
 def launch(ctx, launcher, *args, **kwargs):
-    """``launcher(*args, **kwargs)`` with its kernels on ``ctx.stream``, passed to it
-    explicitly."""
+    """``launcher(*args, **kwargs)`` with its kernels on ``ctx.stream`` and, for a launcher
+    with temporaries (a backward's partial sums), the call's allocator (``empty=``), both
+    passed to it explicitly."""
+    if _takes_empty(launcher):
+        kwargs["empty"] = ctx.empty
     return launcher(*args, stream=ctx.stream, **kwargs)
 
 
@@ -230,14 +244,20 @@ def _same_array(a, b):
     return C._address(a) == C._address(b) and a.shape == b.shape and a.strides == b.strides
 
 
+@functools.lru_cache(maxsize=None)
+def _default_stream():
+    # (the simulator has no external streams, and nothing to synchronize)
+    return cuda.stream() if C.SIMULATED else cuda.external_stream(0)
+
+
 def copy_into(ctx, dst, src):
     C.unrecordable()  # numba's own kernel or a host copy
     if type(dst) is np.ndarray:
         np.copyto(dst, src.copy_to_host().reshape(dst.shape))
         return
-    # bound to the call's stream, numba's strided assignment kernel runs there
-    # (on stream 0 numba synchronizes after it)
-    dst.bind(ctx.stream)[...] = src
+    # bound to the call's stream, numba's strided assignment kernel runs there; the
+    # default stream as a stream object, not 0, after which numba would synchronize
+    dst.bind(ctx.stream or _default_stream())[...] = src
 
 
 def cast(ctx, a, dtype):

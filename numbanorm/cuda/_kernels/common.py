@@ -645,7 +645,16 @@ def launch(kernel, grid, block, stream, *args, shared=0):
 
 @functools.lru_cache(maxsize=None)
 def _dummy_cached(dtype, ndim):
-    d = cuda.device_array((1,) * ndim, dtype)
+    shape = (1,) * ndim
+    if SIMULATED:  # (the simulator indexes its arrays as NumPy does)
+        d = cuda.device_array(shape, dtype)
+    else:
+        # no memory: a kernel never reads a dummy, so it takes no allocation (none inside a
+        # call, none from the wrong allocator or device); a read would fault, not read garbage
+        from numba.cuda.cudadrv import devicearray, driver
+
+        null = driver.MemoryPointer(None, driver.binding.CUdeviceptr(0), 0)
+        d = devicearray.DeviceNDArray(shape, (dtype.itemsize,) * ndim, dtype, gpu_data=null)
     _DUMMIES.add(_address(d))
     return d
 
@@ -654,7 +663,8 @@ def dummy(dtype, ndim):
     """A one-element device array of rank ``ndim`` standing for an absent argument.
 
     The kernels are specialized on which arguments exist and never read a
-    dummy; numba-cuda cannot pass ``None`` to a kernel.
+    dummy; numba-cuda cannot pass ``None`` to a kernel.  On a GPU it points at
+    no memory (a null pointer, as an absent pointer argument is in CUDA C++).
     """
     return _dummy_cached(np.dtype(dtype), ndim)
 
