@@ -67,6 +67,23 @@ def common_side(**arrays):
     return side or HOST
 
 
+def one_device(devices):
+    """The GPU of a call's arrays (``devices``: role -> GPU ordinal, None for an absent or
+    host array); ``ValueError`` naming the odd one out when they are on two."""
+    first_name = first = None
+    for name, d in devices.items():
+        if d is None:
+            continue
+        if first is None:
+            first_name, first = name, d
+        elif d != first:
+            raise ValueError(
+                f"`{name}` is on GPU {d} but `{first_name}` is on GPU {first}: all arrays of one "
+                "call must be on the same GPU (nothing is copied between devices)"
+            )
+    return first
+
+
 def float_dtype(name, a):
     """The NumPy dtype of ``a``; ``TypeError`` naming it unless numbanorm computes in it.
 

@@ -30,8 +30,10 @@ import numpy as np
 
 
 HITS = []
+CURRENT = [0]  # the stack of current devices (their contexts): device 0's at the start
+DEVICE_SPAN = 1 << 38  # as tests/_fake_libs.py's
 SYNCS = []  # what waited for the device or copied between host and device, in order
-FAKE_LIBS = ("alloc",)  # the modes that run with the CUDA torch and CuPy stand-ins (tests/_fake_libs.py)
+FAKE_LIBS = ("alloc", "devices")  # the modes that run with the CUDA torch and CuPy stand-ins (tests/_fake_libs.py)
 LENIENT = bool(__import__("os").environ.get("NN_LENIENT_STREAM"))  # to time code that passes raw streams
 
 
@@ -98,12 +100,29 @@ def main():
     libraries = set()  # one per compiled kernel
     cufuncs = {}  # the loaded kernel of each library, as numba-cuda keeps it (per device)
 
-    def get_cufunc(self):
+    def get_cufunc(self):  # loaded per library and device, as numba-cuda does
         libraries.add(id(self))
         loaded[id(self)] = self
-        if id(self) not in cufuncs:
-            cufuncs[id(self)] = Function(self)
-        return cufuncs[id(self)]
+        key = (id(self), CURRENT[-1])
+        if key not in cufuncs:
+            cufuncs[key] = Function(self)
+        return cufuncs[key]
+
+    class Gpu:  # an entry of numba's device list: its context current within ``with``
+        def __init__(self, ordinal, sms):
+            self.id, self.MULTIPROCESSOR_COUNT = ordinal, sms
+
+        def __enter__(self):
+            CURRENT.append(self.id)
+
+        def __exit__(self, *exc):
+            CURRENT.pop()
+
+    # an H100 SXM (132 SMs), and for the two-device mode an H100 PCIe (114) beside it
+    cuda.gpus = [Gpu(k, sms) for k, sms in enumerate((132, 114) if sys.argv[1] == "devices" else (132,))]
+    cuda.get_current_device = lambda: cuda.gpus[CURRENT[-1]]
+    # the device of a pointer: every allocator here hands device d the addresses d spans up
+    driver.driver.cuPointerGetAttribute = lambda attr, ptr: (ptr % (1 << 40)) // DEVICE_SPAN
 
     CUDACodeLibrary.get_cufunc = get_cufunc
     launches = []
@@ -111,7 +130,8 @@ def main():
     def launch(stream, config, kernel, *args):
         if not isinstance(stream, (CoreStream, GraphBuilder)) and not LENIENT:
             raise TypeError(f"Stream or GraphBuilder expected, got {type(stream).__name__}")
-        launches.append({"stream": getattr(stream, "handle", stream), "grid": list(config.grid), "block": list(config.block),
+        launches.append({"stream": getattr(stream, "handle", stream), "device": CURRENT[-1],
+                         "grid": list(config.grid), "block": list(config.block),
                          "shared": config.shmem_size, "kernel": kernel[1], "lib": kernel[2],
                          "args": [getattr(a, "value", a) for a in args]})
         launch.last = (stream, config, kernel, *args)  # (to time the stub itself)
@@ -122,7 +142,7 @@ def main():
         return ("CUfunction", *kernel[1:])
 
     def set_attribute(fn, attr, value):
-        launches.append({"attribute": attr.name, "value": value, "kernel": fn[1], "lib": fn[2]})
+        launches.append({"attribute": attr.name, "value": value, "kernel": fn[1], "lib": fn[2], "device": CURRENT[-1]})
 
     driver.driver.cuKernelGetFunction = get_function
     driver.driver.cuFuncSetAttribute = set_attribute
@@ -136,13 +156,14 @@ def main():
 
     dispatcher.CUDACache.load_overload = load_overload
 
-    class Memory:  # a device allocation that is only an address
-        _next = [1 << 40]
+    class Memory:  # a device allocation that is only an address (device d's: d spans up)
+        _next = {}
 
         def __init__(self, size, at=None):
             if at is None:
-                at = Memory._next[0]
-                Memory._next[0] += (size + 255) // 256 * 256
+                device = CURRENT[-1]
+                at = Memory._next.get(device, (1 << 40) + device * DEVICE_SPAN)
+                Memory._next[device] = at + (size + 255) // 256 * 256
             self.device_ctypes_pointer = __import__("ctypes").c_void_p(at)
 
         def view(self, start, stop=None):  # a slice of an array: the same memory, later
@@ -150,7 +171,7 @@ def main():
 
     def device_array(shape, dtype):
         device_array.count[0] += 1
-        device_array.log.append(Memory._next[0])
+        device_array.log.append(Memory._next.get(CURRENT[-1], (1 << 40) + CURRENT[-1] * DEVICE_SPAN))
         dtype = np.dtype(dtype)
         shape = tuple(shape)
         strides, step = [], dtype.itemsize
@@ -197,7 +218,6 @@ def main():
     except ImportError:  # an older layout, timed for comparison
         RW = None
 
-    C.n_sm = lambda: 132  # an H100
     if sys.argv[1] == "host":
         return host(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), device_array, launches)
     if sys.argv[1] == "replay":
@@ -206,6 +226,8 @@ def main():
         return shared(int(sys.argv[2]), int(sys.argv[3]), device_array, launches, cufuncs)
     if sys.argv[1] == "optin":
         return optin(sys.argv[2], device_array, launches, cufuncs, statics)
+    if sys.argv[1] == "devices":
+        return two_devices(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
     if sys.argv[1] == "alloc":
         return allocators(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
     if sys.argv[1] == "count":
@@ -355,6 +377,78 @@ def allocators(M, N, device_array, launches):
                                 "n_results": len(res)})
                     del res
                 out[f"{lib} {dtype} {name}"] = {"stream": handle, "calls": per}
+    print(json.dumps(out))
+
+
+def two_devices(M, N, device_array, launches):
+    """Two GPUs (an H100 SXM, 132 SMs, and an H100 PCIe, 114): the same public calls on
+    arrays of device 0 and of device 1 (numba's, torch's, another library's through the
+    CUDA Array Interface), each four times (numba's dispatcher, the direct launch, learned,
+    replayed), the current device 0 throughout; a long row staged in 64 KB of shared
+    memory on each; and calls whose arrays are on both.  Per call: each launch's device
+    (the current one when the driver got it), grid and stream, the devices of what numba
+    and the library allocated, whether it was replayed, and the error raised."""
+    import _fake_libs
+    import torch
+
+    from numba import cuda
+
+    import numbanorm
+
+    nc, _ = _frontends()
+    replayed = []
+    real = nc.replays.replay
+    nc.replays.replay = lambda sig: (lambda r: replayed.append(r is not None) or r)(real(sig))
+
+    def seen(call):
+        del launches[:], device_array.log[:], _fake_libs.LOG[:]
+        n = len(replayed)
+        try:
+            call()
+            error = None
+        except Exception as e:  # (the calls on two devices)
+            error = f"{type(e).__name__}: {e}"
+        return {"launches": [[la["device"], la.get("grid", [0])[0], la["stream"], la["kernel"]] for la in launches
+                             if "stream" in la],
+                "attributes": [[la["device"], la["value"]] for la in launches if "attribute" in la],
+                "numba_allocs": [(a % (1 << 40)) // DEVICE_SPAN for a in device_array.log],
+                "lib_allocs": [e[3] for e in _fake_libs.LOG if e[0].endswith("alloc")],
+                "replayed": any(replayed[n:]), "error": error}
+
+    f16 = np.float16
+    arrays = {}
+    for d in (0, 1):
+        with cuda.gpus[d]:  # (numba allocates on the current device)
+            x, w, b = device_array((M, N), f16), device_array((N,), f16), device_array((N,), f16)
+            xl, wl = device_array((4, 32768), f16), device_array((32768,), f16)
+        t = {k: torch.empty(shape, dtype=torch.float16, device=f"cuda:{d}")
+             for k, shape in (("x", (M, N)), ("w", (N,)), ("b", (N,)))}
+        arrays[d] = dict(x=x, w=w, b=b, xl=xl, wl=wl, t=t)
+    out = {}
+    for d in (0, 1):
+        a = arrays[d]
+        st = nc.layer_norm_forward(a["x"], N, a["w"], a["b"])[1:]
+        tst = nc.layer_norm_forward(a["t"]["x"], N, a["t"]["w"])[1:]
+        calls = {"numba_forward": lambda: nc.layer_norm_forward(a["x"], N, a["w"], a["b"]),
+                 "numba_backward": lambda: nc.layer_norm_backward(a["x"], a["x"], *st, N, a["w"]),
+                 "foreign_forward": lambda: nc.layer_norm_forward(Foreign(a["x"]), N, Foreign(a["w"])),
+                 "torch_forward": lambda: nc.layer_norm_forward(a["t"]["x"], N, a["t"]["w"], a["t"]["b"]),
+                 "torch_backward": lambda: nc.layer_norm_backward(a["t"]["x"], a["t"]["x"], *tst, N, a["t"]["w"]),
+                 "top_level": lambda: numbanorm.rms_norm(a["t"]["x"], N, a["t"]["w"]),
+                 "staged": lambda: nc.layer_norm_forward(a["xl"], 32768, a["wl"])}
+        for name, call in calls.items():
+            out[f"{name} {d}"] = [seen(call) for _ in range(4)]
+    a0, a1 = arrays[0], arrays[1]
+    with cuda.gpus[1]:
+        out1 = device_array((M, N), f16)
+    tst0 = nc.layer_norm_forward(a0["t"]["x"], N)[1:]
+    mixed = {"numba_weight": lambda: nc.layer_norm_forward(a0["x"], N, a1["w"]),
+             "numba_out": lambda: nc.layer_norm(a0["x"], N, a0["w"], out=out1),
+             "torch_bias": lambda: numbanorm.layer_norm(a1["t"]["x"], N, a1["t"]["w"], a0["t"]["b"]),
+             "torch_backward_x": lambda: nc.layer_norm_backward(a1["t"]["x"], a0["t"]["x"], *tst0, N)}
+    for name, call in mixed.items():
+        out[f"mixed {name}"] = [seen(call) for _ in range(2)]
+    out["current"] = CURRENT  # (every call's device scope closed)
     print(json.dumps(out))
 
 

@@ -157,7 +157,8 @@ def test_long_rows_get_their_dynamic_shared_memory_allowed_before_the_launch(tmp
             assert all(e.get("shared", 0) == 0 for e in events if e not in main), (name, k)
             if k in (0, 6):  # the kernel's first launch in its context: allowed first
                 assert attrs == [{"attribute": "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES",
-                                  "value": nbytes, "kernel": main[0]["kernel"], "lib": main[0]["lib"]}], (name, k)
+                                  "value": nbytes, "kernel": main[0]["kernel"], "lib": main[0]["lib"],
+                                  "device": 0}], (name, k)
                 assert main.index(attrs[0]) < main.index(launched[0]), (name, k)
             else:
                 assert attrs == [], (name, k)
@@ -193,7 +194,8 @@ def test_the_opt_in_counts_the_kernels_static_shared_memory(tmp_path, direction)
                 if e["shared"] + static > 48 * 1024:
                     over += k == 0
                     assert attrs == [{"attribute": "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES",
-                                      "value": e["shared"], "kernel": e["kernel"], "lib": e["lib"]}], (case, k)
+                                      "value": e["shared"], "kernel": e["kernel"], "lib": e["lib"],
+                                      "device": 0}], (case, k)
                     assert events.index(attrs[0]) < events.index(e), (case, k)
                 else:
                     assert attrs == [], (case, k)
@@ -226,3 +228,36 @@ def test_a_call_on_torch_or_cupy_arrays_takes_their_memory_and_stream_only(tmp_p
                 assert len(call["lib_allocs"]) > call["n_results"], where
             if "strided" in case:
                 assert call["kernels"][0] == "numba setitem", where
+
+
+def test_the_arrays_device_runs_the_call_and_two_devices_are_refused(tmp_path):
+    """Two GPUs (132 and 114 SMs), device 0 current: a call on arrays of device 1 (numba's,
+    torch's, another library's) is launched in device 1's context with a grid sized by its
+    SMs, allocates there, and is replayed only from a plan learned there (its long row's
+    shared-memory opt-in set in device 1's context too); the device scope is closed after
+    every call.  Arrays on both devices: ValueError naming the odd one out, before anything
+    is allocated or launched."""
+    res = _run("devices", 4096, 1024, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    assert res.pop("current") == [0]
+    grids = {0: set(), 1: set()}
+    for case, calls in res.items():
+        if case.startswith("mixed"):
+            continue
+        name, d = case.rsplit(" ", 1)
+        d = int(d)
+        for call in calls:
+            assert call["error"] is None, case
+            assert call["launches"] and {la[0] for la in call["launches"]} == {d}, case
+            assert set(call["numba_allocs"]) | set(call["lib_allocs"]) == {d}, case
+            assert {a[0] for a in call["attributes"]} <= {d}, case
+            grids[d].add(call["launches"][0][1])
+        if name == "staged":  # a plan per device: device 1's first call is not served by device 0's
+            assert not calls[0]["replayed"] and calls[-1]["replayed"], case
+            assert calls[0]["attributes"] == [[d, 65536]] and not any(c["attributes"] for c in calls[1:]), case
+    # the row kernels' grid: a wave of resident blocks on each SM of the call's device
+    assert {264, 4} <= grids[0] and {228, 4} <= grids[1] and 264 not in grids[1], grids
+    for case in ("numba_weight", "numba_out", "torch_bias", "torch_backward_x"):
+        for call in res["mixed " + case]:
+            assert call["error"].startswith("ValueError: `") and "on GPU 1" in call["error"] \
+                and "on GPU 0" in call["error"], (case, call["error"])
+            assert call["launches"] == call["numba_allocs"] == call["lib_allocs"] == [], case

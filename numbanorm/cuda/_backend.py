@@ -35,12 +35,13 @@ grads_in_any_dtype = True
 class CallContext:
     """Where one public call runs."""
 
-    __slots__ = ("stream", "lib", "like")
+    __slots__ = ("stream", "lib", "like", "device")
 
-    def __init__(self, stream=0, lib=None, like=None):
+    def __init__(self, stream=0, lib=None, like=None, device=None):
         self.stream = stream  # numba stream (0: the default stream)
         self.lib = lib        # 'torch' or 'cupy' when the results' array comes from them
         self.like = like      # that array (allocation device)
+        self.device = device  # the GPU of the call's arrays where there are several, else None
 
     def empty(self, shape, dtype):
         """An uninitialised array from the call's allocator (``empty``): what a launcher's
@@ -142,23 +143,59 @@ def native(role, a):
     return _dlpack_view(a) if desc is None else _view_cai(a, desc)
 
 
-def call_context(leading):
-    """The :class:`CallContext` of a call whose results take the array type of ``leading``."""
+def device_of(a):
+    """The ordinal of the GPU holding the caller's array ``a`` (None for host arrays)."""
+    if a is None or type(a) is np.ndarray or V.side_of(a) == V.HOST:
+        return None
+    if _is_torch(a):
+        return a.get_device()
+    if _is_cupy(a):
+        return a.device.id
+    if getattr(type(a), "__cuda_ndarray__", False):
+        p = a.device_ctypes_pointer.value
+    else:
+        desc = getattr(a, "__cuda_array_interface__", None)
+        if desc is None:
+            return int(a.__dlpack_device__()[1])
+        p = desc["data"][0]
+    return C.pointer_device(p) if p else None  # (an empty array has no memory, anywhere)
+
+
+def call_context(leading, arrays=None):
+    """The :class:`CallContext` of a call whose results take the array type of ``leading``;
+    ``arrays``: the call's arrays by role, which must be on one GPU where there are several
+    (ValueError naming the odd one out, before anything is allocated)."""
+    device = None
+    if arrays is not None and C.device_count() > 1:
+        device = V.one_device({r: device_of(a) for r, a in arrays.items()})
     if type(leading) is np.ndarray or V.side_of(leading) == V.HOST:
-        return _DEFAULT
+        return _DEFAULT if device is None else CallContext(device=device)
     if getattr(type(leading), "__cuda_ndarray__", False):
         stream = leading.stream
-        return _DEFAULT if type(stream) is int and stream == 0 else CallContext(stream)
+        if type(stream) is int and stream == 0 and device is None:
+            return _DEFAULT
+        return CallContext(stream, device=device)
     if _is_torch(leading):
         import torch
 
-        return CallContext(_stream(torch.cuda.current_stream(leading.device).cuda_stream), "torch", leading)
+        return CallContext(_stream(torch.cuda.current_stream(leading.device).cuda_stream), "torch", leading,
+                           device)
     if _is_cupy(leading):
         import cupy
 
-        return CallContext(_stream(cupy.cuda.get_current_stream().ptr), "cupy", leading)
+        if device is None:
+            ptr = cupy.cuda.get_current_stream().ptr
+        else:
+            with cupy.cuda.Device(device):  # (that device's current stream)
+                ptr = cupy.cuda.get_current_stream().ptr
+        return CallContext(_stream(ptr), "cupy", leading, device)
     producer = (getattr(leading, "__cuda_array_interface__", None) or {}).get("stream")
-    return CallContext(_stream(producer) if producer not in (None, 1, 2) else 0)
+    return CallContext(_stream(producer) if producer not in (None, 1, 2) else 0, device=device)
+
+
+def on_device(ctx):
+    """The scope in which a call allocates and launches: its arrays' GPU current."""
+    return C.on_device(ctx.device)
 
 
 @functools.lru_cache(maxsize=None)
@@ -371,6 +408,8 @@ class Replays:
                 arrays.append(a)
             else:
                 return None
+        if C.device_count() > 1:  # the GPU of each array: a plan serves one device's calls
+            sig.append(tuple(map(C.pointer_device, pointers)))
         return tuple(sig), pointers, arrays
 
     def replay(self, sig):
@@ -379,17 +418,18 @@ class Replays:
         plan = self._plans.get(key)
         if plan is None:
             return None
-        lead, specs, launches, results = plan
+        lead, device, specs, launches, results = plan
         lead = arrays[lead]  # the call's stream: the leading array's own (its producer's)
         stream = C.core_stream(lead.stream if getattr(type(lead), "__cuda_ndarray__", False)
                                else call_context(lead).stream)
-        allocs = [C.device_empty(shape, dtype) for shape, dtype in specs]
-        at = pointers + [a.device_ctypes_pointer.value for a in allocs]
-        for lib, config, template, slots in launches:
-            kargs = list(template)
-            for i, source, offset in slots:
-                kargs[i] = at[source] + offset
-            C.replay_launch(lib, config, stream, kargs)
+        with C.on_device(device):
+            allocs = [C.device_empty(shape, dtype) for shape, dtype in specs]
+            at = pointers + [a.device_ctypes_pointer.value for a in allocs]
+            for lib, config, template, slots in launches:
+                kargs = list(template)
+                for i, source, offset in slots:
+                    kargs[i] = at[source] + offset
+                C.replay_launch(lib, config, stream, kargs)
         return tuple(allocs[k] if k >= 0 else arrays[~k] for k in results)
 
     @staticmethod
@@ -448,7 +488,7 @@ class Replays:
             taken.append(k)
         if len(self._plans) >= self.MAX_PLANS:
             self._plans.clear()
-        self._plans[key] = (lead, specs, tuple(launches), tuple(taken))
+        self._plans[key] = (lead, ctx.device, specs, tuple(launches), tuple(taken))
 
 
 # None in the simulator, or where numba-cuda's internals are not the known ones

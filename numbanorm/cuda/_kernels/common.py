@@ -107,10 +107,58 @@ def pow2(n):
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+# ---------------------------------------------------------------- devices
+
 @functools.lru_cache(maxsize=None)
+def device_count():
+    """The GPUs this process sees (the simulator's one)."""
+    return 1 if SIMULATED else len(cuda.gpus)
+
+
+def current_device():
+    """The ordinal of the current context's GPU (a call's: the backend makes its arrays'
+    device current), asked of the driver only where there are several."""
+    return 0 if device_count() == 1 else cuda.get_current_device().id
+
+
 def n_sm():
+    """The SMs of the current device."""
+    return _n_sm(current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _n_sm(device):
     # the simulator's device has no attributes: it runs blocks one after another
-    return int(getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", 1))
+    dev = cuda.get_current_device() if device_count() == 1 else cuda.gpus[device]
+    return int(getattr(dev, "MULTIPROCESSOR_COUNT", 1))
+
+
+def pointer_device(ptr):
+    """The ordinal of the GPU whose memory ``ptr`` points into (the driver's pointer attribute)."""
+    from numba.cuda.cudadrv.driver import binding, driver
+
+    return int(driver.cuPointerGetAttribute(binding.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr))
+
+
+class _Here:
+    """A scope that changes nothing (a call already on its device)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_HERE = _Here()
+
+
+def on_device(device):
+    """A scope (``with``) in which ``device``'s context is current: where a call's kernels
+    are loaded and launched and numba allocates (None, or the current device: no change)."""
+    if device is None or device == current_device():
+        return _HERE
+    return cuda.gpus[device]
 
 
 # What the generated code depends on: kernels are specialized (and cached) on this,
@@ -192,9 +240,15 @@ def source_stamp():
     return h.hexdigest()
 
 
-@functools.lru_cache(maxsize=4096)
 def row_config(M, N, wide=False, vec=1, resident=None, item=0, staged=0):
-    """How ``M`` rows of ``N`` elements map onto threads (see the module docstring).
+    """How ``M`` rows of ``N`` elements map onto threads (see the module docstring), on
+    the current device (its SMs size the grid)."""
+    return _row_config(M, N, wide, vec, resident, item, staged, n_sm())
+
+
+@functools.lru_cache(maxsize=4096)
+def _row_config(M, N, wide, vec, resident, item, staged, sms):
+    """``row_config`` on a device of ``sms`` SMs.
 
     ``wide``: float64 accumulation, whose values take two registers each, so
     half as many elements per thread fit the register budget.  ``vec``: the
@@ -220,14 +274,17 @@ def row_config(M, N, wide=False, vec=1, resident=None, item=0, staged=0):
         tpr, rows = max(tpr, WARP), 1
     else:
         fewest, most = WARP // min(tpr, WARP), max(WARP // min(tpr, WARP), BLOCK_THREADS // tpr)
-        rows = most if cdiv(M, most) >= n_sm() else fewest
+        rows = most if cdiv(M, most) >= sms else fewest
     block = tpr * rows
     # one wave: the blocks the launch bounds make resident on every SM at once (more
     # would queue a second wave, and the backward would write more partial rows)
     stage = stage_capacity(N, item, vec, staged) if loop else 0
     shared = stage * (8 if vec > 1 else item) * staged
-    grid = max(1, min(cdiv(M, rows), n_sm() * blocks_per_sm(block, resident or MIN_RESIDENT, shared)))
+    grid = max(1, min(cdiv(M, rows), sms * blocks_per_sm(block, resident or MIN_RESIDENT, shared)))
     return RowConfig(tpr, vpt, rows, loop, block, grid, vec, stage, shared)
+
+
+row_config.cache_clear = _row_config.cache_clear  # (after changing the tuning knobs)
 
 
 # ---------------------------------------------------------------- dtypes
