@@ -5,7 +5,8 @@ They are installed as the ``torch`` and ``cupy`` modules, and give numbanorm's C
 what the real libraries give it, by the same calls:
 
 * ``torch``: ``Tensor`` (``shape``, ``dtype``, ``device``, ``stride()``, ``data_ptr()``,
-  ``numel()``, ``element_size()``, ``is_contiguous()``, ``requires_grad``, ``view(dtype)``
+  ``numel()``, ``element_size()``, ``nbytes``, ``is_contiguous()``, ``is_cuda``,
+  ``get_device()``, ``requires_grad``, ``view(dtype)``
   and ``__cuda_array_interface__`` as torch 2.13 exports it: version 2, bfloat16 as
   ``<V2``, refused for a tensor that requires grad); ``torch.empty(..., device=...)`` served by the
   caching allocator (``torch.cuda.caching_allocator_alloc``, on the device's current
@@ -27,9 +28,10 @@ Nothing here calls the CUDA driver: the real caching allocator and memory pool c
 ``cudaMalloc`` only when their cache cannot serve a request, which is theirs to do.
 """
 
+import functools
+import math
 import sys
 import types
-import weakref
 
 import numpy as np
 
@@ -51,6 +53,7 @@ class _Bump:
         return at
 
 
+@functools.lru_cache(maxsize=256)
 def _c_strides(shape, itemsize):
     strides, step = [], itemsize
     for d in reversed(shape):
@@ -101,12 +104,19 @@ def make_torch():
             return f"device(type='{self.type}', index={self.index})"
 
     class Tensor:
+        __slots__ = ("_ptr", "shape", "dtype", "device", "_strides", "_owner", "requires_grad", "is_cuda",
+                     "__weakref__")
+
         def __init__(self, ptr, shape, dt, dev, strides=None, owner=None):
             self._ptr, self.shape, self.dtype, self.device = ptr, tuple(shape), dt, dev
             self._strides = strides or _c_strides(self.shape, 1)  # (in elements, as torch's)
-            self._owner = owner  # what keeps the memory alive (another tensor, an array)
+            self._owner = owner  # what keeps the memory alive (another tensor, an array; None: its own)
             self.requires_grad = False
             self.is_cuda = True
+
+        def __del__(self):
+            if self._owner is None:
+                caching_allocator_delete(self._ptr)  # the memory back to the cache when it dies
 
         def stride(self):
             return self._strides
@@ -115,10 +125,14 @@ def make_torch():
             return self._ptr
 
         def numel(self):
-            return int(np.prod(self.shape))
+            return math.prod(self.shape)
 
         def element_size(self):
             return self.dtype.itemsize
+
+        @property
+        def nbytes(self):
+            return math.prod(self.shape) * self.dtype.itemsize
 
         def is_contiguous(self):
             return self._strides == _c_strides(self.shape, 1)
@@ -156,7 +170,7 @@ def make_torch():
         return streams.get(index, 0)
 
     def caching_allocator_alloc(size, device=None, stream=None):
-        index = device.index if isinstance(device, torch.device) else (device or 0)
+        index = device.index if type(device) is torch.device else (device or 0)
         stream = _stream_of(index) if stream is None else stream
         ptr = memory.take(size, index)
         LOG.append(("torch alloc", ptr, size, index, stream))
@@ -167,14 +181,11 @@ def make_torch():
 
     def empty(*shape, dtype=None, device=None):
         shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        dev = torch.device(device if device is not None else "cpu")
+        dev = device if type(device) is torch.device else torch.device(device if device is not None else "cpu")
         assert dev.type == "cuda", "a CUDA stand-in: CUDA tensors only"
         dt = dtype or torch.float32
-        nbytes = int(np.prod(shape)) * dt.itemsize
-        ptr = caching_allocator_alloc(nbytes, dev)
-        t = Tensor(ptr, shape, dt, dev)
-        weakref.finalize(t, caching_allocator_delete, ptr)  # the memory back to the cache when it dies
-        return t
+        nbytes = math.prod(shape) * dt.itemsize
+        return Tensor(caching_allocator_alloc(nbytes, dev), shape, dt, dev)
 
     def as_tensor(obj, device=None):
         desc = obj.__cuda_array_interface__
@@ -263,12 +274,16 @@ def make_cupy():
         return MemoryPointer(ptr, Device(state["device"]))
 
     class ndarray:
-        def __init__(self, shape, dtype, memptr, strides=None, owner=None):
+        def __init__(self, shape, dtype, memptr, strides=None, owner=None, owns=False):
             self.shape, self.dtype = tuple(shape), np.dtype(dtype)
             self.strides = strides or _c_strides(self.shape, self.dtype.itemsize)
-            self.data, self.device, self._owner = memptr, memptr.device, owner
-            self.size = int(np.prod(self.shape))
+            self.data, self.device, self._owner, self._owns = memptr, memptr.device, owner, owns
+            self.size = math.prod(self.shape)
             self.nbytes = self.size * self.dtype.itemsize
+
+        def __del__(self):
+            if self._owns:
+                LOG.append(("cupy free", self.data.ptr))  # back to the pool when it dies
 
         def view(self, dtype):
             assert np.dtype(dtype).itemsize == self.dtype.itemsize
@@ -284,11 +299,8 @@ def make_cupy():
 
     def empty(shape, dtype=np.float32):
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        mem = alloc(nbytes)
-        a = ndarray(shape, dtype, mem)
-        weakref.finalize(a, LOG.append, ("cupy free", mem.ptr))
-        return a
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        return ndarray(shape, dtype, alloc(nbytes), owns=True)
 
     def asarray(obj):
         desc = obj.__cuda_array_interface__

@@ -23,6 +23,7 @@ staged in over 48 KB of shared memory), ``host`` (host cost per call:
 ``benchmarks/gpu_host.py``).  Prints one JSON line.
 """
 
+import contextlib
 import json
 import sys
 
@@ -33,7 +34,7 @@ HITS = []
 CURRENT = [0]  # the stack of current devices (their contexts): device 0's at the start
 DEVICE_SPAN = 1 << 38  # as tests/_fake_libs.py's
 SYNCS = []  # what waited for the device or copied between host and device, in order
-FAKE_LIBS = ("alloc", "devices")  # the modes that run with the CUDA torch and CuPy stand-ins (tests/_fake_libs.py)
+FAKE_LIBS = ("alloc", "devices", "replay", "host")  # the modes that run with the CUDA torch and CuPy stand-ins (tests/_fake_libs.py)
 LENIENT = bool(__import__("os").environ.get("NN_LENIENT_STREAM"))  # to time code that passes raw streams
 
 
@@ -171,17 +172,20 @@ def main():
 
     def device_array(shape, dtype):
         device_array.count[0] += 1
-        device_array.log.append(Memory._next.get(CURRENT[-1], (1 << 40) + CURRENT[-1] * DEVICE_SPAN))
         dtype = np.dtype(dtype)
         shape = tuple(shape)
         strides, step = [], dtype.itemsize
         for d in reversed(shape):  # C order
             strides.insert(0, step)
             step *= d
-        return devicearray.DeviceNDArray(shape, tuple(strides), dtype, gpu_data=Memory(step))
+        a = devicearray.DeviceNDArray(shape, tuple(strides), dtype, gpu_data=Memory(step))
+        device_array.log.append(a.device_ctypes_pointer.value)
+        device_array.sizes.append(step)
+        return a
 
     device_array.count = [0]
     device_array.log = []  # the address of each allocation, in order
+    device_array.sizes = []  # ... and its bytes
 
     cuda.device_array = device_array  # allocation is the driver's too
     cuda.is_available = lambda: True  # (numbanorm.cuda's public functions, and the top level's choice of them)
@@ -327,11 +331,14 @@ def _library_arrays(lib, dtype):
     if lib.startswith("cupy"):
         import cupy
 
-        return (lambda shape, dt: cupy.empty(shape, dtype)), cupy.cuda.Stream(0xC0B1), 0xC0B1
+        make = lambda shape, dt: cupy.empty(shape, dtype)  # noqa: E731
+        if lib.endswith("default stream"):
+            return make, contextlib.nullcontext(), 0
+        return make, cupy.cuda.Stream(0xC0B1), 0xC0B1
     tdt = getattr(torch, np.dtype(dtype).name if dtype != "bfloat16" else "bfloat16")
     make = lambda shape, dt: torch.empty(shape, dtype=tdt, device="cuda:0")  # noqa: E731
     if lib.endswith("default stream"):
-        return make, __import__("contextlib").nullcontext(), 0
+        return make, contextlib.nullcontext(), 0
     return make, torch.cuda.stream(torch.cuda.Stream(0x70C4)), 0x70C4
 
 
@@ -537,9 +544,34 @@ def host(M, N, calls, device_array, launches):
         for _ in range(3):
             frontend.layer_norm_forward(fx, N, fw, fb)
         paths[name] = (lambda frontend=frontend: frontend.layer_norm_forward(fx, N, fw, fb), resolved)
+    # the same calls on CUDA torch tensors and CuPy arrays (the stand-ins of _fake_libs), on
+    # their default streams: the public functions (replayed) and the full path; and the
+    # stand-ins' own share: one allocation, one current-stream query
+    import _fake_libs
+    import cupy
+    import torch
+
+    for lib in ("torch", "cupy"):
+        make, _, _ = _library_arrays(f"{lib} default stream", "float16")
+        for name, call in cases(M, N, make, full).items():
+            for _ in range(3):  # compiled, resolved, learned
+                call(nc), call(full)
+            n0, a0 = len(launches), len(_fake_libs.LOG)
+            call(nc)
+            out[f"{name}_{lib}_launches"] = len(launches) - n0
+            out[f"{name}_{lib}_allocs"] = sum(e[0].endswith("alloc") for e in _fake_libs.LOG[a0:])
+            paths[f"{name}_{lib}"] = (lambda call=call: call(nc), resolved)
+            paths[f"{name}_{lib}_full"] = (lambda call=call: call(full), resolved)
+    paths["torch_alloc"] = (lambda: torch.empty((M, N), dtype=torch.float16, device="cuda:0"), resolved)
+    paths["torch_stream"] = (lambda: torch._C._cuda_getCurrentRawStream(0), resolved)
+    paths["cupy_alloc"] = (lambda: cupy.empty((M, N), np.float16), resolved)
+    paths["cupy_stream"] = (lambda: cupy.cuda.get_current_stream().ptr, resolved)
     paths["stub_alloc"] = (lambda: device_array((M, N), np.float16), resolved)
     paths["numba_array"] = (lambda: devicearray.DeviceNDArray((M, N), (2 * N, 2), np.dtype(np.float16), gpu_data=mem),
                             resolved)
+    only = __import__("os").environ.get("NN_PATHS")  # (a comma-separated few of them, to look closer)
+    if only:
+        paths = {k: v for k, v in paths.items() if k in only.split(",")}
     import gc
 
     gc.collect()
@@ -547,7 +579,7 @@ def host(M, N, calls, device_array, launches):
     if __import__("os").environ.get("NN_CALLGRIND"):
         for name, (call, table) in paths.items():
             C._RESOLVED.update(table)
-            del launches[:]
+            del launches[:], _fake_libs.LOG[:]
             _region(call, calls)
             out["order"].append(name)
         C._RESOLVED.update(resolved)
@@ -557,7 +589,7 @@ def host(M, N, calls, device_array, launches):
     for _ in range(7):
         for name, (call, table) in paths.items():
             C._RESOLVED.update(table)
-            del launches[:]
+            del launches[:], _fake_libs.LOG[:]
             c = time.thread_time()
             for _ in range(calls):
                 call()
@@ -586,24 +618,31 @@ def replay(M, N, device_array, launches):
     real = nc.replays.replay
     nc.replays.replay = lambda sig: (lambda r: replayed.append(r is not None) or r)(real(sig))
 
+    import _fake_libs
+
     def seen(call, nc):
-        del launches[:], device_array.log[:]
+        del launches[:], device_array.log[:], device_array.sizes[:], _fake_libs.LOG[:]
         n = len(replayed)
-        res = call(nc)
-        fresh = sorted(device_array.log)
+        try:
+            res, error = call(nc), None
+            res = res if type(res) is tuple else (res,)  # (layer_norm returns y alone)
+        except Exception as e:  # (refused alike by both paths, or not)
+            res, error = (), f"{type(e).__name__}: {e}"
+        # what the call allocated (numba's arrays, the libraries'), by address
+        fresh = sorted([*zip(device_array.log, device_array.sizes),
+                        *((e[1], e[2]) for e in _fake_libs.LOG if e[0].endswith("alloc"))])
 
         def label(v):
             if type(v) is int and v in C._DUMMIES:
-                return "dummy"  # (made on first use: fresh on a first call)
-            if type(v) is not int or v < (1 << 40) or not fresh or v < fresh[0]:
-                return v  # a scalar, or the caller's arrays and the dummies: the same every call
-            k = max(i for i, a in enumerate(fresh) if a <= v)
-            return f"new{k}+{v - fresh[k]}"
+                return "dummy"
+            for k, (at, size) in enumerate(fresh):
+                if type(v) is int and at <= v < at + max(size, 1):
+                    return f"new{k}+{v - at}"
+            return v  # a scalar, or the caller's arrays: the same every call
 
         sent = [dict(la, args=[label(a) for a in la["args"]]) for la in launches]
-        got = [(type(r).__name__, list(m.shape), list(m.strides), str(m.dtype), label(m.device_ctypes_pointer.value))
-               for r, m in ((r, r.a if type(r) is Foreign else r) for r in res)]
-        return {"launches": sent, "results": got, "replayed": any(replayed[n:])}
+        got = [(type(r).__name__, *_layout(r.a if type(r) is Foreign else r, label)) for r in res]
+        return {"launches": sent, "results": got, "replayed": any(replayed[n:]), "error": error}
 
     f16, f32 = np.float16, np.float32
     x = device_array((M, N), f16)
@@ -644,6 +683,28 @@ def replay(M, N, device_array, launches):
     st = full.layer_norm_forward(x, N, w, b)[1:]
     calls = dict(cases(M, N, device_array, full))
     calls.update(other)
+    for lib, dtype in (("torch", "float16"), ("torch", "bfloat16"), ("torch default stream", "float16"),
+                       ("cupy", "float32")):  # the stand-ins of CUDA torch and CuPy
+        make, on_stream, _ = _library_arrays(lib, dtype)
+        with on_stream:
+            calls.update({f"{lib} {dtype} {k}": _within(on_stream, c)
+                          for k, c in cases(M, N, make, full, None).items()})
+    make, on_stream, _ = _library_arrays("torch", "float16")
+    import torch
+
+    tx, tw, tout, twide = make((M, N), None), make((N,), None), make((M, N), None), make((M, N + 8), None)
+    tdy32 = torch.empty((M, N), dtype=torch.float32, device="cuda:0")
+    tgrad = make((M, N), None)
+    tgrad.requires_grad = True
+    with on_stream:
+        tst = full.layer_norm_forward(tx, N, tw)[1:]
+    calls.update({f"torch {k}": _within(on_stream, c) for k, c in {
+        "out": lambda nc: nc.layer_norm(tx, N, tw, out=tout),
+        "out_is_x": lambda nc: nc.rms_norm(tx, N, tw, out=tx),
+        "float32_dy": lambda nc: nc.layer_norm_backward(tdy32, tx, *tst, N, tw),
+        "strided": lambda nc: nc.layer_norm_forward(twide[:, :N], N, tw),
+        "requires_grad": lambda nc: nc.layer_norm_forward(tgrad, N, tw),
+        "eps": lambda nc: nc.layer_norm_forward(tx, N, tw, None, 1e-3)}.items()})
     res = {}
     for name, call in calls.items():  # each call four times: compiled, resolved, learned, replayed
         res[name] = [(seen(call, nc), seen(call, full)) for _ in range(4)]
@@ -653,6 +714,25 @@ def replay(M, N, device_array, launches):
     for name in other:
         res["again"].append((seen(calls[name], nc), seen(calls[name], full)))
     print(json.dumps(res))
+
+
+def _within(scope, call):
+    """``call`` made inside ``scope`` (a library's stream) each time."""
+    def within(nc):
+        with scope:
+            return call(nc)
+
+    return within
+
+
+def _layout(r, label):
+    """``[shape, strides in bytes, dtype, labelled address]`` of a result of any array type."""
+    if hasattr(r, "data_ptr"):  # torch's
+        item = r.element_size()
+        return [list(r.shape), [s * item for s in r.stride()], str(r.dtype), label(r.data_ptr())]
+    if hasattr(r, "device_ctypes_pointer"):
+        return [list(r.shape), list(r.strides), str(r.dtype), label(r.device_ctypes_pointer.value)]
+    return [list(r.shape), list(r.strides), str(r.dtype), label(r.data.ptr)]  # CuPy's
 
 
 def shared(M, N, device_array, launches, cufuncs):

@@ -98,19 +98,23 @@ def test_a_replayed_call_hands_the_driver_what_the_full_path_does(tmp_path):
     16 bytes: element, 8-byte or 16-byte words), out= (overlapping an input or not), which
     arguments are the same array or the array type (numba's, another library's through
     the CUDA Array Interface) is not replayed from another call's plan; a strided x
-    (copied first) is never replayed; the caller's stream (a numba array's, a producer's)
-    is used as given."""
+    (copied first) is never replayed; the caller's stream (a numba array's, a producer's,
+    torch's or CuPy's current one) is used as given -- for numba arrays, other CUDA Array
+    Interface arrays, CUDA torch tensors and CuPy arrays alike."""
     res = _run("replay", 64, 1024, env={"NUMBA_CACHE_DIR": str(tmp_path)})
     for name, calls in res.items():
         for k, (public, full) in enumerate(calls):
             assert not full["replayed"], name
             assert public["launches"] == full["launches"], (name, k)
             assert public["results"] == full["results"], (name, k)
-            assert public["launches"] or name == "again", name
+            assert public["error"] == full["error"], (name, k)
+            assert public["launches"] or name in ("again", "torch requires_grad"), name
     learned = [n for n in res if n != "again"]
     for name in learned:
         replayed = [public["replayed"] for public, _ in res[name]]
-        if name == "strided":
+        if name == "torch requires_grad":  # refused by the full path (torch's interface), never keyed
+            assert replayed == [False] * 4 and res[name][0][0]["error"].startswith("RuntimeError")
+        elif name.endswith("strided"):
             assert replayed == [False] * 4
             assert res[name][0][0]["launches"][0]["kernel"] == "numba setitem"
         elif name.startswith("out_overlaps"):  # computed apart and copied in: never replayed
@@ -130,6 +134,18 @@ def test_a_replayed_call_hands_the_driver_what_the_full_path_does(tmp_path):
     assert {la["stream"] for public, _ in res["foreign_stream"] for la in public["launches"]} == {0xBEEF}
     assert {la["stream"] for public, _ in res["foreign"] for la in public["launches"]} == {0x5EED}
     assert all(public["results"][0][0] == "Foreign" for public, _ in res["foreign_out"])
+    # CUDA torch tensors and CuPy arrays (tests/_fake_libs.py): every operation forward and
+    # backward, float16 and bfloat16 tensors, out= (x itself too), a float32 dy (cast), eps
+    # ... replayed from their library's allocator, on the library's current stream
+    libs = [n for n in learned if n.startswith(("torch", "cupy"))]
+    assert len(libs) == 38
+    for name in libs:
+        want = 0x70C4 if name.startswith("torch") else 0xC0B1
+        if "default stream" in name:
+            want = 0
+        for public, _ in res[name]:
+            assert {la["stream"] for la in public["launches"]} <= {want}, name
+            assert all(r[0] == ("Tensor" if name.startswith("torch") else "ndarray") for r in public["results"]), name
     # after all of them, each call is still its own (no plan overwritten by another's)
     assert all(public["replayed"] for public, _ in res["again"][:1])
 

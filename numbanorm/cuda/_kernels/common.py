@@ -579,7 +579,8 @@ def arrays(args):
 
 
 # What one public call allocates and launches, while ``cuda._backend.Replays`` records
-# it in this thread (``_RECORDING.log``, a list; None otherwise): ("alloc", array),
+# it in this thread (``_RECORDING.log``, a list; None otherwise): ("alloc", numba view,
+# the library's array: ``allocated``),
 # ("launch", codelib, config, stream, kernel arguments, positions of their pointers),
 # or None for work a replay cannot repeat (numba's dispatcher, a copy)
 _RECORDING = threading.local()
@@ -739,10 +740,15 @@ def dtype_or_none(a):
 
 def device_empty(shape, dtype):
     a = cuda.device_array(shape, dtype)
+    allocated(a, a)
+    return a
+
+
+def allocated(view, native):
+    """The call being recorded allocated ``native`` (its library's array), seen as ``view``."""
     log = getattr(_RECORDING, "log", None)
     if log is not None:
-        log.append(("alloc", a))
-    return a
+        log.append(("alloc", view, native))
 
 
 # ---------------------------------------------------------------- column sums
