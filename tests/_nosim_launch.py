@@ -464,15 +464,15 @@ class Foreign:
     ``__cuda_array_interface__`` over a numba array's memory, made anew on each access
     as CuPy's is, with its producer's stream (``stream``; None: no stream)."""
 
-    def __init__(self, a, stream=None):
-        self.a, self.stream = a, stream
+    def __init__(self, a, stream=None, readonly=False):
+        self.a, self.stream, self.readonly = a, stream, readonly
         self.shape, self.dtype = a.shape, a.dtype
 
     @property
     def __cuda_array_interface__(self):
         a = self.a
         return {"shape": a.shape, "strides": None, "typestr": a.dtype.str, "version": 3,
-                "data": (a.device_ctypes_pointer.value, False), "stream": self.stream}
+                "data": (a.device_ctypes_pointer.value, self.readonly), "stream": self.stream}
 
 
 def _frontends():
@@ -669,6 +669,10 @@ def replay(M, N, device_array, launches):
         "foreign_stream": lambda nc: nc.layer_norm_forward(Foreign(x, 0xBEEF), N, Foreign(w), Foreign(b)),
         "foreign_out": lambda nc: nc.layer_norm_forward(Foreign(x, 0x5EED), N, Foreign(w), Foreign(b),
                                                         out=Foreign(out)),
+        "foreign_readonly_out": lambda nc: nc.layer_norm_forward(Foreign(x, 0x5EED), N, Foreign(w), Foreign(b),
+                                                                 out=Foreign(out, readonly=True)),
+        "foreign_readonly_x": lambda nc: nc.layer_norm_forward(Foreign(x, 0x5EED, readonly=True), N, Foreign(w),
+                                                               Foreign(b), out=Foreign(out)),
         "other_dy": lambda nc: nc.layer_norm_backward(dy, x, *st, N, w),
     }
     w2, b2 = w.reshape(2, N // 2), b.reshape(2, N // 2)  # normalized_shape (2, N / 2)

@@ -95,7 +95,8 @@ def test_a_replayed_call_hands_the_driver_what_the_full_path_does(tmp_path):
     path (validation, launchers, direct launch) gives it for the same arguments, and the
     same results come back; a call seen before is replayed by its third time at the
     latest; one that differs in shape, dtype, a parameter, eps, alignment (to 2, 8 or
-    16 bytes: element, 8-byte or 16-byte words), out= (overlapping an input or not), which
+    16 bytes: element, 8-byte or 16-byte words), out= (overlapping an input or not; a
+    read-only one, refused by both paths, is never replayed), which
     arguments are the same array or the array type (numba's, another library's through
     the CUDA Array Interface) is not replayed from another call's plan; a strided x
     (copied first) is never replayed; the caller's stream (a numba array's, a producer's,
@@ -108,11 +109,14 @@ def test_a_replayed_call_hands_the_driver_what_the_full_path_does(tmp_path):
             assert public["launches"] == full["launches"], (name, k)
             assert public["results"] == full["results"], (name, k)
             assert public["error"] == full["error"], (name, k)
-            assert public["launches"] or name in ("again", "torch requires_grad"), name
+            assert public["launches"] or name in ("again", "torch requires_grad", "foreign_readonly_out"), name
     learned = [n for n in res if n != "again"]
     for name in learned:
         replayed = [public["replayed"] for public, _ in res[name]]
-        if name == "torch requires_grad":  # refused by the full path (torch's interface), never keyed
+        if name == "foreign_readonly_out":  # a read-only out= refused by both paths, after a writable one learned
+            assert replayed == [False] * 4, name
+            assert all(p["error"] == f["error"] == "ValueError: `out` is read-only" for p, f in res[name])
+        elif name == "torch requires_grad":  # refused by the full path (torch's interface), never keyed
             assert replayed == [False] * 4 and res[name][0][0]["error"].startswith("RuntimeError")
         elif name.endswith("strided"):
             assert replayed == [False] * 4
@@ -125,7 +129,7 @@ def test_a_replayed_call_hands_the_driver_what_the_full_path_does(tmp_path):
     # a new key is never served by an earlier plan on its first call
     for name in ("dtype", "weight_dtype", "no_bias", "unaligned", "unaligned16", "layer_norm_backward", "foreign"):
         assert not res[name][0][0]["replayed"], name
-    for name in ("shape", "rows", "eps", "eps_int", "out", "same_dy_and_x"):  # (their kernels were resolved)
+    for name in ("shape", "rows", "eps", "eps_int", "out", "same_dy_and_x", "foreign_readonly_x"):  # (resolved)
         assert not res[name][0][0]["replayed"] and res[name][1][0]["replayed"], name
     # the caller's stream, not the stream of the call the plan was learned from
     assert {la["stream"] for public, _ in res["stream"] for la in public["launches"]} == {0x5EED}

@@ -131,19 +131,19 @@ def _cupy_view(a):
     return _view_cai(a, a.__cuda_array_interface__)
 
 
-def _dlpack_view(a):
+def _dlpack_desc(a):
+    """``(owner, a CUDA Array Interface)`` of a CUDA DLPack object."""
     from cuda.core.utils import StridedMemoryView
 
     smv = StridedMemoryView.from_dlpack(a, stream_ptr=-1)
     strides = smv.strides
-    desc = {
+    return smv, {
         "shape": tuple(smv.shape),
         "strides": None if strides is None else tuple(s * smv.dtype.itemsize for s in strides),
         "data": (smv.ptr, bool(smv.readonly)),
         "typestr": smv.dtype.str,
         "version": 3,
     }
-    return cuda.from_cuda_array_interface(desc, owner=smv, sync=False)
 
 
 def _check_dtype(name, a):
@@ -172,7 +172,10 @@ def native(role, a):
     if _is_cupy(a):
         return _cupy_view(a)
     desc = getattr(a, "__cuda_array_interface__", None)
-    return _dlpack_view(a) if desc is None else _view_cai(a, desc)
+    owner, desc = _dlpack_desc(a) if desc is None else (a, desc)
+    if role == "out" and desc["data"][1]:  # (numba's view would not say so)
+        raise ValueError("`out` is read-only")
+    return _view_cai(owner, desc)
 
 
 def device_of(a):
@@ -509,13 +512,14 @@ class Replays:
                     devices.append(a.device.id)
             elif how is _CAI:
                 desc = a.__cuda_array_interface__
-                p = desc["data"][0]
+                p, readonly = desc["data"]
                 if not p or desc.get("mask") is not None:
                     return None
                 strides, shape = desc.get("strides"), tuple(desc["shape"])
                 size = int(np.prod(shape)) * int(desc["typestr"][2:])
-                sig.append((t, shape, strides and tuple(strides), desc["typestr"], p % C.WORD_BYTES[0],
-                            _overlap(spans, p, size)))
+                # (a read-only out= is the full path's to refuse)
+                sig.append((t, shape, strides and tuple(strides), desc["typestr"], bool(readonly),
+                            p % C.WORD_BYTES[0], _overlap(spans, p, size)))
                 if several:
                     devices.append(C.pointer_device(p))
             else:
