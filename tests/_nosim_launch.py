@@ -18,9 +18,12 @@ and argument marshalling down to the driver, and only the driver is stubbed:
   ``cuFuncSetAttribute``: recorded among the launches, in order).
 
 Modes: ``M N`` (launches of the direct path against numba's), ``count``, ``sweep``,
-``replay`` (public frontend against full path, call by call), ``shared`` (long rows
-staged in over 48 KB of shared memory), ``host`` (host cost per call:
-``benchmarks/gpu_host.py``).  Prints one JSON line.
+``replay`` (public frontend against full path, call by call; ``every``: each operation in
+one dtype), ``shared`` (long rows staged in over 48 KB of shared memory), ``optin`` (the
+opt-in at the 48 KB boundary), ``alloc`` (what torch and CuPy calls allocate and wait
+for), ``devices`` (two GPUs), ``host`` (host cost per call: ``benchmarks/gpu_host.py``).
+``alloc``, ``devices``, ``replay``, ``every`` and ``host`` run with the CUDA torch and
+CuPy stand-ins of ``tests/_fake_libs.py``.  Prints one JSON line.
 """
 
 import contextlib
@@ -34,7 +37,7 @@ HITS = []
 CURRENT = [0]  # the stack of current devices (their contexts): device 0's at the start
 DEVICE_SPAN = 1 << 38  # as tests/_fake_libs.py's
 SYNCS = []  # what waited for the device or copied between host and device, in order
-FAKE_LIBS = ("alloc", "devices", "replay", "host")  # the modes that run with the CUDA torch and CuPy stand-ins (tests/_fake_libs.py)
+FAKE_LIBS = ("alloc", "devices", "replay", "host", "every")  # the modes that run with the CUDA torch and CuPy stand-ins (tests/_fake_libs.py)
 LENIENT = bool(__import__("os").environ.get("NN_LENIENT_STREAM"))  # to time code that passes raw streams
 
 
@@ -232,6 +235,8 @@ def main():
         return optin(sys.argv[2], device_array, launches, cufuncs, statics)
     if sys.argv[1] == "devices":
         return two_devices(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
+    if sys.argv[1] == "every":
+        return every(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], device_array, launches)
     if sys.argv[1] == "alloc":
         return allocators(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
     if sys.argv[1] == "count":
@@ -604,12 +609,12 @@ def _count_allocs(device_array):
     return device_array.count[0]
 
 
-def replay(M, N, device_array, launches):
-    """Each case's calls, and calls that differ from them in one thing, through the public
-    frontend (replays on) and through the full path: per call, what reached the driver
-    and what came back, with the addresses the call allocated named by allocation order
-    (``new<k>+<offset>``); and whether the call was replayed."""
-    from numba.cuda.cudadrv import driver
+def _seer(device_array, launches):
+    """``(nc, full, seen)``: the public frontend (replays on) and the full path, and
+    ``seen(call, frontend)``: what reached the driver and what came back from ``call`` made
+    through one of them, with the addresses the call allocated named by allocation order
+    (``new<k>+<offset>``); whether it was replayed; the error it raised."""
+    import _fake_libs
 
     from numbanorm.cuda._kernels import common as C
 
@@ -617,8 +622,6 @@ def replay(M, N, device_array, launches):
     replayed = []
     real = nc.replays.replay
     nc.replays.replay = lambda sig: (lambda r: replayed.append(r is not None) or r)(real(sig))
-
-    import _fake_libs
 
     def seen(call, nc):
         del launches[:], device_array.log[:], device_array.sizes[:], _fake_libs.LOG[:]
@@ -644,6 +647,34 @@ def replay(M, N, device_array, launches):
         got = [(type(r).__name__, *_layout(r.a if type(r) is Foreign else r, label)) for r in res]
         return {"launches": sent, "results": got, "replayed": any(replayed[n:]), "error": error}
 
+    return nc, full, seen
+
+
+def every(M, N, dtype, device_array, launches):
+    """Each operation's forward and backward (``cases``) on numba arrays of ``dtype`` (x,
+    weight, bias), and LayerNorm's and RMSNorm's without a weight (absent arguments as
+    dummies), each four times through the public frontend and the full path (``_seer``)."""
+    from numbanorm.cuda._kernels import common as C
+
+    nc, full, seen = _seer(device_array, launches)
+    dt = C.BF16 if dtype == "bfloat16" else np.dtype(dtype)
+    calls = cases(M, N, device_array, full, dt)
+    x, dy = device_array((M, N), dt), device_array((M, N), dt)
+    ln, rms = full.layer_norm_forward(x, N)[1:], full.rms_norm_forward(x, N)[1:]
+    calls.update({"layer_norm_forward_no_weight": lambda nc: nc.layer_norm_forward(x, N),
+                  "layer_norm_backward_no_weight": lambda nc: nc.layer_norm_backward(dy, x, *ln, N),
+                  "rms_norm_forward_no_weight": lambda nc: nc.rms_norm_forward(x, N),
+                  "rms_norm_backward_no_weight": lambda nc: nc.rms_norm_backward(dy, x, *rms, N)})
+    print(json.dumps({name: [(seen(call, nc), seen(call, full)) for _ in range(4)] for name, call in calls.items()}))
+
+
+def replay(M, N, device_array, launches):
+    """Each case's calls, and calls that differ from them in one thing, through the public
+    frontend (replays on) and through the full path (``_seer``), each four times: compiled,
+    resolved, learned, replayed."""
+    from numba.cuda.cudadrv import driver
+
+    nc, full, seen = _seer(device_array, launches)
     f16, f32 = np.float16, np.float32
     x = device_array((M, N), f16)
     w, b = device_array((N,), f16), device_array((N,), f16)

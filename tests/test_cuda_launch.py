@@ -154,6 +154,26 @@ def test_a_replayed_call_hands_the_driver_what_the_full_path_does(tmp_path):
     assert all(public["replayed"] for public, _ in res["again"][:1])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+def test_every_operation_replayed_as_the_full_path_launches_it_in_every_dtype(tmp_path, dtype):
+    """The replayed launches are what the simulator's tests cannot see (the simulator
+    launches through numba's dispatcher: no marshalled arguments, no replays), so the
+    replay path is tested where the launches are real: with the driver stubbed, each
+    operation's forward and backward in each dtype (float16 in the test above), with its
+    weight and bias and LayerNorm/RMSNorm without a weight (absent arguments as dummies),
+    hands the driver the same launches through a replay as through the full path, and
+    returns the same results, call by call; replayed from the third call."""
+    res = _run("every", 64, 1024, dtype, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    assert len(res) == 12
+    for name, calls in res.items():
+        for k, (public, full) in enumerate(calls):
+            assert public["error"] is None and public["launches"], (name, k)
+            assert public["launches"] == full["launches"], (name, k)
+            assert public["results"] == full["results"], (name, k)
+        assert [public["replayed"] for public, _ in calls][2:] == [True, True], name
+        assert dtype in str(calls[0][0]["results"][0]), name  # (dx, y: x's dtype)
+
+
 def test_long_rows_get_their_dynamic_shared_memory_allowed_before_the_launch(tmp_path):
     """Float16 rows of 32768 elements: the forward stages x (64 KB), the backward x and dy
     (128 KB) in dynamic shared memory, more than the 48 KB a kernel gets unless it opts in.
