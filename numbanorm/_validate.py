@@ -70,17 +70,16 @@ def common_side(**arrays):
 def one_device(devices):
     """The GPU of a call's arrays (``devices``: role -> GPU ordinal, None for an absent or
     host array); ``ValueError`` naming the odd one out when they are on two."""
-    first_name = first = None
-    for name, d in devices.items():
-        if d is None:
-            continue
-        if first is None:
-            first_name, first = name, d
-        elif d != first:
-            raise ValueError(
-                f"`{name}` is on GPU {d} but `{first_name}` is on GPU {first}: all arrays of one "
-                "call must be on the same GPU (nothing is copied between devices)"
-            )
+    on = [(name, d) for name, d in devices.items() if d is not None]
+    if not on:
+        return None
+    first_name, first = on[0]
+    odd = next(((name, d) for name, d in on if d != first), None)
+    if odd is not None:
+        raise ValueError(
+            f"`{odd[0]}` is on GPU {odd[1]} but `{first_name}` is on GPU {first}: all arrays of one "
+            "call must be on the same GPU (nothing is copied between devices)"
+        )
     return first
 
 
