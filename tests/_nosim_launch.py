@@ -37,7 +37,8 @@ HITS = []
 CURRENT = [0]  # the stack of current devices (their contexts): device 0's at the start
 DEVICE_SPAN = 1 << 38  # as tests/_fake_libs.py's
 SYNCS = []  # what waited for the device or copied between host and device, in order
-FAKE_LIBS = ("alloc", "devices", "replay", "host", "every")  # the modes that run with the CUDA torch and CuPy stand-ins (tests/_fake_libs.py)
+# the modes that run with the CUDA torch and CuPy stand-ins (tests/_fake_libs.py)
+FAKE_LIBS = ("alloc", "devices", "replay", "host", "every")
 LENIENT = bool(__import__("os").environ.get("NN_LENIENT_STREAM"))  # to time code that passes raw streams
 
 
@@ -793,7 +794,7 @@ def shared(M, N, device_array, launches, cufuncs):
         out[name] = []
         for k, fe in enumerate((full, full, full, nc, nc, nc, nc)):
             if k == 6:
-                cufuncs.clear()  # a new context: the kernel loaded anew, its attribute not set there
+                cufuncs.clear(), C._LOADED.clear()  # a new context: the kernel loaded anew, not allowed there
             del launches[:]
             n = len(replayed)
             call(fe)
@@ -826,7 +827,7 @@ def optin(which, device_array, launches, cufuncs, statics):
             call = lambda fe: fe.layer_norm_backward(dy, x, *st, N, w)  # noqa: E731
         calls = []
         for fe in (full, full, nc, nc, nc):
-            cufuncs.clear()  # a new context: the kernel loaded anew, its attribute not set there
+            cufuncs.clear(), C._LOADED.clear()  # a new context: the kernel loaded anew, not allowed there
             del launches[:]
             n = len(replayed)
             call(fe)

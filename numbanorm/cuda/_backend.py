@@ -397,21 +397,6 @@ def wrap(a, like):
     return a
 
 
-def _overlap(spans, p, nbytes):
-    """Where the ``nbytes`` at ``p`` meet the earlier arguments' bytes (``spans``, to which
-    they are added): ``(k, same start)`` for the first that overlaps, or None.  A
-    replay keys on it: an out= that overlaps an input is written through a copy, and
-    dy given as x is one array twice (only C-contiguous arrays are ever replayed, so
-    ``nbytes`` from the first byte is the extent)."""
-    end = p + nbytes
-    for k, (lo, hi) in enumerate(spans):
-        if lo < end and p < hi:
-            spans.append((p, end))
-            return k, lo == p
-    spans.append((p, end))
-    return None
-
-
 # how ``Replays.signature`` keys an argument, by its type (``_kind``, learned per type)
 _NUMBA, _TORCH, _CUPY, _CAI, _FLOAT, _INT, _TUPLE, _OTHER = range(8)
 _KINDS = {float: _FLOAT, int: _INT, tuple: _TUPLE}
@@ -483,9 +468,7 @@ class Replays:
                 p = None if memory is None else memory.device_ctypes_pointer.value
                 if not p:  # (empty arrays have none: never replayed)
                     return None
-                # alignment (the word width) and overlap with earlier arguments are part of the key
-                sig.append((t, a.shape, a.strides, a.dtype, p % C.WORD_BYTES[0],
-                            _overlap(spans, p, a.size * a.dtype.itemsize)))
+                entry, nbytes = (t, a.shape, a.strides, a.dtype), a.size * a.dtype.itemsize
                 if several:
                     devices.append(C.pointer_device(p))
             elif how is _FLOAT:
@@ -500,14 +483,14 @@ class Replays:
                 p = a.data_ptr()
                 if not p or a.requires_grad or not a.is_cuda:  # (the full path's to refuse or copy)
                     return None
-                sig.append((t, a.shape, a.stride(), a.dtype, p % C.WORD_BYTES[0], _overlap(spans, p, a.nbytes)))
+                entry, nbytes = (t, a.shape, a.stride(), a.dtype), a.nbytes
                 if several:
                     devices.append(a.get_device())
             elif how is _CUPY:
                 p = a.data.ptr
                 if not p:
                     return None
-                sig.append((t, a.shape, a.strides, a.dtype, p % C.WORD_BYTES[0], _overlap(spans, p, a.nbytes)))
+                entry, nbytes = (t, a.shape, a.strides, a.dtype), a.nbytes
                 if several:
                     devices.append(a.device.id)
             elif how is _CAI:
@@ -516,14 +499,24 @@ class Replays:
                 if not p or desc.get("mask") is not None:
                     return None
                 strides, shape = desc.get("strides"), tuple(desc["shape"])
-                size = int(np.prod(shape)) * int(desc["typestr"][2:])
                 # (a read-only out= is the full path's to refuse)
-                sig.append((t, shape, strides and tuple(strides), desc["typestr"], bool(readonly),
-                            p % C.WORD_BYTES[0], _overlap(spans, p, size)))
+                entry = (t, shape, strides and tuple(strides), desc["typestr"], bool(readonly))
+                nbytes = int(np.prod(shape)) * int(desc["typestr"][2:])
                 if several:
                     devices.append(C.pointer_device(p))
             else:
                 return None
+            # an array's alignment (the word width) and the first earlier argument it meets
+            # (an out= that overlaps an input is written through a copy; dy given as x is one
+            # array twice; only C-contiguous arrays are ever replayed, so ``nbytes`` from its
+            # first byte is its extent) are part of the key
+            end, meets = p + nbytes, None
+            for k, (lo, hi) in enumerate(spans):
+                if lo < end and p < hi:
+                    meets = (k, lo == p)
+                    break
+            spans.append((p, end))
+            sig.append((entry, p % C.WORD_BYTES[0], meets))
             pointers.append(p)
             arrays.append(a)
         if several:  # a plan serves one device's calls
@@ -550,7 +543,7 @@ class Replays:
         else:
             with C.on_device(device):
                 allocs = _run(_LIBRARIES[lib], specs, where, pointers, launches, stream)
-        return tuple(allocs[k] if k >= 0 else arrays[~k] for k in results)
+        return tuple([allocs[k] if k >= 0 else arrays[~k] for k in results])
 
     @staticmethod
     def record():

@@ -645,11 +645,20 @@ def allow_shared(f, nbytes):
     return f
 
 
+# (code library, device) -> its cufunc, loaded: numba-cuda's ``get_cufunc`` keeps one per
+# library and device for the process too, but asks the driver for the current context
+# on every call (a lock and two driver calls per launch)
+_LOADED = {}
+
+
 def _cufunc(lib, shared):
-    """The kernel of code library ``lib`` in the current context (its cufunc), allowed
+    """The kernel of code library ``lib`` on the current device (its cufunc), allowed
     ``shared`` bytes of dynamic shared memory where they and the kernel's static shared
     memory (its reductions' scratch, as the driver reports it) pass the default 48 KB."""
-    f = lib.get_cufunc()
+    key = lib if device_count() == 1 else (lib, current_device())
+    f = _LOADED.get(key)
+    if f is None:
+        f = _LOADED[key] = lib.get_cufunc()
     if shared and shared + f.attrs.shared > SHARED_DEFAULT:
         allow_shared(f, shared)
     return f
