@@ -464,6 +464,7 @@ def offline(cc=CC):
         launches.append(Launch(kernel, grid, block, C.arrays(args), shared))
 
     patches = [(dispatcher, "get_current_device", lambda: _Device()), (C, "n_sm", lambda: SMS),
+               (C, "device_count", lambda: 1),
                (C, "launch", record), (C, "bfloat16_unsupported", lambda: ""),
                (cuda, "device_array", _device_empty)]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]

@@ -67,6 +67,22 @@ def common_side(**arrays):
     return side or HOST
 
 
+def one_device(devices):
+    """The GPU of a call's arrays (``devices``: role -> GPU ordinal, None for an absent or
+    host array); ``ValueError`` naming the odd one out when they are on two."""
+    on = [(name, d) for name, d in devices.items() if d is not None]
+    if not on:
+        return None
+    first_name, first = on[0]
+    odd = next(((name, d) for name, d in on if d != first), None)
+    if odd is not None:
+        raise ValueError(
+            f"`{odd[0]}` is on GPU {odd[1]} but `{first_name}` is on GPU {first}: all arrays of one "
+            "call must be on the same GPU (nothing is copied between devices)"
+        )
+    return first
+
+
 def float_dtype(name, a):
     """The NumPy dtype of ``a``; ``TypeError`` naming it unless numbanorm computes in it.
 

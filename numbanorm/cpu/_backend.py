@@ -3,6 +3,8 @@
 It implements ``numbanorm._api.Backend``; a CPU call has no context (``None``).
 """
 
+import contextlib
+
 import numpy as np
 
 from .. import _validate as V
@@ -26,8 +28,15 @@ def native(role, a):
     return np.asarray(a)
 
 
-def call_context(leading):
+def call_context(leading, arrays=None):
     return None
+
+
+def on_device(ctx):
+    return _ANYWHERE
+
+
+_ANYWHERE = contextlib.nullcontext()  # (host arrays: no device to choose)
 
 
 def launch(ctx, launcher, *args, **kwargs):

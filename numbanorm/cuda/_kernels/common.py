@@ -107,10 +107,58 @@ def pow2(n):
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+# ---------------------------------------------------------------- devices
+
 @functools.lru_cache(maxsize=None)
+def device_count():
+    """The GPUs this process sees (the simulator's one)."""
+    return 1 if SIMULATED else len(cuda.gpus)
+
+
+def current_device():
+    """The ordinal of the current context's GPU (a call's: the backend makes its arrays'
+    device current), asked of the driver only where there are several."""
+    return 0 if device_count() == 1 else cuda.get_current_device().id
+
+
 def n_sm():
+    """The SMs of the current device."""
+    return _n_sm(current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _n_sm(device):
     # the simulator's device has no attributes: it runs blocks one after another
-    return int(getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", 1))
+    dev = cuda.get_current_device() if device_count() == 1 else cuda.gpus[device]
+    return int(getattr(dev, "MULTIPROCESSOR_COUNT", 1))
+
+
+def pointer_device(ptr):
+    """The ordinal of the GPU whose memory ``ptr`` points into (the driver's pointer attribute)."""
+    from numba.cuda.cudadrv.driver import binding, driver
+
+    return int(driver.cuPointerGetAttribute(binding.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr))
+
+
+class _Here:
+    """A scope that changes nothing (a call already on its device)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_HERE = _Here()
+
+
+def on_device(device):
+    """A scope (``with``) in which ``device``'s context is current: where a call's kernels
+    are loaded and launched and numba allocates (None, or the current device: no change)."""
+    if device is None or device == current_device():
+        return _HERE
+    return cuda.gpus[device]
 
 
 # What the generated code depends on: kernels are specialized (and cached) on this,
@@ -192,9 +240,15 @@ def source_stamp():
     return h.hexdigest()
 
 
-@functools.lru_cache(maxsize=4096)
 def row_config(M, N, wide=False, vec=1, resident=None, item=0, staged=0):
-    """How ``M`` rows of ``N`` elements map onto threads (see the module docstring).
+    """How ``M`` rows of ``N`` elements map onto threads (see the module docstring), on
+    the current device (its SMs size the grid)."""
+    return _row_config(M, N, wide, vec, resident, item, staged, n_sm())
+
+
+@functools.lru_cache(maxsize=4096)
+def _row_config(M, N, wide, vec, resident, item, staged, sms):
+    """``row_config`` on a device of ``sms`` SMs.
 
     ``wide``: float64 accumulation, whose values take two registers each, so
     half as many elements per thread fit the register budget.  ``vec``: the
@@ -220,14 +274,17 @@ def row_config(M, N, wide=False, vec=1, resident=None, item=0, staged=0):
         tpr, rows = max(tpr, WARP), 1
     else:
         fewest, most = WARP // min(tpr, WARP), max(WARP // min(tpr, WARP), BLOCK_THREADS // tpr)
-        rows = most if cdiv(M, most) >= n_sm() else fewest
+        rows = most if cdiv(M, most) >= sms else fewest
     block = tpr * rows
     # one wave: the blocks the launch bounds make resident on every SM at once (more
     # would queue a second wave, and the backward would write more partial rows)
     stage = stage_capacity(N, item, vec, staged) if loop else 0
     shared = stage * (8 if vec > 1 else item) * staged
-    grid = max(1, min(cdiv(M, rows), n_sm() * blocks_per_sm(block, resident or MIN_RESIDENT, shared)))
+    grid = max(1, min(cdiv(M, rows), sms * blocks_per_sm(block, resident or MIN_RESIDENT, shared)))
     return RowConfig(tpr, vpt, rows, loop, block, grid, vec, stage, shared)
+
+
+row_config.cache_clear = _row_config.cache_clear  # (after changing the tuning knobs)
 
 
 # ---------------------------------------------------------------- dtypes
@@ -522,7 +579,8 @@ def arrays(args):
 
 
 # What one public call allocates and launches, while ``cuda._backend.Replays`` records
-# it in this thread (``_RECORDING.log``, a list; None otherwise): ("alloc", array),
+# it in this thread (``_RECORDING.log``, a list; None otherwise): ("alloc", numba view,
+# the library's array: ``allocated``),
 # ("launch", codelib, config, stream, kernel arguments, positions of their pointers),
 # or None for work a replay cannot repeat (numba's dispatcher, a copy)
 _RECORDING = threading.local()
@@ -568,12 +626,12 @@ def replay_launch(lib, config, core_stream, kargs):
 _ALLOWED = {}
 
 
-def allow_shared(lib, nbytes):
-    """Let the kernel of code library ``lib`` launch with ``nbytes`` of dynamic shared
-    memory in this context: over 48 KB the driver refuses the launch unless the kernel's
-    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES says so first (numba-cuda never sets it).
-    Once per kernel and context, and again only for a larger ``nbytes``."""
-    f = lib.get_cufunc()
+def allow_shared(f, nbytes):
+    """Let the loaded kernel ``f`` (a cufunc) launch with ``nbytes`` of dynamic shared memory
+    in its context: the driver refuses a launch whose static and dynamic shared memory
+    together pass 48 KB unless the kernel's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    says so first (numba-cuda never sets it).  Once per kernel and context, and again only
+    for a larger ``nbytes``."""
     seen = _ALLOWED.get(id(f))
     if seen is None or seen[0] is not f or seen[1] < nbytes:
         from numba.cuda.cudadrv.driver import binding, driver
@@ -587,9 +645,23 @@ def allow_shared(lib, nbytes):
     return f
 
 
+# (code library, device) -> its cufunc, loaded: numba-cuda's ``get_cufunc`` keeps one per
+# library and device for the process too, but asks the driver for the current context
+# on every call (a lock and two driver calls per launch)
+_LOADED = {}
+
+
 def _cufunc(lib, shared):
-    """The kernel of ``lib`` (its cufunc), allowed ``shared`` bytes of dynamic shared memory."""
-    return allow_shared(lib, shared) if shared > SHARED_DEFAULT else lib.get_cufunc()
+    """The kernel of code library ``lib`` on the current device (its cufunc), allowed
+    ``shared`` bytes of dynamic shared memory where they and the kernel's static shared
+    memory (its reductions' scratch, as the driver reports it) pass the default 48 KB."""
+    key = lib if device_count() == 1 else (lib, current_device())
+    f = _LOADED.get(key)
+    if f is None:
+        f = _LOADED[key] = lib.get_cufunc()
+    if shared and shared + f.attrs.shared > SHARED_DEFAULT:
+        allow_shared(f, shared)
+    return f
 
 
 def core_stream(stream):
@@ -617,8 +689,8 @@ def launch(kernel, grid, block, stream, *args, shared=0):
         compiled, plan = resolved
         if plan is None:
             unrecordable()
-            if shared > SHARED_DEFAULT:
-                allow_shared(compiled._codelibrary, shared)
+            if shared:
+                _cufunc(compiled._codelibrary, shared)
             compiled.launch(arrays(args), (grid, 1, 1), (block, 1, 1), _INTERNALS[0](stream), shared)
         else:
             _direct_launch(compiled, plan, args, grid, block, stream, shared)
@@ -628,8 +700,8 @@ def launch(kernel, grid, block, stream, *args, shared=0):
     types = None
     if _INTERNALS is not None:
         types = tuple(kernel.typeof_pyval(a) for a in args)
-        if shared > SHARED_DEFAULT:  # compiled (or loaded) first, to be allowed the memory before its launch
-            allow_shared(kernel.compile(types)._codelibrary, shared)
+        if shared:  # compiled (and loaded) first, to be allowed the memory before its launch
+            _cufunc(kernel.compile(types)._codelibrary, shared)
     kernel[grid, block, stream, shared](*args)
     overloads = getattr(kernel, "overloads", None)  # None in the simulator
     if overloads and types is not None:
@@ -640,7 +712,16 @@ def launch(kernel, grid, block, stream, *args, shared=0):
 
 @functools.lru_cache(maxsize=None)
 def _dummy_cached(dtype, ndim):
-    d = cuda.device_array((1,) * ndim, dtype)
+    shape = (1,) * ndim
+    if SIMULATED:  # (the simulator indexes its arrays as NumPy does)
+        d = cuda.device_array(shape, dtype)
+    else:
+        # no memory: a kernel never reads a dummy, so it takes no allocation (none inside a
+        # call, none from the wrong allocator or device); a read would fault, not read garbage
+        from numba.cuda.cudadrv import devicearray, driver
+
+        null = driver.MemoryPointer(None, driver.binding.CUdeviceptr(0), 0)
+        d = devicearray.DeviceNDArray(shape, (dtype.itemsize,) * ndim, dtype, gpu_data=null)
     _DUMMIES.add(_address(d))
     return d
 
@@ -649,7 +730,8 @@ def dummy(dtype, ndim):
     """A one-element device array of rank ``ndim`` standing for an absent argument.
 
     The kernels are specialized on which arguments exist and never read a
-    dummy; numba-cuda cannot pass ``None`` to a kernel.
+    dummy; numba-cuda cannot pass ``None`` to a kernel.  On a GPU it points at
+    no memory (a null pointer, as an absent pointer argument is in CUDA C++).
     """
     return _dummy_cached(np.dtype(dtype), ndim)
 
@@ -667,10 +749,15 @@ def dtype_or_none(a):
 
 def device_empty(shape, dtype):
     a = cuda.device_array(shape, dtype)
+    allocated(a, a)
+    return a
+
+
+def allocated(view, native):
+    """The call being recorded allocated ``native`` (its library's array), seen as ``view``."""
     log = getattr(_RECORDING, "log", None)
     if log is not None:
-        log.append(("alloc", a))
-    return a
+        log.append(("alloc", view, native))
 
 
 # ---------------------------------------------------------------- column sums

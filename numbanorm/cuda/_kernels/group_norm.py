@@ -272,14 +272,15 @@ def forward(x, weight, bias, eps, y, mean, rstd, *, stream=0):
              C.words(y.reshape(n * G, L), vec), mean.reshape(n * G), rstd.reshape(n * G))
 
 
-def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, *, stream=0):
-    """Fill ``dx`` (N, C, S) and ``dweight``/``dbias`` (C,) of any float dtype, on ``stream``."""
+def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, *, stream=0, empty=None):
+    """Fill ``dx`` (N, C, S) and ``dweight``/``dbias`` (C,) of any float dtype, on ``stream``;
+    the partial sums from ``empty`` (as ``row_norm.backward``'s)."""
     n, c, S = x.shape
     G = mean.shape[1]
     acc = C.F64 if x.dtype == C.F64 else C.F32  # dweight/dbias: any float dtype (column_sums)
     # rows: sum(dy * xhat) and sum(dy) (the dweight/dbias partials, summed over
     # samples at the end), then sum(dy * (x - mean)) and sum(x - mean)
-    part = C.device_empty((4, n, c), acc)
+    part = (empty or C.device_empty)((4, n, c), acc)
     if n:
         xdt = np.dtype(x.dtype)
         vec = C.vec_width(S, x, dy, dx, max_bytes=8)

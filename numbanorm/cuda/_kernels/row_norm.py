@@ -408,22 +408,25 @@ def forward(kind, x, weight, bias, eps, y, mean, rstd, residual=None, s=None, st
              C.optional(s, xk, 2, vec), C.optional(mean, rstd, 1), rstd, shared=cfg.shared)
 
 
-def backward(kind, dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None, stream=0):
+def backward(kind, dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None, stream=0, empty=None):
     """Fill ``dx`` (M, N) and ``dweight`` (and ``dbias``, LayerNorm) (N,), of any float
     dtype (summed in the accumulation dtype, rounded once as stored); ``mean``/``dbias``
     None for RMSNorm.
 
-    ``ds`` (M, N) or None is added to ``dx`` (the fused residual's gradient).
+    ``ds`` (M, N) or None is added to ``dx`` (the fused residual's gradient).  ``empty``:
+    the allocator of the partial sums, ``(shape, dtype) -> device array`` (the call's:
+    the backend passes the caller's library's; None: numba's).
     """
     M, N = x.shape
     acc = C.F64 if x.dtype == C.F64 else C.F32
     K = 2 if kind == "layer" else 1
+    empty = empty or C.device_empty
     if M == 0:
-        C.column_sums(C.device_empty((K, 0, N), acc), dweight, dbias, stream)
+        C.column_sums(empty((K, 0, N), acc), dweight, dbias, stream)
         return
     vec = C.vec_width(N, x, dy, dx, ds)
     cfg = C.row_config(M, N, x.dtype == C.F64, vec, C.ROW_RESIDENT, x.dtype.itemsize, 2)  # x and dy staged
-    part = C.device_empty((K, cfg.grid, N), acc)
+    part = empty((K, cfg.grid, N), acc)
     kern = backward_kernel(kind, np.dtype(x.dtype), C.dtype_or_none(weight), cfg.code, ds is not None)
     xe, xk = C.kview(x), C.words(x, vec)
     C.launch(kern, cfg.grid, cfg.block, stream, C.words(dy, vec), xk, C.optional(mean, rstd, 1), rstd,
