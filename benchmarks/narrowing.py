@@ -111,6 +111,8 @@ def _child(rounds, shape, budget_s=0.2):
     from numbanorm import measure
     from numbanorm.cpu._kernels import halves, layer_norm, memory, rms_norm
 
+    from .measure import parallel_copy
+
     memory.STREAM_MIN_BYTES = 0  # every output streamed, the small one that compiles them too
     out = {"cpu": halves._cpu_name(), "wide_16bit_rows": bool(halves.WIDE_HALVES),
            "threads": numba.get_num_threads(), "norms": {}}
@@ -126,7 +128,7 @@ def _child(rounds, shape, budget_s=0.2):
         out["norms"][name] = count(streamed_loop(_rows_asm(mod)))
     from .design_probes import timed_rounds
 
-    t = timed_rounds({"copy": lambda: np.copyto(dst, x), "copy_threads": lambda: measure.parallel_copy(dst, x),
+    t = timed_rounds({"copy": lambda: np.copyto(dst, x), "copy_threads": lambda: parallel_copy(dst, x),
                       **calls}, rounds)
     for name in calls:
         over = np.maximum(t[name] / t["copy"], t[name] / t["copy_threads"])

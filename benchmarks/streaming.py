@@ -38,6 +38,7 @@ from numbanorm.cpu._kernels import memory
 
 from .design_probes import _read_rows, timed_rounds
 from .harness import RESULTS, cpu_kind, metadata
+from .measure import parallel_copy
 
 NORMS = ("layer_norm", "rms_norm", "group_norm")
 HIDDEN = 4096                      # row length of LayerNorm and RMSNorm
@@ -98,7 +99,7 @@ def case(norm, nbytes, rounds, then_read=False, budget_s=0.02, rng=None):
                 _read_rows(y.reshape(-1, shape[-1]), sums)
         return f
 
-    variants = {"copy": lambda: np.copyto(dst, x), "copy_threads": lambda: measure.parallel_copy(dst, x),
+    variants = {"copy": lambda: np.copyto(dst, x), "copy_threads": lambda: parallel_copy(dst, x),
                 "ordinary": run(False), "streaming": run(True)}
     if then_read:
         variants.update(ordinary_then_read=run(False, True), streaming_then_read=run(True, True))

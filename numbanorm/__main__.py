@@ -222,8 +222,8 @@ def check(impls=None, dtypes=DTYPES, out=None):
     oracle = registry.get("oracle")
     names = registry.available(include_oracle=False)
     if impls:
-        if not _all_usable(impls, p):
-            return 1
+        if code := _impls_status(impls, p):
+            return code
         names = [n for n in names if n in impls]
     if "cuda" in names and measure.cuda_simulated():
         p("note: 'cuda' runs in numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)")
@@ -281,8 +281,8 @@ def bench(threads=None, repeats=None, budget=0.3, dtypes=("float32",), impls=Non
     from . import measure
 
     p = lambda *a: print(*a, file=out or sys.stdout)  # noqa: E731
-    if impls and not _all_usable(impls, p):
-        return 1
+    if impls and (code := _impls_status(impls, p)):
+        return code
     threads = measure.set_threads(threads)
     peers = ["floor"] + (["torch"] if torch else []) + (["oracle"] if oracle else [])
     have_torch = measure.torch_or_none() is not None
@@ -362,18 +362,25 @@ def _dtype_name(s):
     return s
 
 
-def _all_usable(impls, p):
-    """True if every implementation in ``impls`` can run here; else False, each one that
-    cannot said with why (check and bench alike)."""
+def _impls_status(impls, p):
+    """0 if every implementation in ``impls`` is a kernel implementation usable here; else each
+    one that is not is said with why, and the exit code: 2 for a name that is not one (the
+    oracle included), 1 for one this machine cannot run (check and bench alike)."""
     from . import registry
 
-    ok = True
     for name in impls:
-        usable, why = registry.usable(name) if name in registry.IMPLEMENTATIONS else (False, "not registered")
+        try:
+            _kernel_name(name)
+        except argparse.ArgumentTypeError as e:
+            p(f"--impl: {e}")
+            return 2
+    code = 0
+    for name in impls:
+        usable, why = registry.usable(name)
         if not usable:
             p(f"{name}: not usable here: {why.splitlines()[0]}")
-            ok = False
-    return ok
+            code = 1
+    return code
 
 
 def _positive_int(s):
