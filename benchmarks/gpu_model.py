@@ -781,6 +781,11 @@ def analyse(launch, compiled):
 
     def iterations(loop):
         kind = sass.loop_kind(loop)
+        if kind == "words" and mapping is not None and not mapping.loop:
+            # a row held in registers has no loop over its words: this one goes over
+            # something else per row (GroupNorm's dx: the group's channels' sums, one
+            # trip for the CHANNELS / GROUPS <= threads per row of the model's inputs)
+            return 1.0
         if kind == "words":
             if any(sass.loop_kind(inner) == "words" for inner in sass._children(*loop)):
                 return 1.0  # nested word loops (channels, then their words): the inner one takes the trips

@@ -237,12 +237,13 @@ def row_config(M, N, wide=False, vec=1, resident=None, item=0, staged=0):
     return RowConfig(tpr, vpt, rows, loop, block, grid, vec, stage, shared)
 
 
-def rows_in_flight(code, row_bytes, wide=False, resident=None):
+def rows_in_flight(code, row_bytes, wide=False, resident=None, item=4):
     """Rows a row group loads at once on the registers path: enough that the ``resident``
     threads of an SM, each loading ``row_bytes`` per row (its words of each row array),
-    reach ``SM_BYTES_IN_FLIGHT``; one on the loop path and for float64 (``wide``: its
-    accumulation takes the registers a second row would)."""
-    if code.loop or wide:
+    reach ``SM_BYTES_IN_FLIGHT``; one on the loop path, for float64 (``wide``: its
+    accumulation takes the registers a second row would) and for 16-bit rows moved
+    element by element (``item`` bytes each: a register per element, twice a word's)."""
+    if code.loop or wide or (code.vec == 1 and item < 4):
         return 1
     return max(1, min(MAX_ROWS_IN_FLIGHT, cdiv(SM_BYTES_IN_FLIGHT, (resident or ROW_RESIDENT) * row_bytes)))
 
@@ -388,7 +389,7 @@ def raw_fns(dtype, acc_name, vec):
     # two elements per conversion (cvt.rn.bf16x2.f32), whose NaN is made store_fn's
     BF16_PAIRS = is_bfloat16(dtype) and acc_name == "float32"
     U32, PAIRS = cuda.uint32, max(1, vec // 2)
-    NAN_LO, NAN_HI, KEEP_LO, KEEP_HI = U32(BF16_NAN), U32(BF16_NAN << 16), U32(0xFFFF), U32(0xFFFF0000)
+    NANS = U32(BF16_NAN | BF16_NAN << 16)  # cvt's NaN, 0x7FFF, is the one half above it as int16
 
     @cuda.jit(device=True)
     def fetch(row, q, raw, i):
@@ -422,14 +423,7 @@ def raw_fns(dtype, acc_name, vec):
         if BF16_PAIRS:
             h2 = raw.view(np.uint32)
             for v in range(PAIRS):
-                lo = vals[e + 2 * v]
-                hi = vals[e + 2 * v + 1]
-                u = _vec.pack_bf16x2(lo, hi)
-                if lo != lo:
-                    u = (u & KEEP_HI) | NAN_LO
-                if hi != hi:
-                    u = (u & KEEP_LO) | NAN_HI
-                h2[i * PAIRS + v] = u
+                h2[i * PAIRS + v] = _vec.min_s16x2(_vec.pack_bf16x2(vals[e + 2 * v], vals[e + 2 * v + 1]), NANS)
         else:
             h = raw.view(ELEM)
             for v in range(vec):

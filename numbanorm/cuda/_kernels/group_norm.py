@@ -42,7 +42,7 @@ from numba import cuda
 
 from . import common as C
 from . import stats
-from .reduce import group_sum3, slots
+from .reduce import group_sums_fn, slots
 
 
 def _consts(xdt, code):
@@ -64,50 +64,90 @@ def _forward_kernel(xdt, wdt, bdt, code):
 
 
 @functools.lru_cache(maxsize=None)
-def _group_row_fn(xdt, wdt, bdt, code):
-    """``row(x, w, b, y, mean, rstd, row, raw, chw, Cg, G, eps, scratch, tid)``: one (sample,
-    group) row held in registers from its fetched words: the statistics (corrected
-    two-pass), y, and the statistics stored."""
+def _group_rows_fn(xdt, wdt, bdt, code, rows):
+    """``group_rows(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, scratch,
+    tid)``: ``rows`` (1-3) (sample, group) rows ``row, row + step, ...`` (``grp``: their groups
+    within the sample, a (rows,) local array) of a row group held
+    in registers, from their fetched words: the corrected two-pass statistics of all of
+    them in two group reductions (the sums, then the deviations from their means), then
+    each row's y and statistics stored.  Each thread's words lie in one channel each
+    (``chw``), whose weight and bias it loads once per row, before the reductions."""
     ACC, KW, WPT, _ = _consts(xdt, code)
     TPR, VPT, V = code.tpr, code.vpt, code.vec
+    VPT1, VPT2, NV, NW2 = (VPT if rows > 1 else 1), (VPT if rows > 2 else 1), rows, 2 * rows
+    NAB = 2 * rows * WPT
     has_w, has_b = wdt is not None, bdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
     LB = C.load_fn(xdt if bdt is None else bdt, ACC.name)
     STOREW = C.word_fns(xdt, ACC.name, V)[1]
     SUMS = stats.held_sums_fn(xdt, TPR, VPT, V, False, False)
-    CENTERED = stats.centered_fn(xdt, TPR, VPT, V, False)
+    DEVIATIONS = stats.deviation_sums_fn(xdt, TPR, VPT, V, False, keep=True)  # xs: x - mean
+    RSTD = stats.rstd_fn(ACC.name)
+    MEANS, SPREADS = group_sums_fn(NV), group_sums_fn(NW2)
 
     @cuda.jit(device=True)
-    def group_row(x, w, b, y, mean, rstd, row, raw, chw, Cg, G, eps, scratch, tid):  # (the kernel's; chw: channel of each word)
-        M = x.shape[0]
-        NW = x.shape[1] // KW
-        t = tid & (TPR - 1)
-        live = row < M
-        rr = min(row, M - 1)
-        xs = cuda.local.array(VPT, ACC)
-        tmp = cuda.local.array(V, ACC)
-        aw = cuda.local.array(WPT, ACC)   # the weight and bias of each word's channel
-        bw = cuda.local.array(WPT, ACC)
-        total = SUMS(raw, xs, tmp, live, t, NW, ACC(0))[0]
-        c0 = (rr % G) * Cg                # the group's first channel
-        for k in range(WPT):              # (loaded before the reductions wait)
+    def weights(w, b, grp, chw, Cg, ab, at, t, NW):
+        c0 = grp * Cg                     # the group's first channel
+        for k in range(WPT):
             inside = t + k * TPR < NW
-            aw[k] = LW(w[c0 + chw[k]]) if has_w and inside else ACC(1)
-            bw[k] = LB(b[c0 + chw[k]]) if has_b and inside else ACC(0)
-        mu, corr, r = CENTERED(x[rr], xs, live, t, NW, total, ACC(1) / ACC(NW * V), eps, scratch, tid)
-        if live and t == 0:
-            mean[row] = mu + corr
-            rstd[row] = r
-        if live:
+            ab[at + 2 * k] = LW(w[c0 + chw[k]]) if has_w and inside else ACC(1)
+            ab[at + 2 * k + 1] = LB(b[c0 + chw[k]]) if has_b and inside else ACC(0)
+
+    @cuda.jit(device=True)
+    def finish(y, mean, rstd, row, ds, ab, at, mu, corr, r, t, NW):
+        if row < y.shape[0]:
+            if t == 0:
+                mean[row] = mu + corr
+                rstd[row] = r
+            tmp = cuda.local.array(V, ACC)
             for k in range(WPT):
                 q = t + k * TPR
                 if q < NW:
-                    a = r * aw[k]
+                    a = r * ab[at + 2 * k]
                     for v in range(V):
-                        tmp[v] = ((xs[k * V + v] - mu) - corr) * a + bw[k]
-                    STOREW(y[rr], q, tmp, 0)
+                        tmp[v] = (ds[k * V + v] - corr) * a + ab[at + 2 * k + 1]  # ((x - mu) - corr) * a + b
+                    STOREW(y[row], q, tmp, 0)
 
-    return group_row
+    @cuda.jit(device=True)
+    def group_rows(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, scratch, tid):  # (kernel's)
+        M = x.shape[0]
+        NW = x.shape[1] // KW
+        t = tid & (TPR - 1)
+        inv_n = ACC(1) / ACC(NW * V)
+        xs0 = cuda.local.array(VPT, ACC)
+        xs1 = cuda.local.array(VPT1, ACC)
+        xs2 = cuda.local.array(VPT2, ACC)
+        tmp = cuda.local.array(V, ACC)
+        ab = cuda.local.array(NAB, ACC)             # each row's weight and bias of each word
+        v = cuda.local.array(NW2, ACC)              # each row's sums, then its deviations' sums
+        v[0] = SUMS(raw0, xs0, tmp, row < M, t, NW, ACC(0))[0]
+        weights(w, b, grp[0], chw, Cg, ab, 0, t, NW)
+        if rows > 1:
+            v[1] = SUMS(raw1, xs1, tmp, row + step < M, t, NW, ACC(0))[0]
+            weights(w, b, grp[1], chw, Cg, ab, 2 * WPT, t, NW)
+        if rows > 2:
+            v[2] = SUMS(raw2, xs2, tmp, row + 2 * step < M, t, NW, ACC(0))[0]
+            weights(w, b, grp[2], chw, Cg, ab, 4 * WPT, t, NW)
+        MEANS(v, scratch, 0, tid, TPR)
+        m0 = v[0] * inv_n
+        m1 = v[1] * inv_n if rows > 1 else ACC(0)
+        m2 = v[2] * inv_n if rows > 2 else ACC(0)
+        # pass 2: the deviations from each mean; their sum corrects the mean's rounding
+        v[0], v[1] = DEVIATIONS(x[0], xs0, row < M, t, NW, m0)
+        if rows > 1:
+            v[2], v[3] = DEVIATIONS(x[0], xs1, row + step < M, t, NW, m1)
+        if rows > 2:
+            v[4], v[5] = DEVIATIONS(x[0], xs2, row + 2 * step < M, t, NW, m2)
+        SPREADS(v, scratch, 1, tid, TPR)
+        finish(y, mean, rstd, row, xs0, ab, 0, m0, v[0] * inv_n, RSTD(v[0] * inv_n, v[1], inv_n, eps), t, NW)
+        if rows > 1:
+            finish(y, mean, rstd, row + step, xs1, ab, 2 * WPT, m1, v[2] * inv_n,
+                   RSTD(v[2] * inv_n, v[3], inv_n, eps), t, NW)
+        if rows > 2:
+            finish(y, mean, rstd, row + 2 * step, xs2, ab, 4 * WPT, m2, v[4] * inv_n,
+                   RSTD(v[4] * inv_n, v[5], inv_n, eps), t, NW)
+
+    return group_rows
 
 
 def _forward_held(xdt, wdt, bdt, code):
@@ -115,10 +155,11 @@ def _forward_held(xdt, wdt, bdt, code):
     TPR, V, R, BLOCK = code.tpr, code.vec, code.rows, code.block
     SLOTS = slots(BLOCK)
     RAW, RAWN, D = stats.raw_rows(xdt, code, 1)
+    NSUMS = max(2, 2 * D)  # values a group reduction sums at once
     RAWN1, RAWN2 = (RAWN if D > 1 else 1), (RAWN if D > 2 else 1)
-    I32 = cuda.int32
+    I32, U32 = cuda.int32, cuda.uint32
     FETCH = stats.fetch_rows_fn(xdt, code, 1)
-    ROW = _group_row_fn(xdt, wdt, bdt, code)
+    ROWS = _group_rows_fn(xdt, wdt, bdt, code, D)
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)  # the row mapping's 16 elements per thread
     def forward(
@@ -136,7 +177,7 @@ def _forward_held(xdt, wdt, bdt, code):
         Cg = (NW * V) // S
         tid = cuda.threadIdx.x
         t = tid & (TPR - 1)
-        scratch = cuda.shared.array((2, 2, SLOTS), ACC)
+        scratch = cuda.shared.array((2, NSUMS, SLOTS), ACC)
         chw = cuda.local.array(WPT, I32)  # channel within the group of each of the thread's words
         for k in range(WPT):
             chw[k] = ((t + k * TPR) * V) // S
@@ -144,6 +185,11 @@ def _forward_held(xdt, wdt, bdt, code):
         raw1 = cuda.local.array(RAWN1, RAW)
         raw2 = cuda.local.array(RAWN2, RAW)
         step = cuda.gridDim.x * R
+        # each row's group within its sample (row mod G), kept by additions: no division per row
+        G32 = U32(G)
+        grp = cuda.local.array(3, U32)
+        grp[0] = U32(cuda.blockIdx.x * R + (tid >> SHIFT)) % G32
+        by_step, by_batch = U32(step) % G32, U32(step * D) % G32
         for base in range(cuda.blockIdx.x * R, x.shape[0], step * D):
             row = base + (tid >> SHIFT)
             FETCH(x, x, x, row, raw0, t, NW)
@@ -151,11 +197,14 @@ def _forward_held(xdt, wdt, bdt, code):
                 FETCH(x, x, x, row + step, raw1, t, NW)
             if D > 2:
                 FETCH(x, x, x, row + 2 * step, raw2, t, NW)
-            ROW(x, w, b, y, mean, rstd, row, raw0, chw, Cg, G, eps, scratch, tid)
-            if D > 1:
-                ROW(x, w, b, y, mean, rstd, row + step, raw1, chw, Cg, G, eps, scratch, tid)
-            if D > 2:
-                ROW(x, w, b, y, mean, rstd, row + 2 * step, raw2, chw, Cg, G, eps, scratch, tid)
+            for d in range(1, D):
+                grp[d] = grp[d - 1] + by_step
+                if grp[d] >= G32:
+                    grp[d] -= G32
+            ROWS(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, scratch, tid)
+            grp[0] += by_batch
+            if grp[0] >= G32:
+                grp[0] -= G32
 
     return _tag(forward, code, D, D * code.vpt * np.dtype(xdt).itemsize)
 
@@ -233,19 +282,121 @@ def _forward_loop(xdt, wdt, bdt, code):
 
 # ---------------------------------------------------------------- backward
 
+def _backward_raw(xdt, code):
+    """(RAW, RAWN, D): a backward kernel's raw words of x and dy per row and the rows a
+    row group loads at once (``stats.raw_rows``; none, and one row, on the loop path)."""
+    RAW, RAWN, D = stats.raw_rows(xdt, code, 2)
+    return (RAW, 1, 1) if code.loop else (RAW, RAWN, D)
+
+
+_U32 = cuda.uint32
+
+
+@cuda.jit(device=True)
+def _locate(row, Cg, C_, pos, at):
+    """pos[at:at + 3] = the group of (sample, channel) row ``row`` (row // Cg, its (sample,
+    group) index), the row's place in it (row % Cg) and its channel (row % C_)."""
+    u = _U32(row)
+    pos[at] = u // _U32(Cg)
+    pos[at + 1] = u % _U32(Cg)
+    pos[at + 2] = u % _U32(C_)
+
+
+@cuda.jit(device=True)
+def _advance(pos, src, dst, by, Cg, C_):
+    """pos[dst:dst + 3] = the position (``_locate``) of the row ``by`` (``_locate``'s of the
+    stride) after the one at pos[src]: additions, where a division per row cost more than
+    a row's arithmetic."""
+    rem = pos[src + 1] + by[1]
+    grp = pos[src] + by[0]
+    if rem >= _U32(Cg):
+        rem -= _U32(Cg)
+        grp += _U32(1)
+    c = pos[src + 2] + by[2]
+    if c >= _U32(C_):
+        c -= _U32(C_)
+    pos[dst] = grp
+    pos[dst + 1] = rem
+    pos[dst + 2] = c
+
+
+@functools.lru_cache(maxsize=None)
+def _channel_row_sums_fn(xdt, code):
+    """``sums(xr, dyr, raw, mu, live, t, NW, v, at)``: this thread's sum(dy), sum(dy * (x -
+    mu)), sum(x - mu) over a (sample, channel) row into v[at:at + 3]: from its fetched
+    words (registers path), or loaded word by word."""
+    ACC, KW, WPT, _ = _consts(xdt, code)
+    TPR, V, LOOP, VPT = code.tpr, code.vec, code.loop, code.vpt
+    LOADW = C.word_fns(xdt, ACC.name, V)[0]
+    WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
+
+    @cuda.jit(device=True)
+    def word_sums(xs, gs, e0, mu, f, v, at):
+        for e in range(e0, e0 + V):
+            d = xs[e] - mu
+            fg = f * gs[e]
+            v[at] += fg
+            v[at + 1] += fg * d
+            v[at + 2] += f * d
+
+    @cuda.jit(device=True)
+    def channel_row_sums(
+        xr,     # (SW,) words of x's row (loop path), else unread
+        dyr,    # (SW,) ... of dy
+        raw,    # (slots,) the row's fetched words, x then dy (registers path)
+        mu,     # scalar: the group's saved mean
+        live,   # bool: the row exists
+        t,      # int: thread within the row group
+        NW,     # int: words per row
+        v,      # (values,) output: this thread's sums, to be reduced
+        at,     # int: where this row's go
+    ):
+        xs = cuda.local.array(VPT, ACC)
+        gs = cuda.local.array(VPT, ACC)
+        for i in range(3):
+            v[at + i] = ACC(0)
+        if LOOP:
+            if live:
+                for q in range(t, NW, TPR):
+                    LOADW(xr, q, xs, 0)
+                    LOADW(dyr, q, gs, 0)
+                    word_sums(xs, gs, 0, mu, ACC(1), v, at)
+        else:
+            # a word past the row (word 0 again) weighs 0, not a branch around its sums:
+            # ptxas moves a load into the only branch that uses it, after the first wait
+            for k in range(WPT):
+                WIDEN(raw, k, xs, k * V)
+                WIDEN(raw, WPT + k, gs, k * V)
+                word_sums(xs, gs, k * V, mu, ACC(1) if t + k * TPR < NW else ACC(0), v, at)
+
+    return channel_row_sums
+
+
 @functools.lru_cache(maxsize=None)
 def _channel_sums_kernel(xdt, code):
-    """Kernel 1: the sums of each (sample, channel) row, held in registers (each thread
-    loads all its words of x and dy first) or word by word."""
+    """Kernel 1: the sums of each (sample, channel) row: held in registers (a row group
+    loads ``stats.raw_rows``' rows at once and reduces all of them in one go) or word by
+    word."""
     ACC, KW, WPT, SHIFT = _consts(xdt, code)
     TPR, V, R, BLOCK, LOOP = code.tpr, code.vec, code.rows, code.block, code.loop
     SLOTS = slots(BLOCK)
+    RAW, RAWN, D = _backward_raw(xdt, code)
+    RAWN1, RAWN2, NV = (RAWN if D > 1 else 1), (RAWN if D > 2 else 1), 3 * D
     SUMS = _channel_row_sums_fn(xdt, code)
-    RAW, RAWN, _ = stats.raw_rows(xdt, code, 2, C.MIN_RESIDENT)
-    RAWN = 1 if LOOP else RAWN
     FETCH = stats.fetch_rows_fn(xdt, code, 2)
+    GROUP = group_sums_fn(NV)
+    U32 = cuda.uint32
 
-    @C.kernel_jit(BLOCK)
+    @cuda.jit(device=True)
+    def saved_mean(mean, pos, at):
+        return mean[min(pos[at], U32(mean.shape[0] - 1))]  # group n * G + g, as row = n * C + g * Cg + c
+
+    @cuda.jit(device=True)
+    def row_sums(x, dy, row, raw, mu, t, NW, v, at):
+        rr = min(row, x.shape[0] - 1)
+        SUMS(x[rr], dy[rr], raw, mu, row < x.shape[0], t, NW, v, at)
+
+    @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
     def channel_sums(
         dy,     # (N*C, SW) gradient of y, one row of SW words per (sample, channel)
         x,      # (N*C, SW) forward input
@@ -257,156 +408,115 @@ def _channel_sums_kernel(xdt, code):
         NW = x.shape[1] // KW
         tid = cuda.threadIdx.x
         t = tid & (TPR - 1)
-        scratch = cuda.shared.array((2, 3, SLOTS), ACC)
-        raw = cuda.local.array(RAWN, RAW)
+        scratch = cuda.shared.array((2, NV, SLOTS), ACC)
+        raw0 = cuda.local.array(RAWN, RAW)   # the raw words of the D rows loaded at once
+        raw1 = cuda.local.array(RAWN1, RAW)
+        raw2 = cuda.local.array(RAWN2, RAW)
+        v = cuda.local.array(NV, ACC)
+        step = cuda.gridDim.x * R
+        pos = cuda.local.array(9, U32)       # each row's group (``_locate``), kept by additions
+        by = cuda.local.array(3, U32)
+        _locate(step, Cg, Cg, by, 0)
+        _locate(cuda.blockIdx.x * R + (tid >> SHIFT), Cg, Cg, pos, 0)
         it = 0
-        for row0 in range(cuda.blockIdx.x * R, M, cuda.gridDim.x * R):
-            row = row0 + (tid >> SHIFT)
-            live = row < M
-            rr = min(row, M - 1)
+        for base in range(cuda.blockIdx.x * R, M, step * D):
+            row = base + (tid >> SHIFT)
+            for d in range(1, D):
+                _advance(pos, 3 * d - 3, 3 * d, by, Cg, Cg)
+            # each row's words and mean loaded before any is used
             if not LOOP:
-                FETCH(x, dy, dy, row, raw, t, NW)
-            mu = mean[rr // Cg]          # group n * G + g, as row = n * C + g * Cg + c
-            dys, dyd, dsum = SUMS(x[rr], dy[rr], raw, mu, live, t, NW)
-            dys, dyd, dsum = group_sum3(dys, dyd, dsum, scratch, it & 1, tid, TPR)
+                FETCH(x, dy, dy, row, raw0, t, NW)
+            mu0 = saved_mean(mean, pos, 0)
+            mu1 = mu2 = ACC(0)
+            if D > 1:
+                FETCH(x, dy, dy, row + step, raw1, t, NW)
+                mu1 = saved_mean(mean, pos, 3)
+            if D > 2:
+                FETCH(x, dy, dy, row + 2 * step, raw2, t, NW)
+                mu2 = saved_mean(mean, pos, 6)
+            _advance(pos, 3 * D - 3, 0, by, Cg, Cg)
+            row_sums(x, dy, row, raw0, mu0, t, NW, v, 0)
+            if D > 1:
+                row_sums(x, dy, row + step, raw1, mu1, t, NW, v, 3)
+            if D > 2:
+                row_sums(x, dy, row + 2 * step, raw2, mu2, t, NW, v, 6)
+            GROUP(v, scratch, it & 1, tid, TPR)
             it += 1
-            if live and t == 0:
-                part[1, row] = dys
-                part[2, row] = dyd
-                part[3, row] = dsum
+            for d in range(D):
+                if t == 0 and row + d * step < M:
+                    for i in range(3):
+                        part[1 + i, U32(row + d * step)] = v[3 * d + i]
 
-    return _tag(channel_sums, code, 1, 2 * code.vpt * np.dtype(xdt).itemsize)
-
-
-@functools.lru_cache(maxsize=None)
-def _channel_row_sums_fn(xdt, code):
-    """``sums(xr, dyr, raw, mu, live, t, NW)`` -> this thread's sum(dy), sum(dy * (x - mu)),
-    sum(x - mu) over a (sample, channel) row: from its fetched words (registers path),
-    or loaded word by word."""
-    ACC, KW, WPT, _ = _consts(xdt, code)
-    TPR, V, LOOP = code.tpr, code.vec, code.loop
-    LOADW = C.word_fns(xdt, ACC.name, V)[0]
-    WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
-
-    @cuda.jit(device=True)
-    def word_sums(xs, gs, mu, acc):
-        for v in range(V):
-            d = xs[v] - mu
-            acc[0] += gs[v]
-            acc[1] += gs[v] * d
-            acc[2] += d
-
-    @cuda.jit(device=True)
-    def channel_row_sums(
-        xr,     # (SW,) words of x's row (loop path), else unread
-        dyr,    # (SW,) ... of dy
-        raw,    # (slots,) the row's fetched words, x then dy (registers path)
-        mu,     # scalar: the group's saved mean
-        live,   # bool: the row exists
-        t,      # int: thread within the row group
-        NW,     # int: words per row
-    ):
-        xs = cuda.local.array(V, ACC)
-        gs = cuda.local.array(V, ACC)
-        acc = cuda.local.array(3, ACC)
-        for i in range(3):
-            acc[i] = ACC(0)
-        if LOOP:
-            if live:
-                for q in range(t, NW, TPR):
-                    LOADW(xr, q, xs, 0)
-                    LOADW(dyr, q, gs, 0)
-                    word_sums(xs, gs, mu, acc)
-        else:
-            for k in range(WPT):
-                if live and t + k * TPR < NW:
-                    WIDEN(raw, k, xs, 0)
-                    WIDEN(raw, WPT + k, gs, 0)
-                    word_sums(xs, gs, mu, acc)
-        return acc[0], acc[1], acc[2]
-
-    return channel_row_sums
+    return _tag(channel_sums, code, D, D * 2 * code.vpt * np.dtype(xdt).itemsize)
 
 
 @functools.lru_cache(maxsize=None)
-def _group_sums_fn(xdt, wdt, code):
-    """``group(w, part, rr, Cg, C_, r, inv_n, scratch, it, tid)`` -> ``(corr, c1, c2, it)``:
-    from the channel sums of row ``rr``'s group (kernel 1), in one 3-value reduction."""
+def _channels_fn(xdt, wdt, code):
+    """``channels(w, part, grp, c0, Cg, t, v, at)``: this thread's part of the sums over the
+    channels of a (sample, group) ``grp`` (its first channel ``c0``) of kernel 1's sums:
+    v[at:at + 3] = sum(w * A), sum(w * B), sum(D)."""
     ACC, KW, WPT, _ = _consts(xdt, code)
     TPR = code.tpr
     has_w = wdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
+    U32 = cuda.uint32
 
     @cuda.jit(device=True)
-    def group_sums(
-        w,        # (C,) weight, or a dummy (ones)
-        part,     # (4, N*C) rows 1-3 from channel_sums
-        rr,       # int: the (sample, channel) row
-        Cg,       # int: channels per group
-        C_,       # int: channels (with a weight)
-        r,        # scalar: the group's saved rstd
-        inv_n,    # scalar: 1 / elements per group
-        scratch,  # (2, 3, slots) shared memory of the group sums
-        it,       # int: group reductions so far (the scratch buffer alternates)
-        tid,      # int: thread within the block
-    ):
-        t = tid & (TPR - 1)
-        first = (rr // Cg) * Cg          # the row of the group's first channel
-        c0 = rr % C_ - (rr - first)      # the group's first channel
-        # over the group's channels: sum(w * A), sum(w * B), sum(D)
-        swa = ACC(0)
-        swb = ACC(0)
-        sd = ACC(0)
-        for cc in range(t, Cg, TPR):
+    def channels(w, part, grp, c0, Cg, t, v, at):
+        # indices as unsigned 32-bit: a signed one costs numba's negative-index wraparound
+        first = grp * U32(Cg)              # the row of the group's first channel
+        v[at] = ACC(0)
+        v[at + 1] = ACC(0)
+        v[at + 2] = ACC(0)
+        for cc in range(U32(t), U32(Cg), U32(TPR)):
             wc = LW(w[c0 + cc]) if has_w else ACC(1)
-            swb += wc * part[1, first + cc]
-            swa += wc * part[2, first + cc]
-            sd += part[3, first + cc]
-        swa, swb, sd = group_sum3(swa, swb, sd, scratch, it & 1, tid, TPR)
-        corr = sd * inv_n
-        return corr, (swa - corr * swb) * r * inv_n, swb * inv_n, it + 1
+            v[at] += wc * part[2, first + cc]
+            v[at + 1] += wc * part[1, first + cc]
+            v[at + 2] += part[3, first + cc]
 
-    return group_sums
+    return channels
 
 
 @functools.lru_cache(maxsize=None)
-def _dx_row_fn(xdt, code):
-    """``dx_row(xr, dyr, dxr, raw, mu, corr, r, wr, c1, c2, live, t, NW)``: dx of one (sample,
-    channel) row, from its fetched words (registers path) or loaded word by word."""
+def _dx_row_fn(xdt, wdt, code):
+    """``dx_row(x, dy, dx, w, part, row, c, raw, mu, r, inv_n, v, at, t, NW)``: the rest of one
+    (sample, channel ``c``) row from its group's reduced sums v[at:at + 3]: corr =
+    sum(D) / L, c1, c2, this row's dweight partial, and dx -- from its fetched words
+    (registers path) or loaded word by word."""
     ACC, KW, WPT, _ = _consts(xdt, code)
     TPR, V, LOOP = code.tpr, code.vec, code.loop
+    has_w = wdt is not None
+    LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
     LOADW, STOREW = C.word_fns(xdt, ACC.name, V)
     WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
+    U32 = cuda.uint32
 
     @cuda.jit(device=True)
     def word_dx(xs, gs, mu, corr, r, wr, c1, c2):
-        for v in range(V):
-            xhat = ((xs[v] - mu) - corr) * r
-            gs[v] = gs[v] * wr - (xhat * c1 + c2) * r
+        for e in range(V):
+            xhat = ((xs[e] - mu) - corr) * r
+            gs[e] = gs[e] * wr - (xhat * c1 + c2) * r
 
     @cuda.jit(device=True)
-    def dx_row(
-        xr,     # (SW,) words of x's row (loop path), else unread
-        dyr,    # (SW,) ... of dy
-        dxr,    # (SW,) output words of dx's row
-        raw,    # (slots,) the row's fetched words, x then dy (registers path)
-        mu,     # scalar: the group's saved mean
-        corr,   # scalar: mean(x - mean) over the group
-        r,      # scalar: the group's saved rstd
-        wr,     # scalar: the channel's weight times r
-        c1,     # scalar
-        c2,     # scalar
-        t,      # int: thread within the row group
-        NW,     # int: words per row
-    ):
+    def dx_row(x, dy, dx, w, part, row, c, raw, mu, r, inv_n, v, at, t, NW):  # (the kernel's; c: the channel; v: sums)
+        if row >= x.shape[0]:
+            return
+        swa, swb, sd = v[at], v[at + 1], v[at + 2]
+        corr = sd * inv_n
+        c1 = (swa - corr * swb) * r * inv_n
+        c2 = swb * inv_n
+        ur = U32(row)
+        if t == 0:  # this row's own slot: no other row group reads it
+            part[0, ur] = r * (part[2, ur] - corr * part[1, ur])
+        wr = (LW(w[c]) if has_w else ACC(1)) * r
         xs = cuda.local.array(V, ACC)
         gs = cuda.local.array(V, ACC)
         if LOOP:
             for q in range(t, NW, TPR):
-                LOADW(xr, q, xs, 0)
-                LOADW(dyr, q, gs, 0)
+                LOADW(x[row], q, xs, 0)
+                LOADW(dy[row], q, gs, 0)
                 word_dx(xs, gs, mu, corr, r, wr, c1, c2)
-                STOREW(dxr, q, gs, 0)
+                STOREW(dx[row], q, gs, 0)
         else:
             for k in range(WPT):
                 q = t + k * TPR
@@ -414,27 +524,36 @@ def _dx_row_fn(xdt, code):
                     WIDEN(raw, k, xs, 0)
                     WIDEN(raw, WPT + k, gs, 0)
                     word_dx(xs, gs, mu, corr, r, wr, c1, c2)
-                    STOREW(dxr, q, gs, 0)
+                    STOREW(dx[row], q, gs, 0)
 
     return dx_row
 
 
 @functools.lru_cache(maxsize=None)
 def _dx_kernel(xdt, wdt, code):
-    """Kernel 2: dx (and this row's dweight partial) of each (sample, channel) row, its
-    words fetched before its group's sums are reduced (registers path)."""
+    """Kernel 2: dx (and this row's dweight partial) of each (sample, channel) row: a row
+    group loads its rows' words (``stats.raw_rows``), then sums the channels of their
+    groups (one reduction for all of them), then finishes each."""
     ACC, KW, WPT, SHIFT = _consts(xdt, code)
     TPR, V, R, BLOCK, LOOP = code.tpr, code.vec, code.rows, code.block, code.loop
     SLOTS = slots(BLOCK)
     has_w = wdt is not None
-    LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
-    RAW, RAWN, _ = stats.raw_rows(xdt, code, 2, C.MIN_RESIDENT)
-    RAWN = 1 if LOOP else RAWN
+    RAW, RAWN, D = _backward_raw(xdt, code)
+    RAWN1, RAWN2, NV = (RAWN if D > 1 else 1), (RAWN if D > 2 else 1), 3 * D
     FETCH = stats.fetch_rows_fn(xdt, code, 2)
-    GROUP = _group_sums_fn(xdt, wdt, code)
-    DX = _dx_row_fn(xdt, code)
+    CHANNELS = _channels_fn(xdt, wdt, code)
+    GROUP = group_sums_fn(NV)
+    DX = _dx_row_fn(xdt, wdt, code)
+    U32 = cuda.uint32
 
-    @C.kernel_jit(BLOCK)
+    @cuda.jit(device=True)
+    def start(w, mean, rstd, part, pos, at, Cg, st, t, v):
+        grp = min(pos[3 * at], U32(mean.shape[0] - 1))  # (a dead row's: the last group)
+        st[2 * at] = mean[grp]
+        st[2 * at + 1] = rstd[grp]
+        CHANNELS(w, part, grp, pos[3 * at + 2] - pos[3 * at + 1], Cg, t, v, 3 * at)
+
+    @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
     def dx_kernel(
         dy,     # (N*C, SW) gradient of y, one row of SW words per (sample, channel)
         x,      # (N*C, SW) forward input
@@ -451,25 +570,40 @@ def _dx_kernel(xdt, wdt, code):
         tid = cuda.threadIdx.x
         t = tid & (TPR - 1)
         inv_n = ACC(1) / ACC(Cg * NW * V)
-        scratch = cuda.shared.array((2, 3, SLOTS), ACC)
-        raw = cuda.local.array(RAWN, RAW)
+        scratch = cuda.shared.array((2, NV, SLOTS), ACC)
+        raw0 = cuda.local.array(RAWN, RAW)   # the raw words of the D rows loaded at once
+        raw1 = cuda.local.array(RAWN1, RAW)
+        raw2 = cuda.local.array(RAWN2, RAW)
+        st = cuda.local.array(6, ACC)        # each row's saved mean and rstd
+        v = cuda.local.array(NV, ACC)
+        step = cuda.gridDim.x * R
+        pos = cuda.local.array(9, U32)       # each row's group and channel (``_locate``), kept by additions
+        by = cuda.local.array(3, U32)
+        _locate(step, Cg, C_, by, 0)
+        _locate(cuda.blockIdx.x * R + (tid >> SHIFT), Cg, C_, pos, 0)
         it = 0
-        for row0 in range(cuda.blockIdx.x * R, M, cuda.gridDim.x * R):
-            row = row0 + (tid >> SHIFT)
-            live = row < M
-            rr = min(row, M - 1)
+        for base in range(cuda.blockIdx.x * R, M, step * D):
+            row = base + (tid >> SHIFT)
             if not LOOP:
-                FETCH(x, dy, dy, row, raw, t, NW)
-            mu = mean[rr // Cg]
-            r = rstd[rr // Cg]
-            corr, c1, c2, it = GROUP(w, part, rr, Cg, C_, r, inv_n, scratch, it, tid)
-            if live:
-                if t == 0:  # this row's own slot: no other row group reads it
-                    part[0, rr] = r * (part[2, rr] - corr * part[1, rr])
-                wr = (LW(w[rr % C_]) if has_w else ACC(1)) * r
-                DX(x[rr], dy[rr], dx[rr], raw, mu, corr, r, wr, c1, c2, t, NW)
+                FETCH(x, dy, dy, row, raw0, t, NW)
+                if D > 1:
+                    FETCH(x, dy, dy, row + step, raw1, t, NW)
+                if D > 2:
+                    FETCH(x, dy, dy, row + 2 * step, raw2, t, NW)
+            for d in range(1, D):
+                _advance(pos, 3 * d - 3, 3 * d, by, Cg, C_)
+            for d in range(D):
+                start(w, mean, rstd, part, pos, d, Cg, st, t, v)
+            GROUP(v, scratch, it & 1, tid, TPR)
+            it += 1
+            DX(x, dy, dx, w, part, row, pos[2], raw0, st[0], st[1], inv_n, v, 0, t, NW)
+            if D > 1:
+                DX(x, dy, dx, w, part, row + step, pos[5], raw1, st[2], st[3], inv_n, v, 3, t, NW)
+            if D > 2:
+                DX(x, dy, dx, w, part, row + 2 * step, pos[8], raw2, st[4], st[5], inv_n, v, 6, t, NW)
+            _advance(pos, 3 * D - 3, 0, by, Cg, C_)
 
-    return _tag(dx_kernel, code, 1, 2 * code.vpt * np.dtype(xdt).itemsize)
+    return _tag(dx_kernel, code, D, D * 2 * code.vpt * np.dtype(xdt).itemsize)
 
 
 def forward(x, weight, bias, eps, y, mean, rstd, *, stream=0):
@@ -501,7 +635,7 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, *, stream=0):
     if n:
         xdt = np.dtype(x.dtype)
         vec = C.vec_width(S, x, dy, dx)
-        cfg = C.row_config(n * c, S, xdt == C.F64, vec)
+        cfg = C.row_config(n * c, S, xdt == C.F64, vec, C.ROW_RESIDENT)
         xk = C.words(x.reshape(n * c, S), vec)
         dyk = C.words(dy.reshape(n * c, S), vec)
         m1, p1 = mean.reshape(n * G), part.reshape(4, n * c)

@@ -181,7 +181,8 @@ def raw_rows(xdt, code, arrays, resident=None):
     ``arrays`` row arrays each."""
     raw_t = C.raw_fns(xdt, C.acc_type(xdt).name, code.vec)[0]
     per_word = C.u64_per_word(xdt, code.vec) if code.vec > 1 else 1
-    rows = C.rows_in_flight(code, arrays * code.vpt * np.dtype(xdt).itemsize, xdt == C.F64, resident)
+    item = np.dtype(xdt).itemsize
+    rows = C.rows_in_flight(code, arrays * code.vpt * item, xdt == C.F64, resident, item)
     return raw_t, arrays * (code.vpt // code.vec) * per_word, rows
 
 
@@ -306,30 +307,24 @@ def _rstd_fn(acc_name):
 
 
 @functools.lru_cache(maxsize=None)
-def deviations_fn(xdt, tpr, vpt, vec, loop, staged=False):
-    """``deviations(src, xs, live, t, NW, mu, inv_n, eps, scratch, buf, tid)`` -> ``(corr,
-    rstd)``: a pass over the row's deviations from ``mu``, whose mean ``corr`` corrects
-    mu's rounding (the mean is mu + corr), and the variance about it.  ``staged``:
-    ``src`` is the row's shared copy (``stage_fns``)."""
+def deviation_sums_fn(xdt, tpr, vpt, vec, loop, staged=False, keep=False):
+    """``deviation_sums(src, xs, live, t, NW, mu)`` -> ``(dsum, sq)``: this thread's part of a
+    pass over the row's deviations from ``mu``: their sum and the sum of their squares.
+    ``staged``: ``src`` is the row's shared copy (``stage_fns``).  ``keep`` (registers
+    path): the deviations x - mu replace x in ``xs`` (the normalize pass takes them)."""
     ACC = C.acc_type(xdt)
     LOADW = stage_fns(xdt, ACC.name, vec)[2] if staged else C.word_fns(xdt, ACC.name, vec)[0]
-    RSTD = _rstd_fn(ACC.name)
     TPR, V, LOOP = tpr, vec, loop
     WPT = vpt // vec
 
     @cuda.jit(device=True)
-    def deviations(
+    def deviation_sums(
         src,      # (NW,) words of the row (x, or s when fused; its shared copy when staged), re-read on the loop path
-        xs,       # (VPT,) this thread's elements from row_sum (registers path)
+        xs,       # (VPT,) this thread's elements (registers path; one word's on the loop path)
         live,     # bool: the row exists
         t,        # int: thread within the row group
         NW,       # int: words per row
         mu,       # scalar: the mean the deviations are taken from
-        inv_n,    # scalar: 1 / elements per row, accumulation dtype
-        eps,      # scalar, accumulation dtype
-        scratch,  # (2, >= 2, slots) shared memory of the group sums
-        buf,      # int: the scratch buffer this reduction uses
-        tid,      # int: thread within the block
     ):
         dsum = ACC(0)
         sq = ACC(0)
@@ -346,11 +341,45 @@ def deviations_fn(xdt, tpr, vpt, vec, loop, staged=False):
                 if live and t + k * TPR < NW:
                     for v in range(V):
                         d = xs[k * V + v] - mu
+                        if keep:
+                            xs[k * V + v] = d
                         dsum += d
                         sq += d * d
+        return dsum, sq
+
+    return deviation_sums
+
+
+@functools.lru_cache(maxsize=None)
+def rstd_fn(acc_name):
+    """``rstd(corr, sq, inv_n, eps)``: 1 / sqrt(var + eps) of the deviations whose sum over
+    n is corr * n and whose squares' sum is ``sq`` (var = mean(d^2) - corr^2)."""
+    RSTD = _rstd_fn(acc_name)
+
+    @cuda.jit(device=True)
+    def rstd(corr, sq, inv_n, eps):
+        return RSTD(sq * inv_n - corr * corr, eps)
+
+    return rstd
+
+
+@functools.lru_cache(maxsize=None)
+def deviations_fn(xdt, tpr, vpt, vec, loop, staged=False):
+    """``deviations(src, xs, live, t, NW, mu, inv_n, eps, scratch, buf, tid)`` -> ``(corr,
+    rstd)``: a pass over the row's deviations from ``mu`` (``deviation_sums_fn``) and a
+    group reduction: their mean ``corr`` corrects mu's rounding (the mean is mu + corr),
+    and the variance about it gives rstd."""
+    ACC = C.acc_type(xdt)
+    SUMS = deviation_sums_fn(xdt, tpr, vpt, vec, loop, staged)
+    RSTD = rstd_fn(ACC.name)
+    TPR = tpr
+
+    @cuda.jit(device=True)
+    def deviations(src, xs, live, t, NW, mu, inv_n, eps, scratch, buf, tid):  # (deviation_sums', and the reduction's)
+        dsum, sq = SUMS(src, xs, live, t, NW, mu)
         dsum, sq = group_sum2(dsum, sq, scratch, buf, tid, TPR)
         corr = dsum * inv_n
-        return corr, RSTD(sq * inv_n - corr * corr, eps)
+        return corr, RSTD(corr, sq, inv_n, eps)
 
     return deviations
 

@@ -18,7 +18,9 @@ in one uint32, ``lo`` in the low half -- one ``cvt.rn.bf16x2.f32`` (``F2FP.BF16`
 for two elements, where the integer rounding of ``common.store_fn`` takes about
 five instructions for each.  ``unpack_f16x2(u)``: the two float16 of a uint32 (low
 half first) as float32, exactly -- one ``HADD2.F32`` each, where widening the
-elements of a view of the word shifts the high half down first.
+elements of a view of the word shifts the high half down first.  ``min_s16x2(a, b)``:
+the halves' minima as signed 16-bit integers (``min.s16x2``, sm_90: one instruction),
+which turns ``cvt``'s NaN 0x7FFF into 0x7FC0 and leaves every other bfloat16 alone.
 """
 
 from .reduce import SIMULATED
@@ -101,10 +103,22 @@ def _intrinsics():
 
         return types.UniTuple(types.float32, 2)(u), codegen
 
-    return load_pair, store_pair, pack_bf16x2, unpack_f16x2
+    @intrinsic
+    def min_s16x2(typingctx, a, b):
+        if not (a == types.uint32 and b == types.uint32):
+            raise TypeError(f"min_s16x2 takes two uint32, not {a}, {b}")
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            vmin = ir.InlineAsm(ir.FunctionType(i32, [i32, i32]), "min.s16x2 $0, $1, $2;", "=r,r,r")
+            return builder.call(vmin, list(args))
+
+        return types.uint32(a, b), codegen
+
+    return load_pair, store_pair, pack_bf16x2, unpack_f16x2, min_s16x2
 
 
 if SIMULATED:
-    from .._simvec import load_pair, pack_bf16x2, store_pair, unpack_f16x2  # noqa: F401
+    from .._simvec import load_pair, min_s16x2, pack_bf16x2, store_pair, unpack_f16x2  # noqa: F401
 else:
-    load_pair, store_pair, pack_bf16x2, unpack_f16x2 = _intrinsics()
+    load_pair, store_pair, pack_bf16x2, unpack_f16x2, min_s16x2 = _intrinsics()
