@@ -445,6 +445,13 @@ def occupancy(regs, block, smem):
     return max(0, min(limits)) * block
 
 
+def resident_threads(occupied, grid, block):
+    """Threads an SM holds at once: what registers and shared memory allow (``occupied``),
+    or fewer where the grid has fewer blocks per SM (the persistent grids: one wave of
+    the blocks their launch bounds guarantee)."""
+    return min(occupied, cdiv(grid, SMS) * block)
+
+
 def hbm_fraction(bytes_in_flight_per_sm):
     """Little's law: the fraction of DRAM_BYTES_PER_S that SMS SMs each keeping
     ``bytes_in_flight_per_sm`` in flight reach at LATENCY_S (model)."""
@@ -817,8 +824,7 @@ def analyse(launch, compiled):
         requested = warps * sass.global_bytes(0, end, iterations)
         span = (0, end)
     occupied = occupancy(compiled.registers, launch.block, compiled.shared_bytes + launch.shared)
-    # the persistent grid puts fewer blocks on an SM than the registers would allow
-    resident = min(occupied, cdiv(launch.grid, SMS) * launch.block)
+    resident = resident_threads(occupied, launch.grid, launch.block)
     in_flight = sass.loads_in_flight(*span)
     design = getattr(kern, "loads_in_flight", None)  # the kernel's own count: its row arrays' bytes
     row_in_flight = resident * (in_flight if design is None else min(design, in_flight))
