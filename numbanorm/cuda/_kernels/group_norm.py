@@ -71,11 +71,11 @@ def _group_rows_fn(xdt, wdt, bdt, code, rows):
     in registers, from their fetched words: the corrected two-pass statistics of all of
     them in two group reductions (the sums, then the deviations from their means), then
     each row's y and statistics stored.  Each thread's words lie in one channel each
-    (``chw``), whose weight and bias it loads once per row, before the reductions."""
+    (``chw``), whose weight and bias it loads once per row and word."""
+    GEOMETRY = stats.geometry_fn(xdt, code)
     ACC, KW, WPT, _ = _consts(xdt, code)
     TPR, VPT, V = code.tpr, code.vpt, code.vec
     VPT1, VPT2, NV, NW2 = (VPT if rows > 1 else 1), (VPT if rows > 2 else 1), rows, 2 * rows
-    NAB = 2 * rows * WPT
     has_w, has_b = wdt is not None, bdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
     LB = C.load_fn(xdt if bdt is None else bdt, ACC.name)
@@ -86,48 +86,36 @@ def _group_rows_fn(xdt, wdt, bdt, code, rows):
     MEANS, SPREADS = group_sums_fn(NV), group_sums_fn(NW2)
 
     @cuda.jit(device=True)
-    def weights(w, b, grp, chw, Cg, ab, at, t, NW):
-        c0 = grp * Cg                     # the group's first channel
-        for k in range(WPT):
-            inside = t + k * TPR < NW
-            ab[at + 2 * k] = LW(w[c0 + chw[k]]) if has_w and inside else ACC(1)
-            ab[at + 2 * k + 1] = LB(b[c0 + chw[k]]) if has_b and inside else ACC(0)
-
-    @cuda.jit(device=True)
-    def finish(y, mean, rstd, row, ds, ab, at, mu, corr, r, t, NW):
+    def finish(y, w, b, mean, rstd, row, ds, grp, chw, Cg, mu, corr, r, t, NW):
         if row < y.shape[0]:
             if t == 0:
                 mean[row] = mu + corr
                 rstd[row] = r
             tmp = cuda.local.array(V, ACC)
+            c0 = grp * Cg                 # the group's first channel
             for k in range(WPT):
                 q = t + k * TPR
                 if q < NW:
-                    a = r * ab[at + 2 * k]
+                    # each word lies in one channel: its weight and bias, once
+                    a = r * LW(w[c0 + chw[k]]) if has_w else r
+                    bc = LB(b[c0 + chw[k]]) if has_b else ACC(0)
                     for v in range(V):
-                        tmp[v] = (ds[k * V + v] - corr) * a + ab[at + 2 * k + 1]  # ((x - mu) - corr) * a + b
+                        tmp[v] = (ds[k * V + v] - corr) * a + bc  # ((x - mu) - corr) * a + b
                     STOREW(y[row], q, tmp, 0)
 
     @cuda.jit(device=True)
     def group_rows(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, scratch, tid):  # (kernel's)
-        M = x.shape[0]
-        NW = x.shape[1] // KW
-        t = tid & (TPR - 1)
-        inv_n = ACC(1) / ACC(NW * V)
-        xs0 = cuda.local.array(VPT, ACC)
+        M, NW, t, inv_n = GEOMETRY(x, tid)
+        v = cuda.local.array(NW2, ACC)              # each row's sums, then its deviations' sums
+        xs0 = cuda.local.array(VPT, ACC)            # each row's elements
         xs1 = cuda.local.array(VPT1, ACC)
         xs2 = cuda.local.array(VPT2, ACC)
         tmp = cuda.local.array(V, ACC)
-        ab = cuda.local.array(NAB, ACC)             # each row's weight and bias of each word
-        v = cuda.local.array(NW2, ACC)              # each row's sums, then its deviations' sums
         v[0] = SUMS(raw0, xs0, tmp, row < M, t, NW, ACC(0))[0]
-        weights(w, b, grp[0], chw, Cg, ab, 0, t, NW)
         if rows > 1:
             v[1] = SUMS(raw1, xs1, tmp, row + step < M, t, NW, ACC(0))[0]
-            weights(w, b, grp[1], chw, Cg, ab, 2 * WPT, t, NW)
         if rows > 2:
             v[2] = SUMS(raw2, xs2, tmp, row + 2 * step < M, t, NW, ACC(0))[0]
-            weights(w, b, grp[2], chw, Cg, ab, 4 * WPT, t, NW)
         MEANS(v, scratch, 0, tid, TPR)
         m0 = v[0] * inv_n
         m1 = v[1] * inv_n if rows > 1 else ACC(0)
@@ -139,12 +127,13 @@ def _group_rows_fn(xdt, wdt, bdt, code, rows):
         if rows > 2:
             v[4], v[5] = DEVIATIONS(x[0], xs2, row + 2 * step < M, t, NW, m2)
         SPREADS(v, scratch, 1, tid, TPR)
-        finish(y, mean, rstd, row, xs0, ab, 0, m0, v[0] * inv_n, RSTD(v[0] * inv_n, v[1], inv_n, eps), t, NW)
+        finish(y, w, b, mean, rstd, row, xs0, grp[0], chw, Cg, m0, v[0] * inv_n,
+               RSTD(v[0] * inv_n, v[1], inv_n, eps), t, NW)
         if rows > 1:
-            finish(y, mean, rstd, row + step, xs1, ab, 2 * WPT, m1, v[2] * inv_n,
+            finish(y, w, b, mean, rstd, row + step, xs1, grp[1], chw, Cg, m1, v[2] * inv_n,
                    RSTD(v[2] * inv_n, v[3], inv_n, eps), t, NW)
         if rows > 2:
-            finish(y, mean, rstd, row + 2 * step, xs2, ab, 4 * WPT, m2, v[4] * inv_n,
+            finish(y, w, b, mean, rstd, row + 2 * step, xs2, grp[2], chw, Cg, m2, v[4] * inv_n,
                    RSTD(v[4] * inv_n, v[5], inv_n, eps), t, NW)
 
     return group_rows
@@ -158,7 +147,7 @@ def _forward_held(xdt, wdt, bdt, code):
     NSUMS = max(2, 2 * D)  # values a group reduction sums at once
     RAWN1, RAWN2 = (RAWN if D > 1 else 1), (RAWN if D > 2 else 1)
     I32, U32 = cuda.int32, cuda.uint32
-    FETCH = stats.fetch_rows_fn(xdt, code, 1)
+    FETCH = stats.fetch_rows_fn(xdt, code, 1, D)
     ROWS = _group_rows_fn(xdt, wdt, bdt, code, D)
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)  # the row mapping's 16 elements per thread
@@ -192,11 +181,7 @@ def _forward_held(xdt, wdt, bdt, code):
         by_step, by_batch = U32(step) % G32, U32(step * D) % G32
         for base in range(cuda.blockIdx.x * R, x.shape[0], step * D):
             row = base + (tid >> SHIFT)
-            FETCH(x, x, x, row, raw0, t, NW)
-            if D > 1:
-                FETCH(x, x, x, row + step, raw1, t, NW)
-            if D > 2:
-                FETCH(x, x, x, row + 2 * step, raw2, t, NW)
+            FETCH(x, x, x, row, step, raw0, raw1, raw2, t, NW)
             for d in range(1, D):
                 grp[d] = grp[d - 1] + by_step
                 if grp[d] >= G32:
@@ -214,6 +199,7 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
     """``row(x, w, b, y, mean, rstd, row, stage, Cg, G, eps, scratch, tid)``: one long
     (sample, group) row, per channel: pass 1 (the row copied to ``stage`` where it fits),
     pass 2 (deviations) and y from the staged copy, or from global memory again."""
+    GEOMETRY = stats.geometry_fn(xdt, code)
     ACC, KW, WPT, _ = _consts(xdt, code)
     TPR, V, STAGED = code.tpr, code.vec, code.stage
     has_w, has_b = wdt is not None, bdt is not None
@@ -226,9 +212,7 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
 
     @cuda.jit(device=True)
     def group_loop_row(x, w, b, y, mean, rstd, row, stage, Cg, G, eps, scratch, tid):  # (the kernel's)
-        M = x.shape[0]
-        NW = x.shape[1] // KW
-        t = tid & (TPR - 1)
+        M, NW, t, _ = GEOMETRY(x, tid)
         live = row < M
         rr = min(row, M - 1)
         xr = x[rr]
@@ -261,7 +245,7 @@ def _forward_loop(xdt, wdt, bdt, code):
     ACC, KW, WPT, SHIFT = _consts(xdt, code)
     V, R, BLOCK, STAGED = code.vec, code.rows, code.block, code.stage
     SLOTS = slots(BLOCK)
-    ST = stats.stage_type(xdt, code.vec)
+    STAGE = stats.stage_array_fn(xdt, code.vec, STAGED)
     ROW = _group_loop_row_fn(xdt, wdt, bdt, code)
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
@@ -269,11 +253,7 @@ def _forward_loop(xdt, wdt, bdt, code):
         Cg = ((x.shape[1] // KW) * V) // S
         tid = cuda.threadIdx.x
         scratch = cuda.shared.array((2, 2, SLOTS), ACC)
-        # a long group's copy in dynamic shared memory (the launch sizes it, or none)
-        if STAGED:
-            stage = cuda.shared.array(0, ST)
-        else:
-            stage = cuda.shared.array(1, ST)  # never read
+        stage = STAGE()   # a long group's copy (or none): passes 2 and 3 read it
         for row0 in range(cuda.blockIdx.x * R, x.shape[0], cuda.gridDim.x * R):
             ROW(x, w, b, y, mean, rstd, row0 + (tid >> SHIFT), stage, Cg, G, eps, scratch, tid)
 
@@ -378,12 +358,12 @@ def _channel_sums_kernel(xdt, code):
     loads ``stats.raw_rows``' rows at once and reduces all of them in one go) or word by
     word."""
     ACC, KW, WPT, SHIFT = _consts(xdt, code)
-    TPR, V, R, BLOCK, LOOP = code.tpr, code.vec, code.rows, code.block, code.loop
+    TPR, R, BLOCK, LOOP = code.tpr, code.rows, code.block, code.loop
     SLOTS = slots(BLOCK)
     RAW, RAWN, D = _backward_raw(xdt, code)
     RAWN1, RAWN2, NV = (RAWN if D > 1 else 1), (RAWN if D > 2 else 1), 3 * D
     SUMS = _channel_row_sums_fn(xdt, code)
-    FETCH = stats.fetch_rows_fn(xdt, code, 2)
+    FETCH = stats.fetch_rows_fn(xdt, code, 2, D)
     GROUP = group_sums_fn(NV)
     U32 = cuda.uint32
 
@@ -425,15 +405,10 @@ def _channel_sums_kernel(xdt, code):
                 _advance(pos, 3 * d - 3, 3 * d, by, Cg, Cg)
             # each row's words and mean loaded before any is used
             if not LOOP:
-                FETCH(x, dy, dy, row, raw0, t, NW)
+                FETCH(x, dy, dy, row, step, raw0, raw1, raw2, t, NW)
             mu0 = saved_mean(mean, pos, 0)
-            mu1 = mu2 = ACC(0)
-            if D > 1:
-                FETCH(x, dy, dy, row + step, raw1, t, NW)
-                mu1 = saved_mean(mean, pos, 3)
-            if D > 2:
-                FETCH(x, dy, dy, row + 2 * step, raw2, t, NW)
-                mu2 = saved_mean(mean, pos, 6)
+            mu1 = saved_mean(mean, pos, 3) if D > 1 else ACC(0)
+            mu2 = saved_mean(mean, pos, 6) if D > 2 else ACC(0)
             _advance(pos, 3 * D - 3, 0, by, Cg, Cg)
             row_sums(x, dy, row, raw0, mu0, t, NW, v, 0)
             if D > 1:
@@ -540,7 +515,7 @@ def _dx_kernel(xdt, wdt, code):
     has_w = wdt is not None
     RAW, RAWN, D = _backward_raw(xdt, code)
     RAWN1, RAWN2, NV = (RAWN if D > 1 else 1), (RAWN if D > 2 else 1), 3 * D
-    FETCH = stats.fetch_rows_fn(xdt, code, 2)
+    FETCH = stats.fetch_rows_fn(xdt, code, 2, D)
     CHANNELS = _channels_fn(xdt, wdt, code)
     GROUP = group_sums_fn(NV)
     DX = _dx_row_fn(xdt, wdt, code)
@@ -585,11 +560,7 @@ def _dx_kernel(xdt, wdt, code):
         for base in range(cuda.blockIdx.x * R, M, step * D):
             row = base + (tid >> SHIFT)
             if not LOOP:
-                FETCH(x, dy, dy, row, raw0, t, NW)
-                if D > 1:
-                    FETCH(x, dy, dy, row + step, raw1, t, NW)
-                if D > 2:
-                    FETCH(x, dy, dy, row + 2 * step, raw2, t, NW)
+                FETCH(x, dy, dy, row, step, raw0, raw1, raw2, t, NW)
             for d in range(1, D):
                 _advance(pos, 3 * d - 3, 3 * d, by, Cg, C_)
             for d in range(D):

@@ -239,6 +239,7 @@ def _layer_rows_fn(xdt, code, has_r, rows):
     (``stats.shift_fns``; the rare fallback's after it), then each row's normalize pass
     and statistics stored.  (Every row's words are used before the reduction's first
     barrier, so ptxas issues all their loads before the first wait.)"""
+    GEOMETRY = stats.geometry_fn(xdt, code)
     LAYER, ACC, KW, WPT, _ = _consts("layer", xdt, code)
     TPR, VPT, V = code.tpr, code.vpt, code.vec
     VPT1, VPT2, NV, NST = (VPT if rows > 1 else 1), (VPT if rows > 2 else 1), 2 * rows, 3 * rows
@@ -283,10 +284,7 @@ def _layer_rows_fn(xdt, code, has_r, rows):
 
     @cuda.jit(device=True)
     def layer_rows(x, res, y, s, mean, rstd, row, step, raw0, raw1, raw2, ws, bs, eps, scratch, it, tid):  # (kernel's)
-        M = x.shape[0]
-        NW = x.shape[1] // KW
-        t = tid & (TPR - 1)
-        inv_n = ACC(1) / ACC(NW * V)
+        M, NW, t, inv_n = GEOMETRY(x, tid)
         xs0 = cuda.local.array(VPT, ACC)
         xs1 = cuda.local.array(VPT1, ACC)
         xs2 = cuda.local.array(VPT2, ACC)
@@ -333,6 +331,7 @@ def _rms_rows_fn(xdt, code, has_r, rows):
     are used before the reduction's first barrier, so ptxas issues all their loads
     before the first wait: a row at a time, it issued the next rows' loads after the
     first row's arithmetic.)"""
+    GEOMETRY = stats.geometry_fn(xdt, code)
     LAYER, ACC, KW, WPT, _ = _consts("rms", xdt, code)
     TPR, VPT, V = code.tpr, code.vpt, code.vec
     VPT1, VPT2 = (VPT if rows > 1 else 1), (VPT if rows > 2 else 1)
@@ -353,9 +352,7 @@ def _rms_rows_fn(xdt, code, has_r, rows):
 
     @cuda.jit(device=True)
     def rms_rows(x, res, y, s, mean, rstd, row, step, raw0, raw1, raw2, ws, bs, eps, scratch, it, tid):  # (layer_rows')
-        M = x.shape[0]
-        NW = x.shape[1] // KW
-        t = tid & (TPR - 1)
+        M, NW, t, _ = GEOMETRY(x, tid)
         xs0 = cuda.local.array(VPT, ACC)
         xs1 = cuda.local.array(VPT1, ACC)
         xs2 = cuda.local.array(VPT2, ACC)
@@ -391,7 +388,7 @@ def _forward_held(kind, xdt, wdt, bdt, code, has_r):
     RAWN1, RAWN2 = (RAWN if D > 1 else 1), (RAWN if D > 2 else 1)
     VPT, BS = code.vpt, code.vpt if LAYER else 1
     PARAMS = _params_fn(xdt, wdt, bdt if LAYER else None, code, LAYER)
-    FETCH = stats.fetch_rows_fn(xdt, code, ARRAYS)
+    FETCH = stats.fetch_rows_fn(xdt, code, ARRAYS, D)
     ROWS = (_layer_rows_fn if LAYER else _rms_rows_fn)(xdt, code, has_r, D)
     SUMS = 2 * D if LAYER else max(2, D)  # values a group reduction sums at once
 
@@ -425,11 +422,7 @@ def _forward_held(kind, xdt, wdt, bdt, code, has_r):
         it = 0
         for base in range(cuda.blockIdx.x * R, x.shape[0], step * D):
             row = base + g
-            FETCH(x, res, res, row, raw0, t, NW)
-            if D > 1:
-                FETCH(x, res, res, row + step, raw1, t, NW)
-            if D > 2:
-                FETCH(x, res, res, row + 2 * step, raw2, t, NW)
+            FETCH(x, res, res, row, step, raw0, raw1, raw2, t, NW)
             it = ROWS(x, res, y, s, mean, rstd, row, step, raw0, raw1, raw2, ws, bs, eps, scratch, it, tid)
 
     return _tag(forward, code, D, D * ARRAYS * VPT * np.dtype(xdt).itemsize)
@@ -443,6 +436,7 @@ def _forward_loop_row_fn(kind, xdt, wdt, bdt, code, has_r):
     one long row word by word: pass 1 (sums; s stored; the row copied to ``stage`` where
     it fits), the statistics (a second pass only for rows the shifted sums cannot
     serve), pass 3 (y), each pass after the first reading the staged copy."""
+    GEOMETRY = stats.geometry_fn(xdt, code)
     LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
     TPR, V, STAGED = code.tpr, code.vec, code.stage
     has_w, has_b = wdt is not None, bdt is not None and LAYER
@@ -456,10 +450,7 @@ def _forward_loop_row_fn(kind, xdt, wdt, bdt, code, has_r):
 
     @cuda.jit(device=True)
     def forward_loop_row(x, res, w, b, y, s, mean, rstd, row, stage, eps, scratch, it, tid):  # (the kernel's)
-        M = x.shape[0]
-        NW = x.shape[1] // KW
-        t = tid & (TPR - 1)
-        inv_n = ACC(1) / ACC(NW * V)
+        M, NW, t, inv_n = GEOMETRY(x, tid)
         live = row < M
         rr = min(row, M - 1)
         xr = x[rr]
@@ -499,23 +490,18 @@ def _forward_loop_row_fn(kind, xdt, wdt, bdt, code, has_r):
 
 def _forward_loop(kind, xdt, wdt, bdt, code, has_r):
     LAYER, ACC, KW, WPT, SHIFT = _consts(kind, xdt, code)
-    R, BLOCK, TPR = code.rows, code.block, code.tpr
+    R, BLOCK = code.rows, code.block
     SLOTS = slots(BLOCK)
-    STAGED = code.stage
-    ST = stats.stage_type(xdt, code.vec)
+    STAGE = stats.stage_array_fn(xdt, code.vec, code.stage)
     ROW = _forward_loop_row_fn(kind, xdt, wdt, bdt, code, has_r)
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
     def forward(x, res, w, b, eps, y, s, mean, rstd):  # (the arguments of _forward_held's kernel)
         tid = cuda.threadIdx.x
         scratch = cuda.shared.array((2, 2, SLOTS), ACC)
-        # a long row's copy (x, or s when fused) in dynamic shared memory (the launch sizes
-        # it: a row's kernel elements, or none): passes 2 and 3 read it there instead of
-        # global memory (each thread its own words: no barrier)
-        if STAGED:
-            stage = cuda.shared.array(0, ST)
-        else:
-            stage = cuda.shared.array(1, ST)  # never read
+        # a long row's copy (x, or s when fused; or none): passes 2 and 3 read it there
+        # instead of global memory (each thread its own words: no barrier)
+        stage = STAGE()
         it = 0
         for row0 in range(cuda.blockIdx.x * R, x.shape[0], cuda.gridDim.x * R):
             it = ROW(x, res, w, b, y, s, mean, rstd, row0 + (tid >> SHIFT), stage, eps, scratch, it, tid)
@@ -524,6 +510,25 @@ def _forward_loop(kind, xdt, wdt, bdt, code, has_r):
 
 
 # ---------------------------------------------------------------- backward, rows in registers
+
+@functools.lru_cache(maxsize=None)
+def _grad_sums_fn(kind, xdt):
+    """``grad_sums(x, wdy, mu, r, acc)``: one element's part of the backward's pass 1, added
+    to acc[0:3]: LayerNorm: d = x - mean, d * wdy and wdy; RMSNorm: x * rstd * wdy into acc[1]."""
+    LAYER = kind == "layer"
+
+    @cuda.jit(device=True)
+    def grad_sums(x, wdy, mu, r, acc):
+        if LAYER:
+            d = x - mu
+            acc[0] += d
+            acc[1] += d * wdy
+            acc[2] += wdy
+        else:
+            acc[1] += x * r * wdy
+
+    return grad_sums
+
 
 @functools.lru_cache(maxsize=None)
 def _backward_sums_fn(kind, xdt, wdt, code):
@@ -535,6 +540,7 @@ def _backward_sums_fn(kind, xdt, wdt, code):
     TPR, V = code.tpr, code.vec
     WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
     WORD = _weights_fn(xdt, wdt, code)[3]
+    GRAD_SUMS = _grad_sums_fn(kind, xdt)
 
     @cuda.jit(device=True)
     def backward_sums(
@@ -548,12 +554,12 @@ def _backward_sums_fn(kind, xdt, wdt, code):
         v,      # (values,) output: this thread's sums, to be reduced
         at,     # int: where this row's sums go in v
     ):
+        acc = cuda.local.array(3, ACC)   # this row's sums
+        for i in range(3):
+            acc[i] = ACC(0)
         xs = cuda.local.array(V, ACC)
         gs = cuda.local.array(V, ACC)
         wv = cuda.local.array(V, ACC)
-        dsum = ACC(0)
-        xw = ACC(0)
-        c2 = ACC(0)
         for k in range(WPT):
             # the words as loaded (past the row: word 0 again, ``stats.fetch_fn``, not summed)
             WIDEN(raw, k, xs, 0)
@@ -561,20 +567,13 @@ def _backward_sums_fn(kind, xdt, wdt, code):
             WORD(ws, k, wv)
             if live and t + k * TPR < NW:
                 for e in range(V):
-                    wdy = gs[e] * wv[e]
-                    if LAYER:
-                        d = xs[e] - mu
-                        dsum += d
-                        xw += d * wdy
-                        c2 += wdy
-                    else:
-                        xw += xs[e] * r * wdy
+                    GRAD_SUMS(xs[e], gs[e] * wv[e], mu, r, acc)
         if LAYER:
-            v[at] = dsum
-            v[at + 1] = xw
-            v[at + 2] = c2
+            v[at] = acc[0]
+            v[at + 1] = acc[1]
+            v[at + 2] = acc[2]
         else:
-            v[at] = xw
+            v[at] = acc[1]
 
     return backward_sums
 
@@ -644,6 +643,7 @@ def _backward_rows_fn(kind, xdt, wdt, code, has_ds, rows):
     row, one group reduction for all of them, then pass 2 of each.  (Every row's words
     are read before the reduction's first barrier, so ptxas issues all their loads before
     the first wait.)"""
+    GEOMETRY = stats.geometry_fn(xdt, code)
     LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
     TPR, V = code.tpr, code.vec
     NV = 3 if LAYER else 1  # values reduced per row
@@ -667,9 +667,7 @@ def _backward_rows_fn(kind, xdt, wdt, code, has_ds, rows):
 
     @cuda.jit(device=True)
     def backward_rows(dy, x, ds, dx, row, step, raw0, raw1, raw2, st, ws, dwa, dba, scratch, it, tid):  # (kernel's)
-        M = x.shape[0]
-        NW = x.shape[1] // KW
-        t = tid & (TPR - 1)
+        M, NW, t, _ = GEOMETRY(x, tid)
         v = cuda.local.array(NVALS, ACC)
         SUMS(raw0, ws, st[0], st[1], row < M, t, NW, v, 0)
         if rows > 1:
@@ -764,7 +762,7 @@ def _backward_held(kind, xdt, wdt, code, has_ds):
     SUMS = (3 if LAYER else 1) * D  # values a group reduction sums at once
     DBS = (R, VPT, TPR) if LAYER else (1, 1, 1)
     WS, WSN, WEIGHTS, _ = _weights_fn(xdt, wdt, code)
-    FETCH = stats.fetch_rows_fn(xdt, code, 2)
+    FETCH = stats.fetch_rows_fn(xdt, code, 2, D)
     SAVED = _saved_fn(kind, xdt)
     ROWS = _backward_rows_fn(kind, xdt, wdt, code, has_ds, D)
     PARTIALS = _partials_fn(kind, xdt, code)
@@ -804,14 +802,9 @@ def _backward_held(kind, xdt, wdt, code, has_ds):
         it = 0
         for base in range(cuda.blockIdx.x * R, x.shape[0], step * D):
             row = base + g
-            FETCH(x, dy, dy, row, raw0, t, NW)
-            SAVED(mean, rstd, row, st, 0)
-            if D > 1:
-                FETCH(x, dy, dy, row + step, raw1, t, NW)
-                SAVED(mean, rstd, row + step, st, 2)
-            if D > 2:
-                FETCH(x, dy, dy, row + 2 * step, raw2, t, NW)
-                SAVED(mean, rstd, row + 2 * step, st, 4)
+            FETCH(x, dy, dy, row, step, raw0, raw1, raw2, t, NW)
+            for d in range(D):
+                SAVED(mean, rstd, row + d * step, st, 2 * d)
             it = ROWS(dy, x, ds, dx, row, step, raw0, raw1, raw2, st, ws, dwa, dba, scratch, it, tid)
         PARTIALS(part, dwa, dbs, tid)
 
@@ -826,19 +819,18 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
     ``it``: one long row word by word: pass 1 (x and dy copied to ``sx``/``sdy`` where
     they fit), the group reduction, pass 2 (dx, and this thread's columns of the block's
     partial rows ``dwp``/``dbp`` added to in place: the rows in order, one thread a column)."""
+    GEOMETRY = stats.geometry_fn(xdt, code)
     LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
     TPR, V, STAGED = code.tpr, code.vec, code.stage
     has_w = wdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
     LOADW, STOREW = C.word_fns(xdt, ACC.name, V)
     COPY, _, GET = stats.stage_fns(xdt, ACC.name, V)
+    GRAD_SUMS = _grad_sums_fn(kind, xdt)
 
     @cuda.jit(device=True)
     def backward_loop_row(dy, x, ds, dx, mean, rstd, w, dwp, dbp, row, sx, sdy, scratch, it, tid):  # (kernel's)
-        M = x.shape[0]
-        NW = x.shape[1] // KW
-        t = tid & (TPR - 1)
-        inv_n = ACC(1) / ACC(NW * V)
+        M, NW, t, inv_n = GEOMETRY(x, tid)
         live = row < M
         rr = min(row, M - 1)
         xr = x[rr]
@@ -848,7 +840,9 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
         xs = cuda.local.array(V, ACC)
         gs = cuda.local.array(V, ACC)
         tmp = cuda.local.array(V, ACC)
-        dsum = xw = c2 = ACC(0)
+        acc = cuda.local.array(3, ACC)
+        for i in range(3):
+            acc[i] = ACC(0)
         if live:
             for q in range(t, NW, TPR):
                 if STAGED:
@@ -860,14 +854,8 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
                     LOADW(xr, q, xs, 0)
                     LOADW(dyr, q, gs, 0)
                 for v in range(V):
-                    wdy = gs[v] * LW(w[q * V + v]) if has_w else gs[v]
-                    if LAYER:
-                        d = xs[v] - mu
-                        dsum += d
-                        xw += d * wdy
-                        c2 += wdy
-                    else:
-                        xw += xs[v] * r * wdy
+                    GRAD_SUMS(xs[v], gs[v] * LW(w[q * V + v]) if has_w else gs[v], mu, r, acc)
+        dsum, xw, c2 = acc[0], acc[1], acc[2]
         if LAYER:
             dsum, xw, c2 = group_sum3(dsum, xw, c2, scratch, it & 1, tid, TPR)
             corr = dsum * inv_n
@@ -909,7 +897,7 @@ def _backward_loop(kind, xdt, wdt, code, has_ds):
     SLOTS = slots(BLOCK)
     K = 2 if LAYER else 1
     STAGED = code.stage
-    ST = stats.stage_type(xdt, code.vec)
+    STAGE = stats.stage_array_fn(xdt, code.vec, STAGED)
     ROW = _backward_loop_row_fn(kind, xdt, wdt, code, has_ds)
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
@@ -918,14 +906,10 @@ def _backward_loop(kind, xdt, wdt, code, has_ds):
         t = tid & (TPR - 1)
         blk = cuda.blockIdx.x
         scratch = cuda.shared.array((2, 3, SLOTS), ACC)
-        # a long row's x and dy in dynamic shared memory (the launch sizes it: two rows'
-        # kernel elements, or none): pass 2 reads them there (each thread its own words: no barrier)
-        if STAGED:
-            stage = cuda.shared.array(0, ST)
-            sx = stage[:x.shape[1]]
-            sdy = stage[x.shape[1]:]
-        else:
-            sx = sdy = cuda.shared.array(1, ST)  # never read
+        # a long row's x and dy (or none): pass 2 reads them there (each thread its own words: no barrier)
+        stage = STAGE()
+        sx = stage[:x.shape[1]] if STAGED else stage
+        sdy = stage[x.shape[1]:] if STAGED else stage
         # the block's partial rows live in `part` itself
         dwp = part[0, blk]
         dbp = part[K - 1, blk]

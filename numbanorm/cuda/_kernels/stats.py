@@ -40,6 +40,22 @@ def stage_type(xdt, vec):
 
 
 @functools.lru_cache(maxsize=None)
+def stage_array_fn(xdt, vec, staged):
+    """``stage_array()``: a long row's shared copies (the loop path): the kernel's dynamic
+    shared memory, which the launch sizes (``common.RowConfig.shared``), as ``stage_type``'s
+    elements -- or, ``staged`` false, a one-element array never read."""
+    ST = stage_type(xdt, vec)
+
+    @cuda.jit(device=True)
+    def stage_array():
+        if staged:
+            return cuda.shared.array(0, ST)
+        return cuda.shared.array(1, ST)
+
+    return stage_array
+
+
+@functools.lru_cache(maxsize=None)
 def stage_fns(xdt, acc_name, vec):
     """Device functions moving word ``q`` of a row to and from its shared copy (a
     1-D array of the row's kernel elements, ``common.stage_capacity`` long).
@@ -128,6 +144,21 @@ def first_fn(xdt, vec, has_r):
 
 
 @functools.lru_cache(maxsize=None)
+def geometry_fn(xdt, code):
+    """``geometry(x, tid)`` -> ``(M, NW, t, inv_n)``: a row kernel's rows, words per row (of
+    ``code.vec`` elements), thread within the row group, and 1 / elements per row."""
+    ACC, TPR, V = C.acc_type(xdt), code.tpr, code.vec
+    KW = C.u64_per_word(xdt, V)
+
+    @cuda.jit(device=True)
+    def geometry(x, tid):
+        NW = x.shape[1] // KW
+        return x.shape[0], NW, tid & (TPR - 1), ACC(1) / ACC(NW * V)
+
+    return geometry
+
+
+@functools.lru_cache(maxsize=None)
 def fetch_fn(xdt, tpr, vpt, vec):
     """``fetch(row, raw, at, t, NW)``: the loads of this thread's words of ``row``
     (registers path: words t, t + tpr, ...), into word slots ``at ... at + vpt / vec``
@@ -156,25 +187,35 @@ def fetch_fn(xdt, tpr, vpt, vec):
 
 
 @functools.lru_cache(maxsize=None)
-def fetch_rows_fn(xdt, code, arrays):
-    """``fetch(a, b, c, row, raw, t, NW)``: the loads of this thread's words of ``row`` of
-    the first ``arrays`` of a, b, c (each (M, NW)) into consecutive slots of ``raw``;
-    nothing waits for them (``fetch_fn``)."""
+def fetch_rows_fn(xdt, code, arrays, rows=1):
+    """``fetch(a, b, c, row, step, raw0, raw1, raw2, t, NW)``: the loads of this thread's words
+    of ``rows`` (1-3) rows ``row, row + step, ...`` of the first ``arrays`` of a, b, c (each
+    (M, NW)), row d's into consecutive slots of ``raw<d>``; nothing waits for them
+    (``fetch_fn``).  A row past M loads row M - 1, unused."""
     FETCH = fetch_fn(xdt, code.tpr, code.vpt, code.vec)
     WPT = code.vpt // code.vec
 
     @cuda.jit(device=True)
-    def fetch(a, b, c, row, raw, t, NW):
-        rr = min(row, a.shape[0] - 1)  # a dead row loads the last one, unused
+    def fetch_row(a, b, c, row, raw, t, NW):
+        rr = min(row, a.shape[0] - 1)
         FETCH(a[rr], raw, 0, t, NW)
         if arrays > 1:
             FETCH(b[rr], raw, WPT, t, NW)
         if arrays > 2:
             FETCH(c[rr], raw, 2 * WPT, t, NW)
 
+    @cuda.jit(device=True)
+    def fetch(a, b, c, row, step, raw0, raw1, raw2, t, NW):
+        fetch_row(a, b, c, row, raw0, t, NW)
+        if rows > 1:
+            fetch_row(a, b, c, row + step, raw1, t, NW)
+        if rows > 2:
+            fetch_row(a, b, c, row + 2 * step, raw2, t, NW)
+
     return fetch
 
 
+@functools.lru_cache(maxsize=None)
 def raw_rows(xdt, code, arrays, resident=None):
     """(numba type, length per row, rows in flight): the raw words a thread holds for the
     rows it loads at once (``common.rows_in_flight``, for ``resident`` threads per SM),
@@ -389,7 +430,6 @@ def centered_fn(xdt, tpr, vpt, vec, loop, staged=False):
     """``centered(src, xs, live, t, NW, total, inv_n, eps, scratch, tid)`` -> ``(mu, corr,
     rstd)``: mean = mu + corr, with ((x - mu) - corr) the deviations the kernels use.
     ``staged``: ``src`` is the row's shared copy (``stage_fns``)."""
-    ACC = C.acc_type(xdt)
     DEVIATIONS = deviations_fn(xdt, tpr, vpt, vec, loop, staged)
     TPR = tpr
 
@@ -432,7 +472,7 @@ def shift_fns(xdt, tpr, vpt, vec, loop, staged=False):
     ACC = C.acc_type(xdt)
     DEVIATIONS = deviations_fn(xdt, tpr, vpt, vec, loop, staged)
     RSTD = _rstd_fn(ACC.name)
-    TPR, BLOCKWIDE = tpr, tpr > WARP
+    BLOCKWIDE = tpr > WARP
     HALF, INF = ACC(0.5), ACC(math.inf)
 
     @cuda.jit(device=True)
