@@ -22,10 +22,12 @@ on x of shape (M / 32, 128, N / 4) with 32 groups: M rows (sample, group) of N
 elements; its backward kernels work per channel (``launch_rows``, ``row_elements``).
 
 Exit status: 0; 1 when a kernel spills more than ``numbanorm.cuda._ptx``'s
-budget (CI), or with ``--gate`` fails the issue's gate (no spill at all, and the
-LayerNorm/RMSNorm row kernels and their fused forms at N <= 8192 at
-issue_memory_ratio <= 0.6, the 16-bit ones loading 128 bits); 3 when NVVM, ptxas
-or nvdisasm is missing (``pip install numbanorm[test]``) or the simulator is on.
+budget (CI), or with ``--gate`` fails the gate (``gate_failures``: no spill at all;
+the LayerNorm/RMSNorm row kernels and their fused forms, and GroupNorm's launches
+that stream rows, at N <= 8192 at issue_memory_ratio <= 0.6, the 16-bit ones loading
+128 bits, and at 1024 <= N <= 8192 with IN_FLIGHT_MIN (40 KB) of their row arrays in
+flight per SM); 3 when NVVM, ptxas or nvdisasm is missing (``pip install
+numbanorm[test]``) or the simulator is on.
 
 How the SASS is read (``loop_instructions``)
 --------------------------------------------
@@ -82,11 +84,36 @@ touches crosses DRAM once (re-reads of a row by the long-row loop path and
 read-modify-writes of partial sums are assumed to hit L2; ``load_bytes_per_row``
 is what the SASS requests from global memory, re-reads included: a long row
 staged in shared memory, ``row_staged``, is requested once, and its later
-passes' shared loads count as instructions, in loops over the row's words).  Occupancy is resident threads
-per SM from registers (allocated per warp in units of 256), static shared
-and dynamic shared memory (228 KB per SM, 1 KB reserved per block), 2048 threads and 32 blocks;
-bytes in flight per SM = resident threads x the largest run of row-path
-global loads a thread issues before it uses any of their results.
+passes' shared loads count as instructions, in loops over the row's words).  A row
+kernel whose row group loads several rows at once (``rows_in_flight``: an iteration of
+its row loop is that many rows) has its counts divided by them: per row.  A loop with
+global accesses inside a row held in registers (which has no loop over its words) is
+counted at one trip: GroupNorm's dx sums its group's channels there, one trip where
+CHANNELS / GROUPS (4) <= the threads per row.
+
+Bytes in flight (Little's law)
+------------------------------
+``occupancy_threads_per_sm`` is what registers (allocated per warp in units of 256),
+static and dynamic shared memory (228 KB per SM, 1 KB reserved per block), 2048
+threads and 32 blocks allow; ``resident_threads_per_sm`` is that or, less, what the
+persistent grid puts on an SM (one wave of the blocks the launch bounds guarantee).
+``sass_bytes_in_flight_per_thread`` is read from the SASS (``Sass.loads_in_flight``):
+the most bytes of global loads a thread has issued and not yet waited for, a load
+being waited for where an instruction first reads (or overwrites) one of its
+registers -- branches, labels and barriers wait for nothing -- over two passes of the
+row loop (a load left in flight for the next iteration counts).  It counts every load,
+the broadcast ones too (LayerNorm's shift, the mean of the row's first word; the
+backward's saved mean and rstd), which are one sector per warp in DRAM terms.  A row
+kernel says what its own row arrays' loads are (``row_bytes_in_flight_per_thread``:
+rows in flight x its arrays x elements per thread x bytes); ``row_bytes_in_flight_per_sm``
+= resident threads x the smaller of the two (the SASS can only fall short of it, where
+ptxas issues a row's loads after the first wait).  The estimate of the fraction of DRAM
+bandwidth is Little's law: ``hbm_fraction_estimate`` = min(1, row bytes in flight per SM
+x 132 / (3.0e12 B/s x LATENCY_S)), LATENCY_S the latency a load sees under a
+bandwidth-saturating load: an assumption (1.8 us: unloaded HBM latency on Hopper is
+about 0.5-0.8 us by pointer-chasing microbenchmarks, and queueing raises it under
+load; 1.8 us is where 40 KB per SM, IN_FLIGHT_MIN, meets the 3.0 TB/s), not a
+measurement.  ``bytes_in_flight_per_sm`` = resident threads x the SASS count.
 """
 
 from __future__ import annotations
@@ -916,9 +943,10 @@ def records_for(fe, launches, kernel, dtype, N, M=M_ROWS, sass_dir=None, written
 COLUMNS = (("kernel", "{:<24}"), ("launch", "{:<12}"), ("dtype", "{:<8}"), ("N", "{:>6}"),
            ("threads_per_row", "{:>4}"), ("registers", "{:>4}"), ("spill_bytes", "{:>5}"),
            ("global_load_bits", "{:>4}"), ("loop_instructions", "{:>8}"), ("bytes_per_row", "{:>9}"),
-           ("issue_memory_ratio", "{:>6}"), ("resident_threads_per_sm", "{:>5}"))
+           ("issue_memory_ratio", "{:>6}"), ("resident_threads_per_sm", "{:>5}"),
+           ("row_bytes_in_flight_per_sm", "{:>7}"), ("hbm_fraction_estimate", "{:>5}"))
 HEADS = ("kernel", "launch", "dtype", "N", "tpr", "regs", "spill", "ld", "instr/row", "DRAM B/row",
-         "ratio", "thr/SM")
+         "ratio", "thr/SM", "B/SM", "HBM")
 
 
 def table(records):
@@ -969,8 +997,9 @@ def main(argv=None):
     p.add_argument("--cache", metavar="DIR", help="reuse SASS an earlier run compiled (same sources, "
                    "specialization and toolchain) and keep what this run compiles")
     p.add_argument("--gate", action="store_true",
-                   help="the issue's gate: no spill; LayerNorm/RMSNorm row kernels at N <= 8192 at "
-                        "issue/memory <= 0.6, 16-bit ones with 128-bit loads")
+                   help="the gate: no spill; LayerNorm/RMSNorm row kernels (and fused) and GroupNorm's row "
+                        "launches at N <= 8192 at issue/memory <= 0.6, 16-bit ones with 128-bit loads, and at "
+                        "1024 <= N <= 8192 with 40 KB of row data in flight per SM")
     args = p.parse_args(argv)
     why = unavailable()
     if why:
@@ -990,7 +1019,8 @@ def main(argv=None):
 
     fe = frontend()
     print("MODEL, not a measurement: H100 SXM, 132 SMs at 1.98 GHz, 3.0 TB/s (11.48 B/clock/SM), "
-          "4 warp instructions/clock/SM; every figure below is derived from the SASS", flush=True)
+          f"4 warp instructions/clock/SM, {LATENCY_S * 1e6:.1f} us loaded DRAM latency (assumed); every figure "
+          "below is derived from the SASS", flush=True)
     records, written = [], {}
     with offline() as launches:
         # first, before the records' kernels are cached: the factories start empty

@@ -30,7 +30,9 @@ barrier) is paid fewer times:
 The grid is persistent: one wave of the blocks the launch bounds (and a staged row's
 shared memory: ``blocks_per_sm``) keep resident on every SM, each striding over rows, so per-thread copies of weight/bias (and,
 in the backward, of the dweight/dbias partial sums: one or two partial rows per
-SM) are loaded or written once per block instead of once per row.  Kernels are
+SM) are loaded or written once per block instead of once per row.  A row group holding
+its rows in registers loads ``rows_in_flight`` of them at once, so that an SM keeps
+``SM_BYTES_IN_FLIGHT`` of row data requested (``row_norm``).  Kernels are
 compiled with launch bounds: ``ROW_RESIDENT`` (512) threads per SM for the row
 kernels, whose 16 elements of x, dy, weight, bias and column sums per thread
 take up to 128 registers (at 64 they spilled up to 740 bytes, sm_90),

@@ -245,7 +245,7 @@ def _forward_loop(xdt, wdt, bdt, code):
     ACC, KW, WPT, SHIFT = _consts(xdt, code)
     V, R, BLOCK, STAGED = code.vec, code.rows, code.block, code.stage
     SLOTS = slots(BLOCK)
-    STAGE = stats.stage_array_fn(xdt, code.vec, STAGED)
+    ST, STAGE_LEN = stats.stage_type(xdt, code.vec), 0 if STAGED else 1
     ROW = _group_loop_row_fn(xdt, wdt, bdt, code)
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
@@ -253,7 +253,8 @@ def _forward_loop(xdt, wdt, bdt, code):
         Cg = ((x.shape[1] // KW) * V) // S
         tid = cuda.threadIdx.x
         scratch = cuda.shared.array((2, 2, SLOTS), ACC)
-        stage = STAGE()   # a long group's copy (or none): passes 2 and 3 read it
+        # a long group's copy in dynamic shared memory (the launch sizes it), or one element never read
+        stage = cuda.shared.array(STAGE_LEN, ST)
         for row0 in range(cuda.blockIdx.x * R, x.shape[0], cuda.gridDim.x * R):
             ROW(x, w, b, y, mean, rstd, row0 + (tid >> SHIFT), stage, Cg, G, eps, scratch, tid)
 

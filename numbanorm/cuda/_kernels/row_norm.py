@@ -492,16 +492,17 @@ def _forward_loop(kind, xdt, wdt, bdt, code, has_r):
     LAYER, ACC, KW, WPT, SHIFT = _consts(kind, xdt, code)
     R, BLOCK = code.rows, code.block
     SLOTS = slots(BLOCK)
-    STAGE = stats.stage_array_fn(xdt, code.vec, code.stage)
+    ST, STAGE_LEN = stats.stage_type(xdt, code.vec), 0 if code.stage else 1
     ROW = _forward_loop_row_fn(kind, xdt, wdt, bdt, code, has_r)
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
     def forward(x, res, w, b, eps, y, s, mean, rstd):  # (the arguments of _forward_held's kernel)
         tid = cuda.threadIdx.x
         scratch = cuda.shared.array((2, 2, SLOTS), ACC)
-        # a long row's copy (x, or s when fused; or none): passes 2 and 3 read it there
-        # instead of global memory (each thread its own words: no barrier)
-        stage = STAGE()
+        # a long row's copy (x, or s when fused) in dynamic shared memory (the launch sizes
+        # it), or one element never read: passes 2 and 3 read it there instead of global
+        # memory (each thread its own words: no barrier)
+        stage = cuda.shared.array(STAGE_LEN, ST)
         it = 0
         for row0 in range(cuda.blockIdx.x * R, x.shape[0], cuda.gridDim.x * R):
             it = ROW(x, res, w, b, y, s, mean, rstd, row0 + (tid >> SHIFT), stage, eps, scratch, it, tid)
@@ -897,7 +898,7 @@ def _backward_loop(kind, xdt, wdt, code, has_ds):
     SLOTS = slots(BLOCK)
     K = 2 if LAYER else 1
     STAGED = code.stage
-    STAGE = stats.stage_array_fn(xdt, code.vec, STAGED)
+    ST, STAGE_LEN = stats.stage_type(xdt, code.vec), 0 if STAGED else 1
     ROW = _backward_loop_row_fn(kind, xdt, wdt, code, has_ds)
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
@@ -906,8 +907,9 @@ def _backward_loop(kind, xdt, wdt, code, has_ds):
         t = tid & (TPR - 1)
         blk = cuda.blockIdx.x
         scratch = cuda.shared.array((2, 3, SLOTS), ACC)
-        # a long row's x and dy (or none): pass 2 reads them there (each thread its own words: no barrier)
-        stage = STAGE()
+        # a long row's x and dy in dynamic shared memory (the launch sizes it), or one element
+        # never read: pass 2 reads them there (each thread its own words: no barrier)
+        stage = cuda.shared.array(STAGE_LEN, ST)
         sx = stage[:x.shape[1]] if STAGED else stage
         sdy = stage[x.shape[1]:] if STAGED else stage
         # the block's partial rows live in `part` itself

@@ -2,17 +2,20 @@
 ``row_norm`` (LayerNorm, RMSNorm, fused residual or not) and ``group_norm`` (a
 (sample, group) is a row) share.
 
-``row_sum``: pass 1 over the row's words -- each thread loads its words (into
-registers where the row fits, ``xs``; word by word on the loop path), forms and
-stores ``s = x + res`` once when fused, and sums its elements (or their squares,
-RMSNorm; or, ``shifted``, their deviations from a shift ``k``, the mean of the row's
-first word (``first``), and the squares of those).  ``centered``: the group's mean from that
-sum, then pass 2 over the deviations from it (``deviations``), whose sum corrects
-the mean's rounding (the corrected two-pass variance), and rstd.  ``shifted``:
-LayerNorm's statistics from the shifted sums in one group reduction, with
-``deviations`` for the rows where they are not exact enough.  Both take the row mapping's constants (threads
-per row, elements per thread, word width, loop or registers) as closure
-constants, like the kernels that inline them; ``reduce`` does the group sums.
+A row held in registers is fetched first (``fetch_fn``, ``fetch_rows_fn``: the loads of
+the thread's words of one or several rows, as raw bits, ``common.raw_fns``), then summed
+(``held_sums_fn``: widened into ``xs``; fused, s = x + res formed, rounded as stored);
+a long row is summed word by word as it is loaded (``row_sum_fn``, the loop path,
+copying it to shared memory where it fits, ``stage_fns``).  The sums are of the
+elements (or their squares, RMSNorm; or, ``shifted``, of their deviations from a shift
+``k``, the mean of the row's first word (``first_fn``), and their squares).
+``centered_fn``: the group's mean from that sum, then a pass over the deviations from it
+(``deviations_fn``, ``deviation_sums_fn``), whose sum corrects the mean's rounding (the
+corrected two-pass variance), and rstd.  ``shift_fns``/``shifted_fn``: LayerNorm's
+statistics from the shifted sums in one group reduction, with a deviations pass for the
+rows where they are not exact enough.  All take the row mapping's constants (threads per
+row, elements per thread, word width, loop or registers) as closure constants, like the
+kernels that inline them; ``reduce`` does the group sums.
 """
 
 import functools
@@ -37,22 +40,6 @@ def stage_type(xdt, vec):
     if C.is_bfloat16(xdt):
         return cuda.uint16
     return {C.F16: cuda.types.float16, C.F32: cuda.float32, C.F64: cuda.float64}[xdt]
-
-
-@functools.lru_cache(maxsize=None)
-def stage_array_fn(xdt, vec, staged):
-    """``stage_array()``: a long row's shared copies (the loop path): the kernel's dynamic
-    shared memory, which the launch sizes (``common.RowConfig.shared``), as ``stage_type``'s
-    elements -- or, ``staged`` false, a one-element array never read."""
-    ST = stage_type(xdt, vec)
-
-    @cuda.jit(device=True)
-    def stage_array():
-        if staged:
-            return cuda.shared.array(0, ST)
-        return cuda.shared.array(1, ST)
-
-    return stage_array
 
 
 @functools.lru_cache(maxsize=None)
