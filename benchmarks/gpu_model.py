@@ -772,6 +772,18 @@ def _closure(fn):
     return {n: c.cell_contents for n, c in zip(fn.__code__.co_freevars, fn.__closure__ or ())}
 
 
+def _closure_mapping(clo):
+    """The mapping of a row kernel that does not carry one (as the kernels before they did,
+    for a before/after model): from its closure's constants, or None."""
+    if "TPR" not in clo:
+        return None
+    from numbanorm.cuda._kernels.common import Mapping
+
+    # (a kernel that names no LOOP goes over its rows' words in loops)
+    return Mapping(clo["TPR"], clo.get("VPT", clo.get("V", 1)), clo.get("R", 1), bool(clo.get("LOOP", True)),
+                   clo.get("BLOCK", clo["TPR"]), clo.get("V", 1), bool(clo.get("STAGED")))
+
+
 def _first_exit(sass, start):
     for k in range(start, len(sass.ins)):
         if sass.ins[k].op == "EXIT" and not sass.ins[k].pred:
@@ -792,7 +804,7 @@ def analyse(launch, compiled):
     sass = Sass(compiled.sass)
     kern = launch.kernel
     clo = _closure(kern.py_func)
-    mapping = getattr(kern, "mapping", None)   # the row kernels say what they were compiled for
+    mapping = getattr(kern, "mapping", None) or _closure_mapping(clo)  # what a row kernel was compiled for
     depth = getattr(kern, "rows_in_flight", 1)  # rows a row group loads, and works on, per iteration
     sass.staged = bool(mapping and mapping.stage)
     tpr = mapping.tpr if mapping else None
