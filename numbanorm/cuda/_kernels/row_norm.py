@@ -73,7 +73,7 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
     """The forward kernel of ``kind`` for x of ``xdt``, weight/bias of ``wdt``/``bdt``
     (None: absent), the mapping ``code`` (``RowConfig.code``), fused residual or not:
     rows held in registers, or (``code.loop``) long rows word by word."""
-    make = _forward_loop if code.loop else _forward_held
+    make = forward_kernel_loop if code.loop else forward_kernel_held
     return make(kind, xdt, wdt, bdt, code, has_r)
 
 
@@ -81,7 +81,7 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
 def backward_kernel(kind, xdt, wdt, code, has_ds):
     """The backward kernel of ``kind`` (see ``forward_kernel``); ``has_ds``: the fused
     residual's gradient is added to dx."""
-    make = _backward_loop if code.loop else _backward_held
+    make = backward_kernel_loop if code.loop else backward_kernel_held
     return make(kind, xdt, wdt, code, has_ds)
 
 
@@ -379,7 +379,7 @@ def _rms_rows_fn(xdt, code, has_r, rows):
     return rms_rows
 
 
-def _forward_held(kind, xdt, wdt, bdt, code, has_r):
+def forward_kernel_held(kind, xdt, wdt, bdt, code, has_r):
     LAYER, ACC, KW, WPT, SHIFT = _consts(kind, xdt, code)
     TPR, V, R, BLOCK = code.tpr, code.vec, code.rows, code.block
     SLOTS = slots(BLOCK)
@@ -488,7 +488,7 @@ def _forward_loop_row_fn(kind, xdt, wdt, bdt, code, has_r):
     return forward_loop_row
 
 
-def _forward_loop(kind, xdt, wdt, bdt, code, has_r):
+def forward_kernel_loop(kind, xdt, wdt, bdt, code, has_r):
     LAYER, ACC, KW, WPT, SHIFT = _consts(kind, xdt, code)
     R, BLOCK = code.rows, code.block
     SLOTS = slots(BLOCK)
@@ -496,7 +496,7 @@ def _forward_loop(kind, xdt, wdt, bdt, code, has_r):
     ROW = _forward_loop_row_fn(kind, xdt, wdt, bdt, code, has_r)
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
-    def forward(x, res, w, b, eps, y, s, mean, rstd):  # (the arguments of _forward_held's kernel)
+    def forward(x, res, w, b, eps, y, s, mean, rstd):  # (the arguments of forward_kernel_held's kernel)
         tid = cuda.threadIdx.x
         scratch = cuda.shared.array((2, 2, SLOTS), ACC)
         # a long row's copy (x, or s when fused) in dynamic shared memory (the launch sizes
@@ -754,7 +754,7 @@ def _partials_fn(kind, xdt, code):
     return partials
 
 
-def _backward_held(kind, xdt, wdt, code, has_ds):
+def backward_kernel_held(kind, xdt, wdt, code, has_ds):
     LAYER, ACC, KW, WPT, SHIFT = _consts(kind, xdt, code)
     TPR, V, R, BLOCK, VPT = code.tpr, code.vec, code.rows, code.block, code.vpt
     SLOTS = slots(BLOCK)
@@ -892,7 +892,7 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
     return backward_loop_row
 
 
-def _backward_loop(kind, xdt, wdt, code, has_ds):
+def backward_kernel_loop(kind, xdt, wdt, code, has_ds):
     LAYER, ACC, KW, WPT, SHIFT = _consts(kind, xdt, code)
     R, BLOCK, TPR = code.rows, code.block, code.tpr
     SLOTS = slots(BLOCK)
@@ -902,7 +902,7 @@ def _backward_loop(kind, xdt, wdt, code, has_ds):
     ROW = _backward_loop_row_fn(kind, xdt, wdt, code, has_ds)
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
-    def backward(dy, x, mean, rstd, w, ds, dx, part):  # (the arguments of _backward_held's kernel)
+    def backward(dy, x, mean, rstd, w, ds, dx, part):  # (the arguments of backward_kernel_held's kernel)
         tid = cuda.threadIdx.x
         t = tid & (TPR - 1)
         blk = cuda.blockIdx.x
