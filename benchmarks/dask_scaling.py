@@ -1,7 +1,7 @@
 """How numbanorm.dask's throughput scales from 1 to 2 (or more) Dask workers.
 
-    python benchmarks/dask_scaling.py                    # (131072, 1024) float32, 1 and 2 workers
-    python benchmarks/dask_scaling.py --rows 262144 --workers 1 2 4 --chunk-rows 16384
+    python -m benchmarks.dask_scaling                    # (131072, 1024) float32, 1 and 2 workers
+    python -m benchmarks.dask_scaling --rows 262144 --workers 1 2 4 --chunk-rows 16384
 
 For each block size (rows per chunk) and worker count a ``LocalCluster`` of
 worker processes with one thread each is started (``NUMBA_NUM_THREADS=1`` in
@@ -167,7 +167,7 @@ def main(argv=None):
         import dask
         import distributed
 
-        from numbanorm import measure
+        from . import measure
 
         versions = dict(measure.versions(), dask=dask.__version__, distributed=distributed.__version__)
         meta = {"date": datetime.date.today().isoformat(), "machine": measure.machine_info(include_gpu=False),

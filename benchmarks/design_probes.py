@@ -46,7 +46,6 @@ import numba
 import numpy as np
 
 import numbanorm
-from numbanorm import measure
 from numbanorm.cpu import _backend
 from numbanorm.cpu._kernels import background, common, memory
 from numbanorm.cpu._kernels.common import WIDE_VECTORS
@@ -54,6 +53,7 @@ from numbanorm.cpu._kernels import layer_norm as ln
 from numbanorm.cpu._kernels import rms_norm as rms
 from numbanorm.cpu._kernels.halves import kernel_view
 
+from . import measure
 from .harness import metadata
 
 OUT = Path(__file__).parent / "results" / "design-probes.json"

@@ -1,7 +1,7 @@
 """End to end: a Llama-style decoder on the CPU with PyTorch's norms and with numbanorm's.
 
-    python benchmarks/e2e.py --json benchmarks/results/e2e-cpu.json     # defaults: hidden 2048, 2 layers
-    python benchmarks/e2e.py --dtypes float32 bfloat16 --layers 4 --rounds 5 --vocab 32000
+    python -m benchmarks.e2e --json benchmarks/results/e2e-cpu.json     # defaults: hidden 2048, 2 layers
+    python -m benchmarks.e2e --dtypes float32 bfloat16 --layers 4 --rounds 5 --vocab 32000
 
 A ``transformers`` ``LlamaForCausalLM`` built from its config (random weights, no
 download) is timed in three variants on the same threads, round-robin in one
@@ -36,7 +36,8 @@ import sys
 import torch
 
 import numbanorm.torch as nt
-from numbanorm import measure
+
+from . import measure
 
 VARIANTS = ("torch", "numbanorm", "no-norm")
 

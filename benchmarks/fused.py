@@ -1,7 +1,7 @@
 """Fused residual add + norm against the unfused pair, on the CPU.
 
-    python benchmarks/fused.py                       # (16384, 4096) float32, all threads
-    python benchmarks/fused.py --shape 4096 1024 --dtype float64 --threads 1
+    python -m benchmarks.fused                       # (16384, 4096) float32, all threads
+    python -m benchmarks.fused --shape 4096 1024 --dtype float64 --threads 1
 
 For each norm it times, round-robin with ``numbanorm.measure.time_runners`` (the
 suite's one timing function, so machine noise hits every variant alike):
@@ -41,9 +41,11 @@ import numpy as np
 from numba import njit, prange
 
 import numbanorm
-from numbanorm import _api, _validate, measure
+from numbanorm import _api, _validate
 from numbanorm.cpu import _backend
 from numbanorm.operations import BY_NAME, OPERATIONS
+
+from . import measure
 
 # the table's fused operations by the norm they fuse: the API names them add_<norm>
 FUSED = {op.name.removeprefix("add_"): op for op in OPERATIONS if op.fused}

@@ -10,11 +10,19 @@ arrays over fake addresses, the launch records its arguments) and reports, per c
   ``layer_norm_cuda``/``layer_norm_top``: the same LayerNorm forward by
   ``numbanorm.cuda.layer_norm`` and by ``numbanorm.layer_norm`` (which picks the GPU first);
   ``layer_norm_foreign``: on another library's arrays (a CuPy-like ``__cuda_array_interface__``);
+* ``<call>_torch``, ``<call>_cupy``: the same calls on CUDA torch tensors and CuPy arrays
+  (the stand-ins of ``tests/_fake_libs.py``: this machine's torch has no CUDA), replayed
+  (the public functions) and by the full path (``_full``);
 * the harness's own share: ``stub_driver`` (one stubbed launch, with a LayerNorm forward's
   arguments: the stub's cost grows with the argument count, so for other kernels it is
   an estimate), ``stub_alloc`` (one stubbed allocation) of which ``numba_array``
-  (numba's array object) is numba's, the rest the stub's; a real driver replaces the
-  stub's share with its own (cuLaunchKernel, and numba's allocator's cuMemAlloc).
+  (numba's array object) is numba's, the rest the stub's; ``torch_alloc``/``cupy_alloc``
+  (one allocation of the stand-ins) and ``torch_stream``/``cupy_stream`` (one current-
+  stream query); a real driver replaces the stub's share with its own (cuLaunchKernel,
+  and numba's allocator's cuMemAlloc), real PyTorch and CuPy the stand-ins' with theirs.
+  ``<call>_stub`` is that share of a call.
+
+The figures are host (CPU) time with the driver stubbed, not device measurements.
 
 Two measurements of the same code, garbage collection off (as in timeit): this
 thread's CPU time (best of 7 rounds; on a shared machine the wall time is mostly
@@ -42,6 +50,7 @@ HARNESS = os.path.join(os.path.dirname(HERE), "tests", "_nosim_launch.py")
 # the LayerNorm forward by numbanorm.cuda.layer_norm, by numbanorm.layer_norm, and on
 # another library's arrays (``__cuda_array_interface__``, full path and replayed)
 EXTRA = ("layer_norm_cuda", "layer_norm_top", "layer_norm_foreign")
+LIBRARIES = ("torch", "cupy")  # the stand-ins' calls: <call>_<library> (replayed) and <call>_<library>_full
 
 
 def _harness(args, env, prefix=()):
@@ -80,7 +89,11 @@ def main(argv=None):
     a = ap.parse_args(argv)
     env = {"NUMBA_CACHE_DIR": os.environ.get("NUMBA_CACHE_DIR", os.path.join(tempfile.gettempdir(), "nn-gpu-host"))}
     cpu = _harness((a.rows, a.hidden, a.calls), env)
-    res = {"shape": [a.rows, a.hidden], "dtype": "float16", "cpu_us": {}, "instructions": {},
+    res = {"shape": [a.rows, a.hidden], "dtype": "float16",
+           "what": "host (CPU) time per call with the CUDA driver stubbed, on a machine shared with other "
+                   "work (best of 7 rounds, this thread's CPU time); torch and CuPy are stand-ins "
+                   "(tests/_fake_libs.py); not a device measurement",
+           "cpu_us": {}, "instructions": {},
            "launches": {k[:-9]: v for k, v in cpu.items() if k.endswith("_launches")},
            "allocations": {k[:-7]: v for k, v in cpu.items() if k.endswith("_allocs")},
            "loadavg": cpu["loadavg"]}
@@ -93,22 +106,27 @@ def main(argv=None):
         t = res[unit]
         if not t:
             continue
-        alloc = t["stub_alloc"] - t["numba_array"]
+        alloc = {None: t["stub_alloc"] - t["numba_array"], "torch": t["torch_alloc"], "cupy": t["cupy_alloc"]}
+        stream = {None: 0, "torch": t["torch_stream"], "cupy": t["cupy_stream"]}
         for call, n in res["launches"].items():
-            stub = n * t["stub_driver"] + res["allocations"][call] * alloc
+            lib = call.rsplit("_", 1)[1] if call.endswith(LIBRARIES) else None
+            stub = n * t["stub_driver"] + res["allocations"][call] * alloc[lib] + stream[lib]
             t[call + "_stub"] = round(stub, 2)
         for name in EXTRA:  # the LayerNorm forward, by other routes
             t[name + "_stub"] = t["layer_norm_forward_stub"]
     for unit in ("cpu_us", "instructions"):
         t = res[unit]
         for call in res["launches"]:
-            if t:
-                print(f"{unit:12} {call:25} full {t[call + '_full']:>10} numba {t[call + '_numba']:>10} "
+            if t and call.endswith(LIBRARIES):
+                print(f"{unit:12} {call:31} full {t[call + '_full']:>10} {'':16} "
+                      f"replay {t[call]:>10}  (stub {t[call + '_stub']})")
+            elif t:
+                print(f"{unit:12} {call:31} full {t[call + '_full']:>10} numba {t[call + '_numba']:>10} "
                       f"replay {t[call + '_replay']:>10}  (stub {t[call + '_stub']})")
         for name in EXTRA:
             if t:
                 full = f"full {t[name + '_full']:>10}" if name + "_full" in t else ""
-                print(f"{unit:12} {name:25} {full:39} replay {t[name + '_replay']:>10}  (stub {t[name + '_stub']})")
+                print(f"{unit:12} {name:31} {full:39} replay {t[name + '_replay']:>10}  (stub {t[name + '_stub']})")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

@@ -22,10 +22,12 @@ on x of shape (M / 32, 128, N / 4) with 32 groups: M rows (sample, group) of N
 elements; its backward kernels work per channel (``launch_rows``, ``row_elements``).
 
 Exit status: 0; 1 when a kernel spills more than ``numbanorm.cuda._ptx``'s
-budget (CI), or with ``--gate`` fails the issue's gate (no spill at all, and the
-LayerNorm/RMSNorm row kernels and their fused forms at N <= 8192 at
-issue_memory_ratio <= 0.6, the 16-bit ones loading 128 bits); 3 when NVVM, ptxas
-or nvdisasm is missing (``pip install numbanorm[test]``) or the simulator is on.
+budget (CI), or with ``--gate`` fails the gate (``gate_failures``: no spill at all;
+the LayerNorm/RMSNorm row kernels and their fused forms, and GroupNorm's launches
+that stream rows, at N <= 8192 at issue_memory_ratio <= 0.6, the 16-bit ones loading
+128 bits, and at 1024 <= N <= 8192 with IN_FLIGHT_MIN (40 KB) of their row arrays in
+flight per SM); 3 when NVVM, ptxas or nvdisasm is missing (``pip install
+numbanorm[test]``) or the simulator is on.
 
 How the SASS is read (``loop_instructions``)
 --------------------------------------------
@@ -82,11 +84,36 @@ touches crosses DRAM once (re-reads of a row by the long-row loop path and
 read-modify-writes of partial sums are assumed to hit L2; ``load_bytes_per_row``
 is what the SASS requests from global memory, re-reads included: a long row
 staged in shared memory, ``row_staged``, is requested once, and its later
-passes' shared loads count as instructions, in loops over the row's words).  Occupancy is resident threads
-per SM from registers (allocated per warp in units of 256), static shared
-and dynamic shared memory (228 KB per SM, 1 KB reserved per block), 2048 threads and 32 blocks;
-bytes in flight per SM = resident threads x the largest run of row-path
-global loads a thread issues before it uses any of their results.
+passes' shared loads count as instructions, in loops over the row's words).  A row
+kernel whose row group loads several rows at once (``rows_in_flight``: an iteration of
+its row loop is that many rows) has its counts divided by them: per row.  A loop with
+global accesses inside a row held in registers (which has no loop over its words) is
+counted at one trip: GroupNorm's dx sums its group's channels there, one trip where
+CHANNELS / GROUPS (4) <= the threads per row.
+
+Bytes in flight (Little's law)
+------------------------------
+``occupancy_threads_per_sm`` is what registers (allocated per warp in units of 256),
+static and dynamic shared memory (228 KB per SM, 1 KB reserved per block), 2048
+threads and 32 blocks allow; ``resident_threads_per_sm`` is that or, less, what the
+persistent grid puts on an SM (one wave of the blocks the launch bounds guarantee).
+``sass_bytes_in_flight_per_thread`` is read from the SASS (``Sass.loads_in_flight``):
+the most bytes of global loads a thread has issued and not yet waited for, a load
+being waited for where an instruction first reads (or overwrites) one of its
+registers -- branches, labels and barriers wait for nothing -- over two passes of the
+row loop (a load left in flight for the next iteration counts).  It counts every load,
+the broadcast ones too (LayerNorm's shift, the mean of the row's first word; the
+backward's saved mean and rstd), which are one sector per warp in DRAM terms.  A row
+kernel says what its own row arrays' loads are (``row_bytes_in_flight_per_thread``:
+rows in flight x its arrays x elements per thread x bytes); ``row_bytes_in_flight_per_sm``
+= resident threads x the smaller of the two (the SASS can only fall short of it, where
+ptxas issues a row's loads after the first wait).  The estimate of the fraction of DRAM
+bandwidth is Little's law: ``hbm_fraction_estimate`` = min(1, row bytes in flight per SM
+x 132 / (3.0e12 B/s x LATENCY_S)), LATENCY_S the latency a load sees under a
+bandwidth-saturating load: an assumption (1.8 us: unloaded HBM latency on Hopper is
+about 0.5-0.8 us by pointer-chasing microbenchmarks, and queueing raises it under
+load; 1.8 us is where 40 KB per SM, IN_FLIGHT_MIN, meets the 3.0 TB/s), not a
+measurement.  ``bytes_in_flight_per_sm`` = resident threads x the SASS count.
 """
 
 from __future__ import annotations
@@ -122,6 +149,14 @@ SMEM_RESERVED_PER_BLOCK = 1024
 THREADS_PER_SM = 2048
 BLOCKS_PER_SM = 32
 ISSUE_LIMIT = 0.6            # above: issue-bound (the issue's gate)
+# Little's law: an SM streams DRAM at (bytes in flight) / latency.  LATENCY_S is the
+# latency a load sees under a bandwidth-saturating load -- an assumption, not a
+# measurement: unloaded HBM latency on Hopper is quoted at about 0.5-0.8 us by
+# pointer-chasing microbenchmarks, and queueing raises it under load.  1.8 us is the
+# latency at which the 40 KB per SM of issue 31's review reach DRAM_BYTES_PER_S:
+# 40960 * 132 / 3.0e12 = 1.80e-6 s.
+LATENCY_S = 1.8e-6
+IN_FLIGHT_MIN = 40 * 1024    # bytes per SM a gated kernel keeps in flight at least (the gate)
 CC = (9, 0)
 
 MODEL = {
@@ -140,6 +175,13 @@ MODEL = {
     "max_threads_per_sm": THREADS_PER_SM,
     "max_blocks_per_sm": BLOCKS_PER_SM,
     "bytes_per_row": "compulsory DRAM traffic: every array a launch touches, once",
+    "loaded_latency_s": LATENCY_S,
+    "hbm_fraction_estimate": "Little's law: min(1, row bytes in flight per SM * sms / (dram_bytes_per_s * "
+                             "loaded_latency_s)); the latency is an assumption (see benchmarks/gpu_model.py)",
+    "bytes_in_flight_per_sm": "resident threads per SM (registers, shared memory and the persistent grid) x "
+                              "the most bytes of global loads a thread has issued and not yet waited for (SASS)",
+    "row_bytes_in_flight_per_sm": "the same for the row arrays' loads alone: the kernel's own count of them, "
+                                  "where the SASS issues all of them before its first wait",
 }
 
 def _op_of(kernel):
@@ -155,8 +197,9 @@ GROUPS, CHANNELS = 32, 128          # GroupNorm: x (M / GROUPS, CHANNELS, N * GR
 _FUSED = [op for op in OPERATIONS if op.fused]
 KERNELS = (tuple(f for op in OPERATIONS if not op.fused for f in op.functions[1:])
            + tuple(op.functions[1] for op in _FUSED) + tuple(op.functions[2] for op in _FUSED))
-# the row kernels the issue's gate is about (GroupNorm is not)
+# the row kernels the gate is about, and GroupNorm's (its launches that stream rows)
 GATED = tuple(k for k in KERNELS if _op_of(k).layout == "rows")
+GATED_GROUPS = tuple(k for k in KERNELS if _op_of(k).layout == "groups")
 SWEEP_MS = range(1, 4097)
 SWEEP_KERNELS = ("layer_norm_forward", "layer_norm_backward")  # the forward, and a backward with its column sums
 SWEEP_N, SWEEP_DTYPE = 1024, "float16"
@@ -357,26 +400,63 @@ class Sass:
         return max(1, len(offs) // max(1, len(set(offs))))
 
     def loads_in_flight(self, a, b):
-        """Largest run of global-load bytes (per thread) in [a, b] issued before an
-        instruction reads one of the loaded registers."""
-        best = cur = 0
-        pending = set()
-        for k in range(a, b + 1):
-            i = self.ins[k]
-            base = i.op.split(".")[0]
-            srcs = set(re.findall(r"\bR(\d+)\b", i.args))
-            if base == "LDG":
-                dst, *rest = i.args.split(",")
-                m = re.search(r"R(\d+)", dst)
-                if m and any(s in pending for s in re.findall(r"\bR(\d+)\b", ",".join(rest))):
-                    best, cur, pending = max(best, cur), 0, set()
-                if m:
-                    r0 = int(m.group(1))
-                    pending |= {str(r0 + j) for j in range(max(1, global_bits(i.op) // 32))}
-                cur += global_bits(i.op) // 8
-            elif pending and (srcs & pending or base in ("BRA", "EXIT", "BAR", "RET") or k in self.label_idx):
-                best, cur, pending = max(best, cur), 0, set()
-        return max(best, cur)
+        """The most bytes (per thread) of global loads in flight at once in [a, b]: issued
+        and not yet waited for.  A load is waited for where an instruction first reads
+        (or overwrites) one of its destination registers -- the scoreboard wait -- and
+        only that load: branches, labels and barriers do not wait for loads.  [a, b] is
+        scanned twice, so that loads one iteration leaves in flight for the next count;
+        the fallback's and the slow paths' instructions are left out."""
+        pending, size, best = {}, {}, 0   # register -> load, load -> bytes
+        for _ in range(2):
+            for k in range(a, b + 1):
+                if self.cold[k] or self.rare[k]:
+                    continue
+                i = self.ins[k]
+                base = i.op.split(".")[0]
+                if base == "EXIT" and not i.pred:
+                    pending.clear()
+                    size.clear()
+                    continue
+                reads, writes = _registers(i)
+                for load in {pending[r] for r in reads | writes if r in pending}:
+                    del size[load]
+                    for r in [r for r, v in pending.items() if v == load]:
+                        del pending[r]
+                if base == "LDG" and writes:
+                    size[k] = global_bits(i.op) // 8
+                    for r in writes:
+                        pending[r] = k
+                best = max(best, sum(size.values()))
+        return best
+
+
+_REG = re.compile(r"(?<![\w.])R(\d+)(\.64)?")
+_NO_DESTINATION = ("ST", "STG", "STS", "STL", "RED", "BRA", "BAR", "EXIT", "RET", "CALL", "BSSY", "BSYNC",
+                   "SYNCS", "MEMBAR", "DEPBAR", "NOP", "WARPSYNC", "ATOMS")
+
+
+def _registers(i):
+    """(registers read, registers written) by an instruction (as their numbers): its
+    first operand is its destination unless it is a store or a branch, a ``.64`` operand
+    is a register pair, and a load writes as many registers as it moves 32-bit words."""
+    ops = [o.strip() for o in i.args.split(",")]
+    base = i.op.split(".")[0]
+    writes = set()
+    if ops and base not in _NO_DESTINATION:
+        m = _REG.match(ops[0])
+        if m:
+            first = int(m.group(1))
+            n = max(1, global_bits(i.op) // 32) if base in ("LDG", "LDS", "LD", "LDL") else 2 if m.group(2) else 1
+            if "WIDE" in i.op or i.op.startswith(("DADD", "DMUL", "DFMA", "F2F.F64", "I2F.F64")):
+                n = 2
+            writes = set(range(first, first + n))
+            ops = ops[1:]
+    reads = set()
+    for o in ops:
+        for m in _REG.finditer(o):
+            r = int(m.group(1))
+            reads |= {r, r + 1} if m.group(2) else {r}
+    return reads, writes
 
 
 # ---------------------------------------------------------------- the model's arithmetic
@@ -392,6 +472,19 @@ def occupancy(regs, block, smem):
     return max(0, min(limits)) * block
 
 
+def resident_threads(occupied, grid, block):
+    """Threads an SM holds at once: what registers and shared memory allow (``occupied``),
+    or fewer where the grid has fewer blocks per SM (the persistent grids: one wave of
+    the blocks their launch bounds guarantee)."""
+    return min(occupied, cdiv(grid, SMS) * block)
+
+
+def hbm_fraction(bytes_in_flight_per_sm):
+    """Little's law: the fraction of DRAM_BYTES_PER_S that SMS SMs each keeping
+    ``bytes_in_flight_per_sm`` in flight reach at LATENCY_S (model)."""
+    return min(1.0, bytes_in_flight_per_sm * SMS / (DRAM_BYTES_PER_S * LATENCY_S))
+
+
 def issue_memory_ratio(warp_instructions_per_row, bytes_per_row):
     """Issue clocks per row over DRAM clocks per row (model): both per SM, so the
     SM count cancels."""
@@ -404,9 +497,12 @@ def gate_failures(records, strict=False, spill_budget=None):
     """Reasons the records fail the CI gate.
 
     Always: no kernel spills more than ``spill_budget`` bytes.  ``strict`` (the
-    issue's gate): no spill at all, and every LayerNorm/RMSNorm row kernel (and the
-    fused ones) at N <= 8192 at issue_memory_ratio <= 0.6, the 16-bit ones with
-    128-bit loads.
+    issues' gate): no spill at all; every LayerNorm/RMSNorm row kernel (and the fused
+    ones) at N <= 8192 at issue_memory_ratio <= 0.6, the 16-bit ones with 128-bit
+    loads; GroupNorm's launches that stream rows (its forward, and the backward's
+    channel sums and dx) likewise; and all of these at 1024 <= N <= 8192 keep
+    IN_FLIGHT_MIN bytes of their row arrays in flight per SM, with every one of those
+    loads issued before the first wait in the SASS.
     """
     budget = 0 if strict else spill_budget
     out = []
@@ -414,17 +510,29 @@ def gate_failures(records, strict=False, spill_budget=None):
         tag = f"{r['kernel']}/{r['launch']} {r['dtype']} N={r['N']}"
         if budget is not None and r["spill_bytes"] > budget:
             out.append(f"{tag}: spills {r['spill_bytes']} bytes (budget {budget})")
-        if strict and r["kernel"] in GATED and r["launch"] == "main" and r["N"] <= 8192:
-            if r["dtype"] in ("float16", "bfloat16") and r["global_load_bits"] < 128:
-                out.append(f"{tag}: widest row load {r['global_load_bits']} bits < 128")
-            if r["issue_memory_ratio"] > ISSUE_LIMIT:
-                out.append(f"{tag}: issue/memory {r['issue_memory_ratio']:.2f} > {ISSUE_LIMIT}")
+        rows = r["kernel"] in GATED and r["launch"] == "main"
+        groups = r["kernel"] in GATED_GROUPS and r["launch"] in ("main", "channel_sums")
+        if not strict or not (rows or groups) or r["N"] > 8192:
+            continue
+        if r["dtype"] in ("float16", "bfloat16") and r["global_load_bits"] < 128:
+            out.append(f"{tag}: widest row load {r['global_load_bits']} bits < 128")
+        if r["issue_memory_ratio"] > ISSUE_LIMIT:
+            out.append(f"{tag}: issue/memory {r['issue_memory_ratio']:.2f} > {ISSUE_LIMIT}")
+        if r["N"] >= 1024:
+            design, sass = r.get("row_bytes_in_flight_per_thread"), r.get("sass_bytes_in_flight_per_thread")
+            if design is not None and sass is not None and sass < design:
+                out.append(f"{tag}: the SASS has {sass} bytes in flight per thread, fewer than the "
+                           f"{design} its row loads are")
+            if r.get("row_bytes_in_flight_per_sm", 0) < IN_FLIGHT_MIN:
+                out.append(f"{tag}: {r.get('row_bytes_in_flight_per_sm', 0)} bytes in flight per SM "
+                           f"< {IN_FLIGHT_MIN}")
     return out
 
 
 # ---------------------------------------------------------------- driving the launchers without a GPU
 
-Launch = namedtuple("Launch", "kernel grid block args shared")  # shared: dynamic shared bytes per block
+# shared: dynamic shared bytes per block; itemsize: of x's elements
+Launch = namedtuple("Launch", "kernel grid block args shared itemsize")
 
 
 class _DeviceLike(np.ndarray):
@@ -461,9 +569,10 @@ def offline(cc=CC):
     launches = []
 
     def record(kernel, grid, block, stream, *args, shared=0):
-        launches.append(Launch(kernel, grid, block, C.arrays(args), shared))
+        launches.append(Launch(kernel, grid, block, C.arrays(args), shared, 0))
 
     patches = [(dispatcher, "get_current_device", lambda: _Device()), (C, "n_sm", lambda: SMS),
+               (C, "device_count", lambda: 1),
                (C, "launch", record), (C, "bfloat16_unsupported", lambda: ""),
                (cuda, "device_array", _device_empty)]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
@@ -521,7 +630,7 @@ def capture(fe, launches, kernel, dtype, M, N):
     """The launches the public function ``kernel`` makes for M rows of N elements."""
     del launches[:]
     getattr(fe, kernel)(*inputs(kernel, dtype, M, N))
-    return list(launches)
+    return [ln._replace(itemsize=_dtype(dtype).itemsize) for ln in launches]
 
 
 def signature(args):
@@ -664,6 +773,18 @@ def _closure(fn):
     return {n: c.cell_contents for n, c in zip(fn.__code__.co_freevars, fn.__closure__ or ())}
 
 
+def _closure_mapping(clo):
+    """The mapping of a row kernel that does not carry one (as the kernels before they did,
+    for a before/after model): from its closure's constants, or None."""
+    if "TPR" not in clo:
+        return None
+    from numbanorm.cuda._kernels.common import Mapping
+
+    # (a kernel that names no LOOP goes over its rows' words in loops)
+    return Mapping(clo["TPR"], clo.get("VPT", clo.get("V", 1)), clo.get("R", 1), bool(clo.get("LOOP", True)),
+                   clo.get("BLOCK", clo["TPR"]), clo.get("V", 1), bool(clo.get("STAGED")))
+
+
 def _first_exit(sass, start):
     for k in range(start, len(sass.ins)):
         if sass.ins[k].op == "EXIT" and not sass.ins[k].pred:
@@ -682,15 +803,20 @@ def _unique_bytes(args):
 def analyse(launch, compiled):
     """The model's figures for one launch (totals over the launch; see the module docstring)."""
     sass = Sass(compiled.sass)
-    clo = _closure(launch.kernel.py_func)
-    sass.staged = bool(clo.get("STAGED"))
-    tpr = clo.get("TPR")
+    kern = launch.kernel
+    clo = _closure(kern.py_func)
+    mapping = getattr(kern, "mapping", None) or _closure_mapping(clo)  # what a row kernel was compiled for
+    depth = getattr(kern, "rows_in_flight", 1)  # rows a row group loads, and works on, per iteration
+    sass.staged = bool(mapping and mapping.stage)
+    tpr = mapping.tpr if mapping else None
     rows2d = next((a for a in launch.args if isinstance(a, np.ndarray) and a.ndim == 2), None)
     warps_per_block = cdiv(launch.block, 32)
     warps = launch.grid * warps_per_block
     if tpr and rows2d is not None:           # a row kernel: one row group per row
         rows, words = rows2d.shape
-        step, trips = tpr, cdiv(words, tpr)
+        # a 16-byte word is two of the kernel's uint64 elements
+        per_word = 2 if rows2d.dtype == np.uint64 and mapping.vec * launch.itemsize == 16 else 1
+        step, trips = tpr, cdiv(words // per_word, tpr)
         partial_trips = max(0, tpr // 32 - 1)
     else:                                    # column sums (a loop over partial rows) or a cast
         step = clo.get("SLICES", 1)
@@ -702,6 +828,11 @@ def analyse(launch, compiled):
 
     def iterations(loop):
         kind = sass.loop_kind(loop)
+        if kind == "words" and mapping is not None and not mapping.loop:
+            # a row held in registers has no loop over its words: this one goes over
+            # something else per row (GroupNorm's dx: the group's channels' sums, one
+            # trip for the CHANNELS / GROUPS <= threads per row of the model's inputs)
+            return 1.0
         if kind == "words":
             if any(sass.loop_kind(inner) == "words" for inner in sass._children(*loop)):
                 return 1.0  # nested word loops (channels, then their words): the inner one takes the trips
@@ -718,12 +849,13 @@ def analyse(launch, compiled):
     end = _first_exit(sass, row_loop[1] if row_loop else 0)
     if row_loop:
         a, b = row_loop
-        per_row = sass.count(a, b, iterations)
-        fallback = sass.count(a, b, iterations, rare=True)
+        # an iteration of the row loop is ``depth`` rows of the row group: counts per row
+        per_row = sass.count(a, b, iterations) / depth
+        fallback = sass.count(a, b, iterations, rare=True) / depth
         outside = sass.count(0, a - 1, iterations) + sass.count(b + 1, end, iterations)
-        warp_rows = rows * tpr / 32           # warp-iterations of the row loop in the launch
+        warp_rows = rows * tpr / 32           # warp-rows of the launch
         total = warp_rows * per_row + warps * outside
-        requested = warp_rows * sass.global_bytes(a, b, iterations)
+        requested = warp_rows * sass.global_bytes(a, b, iterations) / depth
         span = (a, b)
     else:
         per_row = outside = sass.count(0, end, iterations)
@@ -731,15 +863,20 @@ def analyse(launch, compiled):
         total = warps * per_row
         requested = warps * sass.global_bytes(0, end, iterations)
         span = (0, end)
-    resident = occupancy(compiled.registers, launch.block, compiled.shared_bytes + launch.shared)
+    occupied = occupancy(compiled.registers, launch.block, compiled.shared_bytes + launch.shared)
+    resident = resident_threads(occupied, launch.grid, launch.block)
+    in_flight = sass.loads_in_flight(*span)
+    design = getattr(kern, "loads_in_flight", None)  # the kernel's own count: its row arrays' bytes
+    row_in_flight = resident * (in_flight if design is None else min(design, in_flight))
     return {
         "grid": launch.grid,
         "block": launch.block,
         "threads_per_row": tpr,
-        "rows_per_block": clo.get("R"),
-        "elements_per_thread": clo.get("VPT"),
-        "elements_per_word": clo.get("V"),
-        "loop_path": clo.get("LOOP"),
+        "rows_per_block": mapping.rows if mapping else None,
+        "elements_per_thread": mapping.vpt if mapping else None,
+        "elements_per_word": mapping.vec if mapping else None,
+        "loop_path": mapping.loop if mapping else None,
+        "rows_in_flight": depth if mapping else None,
         "row_staged": sass.staged,            # a long row copied to shared memory: global memory read once
         "launch_rows": rows,
         "row_words": words,
@@ -757,9 +894,14 @@ def analyse(launch, compiled):
         "_total_instructions": total,
         "_total_bytes": _unique_bytes(launch.args),
         "_requested_bytes": requested,
+        "occupancy_threads_per_sm": occupied,
         "resident_threads_per_sm": resident,
-        "waves": round(launch.grid / max(1, SMS * (resident // launch.block)), 2) if resident else None,
-        "bytes_in_flight_per_sm": resident * sass.loads_in_flight(*span),
+        "waves": round(launch.grid / max(1, SMS * (occupied // launch.block)), 2) if occupied else None,
+        "sass_bytes_in_flight_per_thread": in_flight,
+        "row_bytes_in_flight_per_thread": design,
+        "bytes_in_flight_per_sm": resident * in_flight,
+        "row_bytes_in_flight_per_sm": row_in_flight,
+        "hbm_fraction_estimate": round(hbm_fraction(row_in_flight), 3),
     }
 
 
@@ -814,9 +956,10 @@ def records_for(fe, launches, kernel, dtype, N, M=M_ROWS, sass_dir=None, written
 COLUMNS = (("kernel", "{:<24}"), ("launch", "{:<12}"), ("dtype", "{:<8}"), ("N", "{:>6}"),
            ("threads_per_row", "{:>4}"), ("registers", "{:>4}"), ("spill_bytes", "{:>5}"),
            ("global_load_bits", "{:>4}"), ("loop_instructions", "{:>8}"), ("bytes_per_row", "{:>9}"),
-           ("issue_memory_ratio", "{:>6}"), ("resident_threads_per_sm", "{:>5}"))
+           ("issue_memory_ratio", "{:>6}"), ("resident_threads_per_sm", "{:>5}"),
+           ("row_bytes_in_flight_per_sm", "{:>7}"), ("hbm_fraction_estimate", "{:>5}"))
 HEADS = ("kernel", "launch", "dtype", "N", "tpr", "regs", "spill", "ld", "instr/row", "DRAM B/row",
-         "ratio", "thr/SM")
+         "ratio", "thr/SM", "B/SM", "HBM")
 
 
 def table(records):
@@ -867,8 +1010,9 @@ def main(argv=None):
     p.add_argument("--cache", metavar="DIR", help="reuse SASS an earlier run compiled (same sources, "
                    "specialization and toolchain) and keep what this run compiles")
     p.add_argument("--gate", action="store_true",
-                   help="the issue's gate: no spill; LayerNorm/RMSNorm row kernels at N <= 8192 at "
-                        "issue/memory <= 0.6, 16-bit ones with 128-bit loads")
+                   help="the gate: no spill; LayerNorm/RMSNorm row kernels (and fused) and GroupNorm's row "
+                        "launches at N <= 8192 at issue/memory <= 0.6, 16-bit ones with 128-bit loads, and at "
+                        "1024 <= N <= 8192 with 40 KB of row data in flight per SM")
     args = p.parse_args(argv)
     why = unavailable()
     if why:
@@ -888,7 +1032,8 @@ def main(argv=None):
 
     fe = frontend()
     print("MODEL, not a measurement: H100 SXM, 132 SMs at 1.98 GHz, 3.0 TB/s (11.48 B/clock/SM), "
-          "4 warp instructions/clock/SM; every figure below is derived from the SASS", flush=True)
+          f"4 warp instructions/clock/SM, {LATENCY_S * 1e6:.1f} us loaded DRAM latency (assumed); every figure "
+          "below is derived from the SASS", flush=True)
     records, written = [], {}
     with offline() as launches:
         # first, before the records' kernels are cached: the factories start empty

@@ -20,8 +20,9 @@ import os
 import sys
 from pathlib import Path
 
-from numbanorm import measure
 from numbanorm.measure import Case
+
+from . import measure
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -88,7 +89,7 @@ def sweep_cases(norms=ALL_NORMS, dtypes=CPU_DTYPES, rows=ROWS, hidden=HIDDEN,
 
 
 def half_cases(device="cpu"):
-    """Issue 13's 16-bit sweep: each norm's large shapes in float16 and bfloat16, with float32
+    """The 16-bit targets' sweep: each norm's large shapes in float16 and bfloat16, with float32
     for comparison (its own target is against the faster of the two copy floors)."""
     cases = []
     for dtype in HALF_DTYPES + ("float32",):
@@ -141,6 +142,18 @@ def metadata(threads, note="", load_before=None, load_after=None, skipped=(), ti
         "torch_backward": "torch.autograd.grad(y, (x, weight, bias), dy, retain_graph=True) on a graph "
                           "built once outside the timing",
     }
+
+
+# brand words of /proc/cpuinfo's model name that name a CPU kind for results files
+CPU_KINDS = ("epyc", "xeon", "ryzen", "threadripper", "core", "graviton", "neoverse", "apple")
+
+
+def cpu_kind(model=None, llvm_cpu=None):
+    """The CPU kind that names a results file per machine (``targets-<kind>.json``): the
+    first brand word of the model name (``xeon``, ``epyc``), else LLVM's name for the CPU."""
+    words = (model if model is not None else measure.cpu_model()).lower().replace("(r)", " ").split()
+    kind = next((w for w in words if w in CPU_KINDS), None)
+    return kind or (llvm_cpu or measure.cpu_target()["llvm_cpu"] or "cpu").lower()
 
 
 def git_state():

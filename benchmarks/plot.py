@@ -19,7 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from numbanorm import measure  # noqa: E402
+from . import measure  # noqa: E402
 
 from .harness import RESULTS, load_results  # noqa: E402
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from numbanorm import measure
+from . import measure
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -1,7 +1,8 @@
 """Run the benchmark sweep and write ``benchmarks/results/<stem>.{json,csv}`` (and plots).
 
     python -m benchmarks.run                       # the full CPU sweep (float32, float64)
-    python -m benchmarks.run --targets             # only the cases of the speed targets + summary
+    python -m benchmarks.run --targets             # only the cases of the speed targets + summary,
+                                                   # into results/targets-<cpu kind>.json (xeon, epyc)
     python -m benchmarks.run --half                # float16/bfloat16 (and float32) large shapes
     python -m benchmarks.run --small               # rows 1, 8, 64 at hidden 768, 4096, every dtype
     python -m benchmarks.run --norm layer_norm --dtype float32 --hidden 4096 --merge
@@ -20,9 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from numbanorm import measure
-
-from . import harness, targets
+from . import harness, measure, targets
 
 
 def _ints(s):
@@ -61,7 +60,8 @@ def parser():
     ap.add_argument("--cold-python", help="interpreter of the cold-start processes (default: this one), e.g. "
                                           "a venv of numbanorm's dependencies alone: with SciPy installed, "
                                           "numba imports it on its first kernel load")
-    ap.add_argument("--out", help="result file stem under benchmarks/results (default: cpu, gpu or targets)")
+    ap.add_argument("--out", help="result file stem under benchmarks/results (default: cpu, gpu or "
+                                       "targets-<cpu kind>)")
     ap.add_argument("--merge", action="store_true", help="replace the re-run cases in an existing <stem> file")
     ap.add_argument("--dir", default=str(harness.RESULTS), help="results folder (default benchmarks/results)")
     ap.add_argument("--note", default="", help="a note stored in the metadata (e.g. 'shared machine, noisy')")
@@ -71,12 +71,17 @@ def parser():
     return ap
 
 
+def targets_stem():
+    """``targets-<cpu kind>``: one targets file per CPU kind, side by side in the README."""
+    return f"targets-{harness.cpu_kind()}"
+
+
 def main(argv=None):
     ap = parser()
     a = ap.parse_args(argv)
     if a.targets:
         cases, skipped = targets.target_cases(), []
-        stem = a.out or "targets"
+        stem = a.out or targets_stem()
     elif a.half or a.small:
         cases, skipped = (harness.half_cases(a.device) if a.half else []) + (
             harness.small_cases(a.device) if a.small else []), []
@@ -114,6 +119,10 @@ def main(argv=None):
                       cold=a.device == "cpu" and not (a.no_cold_start or a.half or a.small),
                       compile_times=not a.no_compile_times, show_progress=not a.no_progress,
                       cold_python=a.cold_python, **timing)
+    if a.targets and measure.torch_or_none() is not None:  # numbanorm.torch's cost per call
+        from . import torch_calls
+
+        res["rows"] += torch_calls.rows(threads, shapes=targets.TORCH_CALLS, **timing)
     res["meta"]["wall_s"] = round(time.perf_counter() - t0, 1)
     if a.merge:
         path = Path(a.dir) / f"{stem}.json"

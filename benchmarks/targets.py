@@ -2,14 +2,15 @@
 
     python -m benchmarks.targets benchmarks/results/cpu.json
     python -m benchmarks.targets benchmarks/results/cpu.json --fused benchmarks/results/fused-cpu-*.json
-    python -m benchmarks.targets benchmarks/results/targets.json --cold benchmarks/results/cold-start.json
+    python -m benchmarks.targets benchmarks/results/targets-xeon.json --cold benchmarks/results/cold-start.json
 
 All targets are on the CPU, numba and torch on the same thread count (2 threads); a
 ratio is numbanorm's median time over the peer's, so ``<= 0.7x torch`` means at most
 70 % of torch's time.  ``floors`` is the faster of the two copy floors (``np.copyto`` on
-one thread, the same copy on every numba thread).  The 16-bit and small-call targets
-(issue 13) are measured by ``--half`` and ``--small``; ``python -m benchmarks.run
---targets`` measures exactly the cases below.
+one thread, the same copy on every numba thread), ``floor_threads`` the second alone.  The 16-bit and small-call targets
+are measured by ``--half`` and ``--small``; ``python -m benchmarks.run
+--targets`` measures exactly the cases below, numbanorm.torch's cost per call (modes
+``no_grad``, ``grad``, ``module_no_grad``, ``module_grad``) by ``benchmarks.torch_calls``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ SMALL = ((256, 768),)
 CONV = (("group_norm", (32, 256, 32, 32), 32), ("group_norm", (8, 64, 64, 64), 8),
         ("instance_norm", (32, 256, 32, 32), 256), ("instance_norm", (8, 64, 64, 64), 64))
 ROW_NORMS = ("layer_norm", "rms_norm")
+# 8 MiB of float32: half the smallest output streamed on both 2-CPU VMs (memory.STREAM_MIN_BYTES);
+# GroupNorm's (8, 64, 64, 64) is 8 MiB too, under the stricter out= target above
+IN_CACHE = (("layer_norm", (512, 4096), None), ("rms_norm", (512, 4096), None))
 HALF = ("float16", "bfloat16")
+TORCH_CALLS = ((1, 768), (1, 4096), (8, 4096))  # the small calls of numbanorm.torch's targets
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,7 @@ class Target:
     groups: int | None
     direction: str
     mode: str        # 'out' or 'alloc'
-    versus: str      # 'floor' (np.copyto), 'floors' (the faster copy floor) or 'torch'
+    versus: str      # 'floor' (np.copyto), 'floor_threads' (on every thread), 'floors' (the faster) or 'torch'
     limit: float
     dtype: str = "float32"
     impl: str = "numbanorm.cpu"  # or 'numbanorm.torch': the same kernels on torch tensors
@@ -67,7 +72,7 @@ def _targets():
         t.append(Target("backward <= 0.9x torch autograd (GroupNorm)", n, s, g, "backward", "alloc", "torch", 0.9))
     for n, s, g in small:
         t.append(Target("backward <= 1.0x torch autograd (small)", n, s, g, "backward", "alloc", "torch", 1.0))
-    # issue 13: 16-bit at memory speed, and small calls as cheap as torch's
+    # 16-bit at memory speed, and small calls as cheap as torch's
     big = (16384, 4096)
     for n in ROW_NORMS:
         for dt, lim in (("float16", 1.25), ("bfloat16", 1.25), ("float32", 1.10)):
@@ -82,6 +87,19 @@ def _targets():
                        ((1, 4096), "float16", 1.5), ((64, 4096), "float16", 1.0)):
         t.append(Target(f"small forward <= {lim}x torch", "layer_norm", s, None, "forward", "alloc", "torch",
                         lim, dt))
+    # no step backwards where streaming stores begin, and bfloat16 at the CPU's own width
+    for n, s, g in IN_CACHE:
+        t.append(Target("in-cache forward out= <= 1.25x np.copyto", n, s, g, "forward", "out", "floor", 1.25))
+    for n in ROW_NORMS:
+        t.append(Target("bfloat16 forward out= at this CPU's vector width <= 1.25x the all-threads copy", n, big,
+                        None, "forward", "out", "floor_threads", 1.25, "bfloat16"))
+    # numbanorm.torch's cost per small call against torch's eager call, the function
+    # (modes no_grad, grad) and the module (module_no_grad, module_grad); benchmarks/torch_calls.py
+    for s in TORCH_CALLS:
+        for kind, what in (("", "function"), ("module_", "module")):
+            for d, grad, lim in (("forward", "no_grad", 1.5), ("forward", "grad", 2.0), ("backward", "grad", 2.0)):
+                t.append(Target(f"torch {what} {d}, {grad.replace('_', ' ')} <= {lim}x torch eager", "layer_norm",
+                                s, None, d, kind + grad, "torch", lim, impl="numbanorm.torch"))
     return tuple(t)
 
 

@@ -24,7 +24,9 @@ import sys
 
 import numpy as np
 
-DTYPES = ("float16", "float32", "float64")
+DTYPES = ("float16", "float32", "float64")  # what check runs unless --dtype says otherwise
+# what --dtype offers: bfloat16 arrays on the host are ml_dtypes.bfloat16 (an optional package)
+DTYPE_CHOICES = ("float16", "bfloat16", "float32", "float64")
 
 
 # ------------------------------------------------------------------ info
@@ -58,6 +60,7 @@ def info(out=None):
     p(f"cpu            {m['cpu']}, {m['cores']} logical CPUs ({_info_usable_cpus()} usable here), "
       f"{m['mem_gib']} GiB")
     p(f"cpu target     {_info_cpu_target()}")
+    p(f"streaming      {_info_streaming()}")
     in_use, layers = _info_threading()  # first: numba.get_num_threads() raises without a layer
     threads = numba.get_num_threads() if in_use.endswith(" in use") else "none"
     p(f"threads        {threads} (numba.get_num_threads(); NUMBA_NUM_THREADS={numba.config.NUMBA_NUM_THREADS})")
@@ -106,6 +109,16 @@ def _info_cpu_target():
 
     return (f"{name} ({where}): " + ", ".join(f"{label} {'yes' if key in on else 'no'}" for label, key in known)
             + f"; 16-bit rows 512 bits wide {'yes' if WIDE_HALVES else 'no'}")
+
+
+def _info_streaming():
+    """From which output size the forward kernels write with streaming stores, and why there."""
+    from .cpu._kernels import memory as m
+
+    mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
+    return (f"outputs of {mib(m.STREAM_MIN_BYTES)} or more ({m.STREAM_FRACTION} x the {mib(m.CACHE_BYTES)} of "
+            f"cache counted on: a {mib(m.LAST_LEVEL_CACHE)} last-level cache, {m.CACHE_CPUS} usable CPU(s) "
+            f"sharing it, at most {mib(m.CACHE_PER_CPU)} each)")
 
 
 def _info_threading():
@@ -212,19 +225,8 @@ def check(impls=None, dtypes=DTYPES, out=None):
     oracle = registry.get("oracle")
     names = registry.available(include_oracle=False)
     if impls:
-        unknown = [i for i in impls if i not in registry.IMPLEMENTATIONS]
-        if unknown:
-            p(f"unknown implementation(s) {unknown}; registered: {list(registry.IMPLEMENTATIONS)}")
-            return 2
-        if "oracle" in impls:
-            p("oracle: the reference every implementation is checked against, not checked "
-              f"itself; check one of {names}")
-            return 2
-        missing = [i for i in impls if i not in names]
-        for i in missing:
-            p(f"{i}: not usable here: {registry.usable(i)[1].splitlines()[0]}")
-        if missing:
-            return 1
+        if code := _impls_status(impls, p):
+            return code
         names = [n for n in names if n in impls]
     if "cuda" in names and measure.cuda_simulated():
         p("note: 'cuda' runs in numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)")
@@ -282,6 +284,8 @@ def bench(threads=None, repeats=None, budget=0.3, dtypes=("float32",), impls=Non
     from . import measure
 
     p = lambda *a: print(*a, file=out or sys.stdout)  # noqa: E731
+    if impls and (code := _impls_status(impls, p)):
+        return code
     threads = measure.set_threads(threads)
     peers = ["floor"] + (["torch"] if torch else []) + (["oracle"] if oracle else [])
     have_torch = measure.torch_or_none() is not None
@@ -299,8 +303,8 @@ def bench(threads=None, repeats=None, budget=0.3, dtypes=("float32",), impls=Non
       f"torch {v['torch'] or 'not installed'}")
     if torch and not have_torch:
         p("torch is not installed: no comparison with torch (pip install torch to compare)")
-    if not cases:
-        p("nothing to run: no usable implementation selected")
+    if not cases:  # (only the GPU chosen, and it is numba's simulator: its times mean nothing)
+        p(f"nothing to run: {gpu_desc} is not timed")
         return 1
     timing = {"budget_s": budget} if repeats is None else {"repeats": repeats}
     rows = measure.sweep(cases, impls, peers, threads, show_progress=show_progress,
@@ -407,9 +411,11 @@ def _parser():
     sub = ap.add_subparsers(dest="command", metavar="{info,check,bench,compile}")
     sub.add_parser("info", help="versions, threads, usable implementations and GPU")
     c = sub.add_parser("check", help="every operation against the oracle (exit code 1 on a failure)")
-    c.add_argument("--impl", action="append", metavar="NAME",
-                   help="only this registry implementation (repeatable; default: every usable one)")
-    c.add_argument("--dtype", action="append", choices=DTYPES, help="only this dtype (repeatable)")
+    c.add_argument("--impl", action="append", type=_kernel_name, metavar="NAME",
+                   help="only this implementation (repeatable; default: every usable one)")
+    c.add_argument("--dtype", action="append", type=_dtype_name, metavar="DTYPE",
+                   help=f"only this dtype, one of {', '.join(DTYPE_CHOICES)} (repeatable; default: "
+                        f"{', '.join(DTYPES)})")
     b = sub.add_parser("bench", help="a quick benchmark of representative shapes")
     _bench_args(b)
     k = sub.add_parser("compile", help="compile every CPU operation into numba's on-disk cache",
@@ -423,6 +429,54 @@ def _parser():
                    help="also calls without weights, and float32 weights beside 16-bit x")
     k.add_argument("--no-progress", action="store_true", help="a line per call instead of a progress bar")
     return ap
+
+
+# The arguments check and bench share are read by one function each, so that a bad value
+# gets the same error from either: argparse's, naming the value and the valid ones, exit 2.
+
+def _kernel_name(s):
+    """An implementation of the registry that runs kernels (not the oracle they are checked against)."""
+    from . import registry
+
+    names = [n for n in registry.IMPLEMENTATIONS if n != "oracle"]
+    if s not in names:
+        why = "the NumPy reference the kernels are checked against, " if s == "oracle" else ""
+        raise argparse.ArgumentTypeError(f"invalid choice: {s!r} ({why}choose from {', '.join(map(repr, names))})")
+    return s
+
+
+def _dtype_name(s):
+    if s not in DTYPE_CHOICES:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {s!r} (choose from {', '.join(map(repr, DTYPE_CHOICES))})")
+    if s == "bfloat16":
+        try:
+            import ml_dtypes  # noqa: F401  (gives NumPy its bfloat16 dtype)
+        except ImportError:
+            raise argparse.ArgumentTypeError(
+                "bfloat16 needs ml_dtypes, whose bfloat16 is NumPy's (pip install ml-dtypes)") from None
+    return s
+
+
+def _impls_status(impls, p):
+    """0 if every implementation in ``impls`` is a kernel implementation usable here; else each
+    one that is not is said with why, and the exit code: 2 for a name that is not one (the
+    oracle included), 1 for one this machine cannot run (check and bench alike)."""
+    from . import registry
+
+    for name in impls:
+        try:
+            _kernel_name(name)
+        except argparse.ArgumentTypeError as e:
+            p(f"--impl: {e}")
+            return 2
+    code = 0
+    for name in impls:
+        usable, why = registry.usable(name)
+        if not usable:
+            p(f"{name}: not usable here: {why.splitlines()[0]}")
+            code = 1
+    return code
 
 
 def _positive_int(s):
@@ -443,9 +497,10 @@ def _bench_args(b):
     b.add_argument("--threads", type=_positive_int, help="threads for numba and torch alike (default: all)")
     b.add_argument("--repeats", type=_positive_int, help="round-robin repeats per case (default: fit --budget)")
     b.add_argument("--budget", type=_positive_float, default=0.3, help="seconds of timed repeats per case (default 0.3)")
-    b.add_argument("--dtype", action="append", choices=("float16", "float32", "float64"),
-                   help="CPU dtype (repeatable; default float32)")
-    b.add_argument("--impl", action="append", metavar="NAME", help="only this registry implementation")
+    b.add_argument("--dtype", action="append", type=_dtype_name, metavar="DTYPE",
+                   help=f"CPU dtype, one of {', '.join(DTYPE_CHOICES)} (repeatable; default float32)")
+    b.add_argument("--impl", action="append", type=_kernel_name, metavar="NAME",
+                   help="only this implementation (repeatable; default: every usable one)")
     b.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
     b.add_argument("--oracle", action="store_true", help="time the NumPy oracle too")
     b.add_argument("--tiny", action="store_true", help="tiny shapes: a smoke test, the numbers mean nothing")

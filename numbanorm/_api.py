@@ -10,9 +10,9 @@ A ``Frontend`` runs each call in the same order:
 3. ``numbanorm._validate`` checks dtypes, shapes and scalars and works out the
    flattened problem -- every contract error is raised here, before step 4;
 4. the backend's ``call_context`` says where the call runs (on a GPU: the stream
-   and allocator of the array whose type the results take); outputs are
-   allocated, inputs made contiguous, and the backend launches the norm's
-   launcher, which fills the outputs;
+   and allocator of the array whose type the results take, and the one GPU of all
+   the arrays); within its ``on_device`` scope outputs are allocated, inputs made
+   contiguous, and the backend launches the norm's launcher, which fills the outputs;
 5. results are reshaped (statistics keep-dims) and handed back in the caller's
    array type.
 
@@ -58,8 +58,13 @@ class Backend(Protocol):
     def native(self, role: str, a: Any) -> Any:
         """A zero-copy view of ``a`` in the backend's array type (None stays None)."""
 
-    def call_context(self, leading: Any) -> Any:
-        """Where a call whose results take ``leading``'s array type runs."""
+    def call_context(self, leading: Any, arrays: dict = None) -> Any:
+        """Where a call whose results take ``leading``'s array type runs; ``arrays`` (the
+        call's arguments by role) must be on one device where there are several
+        (``ValueError`` before anything is allocated)."""
+
+    def on_device(self, ctx: Any) -> Any:
+        """The scope (``with``) in which the call allocates, launches and wraps its results."""
 
     def launch(self, ctx: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``launcher(*args, **kwargs)`` in ``ctx``."""
@@ -212,31 +217,32 @@ class Frontend:
         V.same_as_x("out", out_native, x.shape, xdt, optional=True)
         # ---- everything below may allocate and write
         backend = self.backend
-        ctx = backend.call_context(caller_x)
-        if sig is not None:
-            self.replays.record()
-        acc = V.acc_dtype(xdt)
-        y, copy_back = self._output(ctx, out_native, p.flat, xdt, [a[r] for r in op.forward_arrays])
-        s = backend.empty(ctx, p.flat, xdt) if op.fused else None
-        stats = [backend.empty(ctx, p.stats, acc) for _ in op.stats]
-        if p.flat[0]:
-            inputs = [backend.contiguous(ctx, x, p.flat)]
+        ctx = backend.call_context(caller_x, given)
+        with backend.on_device(ctx):
+            if sig is not None:
+                self.replays.record()
+            acc = V.acc_dtype(xdt)
+            y, copy_back = self._output(ctx, out_native, p.flat, xdt, [a[r] for r in op.forward_arrays])
+            s = backend.empty(ctx, p.flat, xdt) if op.fused else None
+            stats = [backend.empty(ctx, p.stats, acc) for _ in op.stats]
+            if p.flat[0]:
+                inputs = [backend.contiguous(ctx, x, p.flat)]
+                if op.fused:
+                    inputs.append(backend.contiguous(ctx, a["residual"], p.flat))
+                for r in op.params:
+                    inputs.append(self._param(ctx, a[r], p.width))
+                outputs = (y, s) if op.fused else (y,)
+                backend.launch(ctx, self.launchers[op.name][0], *inputs, eps, *outputs, *stats)
+            if shortcut is not None:
+                self.small.learn(op.name, caller_x, given[op.shape_role], given["weight"], given.get("bias"),
+                                 given["eps"], eps, p.flat[0], out)
+            results = [self._result(ctx, y, copy_back, out, out_native, x.shape, caller_x)]
             if op.fused:
-                inputs.append(backend.contiguous(ctx, a["residual"], p.flat))
-            for r in op.params:
-                inputs.append(self._param(ctx, a[r], p.width))
-            outputs = (y, s) if op.fused else (y,)
-            backend.launch(ctx, self.launchers[op.name][0], *inputs, eps, *outputs, *stats)
-        if shortcut is not None:
-            self.small.learn(op.name, caller_x, given[op.shape_role], given["weight"], given.get("bias"),
-                             given["eps"], eps, p.flat[0], out)
-        results = [self._result(ctx, y, copy_back, out, out_native, x.shape, caller_x)]
-        if op.fused:
-            results.append(backend.wrap(s.reshape(x.shape), caller_x))
-        results += [backend.wrap(st.reshape(p.kept), caller_x) for st in stats]
-        if sig is not None:
-            self.replays.learn(sig, caller_x, ctx, results)
-        return tuple(results)
+                results.append(backend.wrap(s.reshape(x.shape), caller_x))
+            results += [backend.wrap(st.reshape(p.kept), caller_x) for st in stats]
+            if sig is not None:
+                self.replays.learn(sig, caller_x, ctx, results)
+            return tuple(results)
 
     def _backward(self, op, args):
         """``op``'s backward on ``args``, the public function's arguments in the table's role order."""
@@ -265,27 +271,28 @@ class Frontend:
         V.param("weight", a["weight"], p.params)
         # ---- everything below may allocate and write
         backend = self.backend
-        ctx = backend.call_context(caller_x)
-        if sig is not None:
-            self.replays.record()
-        acc = V.acc_dtype(xdt)
-        dx = backend.empty(ctx, p.flat, xdt)
-        grads = [backend.empty(ctx, (p.width,), self._grads_in(a["weight"], xdt, acc))
-                 for _ in op.backward_outputs[1:]]  # dweight[, dbias]
-        backend.launch(
-            ctx, self.launchers[op.name][1],
-            self._rows_like(ctx, a["dy"], p.flat, xdt), backend.contiguous(ctx, x, p.flat),
-            *[self._stat(ctx, a[r], p.stats, acc) for r in op.stats],
-            self._param(ctx, a["weight"], p.width), dx, *grads,
-            **({"ds": self._rows_or_none(ctx, a["ds"], p.flat, xdt)} if op.fused else {}))
-        grad_dtype = self._grad_dtype(a["weight"], xdt)
-        results = (backend.wrap(dx.reshape(x.shape), caller_x),
-                   *[backend.wrap(backend.cast(ctx, g, grad_dtype).reshape(p.params), caller_x) for g in grads])
-        if shortcut is not None:
-            self.small.learn_backward(op.name, args, p.flat, p.params, acc)
-        if sig is not None:
-            self.replays.learn(sig, caller_x, ctx, results)
-        return results
+        ctx = backend.call_context(caller_x, given)
+        with backend.on_device(ctx):
+            if sig is not None:
+                self.replays.record()
+            acc = V.acc_dtype(xdt)
+            dx = backend.empty(ctx, p.flat, xdt)
+            grads = [backend.empty(ctx, (p.width,), self._grads_in(a["weight"], xdt, acc))
+                     for _ in op.backward_outputs[1:]]  # dweight[, dbias]
+            backend.launch(
+                ctx, self.launchers[op.name][1],
+                self._rows_like(ctx, a["dy"], p.flat, xdt), backend.contiguous(ctx, x, p.flat),
+                *[self._stat(ctx, a[r], p.stats, acc) for r in op.stats],
+                self._param(ctx, a["weight"], p.width), dx, *grads,
+                **({"ds": self._rows_or_none(ctx, a["ds"], p.flat, xdt)} if op.fused else {}))
+            grad_dtype = self._grad_dtype(a["weight"], xdt)
+            results = (backend.wrap(dx.reshape(x.shape), caller_x),
+                       *[backend.wrap(backend.cast(ctx, g, grad_dtype).reshape(p.params), caller_x) for g in grads])
+            if shortcut is not None:
+                self.small.learn_backward(op.name, args, p.flat, p.params, acc)
+            if sig is not None:
+                self.replays.learn(sig, caller_x, ctx, results)
+            return results
 
     # ------------------------------------------------------------ small pieces
 
@@ -344,15 +351,15 @@ def _stat_shape(x_shape, k):
 # ------------------------------------------------------------ the methods, from the table
 
 def _method(op, kind):
-    """``Frontend``'s method ``kind`` of ``op``: the public signature (the forward and plain
-    ones with ``out=`` where the norm takes it), handing the arguments to one path."""
-    params = list(op.signature("plain" if kind == "forward" else kind).parameters.values())
+    """``Frontend``'s method ``kind`` of ``op``: the public signature, handing the arguments
+    to one path."""
+    params = list(op.signature(kind).parameters.values())
     sig = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *params])
     roles = ", ".join(op.backward_roles if kind == "backward" else op.forward_roles)
     if kind == "backward":
         body = f"self._backward(_op, ({roles},))"
     else:
-        out = "out" if op.has_out else "None"
+        out = "out" if kind == "plain" and op.has_out else "None"
         n = len(op.plain_outputs)
         pick = "" if kind == "forward" else "[0]" if n == 1 else f"[:{n}]"
         body = f"self._forward(_op, ({roles},), {out}){pick}"

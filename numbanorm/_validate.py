@@ -67,6 +67,22 @@ def common_side(**arrays):
     return side or HOST
 
 
+def one_device(devices):
+    """The GPU of a call's arrays (``devices``: role -> GPU ordinal, None for an absent or
+    host array); ``ValueError`` naming the odd one out when they are on two."""
+    on = [(name, d) for name, d in devices.items() if d is not None]
+    if not on:
+        return None
+    first_name, first = on[0]
+    odd = next(((name, d) for name, d in on if d != first), None)
+    if odd is not None:
+        raise ValueError(
+            f"`{odd[0]}` is on GPU {odd[1]} but `{first_name}` is on GPU {first}: all arrays of one "
+            "call must be on the same GPU (nothing is copied between devices)"
+        )
+    return first
+
+
 def float_dtype(name, a):
     """The NumPy dtype of ``a``; ``TypeError`` naming it unless numbanorm computes in it.
 
@@ -95,6 +111,16 @@ def float_dtype(name, a):
         f"`{name}` has dtype {shown}; numbanorm normalizes float16, float32, float64 and "
         "bfloat16 arrays only"
     )
+
+
+def layer_dtype(dtype):
+    """A layer's ``dtype=`` as a NumPy dtype: :func:`float_dtype`'s ``TypeError``, naming it,
+    unless numbanorm computes in it (at construction, not at the first forward)."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"`dtype` must be a NumPy dtype, got {dtype!r}") from None
+    return float_dtype("dtype", np.empty(0, dt))
 
 
 _FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
@@ -141,19 +167,28 @@ def acc_dtype(dt):
     return np.dtype(np.float64) if dt == np.float64 else np.dtype(np.float32)
 
 
-def check_eps(eps, dt=None, *, allow_none=False):
-    """``eps`` as a Python float: a real number (not a bool, not a string) that is
-    finite and >= 0 once converted to the accumulation dtype of ``dt`` (float64
-    when ``dt`` is None): 1e39 passes as a float but is inf in float32."""
+def real_eps(eps, *, allow_none=False):
+    """``eps`` as a Python float, its type checked (a real number, not a bool, not a string;
+    None where ``allow_none``); its value is :func:`check_eps`'s to check.  An int beyond
+    any float is inf."""
     if eps is None and allow_none:
         return None
     if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
         raise TypeError(f"`eps` must be a real number, got {eps!r} of type {type(eps).__name__}")
-    acc = acc_dtype(dt) if dt is not None else np.dtype(np.float64)
     try:
-        e = float(eps)  # plain Python for float64: torch.compile traces this (no np.errstate)
-    except OverflowError:  # an int beyond any float
-        e = math.inf
+        return float(eps)
+    except OverflowError:
+        return math.inf
+
+
+def check_eps(eps, dt=None, *, allow_none=False):
+    """``eps`` as a Python float: a real number (not a bool, not a string) that is
+    finite and >= 0 once converted to the accumulation dtype of ``dt`` (float64
+    when ``dt`` is None): 1e39 passes as a float but is inf in float32."""
+    e = real_eps(eps, allow_none=allow_none)
+    if e is None:
+        return None
+    acc = acc_dtype(dt) if dt is not None else np.dtype(np.float64)
     if acc != np.float64 and math.isfinite(e):
         with np.errstate(over="ignore", invalid="ignore"):
             e = float(acc.type(e))

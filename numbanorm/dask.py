@@ -300,12 +300,12 @@ def _function(op, kind):
     body = {"plain": f"_plain(_op, ({roles},), out)", "forward": f"_forward(_op, ({roles},))",
             "backward": f"_backward(_op, ({roles},))"}[kind]
     namespace = {"_op": op, "_plain": _plain, "_forward": _forward, "_backward": _backward}
-    fn = generate(op.function(kind), sig, body, namespace, f"Lazy: {op.doc(kind)}", __name__)
+    fn = generate(op.function(kind), sig, body, namespace, op.doc(kind, "dask"), __name__)
     fn.__module__ = __name__
     return fn
 
 
-# the fused operations have no lazy form yet (none was asked for); s would be one more output of the same blocks
+# the fused operations have no lazy form: s would be one more output of the same blocks, added when wanted
 _OPERATIONS = [op for op in OPERATIONS if not op.fused]
 for _op in _OPERATIONS:
     for _kind in KINDS:

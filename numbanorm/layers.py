@@ -72,7 +72,8 @@ class LayerNorm(_Norm):
 
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, dtype=np.float32):
         self.normalized_shape = V._as_shape(normalized_shape)
-        self.eps = V.check_eps(eps, np.dtype(dtype))
+        dtype = V.layer_dtype(dtype)
+        self.eps = V.check_eps(eps, dtype)
         self.elementwise_affine = elementwise_affine
         self.weight = np.ones(self.normalized_shape, dtype) if elementwise_affine else None
         self.bias = np.zeros(self.normalized_shape, dtype) if elementwise_affine and bias else None
@@ -88,7 +89,8 @@ class RMSNorm(_Norm):
 
     def __init__(self, normalized_shape, eps=None, elementwise_affine=True, dtype=np.float32):
         self.normalized_shape = V._as_shape(normalized_shape)
-        self.eps = V.check_eps(eps, np.dtype(dtype), allow_none=True)
+        dtype = V.layer_dtype(dtype)
+        self.eps = V.check_eps(eps, dtype, allow_none=True)
         self.elementwise_affine = elementwise_affine
         self.weight = np.ones(self.normalized_shape, dtype) if elementwise_affine else None
         self.grad_weight = self.grad_bias = None
@@ -107,7 +109,8 @@ class GroupNorm(_Norm):
             raise ValueError(f"num_groups={num_groups} must be positive and divide num_channels={num_channels}")
         self.num_groups = num_groups
         self.num_channels = num_channels
-        self.eps = V.check_eps(eps, np.dtype(dtype))
+        dtype = V.layer_dtype(dtype)
+        self.eps = V.check_eps(eps, dtype)
         self.affine = affine
         self.weight = np.ones(num_channels, dtype) if affine else None
         self.bias = np.zeros(num_channels, dtype) if affine else None

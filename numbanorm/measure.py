@@ -1,57 +1,15 @@
-"""The timing core of ``numbanorm bench``, also used by the benchmark suite in ``benchmarks/``.
+"""What ``numbanorm bench`` times, and how: the core the repository's benchmark suite
+(``benchmarks/measure.py``) builds on.
 
-It lives in the package because ``python -m numbanorm bench`` must work after a
-plain ``pip install .``; the sweeps, the cold-start harness and the result
-files are in the repository's ``benchmarks/`` folder and import the names
-defined here, so there is one timing implementation.  (Not part of the API
-contract of ``/work/shared/API.md``: it serves the command and the benchmarks.)
-
-What one measurement is
------------------------
-A :class:`Case` is one norm, direction, shape and dtype on one device.  For it
-:func:`build_runners` makes zero-argument callables ("runners") over the same
-input arrays:
-
-* ``numbanorm.<name>`` for every kernel implementation of the registry
-  (``numbanorm.registry``) that runs on the case's device -- forward both
-  allocating (``mode='alloc'``) and into a preallocated ``out=``
-  (``mode='out'``);
-* ``torch`` -- ``torch.nn.functional`` on the same thread count (CPU) or on
-  the GPU; its backward goes through autograd (see :func:`torch_calls`);
-* ``oracle`` -- the NumPy reference, on small host shapes only (it is slow by
-  design: float64 temporaries, several passes);
-* ``floor`` -- the bandwidth floor: ``np.copyto`` of the same bytes on the host
-  (forward: x into y; backward: x and dy into two buffers), a device-to-device
-  copy on the GPU.  ``np.copyto`` runs on one thread; on a machine whose
-  memory bandwidth one core cannot saturate, a multi-threaded kernel can beat
-  it, which shows up as a ratio below 1;
-* ``floor_threads`` -- the same copies split over every numba thread
-  (:func:`parallel_copy`, host only), the floor of a kernel that uses them all;
-* ``numbanorm.torch`` -- numbanorm's kernels through its PyTorch functions, on
-  tensors over the same memory (host; peer ``adapter``).
-
-Byte accounting (``Case.bytes``): forward reads x and writes y (2 arrays of
-x's size), backward reads x and dy and writes dx (3 arrays).  The O(N) weight,
-bias and statistics traffic is left out (below 1/rows of the total).  The
-floor copies ``Case.floor_bytes``: 2 arrays forward, 4 backward (each copy
-reads one array and writes another); ``KERNEL_ARRAYS`` and ``FLOOR_ARRAYS``
-hold those counts, for every benchmark.
-
-How it is timed (:func:`time_runners`)
---------------------------------------
-1. each runner's first call is timed alone (``first_call_s``: numba's compile
-   or cache load for the first case of a signature, torch's lazy set-up), and
-   the parallel kernels it left to a compile thread are waited for;
-2. one more (warm) call, timed, picks ``number``, the calls per sample, so a
-   sample lasts at least ``min_sample_s`` (timer resolution and call overhead
-   amortised);
-3. ``repeats`` rounds, round-robin over the runners (each round starting one
-   runner later), so machine noise -- other jobs, frequency changes -- hits
-   every implementation alike; the garbage collector is off meanwhile;
-4. median and 20/80 % quantiles of the per-call times of the samples.
-
-On the GPU every sample ends with a device synchronisation, so the time is
-that of the queued kernels, launch overhead included.
+A :class:`Case` is one norm, direction, shape and dtype on one device; :class:`Inputs`
+holds its arrays on one :class:`HostSide` or GPU side; :func:`build_runners` makes
+zero-argument calls over them (the registry's kernel implementations, forward into a
+preallocated ``out=`` and allocating; the peers of ``PEER_CALLS``: ``torch.nn.functional``,
+the NumPy oracle, the ``np.copyto`` bandwidth floor), and :func:`time_runners` times
+them round-robin: first call alone, a warm call to size the samples, then rounds that
+start one runner later each, medians and 20/80 % quantiles.  ``Case.bytes`` counts
+x and y forward, x, dy and dx backward (``KERNEL_ARRAYS``); the floor moves
+``FLOOR_ARRAYS``.  On a GPU every sample ends with a device synchronisation.
 """
 
 from __future__ import annotations
@@ -194,9 +152,6 @@ class HostSide:
     def copy(self, dst, src):
         np.copyto(dst, src)
 
-    def copy_threads(self):
-        return parallel_copy
-
     def sync(self):
         pass
 
@@ -217,33 +172,6 @@ def host_dtype(name):
     except ImportError:
         raise ValueError("bfloat16 host cases need ml_dtypes (pip install ml_dtypes)") from None
     return np.dtype(ml_dtypes.bfloat16)
-
-
-_PARALLEL_COPY = None
-COPY_BLOCK_BYTES = 1 << 18  # a quarter MiB per task: many tasks per thread, each a long stream
-
-
-def parallel_copy(dst, src):
-    """The floor on every numba thread: ``dst[...] = src`` split into blocks over ``prange``.
-
-    ``np.copyto`` runs on one thread; a kernel on two threads may move more bytes per
-    second than one core can, so it is also compared with the same copy spread like its own
-    work.  The arrays are viewed as bytes (any dtype, one compiled copy).
-    """
-    global _PARALLEL_COPY
-    if _PARALLEL_COPY is None:
-        import numba
-
-        @numba.njit(parallel=True)
-        def copy_blocks(d, s, block):  # d, s: (nbytes,) uint8; block: bytes per task
-            n = s.shape[0]
-            for b in numba.prange((n + block - 1) // block):
-                lo = b * block
-                hi = min(lo + block, n)
-                d[lo:hi] = s[lo:hi]  # a slice copy: an element loop over bytes is not vectorized (30x slower)
-
-        _PARALLEL_COPY = copy_blocks
-    _PARALLEL_COPY(dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8), COPY_BLOCK_BYTES)
 
 
 class TorchCudaSide:
@@ -426,17 +354,6 @@ def mem_total_bytes():
     return None
 
 
-def cpu_target():
-    """LLVM's name for the CPU Numba compiles for, the AVX-512 16-bit features it sees
-    (a VM may hide some), and whether the 16-bit row functions run 512 bits wide there."""
-    from .cpu._kernels import halves
-
-    features = halves._x86_features() or ()
-    return {"llvm_cpu": halves._cpu_name(),
-            "avx512": {f: f"+{f}" in features for f in ("avx512bw", "avx512fp16", "avx512bf16")},
-            "wide_16bit_rows": bool(halves.WIDE_HALVES)}
-
-
 def machine_info(include_gpu=True):
     mem = mem_total_bytes()
     return {
@@ -445,7 +362,6 @@ def machine_info(include_gpu=True):
         "mem_gib": round(mem / 2**30, 1) if mem else None,
         "gpu": gpu_name() if include_gpu else None,
         "platform": platform.platform(),
-        "cpu_target": cpu_target(),
     }
 
 
@@ -541,10 +457,15 @@ def forward_stats(mod, case, inp):
     return op.call(mod, "forward", arguments(case, inp.x, inp.w, inp.b))[len(op.plain_outputs):]
 
 
+ORACLE_MAX_ELEMENTS = 1 << 20  # the oracle is slow by design (float64 temporaries); larger shapes skip it
+
+
 def oracle_calls(case, inp):
-    """The NumPy oracle (host only; it has no ``out=``)."""
+    """The NumPy oracle (host shapes up to ``ORACLE_MAX_ELEMENTS`` only; it has no ``out=``)."""
     from . import reference as ref
 
+    if case.device != "cpu" or case.elements > ORACLE_MAX_ELEMENTS:
+        return {}
     op, values = case.op, arguments(case, inp.x, inp.w, inp.b)
     if case.direction == "forward":
         return {"alloc": lambda: op.call(ref, "plain", values)}
@@ -590,7 +511,7 @@ def floor_call(side, x, dy=None, copy=None):
     """The bandwidth floor: copy ``x`` (forward), or ``x`` and ``dy`` (backward), into fresh buffers.
 
     It moves ``FLOOR_ARRAYS`` arrays of x's size: 2 forward, 4 backward.  ``copy(dst, src)``
-    is the side's own copy unless given (``parallel_copy`` for the threaded floor).
+    is the side's own copy unless given (the benchmark suite's threaded copy, say).
     """
     copy = copy or side.copy
     if dy is None:
@@ -605,21 +526,9 @@ def floor_call(side, x, dy=None, copy=None):
     return copy_both
 
 
-def floor_calls(case, inp, threaded=False):
+def floor_calls(case, inp, copy=None):
     dy = None if case.direction == "forward" else inp.dy
-    copy = inp.side.copy_threads() if threaded else None
     return {"out": floor_call(inp.side, inp.x, dy, copy)}
-
-
-def adapter_calls(case, inp):
-    """``numbanorm.torch``'s functions on torch tensors over the same memory (host), with
-    autograd for the backward as :func:`torch_calls` does: what a PyTorch user of numbanorm gets."""
-    torch = torch_or_none()
-    if torch is None or inp.side.to_torch(inp.x) is None:
-        return {}
-    import numbanorm.torch as nt
-
-    return torch_calls(case, inp, nt)
 
 
 @dataclass
@@ -638,33 +547,19 @@ class Runner:
         return tuple(float(v) for v in np.quantile(self.samples, [0.2, 0.5, 0.8]))
 
 
-# "adapter": numbanorm through numbanorm.torch on tensors; "floor_threads": the copy on
-# every numba thread (host only)
-PEERS = ("torch", "adapter", "floor", "floor_threads", "oracle")
-ORACLE_MAX_ELEMENTS = 1 << 20  # the oracle takes ~0.1 s at 1M elements; larger shapes skip it
+# peer -> (its runners' name, the function making its calls); benchmarks/measure.py adds its own
+PEER_CALLS = {"torch": ("torch", torch_calls), "oracle": ("oracle", oracle_calls), "floor": ("floor", floor_calls)}
+PEERS = tuple(PEER_CALLS)
 
 
-def build_runners(case, inp, impls, peers=PEERS, oracle_max_elements=ORACLE_MAX_ELEMENTS):
-    """Runners for ``case`` over inputs ``inp``: ``impls`` is ``[(name, module)]``."""
-    runners = []
-    for name, mod in impls:
-        for mode, fn in numbanorm_calls(mod, case, inp).items():
-            runners.append(Runner(f"numbanorm.{name}", mode, fn))
-    if "torch" in peers:
-        for mode, fn in torch_calls(case, inp).items():
-            runners.append(Runner("torch", mode, fn))
-    if "oracle" in peers and case.device == "cpu" and case.elements <= oracle_max_elements:
-        for mode, fn in oracle_calls(case, inp).items():
-            runners.append(Runner("oracle", mode, fn))
-    if "adapter" in peers and case.device == "cpu":
-        for mode, fn in adapter_calls(case, inp).items():
-            runners.append(Runner("numbanorm.torch", mode, fn))
-    if "floor" in peers:
-        for mode, fn in floor_calls(case, inp).items():
-            runners.append(Runner("floor", mode, fn))
-    if "floor_threads" in peers and hasattr(inp.side, "copy_threads"):
-        for mode, fn in floor_calls(case, inp, threaded=True).items():
-            runners.append(Runner("floor_threads", mode, fn))
+def build_runners(case, inp, impls, peers=PEERS, peer_calls=PEER_CALLS):
+    """Runners for ``case`` over inputs ``inp``: ``impls`` is ``[(name, module)]``, then ``peers``
+    in ``peer_calls``' order."""
+    runners = [Runner(f"numbanorm.{name}", mode, fn)
+               for name, mod in impls for mode, fn in numbanorm_calls(mod, case, inp).items()]
+    for peer, (impl, calls) in peer_calls.items():
+        if peer in peers:
+            runners += [Runner(impl, mode, fn) for mode, fn in calls(case, inp).items()]
     return runners
 
 
@@ -704,12 +599,9 @@ def time_runners(runners, sync=lambda: None, *, repeats=None, budget_s=1.0, min_
         r.first_call_s = clock() - t0
     compiled_in_background()
     for r in runners:
-        # a warm call sets the calls per sample (the first call is no guide: it may
-        # compile).  Nor is the first warm call where it fills a sample alone: it may
-        # load a kernel too (a repeated 16-bit small call takes a specialization of its
-        # own, and 10 ms to load it made every sample one 10 us call).  So a second,
-        # unless the first took a second or more (a second warm-up of the largest
-        # shapes would cost minutes)
+        # the calls per sample come from a warm call, the faster of two: the first call
+        # may compile, and so may the first warm one (a repeated 16-bit small call loads
+        # a specialization of its own); a call of a second or more is warmed once
         one = _warm_call(r.fn, sync, clock)
         if 0 < min_sample_s <= one < 1.0:
             one = min(one, _warm_call(r.fn, sync, clock))
@@ -779,7 +671,7 @@ def result_rows(case, runners, threads):
 
 
 def run_case(case, impls=None, peers=PEERS, threads=None, *, inputs=None, allow_simulator=False,
-             oracle_max_elements=ORACLE_MAX_ELEMENTS, **timing):
+             peer_calls=PEER_CALLS, **timing):
     """Measure one case: build inputs and runners, time them, return the result rows.
 
     ``impls`` is a list of registry names (default: every kernel implementation
@@ -789,7 +681,7 @@ def run_case(case, impls=None, peers=PEERS, threads=None, *, inputs=None, allow_
     chosen = kernel_impls(case.device, impls, allow_simulator=allow_simulator)
     if inputs is None:
         inputs = Inputs(case, side_for(case.device))
-    runners = build_runners(case, inputs, chosen, peers, oracle_max_elements)
+    runners = build_runners(case, inputs, chosen, peers, peer_calls)
     time_runners(runners, inputs.side.sync, **timing)
     return result_rows(case, runners, threads)
 
@@ -798,64 +690,39 @@ def run_case(case, impls=None, peers=PEERS, threads=None, *, inputs=None, allow_
 
 
 def progress(total, desc="", disable=False):
-    """A progress bar on stderr: tqdm when installed, else a small built-in one.
+    """A progress bar on stderr: tqdm's where it is installed, else a line per case.
 
     The object has ``update(n=1)``, ``set_postfix_str(s)`` and ``close()``.
     """
-    if disable:
-        return TextBar(total, desc, stream=None)
     try:
         from tqdm.auto import tqdm
     except ImportError:
-        return TextBar(total, desc)
-    return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, leave=False)
+        return _Lines(total, desc, None if disable else sys.stderr)
+    return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, leave=False, disable=disable)
 
 
-class TextBar:
-    """tqdm's small interface in plain text; on a non-terminal, a line per tenth."""
+class _Lines:
+    """tqdm's small interface as one line per case started (``set_postfix_str``)."""
 
-    width = 28
+    def __init__(self, total, desc, stream):
+        self.total, self.desc, self.stream, self.n = total, desc, stream, 0
 
-    def __init__(self, total, desc="", stream=sys.stderr):
-        self.total, self.desc, self.n, self.post = max(int(total), 1), desc, 0, ""
-        self.stream = stream
-        self.tty = bool(stream is not None and getattr(stream, "isatty", lambda: False)())
-        self.t0 = time.perf_counter()
-        self._last_tenth = -1
+    def set_postfix_str(self, s):
+        if self.stream is not None:
+            print(f"{self.desc} {self.n + 1}/{self.total} {s}", file=self.stream, flush=True)
 
     def update(self, n=1):
-        self.n = min(self.total, self.n + n)
-        self._draw()
-
-    def set_postfix_str(self, s, refresh=True):
-        self.post = s
-        if refresh and self.tty:
-            self._draw()
-
-    def _draw(self):
-        if self.stream is None:
-            return
-        frac = self.n / self.total
-        bar = "#" * int(frac * self.width) + "." * (self.width - int(frac * self.width))
-        line = f"{self.desc} [{bar}] {self.n}/{self.total} {time.perf_counter() - self.t0:5.0f}s {self.post}"
-        if self.tty:
-            self.stream.write("\r" + line[:150].ljust(150))
-        elif int(frac * 10) != self._last_tenth:
-            self._last_tenth = int(frac * 10)
-            self.stream.write(line + "\n")
-        self.stream.flush()
+        self.n += n
 
     def close(self):
-        if self.stream is not None and self.tty:
-            self.stream.write("\r" + " " * 150 + "\r")
-            self.stream.flush()
+        pass
 
 
 # ------------------------------------------------------------------ a sweep and its table
 
 
 def sweep(cases, impls=None, peers=PEERS, threads=None, show_progress=True, desc="bench",
-          allow_simulator=False, **timing):
+          allow_simulator=False, peer_calls=PEER_CALLS, **timing):
     """Run ``cases`` in order with a progress bar; returns the result rows.
 
     Consecutive cases of the same shape and dtype (forward then backward) share
@@ -873,7 +740,7 @@ def sweep(cases, impls=None, peers=PEERS, threads=None, show_progress=True, desc
                 inputs = (key, Inputs(case, side_for(case.device)))
             t0 = time.perf_counter()
             new = run_case(case, impls, peers, threads, inputs=inputs[1],
-                           allow_simulator=allow_simulator, **timing)
+                           allow_simulator=allow_simulator, peer_calls=peer_calls, **timing)
             for r in new:  # what the case cost, warm-ups included: for planning sweeps
                 r["case_wall_s"] = round(time.perf_counter() - t0, 3)
             rows += new

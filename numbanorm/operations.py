@@ -45,7 +45,6 @@ class Operation:
     torch: str         # the torch.nn.functional counterpart (of x + residual when fused)
     kernels: tuple     # forward and backward launchers, 'module.function' in each backend's _kernels
     flops: tuple       # floating-point operations per element, forward and backward (the roofline's; below)
-    docs: tuple        # docstrings of the plain, forward and backward functions
 
     # ---------------------------------------------------------------- names and signatures
 
@@ -53,6 +52,13 @@ class Operation:
     def functions(self):
         """``(plain, forward, backward)`` public names."""
         return (self.name, f"{self.name}_forward", f"{self.name}_backward")
+
+    def __post_init__(self):
+        # every cached property filled now, not at its first read: that read may fall inside
+        # torch.compile's traced region, which cannot enter cached_property's lock (Python < 3.12)
+        for attr in vars(Operation).values():
+            if isinstance(attr, cached_property):
+                attr.__get__(self, Operation)
 
     @cached_property  # read on every call by the frontend
     def shape_role(self):
@@ -109,8 +115,9 @@ class Operation:
             params.append(_P("out", _P.KEYWORD_ONLY, default=None))
         return inspect.Signature(params)
 
-    def doc(self, kind):
-        return self.docs[("plain", "forward", "backward").index(kind)]
+    def doc(self, kind, level="numbanorm"):
+        """The numpydoc docstring of ``kind`` at ``level`` (a key of ``LEVELS``), from ``ROLES``."""
+        return _docstring(self, kind, level)
 
     def function(self, kind):
         return self.functions[("plain", "forward", "backward").index(kind)]
@@ -161,15 +168,17 @@ class Operation:
 
         x has a common offset (mean 3, std 2), as activations do; weight and bias
         are not trivial.  For the fused operations x and residual are multiples of
-        1/64 below 32 in magnitude, so that x + residual is exact in every dtype and
-        the oracle's float64 sum is the kernels' s.  ``backward`` adds dy (and ds).
+        1/64 (1/8 in bfloat16, whose significand has 8 bits), so that x + residual,
+        below 32 in magnitude for these draws, is exact in every dtype and the
+        oracle's float64 sum is the kernels' s.  ``backward`` adds dy (and ds).
         """
         x = 3.0 + 2.0 * rng.standard_normal(shape)
         n = shape[-1] if self.layout == "rows" else shape[1]
         v = {"x": x, self.shape_role: n if self.layout == "rows" else groups}
         if self.fused:
-            v["residual"] = np.round(64 * rng.standard_normal(shape)) / 64
-            v["x"] = np.round(64 * x) / 64
+            q = 8 if np.dtype(dtype).name == "bfloat16" else 64
+            v["residual"] = np.round(q * rng.standard_normal(shape)) / q
+            v["x"] = np.round(q * x) / q
         v["weight"] = rng.uniform(0.5, 1.5, n)
         if self.bias:
             v["bias"] = 0.1 * rng.standard_normal(n)
@@ -210,35 +219,15 @@ def generate(name, signature, body, namespace, doc, where):
 #   operations one add more each way (s = x + residual; dx + ds)
 OPERATIONS = (
     Operation("layer_norm", "rows", ("mean", "rstd"), bias=True, eps=1e-5, fused=False, torch="layer_norm",
-              kernels=("layer_norm.forward", "layer_norm.backward"),
-              flops=(8, 13),
-              docs=("LayerNorm over the trailing ``normalized_shape`` of ``x``: ``y``.",
-                    "LayerNorm keeping what the backward needs: ``(y, mean, rstd)``.",
-                    "Gradients of LayerNorm: ``(dx, dweight, dbias)``.")),
+              kernels=("layer_norm.forward", "layer_norm.backward"), flops=(8, 13)),
     Operation("rms_norm", "rows", ("rstd",), bias=False, eps=None, fused=False, torch="rms_norm",
-              kernels=("rms_norm.forward", "rms_norm.backward"),
-              flops=(4, 9),
-              docs=("RMSNorm over the trailing ``normalized_shape`` of ``x``: ``y``.",
-                    "RMSNorm keeping what the backward needs: ``(y, rstd)``.",
-                    "Gradients of RMSNorm: ``(dx, dweight)``.")),
+              kernels=("rms_norm.forward", "rms_norm.backward"), flops=(4, 9)),
     Operation("group_norm", "groups", ("mean", "rstd"), bias=True, eps=1e-5, fused=False, torch="group_norm",
-              kernels=("group_norm.forward", "group_norm.backward"),
-              flops=(8, 13),
-              docs=("GroupNorm of ``x`` of shape ``(N, C, *spatial)``: ``y``.",
-                    "GroupNorm keeping what the backward needs: ``(y, mean, rstd)``, stats ``(N, G)``.",
-                    "Gradients of GroupNorm: ``(dx, dweight, dbias)``.")),
+              kernels=("group_norm.forward", "group_norm.backward"), flops=(8, 13)),
     Operation("add_layer_norm", "rows", ("mean", "rstd"), bias=True, eps=1e-5, fused=True, torch="layer_norm",
-              kernels=("add_norm.layer_norm_forward", "layer_norm.backward"),
-              flops=(9, 14),
-              docs=("``s = x + residual`` and its LayerNorm in one pass over memory: ``(y, s)``.",
-                    "Fused add + LayerNorm keeping what the backward needs: ``(y, s, mean, rstd)``.",
-                    "Gradients of fused add + LayerNorm: ``(dx, dweight, dbias)``; dx is also d(residual).")),
+              kernels=("add_norm.layer_norm_forward", "layer_norm.backward"), flops=(9, 14)),
     Operation("add_rms_norm", "rows", ("rstd",), bias=False, eps=None, fused=True, torch="rms_norm",
-              kernels=("add_norm.rms_norm_forward", "rms_norm.backward"),
-              flops=(5, 10),
-              docs=("``s = x + residual`` and its RMSNorm in one pass over memory: ``(y, s)``.",
-                    "Fused add + RMSNorm keeping what the backward needs: ``(y, s, rstd)``.",
-                    "Gradients of fused add + RMSNorm: ``(dx, dweight)``; dx is also d(residual).")),
+              kernels=("add_norm.rms_norm_forward", "rms_norm.backward"), flops=(5, 10)),
 )
 
 BY_NAME = {op.name: op for op in OPERATIONS}
@@ -247,18 +236,188 @@ KINDS = ("plain", "forward", "backward")
 FUNCTIONS = tuple(f for op in OPERATIONS for f in op.functions)
 
 
+# ---------------------------------------------------------------- docstrings
+
+# Every public parameter and result, by role: (numpydoc type, description), one entry for
+# both directions.  ``{...}`` fields are the operation's (``_doc_fields``); ``array`` in a
+# type becomes the level's array type (``LEVELS``).
+ROLES = {
+    "x": ("array", "The input{x_layout}: float16, float32, float64 or bfloat16. The backward "
+                   "takes the forward's."),
+    "residual": ("array", "The residual branch, added to ``x`` before the norm (``s = x + residual``): "
+                          "``x``'s shape and dtype."),
+    "normalized_shape": ("int or tuple of int", "The trailing dimensions of ``x`` normalized together, "
+                                                "as in PyTorch."),
+    "num_groups": ("int", "The number of groups the ``C`` channels are split into; it divides ``C``. "
+                          "``num_groups == C`` is instance normalization, ``1`` a layer normalization "
+                          "over ``(C, *spatial)`` with a weight and bias per channel."),
+    "weight": ("array or None", "The scale, of shape {param_shape} and any floating dtype; None: ones."),
+    "bias": ("array or None", "The shift, of shape {param_shape} and any floating dtype; None: zeros."),
+    "eps": ("{eps_type}", "Added to {eps_to} before the square root; finite and >= 0 in the "
+                          "accumulation dtype. {eps_default}"),
+    "out": ("array or None, keyword-only", "Filled with ``y`` and returned: ``x``'s shape and dtype, on "
+                                          "``x``'s side. It may overlap the inputs: the result is as if "
+                                          "every input were read before ``out`` is written."),
+    "y": ("array", "The normalized input: ``x``'s shape and dtype."),
+    "s": ("array", "``x + residual`` in ``x``'s dtype, the next residual branch's input: the fused "
+                   "forward returns it and the backward takes it."),
+    "mean": ("array", "The mean of each {unit}, of shape {stat_shape}, in float32 (float64 for "
+                      "float64 inputs): the forward returns it and the backward takes it."),
+    "rstd": ("array", "{rstd} of each {unit}, of shape {stat_shape}, in float32 (float64 for float64 "
+                      "inputs): the forward returns it and the backward takes it."),
+    "dy": ("array", "The gradient of the loss with respect to ``y``: ``x``'s shape, any floating dtype "
+                    "(read as ``x``'s)."),
+    "ds": ("array or None", "The gradient reaching ``s`` from later layers, added to ``dx``: ``s``'s "
+                            "shape; None: zero."),
+    "dx": ("array", "The gradient with respect to ``x``{dx_fused}: ``x``'s shape and dtype."),
+    "dweight": ("array", "The gradient with respect to ``weight``, of shape {param_shape}, summed in "
+                         "float32 (float64 for float64 inputs) and returned in ``weight``'s dtype (``x``'s "
+                         "without a weight); returned whether or not a weight was given."),
+    "dbias": ("array", "The gradient with respect to ``bias``, of shape {param_shape}, summed and "
+                       "returned as ``dweight``."),
+}
+
+# How each level (numbanorm, numbanorm.cpu and numbanorm.cuda alike; numbanorm.dask;
+# numbanorm.torch) differs: its array type, the names and roles it words its own way,
+# whether it fills ``out``, and the errors it adds to the table's: exception -> (the
+# kinds it concerns, condition).
+LEVELS = {
+    "numbanorm": {"array": "array", "raises": {}},
+    "dask": {"array": "dask.array.Array", "lazy": True, "fills_out": False,
+             "roles": {"out": ("None", "Must be None: a lazy result has nowhere to be written (see "
+                                       "``dask.array.store``).")},
+             "raises": {"TypeError": (("plain",), "``out`` given")}},
+    "torch": {"array": "Tensor", "names": {"x": "input"}, "fills_out": False,
+              "note": "Differentiable through ``torch.autograd`` and traced by ``torch.compile`` (a "
+                      "PyTorch custom operator) on CPU and CUDA tensors.",
+              "raises": {"TypeError": (KINDS, "an array argument that is not a ``torch.Tensor``")}},
+}
+
+_NORMS = {"layer_norm": "LayerNorm", "rms_norm": "RMSNorm", "group_norm": "GroupNorm"}
+
+
+def _doc_fields(op):
+    """The ``{...}`` fields of ``ROLES`` and of the summaries, for ``op``."""
+    rows, centred = op.layout == "rows", "mean" in op.stats
+    x = "s" if op.fused else "x"
+    rstd = f"``1 / sqrt(var({x}) + eps)`` (the biased variance)" if centred else f"``1 / sqrt(mean({x}**2) + eps)``"
+    return {
+        "norm": _NORMS[op.torch],
+        "x_layout": ("; its trailing ``normalized_shape`` dimensions are normalized together" if rows else
+                     " of shape ``(N, C, *spatial)``; each group of ``C // num_groups`` channels is "
+                     "normalized together with the spatial dimensions, per sample"),
+        "unit": "row" if rows else "(sample, group)",
+        "param_shape": "``normalized_shape``" if rows else "``(C,)``",
+        "stat_shape": ("``x.shape[:-k] + (1,) * k`` with ``k = len(normalized_shape)`` (keep-dims)" if rows
+                       else "``(N, num_groups)``"),
+        "rstd": rstd,
+        "eps_to": "the variance" if centred else "the mean of squares",
+        "eps_type": "float" if op.eps is not None else "float or None",
+        "eps_default": (f"Default {op.eps:g}." if op.eps is not None else
+                        "Default None: the machine epsilon of the accumulation dtype (float32's; "
+                        "float64's for float64 inputs)."),
+        "dx_fused": (" and ``residual`` (the two are equal): the norm's input gradient plus ``ds``"
+                     if op.fused else ""),
+        "formula": (("``s = x + residual``, then " if op.fused else "")
+                    + f"``y = {'(' + x + ' - mean)' if centred else x} * rstd * weight{' + bias' if op.bias else ''}``"
+                    + (" over each row" if rows else " over each (sample, group), weight and bias per channel")
+                    + f", where ``rstd`` is {rstd}."),
+    }
+
+
+def _raises(op, kind, fills_out):
+    """``{exception: [condition]}``: the API contract's errors that ``kind``'s arguments can meet."""
+    types = ["an array argument of another dtype than float16, float32, float64 and bfloat16"]
+    if kind == "backward":
+        like = ("dy", "ds") if op.fused else ("dy",)
+        values = [f"{_listed(like)} not of ``{'s' if op.fused else 'x'}``'s shape",
+                  "statistics that do not fit it", "``weight`` of the wrong shape"]
+    else:
+        types.append("``eps`` that is not a real number")
+        if op.layout == "rows":
+            types.append("``normalized_shape`` that is not an int or a tuple of ints")
+            values = ["``normalized_shape`` that does not match the trailing dimensions of ``x``"]
+        else:
+            types.append("``num_groups`` that is not an int")
+            values = ["``x`` of fewer than 2 dimensions", "``num_groups`` not positive or not dividing ``C``"]
+        values.append(f"{_listed(op.params)} of the wrong shape")
+        like = ("residual",) * op.fused + ("out",) * (kind == "plain" and op.has_out and fills_out)
+        if like:
+            values.append(f"{_listed(like)} not of ``x``'s shape and dtype")
+        values += ["``eps`` negative, NaN or infinite in the accumulation dtype",
+                   f"a zero-sized {'normalized shape' if op.layout == 'rows' else 'group'}"]
+    types.append("host and device arrays mixed in one call")
+    return {"TypeError": types, "ValueError": values}
+
+
+def _listed(roles):
+    """``a``, ``b`` or ``c``."""
+    names = [f"``{r}``" for r in roles]
+    return " or ".join(filter(None, (", ".join(names[:-1]), names[-1])))
+
+
+def _wrapped(text, indent=""):
+    import textwrap
+
+    return textwrap.wrap(text, 88 - len(indent), initial_indent=indent, subsequent_indent=indent,
+                         break_on_hyphens=False)
+
+
+def _docstring(op, kind, level):
+    how, f = LEVELS[level], _doc_fields(op)
+    outputs = {"plain": op.plain_outputs, "forward": op.forward_outputs, "backward": op.backward_outputs}[kind]
+    shown = outputs[0] if len(outputs) == 1 else f"({', '.join(outputs)})"
+    what = f"fused add + {f['norm']}" if op.fused else f["norm"]
+    summary = {"plain": (f"``s = x + residual`` and its {f['norm']} in one pass over memory" if op.fused else
+                         f"{f['norm']} over the trailing ``normalized_shape`` of ``x``" if op.layout == "rows"
+                         else f"{f['norm']} of ``x`` of shape ``(N, C, *spatial)``") + f": ``{shown}``.",
+               "forward": f"{what[0].upper()}{what[1:]} keeping what the backward needs: ``{shown}``.",
+               "backward": f"Gradients of {what}: ``{shown}``."}[kind]
+    names = {} if op.fused else how.get("names", {})  # the fused functions keep numbanorm's names everywhere
+    params = [p.name for p in op.signature(kind).parameters.values() if p.name != "out" or level != "torch"]
+    roles = {**ROLES, **how.get("roles", {})}
+
+    def entries(shown):
+        lines = []
+        for role in shown:
+            type_, text = roles[role]
+            lines.append(f"{names.get(role, role)} : {type_.format(**f).replace('array', how['array'])}")
+            lines += _wrapped(named(text.format(**f)), "    ")
+        return lines
+
+    def named(text):
+        for old, new in names.items():
+            text = text.replace(f"``{old}``", f"``{new}``")
+        return text
+
+    raises = _raises(op, kind, how.get("fills_out", True))
+    for exc, (kinds, condition) in how["raises"].items():
+        if kind in kinds:
+            raises[exc].append(condition)
+    summary = ("Lazy: " if how.get("lazy") else "") + named(summary)
+    note = ["", *_wrapped(how["note"])] if "note" in how else []
+    body = [summary, "", *_wrapped(f["formula"]), *note, "", "Parameters", "----------", *entries(params),
+            "", "Returns", "-------", *entries(outputs), "", "Raises", "------"]
+    for exc, conditions in raises.items():
+        text = named("; ".join(conditions))
+        body += [exc, *_wrapped(f"{text[0].upper()}{text[1:]}.", "    ")]
+    return "\n".join(body) + "\n"
+
+
 # ---------------------------------------------------------------- comparing with the oracle
 
 # Tolerances of ``numbanorm check`` and the tests, relative to the largest magnitude
-# of the oracle's array: float16 outputs are rounded once from float32 (half an ulp
-# is 2**-11 = 4.9e-4 relative), float32 results carry a few ulps of a length-N
-# reduction, float64 the same at 1e-16.
-TOLERANCE = {"float16": 2e-3, "float32": 2e-5, "float64": 1e-11}
+# of the oracle's array: 16-bit outputs are rounded once from float32 (half an ulp
+# is 2**-11 = 4.9e-4 relative in float16, 2**-8 = 3.9e-3 in bfloat16: about four
+# of them), float32 results carry a few ulps of a length-N reduction, float64 the
+# same at 1e-16.
+TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-5, "float64": 1e-11}
 
 
 def tolerance(dtype):
-    """The tolerance of results in ``dtype`` (any spelling NumPy understands)."""
-    return TOLERANCE[np.dtype(dtype).name]
+    """The tolerance of results in ``dtype``: its name, or any spelling NumPy understands
+    ("bfloat16" by name works without ml_dtypes imported)."""
+    return TOLERANCE[dtype if isinstance(dtype, str) and dtype in TOLERANCE else np.dtype(dtype).name]
 
 
 def to_host(a):

@@ -11,10 +11,10 @@ backward (``layer_norm_forward``/``layer_norm_backward`` and siblings), so the
 kernels, validation and errors are the package's own, and ``torch.compile``
 (``fullgraph=True`` included) sees one opaque node per call instead of tracing
 into NumPy: shapes come from the operators' fake implementations, the
-backward from ``register_autograd``.  An eager call with no autograd graph to
-record runs the operator's implementation without the operator's dispatch
-(``_direct``: a decoder's per-token norm took 110 us through it, 20 us without).
-How tensors cross:
+backward from ``register_autograd``.  An eager call on plain tensors runs the
+operator's implementation without the operator's dispatch (``_direct``), inside an
+``autograd.Function`` with the operator's autograd formula where autograd records
+a graph (``_recording``).  How tensors cross:
 
 * CPU tensors are seen as NumPy arrays without a copy (``tensor.detach().numpy()``:
   a strided tensor becomes a strided view, which the frontend makes contiguous
@@ -47,8 +47,10 @@ from typing import NamedTuple, Optional
 import numpy as np
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 import numbanorm as _numbanorm  # the top-level functions, dispatching on the arrays' side
+from numbanorm import cpu as _cpu
 from numbanorm import _validate as _V
 from numbanorm.operations import ARRAY_ROLES, BY_NAME, OPERATIONS, generate
 
@@ -57,6 +59,9 @@ __all__ = [op.name for op in OPERATIONS] + ["LayerNorm", "RMSNorm", "GroupNorm",
 
 _log = logging.getLogger(__name__)
 _HALF = (torch.float16, torch.bfloat16)
+# a scalar torch.compile traces as a symbol (dynamic=True): it has a value only when the operator runs
+_SYMBOLIC = (torch.SymFloat, torch.SymInt)
+_CPU = _cpu._frontend  # its shortcuts: the calls on host arrays it has seen before
 
 
 # ------------------------------------------------------------ crossing
@@ -70,38 +75,41 @@ def _arr(t):
         return None
     if t.is_cuda:
         return t.detach()
-    if not t.is_cpu:
-        raise TypeError(f"numbanorm.torch runs CPU and CUDA tensors, got one on {t.device}")
-    if t.requires_grad:
-        t = t.detach()
-    if t.is_conj() or t.is_neg():
-        t = t.resolve_conj().resolve_neg()
     if t.dtype is torch.bfloat16:
         # NumPy has no bfloat16 of its own: the same bytes, typed by ml_dtypes
+        if not t.is_cpu:
+            raise TypeError(f"numbanorm.torch runs CPU and CUDA tensors, got one on {t.device}")
         try:
             import ml_dtypes
         except ImportError:
             raise TypeError("bfloat16 CPU tensors reach numbanorm as NumPy ml_dtypes.bfloat16 "
                             "arrays: pip install ml-dtypes") from None
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
+        return t.detach().resolve_neg().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if not t.requires_grad:
+        try:
+            return t.numpy()
+        except (TypeError, RuntimeError):  # another device; a conjugate or negative bit (below)
+            pass
+    if not t.is_cpu:
+        raise TypeError(f"numbanorm.torch runs CPU and CUDA tensors, got one on {t.device}")
+    return t.numpy(force=True)  # detached and resolved in one call: cheaper than detach() first
 
 
 def _tensor(a):
     """A numbanorm result as a tensor, sharing memory."""
-    if a is None or isinstance(a, torch.Tensor):
-        return a
-    if isinstance(a, np.ndarray):
+    if type(a) is np.ndarray:
         if a.dtype.kind == "f":  # (dtype.name, the test below, costs a microsecond a call)
             return torch.from_numpy(a)
         if a.dtype.name == "bfloat16":  # ml_dtypes: torch.from_numpy does not know it
             return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(a)
+    if a is None or isinstance(a, torch.Tensor):
+        return a
     return torch.as_tensor(a, device="cuda")  # a numba device array: CUDA array interface
 
 
 def _tensors(results):
-    return tuple(_tensor(a) for a in results)
+    return tuple(map(_tensor, results))
 
 
 def _check_tensors(fn, **args):
@@ -114,10 +122,30 @@ def _check_tensors(fn, **args):
 
 
 def _shape(normalized_shape):
-    """torch.Size, lists and ints alike, as the list the operators' schema takes."""
-    if isinstance(normalized_shape, (int, np.integer)):
-        return [int(normalized_shape)]
-    return [int(d) if isinstance(d, np.integer) else d for d in normalized_shape]
+    """torch.Size, lists, tuples and ints alike, as the list of ints the operators' schema
+    takes; anything else is numbanorm's ``TypeError`` here, on every path (the schema
+    would refuse a float differently, or take a bool).  Sizes torch.compile traces as
+    symbols pass as they are."""
+    if isinstance(normalized_shape, _SYMBOLIC):
+        return [normalized_shape]
+    if isinstance(normalized_shape, (tuple, list)) and any(isinstance(d, _SYMBOLIC) for d in normalized_shape):
+        return list(normalized_shape)
+    return list(_V._as_shape(normalized_shape))
+
+
+def _ints(shape):
+    """Whether ``shape`` is a tuple (a torch.Size too) of ints already, by type."""
+    if not isinstance(shape, tuple):
+        return False
+    for d in shape:
+        if type(d) is not int:
+            return False
+    return True
+
+
+def _groups(num_groups):
+    """``num_groups`` as an int, numbanorm's ``TypeError`` for anything else (a bool too)."""
+    return num_groups if isinstance(num_groups, _SYMBOLIC) else _V.integer("num_groups", num_groups)
 
 
 # ------------------------------------------------------------ custom operators
@@ -154,14 +182,26 @@ def _normalized(op):
 def _implementation(op, kind, roles):
     """The operator's kernel: numbanorm's public function of ``kind``, tensors crossing as
     views, ``normalized_shape`` as a tuple (a list, the schema's, cannot key the CPU
-    backend's replay of a call seen before: every call took the full path)."""
+    backend's replay of a call seen before: every call took the full path).  A call the
+    CPU backend has seen before goes to its shortcut (``SmallCalls``) without numbanorm's
+    dispatch, which is the shortcut's own first step there too: the same bits."""
     name = op.function(kind)
-    crossing = [_arr if r in ARRAY_ROLES else tuple if r == "normalized_shape" else (lambda a: a)
-                for r in roles]
+    arrays = tuple(i for i, r in enumerate(roles) if r in ARRAY_ROLES)
+    shape = roles.index("normalized_shape") if "normalized_shape" in roles else None
+    shortcut = (_CPU.back_shortcuts if kind == "backward" else _CPU.shortcuts).get(op.name)
+    n = len(op.plain_outputs) if kind == "plain" else None  # (the shortcut returns the statistics too)
 
     def implementation(*args):
-        function = getattr(_numbanorm, name)  # looked up per call, as a written-out call would be
-        got = function(*[cross(a) for cross, a in zip(crossing, args)])
+        args = list(args)
+        for i in arrays:
+            args[i] = _arr(args[i])
+        if shape is not None:
+            args[shape] = tuple(args[shape])
+        if shortcut is not None and type(args[0]) is np.ndarray:
+            got = shortcut(*args)
+            if got is not None:
+                return _tensor(got[0]) if n == 1 else _tensors(got[:n] if n else got)
+        got = getattr(_numbanorm, name)(*args)  # looked up per call, as a written-out call would be
         return _tensors(got) if isinstance(got, tuple) else _tensor(got)  # (a plain call's y alone)
 
     implementation.__name__ = name
@@ -194,40 +234,62 @@ def _fake_backward(op):
     return fake
 
 
-def _needed(ctx, *grads):
-    """``grads`` with None where the matching input does not need one."""
-    return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad))
-
-
 def _register_autograd(op, forward):
     """The forward operator's gradient is the backward operator (:func:`_backward`), on the
-    saved input and statistics."""
+    saved input and statistics; returns ``(setup_context, grad)``, which an eager call that
+    records a graph uses too (:func:`_recording`)."""
+    k = len(op.plain_outputs)
+    wi = op.forward_roles.index("weight")
+    si = op.forward_roles.index("normalized_shape") if op.layout == "rows" else None
 
     def setup_context(ctx, inputs, output):
-        given = dict(zip(op.forward_roles, inputs))
-        made = dict(zip(op.forward_outputs, output))
-        stats = [made[r] for r in op.stats]
+        stats = output[k:]
         ctx.mark_non_differentiable(*stats)
         # the fused norms' s is an output too: saving it keeps autograd's check
         # that nobody modified it in place before the backward reads it
-        ctx.save_for_backward(made["s"] if op.fused else given["x"], given["weight"], *stats)
-        ctx.normalized_shape = given.get("normalized_shape")
+        ctx.save_for_backward(output[1] if op.fused else inputs[0], inputs[wi], *stats)
+        ctx.normalized_shape = None if si is None else inputs[si]
         if op.fused:
             ctx.set_materialize_grads(False)  # an unused y or s sends None, not zeros
 
+    # each forward input's gradient: 0 is dx (also d(residual)), 1 and 2 dweight and dbias
+    source = tuple(0 if r in ("x", "residual") else 1 + op.params.index(r) if r in op.params else None
+                   for r in op.forward_roles)
+
     def grad(ctx, *grads):
-        g = dict(zip(op.forward_outputs, grads))
         x, weight, *stats = ctx.saved_tensors
-        if op.fused and g["y"] is None:  # only s was used downstream: y's norm contributes nothing
-            got = {"x": g["s"], "residual": g["s"]}
+        if op.fused and grads[0] is None:  # only s was used downstream: y's norm contributes nothing
+            got = (grads[1],)
         else:
-            args = {"dy": g["y"], "ds": g.get("s"), _normalized(op): x, **dict(zip(op.stats, stats)),
-                    "normalized_shape": ctx.normalized_shape, "weight": weight}
-            dx, *dparams = _backward(op, op.args("backward", args))
-            got = {"x": dx, "residual": dx, **dict(zip(op.params, dparams))}  # dx is also d(residual)
-        return _needed(ctx, *(got.get(r) for r in op.forward_roles))
+            values = {"dy": grads[0], "ds": grads[1] if op.fused else None, _normalized(op): x, "weight": weight,
+                      "normalized_shape": ctx.normalized_shape, **dict(zip(op.stats, stats))}
+            got = _backward(op, [values[r] for r in op.backward_roles])
+        return tuple(None if i is None or not need or i >= len(got) else got[i]
+                     for i, need in zip(source, ctx.needs_input_grad))
 
     forward.register_autograd(grad, setup_context=setup_context)
+    return setup_context, grad
+
+
+def _recording(op, setup_context, grad):
+    """``apply(*args)``: ``op``'s forward in an eager call that records an autograd graph,
+    as an ``autograd.Function`` around the forward operator's implementation, with the
+    operator's autograd formula.  The operator's dispatch, several times the whole call of
+    torch's own LayerNorm, does nothing more for a plain tensor in eager mode."""
+    forward_implementation = _IMPLEMENTATIONS[op.name, "forward"]
+
+    def forward(ctx, *args):
+        output = forward_implementation(*args)
+        setup_context(ctx, args, output)
+        return output
+
+    function = type(f"{op.name}_graph", (torch.autograd.Function,),
+                    {"forward": staticmethod(forward), "backward": staticmethod(once_differentiable(grad)),
+                     "__module__": __name__})
+    try:  # the C apply: Function.apply's Python checks are for functorch's wrappers, which go to the operator
+        return torch._C._FunctionBase.__dict__["apply"].__get__(None, function)
+    except (AttributeError, KeyError):
+        return function.apply
 
 
 def _operators(op):
@@ -242,11 +304,12 @@ def _operators(op):
                                          mutates_args=(), schema=_schema(op, roles, outputs))
         custom.register_fake(fake)
         made.append(custom)
-    _register_autograd(op, made[0])
+    _RECORDING[op.name] = _recording(op, *_register_autograd(op, made[0]))
     return tuple(made)
 
 
 _IMPLEMENTATIONS = {}  # (name, kind) -> the operator's implementation, which _direct calls may run
+_RECORDING = {}  # name -> the apply of the forward as an autograd.Function (_recording)
 _OPERATORS = {op.name: _operators(op) for op in OPERATIONS}
 
 
@@ -255,7 +318,8 @@ def _plain_eager_checks():
     torch lacks one of them (every call then goes through its operator)."""
     try:
         return (torch._C._len_torch_function_stack, torch._C._len_torch_dispatch_stack,
-                torch._C._autograd._profiler_enabled, torch._C._functorch.is_functorch_wrapped_tensor)
+                torch._C._autograd._profiler_enabled, torch._C._functorch.is_functorch_wrapped_tensor,
+                torch._C._are_functorch_transforms_active)
     except AttributeError:
         return None
 
@@ -264,35 +328,50 @@ _CHECKS = _plain_eager_checks()
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
+def _watched():
+    """Whether every call now goes through its operator: see :func:`_direct`."""
+    if _CHECKS is None or torch.compiler.is_compiling():
+        return True
+    function_modes, dispatch_modes, profiling, _, transforms = _CHECKS
+    return bool(function_modes() or dispatch_modes() or profiling() or transforms())
+
+
 def _direct(args):
     """Whether a call may run its operator's implementation without the operator.
 
     A custom operator's dispatch costs about 100 us a call (a (1, 768) forward took 110 us
     through it, 5.5 us on NumPy arrays), which is all of a decoder's per-token norm.  An
-    eager call with no autograd graph to record, on plain tensors, gets nothing from it:
-    the same implementation runs either way.  Anything else goes through the operator:
-    ``torch.compile`` tracing, a tensor that needs a gradient while grad mode is on (the
-    operator's autograd formula), a tensor subclass or functorch wrapper (``vmap``), and
+    eager call on plain tensors gets nothing from it: the same implementation runs either
+    way, and where autograd records a graph, it records the operator's formula around the
+    implementation (:func:`_recording`).  Anything else goes through the operator:
+    ``torch.compile`` tracing, a tensor subclass or functorch wrapper (``vmap``), and
     a call that something watches for operators: an active torch function or dispatch
     mode (``with torch.device(...)``, FlopCounterMode) or torch's profiler, whose
     tables should show numbanorm's operators as they always did.
     """
-    if _CHECKS is None or torch.compiler.is_compiling():
+    if _watched():
         return False
-    function_modes, dispatch_modes, profiling, wrapped = _CHECKS
-    if function_modes() or dispatch_modes() or profiling():
-        return False
-    grad = torch.is_grad_enabled()
+    wrapped = _CHECKS[3]
     for a in args:
-        if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN or (grad and a.requires_grad) or wrapped(a)):
+        if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN or wrapped(a)):
             return False
     return True
 
 
+def _records(args):
+    """Whether autograd records a call on ``args``: grad mode on and a tensor needing a gradient."""
+    if torch.is_grad_enabled():
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.requires_grad:
+                return True
+    return False
+
+
 def _backward(op, args):
     """``op``'s backward operator on ``args`` (its schema's order), or, where :func:`_direct`
-    allows, the operator's implementation itself."""
-    if _direct(args):
+    allows and no graph of it is recorded (a double backward), the operator's
+    implementation itself."""
+    if _direct(args) and not _records(args):
         return _IMPLEMENTATIONS[op.name, "backward"](*args)
     return _OPERATORS[op.name][1](*args)
 
@@ -308,19 +387,82 @@ def _input_name(op, role):
     return "input" if role == "x" and not op.fused else role
 
 
+class _Eager(NamedTuple):
+    """What an eager call of one operation needs, found once (:func:`_functional`)."""
+
+    tensors: tuple  # positions of the forward's array roles in its arguments
+    shape: int      # position of normalized_shape (layout rows) or num_groups
+    rows: bool
+    eps_none: bool  # eps may be None (the accumulation dtype's machine epsilon)
+    n: int          # the plain function's outputs
+    plain: object   # the plain function's implementation
+    record: object  # the forward as an autograd.Function (_recording)
+
+
 def _functional(op, args):
-    """``op``'s plain function on tensors: ``args`` in the table's role order."""
+    """``op``'s plain function on tensors: ``args`` in the table's role order.
+
+    An eager call on plain tensors (:func:`_direct`) runs the implementation after no more
+    than the checks of its arguments' types that the operator's schema would make, each as
+    cheap as torch has it: a decoder's per-token norm pays them on every call."""
+    e = _EAGER[op.name]
+    if not _watched():
+        graph = False
+        for i in e.tensors:
+            a = args[i]
+            if a is None:
+                continue
+            if type(a) not in _PLAIN:  # not a tensor (the TypeError below), a subclass (the operator)
+                break
+            if a.requires_grad:
+                graph = True
+        else:
+            args = list(args)
+            shape = args[e.shape]
+            if type(shape) is int:
+                if e.rows:
+                    args[e.shape] = (shape,)
+            elif not e.rows:
+                args[e.shape] = _groups(shape)
+            elif not _ints(shape):
+                args[e.shape] = _shape(shape)
+            eps = args[-1]
+            if type(eps) is not float and not (eps is None and e.eps_none):
+                args[-1] = _V.real_eps(eps, allow_none=e.eps_none)
+            if graph and torch.is_grad_enabled():
+                results = e.record(*args)
+                return results[0] if e.n == 1 else results[:e.n]
+            return e.plain(*args)
+    return _general(op, args)
+
+
+def _general(op, args):
+    """:func:`_functional` of any call: every check of the arguments, then the operator,
+    the recording Function or the plain implementation, as :func:`_direct` and
+    :func:`_records` decide."""
     given = dict(zip(op.forward_roles, args))
     _check_tensors(op.name, **{_input_name(op, r): given[r] for r in op.forward_arrays})
     if op.layout == "rows":
         given["normalized_shape"] = _shape(given["normalized_shape"])
-    given["eps"] = _V.check_eps(given["eps"], allow_none=op.eps is None)
+    else:
+        given["num_groups"] = _groups(given["num_groups"])
+    if not isinstance(given["eps"], _SYMBOLIC):  # (symbolic: checked by the operator, on its value)
+        given["eps"] = _V.real_eps(given["eps"], allow_none=op.eps is None)
     args = op.args("forward", given)
-    if _direct(args):  # no graph to record: the plain function, without the statistics
-        return _IMPLEMENTATIONS[op.name, "plain"](*args)
-    results = _OPERATORS[op.name][0](*args)
     n = len(op.plain_outputs)
+    if not _direct(args):
+        results = _OPERATORS[op.name][0](*args)
+    elif _records(args):
+        results = _RECORDING[op.name](*args)
+    else:  # no graph to record: the plain function, without the statistics
+        return _IMPLEMENTATIONS[op.name, "plain"](*args)
     return results[0] if n == 1 else tuple(results[:n])
+
+
+_EAGER = {op.name: _Eager(tuple(i for i, r in enumerate(op.forward_roles) if r in ARRAY_ROLES),
+                          op.forward_roles.index(op.shape_role), op.layout == "rows", op.eps is None,
+                          len(op.plain_outputs), _IMPLEMENTATIONS[op.name, "plain"], _RECORDING[op.name])
+          for op in OPERATIONS}
 
 
 def _functional_of(op):
@@ -328,12 +470,8 @@ def _functional_of(op):
     params = [p.replace(name=_input_name(op, p.name)) for p in op.signature("plain").parameters.values()
               if p.name != "out"]
     names = ", ".join(p.name for p in params)
-    if op.fused:
-        doc = op.doc("plain").replace("``(y, s)``", "``(y, s)``, both differentiable")
-    else:
-        doc = f"``torch.nn.functional.{op.torch}`` on numbanorm's kernels: {op.doc('plain')}"
     fn = generate(op.name, inspect.Signature(params), f"_functional(_op, ({names},))",
-                  {"_functional": _functional, "_op": op}, doc, __name__)
+                  {"_functional": _functional, "_op": op}, op.doc("plain", "torch"), __name__)
     fn.__module__ = __name__
     return fn
 

@@ -18,11 +18,15 @@ and argument marshalling down to the driver, and only the driver is stubbed:
   ``cuFuncSetAttribute``: recorded among the launches, in order).
 
 Modes: ``M N`` (launches of the direct path against numba's), ``count``, ``sweep``,
-``replay`` (public frontend against full path, call by call), ``shared`` (long rows
-staged in over 48 KB of shared memory), ``host`` (host cost per call:
-``benchmarks/gpu_host.py``).  Prints one JSON line.
+``replay`` (public frontend against full path, call by call; ``every``: each operation in
+one dtype), ``shared`` (long rows staged in over 48 KB of shared memory), ``optin`` (the
+opt-in at the 48 KB boundary), ``alloc`` (what torch and CuPy calls allocate and wait
+for), ``devices`` (two GPUs), ``host`` (host cost per call: ``benchmarks/gpu_host.py``).
+``alloc``, ``devices``, ``replay``, ``every`` and ``host`` run with the CUDA torch and
+CuPy stand-ins of ``tests/_fake_libs.py``.  Prints one JSON line.
 """
 
+import contextlib
 import json
 import sys
 
@@ -30,10 +34,19 @@ import numpy as np
 
 
 HITS = []
+CURRENT = [0]  # the stack of current devices (their contexts): device 0's at the start
+DEVICE_SPAN = 1 << 38  # as tests/_fake_libs.py's
+SYNCS = []  # what waited for the device or copied between host and device, in order
+# the modes that run with the CUDA torch and CuPy stand-ins (tests/_fake_libs.py)
+FAKE_LIBS = ("alloc", "devices", "replay", "host", "every")
 LENIENT = bool(__import__("os").environ.get("NN_LENIENT_STREAM"))  # to time code that passes raw streams
 
 
 def main():
+    if sys.argv[1] in FAKE_LIBS:  # CUDA torch and CuPy stand-ins, before anything imports the real ones
+        import _fake_libs
+
+        _fake_libs.install()
     from numba import cuda
     from numba.cuda import dispatcher
     from numba.cuda.codegen import CUDACodeLibrary, JITCUDACodegen
@@ -65,22 +78,56 @@ def main():
     class Module:
         initialized = True  # (numba sets up a module's globals once, through the driver)
 
+    statics = {}  # code library (its id) -> its kernel's static shared memory, as ptxas -v reports it for sm_90
+
     class Function:
         module = Module()
 
-        def __init__(self, name):
-            self.name = name
-            self.kernel = ("kernel", name)
-            self.handle = ("CUkernel", name)
+        def __init__(self, lib):
+            self.name = lib.name
+            self.kernel = ("kernel", lib.name, id(lib))
+            self.handle = ("CUkernel", lib.name, id(lib))
+            self._lib = lib
 
+        @property
+        def attrs(self):  # what the driver reports for the loaded kernel: its cubin's, as ptxas makes it
+            return driver.FuncAttr(regs=0, shared=statics[id(self._lib)], local=0, const=0, maxthreads=1024)
+
+    class Statics(dict):
+        def __missing__(self, key):
+            from numbanorm.cuda._ptx import static_shared
+
+            self[key] = static_shared(loaded[key].get_asm_str())
+            return self[key]
+
+    statics = Statics()  # code library (its id) -> its kernel's static shared memory, as ptxas -v reports it for sm_90
+    loaded = {}  # code library (its id) -> the library
     libraries = set()  # one per compiled kernel
     cufuncs = {}  # the loaded kernel of each library, as numba-cuda keeps it (per device)
 
-    def get_cufunc(self):
+    def get_cufunc(self):  # loaded per library and device, as numba-cuda does
         libraries.add(id(self))
-        if id(self) not in cufuncs:
-            cufuncs[id(self)] = Function(self.name)
-        return cufuncs[id(self)]
+        loaded[id(self)] = self
+        key = (id(self), CURRENT[-1])
+        if key not in cufuncs:
+            cufuncs[key] = Function(self)
+        return cufuncs[key]
+
+    class Gpu:  # an entry of numba's device list: its context current within ``with``
+        def __init__(self, ordinal, sms):
+            self.id, self.MULTIPROCESSOR_COUNT = ordinal, sms
+
+        def __enter__(self):
+            CURRENT.append(self.id)
+
+        def __exit__(self, *exc):
+            CURRENT.pop()
+
+    # an H100 SXM (132 SMs), and for the two-device mode an H100 PCIe (114) beside it
+    cuda.gpus = [Gpu(k, sms) for k, sms in enumerate((132, 114) if sys.argv[1] == "devices" else (132,))]
+    cuda.get_current_device = lambda: cuda.gpus[CURRENT[-1]]
+    # the device of a pointer: every allocator here hands device d the addresses d spans up
+    driver.driver.cuPointerGetAttribute = lambda attr, ptr: (ptr % (1 << 40)) // DEVICE_SPAN
 
     CUDACodeLibrary.get_cufunc = get_cufunc
     launches = []
@@ -88,17 +135,19 @@ def main():
     def launch(stream, config, kernel, *args):
         if not isinstance(stream, (CoreStream, GraphBuilder)) and not LENIENT:
             raise TypeError(f"Stream or GraphBuilder expected, got {type(stream).__name__}")
-        launches.append({"stream": getattr(stream, "handle", stream), "grid": list(config.grid), "block": list(config.block),
-                         "shared": config.shmem_size, "kernel": kernel[1], "args": [getattr(a, "value", a) for a in args]})
+        launches.append({"stream": getattr(stream, "handle", stream), "device": CURRENT[-1],
+                         "grid": list(config.grid), "block": list(config.block),
+                         "shared": config.shmem_size, "kernel": kernel[1], "lib": kernel[2],
+                         "args": [getattr(a, "value", a) for a in args]})
         launch.last = (stream, config, kernel, *args)  # (to time the stub itself)
 
     dispatcher.launch = launch
 
     def get_function(kernel):  # a library's CUkernel -> its CUfunction in the current context
-        return ("CUfunction", kernel[1])
+        return ("CUfunction", *kernel[1:])
 
     def set_attribute(fn, attr, value):
-        launches.append({"attribute": attr.name, "value": value, "kernel": fn[1]})
+        launches.append({"attribute": attr.name, "value": value, "kernel": fn[1], "lib": fn[2], "device": CURRENT[-1]})
 
     driver.driver.cuKernelGetFunction = get_function
     driver.driver.cuFuncSetAttribute = set_attribute
@@ -112,13 +161,14 @@ def main():
 
     dispatcher.CUDACache.load_overload = load_overload
 
-    class Memory:  # a device allocation that is only an address
-        _next = [1 << 40]
+    class Memory:  # a device allocation that is only an address (device d's: d spans up)
+        _next = {}
 
         def __init__(self, size, at=None):
             if at is None:
-                at = Memory._next[0]
-                Memory._next[0] += (size + 255) // 256 * 256
+                device = CURRENT[-1]
+                at = Memory._next.get(device, (1 << 40) + device * DEVICE_SPAN)
+                Memory._next[device] = at + (size + 255) // 256 * 256
             self.device_ctypes_pointer = __import__("ctypes").c_void_p(at)
 
         def view(self, start, stop=None):  # a slice of an array: the same memory, later
@@ -126,20 +176,24 @@ def main():
 
     def device_array(shape, dtype):
         device_array.count[0] += 1
-        device_array.log.append(Memory._next[0])
         dtype = np.dtype(dtype)
         shape = tuple(shape)
         strides, step = [], dtype.itemsize
         for d in reversed(shape):  # C order
             strides.insert(0, step)
             step *= d
-        return devicearray.DeviceNDArray(shape, tuple(strides), dtype, gpu_data=Memory(step))
+        a = devicearray.DeviceNDArray(shape, tuple(strides), dtype, gpu_data=Memory(step))
+        device_array.log.append(a.device_ctypes_pointer.value)
+        device_array.sizes.append(step)
+        return a
 
     device_array.count = [0]
     device_array.log = []  # the address of each allocation, in order
+    device_array.sizes = []  # ... and its bytes
 
     cuda.device_array = device_array  # allocation is the driver's too
     cuda.is_available = lambda: True  # (numbanorm.cuda's public functions, and the top level's choice of them)
+    cuda.is_bfloat16_supported = lambda: True  # (an H100's compute capability)
     from contextlib import nullcontext
 
     from numba.cuda.cudadrv import devices
@@ -147,11 +201,18 @@ def main():
     devices._runtime.ensure_context = nullcontext  # (slicing a device array asks for a context)
 
     def setitem(self, key, value):  # numba's copy into a strided array: a kernel of its own
+        if not self.stream:
+            SYNCS.append("setitem on stream 0")  # (numba synchronizes after it there)
         launches.append({"stream": getattr(self.stream, "handle", self.stream), "kernel": "numba setitem",
                          "args": [self.device_ctypes_pointer.value, value.device_ctypes_pointer.value,
                                   list(self.shape), list(self.strides), list(value.strides)]})
 
     devicearray.DeviceNDArray.__setitem__ = setitem
+    # what waits for the device or copies between host and device: recorded
+    for owner, name in ((driver.Stream, "synchronize"), (driver.driver, "cuCtxSynchronize"),
+                        (driver.driver, "cuStreamSynchronize"), (cuda, "synchronize"),
+                        (driver, "host_to_device"), (driver, "device_to_host")):
+        setattr(owner, name, (lambda name: lambda *a, **k: SYNCS.append(name))(name))
     from numba.cuda import api
 
     api.current_context = lambda: None  # (a view of another library's memory records its context)
@@ -165,13 +226,20 @@ def main():
     except ImportError:  # an older layout, timed for comparison
         RW = None
 
-    C.n_sm = lambda: 132  # an H100
     if sys.argv[1] == "host":
         return host(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), device_array, launches)
     if sys.argv[1] == "replay":
         return replay(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
     if sys.argv[1] == "shared":
         return shared(int(sys.argv[2]), int(sys.argv[3]), device_array, launches, cufuncs)
+    if sys.argv[1] == "optin":
+        return optin(sys.argv[2], device_array, launches, cufuncs, statics)
+    if sys.argv[1] == "devices":
+        return two_devices(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
+    if sys.argv[1] == "every":
+        return every(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], device_array, launches)
+    if sys.argv[1] == "alloc":
+        return allocators(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
     if sys.argv[1] == "count":
         return count(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
     if sys.argv[1] == "sweep":
@@ -260,20 +328,157 @@ def cases(M, N, device_array, forward, f16=np.float16):
     }
 
 
+def _library_arrays(lib, dtype):
+    """``(make(shape, dtype), stream context, stream handle)``: the arrays of the CUDA torch
+    or CuPy stand-in (``dtype``: float16 in ``cases`` means this one), made and used on a
+    stream of the library's own (``side``) or its default stream."""
+    import torch
+
+    if lib.startswith("cupy"):
+        import cupy
+
+        make = lambda shape, dt: cupy.empty(shape, dtype)  # noqa: E731
+        if lib.endswith("default stream"):
+            return make, contextlib.nullcontext(), 0
+        return make, cupy.cuda.Stream(0xC0B1), 0xC0B1
+    tdt = getattr(torch, np.dtype(dtype).name if dtype != "bfloat16" else "bfloat16")
+    make = lambda shape, dt: torch.empty(shape, dtype=tdt, device="cuda:0")  # noqa: E731
+    if lib.endswith("default stream"):
+        return make, contextlib.nullcontext(), 0
+    return make, torch.cuda.stream(torch.cuda.Stream(0x70C4)), 0x70C4
+
+
+def allocators(M, N, device_array, launches):
+    """Each operation's public forward and backward (``cases``) on CUDA torch tensors and
+    CuPy arrays (the stand-ins of ``_fake_libs``), by ``numbanorm.cuda`` three times and by
+    the top level once, inside the library's stream: per call, what reached the driver
+    (launches and their streams; numba's allocations, which are cuMemAlloc, and their
+    frees; synchronizations and host-device copies) and what the library's allocator
+    served (bytes, device, stream); a strided x (copied first) and a float32 dy beside
+    float16 x (cast first) too."""
+    import _fake_libs
+
+    import numbanorm
+    import numbanorm.cuda
+
+    from numbanorm.cuda._kernels import common as C
+
+    out = {}
+    for lib, dtype in (("torch", "float16"), ("torch", "bfloat16"), ("torch default stream", "float16"),
+                       ("cupy", "float32")):
+        make, on_stream, handle = _library_arrays(lib, dtype if dtype != "bfloat16" else "bfloat16")
+        with on_stream:
+            calls = cases(M, N, make, numbanorm.cuda)
+            if lib.startswith("torch"):
+                x, w, dy32 = make((M, N), None), make((N,), None), __import__("torch").empty(
+                    (M, N), dtype=__import__("torch").float32, device="cuda:0")
+                wide = make((M, N + 8), None)
+                stats = numbanorm.cuda.layer_norm_forward(x, N, w)[1:]
+                calls["strided_x"] = lambda nc: nc.layer_norm_forward(wide[:, :N], N, w)
+                calls["float32_dy"] = lambda nc: nc.layer_norm_backward(dy32, x, *stats, N, w)
+            for name, call in calls.items():
+                per = []
+                for fe in (numbanorm.cuda, numbanorm.cuda, numbanorm.cuda, numbanorm):
+                    del launches[:], SYNCS[:], _fake_libs.LOG[:]
+                    n0 = device_array.count[0]
+                    res = call(fe)
+                    per.append({"numba_allocs": device_array.count[0] - n0, "syncs": SYNCS[:],
+                                "launch_streams": sorted({la["stream"] for la in launches if "stream" in la}),
+                                "kernels": [la["kernel"] for la in launches if "stream" in la],
+                                "lib_allocs": [e[2:] for e in _fake_libs.LOG if e[0].endswith("alloc")],
+                                "results": sorted({type(r).__module__ + "." + type(r).__name__ for r in res}),
+                                "n_results": len(res)})
+                    del res
+                out[f"{lib} {dtype} {name}"] = {"stream": handle, "calls": per}
+    print(json.dumps(out))
+
+
+def two_devices(M, N, device_array, launches):
+    """Two GPUs (an H100 SXM, 132 SMs, and an H100 PCIe, 114): the same public calls on
+    arrays of device 0 and of device 1 (numba's, torch's, another library's through the
+    CUDA Array Interface), each four times (numba's dispatcher, the direct launch, learned,
+    replayed), the current device 0 throughout; a long row staged in 64 KB of shared
+    memory on each; and calls whose arrays are on both.  Per call: each launch's device
+    (the current one when the driver got it), grid and stream, the devices of what numba
+    and the library allocated, whether it was replayed, and the error raised."""
+    import _fake_libs
+    import torch
+
+    from numba import cuda
+
+    import numbanorm
+
+    nc, _ = _frontends()
+    replayed = []
+    real = nc.replays.replay
+    nc.replays.replay = lambda sig: (lambda r: replayed.append(r is not None) or r)(real(sig))
+
+    def seen(call):
+        del launches[:], device_array.log[:], _fake_libs.LOG[:]
+        n = len(replayed)
+        try:
+            call()
+            error = None
+        except Exception as e:  # (the calls on two devices)
+            error = f"{type(e).__name__}: {e}"
+        return {"launches": [[la["device"], la.get("grid", [0])[0], la["stream"], la["kernel"]] for la in launches
+                             if "stream" in la],
+                "attributes": [[la["device"], la["value"]] for la in launches if "attribute" in la],
+                "numba_allocs": [(a % (1 << 40)) // DEVICE_SPAN for a in device_array.log],
+                "lib_allocs": [e[3] for e in _fake_libs.LOG if e[0].endswith("alloc")],
+                "replayed": any(replayed[n:]), "error": error}
+
+    f16 = np.float16
+    arrays = {}
+    for d in (0, 1):
+        with cuda.gpus[d]:  # (numba allocates on the current device)
+            x, w, b = device_array((M, N), f16), device_array((N,), f16), device_array((N,), f16)
+            xl, wl = device_array((4, 32768), f16), device_array((32768,), f16)
+        t = {k: torch.empty(shape, dtype=torch.float16, device=f"cuda:{d}")
+             for k, shape in (("x", (M, N)), ("w", (N,)), ("b", (N,)))}
+        arrays[d] = dict(x=x, w=w, b=b, xl=xl, wl=wl, t=t)
+    out = {}
+    for d in (0, 1):
+        a = arrays[d]
+        st = nc.layer_norm_forward(a["x"], N, a["w"], a["b"])[1:]
+        tst = nc.layer_norm_forward(a["t"]["x"], N, a["t"]["w"])[1:]
+        calls = {"numba_forward": lambda: nc.layer_norm_forward(a["x"], N, a["w"], a["b"]),
+                 "numba_backward": lambda: nc.layer_norm_backward(a["x"], a["x"], *st, N, a["w"]),
+                 "foreign_forward": lambda: nc.layer_norm_forward(Foreign(a["x"]), N, Foreign(a["w"])),
+                 "torch_forward": lambda: nc.layer_norm_forward(a["t"]["x"], N, a["t"]["w"], a["t"]["b"]),
+                 "torch_backward": lambda: nc.layer_norm_backward(a["t"]["x"], a["t"]["x"], *tst, N, a["t"]["w"]),
+                 "top_level": lambda: numbanorm.rms_norm(a["t"]["x"], N, a["t"]["w"]),
+                 "staged": lambda: nc.layer_norm_forward(a["xl"], 32768, a["wl"])}
+        for name, call in calls.items():
+            out[f"{name} {d}"] = [seen(call) for _ in range(4)]
+    a0, a1 = arrays[0], arrays[1]
+    with cuda.gpus[1]:
+        out1 = device_array((M, N), f16)
+    tst0 = nc.layer_norm_forward(a0["t"]["x"], N)[1:]
+    mixed = {"numba_weight": lambda: nc.layer_norm_forward(a0["x"], N, a1["w"]),
+             "numba_out": lambda: nc.layer_norm(a0["x"], N, a0["w"], out=out1),
+             "torch_bias": lambda: numbanorm.layer_norm(a1["t"]["x"], N, a1["t"]["w"], a0["t"]["b"]),
+             "torch_backward_x": lambda: nc.layer_norm_backward(a1["t"]["x"], a0["t"]["x"], *tst0, N)}
+    for name, call in mixed.items():
+        out[f"mixed {name}"] = [seen(call) for _ in range(2)]
+    out["current"] = CURRENT  # (every call's device scope closed)
+    print(json.dumps(out))
+
+
 class Foreign:
     """Another library's CUDA array (CuPy-like, but neither CuPy nor torch): a
     ``__cuda_array_interface__`` over a numba array's memory, made anew on each access
     as CuPy's is, with its producer's stream (``stream``; None: no stream)."""
 
-    def __init__(self, a, stream=None):
-        self.a, self.stream = a, stream
+    def __init__(self, a, stream=None, readonly=False):
+        self.a, self.stream, self.readonly = a, stream, readonly
         self.shape, self.dtype = a.shape, a.dtype
 
     @property
     def __cuda_array_interface__(self):
         a = self.a
         return {"shape": a.shape, "strides": None, "typestr": a.dtype.str, "version": 3,
-                "data": (a.device_ctypes_pointer.value, False), "stream": self.stream}
+                "data": (a.device_ctypes_pointer.value, self.readonly), "stream": self.stream}
 
 
 def _frontends():
@@ -345,9 +550,34 @@ def host(M, N, calls, device_array, launches):
         for _ in range(3):
             frontend.layer_norm_forward(fx, N, fw, fb)
         paths[name] = (lambda frontend=frontend: frontend.layer_norm_forward(fx, N, fw, fb), resolved)
+    # the same calls on CUDA torch tensors and CuPy arrays (the stand-ins of _fake_libs), on
+    # their default streams: the public functions (replayed) and the full path; and the
+    # stand-ins' own share: one allocation, one current-stream query
+    import _fake_libs
+    import cupy
+    import torch
+
+    for lib in ("torch", "cupy"):
+        make, _, _ = _library_arrays(f"{lib} default stream", "float16")
+        for name, call in cases(M, N, make, full).items():
+            for _ in range(3):  # compiled, resolved, learned
+                call(nc), call(full)
+            n0, a0 = len(launches), len(_fake_libs.LOG)
+            call(nc)
+            out[f"{name}_{lib}_launches"] = len(launches) - n0
+            out[f"{name}_{lib}_allocs"] = sum(e[0].endswith("alloc") for e in _fake_libs.LOG[a0:])
+            paths[f"{name}_{lib}"] = (lambda call=call: call(nc), resolved)
+            paths[f"{name}_{lib}_full"] = (lambda call=call: call(full), resolved)
+    paths["torch_alloc"] = (lambda: torch.empty((M, N), dtype=torch.float16, device="cuda:0"), resolved)
+    paths["torch_stream"] = (lambda: torch._C._cuda_getCurrentRawStream(0), resolved)
+    paths["cupy_alloc"] = (lambda: cupy.empty((M, N), np.float16), resolved)
+    paths["cupy_stream"] = (lambda: cupy.cuda.get_current_stream().ptr, resolved)
     paths["stub_alloc"] = (lambda: device_array((M, N), np.float16), resolved)
     paths["numba_array"] = (lambda: devicearray.DeviceNDArray((M, N), (2 * N, 2), np.dtype(np.float16), gpu_data=mem),
                             resolved)
+    only = __import__("os").environ.get("NN_PATHS")  # (a comma-separated few of them, to look closer)
+    if only:
+        paths = {k: v for k, v in paths.items() if k in only.split(",")}
     import gc
 
     gc.collect()
@@ -355,7 +585,7 @@ def host(M, N, calls, device_array, launches):
     if __import__("os").environ.get("NN_CALLGRIND"):
         for name, (call, table) in paths.items():
             C._RESOLVED.update(table)
-            del launches[:]
+            del launches[:], _fake_libs.LOG[:]
             _region(call, calls)
             out["order"].append(name)
         C._RESOLVED.update(resolved)
@@ -365,7 +595,7 @@ def host(M, N, calls, device_array, launches):
     for _ in range(7):
         for name, (call, table) in paths.items():
             C._RESOLVED.update(table)
-            del launches[:]
+            del launches[:], _fake_libs.LOG[:]
             c = time.thread_time()
             for _ in range(calls):
                 call()
@@ -380,12 +610,12 @@ def _count_allocs(device_array):
     return device_array.count[0]
 
 
-def replay(M, N, device_array, launches):
-    """Each case's calls, and calls that differ from them in one thing, through the public
-    frontend (replays on) and through the full path: per call, what reached the driver
-    and what came back, with the addresses the call allocated named by allocation order
-    (``new<k>+<offset>``); and whether the call was replayed."""
-    from numba.cuda.cudadrv import driver
+def _seer(device_array, launches):
+    """``(nc, full, seen)``: the public frontend (replays on) and the full path, and
+    ``seen(call, frontend)``: what reached the driver and what came back from ``call`` made
+    through one of them, with the addresses the call allocated named by allocation order
+    (``new<k>+<offset>``); whether it was replayed; the error it raised."""
+    import _fake_libs
 
     from numbanorm.cuda._kernels import common as C
 
@@ -395,24 +625,57 @@ def replay(M, N, device_array, launches):
     nc.replays.replay = lambda sig: (lambda r: replayed.append(r is not None) or r)(real(sig))
 
     def seen(call, nc):
-        del launches[:], device_array.log[:]
+        del launches[:], device_array.log[:], device_array.sizes[:], _fake_libs.LOG[:]
         n = len(replayed)
-        res = call(nc)
-        fresh = sorted(device_array.log)
+        try:
+            res, error = call(nc), None
+            res = res if type(res) is tuple else (res,)  # (layer_norm returns y alone)
+        except Exception as e:  # (refused alike by both paths, or not)
+            res, error = (), f"{type(e).__name__}: {e}"
+        # what the call allocated (numba's arrays, the libraries'), by address
+        fresh = sorted([*zip(device_array.log, device_array.sizes),
+                        *((e[1], e[2]) for e in _fake_libs.LOG if e[0].endswith("alloc"))])
 
         def label(v):
             if type(v) is int and v in C._DUMMIES:
-                return "dummy"  # (made on first use: fresh on a first call)
-            if type(v) is not int or v < (1 << 40) or not fresh or v < fresh[0]:
-                return v  # a scalar, or the caller's arrays and the dummies: the same every call
-            k = max(i for i, a in enumerate(fresh) if a <= v)
-            return f"new{k}+{v - fresh[k]}"
+                return "dummy"
+            for k, (at, size) in enumerate(fresh):
+                if type(v) is int and at <= v < at + max(size, 1):
+                    return f"new{k}+{v - at}"
+            return v  # a scalar, or the caller's arrays: the same every call
 
         sent = [dict(la, args=[label(a) for a in la["args"]]) for la in launches]
-        got = [(type(r).__name__, list(m.shape), list(m.strides), str(m.dtype), label(m.device_ctypes_pointer.value))
-               for r, m in ((r, r.a if type(r) is Foreign else r) for r in res)]
-        return {"launches": sent, "results": got, "replayed": any(replayed[n:])}
+        got = [(type(r).__name__, *_layout(r.a if type(r) is Foreign else r, label)) for r in res]
+        return {"launches": sent, "results": got, "replayed": any(replayed[n:]), "error": error}
 
+    return nc, full, seen
+
+
+def every(M, N, dtype, device_array, launches):
+    """Each operation's forward and backward (``cases``) on numba arrays of ``dtype`` (x,
+    weight, bias), and LayerNorm's and RMSNorm's without a weight (absent arguments as
+    dummies), each four times through the public frontend and the full path (``_seer``)."""
+    from numbanorm.cuda._kernels import common as C
+
+    nc, full, seen = _seer(device_array, launches)
+    dt = C.BF16 if dtype == "bfloat16" else np.dtype(dtype)
+    calls = cases(M, N, device_array, full, dt)
+    x, dy = device_array((M, N), dt), device_array((M, N), dt)
+    ln, rms = full.layer_norm_forward(x, N)[1:], full.rms_norm_forward(x, N)[1:]
+    calls.update({"layer_norm_forward_no_weight": lambda nc: nc.layer_norm_forward(x, N),
+                  "layer_norm_backward_no_weight": lambda nc: nc.layer_norm_backward(dy, x, *ln, N),
+                  "rms_norm_forward_no_weight": lambda nc: nc.rms_norm_forward(x, N),
+                  "rms_norm_backward_no_weight": lambda nc: nc.rms_norm_backward(dy, x, *rms, N)})
+    print(json.dumps({name: [(seen(call, nc), seen(call, full)) for _ in range(4)] for name, call in calls.items()}))
+
+
+def replay(M, N, device_array, launches):
+    """Each case's calls, and calls that differ from them in one thing, through the public
+    frontend (replays on) and through the full path (``_seer``), each four times: compiled,
+    resolved, learned, replayed."""
+    from numba.cuda.cudadrv import driver
+
+    nc, full, seen = _seer(device_array, launches)
     f16, f32 = np.float16, np.float32
     x = device_array((M, N), f16)
     w, b = device_array((N,), f16), device_array((N,), f16)
@@ -432,12 +695,15 @@ def replay(M, N, device_array, launches):
         "eps": lambda nc: nc.layer_norm_forward(x, N, w, b, 1e-3),
         "eps_int": lambda nc: nc.layer_norm_forward(x, N, w, b, 1),
         "stream": lambda nc: nc.layer_norm_forward(x.bind(stream), N, w, b),
-        "out": lambda nc: nc.layer_norm_forward(x, N, w, b, out=out),
+        "out": lambda nc: nc.layer_norm(x, N, w, b, out=out),  # the plain forward: same path and key
         "same_dy_and_x": lambda nc: nc.layer_norm_backward(x, x, *st, N, w),
         "foreign": lambda nc: nc.layer_norm_forward(Foreign(x, 0x5EED), N, Foreign(w), Foreign(b)),
         "foreign_stream": lambda nc: nc.layer_norm_forward(Foreign(x, 0xBEEF), N, Foreign(w), Foreign(b)),
-        "foreign_out": lambda nc: nc.layer_norm_forward(Foreign(x, 0x5EED), N, Foreign(w), Foreign(b),
-                                                        out=Foreign(out)),
+        "foreign_out": lambda nc: nc.layer_norm(Foreign(x, 0x5EED), N, Foreign(w), Foreign(b), out=Foreign(out)),
+        "foreign_readonly_out": lambda nc: nc.layer_norm(Foreign(x, 0x5EED), N, Foreign(w), Foreign(b),
+                                                         out=Foreign(out, readonly=True)),
+        "foreign_readonly_x": lambda nc: nc.layer_norm(Foreign(x, 0x5EED, readonly=True), N, Foreign(w),
+                                                       Foreign(b), out=Foreign(out)),
         "other_dy": lambda nc: nc.layer_norm_backward(dy, x, *st, N, w),
     }
     w2, b2 = w.reshape(2, N // 2), b.reshape(2, N // 2)  # normalized_shape (2, N / 2)
@@ -452,6 +718,28 @@ def replay(M, N, device_array, launches):
     st = full.layer_norm_forward(x, N, w, b)[1:]
     calls = dict(cases(M, N, device_array, full))
     calls.update(other)
+    for lib, dtype in (("torch", "float16"), ("torch", "bfloat16"), ("torch default stream", "float16"),
+                       ("cupy", "float32")):  # the stand-ins of CUDA torch and CuPy
+        make, on_stream, _ = _library_arrays(lib, dtype)
+        with on_stream:
+            calls.update({f"{lib} {dtype} {k}": _within(on_stream, c)
+                          for k, c in cases(M, N, make, full, None).items()})
+    make, on_stream, _ = _library_arrays("torch", "float16")
+    import torch
+
+    tx, tw, tout, twide = make((M, N), None), make((N,), None), make((M, N), None), make((M, N + 8), None)
+    tdy32 = torch.empty((M, N), dtype=torch.float32, device="cuda:0")
+    tgrad = make((M, N), None)
+    tgrad.requires_grad = True
+    with on_stream:
+        tst = full.layer_norm_forward(tx, N, tw)[1:]
+    calls.update({f"torch {k}": _within(on_stream, c) for k, c in {
+        "out": lambda nc: nc.layer_norm(tx, N, tw, out=tout),
+        "out_is_x": lambda nc: nc.rms_norm(tx, N, tw, out=tx),
+        "float32_dy": lambda nc: nc.layer_norm_backward(tdy32, tx, *tst, N, tw),
+        "strided": lambda nc: nc.layer_norm_forward(twide[:, :N], N, tw),
+        "requires_grad": lambda nc: nc.layer_norm_forward(tgrad, N, tw),
+        "eps": lambda nc: nc.layer_norm_forward(tx, N, tw, None, 1e-3)}.items()})
     res = {}
     for name, call in calls.items():  # each call four times: compiled, resolved, learned, replayed
         res[name] = [(seen(call, nc), seen(call, full)) for _ in range(4)]
@@ -461,6 +749,25 @@ def replay(M, N, device_array, launches):
     for name in other:
         res["again"].append((seen(calls[name], nc), seen(calls[name], full)))
     print(json.dumps(res))
+
+
+def _within(scope, call):
+    """``call`` made inside ``scope`` (a library's stream) each time."""
+    def within(nc):
+        with scope:
+            return call(nc)
+
+    return within
+
+
+def _layout(r, label):
+    """``[shape, strides in bytes, dtype, labelled address]`` of a result of any array type."""
+    if hasattr(r, "data_ptr"):  # torch's
+        item = r.element_size()
+        return [list(r.shape), [s * item for s in r.stride()], str(r.dtype), label(r.data_ptr())]
+    if hasattr(r, "device_ctypes_pointer"):
+        return [list(r.shape), list(r.strides), str(r.dtype), label(r.device_ctypes_pointer.value)]
+    return [list(r.shape), list(r.strides), str(r.dtype), label(r.data.ptr)]  # CuPy's
 
 
 def shared(M, N, device_array, launches, cufuncs):
@@ -486,13 +793,61 @@ def shared(M, N, device_array, launches, cufuncs):
         out[name] = []
         for k, fe in enumerate((full, full, full, nc, nc, nc, nc)):
             if k == 6:
-                cufuncs.clear()  # a new context: the kernel loaded anew, its attribute not set there
+                cufuncs.clear(), C._LOADED.clear()  # a new context: the kernel loaded anew, not allowed there
             del launches[:]
             n = len(replayed)
             call(fe)
             out[name].append({"events": [{k: v for k, v in la.items() if k != "args"} for la in launches],
                               "replayed": any(replayed[n:])})
     print(json.dumps(out))
+
+
+def optin(which, device_array, launches, cufuncs, statics):
+    """LayerNorm forward (x staged) and backward (x and dy) of 4 rows of each length in
+    ``BOUNDARIES[which]``, each call in a new context (the loaded kernels forgotten): the
+    full path twice (numba's dispatcher, the direct launch), then the public frontend three
+    times (learned, replayed): per call, what reached the driver, and the static shared
+    memory ptxas gives each kernel launched with dynamic shared memory."""
+    from numbanorm.cuda._kernels import common as C
+
+    nc, full = _frontends()
+    replayed = []
+    real = nc.replays.replay
+    nc.replays.replay = lambda sig: (lambda r: replayed.append(r is not None) or r)(real(sig))
+    out = {}
+    for direction, dtype, N in BOUNDARIES[which]:
+        dt = C.BF16 if dtype == "bfloat16" else np.dtype(dtype)
+        x, dy, w = device_array((4, N), dt), device_array((4, N), dt), device_array((N,), dt)
+        acc = np.float64 if dtype == "float64" else np.float32
+        st = (device_array((4, 1), acc), device_array((4, 1), acc))
+        if direction == "forward":
+            call = lambda fe: fe.layer_norm_forward(x, N, w, w)  # noqa: E731
+        else:
+            call = lambda fe: fe.layer_norm_backward(dy, x, *st, N, w)  # noqa: E731
+        calls = []
+        for fe in (full, full, nc, nc, nc):
+            cufuncs.clear(), C._LOADED.clear()  # a new context: the kernel loaded anew, not allowed there
+            del launches[:]
+            n = len(replayed)
+            call(fe)
+            calls.append({"events": [{k: v for k, v in la.items() if k != "args"} for la in launches],
+                          "replayed": any(replayed[n:])})
+        staged = {la["lib"] for c in calls for la in c["events"] if la.get("shared")}
+        out[f"{direction} {dtype} {N}"] = {"calls": calls, "static": {str(k): statics[k] for k in staged}}
+    print(json.dumps(out))
+
+
+# (direction, dtype, N): each side of the 48 KB boundary of static (the reductions' scratch) and
+# dynamic shared memory (the staged row: x, or x and dy) together; 16-byte words (N a multiple
+# of 8 or 4) and elements (odd N) compile two kernels
+BOUNDARIES = {
+    "forward": [("forward", "float16", n) for n in (24448, 24449, 24576, 24577)]
+    + [("forward", "bfloat16", n) for n in (24448, 24449, 24576)]
+    + [("forward", "float32", n) for n in (12224, 12225, 12288)]
+    + [("forward", "float64", n) for n in (6080, 6081, 6144)],
+    "backward": [("backward", "float16", n) for n in (12192, 12193, 12288, 12289)]
+    + [("backward", "bfloat16", n) for n in (12192, 12193, 12288)],
+}
 
 
 def sweep(N, M_max, device_array, libraries, launches, C, LN, RW):

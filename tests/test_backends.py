@@ -71,9 +71,9 @@ def _launch_streams(monkeypatch):
     seen = []
     real = C.launch
 
-    def recording(kernel, grid, block, stream, *args):
+    def recording(kernel, grid, block, stream, *args, **kwargs):
         seen.append(stream)
-        return real(kernel, grid, block, stream, *args)
+        return real(kernel, grid, block, stream, *args, **kwargs)
 
     monkeypatch.setattr(C, "launch", recording)
     return seen

@@ -17,13 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from numbanorm import measure
-from numbanorm.measure import Case, Runner
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the repository's benchmarks/ package (not installed)
 
-from benchmarks import compare, harness, readme_table, targets  # noqa: E402
+from benchmarks import compare, harness, measure, readme_table, targets  # noqa: E402
+from benchmarks.measure import Case, Runner  # noqa: E402
 
 
 # ------------------------------------------------------------------ byte accounting
@@ -176,19 +174,17 @@ def test_threads_are_set_alike_and_checked():
 # ------------------------------------------------------------------ progress bar
 
 
-def test_text_progress_bar_without_tqdm(monkeypatch):
+def test_progress_without_tqdm_is_a_line_per_case(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "tqdm", None)
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)
-    bar = measure.progress(4, "x")
-    assert isinstance(bar, measure.TextBar)
-    s = io.StringIO()
-    bar = measure.TextBar(4, "sweep", stream=s)
-    for i in range(4):
-        bar.set_postfix_str(f"case {i}")
-        bar.update()
-    bar.close()
-    text = s.getvalue()
-    assert "sweep [" in text and "4/4" in text and "case 3" in text
+    for disable in (False, True):
+        bar = measure.progress(4, "sweep", disable=disable)
+        for i in range(4):
+            bar.set_postfix_str(f"case {i}")
+            bar.update()
+        bar.close()
+        err = capsys.readouterr().err.splitlines()
+        assert err == ([] if disable else [f"sweep {i + 1}/4 case {i}" for i in range(4)])
 
 
 # ------------------------------------------------------------------ results files
@@ -297,6 +293,17 @@ def test_readme_table_cli_writes_between_markers(tmp_path):
     text = readme.read_text()
     assert readme_table.main([str(path), "--readme", str(readme)]) == 0
     assert readme.read_text() == text and "| layer_norm | 16384x4096 |" in text
+
+
+def test_every_results_file_is_in_the_results_readme():
+    """benchmarks/results/README.md names every file there (archive/ too) and no file that is gone."""
+    import re
+
+    folder = ROOT / "benchmarks" / "results"
+    named = set(re.findall(r"`([^`/ ]+\.(?:json|csv|png))`", (folder / "README.md").read_text()))
+    files = {p.name for p in folder.rglob("*") if p.is_file() and p.name != "README.md"}
+    assert files - named == set(), "files the results README does not list"
+    assert named - files == set(), "the results README lists files that are not there"
 
 
 def test_repository_readme_has_the_markers():
@@ -592,13 +599,51 @@ def test_repository_readme_tables_are_the_committed_results():
     assert readme_table.parse(text, readme_table.DASK_START, readme_table.DASK_END) == readme_table.dask_rows(dask_run)
 
 
-def _script(name):
-    import importlib.util
+def test_repository_targets_table_shows_every_cpu_kinds_file():
+    """The README's targets table is what readme_table makes of the committed targets-<kind>.json
+    files, one column per CPU kind, and no file is left out."""
+    files = sorted((ROOT / "benchmarks" / "results").glob("targets-*.json"))
+    runs = [harness.load_results(p) for p in files]
+    text = (ROOT / "README.md").read_text()
+    assert {p.name for p in files} >= {"targets-epyc.json", "targets-xeon.json"}
+    cells = readme_table.parse(text, readme_table.TARGETS_START, readme_table.TARGETS_END)
+    assert cells and cells == readme_table.targets_rows(runs)
+    assert all(f"`benchmarks/results/{p.name}`" in text for p in files)
 
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+
+def test_targets_side_by_side_say_which_run_is_older_and_what_it_lacks(tmp_path):
+    old, new = (harness.load_results(_synthetic_results(tmp_path / d)) for d in ("a", "b"))
+    old["meta"]["machine"].update(cpu="AMD EPYC", cpu_target=None)
+    old["meta"]["git"] = {"commit": "ad014739d528", "uncommitted": []}
+    new["meta"]["machine"]["cpu"] = "Intel(R) Xeon(R) Processor"
+    new["meta"]["date"] = "2026-01-04T00:00:00+00:00"
+    old["rows"] = [r for r in old["rows"] if r["norm"] != "rms_norm"]
+    block = readme_table.render_targets([old, new], ["e.json", "x.json"])
+    assert "| target | case | limit | epyc | xeon |" in block
+    epyc, xeon = (ln for ln in block.splitlines() if ln.startswith("- *"))
+    assert "measured 2026-01-01 at commit `ad01473`" in epyc and "3 day(s) older than the newest" in epyc
+    assert "older" not in xeon and "CPU target not recorded" in epyc
+    rows = {(r[0], r[1]): r[3:] for r in readme_table.targets_rows([old, new])}
+    assert rows[("forward <= 0.7x torch (large)", "rms_norm 16384x4096")] == ("not measured", "0.50x")
+    assert rows[("forward out= <= 1.15x np.copyto", "layer_norm 16384x4096")] == ("**1.20x FAIL**",) * 2
+    text = readme_table.update(f"{readme_table.TARGETS_START}\n{readme_table.TARGETS_END}", block,
+                               readme_table.TARGETS_START, readme_table.TARGETS_END)
+    assert readme_table.parse(text, readme_table.TARGETS_START, readme_table.TARGETS_END) == \
+        readme_table.targets_rows([old, new])
+
+
+def test_a_targets_run_is_named_by_its_cpu_kind(monkeypatch):
+    from benchmarks import run
+
+    assert harness.cpu_kind("AMD EPYC 7B13 64-Core Processor") == "epyc"
+    assert harness.cpu_kind("Intel(R) Xeon(R) Platinum 8592+") == "xeon"
+    assert harness.cpu_kind("Some New Chip", "znver5") == "znver5"  # no brand word: LLVM's name
+    monkeypatch.setattr(harness, "cpu_kind", lambda *a: "xeon")
+    assert run.targets_stem() == "targets-xeon"
+
+
+def _script(name):
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def test_fused_benchmark_runs_on_a_tiny_shape(tmp_path, capsys):
@@ -664,7 +709,7 @@ def test_a_16_bit_case_times_every_peer_and_both_floors():
     assert {r["impl"] for r in back} == {"numbanorm.cpu", "torch", "numbanorm.torch"}
 
 
-def test_the_faster_floor_is_the_larger_ratio_and_issue_13_targets_are_measured():
+def test_the_faster_floor_is_the_larger_ratio_and_the_16_bit_targets_are_measured():
     t = next(t for t in targets.TARGETS if t.versus == "floors" and t.dtype == "float16")
     row = {"impl": "numbanorm.cpu", "device": "cpu", "dtype": "float16", "norm": t.norm, "shape": list(t.shape),
            "direction": "forward", "mode": "out", "groups": None, "x_floor": 1.1, "x_floor_threads": 1.3}
@@ -754,3 +799,71 @@ def test_design_probes_call_the_kernels_with_their_current_arguments():
     back = design_probes.backward_streaming(1, shapes=((8, 96),), dtypes=("float32",))
     assert [c["fresh_output"] for c in back["cases"]] == [True, False]
     assert all(c["ratio_to_copy"]["streaming"] > 0 and c["ratio_to_copy"]["ordinary"] > 0 for c in back["cases"])
+
+
+def test_the_streaming_sweep_spans_its_range_of_the_cache_in_whole_mib():
+    from fractions import Fraction
+
+    from benchmarks import streaming
+
+    got = streaming.sizes(16 << 20, Fraction(1, 8), Fraction(8))
+    assert [s >> 20 for s in got] == [2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128]
+    assert [s >> 20 for s in streaming.sizes(300 << 20, Fraction(1, 8), Fraction(1, 4))] == [38, 56, 75]
+    assert streaming.shape_of("layer_norm", 16 << 20) == (1024, 4096)
+    assert streaming.shape_of("group_norm", 8 << 20) == (8, 64, 64, 64)
+
+
+def test_the_streaming_crossover_is_where_streaming_wins_from_there_up():
+    from benchmarks import streaming
+
+    def cases(wins):  # {mib: [streaming/ordinary per norm]}
+        return [{"mib": m, "streaming_over_ordinary": r} for m, rs in wins.items() for r in rs]
+
+    assert streaming.crossover(cases({4: [1.2, 0.9], 8: [0.9, 0.8], 16: [0.7, 0.6]})) == 8 << 20
+    # a size where one norm loses again moves it above that size
+    assert streaming.crossover(cases({4: [0.9, 0.9], 8: [1.1, 0.8], 16: [0.7, 0.6]})) == 16 << 20
+    assert streaming.crossover(cases({4: [0.9], 8: [1.1]})) is None
+
+
+def test_the_streaming_sweep_times_each_store_kind_and_restores_the_threshold():
+    from benchmarks import streaming
+    from numbanorm.cpu._kernels import memory
+
+    before = memory.STREAM_MIN_BYTES
+    for norm in streaming.NORMS:
+        c = streaming.case(norm, 1 << 20, rounds=1, then_read=norm == "layer_norm", budget_s=0)
+        assert set(c["ratio_to_copy"]) >= {"copy_threads", "ordinary", "streaming"}
+        assert all(v > 0 for v in c["ratio_to_copy"].values()) and c["mib"] == 1
+        assert ("streaming_over_ordinary_then_read" in c) == (norm == "layer_norm")
+    assert memory.STREAM_MIN_BYTES == before
+
+
+def test_the_narrowing_probe_counts_the_streamed_loop_per_16_elements():
+    from benchmarks import narrowing
+
+    asm = """
+.LBB0_3:
+\tvmovups\t(%rax), %ymm0
+\tvmovntps\t%ymm0, (%rbx)
+\tjne\t.LBB0_3
+.LBB0_7:
+\tvpmovzxwd\t(%r9,%rdi,2), %ymm6
+\tvpsrld\t$16, %ymm7, %ymm6
+\tvcmpunordps\t%ymm7, %ymm12, %ymm8
+\tvblendvps\t%ymm8, %ymm6, %ymm7, %ymm6
+\tvextractf128\t$1, %ymm6, %xmm7
+\tvpackusdw\t%xmm7, %xmm6, %xmm6
+\tvmovntdq\t%xmm6, (%r10,%rdi,2)
+\taddq\t$8, %rdi
+\tjne\t.LBB0_7
+"""
+    loop = narrowing.streamed_loop(asm)
+    assert loop[0].startswith("vpmovzxwd") and loop[-1].startswith("jne")  # not the staged copy's loop
+    c = narrowing.count(loop)
+    assert c["elements_per_iteration"] == 8  # one 16-byte store of 16-bit bits
+    assert c["vector_per_16"] == 14 and c["narrowing_per_16"] == 10
+    assert narrowing.cpu_env("host") == {}
+    env = narrowing.cpu_env("znver3")
+    assert env["NUMBA_CPU_NAME"] == "znver3"
+    feats = env["NUMBA_CPU_FEATURES"].split(",")
+    assert "+avx2" in feats and "+f16c" in feats and not any(f.startswith("+avx512") for f in feats)

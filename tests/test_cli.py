@@ -76,13 +76,62 @@ def test_check_catches_nan(capsys, monkeypatch):
     assert cli.main(["check", "--impl", "cpu", "--dtype", "float32"]) == 1
 
 
-def test_check_unknown_and_unusable_implementations(capsys, monkeypatch):
-    assert cli.main(["check", "--impl", "nope"]) == 2
+def _usage_error(argv, capsys):
+    """The error line argparse prints for ``argv`` (it must exit 2)."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"usage: numbanorm {argv[0]}" in err
+    return next(line for line in err.splitlines() if ": error: " in line).split(": error: ", 1)[1]
+
+
+@pytest.mark.parametrize("command", ["check", "bench"])
+def test_an_unknown_implementation_is_named_with_the_valid_ones(command, capsys):
+    """check and bench refuse a bad --impl alike: the value, the valid names, exit 2; the
+    oracle is no kernel to check or time, and says so."""
+    from numbanorm import registry
+
+    kernels = [n for n in registry.IMPLEMENTATIONS if n != "oracle"]
+    msg = _usage_error([command, "--impl", "bogus"], capsys)
+    assert msg == f"argument --impl: invalid choice: 'bogus' (choose from {', '.join(map(repr, kernels))})"
+    msg = _usage_error([command, "--impl", "oracle"], capsys)
+    assert "'oracle'" in msg and "reference" in msg and all(repr(k) in msg for k in kernels)
+    msg = _usage_error([command, "--dtype", "int8"], capsys)
+    assert "'int8'" in msg and "'bfloat16'" in msg and "'float32'" in msg
+
+
+@pytest.mark.parametrize("command", ["check", "bench"])
+def test_an_unusable_implementation_is_said_alike(command, capsys, monkeypatch):
     from numbanorm import registry
 
     monkeypatch.setitem(registry.IMPLEMENTATIONS, "ghost", "numbanorm.no_such_module")
-    assert cli.main(["check", "--impl", "ghost"]) == 1
-    assert "not usable" in capsys.readouterr().out
+    assert cli.main([command, "--impl", "ghost"]) == 1
+    assert "ghost: not usable here: ModuleNotFoundError" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["check", "bench"])
+def test_bfloat16_needs_ml_dtypes_and_says_so(command, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # as if it were not installed
+    msg = _usage_error([command, "--dtype", "bfloat16"], capsys)
+    assert "bfloat16" in msg and "pip install ml-dtypes" in msg
+
+
+def test_check_and_bench_run_bfloat16(capsys, monkeypatch):
+    """bfloat16 on the CPU kernels through both commands (LayerNorm only: each dtype compiles
+    its own kernels)."""
+    pytest.importorskip("ml_dtypes")
+    from numbanorm import measure, operations
+
+    monkeypatch.setattr(operations, "OPERATIONS", (operations.BY_NAME["layer_norm"],))
+    assert cli.main(["check", "--impl", "cpu", "--dtype", "bfloat16"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("cpu ")]
+    assert len(lines) == 2 and all(" bfloat16 " in line and line.endswith("pass") for line in lines)
+    monkeypatch.setattr(measure, "NORMS", ("layer_norm",))
+    assert cli.main(["bench", "--tiny", "--repeats", "1", "--threads", "1", "--impl", "cpu", "--no-torch",
+                     "--dtype", "bfloat16", "--no-progress"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if " numbanorm.cpu " in line]
+    assert len(rows) == 3 and all(" bfloat16 " in line for line in rows)  # forward out=, forward, backward
 
 
 def test_bench_tiny(capsys):
@@ -118,7 +167,8 @@ def test_no_arguments_runs_check_then_bench(monkeypatch):
     assert cli.main([]) == 1 and calls == ["check"]  # no benchmark of a failing kernel
 
 
-@pytest.mark.parametrize("argv", [["bogus"], ["check", "--dtype", "int8"], ["bench", "--threads", "0"],
+@pytest.mark.parametrize("argv", [["bogus"], ["check", "--dtype", "int8"], ["bench", "--dtype", "int8"],
+                                  ["check", "--impl", "bogus"], ["bench", "--impl", "bogus"], ["bench", "--threads", "0"],
                                   ["bench", "--threads", "100000"], ["bench", "--budget", "-1"],
                                   ["bench", "--repeats", "x"], ["info", "--what"]])
 def test_bad_arguments_exit_2(argv, capsys):
@@ -247,6 +297,10 @@ def test_info_reports_versions_threads_cache_cpu_and_gpu(capsys):
             assert f" {label} {'yes' if host[key] else 'no'}" in f["cpu target"]
     from numbanorm.cpu._kernels.halves import WIDE_HALVES
     assert f["cpu target"].endswith(f"; 16-bit rows 512 bits wide {'yes' if WIDE_HALVES else 'no'}")
+    from numbanorm.cpu._kernels import memory
+    assert f["streaming"].startswith(f"outputs of {memory.STREAM_MIN_BYTES / 2**20:.1f} MiB or more "
+                                     f"({memory.STREAM_FRACTION} x the {memory.CACHE_BYTES / 2**20:.1f} MiB ")
+    assert f"{memory.CACHE_CPUS} usable CPU(s)" in f["streaming"]
     ok, why = registry.usable("cuda")
     assert f["gpu"].startswith("in use: " if ok else f"not in use: {why.splitlines()[0][:100]}")
     assert ("simulator" in f["gpu"]) == (ok and SIMULATED)

@@ -1,7 +1,7 @@
 """The CPU kernels' own machinery: streaming stores, row blocks, in-place calls, placement.
 
 Large outputs go out through streaming stores (``numbanorm.cpu._kernels.memory``) only
-above the last-level cache size, far beyond the shapes a test can afford; these
+from ``memory.STREAM_MIN_BYTES`` (megabytes), beyond the shapes a test can afford; these
 tests lower the threshold so that small odd shapes take that path, and check it
 bit for bit against the ordinary one.
 """
@@ -360,12 +360,72 @@ def test_out_overlapping_x_by_a_row_gives_the_out_of_place_result(rng, dtype):
     np.testing.assert_array_equal(out4, want)
 
 
-def test_stream_threshold_is_a_quarter_of_the_last_level_cache():
-    assert stream.STREAM_MIN_BYTES == stream._last_level_cache_bytes() // 4 >= 1 << 18
-    y = np.empty(8)
-    assert not stream.should_stream(y)          # small
-    assert stream.should_stream(SimpleNamespace(nbytes=stream.STREAM_MIN_BYTES))
+def _fake_sysfs(folder, entries):
+    """A Linux ``cpu0/cache`` folder: ``entries`` maps index names to their files, and a
+    ``uevent`` file sits beside them as in the real one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "uevent").write_text("")
+    for name, files in entries.items():
+        (folder / name).mkdir()
+        for field, text in files.items():
+            (folder / name / field).write_text(text + "\n")
+    return str(folder)
 
+
+XEON_VM = {"index0": {"level": "1", "type": "Data", "size": "48K", "shared_cpu_list": "0"},
+           "index1": {"level": "1", "type": "Instruction", "size": "32K", "shared_cpu_list": "0"},
+           "index2": {"level": "2", "type": "Unified", "size": "2048K", "shared_cpu_list": "0"},
+           "index3": {"level": "3", "type": "Unified", "size": "307200K", "shared_cpu_list": "0-1"}}
+
+
+def test_the_last_level_cache_is_read_past_files_that_are_not_caches(tmp_path, monkeypatch):
+    """The folder holds a ``uevent`` file beside the ``index*`` ones: reading a size under
+    it raised, and the one handler around the whole loop gave up there, so the cache read
+    was 32 MiB (the default) where listdir named ``uevent`` first -- the Xeon VM's 300 MiB
+    L3 read as 32 MiB."""
+    folder = _fake_sysfs(tmp_path, XEON_VM)
+    real = stream.os.listdir
+    monkeypatch.setattr(stream.os, "listdir", lambda p: sorted(real(p), key=lambda n: n != "uevent"))
+    assert stream.last_level_cache(folder) == (300 << 20, {0, 1})
+
+
+def test_a_cache_entry_that_cannot_be_read_is_skipped_alone(tmp_path):
+    entries = dict(XEON_VM, index4={"level": "4", "type": "Unified"})  # no size
+    entries["index2"] = {"level": "2", "type": "Unified", "size": "1M"}  # no shared_cpu_list
+    assert stream.last_level_cache(_fake_sysfs(tmp_path, entries)) == (300 << 20, {0, 1})
+    del entries["index3"], entries["index4"]
+    assert stream.last_level_cache(_fake_sysfs(tmp_path / "l2", entries)) == (1 << 20, None)
+    assert stream.last_level_cache(str(tmp_path / "missing")) == stream._DEFAULT_CACHE
+
+
+def test_cpu_lists_are_parsed_as_linux_writes_them():
+    assert stream.cpu_list("0-1") == {0, 1}
+    assert stream.cpu_list("0,4-6,9\n") == {0, 4, 5, 6, 9}
+    assert stream.cpu_list("") == set()
+
+
+@pytest.mark.parametrize("cache, cpus, share", [
+    (300 << 20, 2, 16 << 20),   # the Xeon VM: the host's whole L3 shown to 2 vCPUs
+    (32 << 20, 2, 16 << 20),    # the EPYC VM: a Zen 3 CCX's L3 to 2 vCPUs
+    (32 << 20, 16, 32 << 20),   # the whole CCX on bare metal: all of it
+    (300 << 20, 128, 300 << 20),
+    (1 << 20, 0, 1 << 20),      # no CPU counted: one
+])
+def test_the_cache_counted_on_is_the_whole_cache_or_a_share_per_cpu(cache, cpus, share):
+    assert stream.cache_share(cache, cpus, per_cpu=8 << 20) == share
+
+
+def test_the_threshold_is_a_fraction_of_the_cache_counted_on_in_whole_lines():
+    from fractions import Fraction
+
+    assert stream.stream_min_bytes(16 << 20, Fraction(1)) == 16 << 20
+    assert stream.stream_min_bytes(16 << 20, Fraction(1, 4)) == 4 << 20
+    assert stream.stream_min_bytes(1000, Fraction(1, 3)) == 320  # 333 down to whole 64-byte lines
+    # the module's own, from this machine's cache and CPUs
+    assert stream.CACHE_BYTES == stream.cache_share(stream.LAST_LEVEL_CACHE, stream.CACHE_CPUS)
+    assert stream.STREAM_MIN_BYTES == stream.stream_min_bytes(stream.CACHE_BYTES, stream.STREAM_FRACTION)
+    assert not stream.should_stream(SimpleNamespace(nbytes=stream.STREAM_MIN_BYTES - 1))
+    assert stream.should_stream(SimpleNamespace(nbytes=stream.STREAM_MIN_BYTES))
 
 
 @pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])

@@ -261,6 +261,36 @@ def test_cross_warp_sum_is_bit_identical_in_every_lane(rng, tpr, block):
     np.testing.assert_allclose(got[:, 0], vals.reshape(-1, tpr).sum(1), rtol=1e-12, atol=1e-12 * abs(vals).sum())
 
 
+@pytest.mark.cudasim
+@pytest.mark.parametrize("tpr,block", [(16, 64), (256, 256)])
+def test_group_sums_of_n_values_are_group_sum3s_bits(rng, tpr, block):
+    """``group_sums_fn(n)`` (the batched reductions: n values at once) gives every value the
+    bits ``group_sum3`` gives it, in every lane."""
+    slots = _reduce.slots(block)
+    six = _reduce.group_sums_fn(6)
+    float64 = cuda.float64
+
+    @cuda.jit
+    def kernel(vals, got, want):
+        tid = cuda.threadIdx.x
+        scratch = cuda.shared.array((2, 6, slots), float64)
+        v = cuda.local.array(6, float64)
+        for k in range(6):
+            v[k] = vals[k, tid]
+        six(v, scratch, 0, tid, tpr)
+        a, b, c = _reduce.group_sum3(vals[0, tid], vals[1, tid], vals[2, tid], scratch, 1, tid, tpr)
+        d, e, f = _reduce.group_sum3(vals[3, tid], vals[4, tid], vals[5, tid], scratch, 0, tid, tpr)
+        for k in range(6):
+            got[k, tid] = v[k]
+        want[0, tid], want[1, tid], want[2, tid] = a, b, c
+        want[3, tid], want[4, tid], want[5, tid] = d, e, f
+
+    vals = rng.standard_normal((6, block)) * 10.0 ** rng.integers(-8, 8, (6, block))
+    got, want = cuda.device_array((6, block)), cuda.device_array((6, block))
+    kernel[1, block](cuda.to_device(vals), got, want)
+    np.testing.assert_array_equal(got.copy_to_host(), want.copy_to_host())
+
+
 # ---------------------------------------------------------------- arrays in and out
 
 def test_device_arrays_in_device_arrays_out(rng):
@@ -337,13 +367,15 @@ def test_mixed_sides_rejected_without_importing_numba_cuda():
 
 
 def test_unavailable_without_numba_cuda():
-    """No numba-cuda: importing works, is_available() is False, every function says why."""
+    """No numba-cuda: importing works, is_available() is False, every function says why
+    and keeps its signature."""
     code = textwrap.dedent("""
-        import sys
+        import inspect, sys
         sys.modules["numba.cuda"] = None  # as if numba-cuda were not installed
         import numbanorm, numbanorm.cuda as nc
         from numbanorm import registry
         assert not nc.is_available() and "numba-cuda" in nc.why_unavailable()
+        assert inspect.signature(nc.layer_norm_forward) == inspect.signature(numbanorm.layer_norm_forward)
         assert registry.usable("cuda")[0] is False and "cuda" not in registry.available()
         try:
             nc.layer_norm(None, 4)
@@ -475,6 +507,99 @@ def test_bfloat16_non_finite_inputs_propagate():
         ref = getattr(ORACLE, norm.__name__)(x.astype(np.float32), 4).astype(bf16).astype(np.float32)
         assert np.isnan(ref[2]).all()  # NaN rows stay NaN, inf rows as the oracle has them
         np.testing.assert_allclose(y, ref, rtol=2.0 ** -7, atol=2.0 ** -7 * 4, equal_nan=True)
+
+
+@pytest.mark.cudasim
+def test_bfloat16_nan_is_one_bit_pattern_on_both_store_paths():
+    """A NaN result is stored as 0x7FC0 -- what PyTorch's CPU conversion (c10::BFloat16) and
+    the CPU kernels store for a NaN of sign 0 -- whether the row moves in 16-byte words (two
+    elements per cvt.rn.bf16x2, whose NaN is 0x7FFF) or element by element (``store_fn``)."""
+    bf16 = _bf16()
+    x = (np.arange(3 * 64, dtype=np.float32).reshape(3, 64) % 7).astype(bf16)
+    x[1, 5] = np.nan                              # row 1's statistics, and so all its y, NaN
+    for offset, vec in ((0, 8), (1, 1)):
+        flat = cuda.to_device(np.concatenate([np.zeros(offset, bf16), x.ravel()]))
+        xd = flat[offset:].reshape(3, 64)
+        assert C.vec_width(64, xd) == vec
+        for y in (nc.layer_norm(xd, 64).copy_to_host(), nc.rms_norm(xd, 64).copy_to_host()):
+            bits = y.view(np.uint16)
+            assert (bits[1] == C.BF16_NAN).all(), (vec, sorted({hex(b) for b in bits[1]}))
+            assert not np.isnan(y[[0, 2]].astype(np.float32)).any()
+    # what the CPU kernels and PyTorch's CPU conversion store
+    assert (numbanorm.layer_norm(x, 64).view(np.uint16)[1] == C.BF16_NAN).all()
+    torch = pytest.importorskip("torch")
+    assert torch.tensor(float("nan")).to(torch.bfloat16).view(torch.int16).item() == C.BF16_NAN
+
+
+def _kernel_factories():
+    from numbanorm.cuda._kernels import group_norm as GN, row_norm as RW
+
+    return RW.forward_kernel, RW.backward_kernel, GN._forward_kernel, GN._channel_sums_kernel, GN._dx_kernel
+
+
+def _every_kernel(rng, dt, m, n):
+    """Outputs of every row and group kernel (forward, backward, fused) for (m, n) rows of ``dt``."""
+    x, dy, res = _rows(rng, (m, n), dt), _rows(rng, (m, n), dt), _rows(rng, (m, n), dt)
+    w, b = rng.uniform(0.5, 1.5, n).astype(dt), rng.standard_normal(n).astype(dt)
+    out = list(nc.layer_norm_forward(x, n, w, b))
+    out += nc.layer_norm_backward(dy, x, out[1], out[2], n, w)
+    out += nc.add_layer_norm_forward(x, res, n, w, b)
+    out += nc.add_layer_norm_backward(dy, res, x, out[1], out[2], n, w)
+    _, r = nc.rms_norm_forward(x, n, w)
+    out += [r, *nc.rms_norm_backward(dy, x, r, n, w), *nc.add_rms_norm(x, res, n, w)]
+    out += nc.add_rms_norm_backward(dy, res, x, r, n, w)
+    x4, dy4 = x.reshape(m, 4, n // 4), dy.reshape(m, 4, n // 4)
+    gy, gm, gr = nc.group_norm_forward(x4, 2, w[:4], b[:4])
+    return out + [gy, gm, gr, *nc.group_norm_backward(dy4, x4, gm, gr, w[:4])]
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("dtype", [np.float16, "bfloat16", np.float32])
+def test_rows_in_flight_change_no_bits(knobs, rng, dtype):
+    """A row group loads ``common.rows_in_flight`` rows at once (to keep its SM's share of
+    ``SM_BYTES_IN_FLIGHT`` requested) and reduces them together; the rows are independent
+    and every sum keeps its order, so one row at a time or three give the same bits --
+    forward, backward, fused, GroupNorm -- with the last batch of a block partly past M
+    (one block of 8 row groups striding over 37 rows: batches of 24, the second 13 live)."""
+    dt = _bf16() if dtype == "bfloat16" else np.dtype(dtype)
+    outs = []
+    for budget in (1, 10 ** 9):                     # one row in flight; the most (3)
+        knobs(BLOCK_THREADS=32, ROW_RESIDENT=32, SM_BYTES_IN_FLIGHT=budget)
+        for f in _kernel_factories():
+            f.cache_clear()
+        C._RESOLVED.clear()
+        cfg = C.row_config(37, 64, False, 16 // np.dtype(dt).itemsize, C.ROW_RESIDENT)
+        code = cfg.code
+        assert (cfg.grid, cfg.rows) == (1, 8)
+        assert C.rows_in_flight(code, 32) == (1 if budget == 1 else 3)
+        outs.append([to_host(a) for a in _every_kernel(np.random.default_rng(7), dt, 37, 64)])
+    for f in _kernel_factories():
+        f.cache_clear()
+    for a, b in zip(*outs):
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_group_norm_long_groups_staged_at_the_boundary(knobs, rng, dtype):
+    """GroupNorm's long groups are copied to shared memory as they are first read where the
+    copy fits ``STAGE_BYTES``, and read again from global memory where it does not: a group
+    of exactly the capacity, and one word more, against the oracle."""
+    item = np.dtype(dtype).itemsize
+    knobs(**LONG, STAGE_BYTES=256)
+    shared, real = [], C.launch
+    knobs(launch=lambda *a, **k: shared.append(k.get("shared", 0)) or real(*a, **k))
+    cap = 256 // item                             # elements of one staged copy
+    for L, staged in ((cap, True), (cap + 16 // item, False)):
+        x = _rows(rng, (3, 2, L // 2), dtype)     # 3 samples, one group of 2 channels
+        w, b = rng.uniform(0.5, 1.5, 2).astype(dtype), rng.standard_normal(2).astype(dtype)
+        del shared[:]
+        y, m, r = nc.group_norm_forward(x, 1, w, b)
+        assert (shared[0] > 0) == staged, (L, shared)
+        yr, mr, rr = ORACLE.group_norm_forward(x, 1, w, b)
+        assert_close(y, yr, dtype, f"GN y L={L}")
+        assert_close(m, mr, np.float32, "GN mean")
+        assert_close(r, rr, np.float32, "GN rstd")
 
 
 # ---------------------------------------------------------------- real hardware only

@@ -95,22 +95,30 @@ def test_a_replayed_call_hands_the_driver_what_the_full_path_does(tmp_path):
     path (validation, launchers, direct launch) gives it for the same arguments, and the
     same results come back; a call seen before is replayed by its third time at the
     latest; one that differs in shape, dtype, a parameter, eps, alignment (to 2, 8 or
-    16 bytes: element, 8-byte or 16-byte words), out= (overlapping an input or not), which
+    16 bytes: element, 8-byte or 16-byte words), out= (overlapping an input or not; a
+    read-only one, refused by both paths, is never replayed), which
     arguments are the same array or the array type (numba's, another library's through
     the CUDA Array Interface) is not replayed from another call's plan; a strided x
-    (copied first) is never replayed; the caller's stream (a numba array's, a producer's)
-    is used as given."""
+    (copied first) is never replayed; the caller's stream (a numba array's, a producer's,
+    torch's or CuPy's current one) is used as given -- for numba arrays, other CUDA Array
+    Interface arrays, CUDA torch tensors and CuPy arrays alike."""
     res = _run("replay", 64, 1024, env={"NUMBA_CACHE_DIR": str(tmp_path)})
     for name, calls in res.items():
         for k, (public, full) in enumerate(calls):
             assert not full["replayed"], name
             assert public["launches"] == full["launches"], (name, k)
             assert public["results"] == full["results"], (name, k)
-            assert public["launches"] or name == "again", name
+            assert public["error"] == full["error"], (name, k)
+            assert public["launches"] or name in ("again", "torch requires_grad", "foreign_readonly_out"), name
     learned = [n for n in res if n != "again"]
     for name in learned:
         replayed = [public["replayed"] for public, _ in res[name]]
-        if name == "strided":
+        if name == "foreign_readonly_out":  # a read-only out= refused by both paths, after a writable one learned
+            assert replayed == [False] * 4, name
+            assert all(p["error"] == f["error"] == "ValueError: `out` is read-only" for p, f in res[name])
+        elif name == "torch requires_grad":  # refused by the full path (torch's interface), never keyed
+            assert replayed == [False] * 4 and res[name][0][0]["error"].startswith("RuntimeError")
+        elif name.endswith("strided"):
             assert replayed == [False] * 4
             assert res[name][0][0]["launches"][0]["kernel"] == "numba setitem"
         elif name.startswith("out_overlaps"):  # computed apart and copied in: never replayed
@@ -121,7 +129,7 @@ def test_a_replayed_call_hands_the_driver_what_the_full_path_does(tmp_path):
     # a new key is never served by an earlier plan on its first call
     for name in ("dtype", "weight_dtype", "no_bias", "unaligned", "unaligned16", "layer_norm_backward", "foreign"):
         assert not res[name][0][0]["replayed"], name
-    for name in ("shape", "rows", "eps", "eps_int", "out", "same_dy_and_x"):  # (their kernels were resolved)
+    for name in ("shape", "rows", "eps", "eps_int", "out", "same_dy_and_x", "foreign_readonly_x"):  # (resolved)
         assert not res[name][0][0]["replayed"] and res[name][1][0]["replayed"], name
     # the caller's stream, not the stream of the call the plan was learned from
     assert {la["stream"] for public, _ in res["stream"] for la in public["launches"]} == {0x5EED}
@@ -130,8 +138,40 @@ def test_a_replayed_call_hands_the_driver_what_the_full_path_does(tmp_path):
     assert {la["stream"] for public, _ in res["foreign_stream"] for la in public["launches"]} == {0xBEEF}
     assert {la["stream"] for public, _ in res["foreign"] for la in public["launches"]} == {0x5EED}
     assert all(public["results"][0][0] == "Foreign" for public, _ in res["foreign_out"])
+    # CUDA torch tensors and CuPy arrays (tests/_fake_libs.py): every operation forward and
+    # backward, float16 and bfloat16 tensors, out= (x itself too), a float32 dy (cast), eps
+    # ... replayed from their library's allocator, on the library's current stream
+    libs = [n for n in learned if n.startswith(("torch", "cupy"))]
+    assert len(libs) == 38
+    for name in libs:
+        want = 0x70C4 if name.startswith("torch") else 0xC0B1
+        if "default stream" in name:
+            want = 0
+        for public, _ in res[name]:
+            assert {la["stream"] for la in public["launches"]} <= {want}, name
+            assert all(r[0] == ("Tensor" if name.startswith("torch") else "ndarray") for r in public["results"]), name
     # after all of them, each call is still its own (no plan overwritten by another's)
     assert all(public["replayed"] for public, _ in res["again"][:1])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+def test_every_operation_replayed_as_the_full_path_launches_it_in_every_dtype(tmp_path, dtype):
+    """The replayed launches are what the simulator's tests cannot see (the simulator
+    launches through numba's dispatcher: no marshalled arguments, no replays), so the
+    replay path is tested where the launches are real: with the driver stubbed, each
+    operation's forward and backward in each dtype (float16 in the test above), with its
+    weight and bias and LayerNorm/RMSNorm without a weight (absent arguments as dummies),
+    hands the driver the same launches through a replay as through the full path, and
+    returns the same results, call by call; replayed from the third call."""
+    res = _run("every", 64, 1024, dtype, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    assert len(res) == 12
+    for name, calls in res.items():
+        for k, (public, full) in enumerate(calls):
+            assert public["error"] is None and public["launches"], (name, k)
+            assert public["launches"] == full["launches"], (name, k)
+            assert public["results"] == full["results"], (name, k)
+        assert [public["replayed"] for public, _ in calls][2:] == [True, True], name
+        assert dtype in str(calls[0][0]["results"][0]), name  # (dx, y: x's dtype)
 
 
 def test_long_rows_get_their_dynamic_shared_memory_allowed_before_the_launch(tmp_path):
@@ -157,7 +197,107 @@ def test_long_rows_get_their_dynamic_shared_memory_allowed_before_the_launch(tmp
             assert all(e.get("shared", 0) == 0 for e in events if e not in main), (name, k)
             if k in (0, 6):  # the kernel's first launch in its context: allowed first
                 assert attrs == [{"attribute": "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES",
-                                  "value": nbytes, "kernel": main[0]["kernel"]}], (name, k)
+                                  "value": nbytes, "kernel": main[0]["kernel"], "lib": main[0]["lib"],
+                                  "device": 0}], (name, k)
                 assert main.index(attrs[0]) < main.index(launched[0]), (name, k)
             else:
                 assert attrs == [], (name, k)
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_the_opt_in_counts_the_kernels_static_shared_memory(tmp_path, direction):
+    """The 48 KB a block gets without opting in covers static and dynamic shared memory
+    together, and the row kernels carry static scratch for their reductions: at each side
+    of the boundary (float16 and bfloat16 forward at N = 24448 | 24449 .. 24576, float32 at
+    12224 | 12225 .. 12288, float64 at 6080 | 6081 .. 6144; the 16-bit backward, x and dy
+    staged, at 12192 | 12193 .. 12288; rows in 16-byte words and element by element), the
+    driver sees CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES set to the launch's dynamic
+    bytes before the launch exactly where they and the kernel's static size as ``ptxas -v``
+    reports it for sm_90 (what the driver reports for the loaded kernel) pass 48 KB -- on
+    every path: numba's dispatcher, the direct launch, a replay, each in a new context."""
+    if not __import__("numbanorm.cuda._ptx", fromlist=["find_tool"]).find_tool("ptxas"):
+        pytest.skip("ptxas is not installed")
+    res = _run("optin", direction, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    assert len(res) >= 7
+    over = 0
+    for case, got in res.items():
+        calls = got["calls"]
+        assert [c["replayed"] for c in calls] == [False, False, False, True, True], case
+        for k, call in enumerate(calls):
+            events = call["events"]
+            for e in events:
+                if "attribute" in e or not e.get("shared"):
+                    continue
+                static = got["static"][str(e["lib"])]
+                assert static > 0 and e["shared"] + static <= 232448, (case, static)  # the per-block maximum
+                attrs = [a for a in events if "attribute" in a and a["lib"] == e["lib"]]
+                if e["shared"] + static > 48 * 1024:
+                    over += k == 0
+                    assert attrs == [{"attribute": "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES",
+                                      "value": e["shared"], "kernel": e["kernel"], "lib": e["lib"],
+                                      "device": 0}], (case, k)
+                    assert events.index(attrs[0]) < events.index(e), (case, k)
+                else:
+                    assert attrs == [], (case, k)
+    # both sides of the boundary, the dynamic bytes alone under 48 KB on the far side of it
+    assert 0 < over < len(res), over
+
+
+def test_a_call_on_torch_or_cupy_arrays_takes_their_memory_and_stream_only(tmp_path):
+    """Each operation's forward and backward on CUDA torch tensors (float16, bfloat16; on a
+    stream of torch's and on its default stream) and CuPy arrays, by ``numbanorm.cuda`` and
+    the top level, the first call included: every array of the call -- results, the
+    backward's partial sums, a strided x's contiguous copy, a float32 dy's float16 cast --
+    comes from the library's allocator (PyTorch's caching allocator, CuPy's pool: the
+    stand-ins of tests/_fake_libs.py) on the caller's current stream; nothing from numba's
+    (cuMemAlloc, and cuMemFree after it), no synchronization (numba's copy on stream 0
+    would synchronize), no host-device copy, every launch on the caller's stream: what
+    CUDA-graph capture (``torch.cuda.graph``) requires."""
+    res = _run("alloc", 64, 1024, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    assert len(res) == 38
+    for case, got in res.items():
+        lib = case.split()[0]
+        for k, call in enumerate(got["calls"]):
+            where = (case, k)
+            assert call["numba_allocs"] == 0, where
+            assert call["syncs"] == [], where
+            assert call["launch_streams"] == [got["stream"]], where
+            assert call["results"] == [{"torch": "_fake_libs.Tensor", "cupy": "_fake_libs.ndarray"}[lib]], where
+            assert call["lib_allocs"] and {tuple(a[1:]) for a in call["lib_allocs"]} == {(0, got["stream"])}, where
+            if "backward" in case or "dy" in case:  # the partial sums beside the results (and dy's cast)
+                assert len(call["lib_allocs"]) > call["n_results"], where
+            if "strided" in case:
+                assert call["kernels"][0] == "numba setitem", where
+
+
+def test_the_arrays_device_runs_the_call_and_two_devices_are_refused(tmp_path):
+    """Two GPUs (132 and 114 SMs), device 0 current: a call on arrays of device 1 (numba's,
+    torch's, another library's) is launched in device 1's context with a grid sized by its
+    SMs, allocates there, and is replayed only from a plan learned there (its long row's
+    shared-memory opt-in set in device 1's context too); the device scope is closed after
+    every call.  Arrays on both devices: ValueError naming the odd one out, before anything
+    is allocated or launched."""
+    res = _run("devices", 4096, 1024, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    assert res.pop("current") == [0]
+    grids = {0: set(), 1: set()}
+    for case, calls in res.items():
+        if case.startswith("mixed"):
+            continue
+        name, d = case.rsplit(" ", 1)
+        d = int(d)
+        for call in calls:
+            assert call["error"] is None, case
+            assert call["launches"] and {la[0] for la in call["launches"]} == {d}, case
+            assert set(call["numba_allocs"]) | set(call["lib_allocs"]) == {d}, case
+            assert {a[0] for a in call["attributes"]} <= {d}, case
+            grids[d].add(call["launches"][0][1])
+        if name == "staged":  # a plan per device: device 1's first call is not served by device 0's
+            assert not calls[0]["replayed"] and calls[-1]["replayed"], case
+            assert calls[0]["attributes"] == [[d, 65536]] and not any(c["attributes"] for c in calls[1:]), case
+    # the row kernels' grid: a wave of resident blocks on each SM of the call's device
+    assert {264, 4} <= grids[0] and {228, 4} <= grids[1] and 264 not in grids[1], grids
+    for case in ("numba_weight", "numba_out", "torch_bias", "torch_backward_x"):
+        for call in res["mixed " + case]:
+            assert call["error"].startswith("ValueError: `") and "on GPU 1" in call["error"] \
+                and "on GPU 0" in call["error"], (case, call["error"])
+            assert call["launches"] == call["numba_allocs"] == call["lib_allocs"] == [], case

@@ -158,3 +158,36 @@ def test_pack_bf16x2_rounds_as_ml_dtypes():
     finite = ~np.isnan(vals)
     np.testing.assert_array_equal(got[finite], want[finite])
     assert np.isnan(got.view(ml_dtypes.bfloat16).astype(np.float32)[~finite]).all()
+
+
+@cuda.jit
+def _unpack_and_min(words, others, lo, hi, mins):
+    i = cuda.grid(1)
+    if i < words.shape[0]:
+        lo[i], hi[i] = V.unpack_f16x2(words[i])
+        mins[i] = V.min_s16x2(words[i], others[i])
+
+
+@pytest.mark.cudasim
+def test_unpack_f16x2_and_min_s16x2_known_answers(rng):
+    """``unpack_f16x2``: the two float16 of a uint32 (low half first) as float32, exactly (NaN,
+    infinities, subnormals, signed zeros); ``min_s16x2``: the halves' minima as int16 -- which
+    makes cvt's bfloat16 NaN 0x7FFF the stores' 0x7FC0 and leaves every other bfloat16 alone."""
+    import ml_dtypes
+
+    halves = np.concatenate([np.array([np.nan, np.inf, -np.inf, 6e-8, -6e-8, 0.0, -0.0, 65504.0, 1.0, -2.5],
+                                      np.float16), (rng.standard_normal(22) * 100).astype(np.float16)])
+    words = halves.view(np.uint32)
+    others = rng.integers(0, 2 ** 32, words.size, dtype=np.uint64).astype(np.uint32)
+    lo, hi, mins = (cuda.device_array(words.size, t) for t in (np.float32, np.float32, np.uint32))
+    _unpack_and_min[1, 32](cuda.to_device(words), cuda.to_device(others), lo, hi, mins)
+    got = np.stack([lo.copy_to_host(), hi.copy_to_host()], 1).ravel()
+    want = halves.astype(np.float32)
+    np.testing.assert_array_equal(got[1:], want[1:])
+    assert np.isnan(got[0])
+    m = np.minimum(words.view(np.int16), others.view(np.int16))
+    np.testing.assert_array_equal(mins.copy_to_host().view(np.int16), m)
+    # every bfloat16 but NaN is at most 0x7FC0 as an int16: min with it changes only cvt's NaN
+    bits = np.arange(2 ** 16, dtype=np.uint32).astype(np.uint16)
+    values = bits.view(ml_dtypes.bfloat16).astype(np.float32)
+    assert (bits.view(np.int16)[~np.isnan(values)] <= C.BF16_NAN).all()

@@ -1,6 +1,8 @@
 """Every error case of the contract: the right exception, a message naming the
 shapes involved, raised before anything is written (``out`` stays untouched)."""
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
@@ -532,3 +534,49 @@ def test_a_repeated_call_takes_the_small_call_path_and_still_validates():
     # a strided x of the same shape is a different call: same values
     xs = np.repeat(x, 2, axis=-1)[..., ::2]
     np.testing.assert_array_equal(nn.layer_norm(xs, (8,), w, w, 1e-3), first[0])
+
+
+def _outcome(call):
+    """What a call gives: its results' bytes, or its exception's type and message."""
+    try:
+        got = call()
+    except Exception as e:  # noqa: BLE001  (the outcome is the exception)
+        return type(e), str(e)
+    return tuple(np.asarray(a).tobytes() for a in (got if isinstance(got, tuple) else (got,)))
+
+
+_X64 = np.random.default_rng(9).standard_normal((4, 64)).astype(np.float32)
+_D64 = np.random.default_rng(10).standard_normal((4, 64)).astype(np.float32)
+
+
+def _stats():
+    return nn.layer_norm_forward(_X64, 64)[1:]
+
+
+@pytest.mark.parametrize("learned, asked", [
+    (lambda: nn.layer_norm(_X64, 64), lambda: nn.layer_norm(_X64, 64.0)),
+    (lambda: nn.layer_norm(_X64, (64,)), lambda: nn.layer_norm(_X64, (64.0,))),
+    (lambda: nn.layer_norm(_X64, 64), lambda: nn.layer_norm(_X64, Fraction(64))),
+    (lambda: nn.layer_norm(_X64, (64,)), lambda: nn.layer_norm(_X64, (Fraction(64),))),
+    (lambda: nn.rms_norm(_X64, 64), lambda: nn.rms_norm(_X64, 64.0)),
+    (lambda: nn.rms_norm(_X64, (64,)), lambda: nn.rms_norm(_X64, (64.0,))),
+    (lambda: nn.group_norm(_X64.reshape(4, 8, 8), 2), lambda: nn.group_norm(_X64.reshape(4, 8, 8), 2.0)),
+    (lambda: nn.group_norm(_X64.reshape(4, 8, 8), 1), lambda: nn.group_norm(_X64.reshape(4, 8, 8), True)),
+    (lambda: nn.layer_norm_backward(_D64, _X64, *_stats(), (64,), None),
+     lambda: nn.layer_norm_backward(_D64, _X64, *_stats(), (64.0,), None)),
+    (lambda: nn.rms_norm_backward(_D64, _X64, _stats()[1], (64,), None),
+     lambda: nn.rms_norm_backward(_D64, _X64, _stats()[1], (64.0,), None)),
+], ids=["64.0", "(64.0,)", "Fraction", "(Fraction,)", "rms 64.0", "rms (64.0,)", "groups 2.0", "groups True",
+        "backward (64.0,)", "rms backward (64.0,)"])
+def test_a_call_gets_one_answer_whatever_was_called_before(learned, asked):
+    """The small-call path keys a call by what the full path decides on: a call equal to a
+    learned one (64.0 == 64, True == 1) but of another type gets the full path's answer."""
+    from numbanorm.cpu import _backend
+
+    _backend.small_calls._plans.clear()
+    first = _outcome(asked)
+    assert first[0] is TypeError, first  # what the full path says of it
+    learned()
+    learned()  # (the second call is the small-call path's)
+    assert _backend.small_calls._plans
+    assert _outcome(asked) == first

@@ -159,6 +159,86 @@ def test_counts_on_snippet():
     assert s.loads_in_flight(2, 18) == 32
 
 
+# the old LayerNorm backward's shape: each word pair of x and dy in its own guarded block
+# and used at once (a branch, then a use, per pair)
+GUARDED_PAIRS = """
+.L_x_0:
+        /*0000*/               @P0 BRA `(.L_x_1) ;
+        /*0010*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0020*/                   LDG.E.128 R8, desc[UR4][R12.64] ;
+        /*0030*/                   FADD R16, R4, R8 ;
+.L_x_1:
+        /*0040*/               @P1 BRA `(.L_x_2) ;
+        /*0050*/                   LDG.E.128 R4, desc[UR4][R2.64+0x1000] ;
+        /*0060*/                   LDG.E.128 R8, desc[UR4][R12.64+0x1000] ;
+        /*0070*/                   FADD R17, R4, R8 ;
+.L_x_2:
+        /*0080*/               @P2 BRA `(.L_x_0) ;
+"""
+
+# the new shape: every load first (through branches and labels), then the uses; the
+# second row's registers are read only after the first row's barrier
+ALL_LOADS_FIRST = """
+.L_x_0:
+        /*0000*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0010*/               @P0 BRA `(.L_x_1) ;
+        /*0020*/                   LDG.E.128 R8, desc[UR4][R2.64+0x1000] ;
+.L_x_1:
+        /*0030*/                   LDG.E.128 R20, desc[UR4][R12.64] ;
+        /*0040*/                   LDG.E R24, desc[UR4][R14.64] ;
+        /*0050*/                   FADD R16, R4, R5 ;
+        /*0060*/                   FADD R16, R16, R8 ;
+        /*0070*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0080*/                   FADD R17, R20, R24 ;
+        /*0090*/               @P2 BRA `(.L_x_0) ;
+"""
+
+# a load issued for the next iteration, waited for after the back edge
+ACROSS_THE_BACK_EDGE = """
+.L_x_0:
+        /*0000*/                   FADD R16, R4, R5 ;
+        /*0010*/                   LDG.E.128 R8, desc[UR4][R2.64] ;
+        /*0020*/                   LDG.E.128 R4, desc[UR4][R12.64] ;
+        /*0030*/                   FADD R17, R8, R9 ;
+        /*0040*/               @P2 BRA `(.L_x_0) ;
+"""
+
+
+def test_loads_in_flight_until_each_is_waited_for():
+    """Bytes a thread has requested and not yet waited for: a load is waited for where its
+    registers are first read, not at a branch, a label or a barrier; reading one load's
+    registers waits for that load alone; a load left in flight across the back edge
+    counts with the next iteration's."""
+    s = G.Sass(GUARDED_PAIRS)
+    assert s.loads_in_flight(0, len(s.ins) - 1) == 32       # a pair at a time
+    s = G.Sass(ALL_LOADS_FIRST)
+    # 16 + 16 + 16 + 4 in flight before R4 is read; R20 and R24 stay in flight past the barrier
+    assert s.loads_in_flight(0, len(s.ins) - 1) == 52
+    s = G.Sass(ACROSS_THE_BACK_EDGE)
+    assert s.loads_in_flight(0, len(s.ins) - 1) == 32       # R4's load, then R8's
+
+
+def test_registers_read_and_written():
+    read, written = G._registers(G.Instr(0, "", "LDG.E.128", "R4, desc[UR4][R2.64+0x10]"))
+    assert written == {4, 5, 6, 7} and read == {2, 3}
+    read, written = G._registers(G.Instr(0, "", "STG.E.64", "desc[UR4][R2.64], R6"))
+    assert written == set() and read == {2, 3, 6}
+    read, written = G._registers(G.Instr(0, "", "IMAD.WIDE.U32", "R8, R1, UR4, R10"))
+    assert written == {8, 9} and read == {1, 10}
+    assert G._registers(G.Instr(0, "", "FADD", "R16, -R4.reuse, UR5"))[0] == {4}
+
+
+def test_resident_threads_and_littles_law():
+    # 512 threads' worth of registers; a persistent grid of 264 blocks of 256: 2 per SM
+    assert G.resident_threads(1024, 264, 256) == 512
+    assert G.resident_threads(512, 10 * G.SMS, 256) == 512
+    # Little's law: 40 KB per SM on 132 SMs over the assumed loaded latency is the model's bandwidth
+    assert G.LATENCY_S == pytest.approx(G.IN_FLIGHT_MIN * G.SMS / G.DRAM_BYTES_PER_S, rel=0.01)
+    assert G.hbm_fraction(G.IN_FLIGHT_MIN) == pytest.approx(1.0, rel=0.01)
+    assert G.hbm_fraction(16384) == pytest.approx(0.4, rel=0.01)
+    assert G.hbm_fraction(10 ** 6) == 1.0
+
+
 def test_global_bits():
     assert [G.global_bits(op) for op in ("LDG.E.128", "LDG.E.64", "LDG.E", "LDG.E.U16", "LDG.E.S8",
                                          "STG.E.64", "LDG.E.EF.128.CONSTANT")] == [128, 64, 32, 16, 8, 64, 128]
@@ -181,14 +261,16 @@ def test_model_arithmetic():
 
 def _rec(**kw):
     r = {"kernel": "layer_norm_forward", "launch": "main", "dtype": "float16", "N": 8192,
-         "spill_bytes": 0, "global_load_bits": 128, "issue_memory_ratio": 0.5}
+         "spill_bytes": 0, "global_load_bits": 128, "issue_memory_ratio": 0.5,
+         "sass_bytes_in_flight_per_thread": 112, "row_bytes_in_flight_per_thread": 96,
+         "row_bytes_in_flight_per_sm": 49152}
     r.update(kw)
     return r
 
 
 def test_gate_on_synthetic_records():
     good = [_rec(), _rec(dtype="float32", global_load_bits=64), _rec(N=16384, issue_memory_ratio=3.0),
-            _rec(kernel="group_norm_forward", global_load_bits=64, issue_memory_ratio=3.0),
+            _rec(kernel="group_norm_forward", N=16384, global_load_bits=64, issue_memory_ratio=3.0),
             _rec(launch="column_sums", global_load_bits=32, issue_memory_ratio=5.0)]
     assert G.gate_failures(good, strict=True) == []
     assert G.gate_failures(good, spill_budget=96) == []
@@ -201,6 +283,24 @@ def test_gate_on_synthetic_records():
                                                N=1024, issue_memory_ratio=0.7)]
     fails = G.gate_failures(bad, strict=True)
     assert len(fails) == 4 and "128" in fails[0] and "0.61" in fails[2]
+
+
+def test_gate_on_bytes_in_flight():
+    """Every gated row kernel and GroupNorm's row launches at 1024 <= N <= 8192 keep 40 KB of
+    their row arrays in flight per SM, all of those loads issued before the first wait."""
+    ok = [_rec(), _rec(kernel="group_norm_backward", launch="channel_sums"), _rec(N=512),
+          _rec(N=16384, row_bytes_in_flight_per_sm=8192), _rec(launch="column_sums", row_bytes_in_flight_per_sm=0),
+          _rec(kernel="layer_norm_backward", row_bytes_in_flight_per_sm=G.IN_FLIGHT_MIN)]
+    assert G.gate_failures(ok, strict=True) == []
+    short = _rec(kernel="layer_norm_backward", row_bytes_in_flight_per_sm=16384)   # the old backward
+    serialized = _rec(sass_bytes_in_flight_per_thread=64)     # ptxas issued a row's loads after the wait
+    group = _rec(kernel="group_norm_forward", N=1024, row_bytes_in_flight_per_sm=16384, issue_memory_ratio=1.12,
+                 global_load_bits=64)
+    fails = G.gate_failures([short, serialized, group], strict=True)
+    assert len(fails) == 5, fails
+    assert "16384 bytes in flight per SM" in fails[0] and "fewer than the 96" in fails[1]
+    assert any("group_norm_forward" in f and "1.12" in f for f in fails)
+    assert G.gate_failures([short], spill_budget=96) == []     # the budget-only run does not gate it
 
 
 def test_quick_run_records(tmp_path):
@@ -228,7 +328,36 @@ def test_quick_run_records(tmp_path):
     assert r["warp_instructions_per_row"] >= r["loop_instructions"] * r["threads_per_row"] / 32
     assert r["issue_memory_ratio"] == pytest.approx(
         G.issue_memory_ratio(r["warp_instructions_per_row"], r["bytes_per_row"]), rel=1e-2)
-    assert 0 < r["resident_threads_per_sm"] <= 2048
+    assert 0 < r["resident_threads_per_sm"] <= r["occupancy_threads_per_sm"] <= 2048
+    # three rows of 16 float16 per thread in flight (x's words), the shift's broadcast word beside them
+    assert r["rows_in_flight"] == 3 and r["row_bytes_in_flight_per_thread"] == 96
+    assert r["sass_bytes_in_flight_per_thread"] >= r["row_bytes_in_flight_per_thread"]
+    assert r["row_bytes_in_flight_per_sm"] == 96 * r["resident_threads_per_sm"] >= G.IN_FLIGHT_MIN
+    assert 0 < r["hbm_fraction_estimate"] <= 1
     sass = (sass_dir / r["sass"]).read_text()
     assert "LDG" in sass and "EXIT" in sass
     assert G.Sass(sass).row_loop() is not None
+
+
+COLUMNS = ("bytes_in_flight_per_sm", "row_bytes_in_flight_per_sm", "sass_bytes_in_flight_per_thread",
+           "row_bytes_in_flight_per_thread", "rows_in_flight", "resident_threads_per_sm", "occupancy_threads_per_sm",
+           "hbm_fraction_estimate", "issue_memory_ratio")
+
+
+def test_committed_model_has_the_in_flight_columns_and_passes_its_gate():
+    """benchmarks/results/gpu-model.json (a model from the SASS, regenerated with the
+    kernels): every record has bytes in flight beside the old issue/memory ratio, the
+    model states its latency, and its records pass the gate CI runs."""
+    data = json.loads(open(os.path.join(ROOT, "benchmarks", "results", "gpu-model.json")).read())
+    assert "not a measurement" in data["model"]["note"]
+    assert data["model"]["loaded_latency_s"] == G.LATENCY_S
+    assert "Little" in data["model"]["hbm_fraction_estimate"]
+    records = data["records"]
+    for r in records:
+        missing = [c for c in COLUMNS if c not in r]
+        assert not missing, (r["kernel"], r["launch"], missing)
+    gated = [r for r in records if (r["kernel"] in G.GATED or r["kernel"] in G.GATED_GROUPS)
+             and r["launch"] in ("main", "channel_sums") and 1024 <= r["N"] <= 8192]
+    assert {r["kernel"] for r in gated} == set(G.GATED) | set(G.GATED_GROUPS)
+    assert {r["dtype"] for r in gated} == set(G.DTYPES)
+    assert G.gate_failures(records, strict=True) == []

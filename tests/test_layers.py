@@ -47,3 +47,28 @@ def test_a_pickled_layer_carries_its_parameters_not_its_last_input(which):
     with pytest.raises(RuntimeError, match="before"):
         copy.backward(np.ones_like(x))
     layer.backward(np.ones_like(x))  # the original still has its forward's state
+
+
+_MAKERS = {"LayerNorm": lambda dt: nn.LayerNorm(4, dtype=dt), "RMSNorm": lambda dt: nn.RMSNorm(4, dtype=dt),
+           "GroupNorm": lambda dt: nn.GroupNorm(2, 4, dtype=dt)}
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.complex64, np.bool_, object, ">f4"])
+@pytest.mark.parametrize("name", list(_MAKERS))
+def test_a_dtype_numbanorm_does_not_compute_in_is_refused_at_construction(name, dtype):
+    """The contract's TypeError naming the dtype, from the constructor (not the first forward)."""
+    with pytest.raises(TypeError, match=r"`dtype`.*(" + np.dtype(dtype).name + r"|byte-swapped)"):
+        _MAKERS[name](dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, "bfloat16"])
+@pytest.mark.parametrize("name", list(_MAKERS))
+def test_every_float_dtype_makes_a_layer(name, dtype):
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
+    layer = _MAKERS[name](dtype)
+    assert layer.weight.dtype == np.dtype(dtype)
+    x = np.ones((2, 4, 3) if name == "GroupNorm" else (2, 4), dtype) * np.arange(4).reshape(1, 4, *(
+        (1,) if name == "GroupNorm" else ())).astype(dtype)
+    y = layer(x)
+    assert y.dtype == np.dtype(dtype) and np.isfinite(y.astype(np.float32)).all()

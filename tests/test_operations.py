@@ -9,9 +9,9 @@ from numbanorm import operations, registry
 from numbanorm.operations import KINDS, OPERATIONS
 
 
-def _params(sig):
-    """(name, default, kind) of each parameter but ``out`` (the oracle has none)."""
-    return [(p.name, p.default, p.kind) for p in sig.parameters.values() if p.name != "out"]
+def _params(sig, drop=()):
+    """(name, default, kind) of each parameter but those in ``drop`` (annotations aside)."""
+    return [(p.name, p.default, p.kind) for p in sig.parameters.values() if p.name not in drop]
 
 
 @pytest.mark.parametrize("op", OPERATIONS, ids=lambda op: op.name)
@@ -23,13 +23,96 @@ def test_top_level_functions_are_the_tables(op):
         assert fn.__module__ == "numbanorm"
 
 
+def _levels():
+    """``(module name, module, the table's operations it has)`` for every level that exposes them."""
+    levels = [("numbanorm", numbanorm, OPERATIONS), ("numbanorm.cpu", numbanorm.cpu, OPERATIONS),
+              ("numbanorm.cuda", numbanorm.cuda, OPERATIONS)]
+    try:
+        import numbanorm.dask as nd
+    except ImportError:  # dask is an optional extra
+        pass
+    else:
+        levels.append(("numbanorm.dask", nd, [op for op in OPERATIONS if not op.fused]))
+    return levels
+
+
+@pytest.mark.parametrize("level", _levels(), ids=lambda level: level[0])
+def test_one_signature_per_name_at_every_level(level):
+    """A name takes the same parameters (names, kinds, defaults) everywhere: ``out=`` on the
+    plain functions only, the forward and backward without it (the API contract's)."""
+    name, mod, ops = level
+    for op in ops:
+        for kind in KINDS:
+            fn = getattr(mod, op.function(kind))
+            assert _params(inspect.signature(fn)) == _params(op.signature(kind)), (name, op.function(kind))
+        assert "out" not in inspect.signature(getattr(mod, op.function("forward"))).parameters
+
+
+def test_torch_functions_take_torch_nn_functionals_parameters():
+    """numbanorm.torch's norms follow ``torch.nn.functional``'s signatures by contract (``input``,
+    no ``out=``), parameter for parameter; the fused ones, which torch lacks, the top level's."""
+    torch = pytest.importorskip("torch")
+    import numbanorm.torch as nt
+
+    for op in OPERATIONS:
+        got = _params(inspect.signature(getattr(nt, op.name)))
+        if op.fused:
+            assert got == _params(op.signature("plain")), op.name
+        else:
+            assert got == _params(inspect.signature(getattr(torch.nn.functional, op.torch))), op.name
+            # the top level's but for x's name and out=
+            assert [n for n, *_ in got] == ["input", *op.forward_roles[1:]], op.name
+
+
 @pytest.mark.parametrize("name", list(registry.IMPLEMENTATIONS))
 def test_every_implementation_has_the_tables_functions_and_parameters(name):
     mod = registry.get(name)
+    drop = ("out",) if name == "oracle" else ()  # the oracle returns fresh float64 arrays: no out=
     for op in OPERATIONS:
         for kind in KINDS:
             got = _params(inspect.signature(getattr(mod, op.function(kind))))
-            assert got == _params(op.signature(kind)), (name, op.function(kind))
+            assert got == _params(op.signature(kind), drop), (name, op.function(kind))
+
+
+def _sections(doc):
+    """numpydoc ``{section: [entry names]}`` of ``doc`` (an entry: an unindented ``name : type`` line)."""
+    out, lines, current = {}, doc.splitlines(), None
+    for i, line in enumerate(lines):
+        if i + 1 < len(lines) and lines[i + 1] and set(lines[i + 1]) == {"-"} and len(lines[i + 1]) == len(line):
+            current = out.setdefault(line, [])
+        elif current is not None and line and not line.startswith(" ") and set(line) != {"-"}:
+            current.append(line.split(" : ")[0])
+    return out
+
+
+def _documented():
+    """``(level, module, [(operation, kind, function name)])``: every public function of the table."""
+    out = [(name, mod, [(op, kind, op.function(kind)) for op in ops for kind in KINDS]) for name, mod, ops in _levels()]
+    try:
+        import numbanorm.torch as nt
+    except ImportError:  # torch is an optional extra
+        pass
+    else:
+        out.append(("numbanorm.torch", nt, [(op, "plain", op.name) for op in OPERATIONS]))
+    return out
+
+
+@pytest.mark.parametrize("level", _documented(), ids=lambda level: level[0])
+def test_every_public_function_documents_its_parameters_results_and_errors(level):
+    """numpydoc sections for every function at every level: each parameter of its signature
+    in order, each result the table names, and the errors it raises."""
+    import pydoc
+
+    name, mod, functions = level
+    for op, kind, function in functions:
+        fn = getattr(mod, function)
+        sections = _sections(fn.__doc__)
+        assert sections["Parameters"] == list(inspect.signature(fn).parameters), (name, fn.__name__)
+        outputs = {"plain": op.plain_outputs, "forward": op.forward_outputs, "backward": op.backward_outputs}
+        assert sections["Returns"] == list(outputs[kind]), (name, fn.__name__)
+        assert sections["Raises"][:2] == ["TypeError", "ValueError"], (name, fn.__name__)
+        shown = pydoc.render_doc(fn)  # what help() prints
+        assert all(f"{p} : " in shown for p in inspect.signature(fn).parameters), (name, fn.__name__)
 
 
 def test_public_names():

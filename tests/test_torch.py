@@ -1,6 +1,7 @@
 """numbanorm.torch: gradcheck, drop-in modules in real models, state_dict, memory sharing."""
 
 import copy
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -200,33 +201,63 @@ def _operator_refused(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_an_eager_call_without_autograd_skips_the_operator(monkeypatch, dtype):
-    """A decoder's per-token norm: plain tensors, no gradient needed.  It runs the operator's
-    implementation without the operator's dispatch (about 100 us a call), with the same bits."""
+def test_an_eager_call_skips_the_operator(monkeypatch, dtype):
+    """A decoder's per-token norm: plain tensors.  It runs the operator's implementation
+    without the operator's dispatch (about 100 us a call), with the same bits; where
+    autograd records a graph (w requires grad), around the same implementation."""
     if dtype is torch.bfloat16:
         pytest.importorskip("ml_dtypes")
+    ops = torch.ops.numbanorm
     x = torch.randn(3, 64).to(dtype)
     w = torch.nn.Parameter((torch.rand(64) + 0.5).to(dtype))
     b = torch.randn(64).to(dtype)
-    via_operator = nt.layer_norm(x, 64, w, b)  # w requires grad: the operator, with its graph
-    assert via_operator.requires_grad
     with torch.no_grad():
-        expected = nt.rms_norm(x, 64, w), nt.group_norm(x.reshape(3, 8, 8), 2, w[:8], b[:8])
+        expected = (ops.layer_norm_forward(x, [64], w, b, 1e-5)[0], ops.rms_norm_forward(x, [64], w, None)[0],
+                    ops.group_norm_forward(x.reshape(3, 8, 8), 2, w[:8], b[:8], 1e-5)[0],
+                    ops.add_rms_norm_forward(x, x, [64], w, None)[:2])
     _operator_refused(monkeypatch)
+    graph = nt.layer_norm(x, 64, w, b)  # grad mode on and w requires grad: a graph, no operator
+    assert graph.requires_grad and graph.grad_fn is not None
+    torch.testing.assert_close(graph.detach(), expected[0], rtol=0, atol=0)
     with torch.no_grad():
         y = nt.layer_norm(x, 64, w, b)
-        got = nt.rms_norm(x, 64, w), nt.group_norm(x.reshape(3, 8, 8), 2, w[:8], b[:8])
-        ys = nt.add_rms_norm(x, x, 64, w)
+        got = (y, nt.rms_norm(x, 64, w), nt.group_norm(x.reshape(3, 8, 8), 2, w[:8], b[:8]), nt.add_rms_norm(x, x, 64, w))
     assert not y.requires_grad and y.dtype == dtype
-    torch.testing.assert_close(y, via_operator.detach(), rtol=0, atol=0)
-    for a, e in zip(got, expected):
+    for a, e in zip(got[:3], expected[:3]):
         torch.testing.assert_close(a, e, rtol=0, atol=0)
-    assert isinstance(ys, tuple) and len(ys) == 2
+    assert isinstance(got[3], tuple) and len(got[3]) == 2
+    for a, e in zip(got[3], expected[3]):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
     with torch.inference_mode():
         torch.testing.assert_close(nt.LayerNorm(64).to(dtype)(x), nt.layer_norm(x, 64, torch.ones(64, dtype=dtype),
                                                                                 torch.zeros(64, dtype=dtype)))
-    with pytest.raises(AssertionError, match="operator ran"):
-        nt.layer_norm(x, 64, w, b)  # grad mode on and w requires grad: the operator's autograd
+
+
+@pytest.mark.parametrize("op", [pytest.param(op, id=op.name) for op in nt.OPERATIONS])
+def test_an_eager_graph_has_the_operators_bits_forward_and_backward(op):
+    """The eager call that records a graph (autograd.Function around the implementation)
+    against the forward and backward operators themselves, through their autograd formula."""
+    g = torch.Generator().manual_seed(3)
+    shape = (4, 6, 5) if op.layout == "groups" else (4, 2, 5)
+    c = shape[1] if op.layout == "groups" else shape[-1]
+    values = {"x": torch.randn(*shape, generator=g), "residual": torch.randn(*shape, generator=g),
+              op.shape_role: 3 if op.layout == "groups" else [5], "weight": torch.rand(c, generator=g) + 0.5,
+              "bias": torch.randn(c, generator=g), "eps": op.eps}
+    args = [values[r] for r in op.forward_roles]
+    leaves = [a for a in args if isinstance(a, torch.Tensor)]
+    grads, nodes = [], []
+    for run in (lambda *a: getattr(nt, op.name)(*a), lambda *a: nt._OPERATORS[op.name][0](*a)):
+        ins = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) else a for a in args]
+        out = run(*ins)
+        out = out[:len(op.plain_outputs)] if isinstance(out, tuple) else (out,)
+        nodes.append(type(out[0].grad_fn).__name__)
+        ws = [torch.randn(o.shape, generator=torch.Generator().manual_seed(i)) for i, o in enumerate(out)]
+        grads.append([o.detach() for o in out] + list(torch.autograd.grad(out, [a for a in ins if isinstance(
+            a, torch.Tensor)], ws)))
+    assert nodes[0] == f"{op.name}_graphBackward" and "numbanorm" in nodes[1], nodes
+    assert len(grads[0]) == len(op.plain_outputs) + len(leaves)
+    for a, e in zip(*grads):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
 
 
 def test_the_backward_of_an_eager_graph_skips_the_operator(monkeypatch):
@@ -302,6 +333,24 @@ def test_non_tensor_arguments_are_type_errors():
         nt.add_rms_norm(x, [1.0] * 8, 8)
     with pytest.raises(TypeError, match="eps"):
         nt.rms_norm(x, 8, eps="small")
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: nt.layer_norm(x, 64.0), lambda x: nt.layer_norm(x, (64.0,)), lambda x: nt.rms_norm(x, [Fraction(64)]),
+    lambda x: nt.layer_norm(x, "ab"), lambda x: nt.group_norm(x.reshape(4, 8, 8), 2.0),
+    lambda x: nt.group_norm(x.reshape(4, 8, 8), True), lambda x: nt.add_rms_norm(x, x, 64.0),
+], ids=["64.0", "(64.0,)", "[Fraction]", "str", "groups 2.0", "groups True", "fused 64.0"])
+def test_a_call_gets_one_answer_on_every_path(call):
+    """The same arguments get numbanorm's TypeError whether the call runs its operator (x
+    requires grad) or not; the operator's schema would refuse a float otherwise, and take
+    a bool as a group count."""
+    x = torch.randn(4, 64)
+    answers = set()
+    for grad in (False, True):
+        with pytest.raises(TypeError, match="normalized_shape|num_groups") as e:
+            call(x.clone().requires_grad_(grad))
+        answers.add(str(e.value))
+    assert len(answers) == 1, answers
 
 
 # ------------------------------------------------------------ custom operators, torch.compile
@@ -528,3 +577,25 @@ def test_float16_autocast_on_gpu():
                                rtol=2e-2, atol=2e-2)
     y.float().sum().backward()
     assert xh.grad is not None and xh.grad.dtype == torch.float16
+
+
+# ------------------------------------------------------------------ the cost per call
+
+def test_the_per_call_measurement_gives_every_target_its_row():
+    """benchmarks/torch_calls.py times numbanorm.torch against torch for the function and
+    the module, without and with a graph, forward and backward: each of the targets of
+    benchmarks/targets.py on numbanorm.torch's calls finds its row and its ratio."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's benchmarks/
+    from benchmarks import targets, torch_calls
+
+    shape = targets.TORCH_CALLS[0]
+    rows = torch_calls.rows(1, shapes=(shape,), repeats=2, number=1)
+    assert len(rows) == 2 * len(torch_calls.PASSES)
+    mine = [t for t in targets.TARGETS if t.mode in {m for _, m in torch_calls.PASSES}]
+    assert len(mine) == 6 * len(targets.TORCH_CALLS)
+    ev = [e for e in targets.evaluate({"rows": rows}) if e["rule"].startswith("torch ") and "1x768" in e["case"]]
+    assert len(ev) == 6 and all(e["status"] in ("PASS", "FAIL") and e["value"] > 0 for e in ev), ev
+    assert "1x768 backward module_grad" in torch_calls.table(rows)

@@ -3,6 +3,8 @@
 It implements ``numbanorm._api.Backend``; a CPU call has no context (``None``).
 """
 
+import contextlib
+
 import numpy as np
 
 from .. import _validate as V
@@ -26,8 +28,15 @@ def native(role, a):
     return np.asarray(a)
 
 
-def call_context(leading):
+def call_context(leading, arrays=None):
     return None
+
+
+def on_device(ctx):
+    return _ANYWHERE
+
+
+_ANYWHERE = contextlib.nullcontext()  # (host arrays: no device to choose)
 
 
 def launch(ctx, launcher, *args, **kwargs):
@@ -87,24 +96,23 @@ class SmallCalls:
 
     @staticmethod
     def _key(kind, x, nshape, weight, bias, eps, out):
+        """The key of a forward call, or None where it has none; ``TypeError`` where an
+        array argument is not a NumPy array (``_layout``) or the shape cannot be hashed."""
         if type(x) is not np.ndarray or (type(eps) is not float and eps is not None):
             return None
-        sig = [kind, x.shape, x.strides, x.dtype, nshape, eps]
-        for a in (weight, bias, out):
-            if a is None:
-                sig.append(None)
-            elif type(a) is np.ndarray:
-                sig.append((a.shape, a.strides, a.dtype))
-            else:
-                return None
-        return tuple(sig)
+        if type(nshape) is not int and not _exact(nshape):
+            return None
+        return (kind, x.shape, x.strides, x.dtype, nshape, eps, _layout(weight), _layout(bias), _layout(out))
 
     def learn(self, kind, x, nshape, weight, bias, eps, checked_eps, rows, out=None):
         """Record a call of the operation ``kind`` (its name: ``layer_norm``, ``rms_norm``,
         ``group_norm``, whose ``nshape`` is num_groups) the full path has validated:
         ``eps`` as given, ``checked_eps``
         as validated, ``rows`` of the flattened problem, the caller's ``out`` or None."""
-        key = self._key(kind, x, nshape, weight, bias, eps, out)
+        try:
+            key = self._key(kind, x, nshape, weight, bias, eps, out)
+        except TypeError:
+            return
         if key is None or rows == 0 or not x.flags.c_contiguous:
             return
         if out is not None and not (out.flags.c_contiguous and out.shape == x.shape and out.dtype == x.dtype):
@@ -121,7 +129,7 @@ class SmallCalls:
         stat_shape = x.shape[: x.ndim - k] + (1,) * k
         # x already (rows, N): its reshape, and y's, cost 0.25 us each (a float32 (1, 4096) call is 5.5 us)
         flat = x.shape == (rows, x.size // rows)
-        self._keep(key, (rows, x.size // rows, stat_shape, acc.type(checked_eps),
+        self._keep(key, (rows, x.size // rows, stat_shape, acc, acc.type(checked_eps),
                          layer_norm.row_block(rows), direct, _views(x, weight, bias), flat,
                          should_stream(x)))
 
@@ -137,23 +145,23 @@ class SmallCalls:
         self._plans[key] = plan
 
     def _plan(self, kind, x, nshape, weight, bias, eps, out):
-        """The learned plan and ``(y, stat)`` for this call, or None."""
+        """The plan learned for this call, or None."""
         try:
             plan = self._plans.get(self._key(kind, x, nshape, weight, bias, eps, out))
-        except TypeError:  # an unhashable normalized_shape: not a call seen before
+        except TypeError:  # an array argument of another type, an unhashable normalized_shape
             return None
-        if plan is None or (out is not None and not out.flags.writeable):
+        if out is not None and not out.flags.writeable:
             return None  # (the full path says why a read-only out= is refused)
-        y = np.empty(x.shape, x.dtype) if out is None else out
-        return plan, y, np.empty(plan[2], plan[3].dtype)
+        return plan
 
     def layer_norm(self, x, nshape, weight, bias, eps, out=None):
         """``(y, mean, rstd)``, or None where the call is not one seen before."""
-        got = self._plan("layer_norm", x, nshape, weight, bias, eps, out)
-        if got is None:
+        plan = self._plan("layer_norm", x, nshape, weight, bias, eps, out)
+        if plan is None:
             return None
-        (m, n, _, e, block, direct, half, flat, stream), y, mean = got
-        rstd = np.empty_like(mean)
+        m, n, stat, acc, e, block, direct, half, flat, stream = plan
+        y = np.empty(x.shape, x.dtype) if out is None else out
+        mean, rstd = np.empty(stat, acc), np.empty(stat, acc)
         x2, y2 = (x, y) if flat else (x.reshape(m, n), y.reshape(m, n))
         mean1, rstd1 = mean.reshape(m), rstd.reshape(m)
         if direct:
@@ -170,11 +178,8 @@ class SmallCalls:
     def group_norm(self, x, num_groups, weight, bias, eps, out=None):
         """``(y, mean, rstd)``, or None where the call is not one seen before: through the
         launcher, which converts the weights and checks ``out`` against the inputs."""
-        try:
-            plan = self._plans.get(self._key("group_norm", x, num_groups, weight, bias, eps, out))
-        except TypeError:
-            return None
-        if plan is None or (out is not None and not out.flags.writeable):
+        plan = self._plan("group_norm", x, num_groups, weight, bias, eps, out)
+        if plan is None:
             return None
         flat, stats, e = plan
         y = np.empty(x.shape, x.dtype) if out is None else out
@@ -184,10 +189,12 @@ class SmallCalls:
 
     def rms_norm(self, x, nshape, weight, eps, out=None):
         """``(y, rstd)``, or None where the call is not one seen before."""
-        got = self._plan("rms_norm", x, nshape, weight, None, eps, out)
-        if got is None:
+        plan = self._plan("rms_norm", x, nshape, weight, None, eps, out)
+        if plan is None:
             return None
-        (m, n, _, e, block, direct, half, flat, stream), y, rstd = got
+        m, n, stat, acc, e, block, direct, half, flat, stream = plan
+        y = np.empty(x.shape, x.dtype) if out is None else out
+        rstd = np.empty(stat, acc)
         x2, y2 = (x, y) if flat else (x.reshape(m, n), y.reshape(m, n))
         rstd1 = rstd.reshape(m)
         if direct:
@@ -212,7 +219,7 @@ class SmallCalls:
                 sig.append(a)
             elif type(a) is np.ndarray:
                 sig.append((a.shape, a.strides, a.dtype))
-            elif type(a) is tuple:
+            elif _exact(a):
                 sig.append(("shape", a))
             else:
                 return None
@@ -262,6 +269,30 @@ class SmallCalls:
         rms_norm.backward(dy.reshape(m, n), x.reshape(m, n), rstd.reshape(m),
                           None if weight is None else weight.reshape(n), dx.reshape(m, n), dw)
         return dx, dw.astype(grads, copy=False).reshape(params)
+
+
+def _layout(a):
+    """What a key holds of an array argument: None, or its (shape, strides, dtype);
+    ``TypeError`` for anything but a NumPy array (a call that is never learned)."""
+    if a is None:
+        return None
+    if type(a) is not np.ndarray:
+        raise TypeError
+    return a.shape, a.strides, a.dtype
+
+
+def _exact(n):
+    """Whether ``n`` is an int or a tuple of ints, by type: a key holding it matches only
+    calls the full path answers alike (``64.0 == 64`` and ``True == 1``, which it refuses
+    for a shape or a group count, would otherwise find the call learned for 64 or 1)."""
+    if type(n) is int:
+        return True
+    if type(n) is not tuple:
+        return False
+    for d in n:
+        if type(d) is not int:
+            return False
+    return True
 
 
 def _views(x, weight, bias):

@@ -10,8 +10,10 @@ Importing this module never fails: where numba-cuda or a GPU is missing,
 raises ``RuntimeError`` with that reason.
 """
 
+import inspect
+
 from .. import _api
-from ..operations import FUNCTIONS
+from ..operations import FUNCTIONS as _FUNCTIONS
 
 
 def _probe():
@@ -35,13 +37,17 @@ class _Unavailable:
     """Stands for the frontend where the GPU kernels cannot run: every function raises."""
 
     def __getattr__(self, name):
-        if name not in FUNCTIONS:
+        if name not in _FUNCTIONS:
             raise AttributeError(name)
 
         def unavailable(*args, **kwargs):
             raise RuntimeError(f"numbanorm.cuda.{name}: the GPU kernels cannot run here: {_why}")
 
-        unavailable.__name__ = name
+        # the signature and docstring of the same function where it can run (the CPU's)
+        from .. import cpu
+
+        unavailable.__signature__ = inspect.signature(getattr(cpu, name))
+        unavailable.__name__, unavailable.__doc__ = name, getattr(cpu, name).__doc__
         return unavailable
 
 
@@ -73,6 +79,6 @@ def why_unavailable():
 
 
 # the table's functions: the frontend's methods of those names
-globals().update({name: getattr(_frontend, name) for name in FUNCTIONS})
+globals().update({name: getattr(_frontend, name) for name in _FUNCTIONS})
 
-__all__ = [*FUNCTIONS, "is_available", "why_unavailable"]
+__all__ = [*_FUNCTIONS, "is_available", "why_unavailable"]

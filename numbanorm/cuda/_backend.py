@@ -17,6 +17,7 @@ launches.
 """
 
 import functools
+import inspect
 import sys
 
 import numpy as np
@@ -34,12 +35,18 @@ grads_in_any_dtype = True
 class CallContext:
     """Where one public call runs."""
 
-    __slots__ = ("stream", "lib", "like")
+    __slots__ = ("stream", "lib", "like", "device")
 
-    def __init__(self, stream=0, lib=None, like=None):
+    def __init__(self, stream=0, lib=None, like=None, device=None):
         self.stream = stream  # numba stream (0: the default stream)
         self.lib = lib        # 'torch' or 'cupy' when the results' array comes from them
         self.like = like      # that array (allocation device)
+        self.device = device  # the GPU of the call's arrays where there are several, else None
+
+    def empty(self, shape, dtype):
+        """An uninitialised array from the call's allocator (``empty``): what a launcher's
+        temporaries are allocated with."""
+        return empty(self, shape, dtype)
 
 
 _DEFAULT = CallContext()
@@ -64,6 +71,38 @@ def _is_cupy(a):
 def _stream(ptr):
     # the legacy default stream is what numba calls stream 0
     return 0 if ptr == 0 else cuda.external_stream(ptr)
+
+
+def _torch_stream(t):
+    """The raw handle of PyTorch's current stream on tensor ``t``'s device."""
+    raw = _raw_stream()
+    return raw(t.get_device()) if raw is not None else sys.modules["torch"].cuda.current_stream(t.device).cuda_stream
+
+
+@functools.lru_cache(maxsize=1)
+def _raw_stream():
+    # what torch.compile's generated code asks (no Stream object made); None in a torch without it
+    return getattr(sys.modules["torch"]._C, "_cuda_getCurrentRawStream", None)
+
+
+def _cupy_stream(device):
+    """The raw handle of CuPy's current stream (on ``device``, where there are several)."""
+    cupy = sys.modules["cupy"]
+    if device is None:
+        return cupy.cuda.get_current_stream().ptr
+    with cupy.cuda.Device(device):
+        return cupy.cuda.get_current_stream().ptr
+
+
+@functools.lru_cache(maxsize=64)
+def _core_stream(ptr):
+    """The stream of raw handle ``ptr`` as cuda.core's launch takes it (a replay's)."""
+    return C.core_stream(_stream(ptr))
+
+
+def _torch_dtype(dtype):
+    torch = sys.modules["torch"]
+    return torch.bfloat16 if C.is_bfloat16(dtype) else getattr(torch, np.dtype(dtype).name)
 
 
 def _view_cai(obj, desc):
@@ -92,19 +131,19 @@ def _cupy_view(a):
     return _view_cai(a, a.__cuda_array_interface__)
 
 
-def _dlpack_view(a):
+def _dlpack_desc(a):
+    """``(owner, a CUDA Array Interface)`` of a CUDA DLPack object."""
     from cuda.core.utils import StridedMemoryView
 
     smv = StridedMemoryView.from_dlpack(a, stream_ptr=-1)
     strides = smv.strides
-    desc = {
+    return smv, {
         "shape": tuple(smv.shape),
         "strides": None if strides is None else tuple(s * smv.dtype.itemsize for s in strides),
         "data": (smv.ptr, bool(smv.readonly)),
         "typestr": smv.dtype.str,
         "version": 3,
     }
-    return cuda.from_cuda_array_interface(desc, owner=smv, sync=False)
 
 
 def _check_dtype(name, a):
@@ -133,31 +172,68 @@ def native(role, a):
     if _is_cupy(a):
         return _cupy_view(a)
     desc = getattr(a, "__cuda_array_interface__", None)
-    return _dlpack_view(a) if desc is None else _view_cai(a, desc)
+    owner, desc = _dlpack_desc(a) if desc is None else (a, desc)
+    if role == "out" and desc["data"][1]:  # (numba's view would not say so)
+        raise ValueError("`out` is read-only")
+    return _view_cai(owner, desc)
 
 
-def call_context(leading):
-    """The :class:`CallContext` of a call whose results take the array type of ``leading``."""
+def device_of(a):
+    """The ordinal of the GPU holding the caller's array ``a`` (None for host arrays)."""
+    if a is None or type(a) is np.ndarray or V.side_of(a) == V.HOST:
+        return None
+    if _is_torch(a):
+        return a.get_device()
+    if _is_cupy(a):
+        return a.device.id
+    if getattr(type(a), "__cuda_ndarray__", False):
+        p = a.device_ctypes_pointer.value
+    else:
+        desc = getattr(a, "__cuda_array_interface__", None)
+        if desc is None:
+            return int(a.__dlpack_device__()[1])
+        p = desc["data"][0]
+    return C.pointer_device(p) if p else None  # (an empty array has no memory, anywhere)
+
+
+def call_context(leading, arrays=None):
+    """The :class:`CallContext` of a call whose results take the array type of ``leading``;
+    ``arrays``: the call's arrays by role, which must be on one GPU where there are several
+    (ValueError naming the odd one out, before anything is allocated)."""
+    device = None
+    if arrays is not None and C.device_count() > 1:
+        device = V.one_device({r: device_of(a) for r, a in arrays.items()})
     if type(leading) is np.ndarray or V.side_of(leading) == V.HOST:
-        return _DEFAULT
+        return _DEFAULT if device is None else CallContext(device=device)
     if getattr(type(leading), "__cuda_ndarray__", False):
         stream = leading.stream
-        return _DEFAULT if type(stream) is int and stream == 0 else CallContext(stream)
+        if type(stream) is int and stream == 0 and device is None:
+            return _DEFAULT
+        return CallContext(stream, device=device)
     if _is_torch(leading):
-        import torch
-
-        return CallContext(_stream(torch.cuda.current_stream(leading.device).cuda_stream), "torch", leading)
+        return CallContext(_stream(_torch_stream(leading)), "torch", leading, device)
     if _is_cupy(leading):
-        import cupy
-
-        return CallContext(_stream(cupy.cuda.get_current_stream().ptr), "cupy", leading)
+        return CallContext(_stream(_cupy_stream(device)), "cupy", leading, device)
     producer = (getattr(leading, "__cuda_array_interface__", None) or {}).get("stream")
-    return CallContext(_stream(producer) if producer not in (None, 1, 2) else 0)
+    return CallContext(_stream(producer) if producer not in (None, 1, 2) else 0, device=device)
+
+
+def on_device(ctx):
+    """The scope in which a call allocates and launches: its arrays' GPU current."""
+    return C.on_device(ctx.device)
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_empty(launcher):
+    return "empty" in inspect.signature(launcher).parameters
 
 
 def launch(ctx, launcher, *args, **kwargs):
-    """``launcher(*args, **kwargs)`` with its kernels on ``ctx.stream``, passed to it
-    explicitly."""
+    """``launcher(*args, **kwargs)`` with its kernels on ``ctx.stream`` and, for a launcher
+    with temporaries (a backward's partial sums), the call's allocator (``empty=``), both
+    passed to it explicitly."""
+    if _takes_empty(launcher):
+        kwargs["empty"] = ctx.empty
     return launcher(*args, stream=ctx.stream, **kwargs)
 
 
@@ -175,22 +251,65 @@ def contiguous(ctx, a, shape):
 
 def empty(ctx, shape, dtype):
     shape = tuple(map(int, shape))
-    if ctx.lib is not None:
-        C.unrecordable()  # (a replay allocates numba arrays)
-    if ctx.lib == "torch":
-        import torch
+    if ctx.lib is None:
+        return C.device_empty(shape, dtype)
+    lib = _LIBRARIES[ctx.lib]
+    native = lib.empty(shape, lib.dtype(dtype), ctx.like.device if ctx.lib == "torch" else ctx.device)
+    view = _torch_view(native) if ctx.lib == "torch" else _cupy_view(native)
+    C.allocated(view, native)
+    return view
 
-        like = ctx.like
-        if C.is_bfloat16(dtype):
-            return _torch_view(torch.empty(shape, dtype=torch.bfloat16, device=like.device))
-        t = torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name), device=like.device)
-        return _torch_view(t)
-    if ctx.lib == "cupy":
-        import cupy
 
-        with cupy.cuda.Device(ctx.like.device.id):
-            return _cupy_view(cupy.empty(shape, dtype))
-    return C.device_empty(shape, dtype)
+class _Torch:
+    """What a call does with PyTorch's memory: ``empty`` (the caching allocator: a tensor
+    on ``device``, on its current stream, of a torch ``dtype``), and ``allocate`` a replay's
+    arrays ``(shape, dtype)`` of ``specs``: ``(arrays, their pointers)``."""
+
+    dtype = staticmethod(_torch_dtype)
+
+    @staticmethod
+    def empty(shape, dtype, device):
+        return sys.modules["torch"].empty(shape, dtype=dtype, device=device)
+
+    @staticmethod
+    def allocate(specs, device):
+        empty = sys.modules["torch"].empty
+        arrays = [empty(shape, dtype=dtype, device=device) for shape, dtype in specs]
+        return arrays, [t.data_ptr() for t in arrays]
+
+
+class _Cupy:
+    """... with CuPy's: its memory pool on the current stream (of ``device``, where there
+    are several)."""
+
+    dtype = staticmethod(np.dtype)
+
+    @staticmethod
+    def empty(shape, dtype, device):
+        cupy = sys.modules["cupy"]
+        if device is None:
+            return cupy.empty(shape, dtype)
+        with cupy.cuda.Device(device):
+            return cupy.empty(shape, dtype)
+
+    @staticmethod
+    def allocate(specs, device):
+        arrays = [_Cupy.empty(shape, dtype, device) for shape, dtype in specs]
+        return arrays, [a.data.ptr for a in arrays]
+
+
+class _Numba:
+    """... with numba's (its allocator, or the EMM plugin installed)."""
+
+    dtype = staticmethod(np.dtype)
+
+    @staticmethod
+    def allocate(specs, device):
+        arrays = [cuda.device_array(shape, dtype) for shape, dtype in specs]
+        return arrays, [a.device_ctypes_pointer.value for a in arrays]
+
+
+_LIBRARIES = {"torch": _Torch, "cupy": _Cupy, None: _Numba}
 
 
 def out_view(out, shape, reads):
@@ -230,14 +349,20 @@ def _same_array(a, b):
     return C._address(a) == C._address(b) and a.shape == b.shape and a.strides == b.strides
 
 
+@functools.lru_cache(maxsize=None)
+def _default_stream():
+    # (the simulator has no external streams, and nothing to synchronize)
+    return cuda.stream() if C.SIMULATED else cuda.external_stream(0)
+
+
 def copy_into(ctx, dst, src):
     C.unrecordable()  # numba's own kernel or a host copy
     if type(dst) is np.ndarray:
         np.copyto(dst, src.copy_to_host().reshape(dst.shape))
         return
-    # bound to the call's stream, numba's strided assignment kernel runs there
-    # (on stream 0 numba synchronizes after it)
-    dst.bind(ctx.stream)[...] = src
+    # bound to the call's stream, numba's strided assignment kernel runs there; the
+    # default stream as a stream object, not 0, after which numba would synchronize
+    dst.bind(ctx.stream or _default_stream())[...] = src
 
 
 def cast(ctx, a, dtype):
@@ -258,7 +383,6 @@ def wrap(a, like):
         C.unrecordable()  # copied: not what a replay returns
         return a.copy_to_host()
     if _is_torch(like):
-        C.unrecordable()  # a tensor: not what a replay returns
         import torch
 
         if C.is_bfloat16(a.dtype):
@@ -267,26 +391,33 @@ def wrap(a, like):
     if _is_cupy(like):
         import cupy
 
-        C.unrecordable()
         if C.is_bfloat16(a.dtype):
             return cupy.asarray(a.view(np.uint16)).view(C.BF16)
         return cupy.asarray(a)
     return a
 
 
-def _overlap(spans, p, nbytes):
-    """Where the ``nbytes`` at ``p`` meet the earlier arguments' bytes (``spans``, to which
-    they are added): ``(k, same start)`` for the first that overlaps, or None.  A
-    replay keys on it: an out= that overlaps an input is written through a copy, and
-    dy given as x is one array twice (only C-contiguous arrays are ever replayed, so
-    ``nbytes`` from the first byte is the extent)."""
-    end = p + nbytes
-    for k, (lo, hi) in enumerate(spans):
-        if lo < end and p < hi:
-            spans.append((p, end))
-            return k, lo == p
-    spans.append((p, end))
-    return None
+# how ``Replays.signature`` keys an argument, by its type (``_kind``, learned per type)
+_NUMBA, _TORCH, _CUPY, _CAI, _FLOAT, _INT, _TUPLE, _OTHER = range(8)
+_KINDS = {float: _FLOAT, int: _INT, tuple: _TUPLE}
+
+
+def _kind(t):
+    kind = _KINDS.get(t)
+    if kind is None:
+        torch_t, cupy_t = _module_type("torch", "Tensor"), _module_type("cupy", "ndarray")
+        if getattr(t, "__cuda_ndarray__", False):
+            kind = _NUMBA
+        elif torch_t is not None and issubclass(t, torch_t):
+            kind = _TORCH
+        elif cupy_t is not None and issubclass(t, cupy_t):
+            kind = _CUPY
+        elif hasattr(t, "__cuda_array_interface__"):
+            kind = _CAI
+        else:
+            return _OTHER  # (not kept: a library imported later may claim the type)
+        _KINDS[t] = kind
+    return kind
 
 
 class Replays:
@@ -296,17 +427,19 @@ class Replays:
     What a call allocates and launches (kernels, grids, blocks, the marshalled
     kernel arguments but for the pointers) depends only on its arguments' types,
     shapes, strides, dtypes, the alignment of their pointers (words or elements,
-    ``common.vec_width``), which of them are the same array, and its scalars: the
-    key.  The first validated call of a key that goes through cached direct launches
-    only (``common._direct_launch``) is recorded (``record``, ``learn``): each
-    launch's arguments, and for each pointer among them the array it points into
-    (a caller's array or one of the call's allocations, at an offset) or a dummy.
-    A later call of the key allocates the same arrays (in the results' shapes: no
-    reshape), fills in its own pointers and launches on its own stream -- what the
-    full path hands the driver for it (tests/test_cuda_launch.py compares them).
-    Numba device arrays and other ``__cuda_array_interface__`` objects are replayed,
-    not torch's or CuPy's (whose results their libraries allocate): a call that
-    copies, dispatches through numba, or makes other array types is never learned.
+    ``common.vec_width``), which of them are the same array, its scalars and, where
+    there are several GPUs, the GPU of each array: the key.  The first validated call
+    of a key that goes through cached direct launches only (``common._direct_launch``)
+    is recorded (``record``, ``learn``): each launch's arguments, and for each pointer
+    among them the array it points into (a caller's array or one of the call's
+    allocations, at an offset) or a dummy.  A later call of the key allocates the same
+    arrays from the same library (numba's, PyTorch's caching allocator, CuPy's pool;
+    in the results' shapes: no reshape), fills in its own pointers and launches on its
+    own stream (the leading array's, or its library's current one) -- what the full
+    path hands the driver for it (tests/test_cuda_launch.py compares them).  Numba
+    device arrays, CUDA torch tensors, CuPy arrays and other ``__cuda_array_interface__``
+    objects are replayed; a call that copies, dispatches through numba, or meets a
+    tensor that requires grad is never learned.
     """
 
     MAX_PLANS = 256
@@ -317,40 +450,77 @@ class Replays:
     @staticmethod
     def signature(kind, args):
         """``(key, pointers, arrays)`` of a call of ``kind`` (an operation's name and
-        direction) on ``args`` (None, numba device arrays, other CUDA Array Interface
-        objects, ints, floats, tuples of ints), or None where a call cannot be keyed."""
-        sig, pointers, arrays, spans = [kind], [], [], []
+        direction) on ``args`` (None, numba device arrays, CUDA torch tensors, CuPy arrays,
+        other CUDA Array Interface objects, ints, floats, tuples of ints), or None where a
+        call cannot be keyed."""
+        sig, pointers, arrays, spans, devices = [kind], [], [], [], []
+        several = C.device_count() > 1
         for a in args:
-            t = type(a)
             if a is None:
                 sig.append(None)
-            elif getattr(t, "__cuda_ndarray__", False):
+                continue
+            t = type(a)
+            how = _KINDS.get(t)
+            if how is None:
+                how = _kind(t)
+            if how is _NUMBA:
                 memory = a.gpu_data  # (not the device_ctypes_pointer property: 0.1 us each)
                 p = None if memory is None else memory.device_ctypes_pointer.value
                 if not p:  # (empty arrays have none: never replayed)
                     return None
-                # alignment (the word width) and overlap with earlier arguments are part of the key
-                sig.append((t, a.shape, a.strides, a.dtype, p % C.WORD_BYTES[0],
-                            _overlap(spans, p, a.size * a.dtype.itemsize)))
-                pointers.append(p)
-                arrays.append(a)
-            elif t is float and a != 0.0 or t is int:  # (0.0 and -0.0 are one key but two kernel arguments)
+                entry, nbytes = (t, a.shape, a.strides, a.dtype), a.size * a.dtype.itemsize
+                if several:
+                    devices.append(C.pointer_device(p))
+            elif how is _FLOAT:
+                if a == 0.0:  # (0.0 and -0.0 are one key but two kernel arguments)
+                    return None
                 sig.append((t, a))
-            elif t is tuple and all(type(d) is int for d in a):
+                continue
+            elif how is _INT or how is _TUPLE and all(type(d) is int for d in a):
                 sig.append((t, a))
-            elif hasattr(t, "__cuda_array_interface__") and not (_is_torch(a) or _is_cupy(a)):
-                desc = a.__cuda_array_interface__  # (torch and CuPy results are made by their libraries)
-                p = desc["data"][0]
+                continue
+            elif how is _TORCH:
+                p = a.data_ptr()
+                if not p or a.requires_grad or not a.is_cuda:  # (the full path's to refuse or copy)
+                    return None
+                entry, nbytes = (t, a.shape, a.stride(), a.dtype), a.nbytes
+                if several:
+                    devices.append(a.get_device())
+            elif how is _CUPY:
+                p = a.data.ptr
+                if not p:
+                    return None
+                entry, nbytes = (t, a.shape, a.strides, a.dtype), a.nbytes
+                if several:
+                    devices.append(a.device.id)
+            elif how is _CAI:
+                desc = a.__cuda_array_interface__
+                p, readonly = desc["data"]
                 if not p or desc.get("mask") is not None:
                     return None
                 strides, shape = desc.get("strides"), tuple(desc["shape"])
-                size = int(np.prod(shape)) * int(desc["typestr"][2:])
-                sig.append((t, shape, strides and tuple(strides), desc["typestr"], p % C.WORD_BYTES[0],
-                            _overlap(spans, p, size)))
-                pointers.append(p)
-                arrays.append(a)
+                # (a read-only out= is the full path's to refuse)
+                entry = (t, shape, strides and tuple(strides), desc["typestr"], bool(readonly))
+                nbytes = int(np.prod(shape)) * int(desc["typestr"][2:])
+                if several:
+                    devices.append(C.pointer_device(p))
             else:
                 return None
+            # an array's alignment (the word width) and the first earlier argument it meets
+            # (an out= that overlaps an input is written through a copy; dy given as x is one
+            # array twice; only C-contiguous arrays are ever replayed, so ``nbytes`` from its
+            # first byte is its extent) are part of the key
+            end, meets = p + nbytes, None
+            for k, (lo, hi) in enumerate(spans):
+                if lo < end and p < hi:
+                    meets = (k, lo == p)
+                    break
+            spans.append((p, end))
+            sig.append((entry, p % C.WORD_BYTES[0], meets))
+            pointers.append(p)
+            arrays.append(a)
+        if several:  # a plan serves one device's calls
+            sig.append(tuple(devices))
         return tuple(sig), pointers, arrays
 
     def replay(self, sig):
@@ -359,18 +529,21 @@ class Replays:
         plan = self._plans.get(key)
         if plan is None:
             return None
-        lead, specs, launches, results = plan
-        lead = arrays[lead]  # the call's stream: the leading array's own (its producer's)
-        stream = C.core_stream(lead.stream if getattr(type(lead), "__cuda_ndarray__", False)
-                               else call_context(lead).stream)
-        allocs = [C.device_empty(shape, dtype) for shape, dtype in specs]
-        at = pointers + [a.device_ctypes_pointer.value for a in allocs]
-        for lib, config, template, slots in launches:
-            kargs = list(template)
-            for i, source, offset in slots:
-                kargs[i] = at[source] + offset
-            C.replay_launch(lib, config, stream, kargs)
-        return tuple(allocs[k] if k >= 0 else arrays[~k] for k in results)
+        lead, lib, device, where, specs, launches, results = plan
+        lead = arrays[lead]  # the call's stream: the leading array's own, or its library's current one
+        if lib == "torch":
+            stream = _core_stream(_torch_stream(lead))
+        elif lib == "cupy":
+            stream = _core_stream(_cupy_stream(device))
+        else:
+            stream = C.core_stream(lead.stream if getattr(type(lead), "__cuda_ndarray__", False)
+                                   else call_context(lead).stream)
+        if device is None:  # (one GPU: no context to choose)
+            allocs = _run(_LIBRARIES[lib], specs, where, pointers, launches, stream)
+        else:
+            with C.on_device(device):
+                allocs = _run(_LIBRARIES[lib], specs, where, pointers, launches, stream)
+        return tuple([allocs[k] if k >= 0 else arrays[~k] for k in results])
 
     @staticmethod
     def record():
@@ -391,14 +564,14 @@ class Replays:
             return
         key, pointers, arrays = sig
         lead = next((k for k, a in enumerate(arrays) if a is leading), None)
-        allocs = [e[1] for e in log if e[0] == "alloc"]
+        allocs = [e[1:] for e in log if e[0] == "alloc"]  # (numba view, the library's array)
         # where each pointer may point: the caller's arrays, then the call's allocations
         spans = [(p, native(None, a).nbytes) for p, a in zip(pointers, arrays)]
-        spans += [(a.device_ctypes_pointer.value, a.nbytes) for a in allocs]
+        spans += [(a.device_ctypes_pointer.value, a.nbytes) for a, _ in allocs]
         if lead is None or not all(p for p, _ in spans):
             return
         launches = []
-        for _, lib, config, stream, kargs, at in (e for e in log if e[0] == "launch"):
+        for _, code, config, stream, kargs, at in (e for e in log if e[0] == "launch"):
             if stream is not ctx.stream:
                 return
             slots = []
@@ -411,24 +584,48 @@ class Replays:
                 if len({spans[k][0] for k in inside}) > 1:
                     return  # arrays that partly overlap: not one source
                 slots.append((i, inside[0], kargs[i] - spans[inside[0]][0]))
-            launches.append((lib, config, tuple(kargs), tuple(slots)))
-        specs = [(a.shape, a.dtype) for a in allocs]
+            launches.append((code, config, tuple(kargs), tuple(slots)))
+        specs = [(a.shape, made.dtype) for a, made in allocs]
         taken = []
         for r in results:
             k = next((k for k, a in enumerate(arrays) if r is a), None)
             if k is not None:  # the caller's out=
                 taken.append(~k)
                 continue
-            p = r.device_ctypes_pointer.value
-            k = next((k for k, a in enumerate(allocs) if spans[len(arrays) + k][0] == p), None)
-            if k is None or k in taken or r.size != allocs[k].size or r.dtype != allocs[k].dtype \
-                    or not r.is_c_contiguous():
+            p, shape, size, contiguous = _result_layout(r)
+            k = next((k for k, _ in enumerate(allocs) if spans[len(arrays) + k][0] == p), None)
+            if k is None or k in taken or size != allocs[k][0].size or r.dtype != allocs[k][1].dtype \
+                    or not contiguous:
                 return
-            specs[k] = (r.shape, r.dtype)  # allocated as returned
+            specs[k] = (shape, r.dtype)  # allocated as returned
             taken.append(k)
         if len(self._plans) >= self.MAX_PLANS:
             self._plans.clear()
-        self._plans[key] = (lead, specs, tuple(launches), tuple(taken))
+        where = ctx.like.device if ctx.lib == "torch" else ctx.device  # (what the library allocates on)
+        self._plans[key] = (lead, ctx.lib, ctx.device, where, specs, tuple(launches), tuple(taken))
+
+
+def _run(made, specs, where, pointers, launches, stream):
+    """A plan's allocations (``specs``, from library ``made``, on ``where``) and launches,
+    with the call's ``pointers`` and then the allocations' in the slots; the allocations."""
+    allocs, at = made.allocate(specs, where)
+    at = pointers + at
+    for code, config, template, slots in launches:
+        kargs = list(template)
+        for i, source, offset in slots:
+            kargs[i] = at[source] + offset
+        C.replay_launch(code, config, stream, kargs)
+    return allocs
+
+
+def _result_layout(r):
+    """``(pointer, shape, elements, C-contiguous)`` of a call's result ``r``."""
+    if getattr(type(r), "__cuda_ndarray__", False):
+        return r.device_ctypes_pointer.value, r.shape, r.size, r.is_c_contiguous()
+    if _is_torch(r):
+        return r.data_ptr(), tuple(r.shape), r.numel(), r.is_contiguous()
+    view = native(None, r)  # (CuPy's)
+    return view.device_ctypes_pointer.value, r.shape, view.size, view.is_c_contiguous()
 
 
 # None in the simulator, or where numba-cuda's internals are not the known ones

@@ -10,7 +10,10 @@ H100 gets for rows of 64 ... 20000 elements:
 * registers x threads per block fit the SM (65536 registers) -- a kernel over
   budget compiles but fails to launch;
 * float16/bfloat16/float32 kernels keep their row in registers: no local
-  memory (``.local``) in the PTX and at most a few spilled words.
+  memory (``.local``) in the PTX and at most a few spilled words;
+* the static shared memory of the loop path's row kernels (their reductions' scratch)
+  fits ``common.SCRATCH_BYTES``, the share a staged row's dynamic shared memory leaves
+  it under the per-block maximum.
 
 Exit status: 0 all good, 1 a check failed, 3 NVVM/NVRTC not installed
 (``pip install nvidia-nvvm nvidia-cuda-nvrtc`` or a CUDA toolkit), so
@@ -75,10 +78,20 @@ def assemble(ptx, cc, ptxas=None):
 
 
 def _resources(ptxas, ptx, cc):
+    """``(registers, spilled bytes, static shared bytes)`` of ``ptx`` as ``ptxas -v`` reports them."""
     log = assemble(ptx, cc, ptxas)[1]
     regs = int(re.search(r"Used (\d+) registers", log).group(1))
     spills = sum(int(v) for v in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
-    return regs, spills
+    smem = re.search(r"(\d+) bytes smem", log)
+    return regs, spills, int(smem.group(1)) if smem else 0
+
+
+def static_shared(ptx):
+    """The static shared memory of the kernel in ``ptx`` (bytes), as ``ptxas -v`` reports it
+    for the architecture of the PTX's ``.target`` (what the driver reports for the loaded
+    kernel as CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)."""
+    cc = re.search(r"^\.target\s+sm_(\d)(\d+)", ptx, re.M).groups()
+    return _resources(_ptxas(), re.sub(r"^(\.target\s+sm_\d+)a\b", r"\1", ptx, flags=re.M), cc)[2]
 
 
 def _cases():
@@ -181,8 +194,10 @@ def main(argv=None):
         if not wide and ".local" in ptx:
             problems.append("local memory")
         if ptxas:
-            regs, spills = _resources(ptxas, ptx, cc)
-            line += f" regs={regs:<4} spill={spills}"
+            regs, spills, smem = _resources(ptxas, ptx, cc)
+            line += f" regs={regs:<4} spill={spills} smem={smem}"
+            if " loop=True" in name and smem > C.SCRATCH_BYTES:  # (the loop path's: it stages rows)
+                problems.append(f"{smem} bytes of static shared memory > {C.SCRATCH_BYTES}")
             if regs * block > SM_REGISTERS:
                 problems.append(f"{regs} registers x {block} threads > {SM_REGISTERS}")
             if spills > SPILL_BYTES and not wide:

@@ -1,6 +1,6 @@
 """The 16-byte row loads and stores (``_kernels.vec``) for numba's CUDA simulator.
 
-On hardware ``load_pair``/``store_pair``/``pack_bf16x2`` are LLVM intrinsics (one ``<2 x i64>``
+On hardware ``load_pair``/``store_pair``/``pack_bf16x2``/``unpack_f16x2``/``min_s16x2`` are LLVM intrinsics (one ``<2 x i64>``
 access, align 16: ``LDG.E.128``/``STG.E.128``), which the simulator cannot run;
 these are the same operations in Python on the array the simulator hands the
 kernel, with the hardware's requirement made an error: a 16-byte access to an
@@ -60,3 +60,15 @@ def _bf16_bits(f):
 def pack_bf16x2(lo, hi):
     """Two float32 as bfloat16 in one uint32, ``lo`` in the low half (``cvt.rn.bf16x2.f32``)."""
     return np.uint32(_bf16_bits(lo) | (_bf16_bits(hi) << 16))
+
+
+def unpack_f16x2(u):
+    """The two float16 of a uint32, low half first, as float32 (exact)."""
+    h = np.array([np.uint32(u)], np.uint32).view(np.float16)
+    return np.float32(h[0]), np.float32(h[1])
+
+
+def min_s16x2(a, b):
+    """The two halves' minima as signed 16-bit integers (``min.s16x2``), as a uint32."""
+    x = np.array([np.uint32(a), np.uint32(b)], np.uint32).view(np.int16).reshape(2, 2)
+    return np.minimum(x[0], x[1]).view(np.uint32)[0]

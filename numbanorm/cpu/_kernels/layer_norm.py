@@ -243,7 +243,7 @@ def forward(x, weight, bias, eps, y, mean, rstd):
 
     x, y: (M, N) C-contiguous of x's dtype; weight, bias: (N,) any float dtype or
     None; mean, rstd: (M,) C-contiguous, float32 (float64 for float64 x).
-    A y of a quarter of the last-level cache or more goes out through streaming stores
+    A y too large for the cache (``memory.STREAM_MIN_BYTES``) goes out through streaming stores
     (``memory.should_stream``); a scratch copy of it (``scratch_for``) does not.
     """
     acc = acc_of(x.dtype)

@@ -6,12 +6,15 @@ writes whole lines without reading them, as ``np.copyto`` does for large arrays,
 so it costs one.  A row writer stores the whole lines of a row
 (:func:`stream_span`) with :func:`put_streaming` straight from its loop; a row
 written in place (``out=x``) is normalized into a scratch row and copied out by
-:func:`stream_row`.  It pays into an output of a quarter of the last-level cache or
-more (``should_stream``), a caller's ``out=`` or a fresh array; the measurements that
-decided it are in the book, chapter 5 ("Writing a large out=").
+:func:`stream_row`.  It pays into an output too large to stay in the cache the
+kernels can count on (``should_stream``, :data:`STREAM_MIN_BYTES`), a caller's ``out=``
+or a fresh array: below it, ordinary stores leave ``y`` in cache for its next reader.
+``python -m benchmarks.streaming`` measures where it starts to pay on a CPU; the book,
+chapter 5 ("Writing a large out="), has the measurements.
 """
 
 import os
+from fractions import Fraction
 
 import numpy as np
 from llvmlite import ir
@@ -20,6 +23,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
+from .halves import _x86_features
 
 _VEC = 32  # bytes per streaming store: one AVX register; LLVM splits it on narrower machines
 
@@ -63,7 +67,9 @@ def put_streaming(typingctx, arr, o, j, v):
     ``bitcast(fptrunc(v))``, halves), and a non-temporal store of half vectors is
     one LLVM does not vectorize (``vmovsh``, element by element); and a bfloat16
     narrowing, which ends in a truncation, is folded with its store into a
-    truncating store (``vpmovdw`` to memory), which has no non-temporal form.
+    truncating store (``vpmovdw`` to memory), which has no non-temporal form --
+    where there is one: an x86 CPU without AVX-512 has no truncating store, and
+    there bfloat16 bits go out without the ``vpor`` (:data:`TRUNCATING_STORES`).
     """
     sig = types.void(arr, o, j, v)
 
@@ -72,13 +78,18 @@ def put_streaming(typingctx, arr, o, j, v):
         ary = context.make_array(aryty)(context, builder, args[0])
         ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1], args[2]])
         val = context.cast(builder, args[3], signature.args[3], aryty.dtype)
-        if aryty.dtype in (types.uint16, types.int16):
+        if aryty.dtype == types.uint16 or (aryty.dtype == types.int16 and TRUNCATING_STORES):
             val = builder.or_(val, _opaque_zero(builder, ary, val.type))
         store = builder.store(val, ptr, align=_LINE)
         store.set_metadata("nontemporal", builder.module.add_metadata([ir.IntType(32)(1)]))
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+# Whether the CPU compiled for may fold a truncation into its store (vpmovdw: AVX-512F);
+# any CPU not known to be x86 is taken to
+TRUNCATING_STORES = "+avx512f" in (_x86_features() or ("+avx512f",))
 
 
 def _opaque_zero(builder, ary, ty):
@@ -230,31 +241,88 @@ def stream_span(
     return lo, lo + (n - lo) * size // _LINE * _LINE // size
 
 
-def _last_level_cache_bytes():
-    """The largest cache level's size, from glibc or sysfs; 32 MiB when neither says."""
-    best = 0
-    for name in ("SC_LEVEL4_CACHE_SIZE", "SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
+_SYSFS_CACHE = "/sys/devices/system/cpu/cpu0/cache"
+_DEFAULT_CACHE = (32 << 20, None)  # where no size can be read: the L3 of a Zen 3 CCX, sharers unknown
+
+
+def cpu_list(text):
+    """The CPU numbers of a Linux CPU list (``"0-3,8"``)."""
+    out = set()
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def last_level_cache(folder=_SYSFS_CACHE):
+    """``(bytes, CPUs sharing it)`` of cpu0's highest data cache level, from Linux's
+    ``index*/{level,type,size,shared_cpu_list}`` under ``folder``; :data:`_DEFAULT_CACHE`
+    where none can be read (another OS), sharers None where the list is missing."""
+    best = (0, 0, None)
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith("index")]
+    except OSError:
+        names = []
+    for name in names:  # an entry that cannot be read is skipped alone
+
+        def read(field):
+            with open(os.path.join(folder, name, field)) as f:
+                return f.read().strip()
+
         try:
-            best = max(best, int(os.sysconf(name)))
-        except (ValueError, OSError, AttributeError):
-            pass
-    if best <= 0:
-        base = "/sys/devices/system/cpu/cpu0/cache"
-        try:
-            for idx in os.listdir(base):
-                with open(os.path.join(base, idx, "size")) as f:
-                    text = f.read().strip().upper()
-                mult = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
-                best = max(best, int(text.rstrip("KM")) * mult)
+            if read("type") == "Instruction":
+                continue
+            level, text = int(read("level")), read("size").upper()
+            size = int(text.rstrip("KMG")) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
         except (OSError, ValueError):
-            pass
-    return best if best > 0 else 32 << 20
+            continue
+        try:
+            sharing = cpu_list(read("shared_cpu_list"))
+        except (OSError, ValueError):
+            sharing = None
+        best = max(best, (level, size, sharing), key=lambda b: b[:2])
+    return best[1:] if best[1] > 0 else _DEFAULT_CACHE
 
 
-# Outputs smaller than this take ordinary stores (see the module docstring): a quarter of
-# the last-level cache, where streaming was faster on both machines measured (8 MiB of
-# 32), also when the output was read right after; at 2 MiB, with that read, it was slower.
-STREAM_MIN_BYTES = _last_level_cache_bytes() // 4
+# The cache one CPU can count on: its slice of a shared L3 and its own L2 are under this on
+# every x86 part but AMD's 3D V-Cache ones (Zen 3: 4 + 0.5 MiB, Emerald Rapids: 5 + 2 MiB).
+# A VM can show a few vCPUs the whole L3 of a host whose other tenants use it too.
+CACHE_PER_CPU = 8 << 20
+
+
+def cache_share(cache_bytes, cpus, per_cpu=CACHE_PER_CPU):
+    """The part of a last-level cache of ``cache_bytes`` that ``cpus`` of its CPUs (the
+    ones this process may run on) can count on: all of it, or ``per_cpu`` bytes each."""
+    return min(cache_bytes, max(1, cpus) * per_cpu)
+
+
+def stream_min_bytes(cache_bytes, fraction):
+    """The smallest output written with streaming stores: ``fraction`` of the cache the
+    kernels can count on (:func:`cache_share`), in whole cache lines."""
+    return int(cache_bytes * fraction) // _LINE * _LINE
+
+
+def _usable_cpus():
+    try:
+        return os.sched_getaffinity(0)
+    except (AttributeError, OSError):  # no affinity call (macOS, Windows)
+        return set(range(os.cpu_count() or 1))
+
+
+def _cache_here():
+    """``(last-level cache bytes, usable CPUs sharing it, the share they can count on)``."""
+    size, sharing = last_level_cache()
+    usable = _usable_cpus()
+    cpus = len(usable if sharing is None else usable & sharing) or len(usable)
+    return size, cpus, cache_share(size, cpus)
+
+
+LAST_LEVEL_CACHE, CACHE_CPUS, CACHE_BYTES = _cache_here()
+# Outputs smaller than this take ordinary stores (see the module docstring): where
+# streaming stores started to win (benchmarks/streaming.py), as a fraction of CACHE_BYTES
+STREAM_FRACTION = Fraction(1)
+STREAM_MIN_BYTES = stream_min_bytes(CACHE_BYTES, STREAM_FRACTION)
 
 
 def should_stream(y):

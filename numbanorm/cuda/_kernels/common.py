@@ -30,7 +30,9 @@ barrier) is paid fewer times:
 The grid is persistent: one wave of the blocks the launch bounds (and a staged row's
 shared memory: ``blocks_per_sm``) keep resident on every SM, each striding over rows, so per-thread copies of weight/bias (and,
 in the backward, of the dweight/dbias partial sums: one or two partial rows per
-SM) are loaded or written once per block instead of once per row.  Kernels are
+SM) are loaded or written once per block instead of once per row.  A row group holding
+its rows in registers loads ``rows_in_flight`` of them at once, so that an SM keeps
+``SM_BYTES_IN_FLIGHT`` of row data requested (``row_norm``).  Kernels are
 compiled with launch bounds: ``ROW_RESIDENT`` (512) threads per SM for the row
 kernels, whose 16 elements of x, dy, weight, bias and column sums per thread
 take up to 128 registers (at 64 they spilled up to 740 bytes, sm_90),
@@ -91,6 +93,13 @@ SHARED_OPTIN = 232448
 SHARED_PER_SM = 228 * 1024
 SHARED_RESERVED = 1024
 SCRATCH_BYTES = 1024   # static shared memory beside a row's copies: the reductions' scratch (<= 768 bytes)
+# Bytes of row data an SM's threads have requested before they wait for any (Little's
+# law: an SM streams memory at the bytes it keeps in flight over the latency; see
+# benchmarks.gpu_model).  A row held in registers moves few bytes per thread (16 float16
+# elements are 32), so such a thread loads the words of several rows of its row group
+# at once (``rows_in_flight``), up to MAX_ROWS_IN_FLIGHT.
+SM_BYTES_IN_FLIGHT = 40 * 1024
+MAX_ROWS_IN_FLIGHT = 3
 # All of it for a long row's staged copies: the row kernels' grid is one 512-thread block per
 # SM anyway (ROW_RESIDENT), so even 227 KB costs no block the grid had, and the row is read
 # from global memory once (gpu-model, float16 N = 32768: 688 -> 418 KB of loads per row
@@ -107,10 +116,58 @@ def pow2(n):
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+# ---------------------------------------------------------------- devices
+
 @functools.lru_cache(maxsize=None)
+def device_count():
+    """The GPUs this process sees (the simulator's one)."""
+    return 1 if SIMULATED else len(cuda.gpus)
+
+
+def current_device():
+    """The ordinal of the current context's GPU (a call's: the backend makes its arrays'
+    device current), asked of the driver only where there are several."""
+    return 0 if device_count() == 1 else cuda.get_current_device().id
+
+
 def n_sm():
+    """The SMs of the current device."""
+    return _n_sm(current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _n_sm(device):
     # the simulator's device has no attributes: it runs blocks one after another
-    return int(getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", 1))
+    dev = cuda.get_current_device() if device_count() == 1 else cuda.gpus[device]
+    return int(getattr(dev, "MULTIPROCESSOR_COUNT", 1))
+
+
+def pointer_device(ptr):
+    """The ordinal of the GPU whose memory ``ptr`` points into (the driver's pointer attribute)."""
+    from numba.cuda.cudadrv.driver import binding, driver
+
+    return int(driver.cuPointerGetAttribute(binding.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr))
+
+
+class _Here:
+    """A scope that changes nothing (a call already on its device)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_HERE = _Here()
+
+
+def on_device(device):
+    """A scope (``with``) in which ``device``'s context is current: where a call's kernels
+    are loaded and launched and numba allocates (None, or the current device: no change)."""
+    if device is None or device == current_device():
+        return _HERE
+    return cuda.gpus[device]
 
 
 # What the generated code depends on: kernels are specialized (and cached) on this,
@@ -192,9 +249,15 @@ def source_stamp():
     return h.hexdigest()
 
 
-@functools.lru_cache(maxsize=4096)
 def row_config(M, N, wide=False, vec=1, resident=None, item=0, staged=0):
-    """How ``M`` rows of ``N`` elements map onto threads (see the module docstring).
+    """How ``M`` rows of ``N`` elements map onto threads (see the module docstring), on
+    the current device (its SMs size the grid)."""
+    return _row_config(M, N, wide, vec, resident, item, staged, n_sm())
+
+
+@functools.lru_cache(maxsize=4096)
+def _row_config(M, N, wide, vec, resident, item, staged, sms):
+    """``row_config`` on a device of ``sms`` SMs.
 
     ``wide``: float64 accumulation, whose values take two registers each, so
     half as many elements per thread fit the register budget.  ``vec``: the
@@ -220,14 +283,28 @@ def row_config(M, N, wide=False, vec=1, resident=None, item=0, staged=0):
         tpr, rows = max(tpr, WARP), 1
     else:
         fewest, most = WARP // min(tpr, WARP), max(WARP // min(tpr, WARP), BLOCK_THREADS // tpr)
-        rows = most if cdiv(M, most) >= n_sm() else fewest
+        rows = most if cdiv(M, most) >= sms else fewest
     block = tpr * rows
     # one wave: the blocks the launch bounds make resident on every SM at once (more
     # would queue a second wave, and the backward would write more partial rows)
     stage = stage_capacity(N, item, vec, staged) if loop else 0
     shared = stage * (8 if vec > 1 else item) * staged
-    grid = max(1, min(cdiv(M, rows), n_sm() * blocks_per_sm(block, resident or MIN_RESIDENT, shared)))
+    grid = max(1, min(cdiv(M, rows), sms * blocks_per_sm(block, resident or MIN_RESIDENT, shared)))
     return RowConfig(tpr, vpt, rows, loop, block, grid, vec, stage, shared)
+
+
+row_config.cache_clear = _row_config.cache_clear  # (after changing the tuning knobs)
+
+
+def rows_in_flight(code, row_bytes, wide=False, resident=None, item=4):
+    """Rows a row group loads at once on the registers path: enough that the ``resident``
+    threads of an SM, each loading ``row_bytes`` per row (its words of each row array),
+    reach ``SM_BYTES_IN_FLIGHT``; one on the loop path, for float64 (``wide``: its
+    accumulation takes the registers a second row would) and for 16-bit rows moved
+    element by element (``item`` bytes each: a register per element, twice a word's)."""
+    if code.loop or wide or (code.vec == 1 and item < 4):
+        return 1
+    return max(1, min(MAX_ROWS_IN_FLIGHT, cdiv(SM_BYTES_IN_FLIGHT, (resident or ROW_RESIDENT) * row_bytes)))
 
 
 # ---------------------------------------------------------------- dtypes
@@ -323,75 +400,121 @@ class Words:
                 *b.strides[:-1], item)
 
 
+def _elements(dtype):
+    """(NumPy type, numba type) of one element of a ``dtype`` row as the kernels index it."""
+    if is_bfloat16(dtype):
+        return np.uint16, cuda.uint16
+    return np.dtype(dtype).type, {F16: cuda.types.float16, F32: cuda.float32, F64: cuda.float64}[np.dtype(dtype)]
+
+
+@functools.lru_cache(maxsize=None)
+def raw_fns(dtype, acc_name, vec):
+    """``(RAW, fetch, widen, narrow, put)``: a word of ``vec`` elements of ``dtype`` held
+    as its bits, in word slots of a local array of ``RAW`` (two uint64 per 16-byte word,
+    one per 8-byte word, or the element itself).  A load split in two, so that a thread
+    can issue every load of its rows before it waits for the first (a load is waited for
+    where its register is first read: the widening); a store likewise.
+
+    ``fetch(row, q, raw, i)``: word q of ``row`` (as ``word_fns`` indexes it), its bits as
+    they are, into slot ``i``; ``widen(raw, i, out, e)``: slot i -> out[e:e + vec] in the
+    accumulation dtype (exact); ``narrow(vals, e, raw, i)``: vals[e:e + vec] rounded to
+    ``dtype`` (``store_fn``'s rounding and NaN) into slot i; ``put(row, q, raw, i)``: slot i
+    -> word q of ``row``.  A slot is read and written through a view of ``raw`` as the
+    element type, which the compiler turns into register moves and the simulator runs
+    as a NumPy view.
+    """
+    LOAD, STORE = load_fn(dtype, acc_name), store_fn(dtype)
+    ELEM, ELEM_T = _elements(dtype)
+    if vec == 1:
+        @cuda.jit(device=True)
+        def fetch1(row, q, raw, i):
+            raw[i] = row[q]
+
+        @cuda.jit(device=True)
+        def widen1(raw, i, out, e):
+            out[e] = LOAD(raw[i])
+
+        @cuda.jit(device=True)
+        def narrow1(vals, e, raw, i):
+            raw[i] = STORE(vals[e])
+
+        @cuda.jit(device=True)
+        def put1(row, q, raw, i):
+            row[q] = raw[i]
+
+        return ELEM_T, fetch1, widen1, narrow1, put1
+    KW = u64_per_word(dtype, vec)  # two uint64 moved at once (LDG.E.128) where 2
+    F16_PAIRS = np.dtype(dtype) == F16 and acc_name == "float32"  # HADD2.F32 of each half
+    # two elements per conversion (cvt.rn.bf16x2.f32), whose NaN is made store_fn's
+    BF16_PAIRS = is_bfloat16(dtype) and acc_name == "float32"
+    U32, PAIRS = cuda.uint32, max(1, vec // 2)
+    NANS = U32(BF16_NAN | BF16_NAN << 16)  # cvt's NaN, 0x7FFF, is the one half above it as int16
+
+    @cuda.jit(device=True)
+    def fetch(row, q, raw, i):
+        if KW == 2:
+            lo, hi = _vec.load_pair(row, q)
+            raw[2 * i] = lo
+            raw[2 * i + 1] = hi
+        else:
+            raw[i] = row[q]
+
+    @cuda.jit(device=True)
+    def put(row, q, raw, i):
+        if KW == 2:
+            _vec.store_pair(row, q, raw[2 * i], raw[2 * i + 1])
+        else:
+            row[q] = raw[i]
+
+    @cuda.jit(device=True)
+    def widen(raw, i, out, e):
+        if F16_PAIRS:
+            h2 = raw.view(np.uint32)
+            for v in range(PAIRS):
+                out[e + 2 * v], out[e + 2 * v + 1] = _vec.unpack_f16x2(h2[i * PAIRS + v])
+        else:
+            h = raw.view(ELEM)
+            for v in range(vec):
+                out[e + v] = LOAD(h[i * vec + v])
+
+    @cuda.jit(device=True)
+    def narrow(vals, e, raw, i):
+        if BF16_PAIRS:
+            h2 = raw.view(np.uint32)
+            for v in range(PAIRS):
+                h2[i * PAIRS + v] = _vec.min_s16x2(_vec.pack_bf16x2(vals[e + 2 * v], vals[e + 2 * v + 1]), NANS)
+        else:
+            h = raw.view(ELEM)
+            for v in range(vec):
+                h[i * vec + v] = STORE(vals[e + v])
+
+    return cuda.uint64, fetch, widen, narrow, put
+
+
 @functools.lru_cache(maxsize=None)
 def word_fns(dtype, acc_name, vec):
     """Device functions moving one word of ``vec`` elements between memory and registers.
 
     ``load_word(row, q, out, e)``: out[e:e + vec] = word q of row (16-byte words:
     ``row`` is the uint64 view and word q its elements 2q, 2q + 1), in the
-    accumulation dtype; ``store_word(row, q, vals, e)``: word q of row =
-    vals[e:e + vec] converted to ``dtype``.  The word is split through a local
-    array viewed as the element type, which the compiler turns into register
-    moves (no local memory in the PTX), and which the simulator runs as NumPy
-    views -- the same code on both.
+    accumulation dtype; ``store_word(row, q, vals, e)``: word q of row = vals[e:e + vec]
+    converted to ``dtype``: ``raw_fns``' fetch and widen, its narrow and put, through a
+    one-word local array (register moves; no local memory in the PTX).
     """
-    LOAD, STORE = load_fn(dtype, acc_name), store_fn(dtype)
-    ELEM = np.uint16 if is_bfloat16(dtype) else np.dtype(dtype).type
-    ELEM_T = cuda.uint16 if is_bfloat16(dtype) else {F16: cuda.types.float16, F32: cuda.float32,
-                                                     F64: cuda.float64}[np.dtype(dtype)]
-    U64 = cuda.uint64
-    if vec == 1:
-        @cuda.jit(device=True)
-        def load_word(row, q, out, e):
-            out[e] = LOAD(row[q])
-
-        @cuda.jit(device=True)
-        def store_word(row, q, vals, e):
-            row[q] = STORE(vals[e])
-
-        return load_word, store_word
-
-    PAIR = vec * np.dtype(dtype).itemsize == 16  # two uint64 moved at once (LDG.E.128/STG.E.128)
-
-    @cuda.jit(device=True)
-    def fetch(row, q, w):
-        if PAIR:
-            lo, hi = _vec.load_pair(row, q)
-            w[0] = lo
-            w[1] = hi
-        else:
-            w[0] = row[q]
-
-    @cuda.jit(device=True)
-    def put(row, q, u):
-        if PAIR:
-            _vec.store_pair(row, q, u[0], u[1])
-        else:
-            row[q] = u[0]
+    RAW, FETCH, WIDEN, NARROW, PUT = raw_fns(dtype, acc_name, vec)
+    KW = u64_per_word(dtype, vec) if vec > 1 else 1
 
     @cuda.jit(device=True)
     def load_word(row, q, out, e):
-        w = cuda.local.array(2 if PAIR else 1, U64)
-        fetch(row, q, w)
-        h = w.view(ELEM)
-        for v in range(vec):
-            out[e + v] = LOAD(h[v])
-
-    PACK_BF16 = is_bfloat16(dtype) and acc_name == "float32"  # two elements per conversion
-    U32, PAIRS = cuda.uint32, max(1, vec // 2)
+        w = cuda.local.array(KW, RAW)
+        FETCH(row, q, w, 0)
+        WIDEN(w, 0, out, e)
 
     @cuda.jit(device=True)
     def store_word(row, q, vals, e):
-        if PACK_BF16:
-            p = cuda.local.array(PAIRS, U32)
-            for v in range(PAIRS):
-                p[v] = _vec.pack_bf16x2(vals[e + 2 * v], vals[e + 2 * v + 1])
-            put(row, q, p.view(np.uint64))
-        else:
-            h = cuda.local.array(vec, ELEM_T)
-            for v in range(vec):
-                h[v] = STORE(vals[e + v])
-            put(row, q, h.view(np.uint64))
+        w = cuda.local.array(KW, RAW)
+        NARROW(vals, e, w, 0)
+        PUT(row, q, w, 0)
 
     return load_word, store_word
 
@@ -430,7 +553,7 @@ def store_fn(dtype):
         @cuda.jit(device=True)
         def store_bf16(f):
             if f != f:
-                return U16(0x7FC0)  # a quiet NaN
+                return U16(BF16_NAN)
             bits = U32(libdevice.float_as_int(F32T(f)))
             # round to nearest, ties to even, as the hardware conversion does
             return U16((bits + (U32(0x7FFF) + ((bits >> U32(16)) & U32(1)))) >> U32(16))
@@ -443,6 +566,11 @@ def store_fn(dtype):
         return OUT(v)
 
     return store
+
+
+# the one bfloat16 NaN both store paths write: the quiet NaN PyTorch's CPU conversion
+# (c10::BFloat16) and the CPU kernels (for a NaN of sign 0) store, not cvt.rn.bf16x2's 0x7FFF
+BF16_NAN = 0x7FC0
 
 
 def bfloat16_unsupported():
@@ -522,7 +650,8 @@ def arrays(args):
 
 
 # What one public call allocates and launches, while ``cuda._backend.Replays`` records
-# it in this thread (``_RECORDING.log``, a list; None otherwise): ("alloc", array),
+# it in this thread (``_RECORDING.log``, a list; None otherwise): ("alloc", numba view,
+# the library's array: ``allocated``),
 # ("launch", codelib, config, stream, kernel arguments, positions of their pointers),
 # or None for work a replay cannot repeat (numba's dispatcher, a copy)
 _RECORDING = threading.local()
@@ -568,12 +697,12 @@ def replay_launch(lib, config, core_stream, kargs):
 _ALLOWED = {}
 
 
-def allow_shared(lib, nbytes):
-    """Let the kernel of code library ``lib`` launch with ``nbytes`` of dynamic shared
-    memory in this context: over 48 KB the driver refuses the launch unless the kernel's
-    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES says so first (numba-cuda never sets it).
-    Once per kernel and context, and again only for a larger ``nbytes``."""
-    f = lib.get_cufunc()
+def allow_shared(f, nbytes):
+    """Let the loaded kernel ``f`` (a cufunc) launch with ``nbytes`` of dynamic shared memory
+    in its context: the driver refuses a launch whose static and dynamic shared memory
+    together pass 48 KB unless the kernel's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    says so first (numba-cuda never sets it).  Once per kernel and context, and again only
+    for a larger ``nbytes``."""
     seen = _ALLOWED.get(id(f))
     if seen is None or seen[0] is not f or seen[1] < nbytes:
         from numba.cuda.cudadrv.driver import binding, driver
@@ -587,9 +716,23 @@ def allow_shared(lib, nbytes):
     return f
 
 
+# (code library, device) -> its cufunc, loaded: numba-cuda's ``get_cufunc`` keeps one per
+# library and device for the process too, but asks the driver for the current context
+# on every call (a lock and two driver calls per launch)
+_LOADED = {}
+
+
 def _cufunc(lib, shared):
-    """The kernel of ``lib`` (its cufunc), allowed ``shared`` bytes of dynamic shared memory."""
-    return allow_shared(lib, shared) if shared > SHARED_DEFAULT else lib.get_cufunc()
+    """The kernel of code library ``lib`` on the current device (its cufunc), allowed
+    ``shared`` bytes of dynamic shared memory where they and the kernel's static shared
+    memory (its reductions' scratch, as the driver reports it) pass the default 48 KB."""
+    key = lib if device_count() == 1 else (lib, current_device())
+    f = _LOADED.get(key)
+    if f is None:
+        f = _LOADED[key] = lib.get_cufunc()
+    if shared and shared + f.attrs.shared > SHARED_DEFAULT:
+        allow_shared(f, shared)
+    return f
 
 
 def core_stream(stream):
@@ -617,8 +760,8 @@ def launch(kernel, grid, block, stream, *args, shared=0):
         compiled, plan = resolved
         if plan is None:
             unrecordable()
-            if shared > SHARED_DEFAULT:
-                allow_shared(compiled._codelibrary, shared)
+            if shared:
+                _cufunc(compiled._codelibrary, shared)
             compiled.launch(arrays(args), (grid, 1, 1), (block, 1, 1), _INTERNALS[0](stream), shared)
         else:
             _direct_launch(compiled, plan, args, grid, block, stream, shared)
@@ -628,8 +771,8 @@ def launch(kernel, grid, block, stream, *args, shared=0):
     types = None
     if _INTERNALS is not None:
         types = tuple(kernel.typeof_pyval(a) for a in args)
-        if shared > SHARED_DEFAULT:  # compiled (or loaded) first, to be allowed the memory before its launch
-            allow_shared(kernel.compile(types)._codelibrary, shared)
+        if shared:  # compiled (and loaded) first, to be allowed the memory before its launch
+            _cufunc(kernel.compile(types)._codelibrary, shared)
     kernel[grid, block, stream, shared](*args)
     overloads = getattr(kernel, "overloads", None)  # None in the simulator
     if overloads and types is not None:
@@ -640,7 +783,16 @@ def launch(kernel, grid, block, stream, *args, shared=0):
 
 @functools.lru_cache(maxsize=None)
 def _dummy_cached(dtype, ndim):
-    d = cuda.device_array((1,) * ndim, dtype)
+    shape = (1,) * ndim
+    if SIMULATED:  # (the simulator indexes its arrays as NumPy does)
+        d = cuda.device_array(shape, dtype)
+    else:
+        # no memory: a kernel never reads a dummy, so it takes no allocation (none inside a
+        # call, none from the wrong allocator or device); a read would fault, not read garbage
+        from numba.cuda.cudadrv import devicearray, driver
+
+        null = driver.MemoryPointer(None, driver.binding.CUdeviceptr(0), 0)
+        d = devicearray.DeviceNDArray(shape, (dtype.itemsize,) * ndim, dtype, gpu_data=null)
     _DUMMIES.add(_address(d))
     return d
 
@@ -649,7 +801,8 @@ def dummy(dtype, ndim):
     """A one-element device array of rank ``ndim`` standing for an absent argument.
 
     The kernels are specialized on which arguments exist and never read a
-    dummy; numba-cuda cannot pass ``None`` to a kernel.
+    dummy; numba-cuda cannot pass ``None`` to a kernel.  On a GPU it points at
+    no memory (a null pointer, as an absent pointer argument is in CUDA C++).
     """
     return _dummy_cached(np.dtype(dtype), ndim)
 
@@ -667,10 +820,15 @@ def dtype_or_none(a):
 
 def device_empty(shape, dtype):
     a = cuda.device_array(shape, dtype)
+    allocated(a, a)
+    return a
+
+
+def allocated(view, native):
+    """The call being recorded allocated ``native`` (its library's array), seen as ``view``."""
     log = getattr(_RECORDING, "log", None)
     if log is not None:
-        log.append(("alloc", a))
-    return a
+        log.append(("alloc", view, native))
 
 
 # ---------------------------------------------------------------- column sums

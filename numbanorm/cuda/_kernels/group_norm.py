@@ -5,9 +5,12 @@ channels split into G groups of Cg = C/G channels.  A group's L = Cg*S elements
 are contiguous, so the forward treats each (sample, group) as a row of length L,
 maps it onto a thread group exactly like ``layer_norm`` (``common``) and takes
 its statistics with LayerNorm's own device functions (``stats``): the
-group in registers when it fits, a loop (per channel, so no division per
-element) when it does not -- in typical convolutional nets L is tens of
-thousands and one block works on each group.
+group in registers when it fits (several groups' words loaded at once, as
+``row_norm`` does; each thread's words lie in one channel each, whose weight and bias
+it loads once per group), a loop (per channel, so no division per element) when it
+does not -- in typical convolutional nets L is tens of thousands and one block works
+on each group, which is copied to shared memory as it is first read where it fits,
+so that its second and third passes do not read global memory again.
 
     mean, rstd over x[n, g*Cg:(g+1)*Cg, :]      (corrected two-pass)
     y[n, c, :] = ((x[n, c, :] - mean) - corr) * (rstd * weight[c]) + bias[c]
@@ -27,7 +30,9 @@ Backward, in three kernels (the dx of a group needs sums over all its channels):
 3. dweight/dbias = the fixed-order column sums of dyx/B over the samples.
 
 x and dy are read twice (kernels 1 and 2): five passes over memory where three
-would do if a whole group fitted on chip -- a fused version is future work.
+would do if a whole group fitted on chip -- a fused version is future work.  A
+(sample, channel) row of up to 8192 elements is held in registers: each thread loads
+all its words of x and dy before it uses any.
 """
 
 import functools
@@ -37,26 +42,115 @@ from numba import cuda
 
 from . import common as C
 from . import stats
-from .reduce import group_sum3, slots
+from .reduce import group_sums_fn, slots
+
+
+def _consts(xdt, code):
+    ACC = C.acc_type(xdt)
+    return ACC, C.u64_per_word(xdt, code.vec), code.vpt // code.vec, code.tpr.bit_length() - 1
+
+
+def _tag(kern, code, rows, loads):
+    """``kern`` with what ``benchmarks.gpu_model`` checks its SASS against (``row_norm._tag``)."""
+    kern.mapping, kern.rows_in_flight, kern.loads_in_flight = code, rows, loads
+    return kern
 
 
 @functools.lru_cache(maxsize=None)
-def _forward_kernel(xdt, wdt, bdt, cfg):
-    ACC = C.acc_type(xdt)
-    LOADW, STOREW = C.word_fns(xdt, ACC.name, cfg.vec)
+def _forward_kernel(xdt, wdt, bdt, code):
+    """The forward kernel for x of ``xdt``, weight/bias of ``wdt``/``bdt`` (None: absent)
+    and the mapping ``code`` of a (sample, group) row: held in registers, or a loop."""
+    return (_forward_loop if code.loop else _forward_held)(xdt, wdt, bdt, code)
+
+
+@functools.lru_cache(maxsize=None)
+def _group_rows_fn(xdt, wdt, bdt, code, rows):
+    """``group_rows(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, scratch,
+    tid)``: ``rows`` (1-3) (sample, group) rows ``row, row + step, ...`` (``grp``: their groups
+    within the sample, a (rows,) local array) of a row group held
+    in registers, from their fetched words: the corrected two-pass statistics of all of
+    them in two group reductions (the sums, then the deviations from their means), then
+    each row's y and statistics stored.  Each thread's words lie in one channel each
+    (``chw``), whose weight and bias it loads once per row and word."""
+    GEOMETRY = stats.geometry_fn(xdt, code)
+    ACC, KW, WPT, _ = _consts(xdt, code)
+    TPR, VPT, V = code.tpr, code.vpt, code.vec
+    VPT1, VPT2, NV, NW2 = (VPT if rows > 1 else 1), (VPT if rows > 2 else 1), rows, 2 * rows
     has_w, has_b = wdt is not None, bdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
     LB = C.load_fn(xdt if bdt is None else bdt, ACC.name)
-    TPR, VPT, V, R, LOOP, BLOCK = cfg.tpr, cfg.vpt, cfg.vec, cfg.rows, cfg.loop, cfg.block
-    WPT = VPT // V
-    SHIFT = TPR.bit_length() - 1
-    SLOTS = slots(BLOCK)
-    I32 = cuda.int32
-    # the statistics of a (sample, group) are a LayerNorm row's
-    ROW_SUM = stats.row_sum_fn(xdt, TPR, VPT, V, LOOP, False, False)
-    CENTERED = stats.centered_fn(xdt, TPR, VPT, V, LOOP)
+    STOREW = C.word_fns(xdt, ACC.name, V)[1]
+    SUMS = stats.held_sums_fn(xdt, TPR, VPT, V, False, False)
+    DEVIATIONS = stats.deviation_sums_fn(xdt, TPR, VPT, V, False, keep=True)  # xs: x - mean
+    RSTD = stats.rstd_fn(ACC.name)
+    MEANS, SPREADS = group_sums_fn(NV), group_sums_fn(NW2)
 
-    @C.kernel_jit(BLOCK, C.ROW_RESIDENT)  # the row mapping's 16 elements, weight and bias per thread
+    @cuda.jit(device=True)
+    def finish(y, w, b, mean, rstd, row, ds, grp, chw, Cg, mu, corr, r, t, NW):
+        if row < y.shape[0]:
+            if t == 0:
+                mean[row] = mu + corr
+                rstd[row] = r
+            tmp = cuda.local.array(V, ACC)
+            c0 = grp * Cg                 # the group's first channel
+            for k in range(WPT):
+                q = t + k * TPR
+                if q < NW:
+                    # each word lies in one channel: its weight and bias, once
+                    a = r * LW(w[c0 + chw[k]]) if has_w else r
+                    bc = LB(b[c0 + chw[k]]) if has_b else ACC(0)
+                    for v in range(V):
+                        tmp[v] = (ds[k * V + v] - corr) * a + bc  # ((x - mu) - corr) * a + b
+                    STOREW(y[row], q, tmp, 0)
+
+    @cuda.jit(device=True)
+    def group_rows(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, scratch, tid):  # (kernel's)
+        M, NW, t, inv_n = GEOMETRY(x, tid)
+        v = cuda.local.array(NW2, ACC)              # each row's sums, then its deviations' sums
+        xs0 = cuda.local.array(VPT, ACC)            # each row's elements
+        xs1 = cuda.local.array(VPT1, ACC)
+        xs2 = cuda.local.array(VPT2, ACC)
+        tmp = cuda.local.array(V, ACC)
+        v[0] = SUMS(raw0, xs0, tmp, row < M, t, NW, ACC(0))[0]
+        if rows > 1:
+            v[1] = SUMS(raw1, xs1, tmp, row + step < M, t, NW, ACC(0))[0]
+        if rows > 2:
+            v[2] = SUMS(raw2, xs2, tmp, row + 2 * step < M, t, NW, ACC(0))[0]
+        MEANS(v, scratch, 0, tid, TPR)
+        m0 = v[0] * inv_n
+        m1 = v[1] * inv_n if rows > 1 else ACC(0)
+        m2 = v[2] * inv_n if rows > 2 else ACC(0)
+        # pass 2: the deviations from each mean; their sum corrects the mean's rounding
+        v[0], v[1] = DEVIATIONS(x[0], xs0, row < M, t, NW, m0)
+        if rows > 1:
+            v[2], v[3] = DEVIATIONS(x[0], xs1, row + step < M, t, NW, m1)
+        if rows > 2:
+            v[4], v[5] = DEVIATIONS(x[0], xs2, row + 2 * step < M, t, NW, m2)
+        SPREADS(v, scratch, 1, tid, TPR)
+        finish(y, w, b, mean, rstd, row, xs0, grp[0], chw, Cg, m0, v[0] * inv_n,
+               RSTD(v[0] * inv_n, v[1], inv_n, eps), t, NW)
+        if rows > 1:
+            finish(y, w, b, mean, rstd, row + step, xs1, grp[1], chw, Cg, m1, v[2] * inv_n,
+                   RSTD(v[2] * inv_n, v[3], inv_n, eps), t, NW)
+        if rows > 2:
+            finish(y, w, b, mean, rstd, row + 2 * step, xs2, grp[2], chw, Cg, m2, v[4] * inv_n,
+                   RSTD(v[4] * inv_n, v[5], inv_n, eps), t, NW)
+
+    return group_rows
+
+
+def _forward_held(xdt, wdt, bdt, code):
+    ACC, KW, WPT, SHIFT = _consts(xdt, code)
+    TPR, V, R, BLOCK = code.tpr, code.vec, code.rows, code.block
+    SLOTS = slots(BLOCK)
+    RAW, RAWN, D = stats.raw_rows(xdt, code, 1)
+    NSUMS = max(2, 2 * D)  # values a group reduction sums at once
+    RAWN1, RAWN2 = (RAWN if D > 1 else 1), (RAWN if D > 2 else 1)
+    I32, U32 = cuda.int32, cuda.uint32
+    FETCH = stats.fetch_rows_fn(xdt, code, 1, D)
+    ROWS = _group_rows_fn(xdt, wdt, bdt, code, D)
+
+    @C.kernel_jit(BLOCK, C.ROW_RESIDENT)  # the row mapping's 16 elements per thread
     def forward(
         x,      # (N*G, LW) input, one row of LW words of V elements per (sample, group)
         w,      # (C,) per-channel weight, or a dummy
@@ -68,74 +162,222 @@ def _forward_kernel(xdt, wdt, bdt, cfg):
         mean,   # (N*G,) per-(sample, group) mean, accumulation dtype
         rstd,   # (N*G,) per-(sample, group) 1/sqrt(var + eps), accumulation dtype
     ):
-        M = x.shape[0]
-        NW = x.shape[1]
-        L = NW * V
-        Cg = L // S
-        SW = S // V                      # words per channel
+        NW = x.shape[1] // KW
+        Cg = (NW * V) // S
         tid = cuda.threadIdx.x
         t = tid & (TPR - 1)
-        g = tid >> SHIFT
-        zero = ACC(0)
-        inv_n = ACC(1) / ACC(L)
-        scratch = cuda.shared.array((2, 2, SLOTS), ACC)
-        xs = cuda.local.array(VPT, ACC)
-        tmp = cuda.local.array(V, ACC)
-        ch = cuda.local.array(VPT, I32)  # channel within the group of each element
-        if not LOOP:
-            for e in range(VPT):
-                ch[e] = ((t + (e // V) * TPR) * V + e % V) // S
-        for row0 in range(cuda.blockIdx.x * R, M, cuda.gridDim.x * R):
-            row = row0 + g
-            live = row < M
-            rr = min(row, M - 1)
-            xr = x[rr]
-            yr = y[rr]
-            c0 = (rr % G) * Cg           # first channel of this group
-            total = ROW_SUM(xr, xr, xr, xs, tmp, live, t, NW, xr)
-            mu, corr, r = CENTERED(xr, xs, live, t, NW, total, inv_n, eps, scratch, tid)
-            if live and t == 0:
-                mean[row] = mu + corr
-                rstd[row] = r
-            if live:
-                if LOOP:
-                    for cc in range(Cg):
-                        c = c0 + cc
-                        a = r * LW(w[c]) if has_w else r
-                        bc = LB(b[c]) if has_b else zero
-                        for qs in range(t, SW, TPR):
-                            q = cc * SW + qs
-                            LOADW(xr, q, xs, 0)
-                            for v in range(V):
-                                tmp[v] = ((xs[v] - mu) - corr) * a + bc
-                            STOREW(yr, q, tmp, 0)
-                else:
-                    # the row mapping's resident-word loop, as row_norm's; the body differs (weight by channel)
-                    for k in range(WPT):
-                        q = t + k * TPR
-                        if q < NW:
-                            for v in range(V):
-                                e = k * V + v
-                                c = c0 + ch[e]
-                                a = r * LW(w[c]) if has_w else r
-                                bc = LB(b[c]) if has_b else zero
-                                tmp[v] = ((xs[e] - mu) - corr) * a + bc
-                            STOREW(yr, q, tmp, 0)
+        scratch = cuda.shared.array((2, NSUMS, SLOTS), ACC)
+        chw = cuda.local.array(WPT, I32)  # channel within the group of each of the thread's words
+        for k in range(WPT):
+            chw[k] = ((t + k * TPR) * V) // S
+        raw0 = cuda.local.array(RAWN, RAW)   # the raw words of the D rows loaded at once
+        raw1 = cuda.local.array(RAWN1, RAW)
+        raw2 = cuda.local.array(RAWN2, RAW)
+        step = cuda.gridDim.x * R
+        # each row's group within its sample (row mod G), kept by additions: no division per row
+        G32 = U32(G)
+        grp = cuda.local.array(3, U32)
+        grp[0] = U32(cuda.blockIdx.x * R + (tid >> SHIFT)) % G32
+        by_step, by_batch = U32(step) % G32, U32(step * D) % G32
+        for base in range(cuda.blockIdx.x * R, x.shape[0], step * D):
+            row = base + (tid >> SHIFT)
+            FETCH(x, x, x, row, step, raw0, raw1, raw2, t, NW)
+            for d in range(1, D):
+                grp[d] = grp[d - 1] + by_step
+                if grp[d] >= G32:
+                    grp[d] -= G32
+            ROWS(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, scratch, tid)
+            grp[0] += by_batch
+            if grp[0] >= G32:
+                grp[0] -= G32
 
-    return forward
+    return _tag(forward, code, D, D * code.vpt * np.dtype(xdt).itemsize)
 
 
-# The two backward kernels open alike (thread group, scratch, word buffers, row loop):
-# a kernel allocates its own shared and local arrays, so each keeps its preamble.
 @functools.lru_cache(maxsize=None)
-def _channel_sums_kernel(xdt, cfg):
-    ACC = C.acc_type(xdt)
-    LOADW = C.word_fns(xdt, ACC.name, cfg.vec)[0]
-    TPR, V, R, BLOCK = cfg.tpr, cfg.vec, cfg.rows, cfg.block
-    SHIFT = TPR.bit_length() - 1
-    SLOTS = slots(BLOCK)
+def _group_loop_row_fn(xdt, wdt, bdt, code):
+    """``row(x, w, b, y, mean, rstd, row, stage, Cg, G, eps, scratch, tid)``: one long
+    (sample, group) row, per channel: pass 1 (the row copied to ``stage`` where it fits),
+    pass 2 (deviations) and y from the staged copy, or from global memory again."""
+    GEOMETRY = stats.geometry_fn(xdt, code)
+    ACC, KW, WPT, _ = _consts(xdt, code)
+    TPR, V, STAGED = code.tpr, code.vec, code.stage
+    has_w, has_b = wdt is not None, bdt is not None
+    LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
+    LB = C.load_fn(xdt if bdt is None else bdt, ACC.name)
+    STOREW = C.word_fns(xdt, ACC.name, V)[1]
+    READW = stats.stage_fns(xdt, ACC.name, V)[2] if STAGED else C.word_fns(xdt, ACC.name, V)[0]
+    ROW_SUM = stats.row_sum_fn(xdt, TPR, V, False, False, STAGED)
+    CENTERED = stats.centered_fn(xdt, TPR, V, V, True, STAGED)
 
-    @C.kernel_jit(BLOCK)
+    @cuda.jit(device=True)
+    def group_loop_row(x, w, b, y, mean, rstd, row, stage, Cg, G, eps, scratch, tid):  # (the kernel's)
+        M, NW, t, _ = GEOMETRY(x, tid)
+        live = row < M
+        rr = min(row, M - 1)
+        xr = x[rr]
+        xs = cuda.local.array(V, ACC)
+        tmp = cuda.local.array(V, ACC)
+        total = ROW_SUM(xr, xr, xr, xs, tmp, live, t, NW, stage, ACC(0))[0]
+        src = stage if STAGED else xr
+        mu, corr, r = CENTERED(src, xs, live, t, NW, total, ACC(1) / ACC(NW * V), eps, scratch, tid)
+        if live and t == 0:
+            mean[row] = mu + corr
+            rstd[row] = r
+        if live:
+            yr = y[rr]
+            SW = NW // Cg                 # words per channel
+            c0 = (rr % G) * Cg
+            for cc in range(Cg):
+                a = r * LW(w[c0 + cc]) if has_w else r
+                bc = LB(b[c0 + cc]) if has_b else ACC(0)
+                for qs in range(t, SW, TPR):
+                    q = cc * SW + qs
+                    READW(src, q, xs, 0)
+                    for v in range(V):
+                        tmp[v] = ((xs[v] - mu) - corr) * a + bc
+                    STOREW(yr, q, tmp, 0)
+
+    return group_loop_row
+
+
+def _forward_loop(xdt, wdt, bdt, code):
+    ACC, KW, WPT, SHIFT = _consts(xdt, code)
+    V, R, BLOCK, STAGED = code.vec, code.rows, code.block, code.stage
+    SLOTS = slots(BLOCK)
+    ST, STAGE_LEN = stats.stage_type(xdt, code.vec), 0 if STAGED else 1
+    ROW = _group_loop_row_fn(xdt, wdt, bdt, code)
+
+    @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
+    def forward(x, w, b, eps, S, G, y, mean, rstd):  # (the arguments of _forward_held's kernel)
+        Cg = ((x.shape[1] // KW) * V) // S
+        tid = cuda.threadIdx.x
+        scratch = cuda.shared.array((2, 2, SLOTS), ACC)
+        # a long group's copy in dynamic shared memory (the launch sizes it), or one element never read
+        stage = cuda.shared.array(STAGE_LEN, ST)
+        for row0 in range(cuda.blockIdx.x * R, x.shape[0], cuda.gridDim.x * R):
+            ROW(x, w, b, y, mean, rstd, row0 + (tid >> SHIFT), stage, Cg, G, eps, scratch, tid)
+
+    return _tag(forward, code, 1, code.vec * np.dtype(xdt).itemsize)
+
+
+# ---------------------------------------------------------------- backward
+
+def _backward_raw(xdt, code):
+    """(RAW, RAWN, D): a backward kernel's raw words of x and dy per row and the rows a
+    row group loads at once (``stats.raw_rows``; none, and one row, on the loop path)."""
+    RAW, RAWN, D = stats.raw_rows(xdt, code, 2)
+    return (RAW, 1, 1) if code.loop else (RAW, RAWN, D)
+
+
+_U32 = cuda.uint32
+
+
+@cuda.jit(device=True)
+def _locate(row, Cg, C_, pos, at):
+    """pos[at:at + 3] = the group of (sample, channel) row ``row`` (row // Cg, its (sample,
+    group) index), the row's place in it (row % Cg) and its channel (row % C_)."""
+    u = _U32(row)
+    pos[at] = u // _U32(Cg)
+    pos[at + 1] = u % _U32(Cg)
+    pos[at + 2] = u % _U32(C_)
+
+
+@cuda.jit(device=True)
+def _advance(pos, src, dst, by, Cg, C_):
+    """pos[dst:dst + 3] = the position (``_locate``) of the row ``by`` (``_locate``'s of the
+    stride) after the one at pos[src]: additions, where a division per row cost more than
+    a row's arithmetic."""
+    rem = pos[src + 1] + by[1]
+    grp = pos[src] + by[0]
+    if rem >= _U32(Cg):
+        rem -= _U32(Cg)
+        grp += _U32(1)
+    c = pos[src + 2] + by[2]
+    if c >= _U32(C_):
+        c -= _U32(C_)
+    pos[dst] = grp
+    pos[dst + 1] = rem
+    pos[dst + 2] = c
+
+
+@functools.lru_cache(maxsize=None)
+def _channel_row_sums_fn(xdt, code):
+    """``sums(xr, dyr, raw, mu, live, t, NW, v, at)``: this thread's sum(dy), sum(dy * (x -
+    mu)), sum(x - mu) over a (sample, channel) row into v[at:at + 3]: from its fetched
+    words (registers path), or loaded word by word."""
+    ACC, KW, WPT, _ = _consts(xdt, code)
+    TPR, V, LOOP, VPT = code.tpr, code.vec, code.loop, code.vpt
+    LOADW = C.word_fns(xdt, ACC.name, V)[0]
+    WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
+
+    @cuda.jit(device=True)
+    def word_sums(xs, gs, e0, mu, f, v, at):
+        for e in range(e0, e0 + V):
+            d = xs[e] - mu
+            fg = f * gs[e]
+            v[at] += fg
+            v[at + 1] += fg * d
+            v[at + 2] += f * d
+
+    @cuda.jit(device=True)
+    def channel_row_sums(
+        xr,     # (SW,) words of x's row (loop path), else unread
+        dyr,    # (SW,) ... of dy
+        raw,    # (slots,) the row's fetched words, x then dy (registers path)
+        mu,     # scalar: the group's saved mean
+        live,   # bool: the row exists
+        t,      # int: thread within the row group
+        NW,     # int: words per row
+        v,      # (values,) output: this thread's sums, to be reduced
+        at,     # int: where this row's go
+    ):
+        xs = cuda.local.array(VPT, ACC)
+        gs = cuda.local.array(VPT, ACC)
+        for i in range(3):
+            v[at + i] = ACC(0)
+        if LOOP:
+            if live:
+                for q in range(t, NW, TPR):
+                    LOADW(xr, q, xs, 0)
+                    LOADW(dyr, q, gs, 0)
+                    word_sums(xs, gs, 0, mu, ACC(1), v, at)
+        else:
+            # a word past the row (word 0 again) weighs 0, not a branch around its sums:
+            # ptxas moves a load into the only branch that uses it, after the first wait
+            for k in range(WPT):
+                WIDEN(raw, k, xs, k * V)
+                WIDEN(raw, WPT + k, gs, k * V)
+                word_sums(xs, gs, k * V, mu, ACC(1) if t + k * TPR < NW else ACC(0), v, at)
+
+    return channel_row_sums
+
+
+@functools.lru_cache(maxsize=None)
+def _channel_sums_kernel(xdt, code):
+    """Kernel 1: the sums of each (sample, channel) row: held in registers (a row group
+    loads ``stats.raw_rows``' rows at once and reduces all of them in one go) or word by
+    word."""
+    ACC, KW, WPT, SHIFT = _consts(xdt, code)
+    TPR, R, BLOCK, LOOP = code.tpr, code.rows, code.block, code.loop
+    SLOTS = slots(BLOCK)
+    RAW, RAWN, D = _backward_raw(xdt, code)
+    RAWN1, RAWN2, NV = (RAWN if D > 1 else 1), (RAWN if D > 2 else 1), 3 * D
+    SUMS = _channel_row_sums_fn(xdt, code)
+    FETCH = stats.fetch_rows_fn(xdt, code, 2, D)
+    GROUP = group_sums_fn(NV)
+    U32 = cuda.uint32
+
+    @cuda.jit(device=True)
+    def saved_mean(mean, pos, at):
+        return mean[min(pos[at], U32(mean.shape[0] - 1))]  # group n * G + g, as row = n * C + g * Cg + c
+
+    @cuda.jit(device=True)
+    def row_sums(x, dy, row, raw, mu, t, NW, v, at):
+        rr = min(row, x.shape[0] - 1)
+        SUMS(x[rr], dy[rr], raw, mu, row < x.shape[0], t, NW, v, at)
+
+    @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
     def channel_sums(
         dy,     # (N*C, SW) gradient of y, one row of SW words per (sample, channel)
         x,      # (N*C, SW) forward input
@@ -144,54 +386,150 @@ def _channel_sums_kernel(xdt, cfg):
         part,   # (4, N*C) output rows 1-3: sum(dy), sum(dy * (x - mean)), sum(x - mean)
     ):
         M = x.shape[0]
-        SW = x.shape[1]
+        NW = x.shape[1] // KW
         tid = cuda.threadIdx.x
         t = tid & (TPR - 1)
-        zero = ACC(0)
-        scratch = cuda.shared.array((2, 3, SLOTS), ACC)
-        xs = cuda.local.array(V, ACC)
-        gs = cuda.local.array(V, ACC)
+        scratch = cuda.shared.array((2, NV, SLOTS), ACC)
+        raw0 = cuda.local.array(RAWN, RAW)   # the raw words of the D rows loaded at once
+        raw1 = cuda.local.array(RAWN1, RAW)
+        raw2 = cuda.local.array(RAWN2, RAW)
+        v = cuda.local.array(NV, ACC)
+        step = cuda.gridDim.x * R
+        pos = cuda.local.array(9, U32)       # each row's group (``_locate``), kept by additions
+        by = cuda.local.array(3, U32)
+        _locate(step, Cg, Cg, by, 0)
+        _locate(cuda.blockIdx.x * R + (tid >> SHIFT), Cg, Cg, pos, 0)
         it = 0
-        for row0 in range(cuda.blockIdx.x * R, M, cuda.gridDim.x * R):
-            row = row0 + (tid >> SHIFT)
-            live = row < M
-            rr = min(row, M - 1)
-            xr = x[rr]
-            dyr = dy[rr]
-            mu = mean[rr // Cg]          # group n * G + g, as row = n * C + g * Cg + c
-            dys = zero
-            dyd = zero
-            dsum = zero
-            if live:
-                for q in range(t, SW, TPR):
-                    LOADW(xr, q, xs, 0)
-                    LOADW(dyr, q, gs, 0)
-                    for v in range(V):
-                        d = xs[v] - mu
-                        dys += gs[v]
-                        dyd += gs[v] * d
-                        dsum += d
-            dys, dyd, dsum = group_sum3(dys, dyd, dsum, scratch, it & 1, tid, TPR)
+        for base in range(cuda.blockIdx.x * R, M, step * D):
+            row = base + (tid >> SHIFT)
+            for d in range(1, D):
+                _advance(pos, 3 * d - 3, 3 * d, by, Cg, Cg)
+            # each row's words and mean loaded before any is used
+            if not LOOP:
+                FETCH(x, dy, dy, row, step, raw0, raw1, raw2, t, NW)
+            mu0 = saved_mean(mean, pos, 0)
+            mu1 = saved_mean(mean, pos, 3) if D > 1 else ACC(0)
+            mu2 = saved_mean(mean, pos, 6) if D > 2 else ACC(0)
+            _advance(pos, 3 * D - 3, 0, by, Cg, Cg)
+            row_sums(x, dy, row, raw0, mu0, t, NW, v, 0)
+            if D > 1:
+                row_sums(x, dy, row + step, raw1, mu1, t, NW, v, 3)
+            if D > 2:
+                row_sums(x, dy, row + 2 * step, raw2, mu2, t, NW, v, 6)
+            GROUP(v, scratch, it & 1, tid, TPR)
             it += 1
-            if live and t == 0:
-                part[1, row] = dys
-                part[2, row] = dyd
-                part[3, row] = dsum
+            for d in range(D):
+                if t == 0 and row + d * step < M:
+                    for i in range(3):
+                        part[1 + i, U32(row + d * step)] = v[3 * d + i]
 
-    return channel_sums
+    return _tag(channel_sums, code, D, D * 2 * code.vpt * np.dtype(xdt).itemsize)
 
 
 @functools.lru_cache(maxsize=None)
-def _dx_kernel(xdt, wdt, cfg):
-    ACC = C.acc_type(xdt)
-    LOADW, STOREW = C.word_fns(xdt, ACC.name, cfg.vec)
+def _channels_fn(xdt, wdt, code):
+    """``channels(w, part, grp, c0, Cg, t, v, at)``: this thread's part of the sums over the
+    channels of a (sample, group) ``grp`` (its first channel ``c0``) of kernel 1's sums:
+    v[at:at + 3] = sum(w * A), sum(w * B), sum(D)."""
+    ACC, KW, WPT, _ = _consts(xdt, code)
+    TPR = code.tpr
     has_w = wdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
-    TPR, V, R, BLOCK = cfg.tpr, cfg.vec, cfg.rows, cfg.block
-    SHIFT = TPR.bit_length() - 1
-    SLOTS = slots(BLOCK)
+    U32 = cuda.uint32
 
-    @C.kernel_jit(BLOCK)
+    @cuda.jit(device=True)
+    def channels(w, part, grp, c0, Cg, t, v, at):
+        # indices as unsigned 32-bit: a signed one costs numba's negative-index wraparound
+        first = grp * U32(Cg)              # the row of the group's first channel
+        v[at] = ACC(0)
+        v[at + 1] = ACC(0)
+        v[at + 2] = ACC(0)
+        for cc in range(U32(t), U32(Cg), U32(TPR)):
+            wc = LW(w[c0 + cc]) if has_w else ACC(1)
+            v[at] += wc * part[2, first + cc]
+            v[at + 1] += wc * part[1, first + cc]
+            v[at + 2] += part[3, first + cc]
+
+    return channels
+
+
+@functools.lru_cache(maxsize=None)
+def _dx_row_fn(xdt, wdt, code):
+    """``dx_row(x, dy, dx, w, part, row, c, raw, mu, r, inv_n, v, at, t, NW)``: the rest of one
+    (sample, channel ``c``) row from its group's reduced sums v[at:at + 3]: corr =
+    sum(D) / L, c1, c2, this row's dweight partial, and dx -- from its fetched words
+    (registers path) or loaded word by word."""
+    ACC, KW, WPT, _ = _consts(xdt, code)
+    TPR, V, LOOP = code.tpr, code.vec, code.loop
+    has_w = wdt is not None
+    LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
+    LOADW, STOREW = C.word_fns(xdt, ACC.name, V)
+    WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
+    U32 = cuda.uint32
+
+    @cuda.jit(device=True)
+    def word_dx(xs, gs, mu, corr, r, wr, c1, c2):
+        for e in range(V):
+            xhat = ((xs[e] - mu) - corr) * r
+            gs[e] = gs[e] * wr - (xhat * c1 + c2) * r
+
+    @cuda.jit(device=True)
+    def dx_row(x, dy, dx, w, part, row, c, raw, mu, r, inv_n, v, at, t, NW):  # (the kernel's; c: the channel; v: sums)
+        if row >= x.shape[0]:
+            return
+        swa, swb, sd = v[at], v[at + 1], v[at + 2]
+        corr = sd * inv_n
+        c1 = (swa - corr * swb) * r * inv_n
+        c2 = swb * inv_n
+        ur = U32(row)
+        if t == 0:  # this row's own slot: no other row group reads it
+            part[0, ur] = r * (part[2, ur] - corr * part[1, ur])
+        wr = (LW(w[c]) if has_w else ACC(1)) * r
+        xs = cuda.local.array(V, ACC)
+        gs = cuda.local.array(V, ACC)
+        if LOOP:
+            for q in range(t, NW, TPR):
+                LOADW(x[row], q, xs, 0)
+                LOADW(dy[row], q, gs, 0)
+                word_dx(xs, gs, mu, corr, r, wr, c1, c2)
+                STOREW(dx[row], q, gs, 0)
+        else:
+            for k in range(WPT):
+                q = t + k * TPR
+                if q < NW:
+                    WIDEN(raw, k, xs, 0)
+                    WIDEN(raw, WPT + k, gs, 0)
+                    word_dx(xs, gs, mu, corr, r, wr, c1, c2)
+                    STOREW(dx[row], q, gs, 0)
+
+    return dx_row
+
+
+@functools.lru_cache(maxsize=None)
+def _dx_kernel(xdt, wdt, code):
+    """Kernel 2: dx (and this row's dweight partial) of each (sample, channel) row: a row
+    group loads its rows' words (``stats.raw_rows``), then sums the channels of their
+    groups (one reduction for all of them), then finishes each."""
+    ACC, KW, WPT, SHIFT = _consts(xdt, code)
+    TPR, V, R, BLOCK, LOOP = code.tpr, code.vec, code.rows, code.block, code.loop
+    SLOTS = slots(BLOCK)
+    has_w = wdt is not None
+    RAW, RAWN, D = _backward_raw(xdt, code)
+    RAWN1, RAWN2, NV = (RAWN if D > 1 else 1), (RAWN if D > 2 else 1), 3 * D
+    FETCH = stats.fetch_rows_fn(xdt, code, 2, D)
+    CHANNELS = _channels_fn(xdt, wdt, code)
+    GROUP = group_sums_fn(NV)
+    DX = _dx_row_fn(xdt, wdt, code)
+    U32 = cuda.uint32
+
+    @cuda.jit(device=True)
+    def start(w, mean, rstd, part, pos, at, Cg, st, t, v):
+        grp = min(pos[3 * at], U32(mean.shape[0] - 1))  # (a dead row's: the last group)
+        st[2 * at] = mean[grp]
+        st[2 * at + 1] = rstd[grp]
+        CHANNELS(w, part, grp, pos[3 * at + 2] - pos[3 * at + 1], Cg, t, v, 3 * at)
+
+    @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
     def dx_kernel(
         dy,     # (N*C, SW) gradient of y, one row of SW words per (sample, channel)
         x,      # (N*C, SW) forward input
@@ -203,56 +541,41 @@ def _dx_kernel(xdt, wdt, cfg):
         dx,     # (N*C, SW) output: gradient of x
     ):
         M = x.shape[0]
-        SW = x.shape[1]
+        NW = x.shape[1] // KW
         C_ = w.shape[0] if has_w else Cg  # channels (only used with a weight)
         tid = cuda.threadIdx.x
         t = tid & (TPR - 1)
-        zero = ACC(0)
-        inv_n = ACC(1) / ACC(Cg * SW * V)
-        scratch = cuda.shared.array((2, 3, SLOTS), ACC)
-        xs = cuda.local.array(V, ACC)
-        gs = cuda.local.array(V, ACC)
+        inv_n = ACC(1) / ACC(Cg * NW * V)
+        scratch = cuda.shared.array((2, NV, SLOTS), ACC)
+        raw0 = cuda.local.array(RAWN, RAW)   # the raw words of the D rows loaded at once
+        raw1 = cuda.local.array(RAWN1, RAW)
+        raw2 = cuda.local.array(RAWN2, RAW)
+        st = cuda.local.array(6, ACC)        # each row's saved mean and rstd
+        v = cuda.local.array(NV, ACC)
+        step = cuda.gridDim.x * R
+        pos = cuda.local.array(9, U32)       # each row's group and channel (``_locate``), kept by additions
+        by = cuda.local.array(3, U32)
+        _locate(step, Cg, C_, by, 0)
+        _locate(cuda.blockIdx.x * R + (tid >> SHIFT), Cg, C_, pos, 0)
         it = 0
-        for row0 in range(cuda.blockIdx.x * R, M, cuda.gridDim.x * R):
-            row = row0 + (tid >> SHIFT)
-            live = row < M
-            rr = min(row, M - 1)
-            grp = rr // Cg
-            first = grp * Cg             # the row of the group's first channel
-            c = rr % C_                  # this row's channel
-            c0 = c - (rr - first)        # the group's first channel
-            mu = mean[grp]
-            r = rstd[grp]
-            # over the group's channels: sum(w * A), sum(w * B), sum(D)
-            swa = zero
-            swb = zero
-            sd = zero
-            for cc in range(t, Cg, TPR):
-                wc = LW(w[c0 + cc]) if has_w else ACC(1)
-                swb += wc * part[1, first + cc]
-                swa += wc * part[2, first + cc]
-                sd += part[3, first + cc]
-            swa, swb, sd = group_sum3(swa, swb, sd, scratch, it & 1, tid, TPR)
+        for base in range(cuda.blockIdx.x * R, M, step * D):
+            row = base + (tid >> SHIFT)
+            if not LOOP:
+                FETCH(x, dy, dy, row, step, raw0, raw1, raw2, t, NW)
+            for d in range(1, D):
+                _advance(pos, 3 * d - 3, 3 * d, by, Cg, C_)
+            for d in range(D):
+                start(w, mean, rstd, part, pos, d, Cg, st, t, v)
+            GROUP(v, scratch, it & 1, tid, TPR)
             it += 1
-            corr = sd * inv_n
-            c2 = swb * inv_n
-            c1 = (swa - corr * swb) * r * inv_n
-            if live:
-                if t == 0:  # this row's own slot: no other row group reads it
-                    part[0, rr] = r * (part[2, rr] - corr * part[1, rr])
-                xr = x[rr]
-                dyr = dy[rr]
-                dxr = dx[rr]
-                wr = (LW(w[c]) if has_w else ACC(1)) * r
-                for q in range(t, SW, TPR):
-                    LOADW(xr, q, xs, 0)
-                    LOADW(dyr, q, gs, 0)
-                    for v in range(V):
-                        xhat = ((xs[v] - mu) - corr) * r
-                        gs[v] = gs[v] * wr - (xhat * c1 + c2) * r
-                    STOREW(dxr, q, gs, 0)
+            DX(x, dy, dx, w, part, row, pos[2], raw0, st[0], st[1], inv_n, v, 0, t, NW)
+            if D > 1:
+                DX(x, dy, dx, w, part, row + step, pos[5], raw1, st[2], st[3], inv_n, v, 3, t, NW)
+            if D > 2:
+                DX(x, dy, dx, w, part, row + 2 * step, pos[8], raw2, st[4], st[5], inv_n, v, 6, t, NW)
+            _advance(pos, 3 * D - 3, 0, by, Cg, C_)
 
-    return dx_kernel
+    return _tag(dx_kernel, code, D, D * 2 * code.vpt * np.dtype(xdt).itemsize)
 
 
 def forward(x, weight, bias, eps, y, mean, rstd, *, stream=0):
@@ -263,27 +586,29 @@ def forward(x, weight, bias, eps, y, mean, rstd, *, stream=0):
         return
     L = (c // G) * S
     # words must not straddle channels: the per-channel loop steps over S
-    vec = C.vec_width(S, x, y, max_bytes=8)
-    cfg = C.row_config(n * G, L, x.dtype == C.F64, vec, C.ROW_RESIDENT)
+    vec = C.vec_width(S, x, y)
+    cfg = C.row_config(n * G, L, x.dtype == C.F64, vec, C.ROW_RESIDENT, x.dtype.itemsize, 1)  # x staged
     kern = _forward_kernel(np.dtype(x.dtype), C.dtype_or_none(weight), C.dtype_or_none(bias), cfg.code)
     xe = C.kview(x)
+    shared = {"shared": cfg.shared} if cfg.shared else {}
     C.launch(kern, cfg.grid, cfg.block, stream, C.words(x.reshape(n * G, L), vec), C.optional(weight, xe, 1),
              C.optional(bias, xe, 1), np.dtype(mean.dtype).type(eps), S, G,
-             C.words(y.reshape(n * G, L), vec), mean.reshape(n * G), rstd.reshape(n * G))
+             C.words(y.reshape(n * G, L), vec), mean.reshape(n * G), rstd.reshape(n * G), **shared)
 
 
-def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, *, stream=0):
-    """Fill ``dx`` (N, C, S) and ``dweight``/``dbias`` (C,) of any float dtype, on ``stream``."""
+def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, *, stream=0, empty=None):
+    """Fill ``dx`` (N, C, S) and ``dweight``/``dbias`` (C,) of any float dtype, on ``stream``;
+    the partial sums from ``empty`` (as ``row_norm.backward``'s)."""
     n, c, S = x.shape
     G = mean.shape[1]
     acc = C.F64 if x.dtype == C.F64 else C.F32  # dweight/dbias: any float dtype (column_sums)
     # rows: sum(dy * xhat) and sum(dy) (the dweight/dbias partials, summed over
     # samples at the end), then sum(dy * (x - mean)) and sum(x - mean)
-    part = C.device_empty((4, n, c), acc)
+    part = (empty or C.device_empty)((4, n, c), acc)
     if n:
         xdt = np.dtype(x.dtype)
-        vec = C.vec_width(S, x, dy, dx, max_bytes=8)
-        cfg = C.row_config(n * c, S, xdt == C.F64, vec)
+        vec = C.vec_width(S, x, dy, dx)
+        cfg = C.row_config(n * c, S, xdt == C.F64, vec, C.ROW_RESIDENT)
         xk = C.words(x.reshape(n * c, S), vec)
         dyk = C.words(dy.reshape(n * c, S), vec)
         m1, p1 = mean.reshape(n * G), part.reshape(4, n * c)

@@ -16,10 +16,11 @@ def forward(x, weight, bias, eps, y, mean, rstd, residual=None, s=None, *, strea
     row_norm.forward("layer", x, weight, bias, eps, y, mean, rstd, residual, s, stream)
 
 
-def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None, *, stream=0):
+def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None, *, stream=0, empty=None):
     """Fill ``dx`` (M, N) and ``dweight``/``dbias`` (N,) of any float dtype (summed in
     the accumulation dtype, rounded once as stored).
 
-    ``ds`` (M, N) or None is added to ``dx`` (the fused residual's gradient).
+    ``ds`` (M, N) or None is added to ``dx`` (the fused residual's gradient).  ``empty``:
+    the allocator of the partial sums (``row_norm.backward``).
     """
-    row_norm.backward("layer", dy, x, mean, rstd, weight, dx, dweight, dbias, ds, stream)
+    row_norm.backward("layer", dy, x, mean, rstd, weight, dx, dweight, dbias, ds, stream, empty)

@@ -28,6 +28,8 @@ reduction also separates the reads of the previous use of the other buffer from
 the next writes to it (one barrier per reduction instead of two).
 """
 
+import functools
+
 from numba import cuda
 
 SIMULATED = bool(cuda.config.ENABLE_CUDASIM)
@@ -113,3 +115,28 @@ def group_sum3(a, b, c, scratch, buf, tid, tpr):
         b = _gather(scratch, buf, 1, tid, tpr)
         c = _gather(scratch, buf, 2, tid, tpr)
     return a, b, c
+
+
+
+@functools.lru_cache(maxsize=None)
+def group_sums_fn(n):
+    """``group_sums(v, scratch, buf, tid, tpr)``: the group sums of the ``n`` values
+    v[0:n] (a local array), in place: group_sum3's steps for any fixed ``n`` -- every
+    value's shuffles interleaved, one barrier for all of them, the same tree (and bits)
+    in every lane.  ``scratch``: (2, >= n, slots)."""
+
+    @cuda.jit(device=True)
+    def group_sums(v, scratch, buf, tid, tpr):
+        off = U32(min(tpr, WARP)) >> U32(1)
+        while off > U32(0):
+            for k in range(n):
+                v[k] += cuda.shfl_xor_sync(_FULL_MASK, v[k], off)
+            off >>= U32(1)
+        if tpr > WARP:
+            for k in range(n):
+                _post(v[k], scratch, buf, k, tid)
+            cuda.syncthreads()
+            for k in range(n):
+                v[k] = _gather(scratch, buf, k, tid, tpr)
+
+    return group_sums

@@ -18,7 +18,12 @@ RMSNorm (``kind='rms'``): ``rstd = 1 / sqrt(sum(x^2) / N + eps)`` in pass 1,
 The row mapping (a thread group per row, the row in registers where it fits,
 moved in 16- or 8-byte words of ``vec`` elements where the rows allow) is described in
 ``common``; the statistics passes are ``stats`` (shared with GroupNorm), the
-group reductions ``reduce``.  Kernels are specialized by
+group reductions ``reduce``.  Each kernel is a row loop around device functions: the
+statistics pass, the normalize pass (the backward's pass 2), the epilogue.  Rows held in
+registers are loaded several at a time: a thread issues the loads of all its words of
+``common.rows_in_flight`` rows of its row group (x, and the residual, or x, dy and ds)
+before it waits for the first, then works on the rows in turn -- so that it keeps
+its share of ``common.SM_BYTES_IN_FLIGHT`` in flight, not one word.  Kernels are specialized by
 closure constants (kind, dtypes, mapping, which optional arrays exist), so the
 other kind's code, absent weight/bias/residual cost nothing (numba prunes the
 branches on them); absent arrays are passed as one-element dummies that are
@@ -50,33 +55,342 @@ from numba import cuda
 
 from . import common as C
 from . import stats
-from .reduce import group_sum, group_sum3, slots
+from .reduce import group_sum, group_sum2, group_sum3, group_sums_fn, slots
 
 KINDS = ("layer", "rms")
+
+
+def _consts(kind, xdt, code):
+    """What every piece of a kernel of ``kind`` for x of ``xdt`` and mapping ``code`` names."""
+    assert kind in KINDS
+    ACC = C.acc_type(xdt)
+    KW = C.u64_per_word(xdt, code.vec)  # the kernels' uint64 (or elements) per word
+    return kind == "layer", ACC, KW, code.vpt // code.vec, code.tpr.bit_length() - 1
 
 
 @functools.lru_cache(maxsize=None)
 def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
     """The forward kernel of ``kind`` for x of ``xdt``, weight/bias of ``wdt``/``bdt``
-    (None: absent), the mapping ``code`` (``RowConfig.code``), fused residual or not."""
-    assert kind in KINDS
-    LAYER = kind == "layer"
+    (None: absent), the mapping ``code`` (``RowConfig.code``), fused residual or not:
+    rows held in registers, or (``code.loop``) long rows word by word."""
+    make = forward_kernel_loop if code.loop else forward_kernel_held
+    return make(kind, xdt, wdt, bdt, code, has_r)
+
+
+@functools.lru_cache(maxsize=None)
+def backward_kernel(kind, xdt, wdt, code, has_ds):
+    """The backward kernel of ``kind`` (see ``forward_kernel``); ``has_ds``: the fused
+    residual's gradient is added to dx."""
+    make = backward_kernel_loop if code.loop else backward_kernel_held
+    return make(kind, xdt, wdt, code, has_ds)
+
+
+def _tag(kern, code, rows, loads):
+    """``kern`` with what ``benchmarks.gpu_model`` checks its SASS against: its mapping,
+    the rows a row group loads at once, and the bytes a thread requests for them
+    before it waits for any (its row arrays' words)."""
+    kern.mapping, kern.rows_in_flight, kern.loads_in_flight = code, rows, loads
+    return kern
+
+
+# ---------------------------------------------------------------- pieces of both paths
+
+@functools.lru_cache(maxsize=None)
+def _params_fn(xdt, wdt, bdt, code, biased):
+    """``params(w, b, ws, bs, t, N)``: this thread's columns of weight and (``biased``)
+    bias in the accumulation dtype (None: absent: ones and zeros), loaded once per block
+    (registers path)."""
     ACC = C.acc_type(xdt)
-    LOADW, STOREW = C.word_fns(xdt, ACC.name, code.vec)
-    has_w, has_b = wdt is not None, bdt is not None and LAYER
+    has_w, has_b = wdt is not None, bdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
     LB = C.load_fn(xdt if bdt is None else bdt, ACC.name)
-    TPR, VPT, V, R, LOOP, BLOCK = code.tpr, code.vpt, code.vec, code.rows, code.loop, code.block
-    WPT = VPT // V                    # words per thread
-    KW = C.u64_per_word(xdt, V)
-    SHIFT = TPR.bit_length() - 1
-    SLOTS = slots(BLOCK)
-    STAGED = code.stage
-    ST = stats.stage_type(xdt, V)
-    ROW_SUM = stats.row_sum_fn(xdt, TPR, VPT, V, LOOP, not LAYER, has_r, STAGED, shifted=LAYER)
+    TPR, VPT, V = code.tpr, code.vpt, code.vec
+
+    @cuda.jit(device=True)
+    def params(
+        w,      # (N,) weight, or a dummy
+        b,      # (N,) bias, or a dummy
+        ws,     # (VPT,) output: the weight of each of the thread's elements
+        bs,     # (VPT,) output: the bias of each (biased), else unwritten
+        t,      # int: thread within the row group
+        N,      # int: elements per row
+    ):
+        for e in range(VPT):
+            j = (t + (e // V) * TPR) * V + e % V
+            ws[e] = LW(w[j]) if has_w and j < N else ACC(1)
+            if biased:
+                bs[e] = LB(b[j]) if has_b and j < N else ACC(0)
+
+    return params
+
+
+@functools.lru_cache(maxsize=None)
+def _weights_fn(xdt, wdt, code):
+    """``(WS, WSN, load, word)``: the backward's copy of this thread's columns of the
+    weight, in a local array of ``WSN`` ``WS``: 16-bit weights stay 16-bit (as the
+    kernels' words, half the registers), widened word by word where they are used; other
+    weights (or none: ones) in the accumulation dtype.  ``load(w, ws, t, N)`` fills it
+    once per block; ``word(ws, k, wv)``: the weights of the thread's word k -> wv[0:vec]."""
+    ACC = C.acc_type(xdt)
+    TPR, VPT, V = code.tpr, code.vpt, code.vec
+    packed = wdt is not None and V > 1 and np.dtype(wdt).itemsize == 2 and ACC == cuda.float32
+    if not packed:
+        PARAMS = _params_fn(xdt, wdt, None, code, False)
+
+        @cuda.jit(device=True)
+        def load(w, ws, t, N):
+            PARAMS(w, w, ws, ws, t, N)
+
+        @cuda.jit(device=True)
+        def word(ws, k, wv):
+            for v in range(V):
+                wv[v] = ws[k * V + v]
+
+        return ACC, VPT, load, word
+    ELEM = C._elements(wdt)[0]
+    WIDEN = C.raw_fns(wdt, ACC.name, V)[2]
+
+    @cuda.jit(device=True)
+    def load_packed(w, ws, t, N):
+        h = ws.view(ELEM)
+        for e in range(VPT):
+            j = (t + (e // V) * TPR) * V + e % V
+            h[e] = w[j] if j < N else w[0]   # (past the row: never used)
+
+    @cuda.jit(device=True)
+    def word_packed(ws, k, wv):
+        WIDEN(ws, k, wv, 0)
+
+    return cuda.uint64, VPT * 2 // 8, load_packed, word_packed
+
+
+# ---------------------------------------------------------------- forward, rows in registers
+
+@functools.lru_cache(maxsize=None)
+def _normalize_held_fn(kind, xdt, code, from_raw):
+    """``normalize(yr, held, ws, bs, mu, corr, r, t, NW)``: y of a row held in registers:
+    ``held`` its elements (VPT, the accumulation dtype), or (``from_raw``) its words as
+    stored (the fused s, widened again word by word).  (x - mu) - corr, never x - (mu +
+    corr): mu + corr rounds to the float32 grid (a tenth of the std in the contract's
+    large-offset case)."""
+    LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
+    STOREW = C.word_fns(xdt, ACC.name, code.vec)[1]
+    WIDEN = C.raw_fns(xdt, ACC.name, code.vec)[2]
+    TPR, V = code.tpr, code.vec
+
+    @cuda.jit(device=True)
+    def normalize(
+        yr,     # (NW,) output words of the row
+        held,   # (VPT,) this thread's elements, or (from_raw) its raw words
+        ws,     # (VPT,) their weights
+        bs,     # (VPT,) their biases (LayerNorm)
+        mu,     # scalar: the row's shift (mean = mu + corr)
+        corr,   # scalar
+        r,      # scalar: rstd
+        t,      # int: thread within the row group
+        NW,     # int: words per row
+    ):
+        xv = cuda.local.array(V, ACC)
+        tmp = cuda.local.array(V, ACC)
+        for k in range(WPT):
+            q = t + k * TPR
+            if q < NW:
+                if from_raw:
+                    WIDEN(held, k, xv, 0)
+                else:
+                    for v in range(V):
+                        xv[v] = held[k * V + v]
+                for v in range(V):
+                    e = k * V + v
+                    if LAYER:
+                        tmp[v] = ((xv[v] - mu) - corr) * r * ws[e] + bs[e]
+                    else:
+                        tmp[v] = xv[v] * r * ws[e]
+                STOREW(yr, q, tmp, 0)
+
+    return normalize
+
+
+@functools.lru_cache(maxsize=None)
+def _store_s_fn(xdt, code):
+    """``store_s(sr, raw, t, NW)``: the fused forward's s = x + res, this thread's words of
+    it as ``stats.held_sums_fn`` left them in ``raw``, stored -- after the row's group
+    reduction: ptxas issues no load after a store it might alias, so a store in pass 1
+    would hold the next rows' loads back until the first row's arithmetic."""
+    PUT = C.raw_fns(xdt, C.acc_type(xdt).name, code.vec)[4]
+    TPR, WPT = code.tpr, code.vpt // code.vec
+
+    @cuda.jit(device=True)
+    def store_s(sr, raw, t, NW):
+        for k in range(WPT):
+            q = t + k * TPR
+            if q < NW:
+                PUT(sr, q, raw, k)
+
+    return store_s
+
+
+@functools.lru_cache(maxsize=None)
+def _layer_rows_fn(xdt, code, has_r, rows):
+    """``layer_rows(x, res, y, s, mean, rstd, row, step, raw0, raw1, raw2, ws, bs, eps, scratch,
+    it, tid)`` -> ``it``: LayerNorm's ``rows`` (1-3) rows ``row, row + step, ...`` of a row
+    group held in registers, from their fetched words: the statistics pass of every row
+    (the shifted sums; fused: s stored), one group reduction for all of them
+    (``stats.shift_fns``; the rare fallback's after it), then each row's normalize pass
+    and statistics stored.  (Every row's words are used before the reduction's first
+    barrier, so ptxas issues all their loads before the first wait.)"""
+    GEOMETRY = stats.geometry_fn(xdt, code)
+    LAYER, ACC, KW, WPT, _ = _consts("layer", xdt, code)
+    TPR, VPT, V = code.tpr, code.vpt, code.vec
+    VPT1, VPT2, NV, NST = (VPT if rows > 1 else 1), (VPT if rows > 2 else 1), 2 * rows, 3 * rows
+    SUMS = stats.held_sums_fn(xdt, TPR, VPT, V, False, has_r, shifted=True)
     FIRST = stats.first_fn(xdt, V, has_r)
-    SHIFTED = stats.shifted_fn(xdt, TPR, VPT, V, LOOP, STAGED)
-    READW = stats.stage_fns(xdt, ACC.name, V)[2] if STAGED else LOADW  # passes 2 and 3 of a long row
+    SETTLE, VOTE, FALLBACK = stats.shift_fns(xdt, TPR, VPT, V, False)
+    GROUP = group_sums_fn(NV)
+    NORMALIZE = _normalize_held_fn("layer", xdt, code, has_r)
+    STORE_S = _store_s_fn(xdt, code)
+    WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
+
+    @cuda.jit(device=True)
+    def sums(x, res, row, raw, xs, tmp, t, NW, v, at):
+        M = x.shape[0]
+        rr = min(row, M - 1)             # a valid row for the views of dead rows
+        ri = rr if has_r else 0
+        k = FIRST(x[rr], res[ri], tmp)
+        v[at], v[at + 1] = SUMS(raw, xs, tmp, row < M, t, NW, k)
+        return k
+
+    @cuda.jit(device=True)
+    def finish(y, s, mean, rstd, row, raw, xs, ws, bs, st, at, t, NW):
+        if row < y.shape[0]:
+            if has_r:
+                STORE_S(s[row], raw, t, NW)
+            if t == 0:
+                mean[row] = st[at] + st[at + 1]
+                rstd[row] = st[at + 2]
+            # fused: the row as stored (s), not held widened: two rows of x and the residual fit
+            NORMALIZE(y[row], raw if has_r else xs, ws, bs, st[at], st[at + 1], st[at + 2], t, NW)
+
+    @cuda.jit(device=True)
+    def fallback(x, raw, xs, live, t, NW, k, m1, bad, inv_n, eps, scratch, it, tid, st, at):
+        xf = cuda.local.array(VPT, ACC)  # the row's elements (fused: widened again)
+        for j in range(WPT):
+            if has_r:
+                WIDEN(raw, j, xf, j * V)
+            else:
+                for v in range(V):
+                    xf[j * V + v] = xs[j * V + v]
+        return FALLBACK(x[0], xf, live, t, NW, k, m1, bad, inv_n, eps, scratch, it, tid, st, at)
+
+    @cuda.jit(device=True)
+    def layer_rows(x, res, y, s, mean, rstd, row, step, raw0, raw1, raw2, ws, bs, eps, scratch, it, tid):  # (kernel's)
+        M, NW, t, inv_n = GEOMETRY(x, tid)
+        xs0 = cuda.local.array(VPT, ACC)
+        xs1 = cuda.local.array(VPT1, ACC)
+        xs2 = cuda.local.array(VPT2, ACC)
+        tmp = cuda.local.array(V, ACC)
+        v = cuda.local.array(NV, ACC)     # the shifted sums of each row
+        st = cuda.local.array(NST, ACC)   # mu, corr, rstd of each row
+        k1 = k2 = ACC(0)
+        b1 = b2 = False
+        k0 = sums(x, res, row, raw0, xs0, tmp, t, NW, v, 0)
+        if rows > 1:
+            k1 = sums(x, res, row + step, raw1, xs1, tmp, t, NW, v, 2)
+        if rows > 2:
+            k2 = sums(x, res, row + 2 * step, raw2, xs2, tmp, t, NW, v, 4)
+        GROUP(v, scratch, it & 1, tid, TPR)
+        it += 1
+        b0 = SETTLE(k0, v[0] * inv_n, v[1] * inv_n, row < M, eps, st, 0)
+        if rows > 1:
+            b1 = SETTLE(k1, v[2] * inv_n, v[3] * inv_n, row + step < M, eps, st, 3)
+        if rows > 2:
+            b2 = SETTLE(k2, v[4] * inv_n, v[5] * inv_n, row + 2 * step < M, eps, st, 6)
+        if VOTE(b0 or b1 or b2):
+            it = fallback(x, raw0, xs0, row < M, t, NW, k0, v[0] * inv_n, b0, inv_n, eps, scratch, it, tid, st, 0)
+            if rows > 1:
+                it = fallback(x, raw1, xs1, row + step < M, t, NW, k1, v[2] * inv_n, b1, inv_n, eps, scratch, it,
+                              tid, st, 3)
+            if rows > 2:
+                it = fallback(x, raw2, xs2, row + 2 * step < M, t, NW, k2, v[4] * inv_n, b2, inv_n, eps, scratch,
+                              it, tid, st, 6)
+        finish(y, s, mean, rstd, row, raw0, xs0, ws, bs, st, 0, t, NW)
+        if rows > 1:
+            finish(y, s, mean, rstd, row + step, raw1, xs1, ws, bs, st, 3, t, NW)
+        if rows > 2:
+            finish(y, s, mean, rstd, row + 2 * step, raw2, xs2, ws, bs, st, 6, t, NW)
+        return it
+
+    return layer_rows
+
+
+@functools.lru_cache(maxsize=None)
+def _rms_rows_fn(xdt, code, has_r, rows):
+    """``rms_rows(...)`` (``_layer_rows_fn``'s arguments; mean and bs unread) -> ``it``: RMSNorm's ``rows`` (1-3) rows ``row, row + step, ...`` of a row group held
+    in registers, from their fetched words: the sums of squares of all of them, one
+    group reduction for all, then each row's rstd, y and rstd stored.  (Every row's words
+    are used before the reduction's first barrier, so ptxas issues all their loads
+    before the first wait: a row at a time, it issued the next rows' loads after the
+    first row's arithmetic.)"""
+    GEOMETRY = stats.geometry_fn(xdt, code)
+    LAYER, ACC, KW, WPT, _ = _consts("rms", xdt, code)
+    TPR, VPT, V = code.tpr, code.vpt, code.vec
+    VPT1, VPT2 = (VPT if rows > 1 else 1), (VPT if rows > 2 else 1)
+    SUMS = stats.held_sums_fn(xdt, TPR, VPT, V, True, has_r)
+    NORMALIZE = _normalize_held_fn("rms", xdt, code, has_r)
+    STORE_S = _store_s_fn(xdt, code)
+
+    @cuda.jit(device=True)
+    def finish(y, s, rstd, row, sq, raw, xs, ws, eps, t, NW):
+        M = y.shape[0]
+        r = ACC(1) / math.sqrt(sq / ACC(NW * V) + eps)
+        if row < M:
+            if has_r:
+                STORE_S(s[row], raw, t, NW)
+            if t == 0:
+                rstd[row] = r
+            NORMALIZE(y[row], raw if has_r else xs, ws, ws, ACC(0), ACC(0), r, t, NW)
+
+    @cuda.jit(device=True)
+    def rms_rows(x, res, y, s, mean, rstd, row, step, raw0, raw1, raw2, ws, bs, eps, scratch, it, tid):  # (layer_rows')
+        M, NW, t, _ = GEOMETRY(x, tid)
+        xs0 = cuda.local.array(VPT, ACC)
+        xs1 = cuda.local.array(VPT1, ACC)
+        xs2 = cuda.local.array(VPT2, ACC)
+        tmp = cuda.local.array(V, ACC)
+        q1 = q2 = ACC(0)
+        q0 = SUMS(raw0, xs0, tmp, row < M, t, NW, ACC(0))[0]
+        if rows > 1:
+            q1 = SUMS(raw1, xs1, tmp, row + step < M, t, NW, ACC(0))[0]
+        if rows > 2:
+            q2 = SUMS(raw2, xs2, tmp, row + 2 * step < M, t, NW, ACC(0))[0]
+        if rows == 3:
+            q0, q1, q2 = group_sum3(q0, q1, q2, scratch, it & 1, tid, TPR)
+        elif rows == 2:
+            q0, q1 = group_sum2(q0, q1, scratch, it & 1, tid, TPR)
+        else:
+            q0 = group_sum(q0, scratch, it & 1, tid, TPR)
+        finish(y, s, rstd, row, q0, raw0, xs0, ws, eps, t, NW)
+        if rows > 1:
+            finish(y, s, rstd, row + step, q1, raw1, xs1, ws, eps, t, NW)
+        if rows > 2:
+            finish(y, s, rstd, row + 2 * step, q2, raw2, xs2, ws, eps, t, NW)
+        return it + 1
+
+    return rms_rows
+
+
+def forward_kernel_held(kind, xdt, wdt, bdt, code, has_r):
+    LAYER, ACC, KW, WPT, SHIFT = _consts(kind, xdt, code)
+    TPR, V, R, BLOCK = code.tpr, code.vec, code.rows, code.block
+    SLOTS = slots(BLOCK)
+    ARRAYS = 2 if has_r else 1
+    RAW, RAWN, D = stats.raw_rows(xdt, code, ARRAYS)
+    RAWN1, RAWN2 = (RAWN if D > 1 else 1), (RAWN if D > 2 else 1)
+    VPT, BS = code.vpt, code.vpt if LAYER else 1
+    PARAMS = _params_fn(xdt, wdt, bdt if LAYER else None, code, LAYER)
+    FETCH = stats.fetch_rows_fn(xdt, code, ARRAYS, D)
+    ROWS = (_layer_rows_fn if LAYER else _rms_rows_fn)(xdt, code, has_r, D)
+    SUMS = 2 * D if LAYER else max(2, D)  # values a group reduction sums at once
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
     def forward(
@@ -90,114 +404,369 @@ def forward_kernel(kind, xdt, wdt, bdt, code, has_r):
         mean,   # (M,) per-row mean, accumulation dtype (LayerNorm), or a dummy
         rstd,   # (M,) per-row 1/sqrt(var + eps) (RMSNorm: 1/sqrt(mean(x^2) + eps))
     ):
-        M = x.shape[0]
-        NW = x.shape[1] // KW          # words per row (KW uint64 each)
-        N = NW * V
+        NW = x.shape[1] // KW
         tid = cuda.threadIdx.x
-        # bit operations, not % and //: they let the compiler see that indices
-        # are never negative, which drops numba's wraparound code and folds each
-        # word's address into an immediate offset (107 -> 55 registers for the
-        # N=1024 float16 forward, sm_90, before the launch bounds)
-        t = tid & (TPR - 1)            # thread within the row group
-        g = tid >> SHIFT               # row group within the block
-        zero = ACC(0)
-        inv_n = ACC(1) / ACC(N)
-        scratch = cuda.shared.array((2, 2, SLOTS), ACC)
-        xs = cuda.local.array(VPT, ACC)     # this thread's elements of the row
-        ws = cuda.local.array(VPT, ACC)     # ... of weight and bias, loaded once
-        bs = cuda.local.array(VPT, ACC)
-        tmp = cuda.local.array(V, ACC)      # one word in flight
-        # a long row's copy (x, or s when fused) in dynamic shared memory (the launch
-        # sizes it: a row's kernel elements, or none): passes 2 and 3 read it there
-        # instead of global memory (each thread its own words: no barrier)
-        if STAGED:
-            stage = cuda.shared.array(0, ST)
-        else:
-            stage = cuda.shared.array(1, ST)  # never read
-        if not LOOP:
-            for e in range(VPT):
-                j = (t + (e // V) * TPR) * V + e % V
-                ws[e] = LW(w[j]) if has_w and j < N else ACC(1)
-                bs[e] = LB(b[j]) if has_b and j < N else zero
+        # bit operations, not % and //: they let the compiler see that indices are never
+        # negative, which drops numba's wraparound code and folds each word's address
+        # into an immediate offset
+        t = tid & (TPR - 1)
+        g = tid >> SHIFT
+        scratch = cuda.shared.array((2, SUMS, SLOTS), ACC)
+        ws = cuda.local.array(VPT, ACC)  # this thread's columns of weight and bias, loaded once
+        bs = cuda.local.array(BS, ACC)
+        PARAMS(w, b, ws, bs, t, NW * V)
+        raw0 = cuda.local.array(RAWN, RAW)   # the raw words of the D rows loaded at once
+        raw1 = cuda.local.array(RAWN1, RAW)
+        raw2 = cuda.local.array(RAWN2, RAW)
+        step = cuda.gridDim.x * R
         it = 0
-        for row0 in range(cuda.blockIdx.x * R, M, cuda.gridDim.x * R):
-            row = row0 + g
-            live = row < M
-            rr = min(row, M - 1)       # a valid row for the views of dead rows
-            xr = x[rr]
-            yr = y[rr]
-            resr = res[rr if has_r else 0]
-            sr = s[rr if has_r else 0]
-            # pass 1: the sums of x - k and their squares, k the mean of the row's first
-            # word (RMSNorm: of x^2), and, fused, s = x + res stored once
-            src = stage if STAGED else (sr if has_r else xr)   # what passes 2 and 3 read
-            if LAYER:
-                k = FIRST(xr, resr, tmp)
-                s1, s2 = ROW_SUM(xr, resr, sr, xs, tmp, live, t, NW, stage, k)
-                # one group reduction (a second pass only for rows it cannot serve)
-                mu, corr, r, it = SHIFTED(src, xs, live, t, NW, k, s1, s2, inv_n, eps, scratch, it, tid)
-                if live and t == 0:
-                    mean[row] = mu + corr
-                    rstd[row] = r
-            else:
-                total = ROW_SUM(xr, resr, sr, xs, tmp, live, t, NW, stage)
-                mu = zero
-                corr = zero
-                sq = group_sum(total, scratch, it & 1, tid, TPR)
-                it += 1
-                r = ACC(1) / math.sqrt(sq * inv_n + eps)
-                if live and t == 0:
-                    rstd[row] = r
-            # pass 3: y.  (x - mu) - corr, never x - (mu + corr): mu + corr rounds
-            # to the float32 grid, 1e-3 at a mean of 1e4 (a tenth of the std in
-            # the contract's large-offset case)
-            if live:
-                if LOOP:
-                    for q in range(t, NW, TPR):
-                        READW(src, q, xs, 0)
-                        for v in range(V):
-                            val = ((xs[v] - mu) - corr) * r if LAYER else xs[v] * r
-                            if has_w:
-                                val *= LW(w[q * V + v])
-                            if has_b:
-                                val += LB(b[q * V + v])
-                            tmp[v] = val
-                        STOREW(yr, q, tmp, 0)
-                else:
-                    for k in range(WPT):
-                        q = t + k * TPR
-                        if q < NW:
-                            for v in range(V):
-                                e = k * V + v
-                                if LAYER:
-                                    tmp[v] = ((xs[e] - mu) - corr) * r * ws[e] + bs[e]
-                                else:
-                                    tmp[v] = xs[e] * r * ws[e]
-                            STOREW(yr, q, tmp, 0)
+        for base in range(cuda.blockIdx.x * R, x.shape[0], step * D):
+            row = base + g
+            FETCH(x, res, res, row, step, raw0, raw1, raw2, t, NW)
+            it = ROWS(x, res, y, s, mean, rstd, row, step, raw0, raw1, raw2, ws, bs, eps, scratch, it, tid)
 
-    return forward
+    return _tag(forward, code, D, D * ARRAYS * VPT * np.dtype(xdt).itemsize)
+
+
+# ---------------------------------------------------------------- forward, long rows
+
+@functools.lru_cache(maxsize=None)
+def _forward_loop_row_fn(kind, xdt, wdt, bdt, code, has_r):
+    """``row(x, res, w, b, y, s, mean, rstd, row, stage, eps, scratch, it, tid)`` -> ``it``:
+    one long row word by word: pass 1 (sums; s stored; the row copied to ``stage`` where
+    it fits), the statistics (a second pass only for rows the shifted sums cannot
+    serve), pass 3 (y), each pass after the first reading the staged copy."""
+    GEOMETRY = stats.geometry_fn(xdt, code)
+    LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
+    TPR, V, STAGED = code.tpr, code.vec, code.stage
+    has_w, has_b = wdt is not None, bdt is not None and LAYER
+    LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
+    LB = C.load_fn(xdt if bdt is None else bdt, ACC.name)
+    STOREW = C.word_fns(xdt, ACC.name, V)[1]
+    READW = stats.stage_fns(xdt, ACC.name, V)[2] if STAGED else C.word_fns(xdt, ACC.name, V)[0]
+    ROW_SUM = stats.row_sum_fn(xdt, TPR, V, not LAYER, has_r, STAGED, shifted=LAYER)
+    FIRST = stats.first_fn(xdt, V, has_r)
+    SHIFTED = stats.shifted_fn(xdt, TPR, V, V, True, STAGED)
+
+    @cuda.jit(device=True)
+    def forward_loop_row(x, res, w, b, y, s, mean, rstd, row, stage, eps, scratch, it, tid):  # (the kernel's)
+        M, NW, t, inv_n = GEOMETRY(x, tid)
+        live = row < M
+        rr = min(row, M - 1)
+        xr = x[rr]
+        ri = rr if has_r else 0
+        xs = cuda.local.array(V, ACC)
+        tmp = cuda.local.array(V, ACC)
+        src = stage if STAGED else (s[ri] if has_r else xr)  # what passes 2 and 3 read
+        if LAYER:
+            k = FIRST(xr, res[ri], tmp)
+            s1, s2 = ROW_SUM(xr, res[ri], s[ri], xs, tmp, live, t, NW, stage, k)
+            mu, corr, r, it = SHIFTED(src, xs, live, t, NW, k, s1, s2, inv_n, eps, scratch, it, tid)
+        else:
+            total = ROW_SUM(xr, res[ri], s[ri], xs, tmp, live, t, NW, stage, ACC(0))[0]
+            mu = corr = ACC(0)
+            r = ACC(1) / math.sqrt(group_sum(total, scratch, it & 1, tid, TPR) * inv_n + eps)
+            it += 1
+        if live and t == 0:
+            if LAYER:
+                mean[row] = mu + corr
+            rstd[row] = r
+        if live:
+            yr = y[rr]
+            for q in range(t, NW, TPR):
+                READW(src, q, xs, 0)
+                for v in range(V):
+                    val = ((xs[v] - mu) - corr) * r if LAYER else xs[v] * r
+                    if has_w:
+                        val *= LW(w[q * V + v])
+                    if has_b:
+                        val += LB(b[q * V + v])
+                    tmp[v] = val
+                STOREW(yr, q, tmp, 0)
+        return it
+
+    return forward_loop_row
+
+
+def forward_kernel_loop(kind, xdt, wdt, bdt, code, has_r):
+    LAYER, ACC, KW, WPT, SHIFT = _consts(kind, xdt, code)
+    R, BLOCK = code.rows, code.block
+    SLOTS = slots(BLOCK)
+    ST, STAGE_LEN = stats.stage_type(xdt, code.vec), 0 if code.stage else 1
+    ROW = _forward_loop_row_fn(kind, xdt, wdt, bdt, code, has_r)
+
+    @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
+    def forward(x, res, w, b, eps, y, s, mean, rstd):  # (the arguments of forward_kernel_held's kernel)
+        tid = cuda.threadIdx.x
+        scratch = cuda.shared.array((2, 2, SLOTS), ACC)
+        # a long row's copy (x, or s when fused) in dynamic shared memory (the launch sizes
+        # it), or one element never read: passes 2 and 3 read it there instead of global
+        # memory (each thread its own words: no barrier)
+        stage = cuda.shared.array(STAGE_LEN, ST)
+        it = 0
+        for row0 in range(cuda.blockIdx.x * R, x.shape[0], cuda.gridDim.x * R):
+            it = ROW(x, res, w, b, y, s, mean, rstd, row0 + (tid >> SHIFT), stage, eps, scratch, it, tid)
+
+    return _tag(forward, code, 1, (2 if has_r else 1) * code.vec * np.dtype(xdt).itemsize)
+
+
+# ---------------------------------------------------------------- backward, rows in registers
+
+@functools.lru_cache(maxsize=None)
+def _grad_sums_fn(kind, xdt):
+    """``grad_sums(x, wdy, mu, r, acc)``: one element's part of the backward's pass 1, added
+    to acc[0:3]: LayerNorm: d = x - mean, d * wdy and wdy; RMSNorm: x * rstd * wdy into acc[1]."""
+    LAYER = kind == "layer"
+
+    @cuda.jit(device=True)
+    def grad_sums(x, wdy, mu, r, acc):
+        if LAYER:
+            d = x - mu
+            acc[0] += d
+            acc[1] += d * wdy
+            acc[2] += wdy
+        else:
+            acc[1] += x * r * wdy
+
+    return grad_sums
 
 
 @functools.lru_cache(maxsize=None)
-def backward_kernel(kind, xdt, wdt, code, has_ds):
-    """The backward kernel of ``kind`` (see ``forward_kernel``); ``has_ds``: the fused
-    residual's gradient is added to dx."""
-    assert kind in KINDS
-    LAYER = kind == "layer"
-    ACC = C.acc_type(xdt)
-    LOADW, STOREW = C.word_fns(xdt, ACC.name, code.vec)
-    has_w = wdt is not None
-    LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
-    TPR, VPT, V, R, LOOP, BLOCK = code.tpr, code.vpt, code.vec, code.rows, code.loop, code.block
-    WPT = VPT // V
-    KW = C.u64_per_word(xdt, V)
-    SHIFT = TPR.bit_length() - 1
+def _backward_sums_fn(kind, xdt, wdt, code):
+    """``sums(raw, ws, mu, r, live, t, NW, v, at)``: this thread's part of pass 1 of a row
+    held as its fetched words (x, then dy; widened word by word, as they are used):
+    LayerNorm: v[at:at + 3] = the sums of d = x - mean, d * wdy and wdy; RMSNorm:
+    v[at] = the sum of x * rstd * wdy (wdy = weight * dy; ``ws``: ``_weights_fn``'s)."""
+    LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
+    TPR, V = code.tpr, code.vec
+    WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
+    WORD = _weights_fn(xdt, wdt, code)[3]
+    GRAD_SUMS = _grad_sums_fn(kind, xdt)
+
+    @cuda.jit(device=True)
+    def backward_sums(
+        raw,    # (slots,) the row's fetched words: x, then dy
+        ws,     # the weights of this thread's elements (``_weights_fn``)
+        mu,     # scalar: the saved mean (LayerNorm)
+        r,      # scalar: the saved rstd
+        live,   # bool: the row exists
+        t,      # int: thread within the row group
+        NW,     # int: words per row
+        v,      # (values,) output: this thread's sums, to be reduced
+        at,     # int: where this row's sums go in v
+    ):
+        acc = cuda.local.array(3, ACC)   # this row's sums
+        for i in range(3):
+            acc[i] = ACC(0)
+        xs = cuda.local.array(V, ACC)
+        gs = cuda.local.array(V, ACC)
+        wv = cuda.local.array(V, ACC)
+        for k in range(WPT):
+            # the words as loaded (past the row: word 0 again, ``stats.fetch_fn``, not summed)
+            WIDEN(raw, k, xs, 0)
+            WIDEN(raw, WPT + k, gs, 0)
+            WORD(ws, k, wv)
+            if live and t + k * TPR < NW:
+                for e in range(V):
+                    GRAD_SUMS(xs[e], gs[e] * wv[e], mu, r, acc)
+        if LAYER:
+            v[at] = acc[0]
+            v[at + 1] = acc[1]
+            v[at + 2] = acc[2]
+        else:
+            v[at] = acc[1]
+
+    return backward_sums
+
+
+@functools.lru_cache(maxsize=None)
+def _dx_held_fn(kind, xdt, wdt, code, has_ds):
+    """``dx_pass(dxr, dsr, raw, ws, dwa, dba, mu, corr, r, c1, c2, t, NW)``: pass 2 of a row
+    held as its fetched words (widened again, word by word: the row stays in registers as
+    loaded, half the registers of 16-bit rows widened): dx = (wdy - (xhat * c1 + c2)) *
+    rstd (+ ds), and this thread's running sums of dy * xhat and dy for its columns."""
+    LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
+    TPR, V = code.tpr, code.vec
+    LOADW, STOREW = C.word_fns(xdt, ACC.name, V)
+    WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
+    WORD = _weights_fn(xdt, wdt, code)[3]
+
+    @cuda.jit(device=True)
+    def dx_pass(
+        dxr,    # (NW,) output words of the row's dx
+        dsr,    # (NW,) words of ds (fused), else unread
+        raw,    # (slots,) the row's fetched words: x, then dy
+        ws,     # the weights of this thread's elements (``_weights_fn``)
+        dwa,    # (VPT,) running sums of dy * xhat, per column
+        dba,    # (VPT,) running sums of dy, per column (LayerNorm; a view of shared memory)
+        mu,     # scalar: the saved mean (LayerNorm)
+        corr,   # scalar: mean(x - mean)
+        r,      # scalar: the saved rstd
+        c1,     # scalar: mean(xhat * wdy)
+        c2,     # scalar: mean(wdy) (LayerNorm)
+        t,      # int: thread within the row group
+        NW,     # int: words per row
+    ):
+        xs = cuda.local.array(V, ACC)
+        gs = cuda.local.array(V, ACC)
+        wv = cuda.local.array(V, ACC)
+        tmp = cuda.local.array(V, ACC)
+        for k in range(WPT):
+            q = t + k * TPR
+            if q < NW:
+                WIDEN(raw, k, xs, 0)
+                WIDEN(raw, WPT + k, gs, 0)
+                WORD(ws, k, wv)
+                if has_ds:
+                    LOADW(dsr, q, tmp, 0)
+                for v in range(V):
+                    e = k * V + v
+                    if LAYER:
+                        xhat = ((xs[v] - mu) - corr) * r
+                        val = (gs[v] * wv[v] - (xhat * c1 + c2)) * r
+                    else:
+                        xhat = xs[v] * r
+                        val = (gs[v] * wv[v] - xhat * c1) * r
+                    tmp[v] = tmp[v] + val if has_ds else val
+                    dwa[e] += gs[v] * xhat
+                    if LAYER:
+                        dba[e] += gs[v]
+                STOREW(dxr, q, tmp, 0)
+
+    return dx_pass
+
+
+@functools.lru_cache(maxsize=None)
+def _backward_rows_fn(kind, xdt, wdt, code, has_ds, rows):
+    """``backward_rows(dy, x, ds, dx, row, step, raw0, raw1, raw2, st, ws, dwa, dba, scratch,
+    it, tid)`` -> ``it``: ``rows`` (1-3) rows ``row, row + step, ...`` of a row group, from
+    their fetched words and saved statistics (``st``: mean, rstd of each): pass 1 of every
+    row, one group reduction for all of them, then pass 2 of each.  (Every row's words
+    are read before the reduction's first barrier, so ptxas issues all their loads before
+    the first wait.)"""
+    GEOMETRY = stats.geometry_fn(xdt, code)
+    LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
+    TPR, V = code.tpr, code.vec
+    NV = 3 if LAYER else 1  # values reduced per row
+    NVALS = NV * rows
+    SUMS = _backward_sums_fn(kind, xdt, wdt, code)
+    GROUP = group_sums_fn(NVALS)
+    DX = _dx_held_fn(kind, xdt, wdt, code, has_ds)
+
+    @cuda.jit(device=True)
+    def finish(dx, ds, row, raw, mu, r, v, at, ws, dwa, dba, t, NW):
+        if row < dx.shape[0]:
+            inv_n = ACC(1) / ACC(NW * V)
+            if LAYER:
+                corr = v[at] * inv_n
+                c2 = v[at + 2] * inv_n
+                c1 = (v[at + 1] * inv_n - corr * c2) * r
+            else:
+                corr = c2 = ACC(0)
+                c1 = v[at] * inv_n
+            DX(dx[row], ds[row if has_ds else 0], raw, ws, dwa, dba, mu, corr, r, c1, c2, t, NW)
+
+    @cuda.jit(device=True)
+    def backward_rows(dy, x, ds, dx, row, step, raw0, raw1, raw2, st, ws, dwa, dba, scratch, it, tid):  # (kernel's)
+        M, NW, t, _ = GEOMETRY(x, tid)
+        v = cuda.local.array(NVALS, ACC)
+        SUMS(raw0, ws, st[0], st[1], row < M, t, NW, v, 0)
+        if rows > 1:
+            SUMS(raw1, ws, st[2], st[3], row + step < M, t, NW, v, NV)
+        if rows > 2:
+            SUMS(raw2, ws, st[4], st[5], row + 2 * step < M, t, NW, v, 2 * NV)
+        GROUP(v, scratch, it & 1, tid, TPR)
+        finish(dx, ds, row, raw0, st[0], st[1], v, 0, ws, dwa, dba, t, NW)
+        if rows > 1:
+            finish(dx, ds, row + step, raw1, st[2], st[3], v, NV, ws, dwa, dba, t, NW)
+        if rows > 2:
+            finish(dx, ds, row + 2 * step, raw2, st[4], st[5], v, 2 * NV, ws, dwa, dba, t, NW)
+        return it + 1
+
+    return backward_rows
+
+
+@functools.lru_cache(maxsize=None)
+def _saved_fn(kind, xdt):
+    """``saved(mean, rstd, row, st, at)``: the loads of a row's saved mean (LayerNorm; else
+    0) and rstd into st[at], st[at + 1], fetched with the row's words."""
+    LAYER, ACC = kind == "layer", C.acc_type(xdt)
+
+    @cuda.jit(device=True)
+    def saved(mean, rstd, row, st, at):
+        rr = min(row, rstd.shape[0] - 1)
+        st[at] = mean[rr] if LAYER else ACC(0)
+        st[at + 1] = rstd[rr]
+
+    return saved
+
+
+@functools.lru_cache(maxsize=None)
+def _partials_fn(kind, xdt, code):
+    """``partials(part, dwa, dbs, tid)``: the epilogue of the registers path: the block's
+    partial rows of dweight (and dbias) from its threads' running sums (``dwa`` in
+    registers; LayerNorm's sums of dy in shared memory, ``dbs[g, e, t]`` for element e
+    of thread t of row group g); the R row groups of a block hold partials of the same
+    columns, added in group order through shared memory (no atomics: the same bits
+    every run)."""
+    LAYER, ACC, KW, WPT, SHIFT = _consts(kind, xdt, code)
+    TPR, VPT, V, R, BLOCK = code.tpr, code.vpt, code.vec, code.rows, code.block
+    COLS = TPR * VPT  # columns a row group holds
+    SV, ST = V.bit_length() - 1, TPR.bit_length() - 1
+
+    @cuda.jit(device=True)
+    def partials(
+        part,   # (K, grid, N) output: this block's row of each
+        dwa,    # (VPT,) this thread's running sums of dy * xhat
+        dbs,    # (R, VPT, TPR) the row groups' running sums of dy (LayerNorm), else unread
+        tid,    # int: thread within the block
+    ):
+        N = part.shape[2]
+        t = tid & (TPR - 1)
+        g = tid >> SHIFT
+        dwp = part[0, cuda.blockIdx.x]
+        dbp = part[1 if LAYER else 0, cuda.blockIdx.x]
+        if R == 1:
+            for e in range(VPT):
+                j = (t + (e // V) * TPR) * V + e % V
+                if j < N:
+                    dwp[j] = dwa[e]
+                    if LAYER:
+                        dbp[j] = dbs[0, e, t]
+            return
+        sh = cuda.shared.array((R, COLS), ACC)
+        for e in range(VPT):
+            sh[g, (t + (e // V) * TPR) * V + e % V] = dwa[e]
+        cuda.syncthreads()
+        for j in range(tid, min(N, COLS), BLOCK):
+            a = sh[0, j]
+            for gg in range(1, R):
+                a += sh[gg, j]
+            dwp[j] = a
+            if LAYER:
+                q = j >> SV                                   # the word of column j:
+                e = ((q >> ST) << SV) + (j & (V - 1))         # element e of thread q mod TPR
+                bb = dbs[0, e, q & (TPR - 1)]
+                for gg in range(1, R):
+                    bb += dbs[gg, e, q & (TPR - 1)]
+                dbp[j] = bb
+
+    return partials
+
+
+def backward_kernel_held(kind, xdt, wdt, code, has_ds):
+    LAYER, ACC, KW, WPT, SHIFT = _consts(kind, xdt, code)
+    TPR, V, R, BLOCK, VPT = code.tpr, code.vec, code.rows, code.block, code.vpt
     SLOTS = slots(BLOCK)
-    COLS = TPR * VPT  # columns a row group holds in registers
-    K = 2 if LAYER else 1  # partial rows: dweight (and dbias)
-    STAGED = code.stage
-    ST = stats.stage_type(xdt, V)
-    COPY, _, GET = stats.stage_fns(xdt, ACC.name, V)
+    RAW, RAWN, D = stats.raw_rows(xdt, code, 2)   # x and dy (ds is read in pass 2)
+    RAWN1, RAWN2 = (RAWN if D > 1 else 1), (RAWN if D > 2 else 1)
+    SUMS = (3 if LAYER else 1) * D  # values a group reduction sums at once
+    DBS = (R, VPT, TPR) if LAYER else (1, 1, 1)
+    WS, WSN, WEIGHTS, _ = _weights_fn(xdt, wdt, code)
+    FETCH = stats.fetch_rows_fn(xdt, code, 2, D)
+    SAVED = _saved_fn(kind, xdt)
+    ROWS = _backward_rows_fn(kind, xdt, wdt, code, has_ds, D)
+    PARTIALS = _partials_fn(kind, xdt, code)
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
     def backward(
@@ -210,187 +779,150 @@ def backward_kernel(kind, xdt, wdt, code, has_ds):
         dx,     # (M, NW) output: gradient of x, x's dtype
         part,   # (K, grid, N) output: per-block sums of dy * xhat (and of dy)
     ):
-        M = x.shape[0]
-        NW = x.shape[1] // KW          # words per row (KW uint64 each)
-        N = NW * V
+        NW = x.shape[1] // KW
         tid = cuda.threadIdx.x
         t = tid & (TPR - 1)
         g = tid >> SHIFT
-        blk = cuda.blockIdx.x
-        zero = ACC(0)
-        inv_n = ACC(1) / ACC(N)
-        scratch = cuda.shared.array((2, 3, SLOTS), ACC)
-        xs = cuda.local.array(VPT, ACC)
-        gs = cuda.local.array(VPT, ACC)
-        ws = cuda.local.array(VPT, ACC)
+        scratch = cuda.shared.array((2, SUMS, SLOTS), ACC)
+        ws = cuda.local.array(WSN, WS)       # this thread's columns of the weight, loaded once
         dwa = cuda.local.array(VPT, ACC)    # running sum of dy * xhat, per column
-        dba = cuda.local.array(VPT, ACC)    # running sum of dy, per column (LayerNorm)
-        tmp = cuda.local.array(V, ACC)
-        # a long row's x and dy in dynamic shared memory (the launch sizes it: two rows'
-        # kernel elements, or none): pass 2 reads them there (each thread its own words: no barrier)
-        if STAGED:
-            stage = cuda.shared.array(0, ST)
-            sx = stage[:x.shape[1]]
-            sdy = stage[x.shape[1]:]
-        else:
-            sx = sdy = cuda.shared.array(1, ST)  # never read
-        dwp = part[0, blk]
-        dbp = part[K - 1, blk]
-        if LOOP:
-            # long rows: the block's partial row lives in `part` itself
-            for j in range(t, N, TPR):
-                dwp[j] = zero
-                dbp[j] = zero
-        else:
-            for e in range(VPT):
-                j = (t + (e // V) * TPR) * V + e % V
-                ws[e] = LW(w[j]) if has_w and j < N else ACC(1)
-                dwa[e] = zero
-                dba[e] = zero
+        # the running sums of dy per column in shared memory (each thread its own: no
+        # barrier), which leaves the registers to two rows of x and dy
+        dbs = cuda.shared.array(DBS, ACC)
+        dba = dbs[g if LAYER else 0, :, t if LAYER else 0]
+        WEIGHTS(w, ws, t, NW * V)
+        for e in range(VPT):
+            dwa[e] = ACC(0)
+            if LAYER:
+                dba[e] = ACC(0)
+        raw0 = cuda.local.array(RAWN, RAW)   # the raw words of the D rows loaded at once
+        raw1 = cuda.local.array(RAWN1, RAW)
+        raw2 = cuda.local.array(RAWN2, RAW)
+        st = cuda.local.array(6, ACC)        # ... and their saved mean and rstd
+        step = cuda.gridDim.x * R
         it = 0
-        for row0 in range(blk * R, M, cuda.gridDim.x * R):
-            row = row0 + g
-            live = row < M
-            rr = min(row, M - 1)
-            xr = x[rr]
-            dyr = dy[rr]
+        for base in range(cuda.blockIdx.x * R, x.shape[0], step * D):
+            row = base + g
+            FETCH(x, dy, dy, row, step, raw0, raw1, raw2, t, NW)
+            for d in range(D):
+                SAVED(mean, rstd, row + d * step, st, 2 * d)
+            it = ROWS(dy, x, ds, dx, row, step, raw0, raw1, raw2, st, ws, dwa, dba, scratch, it, tid)
+        PARTIALS(part, dwa, dbs, tid)
+
+    return _tag(backward, code, D, D * 2 * VPT * np.dtype(xdt).itemsize)
+
+
+# ---------------------------------------------------------------- backward, long rows
+
+@functools.lru_cache(maxsize=None)
+def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
+    """``row(dy, x, ds, dx, mean, rstd, w, dwp, dbp, row, sx, sdy, scratch, it, tid)`` ->
+    ``it``: one long row word by word: pass 1 (x and dy copied to ``sx``/``sdy`` where
+    they fit), the group reduction, pass 2 (dx, and this thread's columns of the block's
+    partial rows ``dwp``/``dbp`` added to in place: the rows in order, one thread a column)."""
+    GEOMETRY = stats.geometry_fn(xdt, code)
+    LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
+    TPR, V, STAGED = code.tpr, code.vec, code.stage
+    has_w = wdt is not None
+    LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
+    LOADW, STOREW = C.word_fns(xdt, ACC.name, V)
+    COPY, _, GET = stats.stage_fns(xdt, ACC.name, V)
+    GRAD_SUMS = _grad_sums_fn(kind, xdt)
+
+    @cuda.jit(device=True)
+    def backward_loop_row(dy, x, ds, dx, mean, rstd, w, dwp, dbp, row, sx, sdy, scratch, it, tid):  # (kernel's)
+        M, NW, t, inv_n = GEOMETRY(x, tid)
+        live = row < M
+        rr = min(row, M - 1)
+        xr = x[rr]
+        dyr = dy[rr]
+        mu = mean[rr] if LAYER else ACC(0)
+        r = rstd[rr]
+        xs = cuda.local.array(V, ACC)
+        gs = cuda.local.array(V, ACC)
+        tmp = cuda.local.array(V, ACC)
+        acc = cuda.local.array(3, ACC)
+        for i in range(3):
+            acc[i] = ACC(0)
+        if live:
+            for q in range(t, NW, TPR):
+                if STAGED:
+                    COPY(xr, q, sx)
+                    COPY(dyr, q, sdy)
+                    GET(sx, q, xs, 0)
+                    GET(sdy, q, gs, 0)
+                else:
+                    LOADW(xr, q, xs, 0)
+                    LOADW(dyr, q, gs, 0)
+                for v in range(V):
+                    GRAD_SUMS(xs[v], gs[v] * LW(w[q * V + v]) if has_w else gs[v], mu, r, acc)
+        dsum, xw, c2 = acc[0], acc[1], acc[2]
+        if LAYER:
+            dsum, xw, c2 = group_sum3(dsum, xw, c2, scratch, it & 1, tid, TPR)
+            corr = dsum * inv_n
+            c2 *= inv_n
+            c1 = (xw * inv_n - corr * c2) * r
+        else:
+            corr = ACC(0)
+            c1 = group_sum(xw, scratch, it & 1, tid, TPR) * inv_n
+        if live:
             dxr = dx[rr]
             dsr = ds[rr if has_ds else 0]
-            mu = mean[rr] if LAYER else zero
-            r = rstd[rr]
-            # pass 1: corr = mean(x - mean), c1 = mean(xhat * wdy), c2 = mean(wdy)
-            dsum = zero
-            xw = zero
-            c2 = zero
-            if LOOP:
-                if live:
-                    for q in range(t, NW, TPR):
-                        if STAGED:
-                            COPY(xr, q, sx)
-                            COPY(dyr, q, sdy)
-                            GET(sx, q, xs, 0)
-                            GET(sdy, q, gs, 0)
-                        else:
-                            LOADW(xr, q, xs, 0)
-                            LOADW(dyr, q, gs, 0)
-                        for v in range(V):
-                            wdy = gs[v] * LW(w[q * V + v]) if has_w else gs[v]
-                            if LAYER:
-                                d = xs[v] - mu
-                                dsum += d
-                                xw += d * wdy
-                                c2 += wdy
-                            else:
-                                xw += xs[v] * r * wdy
-            else:
-                for k in range(WPT):
-                    q = t + k * TPR
-                    if live and q < NW:
-                        LOADW(xr, q, xs, k * V)
-                        LOADW(dyr, q, gs, k * V)
-                        if LAYER:
-                            for v in range(V):
-                                e = k * V + v
-                                wdy = gs[e] * ws[e]
-                                d = xs[e] - mu
-                                dsum += d
-                                xw += d * wdy
-                                c2 += wdy
-                    elif not LAYER:
-                        for v in range(V):
-                            xs[k * V + v] = zero
-                            gs[k * V + v] = zero
-                    if not LAYER:
-                        for v in range(V):
-                            e = k * V + v
-                            xw += xs[e] * r * (gs[e] * ws[e])
-            if LAYER:
-                dsum, xw, c2 = group_sum3(dsum, xw, c2, scratch, it & 1, tid, TPR)
-                corr = dsum * inv_n
-                c2 *= inv_n
-                c1 = (xw * inv_n - corr * c2) * r
-            else:
-                corr = zero
-                c1 = group_sum(xw, scratch, it & 1, tid, TPR) * inv_n
-            it += 1
-            # pass 2: dx, and this thread's columns of dweight/dbias
-            if live:
-                if LOOP:
-                    for q in range(t, NW, TPR):
-                        if STAGED:
-                            GET(sx, q, xs, 0)
-                            GET(sdy, q, gs, 0)
-                        else:
-                            LOADW(xr, q, xs, 0)
-                            LOADW(dyr, q, gs, 0)
-                        if has_ds:
-                            LOADW(dsr, q, tmp, 0)
-                        for v in range(V):
-                            j = q * V + v
-                            xhat = ((xs[v] - mu) - corr) * r if LAYER else xs[v] * r
-                            wdy = gs[v] * LW(w[j]) if has_w else gs[v]
-                            val = (wdy - (xhat * c1 + c2)) * r if LAYER else (wdy - xhat * c1) * r
-                            tmp[v] = tmp[v] + val if has_ds else val
-                            # the block's rows are visited in order by the one
-                            # thread owning column j: a deterministic running sum
-                            dwp[j] += gs[v] * xhat
-                            if LAYER:
-                                dbp[j] += gs[v]
-                        STOREW(dxr, q, tmp, 0)
+            for q in range(t, NW, TPR):
+                if STAGED:
+                    GET(sx, q, xs, 0)
+                    GET(sdy, q, gs, 0)
                 else:
-                    for k in range(WPT):
-                        q = t + k * TPR
-                        if q < NW:
-                            if has_ds:
-                                LOADW(dsr, q, tmp, 0)
-                            for v in range(V):
-                                e = k * V + v
-                                if LAYER:
-                                    xhat = ((xs[e] - mu) - corr) * r
-                                    wdy = gs[e] * ws[e]
-                                    val = (wdy - (xhat * c1 + c2)) * r
-                                else:
-                                    xhat = xs[e] * r
-                                    val = (gs[e] * ws[e] - xhat * c1) * r
-                                tmp[v] = tmp[v] + val if has_ds else val
-                                dwa[e] += gs[e] * xhat
-                                dba[e] += gs[e]
-                            STOREW(dxr, q, tmp, 0)
-        if LOOP:
-            return
-        if R == 1:
-            for e in range(VPT):
-                j = (t + (e // V) * TPR) * V + e % V
-                if j < N:
-                    dwp[j] = dwa[e]
+                    LOADW(xr, q, xs, 0)
+                    LOADW(dyr, q, gs, 0)
+                if has_ds:
+                    LOADW(dsr, q, tmp, 0)
+                for v in range(V):
+                    j = q * V + v
+                    xhat = ((xs[v] - mu) - corr) * r if LAYER else xs[v] * r
+                    wdy = gs[v] * LW(w[j]) if has_w else gs[v]
+                    val = (wdy - (xhat * c1 + c2)) * r if LAYER else (wdy - xhat * c1) * r
+                    tmp[v] = tmp[v] + val if has_ds else val
+                    dwp[j] += gs[v] * xhat
                     if LAYER:
-                        dbp[j] = dba[e]
-        else:
-            # the R row groups of the block hold partials of the same columns:
-            # add them in group order through shared memory
-            sh = cuda.shared.array((K, R, COLS), ACC)
-            for e in range(VPT):
-                j = (t + (e // V) * TPR) * V + e % V
-                sh[0, g, j] = dwa[e]
-                sh[K - 1, g, j] = dba[e] if LAYER else dwa[e]
-            cuda.syncthreads()
-            for j in range(tid, min(N, COLS), BLOCK):
-                a = sh[0, 0, j]
-                bb = sh[K - 1, 0, j]
-                for gg in range(1, R):
-                    a += sh[0, gg, j]
-                    bb += sh[K - 1, gg, j]
-                dwp[j] = a
-                if LAYER:
-                    dbp[j] = bb
+                        dbp[j] += gs[v]
+                STOREW(dxr, q, tmp, 0)
+        return it + 1
 
-    return backward
+    return backward_loop_row
 
 
-def _shared(cfg):
-    """``common.launch``'s dynamic shared memory for a launch of ``cfg``, named only where a
-    row is staged (wrappers of ``launch`` written before it took ``shared`` keep working)."""
-    return {"shared": cfg.shared} if cfg.shared else {}
+def backward_kernel_loop(kind, xdt, wdt, code, has_ds):
+    LAYER, ACC, KW, WPT, SHIFT = _consts(kind, xdt, code)
+    R, BLOCK, TPR = code.rows, code.block, code.tpr
+    SLOTS = slots(BLOCK)
+    K = 2 if LAYER else 1
+    STAGED = code.stage
+    ST, STAGE_LEN = stats.stage_type(xdt, code.vec), 0 if STAGED else 1
+    ROW = _backward_loop_row_fn(kind, xdt, wdt, code, has_ds)
+
+    @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
+    def backward(dy, x, mean, rstd, w, ds, dx, part):  # (the arguments of backward_kernel_held's kernel)
+        tid = cuda.threadIdx.x
+        t = tid & (TPR - 1)
+        blk = cuda.blockIdx.x
+        scratch = cuda.shared.array((2, 3, SLOTS), ACC)
+        # a long row's x and dy in dynamic shared memory (the launch sizes it), or one element
+        # never read: pass 2 reads them there (each thread its own words: no barrier)
+        stage = cuda.shared.array(STAGE_LEN, ST)
+        sx = stage[:x.shape[1]] if STAGED else stage
+        sdy = stage[x.shape[1]:] if STAGED else stage
+        # the block's partial rows live in `part` itself
+        dwp = part[0, blk]
+        dbp = part[K - 1, blk]
+        for j in range(t, part.shape[2], TPR):
+            dwp[j] = ACC(0)
+            dbp[j] = ACC(0)
+        it = 0
+        for row0 in range(blk * R, x.shape[0], cuda.gridDim.x * R):
+            it = ROW(dy, x, ds, dx, mean, rstd, w, dwp, dbp, row0 + (tid >> SHIFT), sx, sdy, scratch, it, tid)
+
+    return _tag(backward, code, 1, 2 * code.vec * np.dtype(xdt).itemsize)
 
 
 def forward(kind, x, weight, bias, eps, y, mean, rstd, residual=None, s=None, stream=0):
@@ -411,27 +943,30 @@ def forward(kind, x, weight, bias, eps, y, mean, rstd, residual=None, s=None, st
     xe, xk = C.kview(x), C.words(x, vec)  # elements (dummy parameters), words (rows)
     C.launch(kern, cfg.grid, cfg.block, stream, xk, C.optional(residual, xk, 2, vec), C.optional(weight, xe, 1),
              C.optional(bias, xe, 1), np.dtype(rstd.dtype).type(eps), C.words(y, vec),
-             C.optional(s, xk, 2, vec), C.optional(mean, rstd, 1), rstd, **_shared(cfg))
+             C.optional(s, xk, 2, vec), C.optional(mean, rstd, 1), rstd, shared=cfg.shared)
 
 
-def backward(kind, dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None, stream=0):
+def backward(kind, dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None, stream=0, empty=None):
     """Fill ``dx`` (M, N) and ``dweight`` (and ``dbias``, LayerNorm) (N,), of any float
     dtype (summed in the accumulation dtype, rounded once as stored); ``mean``/``dbias``
     None for RMSNorm.
 
-    ``ds`` (M, N) or None is added to ``dx`` (the fused residual's gradient).
+    ``ds`` (M, N) or None is added to ``dx`` (the fused residual's gradient).  ``empty``:
+    the allocator of the partial sums, ``(shape, dtype) -> device array`` (the call's:
+    the backend passes the caller's library's; None: numba's).
     """
     M, N = x.shape
     acc = C.F64 if x.dtype == C.F64 else C.F32
     K = 2 if kind == "layer" else 1
+    empty = empty or C.device_empty
     if M == 0:
-        C.column_sums(C.device_empty((K, 0, N), acc), dweight, dbias, stream)
+        C.column_sums(empty((K, 0, N), acc), dweight, dbias, stream)
         return
     vec = C.vec_width(N, x, dy, dx, ds)
     cfg = C.row_config(M, N, x.dtype == C.F64, vec, C.ROW_RESIDENT, x.dtype.itemsize, 2)  # x and dy staged
-    part = C.device_empty((K, cfg.grid, N), acc)
+    part = empty((K, cfg.grid, N), acc)
     kern = backward_kernel(kind, np.dtype(x.dtype), C.dtype_or_none(weight), cfg.code, ds is not None)
     xe, xk = C.kview(x), C.words(x, vec)
     C.launch(kern, cfg.grid, cfg.block, stream, C.words(dy, vec), xk, C.optional(mean, rstd, 1), rstd,
-             C.optional(weight, xe, 1), C.optional(ds, xk, 2, vec), C.words(dx, vec), part, **_shared(cfg))
+             C.optional(weight, xe, 1), C.optional(ds, xk, 2, vec), C.words(dx, vec), part, shared=cfg.shared)
     C.column_sums(part, dweight, dbias, stream)

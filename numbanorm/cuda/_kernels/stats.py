@@ -2,21 +2,26 @@
 ``row_norm`` (LayerNorm, RMSNorm, fused residual or not) and ``group_norm`` (a
 (sample, group) is a row) share.
 
-``row_sum``: pass 1 over the row's words -- each thread loads its words (into
-registers where the row fits, ``xs``; word by word on the loop path), forms and
-stores ``s = x + res`` once when fused, and sums its elements (or their squares,
-RMSNorm; or, ``shifted``, their deviations from a shift ``k``, the mean of the row's
-first word (``first``), and the squares of those).  ``centered``: the group's mean from that
-sum, then pass 2 over the deviations from it (``deviations``), whose sum corrects
-the mean's rounding (the corrected two-pass variance), and rstd.  ``shifted``:
-LayerNorm's statistics from the shifted sums in one group reduction, with
-``deviations`` for the rows where they are not exact enough.  Both take the row mapping's constants (threads
-per row, elements per thread, word width, loop or registers) as closure
-constants, like the kernels that inline them; ``reduce`` does the group sums.
+A row held in registers is fetched first (``fetch_fn``, ``fetch_rows_fn``: the loads of
+the thread's words of one or several rows, as raw bits, ``common.raw_fns``), then summed
+(``held_sums_fn``: widened into ``xs``; fused, s = x + res formed, rounded as stored);
+a long row is summed word by word as it is loaded (``row_sum_fn``, the loop path,
+copying it to shared memory where it fits, ``stage_fns``).  The sums are of the
+elements (or their squares, RMSNorm; or, ``shifted``, of their deviations from a shift
+``k``, the mean of the row's first word (``first_fn``), and their squares).
+``centered_fn``: the group's mean from that sum, then a pass over the deviations from it
+(``deviations_fn``, ``deviation_sums_fn``), whose sum corrects the mean's rounding (the
+corrected two-pass variance), and rstd.  ``shift_fns``/``shifted_fn``: LayerNorm's
+statistics from the shifted sums in one group reduction, with a deviations pass for the
+rows where they are not exact enough.  All take the row mapping's constants (threads per
+row, elements per thread, word width, loop or registers) as closure constants, like the
+kernels that inline them; ``reduce`` does the group sums.
 """
 
 import functools
 import math
+
+import numpy as np
 
 from numba import cuda
 
@@ -126,74 +131,128 @@ def first_fn(xdt, vec, has_r):
 
 
 @functools.lru_cache(maxsize=None)
-def row_sum_fn(xdt, tpr, vpt, vec, loop, squares, has_r, staged=False, shifted=False):
-    """``row_sum(xr, resr, sr, xs, tmp, live, t, NW, stage)``: this thread's part of the row's
-    sum (of squares with ``squares``); ``has_r``: x + res, stored into sr and rounded
-    to x's dtype, is what is summed (and left in ``xs``); ``staged`` (loop path): the
-    row summed (x, or s) is also copied into ``stage``, for the later passes.
-    ``shifted``: ``row_sum(..., stage, k)`` -> the sums of ``d = x - k`` and of ``d^2``."""
-    ACC = C.acc_type(xdt)
-    LX, SX = C.load_fn(xdt, ACC.name), C.store_fn(xdt)
-    LOADW, STOREW = C.word_fns(xdt, ACC.name, vec)
-    COPY, PUT, GET = stage_fns(xdt, ACC.name, vec)
-    TPR, V, LOOP, LAYER, STAGED, SHIFTED = tpr, vec, loop, not squares, staged and loop, shifted and not squares
-    WPT = vpt // vec                  # words per thread
+def geometry_fn(xdt, code):
+    """``geometry(x, tid)`` -> ``(M, NW, t, inv_n)``: a row kernel's rows, words per row (of
+    ``code.vec`` elements), thread within the row group, and 1 / elements per row."""
+    ACC, TPR, V = C.acc_type(xdt), code.tpr, code.vec
+    KW = C.u64_per_word(xdt, V)
 
     @cuda.jit(device=True)
-    def row_sums(
-        xr,     # (NW,) words of the row
-        resr,   # (NW,) words of its residual (has_r), else unread
-        sr,     # (NW,) output x + res (has_r), else unread
-        xs,     # (VPT,) this thread's elements, filled here (registers path)
-        tmp,    # (V,) one word in flight
-        live,   # bool: the row exists (dead rows add zeros)
+    def geometry(x, tid):
+        NW = x.shape[1] // KW
+        return x.shape[0], NW, tid & (TPR - 1), ACC(1) / ACC(NW * V)
+
+    return geometry
+
+
+@functools.lru_cache(maxsize=None)
+def fetch_fn(xdt, tpr, vpt, vec):
+    """``fetch(row, raw, at, t, NW)``: the loads of this thread's words of ``row``
+    (registers path: words t, t + tpr, ...), into word slots ``at ... at + vpt / vec``
+    of ``raw`` (``common.raw_fns``), and nothing that waits for them: a kernel fetches
+    every array of its rows first, then works on them (``held_sums_fn``).  The loads are
+    not conditional (a word past the row loads word 0 again; a dead row is a valid one
+    too, ``min(row, M - 1)``), and whoever widens them skips those: ptxas schedules a
+    predicated load late, after the first rows' arithmetic, where an unconditional one
+    is issued with the others."""
+    FETCH = C.raw_fns(xdt, C.acc_type(xdt).name, vec)[1]
+    TPR, WPT = tpr, vpt // vec
+
+    @cuda.jit(device=True)
+    def fetch(
+        row,    # (NW,) words of one row (a valid one)
+        raw,    # (slots,) the thread's raw words (``common.raw_fns``' RAW)
+        at,     # int: the first slot of this row's words
         t,      # int: thread within the row group
         NW,     # int: words per row
-        stage,  # (>= NW words) shared copy of the row summed (staged), else unread
+    ):
+        for j in range(WPT):
+            q = t + j * TPR
+            FETCH(row, q if q < NW else 0, raw, at + j)
+
+    return fetch
+
+
+@functools.lru_cache(maxsize=None)
+def fetch_rows_fn(xdt, code, arrays, rows=1):
+    """``fetch(a, b, c, row, step, raw0, raw1, raw2, t, NW)``: the loads of this thread's words
+    of ``rows`` (1-3) rows ``row, row + step, ...`` of the first ``arrays`` of a, b, c (each
+    (M, NW)), row d's into consecutive slots of ``raw<d>``; nothing waits for them
+    (``fetch_fn``).  A row past M loads row M - 1, unused."""
+    FETCH = fetch_fn(xdt, code.tpr, code.vpt, code.vec)
+    WPT = code.vpt // code.vec
+
+    @cuda.jit(device=True)
+    def fetch_row(a, b, c, row, raw, t, NW):
+        rr = min(row, a.shape[0] - 1)
+        FETCH(a[rr], raw, 0, t, NW)
+        if arrays > 1:
+            FETCH(b[rr], raw, WPT, t, NW)
+        if arrays > 2:
+            FETCH(c[rr], raw, 2 * WPT, t, NW)
+
+    @cuda.jit(device=True)
+    def fetch(a, b, c, row, step, raw0, raw1, raw2, t, NW):
+        fetch_row(a, b, c, row, raw0, t, NW)
+        if rows > 1:
+            fetch_row(a, b, c, row + step, raw1, t, NW)
+        if rows > 2:
+            fetch_row(a, b, c, row + 2 * step, raw2, t, NW)
+
+    return fetch
+
+
+@functools.lru_cache(maxsize=None)
+def raw_rows(xdt, code, arrays, resident=None):
+    """(numba type, length per row, rows in flight): the raw words a thread holds for the
+    rows it loads at once (``common.rows_in_flight``, for ``resident`` threads per SM),
+    ``arrays`` row arrays each."""
+    raw_t = C.raw_fns(xdt, C.acc_type(xdt).name, code.vec)[0]
+    per_word = C.u64_per_word(xdt, code.vec) if code.vec > 1 else 1
+    item = np.dtype(xdt).itemsize
+    rows = C.rows_in_flight(code, arrays * code.vpt * item, xdt == C.F64, resident, item)
+    return raw_t, arrays * (code.vpt // code.vec) * per_word, rows
+
+
+@functools.lru_cache(maxsize=None)
+def held_sums_fn(xdt, tpr, vpt, vec, squares, has_r, shifted=False):
+    """``sums(raw, xs, tmp, live, t, NW, k)`` -> ``(total, total2)``: pass 1 of a row held
+    in registers, from its words ``fetch_fn`` loaded into ``raw`` (x in slots
+    0 .. vpt / vec, the residual after them with ``has_r``).  The words are widened into
+    ``xs``; with ``has_r``, s = x + res rounded to x's dtype replaces x in ``raw`` (the row
+    as it is to be stored, which the kernel stores and may widen again), and ``xs`` holds
+    s.  ``total`` is the sum of ``xs`` (of squares with ``squares``;
+    ``shifted``: of d = x - k, and ``total2`` of d^2; else 0) over the row's words."""
+    ACC = C.acc_type(xdt)
+    _, _, WIDEN, NARROW, _ = C.raw_fns(xdt, ACC.name, vec)
+    TPR, V, LAYER, SHIFTED = tpr, vec, not squares, shifted and not squares
+    WPT = vpt // vec
+
+    @cuda.jit(device=True)
+    def sums(
+        raw,    # (slots,) the row's raw words (``fetch_fn``): x, then the residual
+        xs,     # (VPT,) this thread's elements, filled here
+        tmp,    # (V,) one word of the residual
+        live,   # bool: the row exists
+        t,      # int: thread within the row group
+        NW,     # int: words per row
         k,      # scalar: the shift (shifted), else unread
     ):
         total = ACC(0)
         total2 = ACC(0)
-        if LOOP:
-            if live:
-                for q in range(t, NW, TPR):
-                    if STAGED and not has_r:
-                        # the word as it is (no conversions), then read back from shared memory
-                        COPY(xr, q, stage)
-                        GET(stage, q, xs, 0)
-                    else:
-                        LOADW(xr, q, xs, 0)
-                    if has_r:
-                        LOADW(resr, q, tmp, 0)
-                        for v in range(V):
-                            xs[v] += tmp[v]
-                        STOREW(sr, q, xs, 0)
-                        if STAGED:
-                            PUT(stage, q, xs, 0)
-                    for v in range(V):
-                        # fused: normalize the s handed back, rounded
-                        val = LX(SX(xs[v])) if has_r else xs[v]
-                        if SHIFTED:
-                            d = val - k
-                            total += d
-                            total2 += d * d
-                        else:
-                            total += val if LAYER else val * val
-        else:
-            for j in range(WPT):
-                q = t + j * TPR
-                if live and q < NW:
-                    LOADW(xr, q, xs, j * V)
-                    if has_r:
-                        LOADW(resr, q, tmp, 0)
-                        for v in range(V):
-                            xs[j * V + v] += tmp[v]
-                        STOREW(sr, q, xs, j * V)
-                        for v in range(V):
-                            xs[j * V + v] = LX(SX(xs[j * V + v]))
-                else:
-                    for v in range(V):
-                        xs[j * V + v] = k if SHIFTED else ACC(0)   # (adds zeros)
+        for j in range(WPT):
+            # the words as loaded (no select on them: a select would be a new register,
+            # and ptxas would load the next word into the one it frees, after the wait)
+            WIDEN(raw, j, xs, j * V)
+            if has_r:
+                WIDEN(raw, WPT + j, tmp, 0)
+                for v in range(V):
+                    tmp[v] += xs[j * V + v]
+                NARROW(tmp, 0, raw, j)     # fused: s as stored, and normalized as stored
+                WIDEN(raw, j, xs, j * V)
+        for j in range(WPT):
+            q = t + j * TPR
+            if live and q < NW:
                 for v in range(V):
                     if SHIFTED:
                         d = xs[j * V + v] - k
@@ -203,14 +262,63 @@ def row_sum_fn(xdt, tpr, vpt, vec, loop, squares, has_r, staged=False, shifted=F
                         total += xs[j * V + v] if LAYER else xs[j * V + v] * xs[j * V + v]
         return total, total2
 
-    if SHIFTED:
-        return row_sums
+    return sums
+
+
+@functools.lru_cache(maxsize=None)
+def row_sum_fn(xdt, tpr, vec, squares, has_r, staged=False, shifted=False):
+    """``row_sum(xr, resr, sr, xs, tmp, live, t, NW, stage, k)`` -> ``(total, total2)``:
+    pass 1 of a long row (the loop path), word by word, as ``held_sums_fn`` sums a row
+    held in registers; ``xs`` holds one word.  ``staged``: the row summed (x, or s) is
+    also copied into ``stage``, for the later passes."""
+    ACC = C.acc_type(xdt)
+    LX, SX = C.load_fn(xdt, ACC.name), C.store_fn(xdt)
+    LOADW, STOREW = C.word_fns(xdt, ACC.name, vec)
+    COPY, PUT, GET = stage_fns(xdt, ACC.name, vec)
+    TPR, V, LAYER, STAGED, SHIFTED = tpr, vec, not squares, staged, shifted and not squares
 
     @cuda.jit(device=True)
-    def row_sum(xr, resr, sr, xs, tmp, live, t, NW, stage):  # (the arguments as row_sums's)
-        return row_sums(xr, resr, sr, xs, tmp, live, t, NW, stage, ACC(0))[0]
+    def row_sums(
+        xr,     # (NW,) words of the row
+        resr,   # (NW,) words of its residual (has_r), else unread
+        sr,     # (NW,) output x + res (has_r), else unread
+        xs,     # (V,) one word in flight
+        tmp,    # (V,) one word of the residual
+        live,   # bool: the row exists (dead rows add zeros)
+        t,      # int: thread within the row group
+        NW,     # int: words per row
+        stage,  # (>= NW words) shared copy of the row summed (staged), else unread
+        k,      # scalar: the shift (shifted), else unread
+    ):
+        total = ACC(0)
+        total2 = ACC(0)
+        if live:
+            for q in range(t, NW, TPR):
+                if STAGED and not has_r:
+                    # the word as it is (no conversions), then read back from shared memory
+                    COPY(xr, q, stage)
+                    GET(stage, q, xs, 0)
+                else:
+                    LOADW(xr, q, xs, 0)
+                if has_r:
+                    LOADW(resr, q, tmp, 0)
+                    for v in range(V):
+                        xs[v] += tmp[v]
+                    STOREW(sr, q, xs, 0)
+                    if STAGED:
+                        PUT(stage, q, xs, 0)
+                for v in range(V):
+                    # fused: normalize the s handed back, rounded
+                    val = LX(SX(xs[v])) if has_r else xs[v]
+                    if SHIFTED:
+                        d = val - k
+                        total += d
+                        total2 += d * d
+                    else:
+                        total += val if LAYER else val * val
+        return total, total2
 
-    return row_sum
+    return row_sums
 
 
 @functools.lru_cache(maxsize=None)
@@ -227,30 +335,24 @@ def _rstd_fn(acc_name):
 
 
 @functools.lru_cache(maxsize=None)
-def deviations_fn(xdt, tpr, vpt, vec, loop, staged=False):
-    """``deviations(src, xs, live, t, NW, mu, inv_n, eps, scratch, buf, tid)`` -> ``(corr,
-    rstd)``: a pass over the row's deviations from ``mu``, whose mean ``corr`` corrects
-    mu's rounding (the mean is mu + corr), and the variance about it.  ``staged``:
-    ``src`` is the row's shared copy (``stage_fns``)."""
+def deviation_sums_fn(xdt, tpr, vpt, vec, loop, staged=False, keep=False):
+    """``deviation_sums(src, xs, live, t, NW, mu)`` -> ``(dsum, sq)``: this thread's part of a
+    pass over the row's deviations from ``mu``: their sum and the sum of their squares.
+    ``staged``: ``src`` is the row's shared copy (``stage_fns``).  ``keep`` (registers
+    path): the deviations x - mu replace x in ``xs`` (the normalize pass takes them)."""
     ACC = C.acc_type(xdt)
     LOADW = stage_fns(xdt, ACC.name, vec)[2] if staged else C.word_fns(xdt, ACC.name, vec)[0]
-    RSTD = _rstd_fn(ACC.name)
     TPR, V, LOOP = tpr, vec, loop
     WPT = vpt // vec
 
     @cuda.jit(device=True)
-    def deviations(
+    def deviation_sums(
         src,      # (NW,) words of the row (x, or s when fused; its shared copy when staged), re-read on the loop path
-        xs,       # (VPT,) this thread's elements from row_sum (registers path)
+        xs,       # (VPT,) this thread's elements (registers path; one word's on the loop path)
         live,     # bool: the row exists
         t,        # int: thread within the row group
         NW,       # int: words per row
         mu,       # scalar: the mean the deviations are taken from
-        inv_n,    # scalar: 1 / elements per row, accumulation dtype
-        eps,      # scalar, accumulation dtype
-        scratch,  # (2, >= 2, slots) shared memory of the group sums
-        buf,      # int: the scratch buffer this reduction uses
-        tid,      # int: thread within the block
     ):
         dsum = ACC(0)
         sq = ACC(0)
@@ -267,11 +369,45 @@ def deviations_fn(xdt, tpr, vpt, vec, loop, staged=False):
                 if live and t + k * TPR < NW:
                     for v in range(V):
                         d = xs[k * V + v] - mu
+                        if keep:
+                            xs[k * V + v] = d
                         dsum += d
                         sq += d * d
+        return dsum, sq
+
+    return deviation_sums
+
+
+@functools.lru_cache(maxsize=None)
+def rstd_fn(acc_name):
+    """``rstd(corr, sq, inv_n, eps)``: 1 / sqrt(var + eps) of the deviations whose sum over
+    n is corr * n and whose squares' sum is ``sq`` (var = mean(d^2) - corr^2)."""
+    RSTD = _rstd_fn(acc_name)
+
+    @cuda.jit(device=True)
+    def rstd(corr, sq, inv_n, eps):
+        return RSTD(sq * inv_n - corr * corr, eps)
+
+    return rstd
+
+
+@functools.lru_cache(maxsize=None)
+def deviations_fn(xdt, tpr, vpt, vec, loop, staged=False):
+    """``deviations(src, xs, live, t, NW, mu, inv_n, eps, scratch, buf, tid)`` -> ``(corr,
+    rstd)``: a pass over the row's deviations from ``mu`` (``deviation_sums_fn``) and a
+    group reduction: their mean ``corr`` corrects mu's rounding (the mean is mu + corr),
+    and the variance about it gives rstd."""
+    ACC = C.acc_type(xdt)
+    SUMS = deviation_sums_fn(xdt, tpr, vpt, vec, loop, staged)
+    RSTD = rstd_fn(ACC.name)
+    TPR = tpr
+
+    @cuda.jit(device=True)
+    def deviations(src, xs, live, t, NW, mu, inv_n, eps, scratch, buf, tid):  # (deviation_sums', and the reduction's)
+        dsum, sq = SUMS(src, xs, live, t, NW, mu)
         dsum, sq = group_sum2(dsum, sq, scratch, buf, tid, TPR)
         corr = dsum * inv_n
-        return corr, RSTD(sq * inv_n - corr * corr, eps)
+        return corr, RSTD(corr, sq, inv_n, eps)
 
     return deviations
 
@@ -281,7 +417,6 @@ def centered_fn(xdt, tpr, vpt, vec, loop, staged=False):
     """``centered(src, xs, live, t, NW, total, inv_n, eps, scratch, tid)`` -> ``(mu, corr,
     rstd)``: mean = mu + corr, with ((x - mu) - corr) the deviations the kernels use.
     ``staged``: ``src`` is the row's shared copy (``stage_fns``)."""
-    ACC = C.acc_type(xdt)
     DEVIATIONS = deviations_fn(xdt, tpr, vpt, vec, loop, staged)
     TPR = tpr
 
@@ -307,59 +442,84 @@ def centered_fn(xdt, tpr, vpt, vec, loop, staged=False):
 
 
 @functools.lru_cache(maxsize=None)
-def shifted_fn(xdt, tpr, vpt, vec, loop, staged=False):
-    """``shifted(src, xs, live, t, NW, k, s1, s2, inv_n, eps, scratch, it, tid)`` -> ``(mu,
-    corr, rstd, it)``: LayerNorm's statistics from ``row_sum``'s shifted sums (``s1``,
-    ``s2``: of d = x - k and d^2, ``k`` from ``first``) in one group reduction:
+def shift_fns(xdt, tpr, vpt, vec, loop, staged=False):
+    """``(settle, vote, fallback)``: LayerNorm's statistics from the shifted sums of a row
+    (``row_sum``/``held_sums_fn``: of d = x - k and d^2, ``k`` from ``first``), reduced:
     m1 = mean(d), ms = mean(d^2), mean = k + m1 split as mu = k, corr = m1, var = ms - m1^2.
     That is exact enough where m1^2 <= ms / 2 (k within about a std of the mean: the
     subtraction loses at most a bit, as the CPU's ``one_pass_ok``); other rows (an outlier
     first word, NaN, Inf) take a ``deviations`` pass from mu = k + m1, the corrected two-pass.
-    ``it``: the group reductions made so far in this block (buffer ``it & 1``), counted on."""
+
+    ``settle(k, m1, ms, live, eps, st, at)`` -> ``bad``: mu, corr, rstd into st[at:at + 3];
+    ``vote(bad)``: whether any row of the threads that share a barrier (groups wider than
+    a warp) or a shuffle (narrower ones) is bad -- the fallback's reduction meets all of
+    them, so all take it or none; ``fallback(src, xs, live, t, NW, k, m1, bad, inv_n, eps,
+    scratch, it, tid, st, at)`` -> ``it``: the deviations pass, whose statistics replace
+    st[at:at + 3] for a bad row (``it``: the group reductions so far, counted on)."""
     ACC = C.acc_type(xdt)
     DEVIATIONS = deviations_fn(xdt, tpr, vpt, vec, loop, staged)
     RSTD = _rstd_fn(ACC.name)
-    TPR, BLOCKWIDE = tpr, tpr > WARP
+    BLOCKWIDE = tpr > WARP
     HALF, INF = ACC(0.5), ACC(math.inf)
 
     @cuda.jit(device=True)
-    def shifted(
+    def settle(k, m1, ms, live, eps, st, at):
+        st[at] = k
+        st[at + 1] = m1
+        st[at + 2] = RSTD(ms - m1 * m1, eps)
+        return live and not (m1 * m1 <= HALF * ms and ms < INF)   # (NaN compares false)
+
+    @cuda.jit(device=True)
+    def vote(bad):
+        if BLOCKWIDE:
+            return cuda.syncthreads_or(U32(bad)) != 0
+        return cuda.any_sync(_FULL_MASK, bad)
+
+    @cuda.jit(device=True)
+    def fallback(
         src,      # (NW,) words of the row (x, or s when fused; its shared copy when staged), re-read on the loop path
-        xs,       # (VPT,) this thread's elements from row_sum (registers path)
+        xs,       # (VPT,) this thread's elements (registers path)
         live,     # bool: the row exists
         t,        # int: thread within the row group
         NW,       # int: words per row
-        k,        # scalar: the shift, the mean of the row's first word (``first``)
-        s1,       # scalar: this thread's sum of x - k
-        s2,       # scalar: ... of (x - k)^2
+        k,        # scalar: the shift
+        m1,       # scalar: the mean of x - k
+        bad,      # bool: this row takes the deviations' statistics
         inv_n,    # scalar: 1 / elements per row, accumulation dtype
         eps,      # scalar, accumulation dtype
         scratch,  # (2, >= 2, slots) shared memory of the group sums
         it,       # int: group reductions so far (the scratch buffer alternates)
         tid,      # int: thread within the block
+        st,       # (>= at + 3,) mu, corr, rstd of the row (``settle``'s)
+        at,       # int: where
     ):
+        corr, r = DEVIATIONS(src, xs, live, t, NW, k + m1, inv_n, eps, scratch, it & 1, tid)
+        if bad:
+            st[at] = k + m1
+            st[at + 1] = corr
+            st[at + 2] = r
+        return it + 1
+
+    return settle, vote, fallback
+
+
+@functools.lru_cache(maxsize=None)
+def shifted_fn(xdt, tpr, vpt, vec, loop, staged=False):
+    """``shifted(src, xs, live, t, NW, k, s1, s2, inv_n, eps, scratch, it, tid)`` -> ``(mu,
+    corr, rstd, it)``: one row's statistics (``shift_fns``) from this thread's shifted
+    sums, in one group reduction (a second one for rows the fallback takes)."""
+    ACC = C.acc_type(xdt)
+    SETTLE, VOTE, FALLBACK = shift_fns(xdt, tpr, vpt, vec, loop, staged)
+    TPR = tpr
+
+    @cuda.jit(device=True)
+    def shifted(src, xs, live, t, NW, k, s1, s2, inv_n, eps, scratch, it, tid):  # (fallback's, and the sums)
         m1, ms = group_sum2(s1, s2, scratch, it & 1, tid, TPR)
         it += 1
-        m1 *= inv_n
-        ms *= inv_n
-        bad = live and not (m1 * m1 <= HALF * ms and ms < INF)   # (NaN compares false)
-        mu = k
-        corr = m1
-        r = RSTD(ms - m1 * m1, eps)
-        # the fallback's reduction meets every thread that shares a barrier (groups wider
-        # than a warp) or a shuffle (narrower ones) with this row: all take it or none
-        if BLOCKWIDE:
-            anybad = cuda.syncthreads_or(U32(bad)) != 0
-        else:
-            anybad = cuda.any_sync(_FULL_MASK, bad)
-        if anybad:
-            mu2 = k + m1
-            corr2, r2 = DEVIATIONS(src, xs, live, t, NW, mu2, inv_n, eps, scratch, it & 1, tid)
-            it += 1
-            if bad:
-                mu = mu2
-                corr = corr2
-                r = r2
-        return mu, corr, r, it
+        st = cuda.local.array(3, ACC)
+        bad = SETTLE(k, m1 * inv_n, ms * inv_n, live, eps, st, 0)
+        if VOTE(bad):
+            it = FALLBACK(src, xs, live, t, NW, k, m1 * inv_n, bad, inv_n, eps, scratch, it, tid, st, 0)
+        return st[0], st[1], st[2], it
 
     return shifted

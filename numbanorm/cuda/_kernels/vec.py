@@ -16,7 +16,11 @@ the same operations (which raise on a misaligned or out-of-range access).
 ``pack_bf16x2(lo, hi)``: two float32 rounded to bfloat16 (nearest, ties to even)
 in one uint32, ``lo`` in the low half -- one ``cvt.rn.bf16x2.f32`` (``F2FP.BF16``)
 for two elements, where the integer rounding of ``common.store_fn`` takes about
-five instructions for each.
+five instructions for each.  ``unpack_f16x2(u)``: the two float16 of a uint32 (low
+half first) as float32, exactly -- one ``HADD2.F32`` each, where widening the
+elements of a view of the word shifts the high half down first.  ``min_s16x2(a, b)``:
+the halves' minima as signed 16-bit integers (``min.s16x2``, sm_90: one instruction),
+which turns ``cvt``'s NaN 0x7FFF into 0x7FC0 and leaves every other bfloat16 alone.
 """
 
 from .reduce import SIMULATED
@@ -83,10 +87,38 @@ def _intrinsics():
 
         return types.uint32(lo, hi), codegen
 
-    return load_pair, store_pair, pack_bf16x2
+    @intrinsic
+    def unpack_f16x2(typingctx, u):
+        if u != types.uint32:
+            raise TypeError(f"unpack_f16x2 takes a uint32, not {u}")
+
+        def codegen(context, builder, sig, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            pair = ir.LiteralStructType([f32, f32])
+            cvt = ir.InlineAsm(ir.FunctionType(pair, [i32]),
+                               "{.reg .b16 l, h; mov.b32 {l, h}, $2; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h;}",
+                               "=f,=f,r")
+            out = builder.call(cvt, [args[0]])
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(out, k) for k in range(2)])
+
+        return types.UniTuple(types.float32, 2)(u), codegen
+
+    @intrinsic
+    def min_s16x2(typingctx, a, b):
+        if not (a == types.uint32 and b == types.uint32):
+            raise TypeError(f"min_s16x2 takes two uint32, not {a}, {b}")
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            vmin = ir.InlineAsm(ir.FunctionType(i32, [i32, i32]), "min.s16x2 $0, $1, $2;", "=r,r,r")
+            return builder.call(vmin, list(args))
+
+        return types.uint32(a, b), codegen
+
+    return load_pair, store_pair, pack_bf16x2, unpack_f16x2, min_s16x2
 
 
 if SIMULATED:
-    from .._simvec import load_pair, pack_bf16x2, store_pair  # noqa: F401
+    from .._simvec import load_pair, min_s16x2, pack_bf16x2, store_pair, unpack_f16x2  # noqa: F401
 else:
-    load_pair, store_pair, pack_bf16x2 = _intrinsics()
+    load_pair, store_pair, pack_bf16x2, unpack_f16x2, min_s16x2 = _intrinsics()

@@ -1,0 +1,272 @@
+"""benchmarks/gpu_check.py without a GPU, so that the prepared device run cannot rot.
+
+Runs here, in numba's CUDA simulator on numba device arrays: the correctness section's
+cases (every kind of case: N = 1, odd N, every boundary kind the launch code has, long
+rows, rows striding over the grid, views off alignment, non-contiguous inputs, out=
+overlapping x or the weight, parameters of other dtypes), with the kernels' mapping knobs
+shrunk as tests/test_cuda.py shrinks them, so that the boundaries the script finds by
+recording the launch code fall at rows of a few dozen elements; the boundary finder
+itself; the worker pool (two spawned workers); the JSON's shape against the issue's; the
+sections that need a GPU skipping with their reasons; the targets' arithmetic and the
+model's pairing on a made-up run.
+
+Does not run here (the device run is their test): CuPy and CUDA torch arrays (torch's
+CPU build cannot stand in for CUDA tensors), torch's side stream, the inputs over 2**31
+elements, compute-sanitizer, every timing (speed, host cost, CPU scaling), CUDA graphs,
+and the pool's timed phase; bfloat16 non-contiguous inputs and out= overlaps (numbanorm's
+copy path for them fails in the simulator: numpy cannot cast a simulator array to
+ml_dtypes' bfloat16).
+"""
+
+import json
+import math
+import time
+
+import pytest
+
+import numbanorm.cuda as nc
+from benchmarks import gpu_check as G
+from conftest import SIMULATED
+
+if not nc.is_available():
+    pytest.skip(f"numbanorm.cuda unavailable: {nc.why_unavailable()}", allow_module_level=True)
+if not SIMULATED:
+    pytest.skip("these run in the simulator; on a GPU run benchmarks/gpu_check.py itself",
+                allow_module_level=True)
+
+from numbanorm.operations import BY_NAME  # noqa: E402
+from test_cuda import knobs  # noqa: E402,F401  (the fixture that shrinks the mapping's knobs)
+
+# rows in registers to 32 elements, staged copies to 256 bytes, 128 bytes of shared memory
+# without opting in (32 of them the reductions' scratch), grids of a block or two
+SMALL = dict(MAX_TPR=16, MAX_VPT=2, STAGE_BYTES=256, SHARED_DEFAULT=128, SCRATCH_BYTES=32,
+             ROW_RESIDENT=32, MIN_RESIDENT=32)
+
+
+def _found(op, dtype, tiny=True):
+    """label -> n of every boundary found (an n found for several reasons has each)."""
+    with G.recording() as launches:
+        found = G.boundaries(G.frontend(), launches, BY_NAME[op], dtype, tiny=tiny)
+    return {label: n for n, labels in found for label in labels.split("; ")}
+
+
+def _shared(op, kind, dtype, n):
+    with G.recording() as launches:
+        fn = BY_NAME[op].functions[1 if kind == "forward" else 2]
+        return max(ln.shared for ln in G.launches_of(G.frontend(), launches, fn, dtype, (2, n)))
+
+
+# ---------------------------------------------------------------- the boundaries come from the launch code
+
+def test_boundaries_are_where_the_launch_code_changes(knobs):
+    knobs(**SMALL)
+    found = _found("layer_norm", "float16")
+    for kind in ("forward", "backward"):
+        tag = f"({kind}, odd)"
+        first, last = found[f"first staged {tag}"], found.get(f"last staged {tag}")
+        assert _shared("layer_norm", kind, "float16", first - 2) == 0 < _shared("layer_norm", kind, "float16", first)
+        if last is not None:
+            assert _shared("layer_norm", kind, "float16", last) > 0 == _shared("layer_norm", kind, "float16", last + 2)
+        under, over = found[f"dynamic <= 128 B {tag}"], found[f"dynamic > 128 B {tag}"]
+        assert _shared("layer_norm", kind, "float16", under) <= 128 < _shared("layer_norm", kind, "float16", over)
+        under = found[f"dynamic + 32 B static scratch <= 128 B {tag}"]
+        assert _shared("layer_norm", kind, "float16", under) + 32 <= 128 < _shared(
+            "layer_norm", kind, "float16", under + 2) + 32
+    # written down nowhere: a larger staging capacity moves the last staged row
+    knobs(STAGE_BYTES=512)
+    moved = _found("layer_norm", "float16")
+    assert moved["last staged (forward, odd)"] > found["last staged (forward, odd)"]
+
+
+def test_groupnorm_has_a_loop_boundary_and_no_staging(knobs):
+    knobs(**SMALL)
+    labels = list(_found("group_norm", "float32"))
+    assert "first loop (forward, odd)" in labels and "last in registers (forward, odd)" in labels
+    assert not any("staged" in label for label in labels)
+
+
+def test_the_default_launch_code_has_every_boundary():
+    """Without the knobs: the 48 KB boundary (with and without the static scratch) and the
+    staging boundaries are found for the 16-bit forward and backward, on both lattices."""
+    labels = list(_found("rms_norm", "bfloat16", tiny=False))
+    for kind in ("forward", "backward"):
+        for lattice in ("words", "odd"):
+            tag = f"({kind}, {lattice})"
+            for what in ("last in registers", "first staged", "last staged", "first re-read loop",
+                         "dynamic <= 49152 B", "dynamic > 49152 B"):
+                assert f"{what} {tag}" in labels, (what, tag, labels)
+            assert any(label.startswith("dynamic + ") and label.endswith(f"> 49152 B {tag}") for label in labels)
+
+
+def test_plan_covers_every_function_dtype_and_library():
+    cases = G.plan([op.name for op in G.OPERATIONS], G.DTYPES, list(G.LIBS))
+    ids = {c["id"] for c in cases}
+    assert len(ids) == len(cases)
+    for op in G.OPERATIONS:
+        for dtype in G.DTYPES:
+            item = G.measure.ITEMSIZE[dtype]
+            for lib in G.LIBS:
+                mine = [c for c in cases if (c["op"], c["dtype"], c["lib"]) == (op.name, dtype, lib)]
+                labels = {c["label"] for c in mine}
+                variants = {c["variant"] for c in mine}
+                layouts = {c["layout"] for c in mine}
+                assert any(c["tier"] == 0 for c in mine)
+                assert any("first loop" in la or "first staged" in la for la in labels), (op.name, dtype, lib)
+                assert {f"offset{b}" for b in (2, 4, 8) if b % item == 0} <= layouts
+                assert {"rows_strided", "cols_padded", "last_strided"} <= layouts
+                if op.has_out:
+                    assert {"out_is_x", "out_shift", "out_weight"} <= variants
+                if item == 2:
+                    assert "mixed" in variants
+                if lib == "torch":
+                    assert "side_stream" in variants
+            if op.layout == "rows":
+                assert any(c["shape"] == [7, 1] for c in cases if c["op"] == op.name)
+            striding = [c for c in cases if (c["op"], c["dtype"]) == (op.name, dtype) and "stride" in c["label"]]
+            assert striding and all(c["shape"][0] > int(c["label"].rsplit(" ", 1)[1]) for c in striding)
+    big = G.big_cases(G.DTYPES)
+    assert big and all(math.prod(c["shape"]) > 2**31 for c in big)
+    assert any(c["shape"][0] == 1 for c in big)  # one row of more than 2**31 elements
+
+
+# ---------------------------------------------------------------- the cases run, in the simulator
+
+# one of every kind of case: (operation, dtype, a regular expression its id or label matches)
+SELECTION = [
+    ("layer_norm", "float32", r"N = 1$|first staged \(forward, odd\)|static scratch > 128 B \(forward|"
+                              r"last staged \(forward|first re-read loop \(forward|offset4|rows_strided|cols_padded|"
+                              r"out_is_x|out_shift|out_weight"),
+    ("add_rms_norm", "float16", r"odd N, short rows|offset2|last_strided|mixed"),
+    ("group_norm", "float64", r"groups of 1 element|first loop \(forward, odd\)|offset8|rows stride"),
+    ("rms_norm", "bfloat16", r"odd N$|first staged \(backward, odd\)|long row|mixed|rows stride"),
+]
+
+
+def test_cases_of_every_kind_pass_in_the_simulator(knobs):
+    """About 25 cases, each called three times per function, checked against the oracle
+    and bit-identical across the calls (~40 s in the simulator)."""
+    knobs(**SMALL)
+    lib = G.NumbaLib()
+    cases = [c for op, dtype, sel in SELECTION for c in G.plan([op], [dtype], ["numba"], tiny=True, select=sel)]
+    assert len(cases) >= 20
+    kinds = {(c["layout"], c["variant"]) for c in cases}
+    assert {("contiguous", "out_shift"), ("contiguous", "mixed"), ("offset2", "standard"),
+            ("last_strided", "standard")} <= kinds
+    records = [G.run_case(c, lib) for c in cases]
+    bad = [(r["id"], r["status"], r.get("why"), r.get("errors")) for r in records if r["status"] != "pass"]
+    assert not bad, bad
+    for r in records:
+        assert all(len(v) == G.CALLS for v in r["errors"].values()), r["id"]
+        assert r["launches"] and all(len(ln) == 6 for ln in r["launches"])
+
+
+def test_a_wrong_result_fails_its_case(monkeypatch):
+    """An oracle off by one makes the case fail (and a crash is an error), and the targets say so."""
+    from numbanorm import reference
+
+    case = G._case("layer_norm", "float32", "numba", (3, 8), "N = 8", 0)
+    real = reference.layer_norm_forward
+    monkeypatch.setattr(reference, "layer_norm_forward",
+                        lambda *a, **k: (real(*a, **k)[0] + 1, *real(*a, **k)[1:]))
+    rec = G.run_case(case, G.NumbaLib())
+    assert rec["status"] == "fail" and max(rec["errors"]["layer_norm_forward"]) > G.tolerance("float32")
+    monkeypatch.undo()
+    monkeypatch.setattr(G, "_run_standard", lambda *a: 1 / 0)
+    crashed = G.run_case(case, G.NumbaLib())
+    assert crashed["status"] == "error" and "ZeroDivisionError" in crashed["why"]
+    report = G.Report(None)
+    report.add_cases([rec, crashed])
+    assert report.data["correctness"]["failed"] == 2
+    assert G.targets(report.data)["correctness"]["holds"] is False
+
+
+# ---------------------------------------------------------------- the JSON
+
+def _check_schema(d):
+    """The issue's shape: the keys and their types."""
+    for key in ("device", "driver", "versions", "correctness", "sanitizer", "speed", "host_us", "cuda_graph",
+                "model", "cpu_scaling"):
+        assert key in d, key
+    assert isinstance(d["versions"], dict)
+    c = d["correctness"]
+    assert set(c) == {"passed", "failed", "cases"} and isinstance(c["cases"], list)
+    assert c["passed"] == sum(x["status"] == "pass" for x in c["cases"])
+    assert c["failed"] == sum(x["status"] in ("fail", "error") for x in c["cases"])
+    assert {"tools", "errors"} <= set(d["sanitizer"])
+    for row in d["speed"]:
+        assert set(row) == {"norm", "pass", "dtype", "shape", "impl", "gbps", "ms"}
+        assert row["impl"] in ("numbanorm", "copy", "torch", "torch.compile", "liger")
+    assert {"numbanorm", "torch", "shape"} <= set(d["host_us"])
+    assert {"captured", "max_abs_diff"} <= set(d["cuda_graph"])
+    assert isinstance(d["model"], list) and isinstance(d["cpu_scaling"], list)
+
+
+def test_main_writes_the_issues_json_and_skips_what_needs_a_gpu(tmp_path, capsys):
+    out = tmp_path / "gpu.json"
+    G.main(["--tiny", "--jobs", "0", "--skip", "cpu_scaling", "--ops", "layer_norm", "--dtypes", "float32",
+            "--select", "N = 1$", "--out", str(out)])
+    d = json.loads(out.read_text())
+    _check_schema(d)
+    assert d["versions"]["numbanorm"] and d["versions"]["kernel_sources_sha256"]
+    assert d["correctness"]["passed"] == 1 and d["correctness"]["failed"] == 0
+    sections = d["sections"]
+    assert sections["correctness"]["status"] == "ran"
+    for name in ("speed", "host", "graph", "sanitizer"):
+        assert sections[name]["status"] == "skipped" and "simulator" in sections[name]["reason"], name
+    assert sections["model"]["status"] == "skipped" and sections["model"]["reason"]
+    assert "cpu_scaling" not in sections
+    assert d["targets"]["correctness"]["holds"] is True and d["targets"]["copy_fraction"]["holds"] is None
+    printed = capsys.readouterr().out
+    assert "every case passes: HOLDS" in printed and "[speed: skipped" in printed
+
+
+def test_workers_run_the_cases_and_a_second_phase_goes_to_the_same_worker(tmp_path):
+    """Two spawned workers (the device run's pool) take the cases and report them; a job's
+    second phase goes to the worker that ran its first, and its error comes back (~15 s)."""
+    cases = G.plan(["rms_norm", "add_layer_norm"], ["float32"], ["numba"], tiny=True, select="N = 1$")
+    jobs = [{"kind": "correctness", "cases": [c], "deadline": time.time() + 600, "id": f"j{k}"}
+            for k, c in enumerate(cases)]
+    got = []
+    pool = G.Pool(2, str(tmp_path / "cache"))
+    try:
+        left = pool.phase1(jobs, time.monotonic() + 600, lambda job, res, err: got.append((job["id"], res, err)))
+        assert left == [] and len(got) == 2 and all(err is None for _, _, err in got)
+        assert sorted(r[0]["status"] for _, r, _ in got) == ["pass", "pass"]
+        assert set(pool.owner) == {"j0", "j1"} and set(pool.owner.values()) <= set(pool.workers)
+        res, err = pool.phase2(jobs[0], timeout=60)  # correctness jobs have no second phase: an error, reported
+        assert res is None and "TypeError" in err
+        assert len(pool.workers) == 2
+    finally:
+        pool.close()
+
+
+def test_targets_and_the_model_on_a_made_up_run():
+    shape = [G.SPEED_ROWS, 4096]
+
+    def row(norm, p, dtype, impl, ms):
+        nbytes = G._arrays_moved(BY_NAME[norm], p) * math.prod(shape) * (4 if dtype == "float32" else 2)
+        return {"norm": norm, "pass": p, "dtype": dtype, "shape": shape, "impl": impl,
+                "gbps": round(nbytes / ms / 1e6, 1), "ms": ms}
+
+    speed = [row("layer_norm", "forward", "bfloat16", "copy", 0.090), row("layer_norm", "forward", "bfloat16",
+                                                                            "numbanorm", 0.100),
+             row("layer_norm", "forward", "bfloat16", "torch", 0.150),
+             row("rms_norm", "backward", "float32", "copy", 0.300), row("rms_norm", "backward", "float32",
+                                                                        "numbanorm", 0.400),
+             row("rms_norm", "backward", "float32", "liger", 0.350)]
+    d = G.Report(None).data
+    d.update(speed=speed, host_us={"numbanorm": {"layer_norm": [9.0, 16.0]}, "torch": {}, "shape": []},
+             cuda_graph={"captured": True, "max_abs_diff": 1e-6, "output_scale": 2.0},
+             cpu_scaling=[{"norm": "layer_norm", "pass": "forward", "dtype": "float32", "threads": 16,
+                           "vs_copy": 1.1}])
+    _check_schema(d)
+    t = G.targets(d)
+    assert (t["copy_fraction"]["met"], t["copy_fraction"]["of"]) == (1, 2)  # 0.90 >= 0.85; 0.75 < 0.80
+    assert t["copy_fraction"]["holds"] is False and "rms_norm backward float32" in t["copy_fraction"]["misses"][0][2]
+    assert t["vs_peers"]["torch"] == {"as_fast": 1, "of": 1} and t["vs_peers"]["liger"] == {"as_fast": 0, "of": 1}
+    assert t["host"] == {"holds": False, "worst_us": 16.0}
+    assert t["cuda_graph"]["holds"] is True and t["cpu"]["holds"] is True
+    model = {(m["norm"], m["pass"], m["dtype"]): m for m in G.model_rows(speed)}
+    m = model[("layer_norm", "forward", "bfloat16")]
+    assert m["measured_fraction_of_copy"] == pytest.approx(0.9, abs=1e-3)
+    assert 0 < m["model_fraction"] <= 1 and m["model_issue_memory_ratio"] > 0  # the committed model has N = 4096
