@@ -18,16 +18,16 @@ kernels called with different arguments.
   x and dy into two buffers; into a fresh dx each call and into a mapped one.
 - small_calls: a (1, N) float32 forward with weight and bias through the public function
   (a call seen before: ``SmallCalls`` replays it), through the full path (the replay
-  cache emptied before each call), through the kernel's launcher, and the serial kernel
-  alone; over ``torch.nn.functional.layer_norm`` when torch is installed.
+  cache emptied before each call), through the kernel's launcher, and the row function
+  alone (a small call's path); over ``torch.nn.functional.layer_norm`` when torch is installed.
 - widen: float16 weights to float32, NumPy's ``astype`` over the launcher's ``param``.
 - threading: the old small-call switch (``numba.set_num_threads(1)`` around the parallel
-  kernel) over the serial variant; ``launch`` (the non-blocking lock) over the parallel
+  kernel) over the row function on the calling thread (``serial_variant``); ``launch`` (the non-blocking lock) over the parallel
   kernel called directly; a forward in a child forked after the parent ran parallel
   kernels (which computes on one thread) over the same forward in the parent.
 - row_costs: LayerNorm and RMSNorm forward into a large mapped ``out=`` (float16,
   bfloat16, float32) over the faster copy floor, beside the same rows' arithmetic alone
-  (the serial kernel on rows in cache) over the same floor: chapter 9's bound.
+  (the row function on rows in cache, one thread) over the same floor: chapter 9's bound.
 - vector_width: the row functions of LayerNorm and RMSNorm, forward and backward,
   compiled twice from their own source, 512 bits wide (``common.wide_vectors``) and as
   LLVM chooses (256 bits on Intel's AVX-512 CPUs), on rows in cache, one thread.
@@ -47,7 +47,7 @@ import numpy as np
 
 import numbanorm
 from numbanorm.cpu import _backend
-from numbanorm.cpu._kernels import common, memory
+from numbanorm.cpu._kernels import background, common, memory
 from numbanorm.cpu._kernels.common import WIDE_VECTORS
 from numbanorm.cpu._kernels import layer_norm as ln
 from numbanorm.cpu._kernels import rms_norm as rms
@@ -63,6 +63,7 @@ def timed_rounds(variants, rounds, inner=1):
     """``{name: array of per-round times}``; each round calls every variant ``inner`` times in a row."""
     for f in variants.values():
         f()  # compile, fault in, warm up
+    background.wait()  # the parallel kernels those calls handed to the compile thread
     times = {k: [] for k in variants}
     for _ in range(rounds):
         for k, f in variants.items():
@@ -169,7 +170,7 @@ def backward_streaming(rounds, shapes=((16384, 4096), (65536, 768)),
             for fresh in (True, False):
                 def run(stream, fresh=fresh):
                     dx = np.empty_like(x) if fresh else mapped
-                    ln.launch(ln._backward, x.size, B, kernel_view(dy), kernel_view(x), mean, rstd, w, None,
+                    ln.launch(ln._backward, x.size, 1, kernel_view(dy), kernel_view(x), mean, rstd, w, None,
                               kernel_view(dx), *parts, stream)
 
                 def copy():
@@ -196,7 +197,7 @@ def small_calls(rounds, inner):
     for N in (768, 4096):
         x, w, b = forward_args(1, N, rng)
         y, mean, rstd = np.empty_like(x), np.empty(1, np.float32), np.empty(1, np.float32)
-        serial = common._SERIAL[ln._forward]
+        serial = ln._forward.serial
 
         def full():
             _backend.small_calls._plans.clear()
@@ -206,7 +207,7 @@ def small_calls(rounds, inner):
             "replay": lambda: numbanorm.layer_norm(x, N, w, b),
             "full_path": full,
             "launcher": lambda: ln.forward(x, w, b, 1e-5, y, mean, rstd),
-            "kernel": lambda: serial(1, x, w, b, np.float32(1e-5), y, mean, rstd, False),  # block first
+            "kernel": lambda: serial(1, x, w, b, np.float32(1e-5), y, mean, rstd, False),  # the row function
         }
         base = "full_path"
         if torch is not None:
@@ -233,8 +234,11 @@ def widen(rounds, inner):
 def _forward_direct(kernel, M, N, rng):
     x, w, b = forward_args(M, N, rng)
     y, mean, rstd = np.empty_like(x), np.empty(M, np.float32), np.empty(M, np.float32)
-    # the generated kernel's arguments: the block size, then forward_rows's own (common.in_blocks)
-    return x, (ln.row_block(M), x, w, b, np.float32(1e-5), y, mean, rstd, False)
+    # a launch's arguments: the block size, then forward_rows's own (common.in_blocks)
+    args = (ln.row_block(M), x, w, b, np.float32(1e-5), y, mean, rstd, False)
+    with background.synchronous():  # the probes call the parallel kernel itself
+        kernel.parallel(*args)
+    return x, args
 
 
 def threading(rounds, inner):
@@ -247,16 +251,16 @@ def threading(rounds, inner):
         def switch():  # the launcher before the serial variants
             numba.set_num_threads(1)
             try:
-                ln._forward(*args)
+                ln._forward.parallel(*args)
             finally:
                 numba.set_num_threads(threads)
 
-        r = round_robin({"serial_variant": lambda: common._SERIAL[ln._forward](*args),
+        r = round_robin({"serial_variant": lambda: ln._forward.serial(*args),
                          "set_num_threads_switch": switch}, rounds, "serial_variant", inner)
         r.update(shape=[M, N])
         out["switch"].append(r)
     x, args = _forward_direct(ln._forward, 1024, 1024, rng)
-    r = round_robin({"direct": lambda: ln._forward(*args),
+    r = round_robin({"direct": lambda: ln._forward.parallel(*args),
                      "launch_with_lock": lambda: common.launch(ln._forward, x.size, *args)},
                     rounds, "direct", max(1, inner // 20))
     r.update(shape=[1024, 1024])
@@ -296,7 +300,7 @@ def fork_cost(args, size, repeats=15):
 
 def row_costs(rounds, rows=16384, n=4096, cached=32):
     """A forward into a large mapped out= against the faster copy floor, and against the
-    same rows' arithmetic alone: the serial kernel over ``cached`` rows that stay in
+    same rows' arithmetic alone: the row function over ``cached`` rows that stay in
     cache, called until it has done ``rows`` rows, its time over the threads.  Where
     that bound alone exceeds a target, no memory schedule can meet it on this CPU."""
     threads = numba.get_num_threads()
@@ -315,8 +319,8 @@ def row_costs(rounds, rows=16384, n=4096, cached=32):
         xv, yv = kernel_view(x[:cached]), kernel_view(y[:cached])
         eps = np.float32(1e-5)
         for norm, module in (("layer_norm", ln), ("rms_norm", rms)):
-            serial = common._SERIAL[module._forward]
-            # the generated kernel's arguments: the block size, then forward_rows's own
+            serial = module._forward.serial
+            # a launch's arguments: the block size, then forward_rows's own
             if module is ln:
                 out = lambda: ln.forward(x, w, b, 1e-5, y, mean, rstd)  # noqa: E731
                 cache_args = (cached, xv, w, b, eps, yv, mean[:cached], rstd[:cached], False)
@@ -376,9 +380,9 @@ def vector_width(rounds, n=4096, cached=32, dtypes=("float16", "bfloat16", "floa
         ln.forward_rows(x, w, b, eps, y, mean, rstd, False, 0, cached)  # statistics the backward reads
         calls = {
             ("layer_norm", "forward"): (ln.forward_rows, (x, w, b, eps, y, mean, rstd, False, 0, cached)),
-            ("layer_norm", "backward"): (ln.backward_rows, (dy, x, mean, rstd, w, None, dx, part, part2, False, 0, 0, cached)),
+            ("layer_norm", "backward"): (ln.backward_rows, (dy, x, mean, rstd, w, None, dx, part, part2, False, 0, 1)),
             ("rms_norm", "forward"): (rms.forward_rows, (x, w, eps, y, rstd, False, 0, cached)),
-            ("rms_norm", "backward"): (rms.backward_rows, (dy, x, rstd, w, None, dx, part, False, 0, 0, cached)),
+            ("rms_norm", "backward"): (rms.backward_rows, (dy, x, rstd, w, None, dx, part, False, 0, 1)),
         }
         for (norm, direction), (rows_fn, args) in calls.items():
             options = {k: v for k, v in rows_fn.targetoptions.items() if k not in ("cache", "nopython")}

@@ -187,22 +187,14 @@ def run(cases, threads=None, impls=None, peers=measure.PEERS, note="", skipped=(
     return {"meta": meta, "rows": rows, "cold_start": cold_start}
 
 
-COLD_CASES = tuple(Case(n, d, s, "float32", g) for n, s, g in
-                   (("layer_norm", (256, 768), None), ("rms_norm", (256, 768), None),
-                    ("group_norm", (8, 64, 64, 64), 8))
-                   for d in measure.DIRECTIONS)
-
-
 def cold_start_runs(threads, compile_times=True, python=None):
-    """Each float32 kernel's first call in a fresh process (on interpreter ``python``):
-    cached, and compiled from nothing; and numba's own first call beside them."""
-    from .cold_start import cold_start, numba_alone
+    """Every operation's first call in new processes, each dtype (on interpreter ``python``):
+    cached, and compiled from nothing with ``python -m numbanorm compile`` timed too
+    (``compile_times``); and numba's own first call beside them (cold_start.py)."""
+    from . import cold_start
 
-    out = {"cached": cold_start(COLD_CASES, threads, python=python),
-           "numba_alone": numba_alone(threads, python)}
-    if compile_times:
-        out["fresh_cache"] = cold_start(COLD_CASES, threads, fresh_cache=True, python=python)
-    return out
+    only = ("first_calls", "numba_alone") + (("compile",) if compile_times else ())
+    return cold_start.run(only=only, threads=threads, python=python, fresh=compile_times, show=lambda s: None)
 
 
 # ------------------------------------------------------------------ files

@@ -2,6 +2,7 @@
 
     python -m benchmarks.targets benchmarks/results/cpu.json
     python -m benchmarks.targets benchmarks/results/cpu.json --fused benchmarks/results/fused-cpu-*.json
+    python -m benchmarks.targets benchmarks/results/targets-xeon.json --cold benchmarks/results/cold-start.json
 
 All targets are on the CPU, numba and torch on the same thread count (2 threads); a
 ratio is numbanorm's median time over the peer's, so ``<= 0.7x torch`` means at most
@@ -103,7 +104,11 @@ def _targets():
 
 
 TARGETS = _targets()
-COLD_LIMITS = {"import_s": 1.0, "first_call_s": 0.3}
+# A new process (benchmarks/cold_start.py): ``import numbanorm``; the first call of any
+# operation, either direction, any dtype, from a filled cache and from an empty one
+COLD_LIMITS = {"import_s": 0.5, "cached": 0.3, "fresh_cache": 2.0}
+COLD_RULES = {"cached": "first call, cached kernel <= 0.3 s (new process, worst dtype)",
+              "fresh_cache": "first call, empty cache <= 2 s (new process, worst dtype)"}
 # the fused residual add against the unfused pair np.add + norm, both allocating, on
 # large inputs (benchmarks/fused.py): a speed-up, so at least the limit passes
 FUSED_LIMIT = 1.3
@@ -151,22 +156,32 @@ def evaluate(results):
         case = f"{t.norm} {shape}" + ("" if t.dtype == "float32" else f" {t.dtype}") + via
         out.append({"rule": t.rule, "case": case, "value": v, "unit": f"x {t.versus}",
                     "limit": t.limit, "status": status})
-    cold = (results.get("cold_start") or {}).get("cached") or []
-    imports = sorted(c["import_s"] for c in cold)
+    return out + evaluate_cold(results.get("cold_start") or {})
+
+
+def evaluate_cold(cold):
+    """The cold-start targets of a run's ``cold_start`` section: the median import, and for
+    each operation and direction its slowest dtype's first call, cached and from nothing."""
+    out = []
+    imports = sorted(c["import_s"] for c in cold.get("cached") or [])
     med = imports[len(imports) // 2] if imports else None
-    out.append({"rule": "import numbanorm < 1 s (new process, median)", "case": f"{len(imports)} processes",
+    out.append({"rule": "import numbanorm <= 0.5 s (new process, median)", "case": f"{len(imports)} processes",
                 "value": med, "unit": "s", "limit": COLD_LIMITS["import_s"],
-                "status": "MISSING" if med is None else ("PASS" if med < COLD_LIMITS["import_s"] else "FAIL")})
-    for c in cold:
-        shape = "x".join(map(str, c["shape"]))
-        v = c["first_call_s"]
-        out.append({"rule": "first call, cached kernel < 0.3 s (new process)",
-                    "case": f"{c['norm']} {c['direction']} {shape}" + _with_scipy(c), "value": v, "unit": "s",
-                    "limit": COLD_LIMITS["first_call_s"],
-                    "status": "PASS" if v < COLD_LIMITS["first_call_s"] else "FAIL"})
-    if not cold:
-        out.append({"rule": "first call, cached kernel < 0.3 s (new process)", "case": "-", "value": None,
-                    "unit": "s", "limit": COLD_LIMITS["first_call_s"], "status": "MISSING"})
+                "status": "MISSING" if med is None else ("PASS" if med <= COLD_LIMITS["import_s"] else "FAIL")})
+    for kind, rule in COLD_RULES.items():
+        worst = {}
+        for c in cold.get(kind) or []:
+            key = (c.get("op") or c["norm"], c["direction"])  # (runs before the cold-start benchmark: norm)
+            if key not in worst or c["first_call_s"] > worst[key]["first_call_s"]:
+                worst[key] = c
+        for (op, direction), c in worst.items():
+            v = c["first_call_s"]
+            out.append({"rule": rule, "case": f"{op} {direction}, {c.get('dtype', 'float32')}" + _with_scipy(c),
+                        "value": v, "unit": "s", "limit": COLD_LIMITS[kind],
+                        "status": "PASS" if v <= COLD_LIMITS[kind] else "FAIL"})
+        if not worst:
+            out.append({"rule": rule, "case": "-", "value": None, "unit": "s", "limit": COLD_LIMITS[kind],
+                        "status": "MISSING"})
     return out
 
 
@@ -190,9 +205,10 @@ def evaluate_fused(runs):
     return out
 
 
-def summary(results, fused=()):
+def summary(results, fused=(), cold_only=False):
     """The targets as a text table, with a header saying how the run was made; ``fused``:
-    results of benchmarks/fused.py, whose target is added at the end."""
+    results of benchmarks/fused.py, whose target is added at the end; ``cold_only``: the
+    cold-start targets alone (benchmarks/cold_start.py's results)."""
     meta = results.get("meta", {})
     lines = []
     threads = meta.get("threads")
@@ -203,11 +219,19 @@ def summary(results, fused=()):
         lines.append(f"NOTE: the targets are stated for {THREADS} threads; this run used {threads}")
     if meta.get("note"):
         lines.append(f"NOTE: {meta['note']}")
-    alone = (results.get("cold_start") or {}).get("numba_alone")
+    cold = results.get("cold_start") or {}
+    alone = cold.get("numba_alone")
     if alone:
         lines.append(f"numba alone in a new process: import {alone['import_s']:.3f} s, first call of a cached "
                      f"trivial function {alone['first_call_s']:.3f} s{_with_scipy(alone)}")
-    ev = evaluate(results) + evaluate_fused(fused)
+    if cold.get("compile_command"):
+        c = cold["compile_command"]
+        lines.append(f"python -m numbanorm compile --dtypes {' '.join(c['dtypes'])}, empty cache: {c['wall_s']:.1f} s")
+    if cold.get("main_job"):
+        j = cold["main_job"]
+        lines.append(f"README main job from a clone: {j['total_s']:.1f} s (venv {j['venv_s']:.1f} s, pip install "
+                     f"{j['pip_install_s']:.1f} s, python -m numbanorm {j['main_job_s']:.1f} s)")
+    ev = evaluate_cold(cold) if cold_only else evaluate(results) + evaluate_fused(fused)
     w = max(len(e["rule"]) for e in ev)
     wc = max(len(e["case"]) for e in ev)
     for e in ev:
@@ -227,9 +251,13 @@ def main(argv=None):
     ap.add_argument("results", nargs="+", help="results JSON files (benchmarks/results/*.json): their "
                                                 "rows are read together, the first one's metadata shown")
     ap.add_argument("--fused", nargs="+", default=(), metavar="JSON", help="results of benchmarks/fused.py")
+    ap.add_argument("--cold", metavar="JSON", help="results of benchmarks/cold_start.py: its cold-start "
+                                                   "measurements replace the results files' own")
     a = ap.parse_args(argv)
     files = [load_results(p) for p in a.results]
     res = dict(files[0], rows=[r for f in files for r in f["rows"]])
+    if a.cold:
+        res["cold_start"] = load_results(a.cold)["cold_start"]
     fused = [load_results(p) for p in a.fused]
     print(summary(res, fused))
     return 1 if any(e["status"] == "FAIL" for e in evaluate(res) + evaluate_fused(fused)) else 0

@@ -7,6 +7,8 @@
                          on a failure
     numbanorm bench      a quick sweep of representative shapes: time, GB/s, and the
                          ratios to the bandwidth floor and to PyTorch (when installed)
+    numbanorm compile    compile every CPU operation, forward and backward, into numba's
+                         on-disk cache (for an image or a CI job: later processes load them)
 
 The timing lives in ``numbanorm.measure``, which the full benchmark suite in the
 repository's ``benchmarks/`` folder uses too.
@@ -15,6 +17,7 @@ repository's ``benchmarks/`` folder uses too.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 import sys
@@ -314,6 +317,89 @@ def bench(threads=None, repeats=None, budget=0.3, dtypes=("float32",), impls=Non
     return 0
 
 
+# ------------------------------------------------------------------ compile
+
+
+COMPILE_DTYPES = ("float32", "bfloat16", "float16", "float64")
+# The calls that compile each operation: enough elements for the parallel kernel
+# (cpu._kernels.common.SERIAL_BELOW), then a small call (its row function on this thread)
+COMPILE_SHAPES = {"rows": (((64, 768), (2, 768)), None), "groups": (((4, 32, 16, 16), (1, 32, 4, 4)), 8)}
+
+
+def compile_variants(op, dtype, everything=False):
+    """``[(label, {role: dtype or None})]``: the affine parameters a call of ``op`` in
+    ``dtype`` may have, each its own compiled kernel: in x's dtype (what a layer holds);
+    with ``everything`` also none, and float32 beside 16-bit x (mixed precision)."""
+    params = ("weight", "bias") if op.bias else ("weight",)
+    out = [("weights", {p: dtype for p in params})]
+    if everything:
+        out.append(("no weights", {p: None for p in params}))
+        if dtype in ("float16", "bfloat16"):
+            out.append(("float32 weights", {p: "float32" for p in params}))
+    return out
+
+
+def compile_cpu(dtypes=("float32",), everything=False, show_progress=True, out=None):
+    """Compile (or load) every CPU operation's kernels, forward and backward, in each of
+    ``dtypes``: their row functions and parallel kernels, plain and with streaming stores
+    (cpu._kernels.common.STREAMING), on this thread, into numba's cache; the variants
+    that rescale rows whose sums overflowed are compiled when a row first needs one.
+    0 when every call ran, else 1."""
+    import time
+
+    from . import cpu, measure
+    from .cpu._backend import small_calls
+    from .cpu._kernels import background, memory
+    from .operations import OPERATIONS
+
+    p = lambda *a: print(*a, file=out or sys.stdout)  # noqa: E731
+    jobs = [(op, dt, label, params) for dt in dtypes for op in OPERATIONS
+            for label, params in compile_variants(op, dt, everything)]
+    p(f"numbanorm compile: {len(jobs) * 2} calls ({', '.join(dtypes)}), kernel cache: {_info_cache()}")
+    bar = measure.progress(len(jobs) * 2, "compile", disable=not show_progress)
+    failed = 0
+    stream_threshold = memory.STREAM_MIN_BYTES
+    t_all = time.perf_counter()
+    rng = np.random.default_rng(0)
+    for op, dt, label, params in jobs:
+        shapes, groups = COMPILE_SHAPES[op.layout]
+        calls = []
+        for shape in shapes:
+            values = op.inputs(rng, shape, np.float64, groups)
+            values = {k: (v.astype(measure.host_dtype(dt)) if isinstance(v, np.ndarray) else v)
+                      for k, v in values.items()}
+            for role, pdt in params.items():
+                values[role] = None if pdt is None else values[role].astype(measure.host_dtype(pdt))
+            calls.append(values)
+        for direction in ("forward", "backward"):
+            bar.set_postfix_str(f"{op.name} {direction} {dt}, {label}")
+            t0 = time.perf_counter()
+            try:
+                with background.synchronous():  # the parallel kernels too, here
+                    for stream_min in (stream_threshold, 0):  # and with the streaming stores
+                        memory.STREAM_MIN_BYTES = stream_min
+                        small_calls._plans.clear()  # (a plan keeps its choice of stores)
+                        for values in calls:
+                            if direction == "forward":
+                                values.update(zip(op.forward_outputs, op.call(cpu, "forward", values)))
+                            else:
+                                op.call(cpu, "backward", values)
+                note = ""
+            except Exception as e:  # reported and counted; the other operations still compile
+                failed += 1
+                note = f"  FAILED: {type(e).__name__}: {e}"[:200]
+            finally:
+                memory.STREAM_MIN_BYTES = stream_threshold
+                small_calls._plans.clear()
+            bar.update()
+            if not show_progress or note:
+                p(f"  {op.name:<15} {direction:<9} {dt:<9} {label:<16} {time.perf_counter() - t0:6.1f} s{note}")
+    bar.close()
+    p(f"{len(jobs) * 2 - failed} of {len(jobs) * 2} calls compiled or loaded in {time.perf_counter() - t_all:.1f} s"
+      + (f", {failed} FAILED" if failed else ""))
+    return 1 if failed else 0
+
+
 # ------------------------------------------------------------------ command line
 
 
@@ -322,7 +408,7 @@ def _parser():
         prog="numbanorm",
         description="Numba normalization kernels: check them against the NumPy oracle and "
                     "benchmark them. With no command: check, then a quick bench.")
-    sub = ap.add_subparsers(dest="command", metavar="{info,check,bench}")
+    sub = ap.add_subparsers(dest="command", metavar="{info,check,bench,compile}")
     sub.add_parser("info", help="versions, threads, usable implementations and GPU")
     c = sub.add_parser("check", help="every operation against the oracle (exit code 1 on a failure)")
     c.add_argument("--impl", action="append", type=_kernel_name, metavar="NAME",
@@ -332,6 +418,16 @@ def _parser():
                         f"{', '.join(DTYPES)})")
     b = sub.add_parser("bench", help="a quick benchmark of representative shapes")
     _bench_args(b)
+    k = sub.add_parser("compile", help="compile every CPU operation into numba's on-disk cache",
+                       description="Compile every CPU operation, forward and backward, into numba's on-disk "
+                                   "cache, so that no later process compiles them (an image, a CI job). "
+                                   "The cache is for this CPU; NUMBA_CPU_NAME=generic makes one any x86-64 "
+                                   "CPU can load, at some speed.")
+    k.add_argument("--dtypes", nargs="+", choices=COMPILE_DTYPES, default=["float32"], metavar="DTYPE",
+                   help=f"of {', '.join(COMPILE_DTYPES)} (default float32; bfloat16 needs ml_dtypes)")
+    k.add_argument("--all-variants", action="store_true",
+                   help="also calls without weights, and float32 weights beside 16-bit x")
+    k.add_argument("--no-progress", action="store_true", help="a line per call instead of a progress bar")
     return ap
 
 
@@ -437,6 +533,10 @@ def _main(argv):
             return _bench_from(a)
         except ValueError as e:  # e.g. --threads above NUMBA_NUM_THREADS
             ap.error(str(e))
+    if a.command == "compile":
+        if "bfloat16" in a.dtypes and importlib.util.find_spec("ml_dtypes") is None:
+            ap.error("bfloat16 needs ml_dtypes (pip install ml_dtypes)")
+        return compile_cpu(tuple(a.dtypes), a.all_variants, not a.no_progress)
     rc = check()
     print()
     if rc:

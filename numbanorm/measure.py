@@ -573,6 +573,14 @@ def _warm_call(fn, sync, clock):
     return max(clock() - t0, 1e-9)
 
 
+def compiled_in_background():
+    """Wait for the CPU's parallel kernels that first calls handed to a compile thread (until
+    they are compiled, those calls run on one thread: not what is timed)."""
+    background = sys.modules.get("numbanorm.cpu._kernels.background")
+    if background is not None:
+        background.wait()
+
+
 def time_runners(runners, sync=lambda: None, *, repeats=None, budget_s=1.0, min_repeats=5,
                  max_repeats=50, max_s=None, min_sample_s=2e-3, max_number=1000, number=None):
     """Time ``runners`` in place (``first_call_s``, ``number``, ``samples``); returns the rounds run.
@@ -589,6 +597,7 @@ def time_runners(runners, sync=lambda: None, *, repeats=None, budget_s=1.0, min_
         r.fn()
         sync()
         r.first_call_s = clock() - t0
+    compiled_in_background()
     for r in runners:
         # the calls per sample come from a warm call, the faster of two: the first call
         # may compile, and so may the first warm one (a repeated 16-bit small call loads

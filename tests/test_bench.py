@@ -319,13 +319,24 @@ def test_targets_pass_fail_and_missing(tmp_path):
     assert e["value"] == pytest.approx(1.2) and e["status"] == "FAIL"  # 0.6 t / 0.5 t
     e = by[("forward <= 0.7x torch (large)", "layer_norm 16384x4096")]
     assert e["value"] == pytest.approx(0.5) and e["status"] == "PASS"
-    assert by[("import numbanorm < 1 s (new process, median)", "0 processes")]["status"] == "MISSING"
-    res["cold_start"] = {"cached": [dict(c.to_dict(), shape=list(c.shape), import_s=0.5, first_call_s=0.2 + 0.1 * i)
-                                    for i, c in enumerate(harness.COLD_CASES[:2])]}
-    ev = {e["case"]: e for e in targets.evaluate(res)}
-    assert ev["2 processes"]["status"] == "PASS"
-    assert ev["layer_norm forward 256x768"]["status"] == "PASS"
-    assert ev["layer_norm backward 256x768"]["status"] == "FAIL"  # 0.3 s is not < 0.3 s
+    assert by[("import numbanorm <= 0.5 s (new process, median)", "0 processes")]["status"] == "MISSING"
+    assert by[(targets.COLD_RULES["fresh_cache"], "-")]["status"] == "MISSING"
+    from benchmarks import cold_start
+
+    made = cold_start.cases(("float32", "bfloat16"), ops=("layer_norm",))
+    res["cold_start"] = {
+        "cached": [dict(c, import_s=0.5, first_call_s=0.2 + 0.1 * (c["direction"] == "backward") * i)
+                   for i, c in enumerate(made)],
+        "fresh_cache": [dict(c, import_s=0.5, first_call_s=1.5 + i / 5) for i, c in enumerate(made)]}
+    ev = {(e["rule"], e["case"]): e for e in targets.evaluate(res)}
+    assert ev[("import numbanorm <= 0.5 s (new process, median)", "4 processes")]["status"] == "PASS"
+    cached, fresh = targets.COLD_RULES["cached"], targets.COLD_RULES["fresh_cache"]
+    # each operation and direction, its slowest dtype: 0.2 s, and 0.2 + 0.1 * 3 s
+    assert ev[(cached, "layer_norm forward, float32")]["status"] == "PASS"
+    assert ev[(cached, "layer_norm backward, bfloat16")]["status"] == "FAIL"
+    assert ev[(fresh, "layer_norm forward, bfloat16")]["value"] == pytest.approx(1.7)
+    assert ev[(fresh, "layer_norm forward, bfloat16")]["status"] == "PASS"
+    assert ev[(fresh, "layer_norm backward, bfloat16")]["status"] == "FAIL"  # 2.1 s
     text = targets.summary(res)
     assert "FAIL" in text and "PASS" in text and "targets" in text.splitlines()[-1]
     # every target's case is one the --targets run measures
@@ -446,13 +457,25 @@ def test_plots_from_a_results_file(tmp_path):
 
 
 def test_cold_start_in_a_fresh_process():
-    from benchmarks.cold_start import cold_start
+    """A first call in a new process with an empty cache, its compile broken down (the
+    row function on the calling thread, the parallel kernel on the compile thread), then
+    in a second process loading what the first cached."""
+    from benchmarks import cold_start
 
-    (res,) = cold_start([Case("rms_norm", "forward", (8, 64), "float32")], threads=1)
-    assert res["norm"] == "rms_norm" and res["shape"] == [8, 64] and res["fresh_cache"] is False
-    assert 0 < res["import_s"] < 60 and 0 < res["steady_s"] <= res["first_call_s"] < 60
-    # the child runs this interpreter: it sees the SciPy this process sees
-    assert res["scipy_installed"] is (importlib.util.find_spec("scipy") is not None)
+    case = dict(cold_start.cases(("float32",), ops=("rms_norm",))[0], shape=[256, 256])
+    out = cold_start.first_calls([case], threads=1, show=lambda s: None)
+    (fresh,), (cached,) = out["fresh_cache"], out["cached"]
+    assert fresh["op"] == "rms_norm" and fresh["direction"] == "forward" and fresh["shape"] == [256, 256]
+    for res in (fresh, cached):
+        assert 0 < res["import_s"] < 60 and 0 < res["steady_s"] <= res["first_call_s"] < 600
+        # the child runs this interpreter: it sees the SciPy this process sees
+        assert res["scipy_installed"] is (importlib.util.find_spec("scipy") is not None)
+    assert cached["first_call_s"] < fresh["first_call_s"] and "breakdown" not in cached
+    compiled = {(f["thread"], f["function"]) for f in fresh["breakdown"]["functions"] if f["depth"] == 0}
+    assert ("main", "forward_rows") in compiled and ("background", "forward_rows.parallel") in compiled
+    assert ("main", "forward_rows.parallel") not in compiled
+    phases = fresh["breakdown"]["phases_cpu_s"]
+    assert phases["main"]["typing"] > 0 and phases["background"]["LLVM code generation"] > 0
 
 
 def test_numba_alone_in_a_fresh_process_and_in_the_targets_summary(tmp_path):
@@ -474,10 +497,13 @@ def test_cold_start_processes_can_run_another_interpreter(monkeypatch):
     from benchmarks import cold_start as cs, run
 
     seen = []
-    monkeypatch.setattr(cs, "_run_child", lambda python, args, env, timeout, what: seen.append(python) or
-                        {"import_s": 0.1, "first_call_s": 0.1, "steady_s": 0.1, "scipy_installed": False})
+    monkeypatch.setattr(cs, "_run_child", lambda python, args, env, timeout, what: seen.append(python) or dict(
+        {"import_s": 0.1, "first_call_s": 0.1, "first_call_cpu_s": 0.1, "background_s": 0.1, "steady_s": 0.1,
+         "scipy_installed": False}, **({"breakdown": {}} if "--profile" in args else {})))
+    monkeypatch.setattr(cs, "compile_command", lambda **kw: seen.append(kw["python"]) or {"wall_s": 1.0})
     out = harness.cold_start_runs(1, compile_times=True, python="/elsewhere/python")
-    assert set(out) == {"cached", "numba_alone", "fresh_cache"}
+    assert set(out) == {"cached", "numba_alone", "fresh_cache", "compile_command"}
+    assert len(out["cached"]) == len(cs.cases())  # every operation, direction and dtype
     assert seen and set(seen) == {"/elsewhere/python"}
     assert run.parser().parse_args(["--cold-python", "/elsewhere/python"]).cold_python == "/elsewhere/python"
 

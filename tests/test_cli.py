@@ -1,4 +1,4 @@
-"""The ``numbanorm`` command: info, check, bench, the no-argument main job, bad arguments."""
+"""The ``numbanorm`` command: info, check, bench, compile, the no-argument main job, bad arguments."""
 
 import os
 import re
@@ -176,6 +176,47 @@ def test_bad_arguments_exit_2(argv, capsys):
         cli.main(argv)
     assert e.value.code == 2
     assert "usage: numbanorm" in capsys.readouterr().err
+
+
+def test_compile_fills_the_cache_for_every_operation(tmp_path):
+    """``numbanorm compile`` compiles every operation's row functions and parallel kernels,
+    forward and backward, plain and streaming, into numba's cache: the same calls in a
+    later process load every one of them and compile nothing."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    env.pop("NUMBA_DISABLE_JIT", None)
+    r = subprocess.run([sys.executable, "-m", "numbanorm", "compile", "--no-progress"], env=env,
+                       capture_output=True, text=True, timeout=3600)
+    from numbanorm import operations
+
+    calls = 2 * len(operations.OPERATIONS)
+    assert r.returncode == 0 and f"{calls} of {calls} calls compiled or loaded" in r.stdout, r.stdout + r.stderr
+    assert str(tmp_path) in r.stdout  # it says where the cache is
+    code = """
+import numbanorm
+from numbanorm import __main__ as cli
+from numbanorm.cpu._kernels import add_norm, common, group_norm, layer_norm, rms_norm
+assert cli.compile_cpu(("float32",), show_progress=False) == 0
+kernels = [k for m in (add_norm, group_norm, layer_norm, rms_norm) for k in vars(m).values()
+           if isinstance(k, common.Kernel)]
+kernels += [k.streaming() for k in kernels if k._stream_at is not None]
+made = [f for k in kernels for f in (k.rows, k.parallel)]
+print(sum(sum(f.stats.cache_misses.values()) for f in made),
+      sum(sum(f.stats.cache_hits.values()) > 0 for f in made), len(made))
+"""
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    missed, loaded, total = map(int, r.stdout.split()[-3:])
+    # 8 kernels, each a row function and a parallel kernel: forward and backward of LayerNorm,
+    # RMSNorm and GroupNorm, and the fused forwards (the fused backward is the norm's); and
+    # the 6 that stream their output large, the same with the streaming stores
+    assert (missed, loaded, total) == (0, 28, 28)
+
+
+@pytest.mark.parametrize("argv", [["compile", "--dtypes", "int8"], ["compile", "--bogus"]])
+def test_compile_bad_arguments_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2 and "usage: numbanorm" in capsys.readouterr().err
 
 
 def test_module_and_console_script_entry_points():

@@ -22,6 +22,9 @@ rms_cpu = importlib.import_module("numbanorm.cpu._kernels.rms_norm")
 add_cpu = importlib.import_module("numbanorm.cpu._kernels.add_norm")
 common = importlib.import_module("numbanorm.cpu._kernels.common")
 gn_cpu = importlib.import_module("numbanorm.cpu._kernels.group_norm")
+spans = importlib.import_module("numbanorm.cpu._kernels.spans")
+background = importlib.import_module("numbanorm.cpu._kernels.background")
+stats = importlib.import_module("numbanorm.cpu._kernels.stats")
 
 SHAPES = [(1, 1), (1, 1023), (3, 5, 33), (5, 4099), (64, 768), (70, 7)]
 
@@ -31,7 +34,8 @@ def stream_everything(monkeypatch):
     from numbanorm.cpu import _backend
     monkeypatch.setattr(stream, "STREAM_MIN_BYTES", 0)
     _backend.small_calls._plans.clear()  # plans keep the store chosen when they were learned
-    yield
+    with background.synchronous():  # the streaming variants compiled at once, so that they run
+        yield
     _backend.small_calls._plans.clear()
 
 
@@ -444,21 +448,26 @@ def test_a_large_output_is_streamed_fresh_or_given(name, out, stream_everything,
     assert flags == [True, True]
 
 
+@pytest.mark.parametrize("streaming", [True, False], ids=["streaming", "plain"])  # (common.STREAMING)
 @pytest.mark.parametrize("module", [ln_cpu, rms_cpu, gn_cpu], ids=["layer_norm", "rms_norm", "group_norm"])
 @pytest.mark.parametrize("dtype", [np.float32, np.uint16, np.int16])  # int16: bfloat16 bits
-def test_a_streamed_forward_updates_no_reference_count_per_row(module, dtype):
+def test_a_streamed_forward_updates_no_reference_count_per_row(module, dtype, streaming):
     """Each NRT incref is an atomic, and an atomic drains the write-combining buffers of
     the streaming stores: with the row writer inlined once per branch, Numba increfed
     x, w, b and the destination for every row, and LayerNorm forward out= at
     (65536, 768) took 1.3x its time without (book, chapter 5).  Every array may be
     increfed once per call of the row function, none once per row.  GroupNorm's channel
-    writer failed this inlined in the loop over groups (xc and yc increfed per channel)."""
+    writer failed this inlined in the loop over groups (xc and yc increfed per channel).
+    The row functions without the streaming stores, which most calls run, the same:
+    an atomic per row on x's count, which every thread updates."""
     import re
     from numba import njit
 
     # GroupNorm's streaming stores are in its channel writer, called once a group
     rows = module.write_channels if module is gn_cpu else module.forward_rows
-    fresh = njit(fastmath=common.FASTMATH, nogil=True)(rows.py_func)  # not cached: inspectable
+    # the variant (common.STREAMING), not cached: inspectable
+    options = {k: v for k, v in rows.targetoptions.items() if k not in ("cache", "nopython")}
+    fresh = njit(**options)(common.with_flags(rows, STREAMING=streaming))
     M, N = 4, 64
     if module is gn_cpu:  # 4 channel rows of 16; the group's mean 0, rstd 1
         x, w, f = np.zeros((M, 16), dtype), np.ones(M, np.float32), np.float32(0)
@@ -474,13 +483,15 @@ def test_a_streamed_forward_updates_no_reference_count_per_row(module, dtype):
     body = llvm[llvm.index("define"):]
     body = body[: body.index("\ndefine", 1)]
     increfs = re.findall(r"call void @NRT_incref\(ptr (?:nonnull )?(%[^)]+)\)", body)
-    assert increfs or module is gn_cpu, "the pattern matched no incref"  # (the writer has none)
+    # (the group's writer has none, nor, it may be, a plain row function)
+    assert increfs or module is gn_cpu or not streaming, "the pattern matched no incref"
     assert all(increfs.count(v) == 1 for v in increfs), sorted(increfs)
 
 
+@pytest.mark.parametrize("streaming", [True, False], ids=["streaming", "plain"])
 @pytest.mark.parametrize("module", [ln_cpu, rms_cpu, gn_cpu], ids=["layer_norm", "rms_norm", "group_norm"])
 @pytest.mark.parametrize("dtype", [np.float32, np.uint16])
-def test_a_streamed_backward_updates_no_reference_count_per_row(module, dtype):
+def test_a_streamed_backward_updates_no_reference_count_per_row(module, dtype, streaming):
     """As the forward's (above): with its three dx spans inlined in one branch and its
     plain span in the other, Numba increfed dy, x, w, dx and the partials every row.
     (dy and x are increfed again on the path of a row whose sums overflowed, rare.)
@@ -495,14 +506,14 @@ def test_a_streamed_backward_updates_no_reference_count_per_row(module, dtype):
     x, w, st = np.zeros((M, N), dtype), np.ones(N, np.float32), np.ones(M, np.float32)
     f = np.float32(0.5)
     if module is gn_cpu:  # 4 channel rows of 64
-        fresh = njit(nogil=True)(module.dx_channels.py_func)  # not cached: inspectable
+        fresh = njit(nogil=True)(common.with_flags(module.dx_channels, STREAMING=streaming))  # not cached: inspectable
         fresh(x, x, 0, M, 0, f, f, f, w, f, f, f, np.empty_like(x), True)
     else:
-        fresh = njit(fastmath=common.FASTMATH, nogil=True)(module.backward_rows.py_func)
+        fresh = njit(nogil=True)(common.with_flags(module.backward_rows, STREAMING=streaming))
         part = np.zeros((1, N), np.float32)
         stats = (st, st.copy()) if module is ln_cpu else (st,)
         parts = (part, part.copy()) if module is ln_cpu else (part,)
-        fresh(x, x, *stats, w, None, np.empty_like(x), *parts, True, 0, 0, M)
+        fresh(x, x, *stats, w, None, np.empty_like(x), *parts, True, 0, 1)  # one block of M rows
     llvm = fresh.inspect_llvm(fresh.signatures[0])
     body = llvm[llvm.index("define"):]
     body = body[: body.index("\ndefine", 1)]
@@ -511,10 +522,31 @@ def test_a_streamed_backward_updates_no_reference_count_per_row(module, dtype):
         assert not increfs, sorted(increfs)
         return
     assert "%arg.dx.0" in increfs, "the pattern matched no incref of dx"
-    assert "call void @llvm.prefetch" in body, "the streamed span asks for none of the next row"
+    assert ("call void @llvm.prefetch" in body) == streaming, "the streamed span asks for none of the next row"
     once = [v for v in increfs if v not in ("%arg.dy.0", "%arg.x.0")]
     assert all(once.count(v) == 1 for v in once), sorted(increfs)
     assert increfs.count("%arg.dy.0") <= 2 and increfs.count("%arg.x.0") <= 2, sorted(increfs)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.uint16])
+def test_the_sums_compiled_on_their_own_update_no_reference_count(dtype):
+    """The reductions a row function calls rather than inlines (stats.row_stats says why)
+    run once a row: an incref of x there is an atomic a row, on a count every thread
+    updates.  row_stats written as a while loop around its sums left two."""
+    import re
+    from numba import njit
+
+    x, w, z = np.ones((4, 64), dtype), np.ones(64, np.float32), np.float32(0)
+    for fn, args in ((stats.row_stats, (x, 0, z)), (stats.row_sum_squares, (x, 0, z)),
+                     (ln_cpu.backward_sums, (x, x, 0, z, w, z)), (rms_cpu.backward_sum, (x, x, 0, z, w, z)),
+                     (gn_cpu.channel_sums, (x, x, 0, z, z, 0.0))):
+        options = {k: v for k, v in fn.targetoptions.items() if k not in ("cache", "nopython")}
+        fresh = njit(**options)(fn.py_func)  # not cached: inspectable
+        fresh(*args)
+        llvm = fresh.inspect_llvm(fresh.signatures[0])
+        body = llvm[llvm.index("define"):]
+        body = body[: body.index("\ndefine", 1)]
+        assert "NRT_incref" not in body, fn.py_func.__qualname__
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 instruction names")
@@ -536,10 +568,10 @@ def test_a_streamed_forward_compiles_to_non_temporal_vector_stores(module, dtype
     # forward_rows's streamed chunk alone (its staged rows are copied out by stream_row)
     if module is ln_cpu:
         def span(x, w, out, o, lo, hi, nt):
-            ln_cpu.normalize_span(x, 0, np.float32(0), np.float32(0), np.float32(1), w, w, out, o, lo, hi, nt)
+            spans.normalize_span(x, 0, np.float32(0), np.float32(0), np.float32(1), w, w, out, o, lo, hi, nt)
     elif module is rms_cpu:
         def span(x, w, out, o, lo, hi, nt):
-            rms_cpu.scale_span(x, 0, np.float32(1), w, out, o, lo, hi, nt)
+            spans.scale_span(x, 0, np.float32(1), w, out, o, lo, hi, nt)
     else:
         def span(x, w, out, o, lo, hi, nt):
             gn_cpu.scale_shift_span(x, 0, np.float32(0), np.float32(0), np.float32(1), np.float32(0),
@@ -563,10 +595,12 @@ def test_every_row_function_asks_for_wide_vectors():
     """Every function whose loops do a kernel's arithmetic calls common.wide_vectors:
     one that did not would be vectorized 256 bits wide where 512 pay (AVX512-FP16),
     and every result would still be right."""
-    rows = {kernel.py_func.__globals__["ROWS"] for kernel in common._SERIAL}
+    rows = {k.rows for mod in (ln_cpu, rms_cpu, gn_cpu, add_cpu) for k in vars(mod).values()
+            if isinstance(k, common.Kernel)}
     assert len(rows) >= 8, rows  # LayerNorm and RMSNorm (and fused), GroupNorm, forward and backward
-    # the group norm's per-channel loops are functions of their own (not inlined)
-    for f in rows | {gn_cpu.write_channels, gn_cpu.dx_channels}:
+    # the group norm's per-channel loops, and the sums (compiled on their own: stats.row_stats)
+    for f in rows | {gn_cpu.write_channels, gn_cpu.dx_channels, gn_cpu.channel_sums, stats.row_stats,
+                     stats.row_sum_squares, ln_cpu.backward_sums, rms_cpu.backward_sum}:
         assert "wide_vectors" in f.py_func.__code__.co_names, f.py_func.__qualname__
 
 
@@ -712,9 +746,14 @@ def test_one_pass_statistics_hold_for_a_first_element_two_deviations_out(rng, dt
     x = rng.standard_normal((1, 4096)).astype(np.float32)
     x[0, 0] = x.mean() + 2 * x.std()
     view = x.astype(dtype).view(np.uint16) if dtype == np.float16 else x
-    k, m1, ms = ln_cpu.shifted_stats(view, 0, np.float32(0))
-    assert ln_cpu.one_pass_ok(m1, ms)
-    np.testing.assert_allclose(k + m1, x.astype(dtype).astype(np.float64).mean(), atol=1e-6)
+    from numbanorm.cpu._kernels.sums import deviation_sums
+
+    k = stats.shift(view, 0, np.float32(0))
+    s1, s2 = deviation_sums(view, 0, k, np.float32(0))
+    assert stats.one_pass_ok(s1 / 4096, s2 / 4096)
+    mu, corr, _ = stats.row_stats(view, 0, np.float32(0))
+    assert mu == k  # the one pass's split of the mean
+    np.testing.assert_allclose(mu + np.float64(corr), x.astype(dtype).astype(np.float64).mean(), atol=1e-6)
 
 
 @pytest.mark.parametrize("first", [1e4, -3e3, 0.5])
@@ -735,3 +774,119 @@ def test_forward_rows_whose_first_element_is_far_from_the_mean(rng, first):
     assert_close(y, y_ref, np.float32, "y")
     assert_close(mean, mean_ref, np.float32, "mean")
     assert_close(rstd, rstd_ref, np.float32, "rstd")
+
+
+# ------------------------------------------------------------------ what a first call compiles
+
+
+def test_generated_kernels_name_their_own_source_and_cache_beside_their_row_function():
+    """A parallel kernel is compiled from generated source under a file name of its own,
+    whose lines ``linecache`` (so a traceback) shows, and is cached beside its row
+    function's module.  They were compiled under common.py's name: a traceback through
+    one showed common.py's first lines."""
+    import linecache
+
+    for module in (ln_cpu, rms_cpu, gn_cpu, add_cpu):
+        for kernel in (k for k in vars(module).values() if isinstance(k, common.Kernel)):
+            code = kernel.parallel.py_func.__code__
+            source = kernel.rows.py_func.__code__.co_filename
+            assert code.co_filename.startswith(source + " <parallel kernel of "), code.co_filename
+            assert linecache.getline(code.co_filename, code.co_firstlineno).startswith("def kernel(block, ")
+            assert "ROWS(" in "".join(linecache.getlines(code.co_filename))
+            assert kernel.parallel._cache.cache_path == kernel.rows._cache.cache_path
+
+
+def test_a_row_function_is_one_compiled_function_for_both_paths():
+    """The calling thread and the parallel kernel run one compiled row function: parfors
+    typed the prange index of the backward's blocks unsigned, and the row function
+    called with it was compiled a second time (a second compile, and a second function
+    whose bits had only to agree).  Every row function's bounds are int64 either way."""
+    x = np.linspace(-2, 3, 300 * 128, dtype=np.float32).reshape(300, 128)  # parallel: >= SERIAL_BELOW
+    with background.synchronous():
+        for a in (x, x[:3]):
+            _, mean, rstd = nn.layer_norm_forward(a, 128)
+            nn.layer_norm_backward(a, a, mean, rstd, 128)
+            _, rstd = nn.rms_norm_forward(a, 128)
+            nn.rms_norm_backward(a, a, rstd, 128)
+            _, mean, rstd = nn.group_norm_forward(a.reshape(-1, 8, 16), 4)
+            nn.group_norm_backward(a.reshape(-1, 8, 16), a.reshape(-1, 8, 16), mean, rstd)
+    for module in (ln_cpu, rms_cpu, gn_cpu):
+        for kernel in (k for k in vars(module).values() if isinstance(k, common.Kernel)):
+            assert kernel.rows.signatures and kernel.parallel.signatures
+            assert all(tuple(map(str, s[-2:])) == ("int64", "int64") for s in kernel.rows.signatures), \
+                kernel.rows.signatures
+
+
+def test_a_row_function_compiles_no_rare_path():
+    """A row function's compile leaves out what its rows rarely or never need: the float64
+    rescaling of rows whose sums overflowed (a variant of the row function compiled
+    when a row first needs it: Kernel.rescue), and Numba's formatted message for an
+    array assignment whose shapes disagree (the backward's partials, written element by
+    element).  Both were compiled into every backward's first call."""
+    from numba import njit
+    from numba.core import event
+
+    compiled = []
+
+    class Names(event.Listener):
+        def on_start(self, ev):
+            compiled.append(ev.data["dispatcher"].py_func.__qualname__)
+
+        def on_end(self, ev):
+            pass
+
+    M, N = 4, 64
+    x, st = np.ones((M, N), np.float32), np.ones(M, np.float32)
+    part = np.zeros((1, N), np.float32)
+    with event.install_listener("numba:compile", Names()):
+        for rows, args in ((ln_cpu.forward_rows, (x, None, None, np.float32(1e-5), x.copy(), st, st.copy(), False)),
+                           (ln_cpu.backward_rows, (x, x, st, st, None, None, x.copy(), part, part.copy(), False)),
+                           (gn_cpu.backward_groups, None)):
+            if args is None:  # GroupNorm: one sample of 4 channels in 2 groups
+                xc, g = x.reshape(4, N), x.reshape(2, 2 * N)
+                stats = np.ones((1, 2), np.float32)
+                args = (g, g, stats, stats, None, g.copy(), xc, xc, xc.copy(), np.zeros((1, 4), np.float32),
+                        np.zeros((1, 4), np.float32), False)
+            options = {k: v for k, v in rows.targetoptions.items() if k not in ("cache", "nopython")}
+            fresh = njit(**options)(rows.py_func)  # not cached: compiled here
+            fresh(*args, 0, 1)
+    assert not [f for f in compiled if f.startswith(("scaled_", "row_scale"))], compiled
+    assert not [f for f in compiled if "shape_context" in f or f.startswith(("integer_str", "unicode"))], compiled
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rows_whose_sums_overflowed_in_a_parallel_call_in_place_and_not(dtype):
+    """The row functions leave a finite row whose sums overflowed to their rescaling
+    variant (Kernel.rescue): a forward's such rows alone, marked in rstd, since the
+    others are written already (in place, over x); a backward's whole call again.
+    Among enough rows for the parallel kernels, in place and not, every row is the
+    bits of its own call."""
+    rng = np.random.default_rng(7)
+    m, n = -(-common.SERIAL_BELOW // 64) + 3, 64
+    x = rng.standard_normal((m, n)).astype(dtype)
+    huge = 1e20 if dtype == np.float32 else 1e155
+    for i in (1, m // 2, m - 1):
+        x[i] *= huge
+    w = rng.uniform(0.5, 1.5, n).astype(dtype)
+    dy = rng.standard_normal((m, n)).astype(dtype)
+    with background.synchronous():  # (the parallel kernels, compiled here)
+        calls = {"layer_norm": lambda a, **k: nn.layer_norm(a, n, w, w, **k),
+                 "rms_norm": lambda a, **k: nn.rms_norm(a, n, w, **k),
+                 "group_norm": lambda a, **k: nn.group_norm(a.reshape(-1, 4, n // 4), 2, w[:4], w[:4],
+                                                            **{key: v.reshape(-1, 4, n // 4) for key, v in k.items()})}
+        for name, f in calls.items():
+            whole = f(x).reshape(m, n)
+            inplace = x.copy()
+            f(inplace, out=inplace)
+            np.testing.assert_array_equal(inplace, whole, err_msg=name)
+            for i in (0, 1, m // 2, m - 1):
+                np.testing.assert_array_equal(f(x[i:i + 1]).reshape(1, n), whole[i:i + 1], err_msg=f"{name} {i}")
+            assert np.isfinite(whole).all(), name
+        y, s = nn.add_layer_norm(x, np.zeros_like(x), n, w, w)
+        np.testing.assert_array_equal(y, nn.layer_norm(x, n, w, w))
+        _, mean, rstd = nn.layer_norm_forward(x, n, w)
+        dx, dw, db = nn.layer_norm_backward(dy, x, mean, rstd, n, w)
+        want = ORACLE.layer_norm_backward(dy, x, mean, rstd, n, w)
+        for got, exp in zip((dx, dw, db), want):
+            assert np.isfinite(got).all()
+            assert_close(got, exp, dtype)

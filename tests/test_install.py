@@ -110,22 +110,22 @@ def test_read_only_install_imports_and_computes(tmp_path):
 def test_editing_a_helper_in_another_file_invalidates_the_cache(tmp_path):
     pkg = _copy_package(str(tmp_path))
     env = _env(PYTHONPATH=str(tmp_path), NUMBA_CACHE_DIR=str(tmp_path / "cache"))
-    # add_layer_norm's kernel lives in add_norm.py and inlines layer_norm.normalize_span
+    # add_layer_norm's row function lives in add_norm.py and inlines spans.normalize_span
     code = """
         import numpy as np
         import numbanorm
-        from numbanorm.cpu._kernels import add_norm, common
+        from numbanorm.cpu._kernels import add_norm
         assert numbanorm.__file__.startswith(%r)
         x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
         y = numbanorm.add_layer_norm(x, x, 8)[0]
-        hits = sum(common._SERIAL[add_norm._layer_norm_forward].stats.cache_hits.values())
+        hits = sum(add_norm._layer_norm_forward.rows.stats.cache_hits.values())
         print(repr(y.tolist()), hits)
     """ % pkg
     y0, hits0 = _run(code, env).rsplit(" ", 1)
     y1, hits1 = _run(code, env).rsplit(" ", 1)
     assert (y1, int(hits0), int(hits1)) == (y0, 0, 1)  # the second run loaded the cache
 
-    helper = os.path.join(pkg, "cpu", "_kernels", "layer_norm.py")
+    helper = os.path.join(pkg, "cpu", "_kernels", "spans.py")
     with open(helper) as f:
         src = f.read()
     # normalize_span's plain store (the first after its def): every output plus 1
@@ -141,16 +141,17 @@ def test_editing_a_helper_in_another_file_invalidates_the_cache(tmp_path):
 
 def test_every_cpu_kernel_loads_from_the_cache_in_a_new_process(tmp_path):
     """The parallel kernels are made by common.in_blocks/in_partials around each row
-    function, and each has a serial twin: all of them, parallel and serial, must
-    load from the cache in the next process (a kernel keyed on something that
-    changes per process, such as a dispatcher in a closure, recompiles at every
-    import: a cold-start regression no result would show)."""
+    function: all of them, parallel kernels and row functions, must load from the
+    cache in the next process (a kernel keyed on something that changes per process,
+    such as a dispatcher in a closure, recompiles at every import: a cold-start
+    regression no result would show).  The first process's parallel kernels are
+    compiled by the background thread, which the process waits for at exit."""
     pkg = _copy_package(str(tmp_path))
     env = _env(PYTHONPATH=str(tmp_path), NUMBA_CACHE_DIR=str(tmp_path / "cache"))
     code = """
         import numpy as np
         import numbanorm as nn
-        from numbanorm.cpu._kernels import add_norm, common, group_norm, layer_norm, rms_norm
+        from numbanorm.cpu._kernels import add_norm, group_norm, layer_norm, rms_norm
         assert nn.__file__.startswith(%r)
         x = np.linspace(-1, 1, 300 * 128, dtype=np.float32).reshape(300, 128)  # parallel: >= SERIAL_BELOW
         for a in (x, x[:4]):  # and serial
@@ -166,7 +167,7 @@ def test_every_cpu_kernel_loads_from_the_cache_in_a_new_process(tmp_path):
         kernels = [layer_norm._forward, layer_norm._backward, rms_norm._forward, rms_norm._backward,
                    add_norm._layer_norm_forward, add_norm._rms_norm_forward, group_norm._forward,
                    group_norm._backward]
-        kernels += [common._SERIAL[k] for k in kernels]
+        kernels = [f for k in kernels for f in (k.rows, k.parallel)]
         print(sum(sum(k.stats.cache_hits.values()) > 0 for k in kernels),
               sum(sum(k.stats.cache_misses.values()) for k in kernels), len(kernels))
     """ % pkg

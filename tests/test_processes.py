@@ -5,8 +5,8 @@ OpenMP and workqueue, the layers without a third-party library), because
 what failed was the process itself: a forked child killed by GNU OpenMP, a
 ``multiprocessing.Pool`` hung on its dead workers, the workqueue layer aborting
 on two threads at once.  Every result must equal, bit for bit, the one the
-parent computed on Numba's threads before (the serial variants that forked
-children and concurrent callers run give the same bits).
+parent computed on Numba's threads before (forked children and concurrent callers
+run the same row functions on their own thread, with the same bits).
 """
 
 import os
@@ -45,7 +45,11 @@ def work(seed):
 def same(a, b):
     return len(a) == len(b) and all(np.array_equal(p, q, equal_nan=True) for p, q in zip(a, b))
 
+FIRST = {s: work(s) for s in range(4)}  # (where a kernel is not cached yet, on this thread)
+from numbanorm.cpu._kernels import background
+background.wait()
 REF = {s: work(s) for s in range(4)}   # on Numba's threads: the parent uses numbanorm first
+assert all(same(FIRST[s], REF[s]) for s in range(4))
 assert numba.threading_layer() == os.environ["NUMBA_THREADING_LAYER"], numba.threading_layer()
 """
 
@@ -96,9 +100,70 @@ CASES = {
 }
 
 
-def _run(case, layer):
-    env = dict(os.environ, NUMBA_THREADING_LAYER=layer, NUMBA_NUM_THREADS="2")
-    code = _PRELUDE + textwrap.dedent(CASES[case])
+# The first calls of a process with an empty cache: its parallel kernels compiled on a
+# thread of their own (numbanorm/cpu/_kernels/background.py)
+_FRESH = """
+import os, sys, time
+import numpy as np
+import numbanorm as nn
+from numbanorm import reference as ref
+from numbanorm.cpu._kernels import background, layer_norm
+
+x = np.random.default_rng(0).standard_normal((256, 512)).astype(np.float32)  # parallel: >= SERIAL_BELOW
+w = np.linspace(0.5, 1.5, 512, dtype=np.float32)
+"""
+
+FRESH = {
+    # the first call runs its row function here and leaves its parallel kernel to the
+    # compile thread, then the parallel kernel gives the same bits
+    "first_call": """
+        y = nn.layer_norm(x, 512, w, w)
+        assert not layer_norm._forward.parallel.overloads and background._jobs.unfinished_tasks == 1
+        background.wait()
+        assert len(layer_norm._forward.parallel.overloads) == 1
+        assert np.array_equal(nn.layer_norm(x, 512, w, w), y)
+    """,
+    # a child forked while the compile thread holds Numba's compiler lock: the fork waits
+    # for that compile, and the child (which has no such thread) compiles a kernel of its own
+    "fork_while_compiling": """
+        y = nn.layer_norm(x, 512, w, w)
+        for _ in range(1200):
+            if background._job_lock.locked():
+                break
+            time.sleep(0.05)
+        assert background._job_lock.locked(), "the compile thread never started"
+        pid = os.fork()
+        if pid == 0:
+            got = nn.rms_norm(x, 512, w)
+            ok = np.allclose(got, ref.rms_norm(x.astype(np.float64), 512, w), atol=1e-5)
+            os._exit(0 if ok else 3)
+        for _ in range(3000):  # 300 s: a child that inherited a held compiler lock hangs
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, 9)
+            raise AssertionError("the forked child hung at its first compile")
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        assert np.array_equal(nn.layer_norm(x, 512, w, w), y)
+    """,
+    # threads that all make a first call: each runs, on its own thread, what is compiled
+    "threads": """
+        from concurrent.futures import ThreadPoolExecutor
+        calls = [lambda: nn.layer_norm(x, 512, w, w), lambda: nn.rms_norm(x, 512, w),
+                 lambda: nn.layer_norm_forward(x[:3], 512, w, w)[0]]
+        with ThreadPoolExecutor(4) as ex:
+            got = list(ex.map(lambda k: calls[k % 3](), range(12)))
+        background.wait()
+        assert all(np.array_equal(g, calls[k % 3]()) for k, g in enumerate(got))
+    """,
+}
+
+
+def _run(case, layer, cases=CASES, prelude=_PRELUDE, **env):
+    env = dict(os.environ, NUMBA_THREADING_LAYER=layer, NUMBA_NUM_THREADS="2", **env)
+    code = prelude + textwrap.dedent(cases[case])
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=600)
     if proc.returncode and "No threading layer could be loaded" in proc.stderr:
@@ -110,6 +175,11 @@ def _run(case, layer):
 @pytest.mark.parametrize("case", ["fork", "pool", "threads"])
 def test_process_models(case, layer):
     _run(case, layer)
+
+
+@pytest.mark.parametrize("case", list(FRESH))
+def test_first_calls_with_an_empty_cache(case, tmp_path):
+    _run(case, "omp", FRESH, _FRESH, NUMBA_CACHE_DIR=str(tmp_path))
 
 
 @pytest.mark.parametrize("layer", LAYERS)

@@ -27,10 +27,11 @@ the ``layer_norm``/``rms_norm`` backward launchers do through their ``ds`` argum
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import FASTMATH, acc_of, in_blocks, launch, param, row_block, wide_vectors
+from .common import RESCALE, acc_of, in_blocks, launch, param, row_block, wide_vectors
 from .halves import kernel_view, narrow, widen
-from .layer_norm import deviation_stats, normalize_span, overflowed, row_is_finite, row_sum, scaled_row
-from .rms_norm import row_sum_squares, scale_span, scaled_rms_row
+from .rescale import scaled_rms_row, scaled_row
+from .spans import normalize_span, scale_span
+from .stats import overflowed, row_is_finite, row_stats, row_sum_squares
 
 # s and y are always fresh allocations here (the fused functions have no out=),
 # and fresh outputs are faster with ordinary stores than with streaming ones
@@ -41,7 +42,9 @@ from .rms_norm import row_sum_squares, scale_span, scaled_rms_row
 # reading it back, made no difference (0.74x against 0.76x, best times).
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True)
+# 'contract', as the norms' own forwards (layer_norm.forward_rows says why a forward may):
+# the fused rows are the bits of the norm's forward of the s they return
+@njit(cache=True, fastmath={"contract"}, nogil=True)
 def layer_norm_rows(
     x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
     r,      # (M, N) residual rows, x's dtype
@@ -55,31 +58,35 @@ def layer_norm_rows(
     lo,     # scalar: first row of the block
     hi,     # scalar: one past its last row
 ):
-    """Rows ``lo:hi``, called by _layer_norm_forward and its serial twin
-    (common.in_blocks, as layer_norm.forward_rows)."""
+    """Rows ``lo:hi``, called by _layer_norm_forward and by the calling thread
+    (common.in_blocks, as layer_norm.forward_rows, whose return value it returns too)."""
     wide_vectors(x)
     N = x.shape[1]
     zero = mean.dtype.type(0)
     one = mean.dtype.type(1)
-    inv_n = one / mean.dtype.type(N)
+    left = 0
     for i in range(lo, hi):
         # pass 1: s = x + r, stored once; passes 2 to 4 read s back from cache
         add_row(x, r, i, s)
-        mu = row_sum(s, i, zero) * inv_n
-        corr, var = deviation_stats(s, i, mu, zero, inv_n)
+        mu, corr, var = row_stats(s, i, zero)  # as layer_norm_forward(s): the same bits
         rs = one / np.sqrt(var + eps)
         if overflowed(mu, rs) and row_is_finite(s, i):  # as layer_norm.forward_rows
-            mean[i], rstd[i] = scaled_row(s, i, w, b, 0, 1, eps, y, i)
+            if RESCALE:
+                mean[i], rstd[i] = scaled_row(s, i, w, b, 0, 1, eps, y, i)
+            else:
+                mean[i], rstd[i] = zero, -one
+                left += 1
             continue
         mean[i] = mu + corr
         rstd[i] = rs
         # pass 4: y, by LayerNorm's own row writer
         normalize_span(s, i, mu, corr, rs, w, b, y, i, 0, N, False)
+    return left
 
 
 # Alike in shape to layer_norm_rows by design (the norm's own steps after add_row), as
 # rms_norm's row functions are to layer_norm's (rms_norm's docstring)
-@njit(cache=True, fastmath=FASTMATH, nogil=True)
+@njit(cache=True, fastmath={"contract"}, nogil=True)
 def rms_norm_rows(
     x,      # (M, N) input rows, float32/float64, or 16-bit floats as integer bits (halves)
     r,      # (M, N) residual rows, x's dtype
@@ -91,24 +98,30 @@ def rms_norm_rows(
     lo,     # scalar: first row of the block
     hi,     # scalar: one past its last row
 ):
-    """Rows ``lo:hi``, called by _rms_norm_forward and its serial twin
-    (common.in_blocks, as layer_norm.forward_rows)."""
+    """Rows ``lo:hi``, called by _rms_norm_forward and by the calling thread
+    (common.in_blocks, as layer_norm_rows)."""
     wide_vectors(x)
     N = x.shape[1]
     zero = rstd.dtype.type(0)
     one = rstd.dtype.type(1)
     inv_n = one / rstd.dtype.type(N)
+    left = 0
     for i in range(lo, hi):
         add_row(x, r, i, s)
         rs = one / np.sqrt(row_sum_squares(s, i, zero) * inv_n + eps)
         if overflowed(zero, rs) and row_is_finite(s, i):  # as rms_norm.forward_rows
-            rstd[i] = scaled_rms_row(s, i, w, eps, y, i)
+            if RESCALE:
+                rstd[i] = scaled_rms_row(s, i, w, eps, y, i)
+            else:
+                rstd[i] = -one
+                left += 1
             continue
         rstd[i] = rs
         scale_span(s, i, rs, w, y, i, 0, N, False)
+    return left
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def add_row(
     x,      # (M, N) input rows
     r,      # (M, N) residual rows
@@ -116,7 +129,7 @@ def add_row(
     s,      # (M, N) output x + r
 ):
     """``s[i] = x[i] + r[i]``.  Its sum is made afterwards, from cache, by a loop
-    that stores nothing (see layer_norm.row_sum)."""
+    that stores nothing (stats.row_stats)."""
     for j in range(x.shape[1]):
         s[i, j] = narrow(widen(x[i, j]) + widen(r[i, j]), s)
 
@@ -141,6 +154,6 @@ def rms_norm_forward(x, residual, weight, eps, y, s, rstd):
            kernel_view(residual), param(weight, acc), acc.type(eps), kernel_view(y), kernel_view(s), rstd)
 
 
-# The parallel kernels, with their serial twins (common.launch)
+# The row functions with their parallel kernels (common.launch)
 _layer_norm_forward = in_blocks(layer_norm_rows)
 _rms_norm_forward = in_blocks(rms_norm_rows)

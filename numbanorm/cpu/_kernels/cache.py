@@ -3,11 +3,15 @@
 Numba's own ``cache=True`` has two faults for a package laid out like this one:
 
 * It stamps a cached kernel with the hash of the one file that holds the
-  decorated function.  The helpers it inlines (``row_sum``, ``normalize_span``,
+  decorated function.  The helpers it inlines (``row_sums``, ``normalize_span``,
   ``stream_row`` ...) live in other files, so editing one of them left a kernel
   of another file loading its old machine code.  Here the stamp is one hash of
   every ``.py`` file of this package (the kernels compile nothing from outside
   it but NumPy and Numba, whose versions Numba's index already checks).
+* It finds the cache directory from the function's source file, so a function
+  compiled from generated source (``common.in_blocks``'s kernels) could not be cached
+  under a file name of its own.  Here :data:`GENERATED` maps such a name to the
+  file whose source generated it.
 * With no writable cache directory (a system-wide install used by another user,
   a read-only container image, ``HOME`` read-only) it raises at decoration, so
   ``import numbanorm`` failed.  Here the kernel then compiles in memory.
@@ -45,11 +49,20 @@ def package_stamp():
     return _package_stamp(tuple(stats))
 
 
+# the file name a generated function was compiled under -> the source file it belongs to
+GENERATED = {}
+
+
 class _PackageStamped:
-    """A locator mixin: the source stamp is the whole package's, not one file's."""
+    """A locator mixin: the source stamp is the whole package's, not one file's, and a
+    generated function is located by the file it was generated from."""
 
     def get_source_stamp(self):
         return package_stamp()
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        return super().from_function(py_func, GENERATED.get(py_file, py_file))
 
 
 class _UserProvided(_PackageStamped, caching.UserProvidedCacheLocator):
@@ -73,24 +86,37 @@ class _Impl(caching.CompileResultCacheImpl):
 class KernelCache(caching.FunctionCache):
     _impl_class = _Impl
 
+    def holds(self, sig, target_context):
+        """Whether the cache has an entry for the argument types ``sig`` (read from its index,
+        nothing loaded).  Without Numba's compiler lock, so nothing that a compile on another
+        thread reads is touched (``target_context.refresh()`` here made a concurrent typing
+        miss the attributes of arrays)."""
+        if not self._enabled:
+            return False
+        return self._index_key(sig, target_context.codegen()) in self._cache_file._load_index()
 
-def njit(*args, cache=False, **options):
+
+def njit(*args, cache=False, dispatcher=None, **options):
     """``numba.njit`` with NumPy's error model; ``cache=True`` caches on disk with :class:`KernelCache`
-    where some directory is writable, and compiles in memory where none is."""
+    where some directory is writable, and compiles in memory where none is.  ``dispatcher``:
+    a subclass of Numba's CPU dispatcher to make instead of its own."""
     if args and callable(args[0]):
-        return njit(cache=cache, **options)(args[0])
+        return njit(cache=cache, dispatcher=dispatcher, **options)(args[0])
 
     # NumPy's error model everywhere, as parallel=True kernels have: a division by zero
     # (eps=0 on a constant row) gives inf/NaN instead of raising from a row function
     options.setdefault("error_model", "numpy")
 
     def decorate(fn):
-        dispatcher = numba.njit(**options)(fn)
-        if cache:
+        if dispatcher is None or numba.config.DISABLE_JIT:
+            made = numba.njit(**options)(fn)
+        else:  # as numba.njit makes its own
+            made = dispatcher(py_func=fn, locals={}, targetoptions=dict(options, nopython=True, boundscheck=None))
+        if cache and not numba.config.DISABLE_JIT:
             try:
-                dispatcher._cache = KernelCache(dispatcher.py_func)
+                made._cache = KernelCache(made.py_func)
             except RuntimeError:  # "no locator available": no writable directory
                 pass
-        return dispatcher
+        return made
 
     return decorate

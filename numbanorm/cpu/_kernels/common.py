@@ -4,6 +4,7 @@
 """
 
 import inspect
+import linecache
 import os
 import threading
 import types as pytypes
@@ -14,7 +15,8 @@ from numba import prange, types
 from numba.extending import intrinsic
 from numba.np.ufunc import parallel as _numba_parallel
 
-from .cache import njit
+from . import background
+from .cache import GENERATED, njit
 from .halves import WIDE_HALVES, kernel_view, widen
 
 # 'reassoc' lets LLVM split each row reduction over several vector accumulators
@@ -23,6 +25,9 @@ from .halves import WIDE_HALVES, kernel_view, widen
 # left 5e-5 (x rstd = 316) where the exact answer is 0 for one-element groups.
 # No 'nnan'/'ninf': NaN and Inf must propagate exactly as IEEE says (the contract
 # keeps a NaN inside its own row, and the tests check that it does get there).
+# For the sums alone (functions of their own: stats.row_stats): a row function's own loops
+# reduce nothing, and with 'reassoc' LLVM ordered a span's arithmetic differently in a row
+# function's two variants (STREAMING), an ulp apart.
 FASTMATH = {"reassoc"}
 
 # LLVM vectorizes 256 bits wide on every Intel AVX-512 CPU (the clock drop of 512-bit
@@ -64,7 +69,7 @@ def scratch_for(out, src=None, *params):
     copied in, as NumPy's ufuncs do for overlapping operands.  An in-place
     ``out=x`` is written directly: each row's sums are taken in loops that store
     nothing before the row is overwritten element by element
-    (``layer_norm.row_sum``), so it gives the bits of an out-of-place call.
+    (``sums``), so it gives the bits of an out-of-place call.
     Fresh too where ``out`` overlaps any of ``params`` (weight, bias: every row
     reads all of them, so no overlap is safe).
     """
@@ -83,6 +88,15 @@ def _same_memory(a, b):
 def finish(scratch, out):
     if scratch is not out:
         np.copyto(out, scratch)
+
+
+def weights(x, acc, *params):
+    """A forward's affine parameters as its row function reads them: those in x's 16-bit
+    dtype as their integer bits, widened as they are read (as ``SmallCalls`` passes them,
+    so that its calls and the launcher's run one compiled function), the others
+    converted to the accumulation dtype ``acc`` (:func:`param`)."""
+    return tuple(kernel_view(a) if a is not None and a.dtype == x.dtype and a.dtype.itemsize == 2
+                 and a.ndim == 1 and a.flags.c_contiguous else param(a, acc) for a in params)
 
 
 def param(a, dtype):
@@ -139,99 +153,178 @@ def row_block(rows):
 # 32768 is PyTorch's grain size for its CPU parallel_for (at::internal::GRAIN_SIZE).
 SERIAL_BELOW = 32768
 
-# kernel -> the same Python function compiled without parallel=True
-_SERIAL = {}
+
+# Two paths of the row functions that a call rarely takes, each compiled into a variant of
+# its own (variant(), from the first call that takes it), so that a first call compiles
+# neither: STREAMING, the streaming stores into a large output (memory), whose bits
+# are the plain stores' (a row function without them runs meanwhile: launch); RESCALE,
+# what a row whose sums overflowed on finite inputs gets: False, it is left (a forward
+# marks its rstd -1) and counted; True, it is normalized in float64 (rescale).  A row
+# function reads them as ``if STREAMING and stream:``, ``if RESCALE:`` (Numba prunes a
+# branch on a False global before typing it).
+STREAMING = False
+RESCALE = False
+FLAGS = ("STREAMING", "RESCALE")
 
 
-def serial_variant(kernel):
-    """Compile ``kernel``'s Python function again without ``parallel=True``
-    (``prange`` runs as ``range``, on the caller's thread) for :func:`launch`.
-
-    A kernel's body must be only its loop over rows (or groups) calling a
-    separately compiled njit function that does all the arithmetic: compiled
-    twice, the arithmetic itself was vectorized differently by LLVM (the reduction
-    order of 'reassoc' sums), an ulp apart on many row lengths.  The kernels of
-    :func:`in_blocks` and :func:`in_partials` are such loops.
-    """
-    f = kernel.py_func
-    g = pytypes.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
-    # a cache file of its own: Numba names cache files by qualname and does
-    # not key them on the compile flags
-    g.__qualname__ = f.__qualname__ + "_serial"
+def with_flags(fn, **flags):
+    """The Python function of dispatcher ``fn`` with the module ``flags`` set in its globals,
+    and in those of each function of this package it calls that reads one of them."""
+    f = fn.py_func
+    env = dict(f.__globals__, **flags)
+    for name in f.__code__.co_names:
+        callee = env.get(name)
+        if hasattr(callee, "py_func") and set(FLAGS) & set(callee.py_func.__code__.co_names):
+            env[name] = variant(callee, **flags)
+    g = pytypes.FunctionType(f.__code__, env, f.__name__, f.__defaults__, f.__closure__)
+    g.__qualname__ = ".".join([f.__qualname__] + [k.lower() for k in FLAGS if flags.get(k)])  # its cache file's
     g.__module__ = f.__module__
-    options = dict(kernel.targetoptions)
-    options.pop("parallel", None)
-    options.pop("nopython", None)
-    # parallel=True implies NumPy's error model (1/0 is inf); njit's default raises
-    options["error_model"] = "numpy"
-    _SERIAL[kernel] = njit(cache=True, **options)(g)
-    return _SERIAL[kernel]
+    return g
 
 
-# The two parallel loops every CPU kernel is, around a row function ROWS that does all
-# the arithmetic of rows lo:hi (its own arguments first, the block's bounds last) of
-# n = rstd.size rows (one statistic a row, or a group): the kernel's block argument,
-# the loop, the bounds it passes, and their names in ROWS.
-_LOOPS = {
-    # n rows (or groups) in blocks of `block`: rows are independent, so the blocking never changes a bit
-    "blocks": ("block", "prange(-(-n // block))", "blk * block, min(n, blk * block + block)", ("lo", "hi")),
-    # n rows in `blocks` blocks fixed by n alone (n_chunks); block blk writes row blk of its partials
-    "partials": ("blocks", "prange(blocks)", "blk, blk * n // blocks, (blk + 1) * n // blocks", ("blk", "lo", "hi")),
-}
+_VARIANTS = {}
 
 
-def _kernel_of(rows, loop):
-    """The ``parallel=True`` kernel ``kernel(size, *rows' arguments)`` of ``loop``
-    around ``rows``, and its serial twin.
+def variant(fn, dispatcher=None, **flags):
+    """``fn`` compiled again with the module ``flags`` (STREAMING, RESCALE) set: made once,
+    compiled when first called; ``dispatcher``: the class of dispatcher to make."""
+    key = (fn, dispatcher, tuple(sorted(flags.items())))
+    if key not in _VARIANTS:
+        options = {k: v for k, v in fn.targetoptions.items() if k not in ("nopython", "boundscheck")}
+        _VARIANTS[key] = njit(cache=True, dispatcher=dispatcher, **options)(with_flags(fn, **flags))
+    return _VARIANTS[key]
+
+
+class Kernel:
+    """A row function ``rows(*args, lo, hi)`` and the two ways :func:`launch` runs it over
+    all of its ``n`` items (rows, groups, or row blocks of partials): its
+    ``parallel=True`` kernel ``parallel(block, *args)``, blocks of ``block`` items on
+    Numba's threads, or ``rows(*args, 0, n)``, one call on the calling thread.
+
+    The same compiled row function does every item's arithmetic either way, and an
+    item's arithmetic does not depend on the block it falls in, so both give the
+    same bits.  (A kernel body compiled twice -- a serial copy of the parallel loop
+    with the arithmetic in it -- was vectorized differently by LLVM, an ulp apart on
+    many row lengths.)
+    """
+
+    __slots__ = ("rows", "parallel", "_counted", "_count_at", "_by_size", "_marks", "_stream_at", "_streaming")
+
+    def __init__(self, rows, counted, marks, dispatcher=None):
+        self.rows = rows
+        self.parallel = _parallel_kernel(rows, counted, dispatcher)
+        lead = list(inspect.signature(rows.py_func).parameters)[:-2]
+        self._counted = counted
+        self._count_at = lead.index(counted)  # n: that argument's size or its rows (_COUNTS)
+        self._by_size = _COUNTS[counted] == "size"
+        self._marks = None if marks is None else lead.index(marks)  # (see rescue)
+        self._stream_at = lead.index("stream") + 1 if "stream" in lead else None  # in a launch's arguments
+        self._streaming = None
+
+    @property
+    def signatures(self):
+        """The argument types the row function is compiled (or loaded) for."""
+        return self.rows.signatures
+
+    @property
+    def stats(self):
+        """Numba's counts of the row function's cache hits and misses."""
+        return self.rows.stats
+
+    def _count(self, args):
+        """n, the items of rows' arguments ``args``."""
+        a = args[self._count_at]
+        return a.size if self._by_size else a.shape[0]
+
+    def serial(self, block, *args):
+        """Every item in one call of the row function, on the calling thread."""
+        return self.rows(*args, 0, self._count(args))
+
+    def streaming(self):
+        """The Kernel of the row function's STREAMING variant, whose row function and
+        parallel kernel are compiled on the compile thread (``background``)."""
+        if self._streaming is None:
+            rows = variant(self.rows, background.Dispatcher, STREAMING=True)
+            self._streaming = Kernel(rows, self._counted, None, background.Dispatcher)
+        return self._streaming
+
+    def rescue(self, block, *args):
+        """Run again, by the RESCALE variant of the row function (compiled when first
+        needed), what the row function left: a forward's rows marked by a negative rstd,
+        each alone (the others are written, maybe over x); a backward's, everything (it
+        reads no array it writes)."""
+        rescaling = variant(self.rows, RESCALE=True)
+        if self._marks is None:
+            rescaling(*args, 0, self._count(args))
+            return
+        for i in np.flatnonzero(args[self._marks].ravel() < 0):
+            rescaling(*args, i, i + 1)
+
+
+# The two parallel loops every CPU kernel is, around a row function ROWS that does all the
+# arithmetic of its items lo:hi (its own arguments first, the bounds last), told apart by
+# the argument that counts the items: a statistic a row (or group) for a loop over rows,
+# a partial row for a loop over row blocks
+_COUNTS = {"rstd": "size", "dw_part": "shape[0]"}
+
+
+def _parallel_kernel(rows, counted, dispatcher=None):
+    """The ``parallel=True`` kernel ``kernel(block, *rows' arguments)`` that runs ``rows``
+    over the items counted by its argument ``counted``, ``block`` items a task.
 
     Written out with ``rows``' own parameters rather than ``*args``: Numba's dispatcher
-    took 0.15-0.2 us more per call of a ``*args`` kernel (the serial LayerNorm forward
-    at (1, 768) float32, one thread: 1.10 against 0.89 us, 4% of a repeated public
-    call), and the row count is read from ``rstd`` rather than passed (one int
-    argument more took 0.02 us, 3% of that kernel call).  ``rows`` is a global of the kernel, not a closure cell or an argument:
-    Numba keys a cached function on its closure's pickled contents, and a dispatcher
-    pickles with a fresh id per process (a recompile on every import).  The source
-    is said to be this file (the cache's locator wants a real one), the qualname is
-    the row function's (Numba names cache files by qualname).
+    took 0.15-0.2 us more per call of a ``*args`` kernel.  ``rows`` is a global of the
+    kernel, not a closure cell or an argument: Numba keys a cached function on its
+    closure's pickled contents, and a dispatcher pickles with a fresh id per process (a
+    recompile on every import).  The source is compiled under a file name of its own (a
+    traceback shows it, from ``linecache``), cached beside the row function's module
+    (``cache.GENERATED``).  The block index is made an int64: parfors types a prange
+    index unsigned, and a row function called with it was compiled a second time for
+    that type.  The kernel returns the sum of ``rows``' returns (rows left: Kernel.rescue).
     """
-    size, prange_of, bounds, tail = _LOOPS[loop]
     params = list(inspect.signature(rows.py_func).parameters)
-    # the bounds last, the statistics there, and no argument named as the kernel's own
-    lead = params[: -len(tail)]
-    assert tuple(params[-len(tail):]) == tail and "rstd" in lead and not {"n", size, "blk"} & set(lead), params
+    lead = params[:-2]
+    # the bounds last, the counted argument there, and no argument named as the kernel's own
+    assert params[-2:] == ["lo", "hi"] and counted in lead and not {"n", "k", "block", "left"} & set(lead), params
     args = ", ".join(lead)
-    src = (f"def kernel({size}, {args}):\n"
-           f"    n = rstd.size\n"
-           f"    for blk in {prange_of}:\n"
-           f"        ROWS({args}, {bounds})\n")
-    namespace = {"prange": prange, "ROWS": rows}
-    exec(compile(src, __file__, "exec"), namespace)
+    src = (f"def kernel(block, {args}):\n"
+           f"    n = {counted}.{_COUNTS[counted]}\n"
+           f"    left = 0\n"
+           f"    for k in prange(-(-n // block)):\n"
+           f"        lo = int64(k) * block\n"
+           f"        left += ROWS({args}, lo, min(n, lo + block))\n"
+           f"    return left\n")
+    source = rows.py_func.__code__.co_filename
+    filename = f"{source} <parallel kernel of {rows.py_func.__qualname__}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    GENERATED[filename] = source
+    namespace = {"prange": prange, "int64": np.int64, "ROWS": rows}
+    exec(compile(src, filename, "exec"), namespace)
     f = namespace["kernel"]
-    f.__qualname__ = f"{rows.__module__.rsplit('.', 1)[-1]}.{rows.__qualname__}.parallel"
-    f.__module__ = rows.__module__
-    kernel = njit(parallel=True, cache=True, nogil=True)(f)
-    serial_variant(kernel)
-    return kernel
+    f.__qualname__ = f"{rows.py_func.__qualname__}.parallel"
+    f.__module__ = rows.py_func.__module__
+    return njit(parallel=True, cache=True, nogil=True, dispatcher=dispatcher or background.Dispatcher)(f)
 
 
-def in_blocks(rows):
-    """The kernel ``kernel(block, *args)`` that runs ``rows(*args, lo, hi)`` over the
-    ``rstd.size`` rows (or groups) of ``args`` in blocks of ``block`` (:func:`row_block`),
-    on Numba's threads, and its serial twin (:func:`launch` picks)."""
-    return _kernel_of(rows, "blocks")
+def in_blocks(rows, marks="rstd"):
+    """The :class:`Kernel` that runs ``rows(*args, lo, hi)`` over the ``rstd.size`` rows (or
+    groups) of ``args``, in blocks of ``block`` (:func:`row_block`) on Numba's threads.
+    ``marks``: the output where ``rows`` marks a row it leaves (a forward's rstd), or None
+    (a backward, whose rstd is an input)."""
+    return Kernel(rows, "rstd", marks)
 
 
 def in_partials(rows):
-    """The kernel ``kernel(blocks, *args)`` that runs ``rows(*args, blk, lo, hi)``
-    over the ``rstd.size`` rows of ``args`` in ``blocks`` blocks (:func:`n_chunks`),
-    block ``blk`` writing row ``blk`` of its dweight/dbias partials, and its serial twin."""
-    return _kernel_of(rows, "partials")
+    """The :class:`Kernel` that runs ``rows(*args, lo, hi)`` over row blocks ``lo:hi`` of the
+    ``dw_part.shape[0]`` blocks (:func:`n_chunks`) of ``args``' rows, one block a task on
+    Numba's threads; block ``k`` writes row ``k`` of its dweight/dbias partials."""
+    return Kernel(rows, "dw_part", None)
 
 
 # Held while a parallel kernel runs.  The workqueue layer aborts the process when
 # two threads enter it at once, and OpenMP/TBB would only oversubscribe the
-# cores, so a second caller does not wait for the pool: it runs the serial
-# variant on its own thread.
+# cores, so a second caller does not wait for the pool: it runs the row function
+# on its own thread.
 _pool = threading.Lock()
 # False in a child forked after this process ran a parallel kernel: GNU OpenMP
 # kills such a child at its first parallel region, and the workqueue's threads
@@ -240,17 +333,48 @@ _parallel_ok = True
 
 
 def launch(kernel, size, *args):
-    """``kernel(*args)`` on Numba's threads, or its serial variant on the calling
-    thread: for ``size`` elements too few to share, in a forked child, or while
-    another thread has the pool.  Both give the same bits: a kernel is a loop over
-    row blocks that calls one compiled function doing all the arithmetic
-    (``layer_norm.forward_rows``), and only that loop is compiled twice."""
+    """``kernel``'s parallel kernel on ``args`` on Numba's threads, or its row function over
+    all the items on the calling thread: for ``size`` elements too few to share, in a
+    forked child, while another thread has the pool, or while the parallel kernel
+    is not compiled yet (it is then compiled on a thread of its own: ``background``).
+    Both give the same bits (:class:`Kernel`).  A call that streams its output takes
+    the STREAMING variant once it is compiled, the plain row function (the same bits)
+    until then."""
+    if kernel._stream_at is not None and args[kernel._stream_at]:
+        left = _run(kernel.streaming(), size, args, True)
+        if left is None:
+            left = _run(kernel, size, args, False)
+    elif size < SERIAL_BELOW:  # a small call: the row function here, written out (each Python
+        a = args[kernel._count_at + 1]  # call more is a share of a small call's time)
+        left = kernel.rows(*args[1:], 0, a.size if kernel._by_size else a.shape[0])
+    else:
+        left = _run(kernel, size, args, False)
+    if left:
+        kernel.rescue(*args)
+
+
+def _run(kernel, size, args, optional):
+    """What ``kernel`` returns for ``args`` (launch), or None where ``optional`` and its
+    parallel kernel or row function is not compiled yet (handed to ``background``)."""
+    later = None
     if size >= SERIAL_BELOW and _parallel_ok and _pool.acquire(blocking=False):
         try:
-            return kernel(*args)
+            return kernel.parallel(*args)
+        except background.NotCompiled as e:
+            later = e
         finally:
             _pool.release()
-    return _SERIAL[kernel](*args)
+        if optional:  # a variant's row function alone on one thread would be slower
+            background.compile_later(later.dispatcher, later.sig)
+            return None
+    try:
+        left = kernel.serial(*args)
+    except background.NotCompiled as e:  # (a variant's row function)
+        background.compile_later(e.dispatcher, e.sig)
+        return None
+    if later is not None:  # after the row function's compile, which the kernel's needs
+        background.compile_later(later.dispatcher, later.sig)
+    return left
 
 
 def _after_fork_in_child():

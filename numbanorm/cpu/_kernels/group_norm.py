@@ -11,12 +11,13 @@ contiguous in memory, so each (sample, group) is a "row" for the statistics:
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import FASTMATH, acc_of, finish, in_blocks, launch, param, row_block, scratch_for, wide_vectors
+from .common import (FASTMATH, RESCALE, STREAMING, acc_of, finish, in_blocks, launch, param, row_block,
+                     scratch_for, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
 from .memory import put_streaming, store_fence, stream_apart, stream_span
+from .rescale import scaled_backward_row, scaled_row
+from .stats import overflowed, row_is_finite, row_stats
 from .sums import gradient_sums
-from .layer_norm import (deviation_stats, one_pass_ok, overflowed, row_is_finite,
-                         scaled_backward_row, scaled_row, shifted_stats)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -34,7 +35,7 @@ def dims(
     return N, C, S, G, Cg, mean.dtype.type(0), one, one / mean.dtype.type(Cg * S)
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True)
+@njit(cache=True, fastmath={"contract"}, nogil=True)  # (as layer_norm.forward_rows)
 def forward_groups(
     x,      # (N * G, Cg * S) input, a group a row, float32/float64, or 16-bit floats as integer bits (halves)
     w,      # (C,) per-channel weight in the accumulation dtype, or None
@@ -49,9 +50,10 @@ def forward_groups(
     lo,     # scalar: first group of the block, n * G + g
     hi,     # scalar: one past its last group
 ):
-    """Groups ``lo:hi`` of the forward, called by _forward and its serial twin
-    (as layer_norm.forward_rows); a call per block, not per group, keeps the
-    reference counts of its arrays out of the loop over groups.
+    """Groups ``lo:hi`` of the forward, called by _forward and by the calling thread
+    (as layer_norm.forward_rows, whose return value it returns too); a call per
+    block, not per group, keeps the reference counts of its arrays out of the loop
+    over groups.
 
     A group's Cg * S elements are contiguous, so its statistics are a LayerNorm row's
     (of x); its write pass goes channel by channel (rows of xc, yc, as (array, row):
@@ -61,29 +63,30 @@ def forward_groups(
     """
     wide_vectors(x)
     N, C, S, G, Cg, zero, one, inv_n = dims(xc, mean)
+    left = 0
     for ng in range(lo, hi):
         n = ng // G
         g = ng % G
         c0 = g * Cg
         # one pass over the group where its shift can be trusted, as layer_norm.forward_rows
-        mu, m1, ms = shifted_stats(x, ng, zero)
-        if one_pass_ok(m1, ms):
-            corr, var = like(m1, zero), like(ms - m1 * m1, zero)
-        else:
-            mu = like(mu + m1, zero)
-            corr, var = deviation_stats(x, ng, mu, zero, inv_n)
+        mu, corr, var = row_stats(x, ng, zero)
         r = one / np.sqrt(var + eps)
         if overflowed(mu, r) and row_is_finite(x, ng):  # as layer_norm.forward_rows
-            mean[n, g], rstd[n, g] = scaled_row(x, ng, w, b, c0, S, eps, y, ng)
+            if RESCALE:
+                mean[n, g], rstd[n, g] = scaled_row(x, ng, w, b, c0, S, eps, y, ng)
+            else:
+                mean[n, g], rstd[n, g] = zero, -one
+                left += 1
             continue
         mean[n, g] = mu + corr
         rstd[n, g] = r
         write_channels(xc, yc, n * C + c0, n * C + c0 + Cg, c0, mu, corr, r, w, b, zero, stream)
-    if stream:
+    if STREAMING and stream:  # (streamed stores: the STREAMING variant's, as layer_norm.forward_rows)
         store_fence()
+    return left
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True)
+@njit(cache=True, fastmath={"contract"}, nogil=True)
 def write_channels(
     xc,       # (N * C, S) input, a channel a row
     yc,       # (N * C, S) output, a channel a row
@@ -109,16 +112,18 @@ def write_channels(
         # per channel, the affine folds into the scale: (x - mean) * (r * w[c]) + b[c]
         a = r * w[c] if w is not None else r
         bc = b[c] if b is not None else zero
-        if stream:  # its whole lines with streaming stores, as layer_norm.forward_rows
-            s0, s1 = stream_span(yc, ch)
-            scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, 0, s0, False)
-            scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, s0, s1, True)
-            scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, s1, S, False)
-        else:
-            scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, 0, S, False)
+        # its whole lines with streaming stores where `stream`, the plain spans before and
+        # after them one inlined copy, as layer_norm.forward_rows
+        s0, s1 = stream_span(yc, ch) if STREAMING and stream else (S, S)
+        lo_e, hi_e = 0, s0
+        for part in range(2):
+            scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, lo_e, hi_e, False)
+            if STREAMING and part == 0:
+                scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, s0, s1, True)
+            lo_e, hi_e = s1, S
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+@njit(cache=True, fastmath={"contract"}, nogil=True, inline="always")
 def scale_shift_span(
     x,      # (N * C, S) input, a channel a row
     i,      # scalar: the channel's row
@@ -133,10 +138,10 @@ def scale_shift_span(
     nt,     # constant bool: streaming stores (a span from memory.stream_span)
 ):
     """Write elements ``lo:hi`` of channel row ``i``, normalized, into ``out[o]``; a
-    streamed span and a plain one compute the same operations (layer_norm.normalize_span).
+    streamed span and a plain one compute the same operations (spans.normalize_span).
 
     (x - mu) - corr stays in that order: 'reassoc' alone does not fold it
-    (layer_norm.normalize_span).  Never x * a + (bc - mean * a) either: that folding
+    (spans.normalize_span).  Never x * a + (bc - mean * a) either: that folding
     cancels catastrophically when |mean| >> std (two digits lost in float32 at mean
     1e4, std 1e-2).
     """
@@ -149,7 +154,7 @@ def scale_shift_span(
             out[o, j] = v
 
 
-@njit(cache=True, fastmath=FASTMATH, nogil=True)
+@njit(cache=True, nogil=True)  # (as layer_norm.backward_rows)
 def backward_groups(
     dy,       # (N * G, Cg * S) gradient of y, a group a row
     x,        # (N * G, Cg * S) forward input, a group a row
@@ -166,10 +171,12 @@ def backward_groups(
     lo,       # scalar: first group of the block, n * G + g
     hi,       # scalar: one past its last group
 ):
-    """Groups ``lo:hi`` of the backward, called by _backward and its serial twin
-    (as forward_groups, whose two views of each array it takes for the same reason)."""
+    """Groups ``lo:hi`` of the backward, called by _backward and by the calling thread
+    (as forward_groups, whose two views of each array it takes for the same reason);
+    returns how many groups it left to its rescaling variant (layer_norm.backward_rows)."""
     wide_vectors(dy)
     N, C, S, G, Cg, zero, one, inv_n = dims(xc, mean)
+    left = 0
     for ng in range(lo, hi):
         n = ng // G
         g = ng % G
@@ -182,7 +189,7 @@ def backward_groups(
         dsum = 0.0
         for c in range(c0, c0 + Cg):
             # dsum runs on over the group's channels, in float64 (sums.gradient_sums)
-            dsum, a, dys = gradient_sums(dyc, xc, n * C + c, mu, one, None, zero, dsum)
+            dsum, a, dys = channel_sums(dyc, xc, n * C + c, mu, zero, dsum)
             dw_part[n, c] = a
             db_part[n, c] = dys
         corr = like(dsum, zero) * inv_n
@@ -199,16 +206,34 @@ def backward_groups(
         c2 *= inv_n
         if (not (np.isfinite(corr) and np.isfinite(c1) and np.isfinite(c2))
                 and row_is_finite(x, ng) and row_is_finite(dy, ng)):
-            # as in layer_norm._backward
-            for c in range(c0, c0 + Cg):
-                dw_part[n, c] = zero
-                db_part[n, c] = zero
-            scaled_backward_row(dy, x, ng, mu, r, w, c0, S, None, dx, dw_part[n], db_part[n])
+            if RESCALE:  # as in layer_norm.backward_rows
+                for c in range(c0, c0 + Cg):
+                    dw_part[n, c] = zero
+                    db_part[n, c] = zero
+                scaled_backward_row(dy, x, ng, mu, r, w, c0, S, None, dx, dw_part[n], db_part[n])
+            else:
+                left += 1
             continue
         # pass 2: dx = (wdy - (xhat * c1 + c2)) * rstd, channel by channel
         dx_channels(dyc, xc, n * C + c0, n * C + c0 + Cg, c0, mu, corr, r, w, c1, c2, one, dxc, stream)
-    if stream:
+    if STREAMING and stream:
         store_fence()
+    return left
+
+
+@njit(cache=True, fastmath=FASTMATH, nogil=True)  # on its own: as layer_norm.backward_sums
+def channel_sums(
+    dyc,    # (N * C, S) gradient of y, a channel a row
+    xc,     # (N * C, S) forward input, a channel a row
+    i,      # scalar: the channel's row
+    mu,     # scalar: saved group mean
+    zero,   # scalar 0 in the accumulation dtype
+    d0,     # float64: the group's sum(x - mu) over its channels before this one
+):
+    """``(d0 + sum(x - mu), sum(dy * (x - mu)), sum(dy))`` over channel row ``i``
+    (sums.gradient_sums)."""
+    wide_vectors(dyc)
+    return gradient_sums(dyc, xc, i, mu, like(1.0, zero), None, zero, d0)
 
 
 @njit(cache=True, nogil=True)
@@ -228,18 +253,21 @@ def dx_channels(
     dxc,      # (N * C, S) output, a channel a row
     stream,   # scalar bool: streaming stores
 ):
-    """The dx pass of one group, channel row by channel row, each in three spans (its
-    whole lines streamed where ``stream``), called once a group as write_channels.
+    """The dx pass of one group, channel row by channel row, each in spans (its whole
+    lines streamed where ``stream``), called once a group as write_channels.
     Not FASTMATH (inlined here, the spans compile with this function's flags): the
     loop has no reduction for 'reassoc' to vectorize."""
     wide_vectors(dyc)
     S = xc.shape[1]
     for ch in range(lo, hi):
         wc = w[c0 + ch - lo] if w is not None else one
-        s0, s1 = stream_span(dxc, ch) if stream else (S, S)  # three spans, as layer_norm.backward_rows
-        dx_span(dyc, xc, ch, mu, corr, r, wc, c1, c2, dxc, 0, s0, False)
-        dx_span(dyc, xc, ch, mu, corr, r, wc, c1, c2, dxc, s0, s1, True)
-        dx_span(dyc, xc, ch, mu, corr, r, wc, c1, c2, dxc, s1, S, False)
+        s0, s1 = stream_span(dxc, ch) if STREAMING and stream else (S, S)  # spans as write_channels's
+        lo_e, hi_e = 0, s0
+        for part in range(2):
+            dx_span(dyc, xc, ch, mu, corr, r, wc, c1, c2, dxc, lo_e, hi_e, False)
+            if STREAMING and part == 0:
+                dx_span(dyc, xc, ch, mu, corr, r, wc, c1, c2, dxc, s0, s1, True)
+            lo_e, hi_e = s1, S
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -261,7 +289,7 @@ def dx_span(
     """Elements ``lo:hi`` of channel row ``i`` of dx; a streamed span and a plain one
     compute the same operations (layer_norm.backward_span)."""
     for k in range(hi - lo):
-        j = np.uint64(lo + k)  # unsigned, as in layer_norm.normalize_span
+        j = np.uint64(lo + k)  # unsigned, as in spans.normalize_span
         xhat = ((widen(x[i, j]) - mu) - corr) * r
         v = narrow((widen(dy[i, j]) * wc - (xhat * c1 + c2)) * r, dx)
         if nt:
@@ -305,6 +333,6 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
     np.sum(db_part, axis=0, out=dbias)
 
 
-# The parallel kernels over blocks of groups, with their serial twins (common.launch)
+# The row functions with their parallel kernels over blocks of groups (common.launch)
 _forward = in_blocks(forward_groups)
-_backward = in_blocks(backward_groups)
+_backward = in_blocks(backward_groups, marks=None)

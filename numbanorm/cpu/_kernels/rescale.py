@@ -1,0 +1,160 @@
+"""Rows whose float sums overflowed: normalized again in float64, on the row scaled by a
+power of two (exact).
+
+Rare (a row of magnitude ~1e19 in float32, ~1e154 in float64), so a row function does
+not compile these: it leaves such a row to a variant of itself compiled with
+``common.RESCALE`` set, which calls them (``common.Kernel.rescue``).
+"""
+
+import math
+
+import numpy as np
+
+from .cache import njit  # numba.njit with a cache keyed on this package's source
+from .halves import narrow, widen
+
+
+@njit(cache=True, nogil=True)
+def row_scale(
+    x,      # (M, L) rows
+    i,      # scalar: the row
+):
+    """``e`` with every ``|x[i]| * 2**-e`` at most 1: scaling by it is exact."""
+    amax = 0.0
+    for j in range(x.shape[1]):
+        amax = max(amax, abs(np.float64(widen(x[i, j]))))
+    return math.frexp(amax)[1]
+
+
+@njit(cache=True, nogil=True)
+def scaled_row(
+    x,      # (M, L) rows, all elements finite
+    i,      # scalar: the row
+    w,      # (C,) weight in the accumulation dtype or as x's 16-bit bits (halves), or None
+    b,      # (C,) bias, as w
+    w0,     # scalar: weight index of the row's first element (group norm: its first channel)
+    per,    # scalar: elements per weight (1 for layer norm, S for group norm)
+    eps,    # scalar
+    out,    # (K, L) where the normalized row goes
+    o,      # scalar: the row of `out`
+):
+    """Normalize a finite row whose float sums overflowed, in float64 on the row
+    scaled by a power of two (exact), and return its ``(mean, rstd)``.
+
+    Rare (a row of magnitude ~1e19 in float32, ~1e154 in float64), so it is apart
+    from the kernels' fast loops and costs them nothing: see their callers.
+    """
+    n = x.shape[1]
+    e = row_scale(x, i)
+    total = 0.0
+    for j in range(n):
+        total += math.ldexp(np.float64(widen(x[i, j])), -e)
+    mu = total / n
+    dsum = 0.0
+    sq = 0.0
+    for j in range(n):
+        d = math.ldexp(np.float64(widen(x[i, j])), -e) - mu
+        dsum += d
+        sq += d * d
+    corr = dsum / n
+    var_s = max(sq / n - corr * corr, 0.0)
+    var = math.ldexp(var_s, 2 * e)
+    big = not np.isfinite(var)  # only float64 rows near the float64 limit
+    if big:
+        r = 1.0 / math.sqrt(var_s)  # eps is below half an ulp of var
+    else:
+        r = 1.0 / math.sqrt(var + eps)
+    for j in range(n):
+        dev = (math.ldexp(np.float64(widen(x[i, j])), -e) - mu) - corr
+        v = dev * r if big else math.ldexp(dev, e) * r
+        c = w0 + j // per
+        if w is not None:
+            v = v * widen(w[c])
+        if b is not None:
+            v = v + widen(b[c])
+        out[o, j] = narrow(v, out)
+    return math.ldexp(mu + corr, e), (math.ldexp(r, -e) if big else r)
+
+
+@njit(cache=True, nogil=True)
+def scaled_rms_row(
+    x,      # (M, N) rows, all elements finite
+    i,      # scalar: the row
+    w,      # (N,) weight in the accumulation dtype or as x's 16-bit bits (halves), or None
+    eps,    # scalar
+    out,    # (K, N) where the scaled row goes
+    o,      # scalar: the row of `out`
+):
+    """RMSNorm of a finite row whose sum of squares overflowed (or underflowed to 0
+    with eps = 0), in float64 on the row scaled by a power of two; returns its rstd
+    (as scaled_row)."""
+    n = x.shape[1]
+    e = row_scale(x, i)
+    sq = 0.0
+    for j in range(n):
+        v = math.ldexp(np.float64(widen(x[i, j])), -e)
+        sq += v * v
+    ms_s = sq / n
+    ms = math.ldexp(ms_s, 2 * e)
+    big = not np.isfinite(ms)
+    r = 1.0 / math.sqrt(ms_s) if big else 1.0 / math.sqrt(ms + eps)
+    for j in range(n):
+        v = np.float64(widen(x[i, j]))
+        v = math.ldexp(v, -e) * r if big else v * r
+        if w is not None:
+            v = v * widen(w[j])  # 16-bit weights of a small call too (SmallCalls)
+        out[o, j] = narrow(v, out)
+    return math.ldexp(r, -e) if big else r
+
+
+@njit(cache=True, nogil=True)
+def scaled_backward_row(
+    dy,     # (M, N) gradient of y, row i finite
+    x,      # (M, N) forward input, row i finite
+    i,      # scalar: the row
+    mu,     # scalar: its saved mean
+    r,      # scalar: its saved rstd
+    w,      # (C,) weight or None
+    w0,     # scalar: weight index of the row's first element (group norm: its first channel)
+    per,    # scalar: elements per weight (1 for layer norm, S for group norm)
+    ds,     # (M, N) fused residual gradient or None
+    dx,     # (M, N) output
+    dwp,    # (C,) dweight partial, accumulated into at the weight's index
+    dbp,    # (C,) dbias partial, the same
+):
+    """backward_sums and backward_span for a finite row whose float sums overflowed:
+    in float64, x and dy each scaled by a power of two (exact), r split as
+    ``fr * 2**er`` so that no intermediate leaves the range (see scaled_row)."""
+    n = x.shape[1]
+    ex = row_scale(x, i)
+    eg = row_scale(dy, i)
+    fr, er = math.frexp(np.float64(r))
+    ms = math.ldexp(np.float64(mu), -ex)
+    dsum = 0.0
+    for j in range(n):
+        dsum += math.ldexp(np.float64(widen(x[i, j])), -ex) - ms
+    corr = dsum / n
+    c1 = 0.0
+    c2 = 0.0
+    for j in range(n):
+        xhat = math.ldexp(((math.ldexp(np.float64(widen(x[i, j])), -ex) - ms) - corr) * fr, ex + er)
+        wdy = math.ldexp(np.float64(widen(dy[i, j])), -eg)
+        if w is not None:
+            wdy = wdy * w[w0 + j // per]
+        c1 += xhat * wdy
+        c2 += wdy
+    c1 /= n
+    c2 /= n
+    for j in range(n):
+        g = np.float64(widen(dy[i, j]))
+        xhat = math.ldexp(((math.ldexp(np.float64(widen(x[i, j])), -ex) - ms) - corr) * fr, ex + er)
+        wdy = math.ldexp(g, -eg)
+        c = w0 + j // per
+        if w is not None:
+            wdy = wdy * w[c]
+        v = math.ldexp((wdy - (xhat * c1 + c2)) * fr, eg + er)
+        if ds is not None:
+            v = v + widen(ds[i, j])
+        dx[i, j] = narrow(v, dx)
+        dwp[c] += g * xhat
+        dbp[c] += g

@@ -1,0 +1,72 @@
+"""The forward's row writers: elements ``lo:hi`` of a row normalized from its statistics
+(LayerNorm) or scaled by its rstd (RMSNorm), with ordinary or streaming stores
+(``memory``), shared by the norms' row functions and their fused forms (``add_norm``).
+"""
+
+import numpy as np
+
+from .cache import njit  # numba.njit with a cache keyed on this package's source
+from .halves import narrow, widen
+from .memory import put_streaming
+
+
+@njit(cache=True, fastmath={"contract"}, nogil=True, inline="always")
+def normalize_span(
+    x,      # (M, N) input rows
+    i,      # scalar: the row to write (in cache)
+    mu,     # scalar: row i's first-pass mean
+    corr,   # scalar: the mean's correction, mean = mu + corr
+    r,      # scalar: row i's rstd
+    w,      # (N,) weight or None
+    b,      # (N,) bias or None
+    out,    # (K, N) where the normalized row goes
+    o,      # scalar: the row of `out`
+    lo,     # scalar: first element of the span
+    hi,     # scalar: one past its last
+    nt,     # constant bool: streaming stores (a span from memory.stream_span)
+):
+    """Write elements ``lo:hi`` of row ``i``, normalized, into ``out[o]``.
+
+    ``((x - mu) - corr) * r`` must stay in that order: folded into
+    ``x - (mu + corr)``, the correction would round onto the float32 grid near
+    the mean and be lost (no 'reassoc' here; with it alone LLVM did not fold it
+    either, that also needs 'nsz': book, chapter 5), and the large-offset tests fail
+    if a compiler ever does.  Inlined, with rows as (array, index) rather than views,
+    for the reason of memory.stream_row.  A streamed and a plain span compute
+    the same operations, so an element's bits do not depend on which took it.
+    """
+    for k in range(hi - lo):
+        j = np.uint64(lo + k)  # unsigned: no wraparound select, which made every load a gather
+        v = ((widen(x[i, j]) - mu) - corr) * r
+        if w is not None:
+            v = v * widen(w[j])  # 16-bit weights of a small call are widened here (SmallCalls)
+        if b is not None:
+            v = v + widen(b[j])
+        if nt:
+            put_streaming(out, o, j, narrow(v, out))
+        else:
+            out[o, j] = narrow(v, out)
+
+
+@njit(cache=True, fastmath={"contract"}, nogil=True, inline="always")
+def scale_span(
+    x,      # (M, N) input rows
+    i,      # scalar: the row to write (in cache)
+    r,      # scalar: row i's rstd
+    w,      # (N,) weight or None
+    out,    # (K, N) where the scaled row goes
+    o,      # scalar: the row of `out`
+    lo,     # scalar: first element of the span
+    hi,     # scalar: one past its last
+    nt,     # constant bool: streaming stores (as normalize_span)
+):
+    """Write elements ``lo:hi`` of row ``i`` times ``r * w`` into ``out[o]``."""
+    for k in range(hi - lo):
+        j = np.uint64(lo + k)  # unsigned, as in normalize_span
+        v = widen(x[i, j]) * r
+        if w is not None:
+            v = v * widen(w[j])  # 16-bit weights of a small call too (SmallCalls)
+        if nt:
+            put_streaming(out, o, j, narrow(v, out))
+        else:
+            out[o, j] = narrow(v, out)
