@@ -152,7 +152,6 @@ DECLARED: dict[str, list[tuple[str | re.Pattern, str, str]]] = {
     "06_gpu_kernel.md": [
         ("offsets 16, 8, 4, 2 and 1", "definition", "a warp's butterfly"),
         ("lane 0", "definition", "the first lane of a warp"),
-        ("(for 4096 rows)", "setting", "the table's row count"),
         ("(3 blocks of 2 rows each)", "setting", "the picture's grid"),
         ("Load 16 bytes per thread", "definition", "a 16-byte word"),
     ],
@@ -215,6 +214,9 @@ DECLARED: dict[str, list[tuple[str | re.Pattern, str, str]]] = {
     ],
     "12_dask.md": [
         ("fall short of 1 by", "definition", "a unit standard deviation"),
+    ],
+    "log_gpu.md": [
+        ("(for 4096 rows)", "setting", "the table's row count"),
     ],
     "log_cpu.md": [
         ("shifted right by 62", "definition", "the opaque zero's construction"),
