@@ -141,7 +141,6 @@ DECLARED: dict[str, list[tuple[str | re.Pattern, str, str]]] = {
         ("= 4096 elements", "definition", "the value of SUM_BLOCK"),
         ("(mean 300, standard deviation 1)", "setting", "the 16-bit rows of the demo"),
         ("becomes 0 and every output 0", "definition", "an overflowed row"),
-        ("rows of 1024 values", "setting", "the demo's rows"),
         ("(4096 ones sum to 2048) and overflow (past 65504)", "definition", "float16's limits"),
     ],
     "05_cpu_kernel.md": [
@@ -221,6 +220,7 @@ DECLARED: dict[str, list[tuple[str | re.Pattern, str, str]]] = {
     "log_cpu.md": [
         ("shifted right by 62", "definition", "the opaque zero's construction"),
         ("A (1, N) float32 forward", "definition", "one row"),
+        ("rows of 1024 values", "setting", "the sweep's rows"),
     ],
 }
 
