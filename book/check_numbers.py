@@ -141,7 +141,6 @@ DECLARED: dict[str, list[tuple[str | re.Pattern, str, str]]] = {
         ("= 4096 elements", "definition", "the value of SUM_BLOCK"),
         ("(mean 300, standard deviation 1)", "setting", "the 16-bit rows of the demo"),
         ("becomes 0 and every output 0", "definition", "an overflowed row"),
-        ("rows of 1024 values", "setting", "the demo's rows"),
         ("(4096 ones sum to 2048) and overflow (past 65504)", "definition", "float16's limits"),
     ],
     "05_cpu_kernel.md": [
@@ -152,7 +151,6 @@ DECLARED: dict[str, list[tuple[str | re.Pattern, str, str]]] = {
     "06_gpu_kernel.md": [
         ("offsets 16, 8, 4, 2 and 1", "definition", "a warp's butterfly"),
         ("lane 0", "definition", "the first lane of a warp"),
-        ("(for 4096 rows)", "setting", "the table's row count"),
         ("(3 blocks of 2 rows each)", "setting", "the picture's grid"),
         ("Load 16 bytes per thread", "definition", "a 16-byte word"),
     ],
@@ -216,9 +214,13 @@ DECLARED: dict[str, list[tuple[str | re.Pattern, str, str]]] = {
     "12_dask.md": [
         ("fall short of 1 by", "definition", "a unit standard deviation"),
     ],
+    "log_gpu.md": [
+        ("(for 4096 rows)", "setting", "the table's row count"),
+    ],
     "log_cpu.md": [
         ("shifted right by 62", "definition", "the opaque zero's construction"),
         ("A (1, N) float32 forward", "definition", "one row"),
+        ("rows of 1024 values", "setting", "the sweep's rows"),
     ],
 }
 
