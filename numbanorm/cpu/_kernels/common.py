@@ -124,12 +124,13 @@ def n_chunks(rows):
     """How many row blocks the backward splits into for its dweight/dbias partials.
 
     Depends on the row count alone, never on the thread count, so the summation
-    order of dweight/dbias (and so every bit of them) is the same on any machine
-    with any ``NUMBA_NUM_THREADS``.  At least 64 blocks keeps up to 64 threads
-    busy; at most 256 rows per block keeps each float32 partial sum short
-    (its error grows with the number of rows summed serially).  At least 16 rows
-    per block keeps the partials small for small inputs: with 64 blocks of 4 rows a
-    (256, 768) backward zeroed and summed 64 partial rows and took 1.25x torch's time.
+    order of dweight/dbias (and so every bit of them) is the same with any
+    ``NUMBA_NUM_THREADS`` on one machine (another CPU may get other vector code from
+    LLVM, hence other bits).  At least 64 blocks keeps up to 64 threads busy; at most
+    256 rows per block keeps each float32 partial sum short (its error grows with
+    the number of rows summed serially); at least 16 rows per block keeps the
+    partials few for small inputs, whose zeroing and summing would cost more than
+    their rows.
     """
     return min(rows, max(64, -(-rows // 256)), max(1, rows // 16))
 
