@@ -153,7 +153,7 @@ ISSUE_LIMIT = 0.6            # above: issue-bound (the issue's gate)
 # latency a load sees under a bandwidth-saturating load -- an assumption, not a
 # measurement: unloaded HBM latency on Hopper is quoted at about 0.5-0.8 us by
 # pointer-chasing microbenchmarks, and queueing raises it under load.  1.8 us is the
-# latency at which the 40 KB per SM of issue 31's review reach DRAM_BYTES_PER_S:
+# latency at which the gate's 40 KB per SM reach DRAM_BYTES_PER_S:
 # 40960 * 132 / 3.0e12 = 1.80e-6 s.
 LATENCY_S = 1.8e-6
 IN_FLIGHT_MIN = 40 * 1024    # bytes per SM a gated kernel keeps in flight at least (the gate)

@@ -253,7 +253,7 @@ def render_e2e(run, source):
     return "\n".join(lines)
 
 
-# 16-bit at the sizes of issue 13's targets, then the small calls a decoder makes per token
+# 16-bit at the sizes of the speed targets, then the small calls a decoder makes per token
 HALF_SHOWN = tuple((n, (16384, 4096), dt) for n in ("layer_norm", "rms_norm")
                    for dt in ("float16", "bfloat16", "float32")) + (
     ("layer_norm", (65536, 768), "float16"), ("layer_norm", (65536, 768), "bfloat16"))

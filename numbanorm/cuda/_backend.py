@@ -245,7 +245,7 @@ def contiguous(ctx, a, shape):
         b = empty(ctx, a.shape, a.dtype)
         copy_into(ctx, b, a)
         a = b
-    # already that shape: no reshape, which would build another array object (~3 us of host time)
+    # already that shape: no reshape, which would build another array object
     return a if a.shape == shape else a.reshape(shape)
 
 
@@ -464,7 +464,7 @@ class Replays:
             if how is None:
                 how = _kind(t)
             if how is _NUMBA:
-                memory = a.gpu_data  # (not the device_ctypes_pointer property: 0.1 us each)
+                memory = a.gpu_data  # (not the device_ctypes_pointer property, which builds a ctypes object)
                 p = None if memory is None else memory.device_ctypes_pointer.value
                 if not p:  # (empty arrays have none: never replayed)
                     return None

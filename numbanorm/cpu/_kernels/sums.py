@@ -35,7 +35,7 @@ def deviation_sums(
         lo = k * SUM_BLOCK
         dpart = zero
         sqpart = zero
-        # range(m) from 0: LLVM did not vectorize range(lo, min(n, lo + SUM_BLOCK)) (7x slower)
+        # range(m) from 0: LLVM did not vectorize range(lo, min(n, lo + SUM_BLOCK))
         for j in range(min(n - lo, SUM_BLOCK)):
             d = widen(x[i, lo + j]) - mu
             dpart += d

@@ -102,8 +102,7 @@ SM_BYTES_IN_FLIGHT = 40 * 1024
 MAX_ROWS_IN_FLIGHT = 3
 # All of it for a long row's staged copies: the row kernels' grid is one 512-thread block per
 # SM anyway (ROW_RESIDENT), so even 227 KB costs no block the grid had, and the row is read
-# from global memory once (gpu-model, float16 N = 32768: 688 -> 418 KB of loads per row
-# forward, 1315 -> 1053 backward, for issue/memory 1.43 -> 1.49 and 1.29 -> 1.35)
+# from global memory once, not twice (the model's figures: the book's design log)
 STAGE_BYTES = SHARED_OPTIN - SCRATCH_BYTES
 
 
