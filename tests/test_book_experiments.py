@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # (the default test set leaves this file out: tests/README.md)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPERIMENTS = os.path.join(ROOT, "book", "experiments")
 RESULTS = os.path.join(ROOT, "book", "results")

@@ -21,6 +21,7 @@ def test_info(capsys):
         assert word in out
 
 
+@pytest.mark.slow
 def test_check_passes_on_the_cpu_kernels(capsys):
     assert cli.main(["check", "--impl", "cpu"]) == 0
     out = capsys.readouterr().out
@@ -51,6 +52,7 @@ def test_check_detects_a_wrong_forward(capsys, monkeypatch):
     assert "1 FAILED" in out
 
 
+@pytest.mark.slow
 def test_check_detects_a_wrong_gradient_and_a_crash(capsys, monkeypatch):
     good = cpu.rms_norm_backward
 
@@ -71,6 +73,7 @@ def test_check_detects_a_wrong_gradient_and_a_crash(capsys, monkeypatch):
     assert "3 FAILED" in out
 
 
+@pytest.mark.slow
 def test_check_catches_nan(capsys, monkeypatch):
     monkeypatch.setattr(cpu, "group_norm_forward", _shifted_y(cpu.group_norm_forward, np.nan))
     assert cli.main(["check", "--impl", "cpu", "--dtype", "float32"]) == 1
@@ -117,6 +120,7 @@ def test_bfloat16_needs_ml_dtypes_and_says_so(command, capsys, monkeypatch):
     assert "bfloat16" in msg and "pip install ml-dtypes" in msg
 
 
+@pytest.mark.slow
 def test_check_and_bench_run_bfloat16(capsys, monkeypatch):
     """bfloat16 on the CPU kernels through both commands (LayerNorm only: each dtype compiles
     its own kernels)."""
@@ -178,6 +182,7 @@ def test_bad_arguments_exit_2(argv, capsys):
     assert "usage: numbanorm" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_compile_fills_the_cache_for_every_operation(tmp_path):
     """``numbanorm compile`` compiles every operation's row functions and parallel kernels,
     forward and backward, plain and streaming, into numba's cache: the same calls in a

@@ -97,6 +97,7 @@ def _affine(rng, n, dtype, kind):
     return w, b
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("affine", ["none", "weight", "both"])
@@ -138,6 +139,7 @@ def test_streamed_out_at_every_alignment(stream_everything, rng, offset):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 @pytest.mark.parametrize("shape, groups", [((3, 4, 33), 2), ((2, 6, 5, 7), 3), ((1, 2, 611), 1),
                                            ((2, 8, 1537), 8)], ids=str)
+@pytest.mark.slow
 @pytest.mark.parametrize("affine", ["none", "both"])
 def test_streamed_group_norm_equals_ordinary_stores(stream_everything, rng, dtype, shape, groups, affine):
     """GroupNorm streams its channel rows as LayerNorm its rows: a fresh output and an out=
@@ -161,6 +163,7 @@ def test_streamed_group_norm_equals_ordinary_stores(stream_everything, rng, dtyp
         assert_close(want, ORACLE.group_norm(wide[0], groups, *wide[1:]), dt)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 @pytest.mark.parametrize("shape", [(1, 1), (3, 5, 33), (5, 611), (4, 1537)], ids=str)
 @pytest.mark.parametrize("weighted", [False, True], ids=["ones", "weight"])
@@ -193,6 +196,7 @@ def test_streamed_backward_equals_ordinary_stores(stream_everything, monkeypatch
         assert flags == [True, True], (f.__name__, flags)  # both streamed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 @pytest.mark.parametrize("shape, groups", [((3, 4, 33), 2), ((2, 6, 5, 7), 6), ((2, 8, 1537), 4)], ids=str)
 @pytest.mark.parametrize("weighted", [False, True], ids=["ones", "weight"])
@@ -216,6 +220,7 @@ def test_streamed_group_norm_backward_equals_ordinary_stores(stream_everything, 
     assert flags == [True]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 instruction names")
 @pytest.mark.parametrize("module", [ln_cpu, rms_cpu, gn_cpu], ids=["layer_norm", "rms_norm", "group_norm"])
 @pytest.mark.parametrize("dtype", [np.float32, np.uint16, np.int16], ids=["float32", "float16", "bfloat16"])
@@ -307,6 +312,7 @@ def _family_rows(family, rng, n, dtype):
     return m, call
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_row_does_not_depend_on_the_call(rng, family, dtype):
@@ -448,6 +454,7 @@ def test_a_large_output_is_streamed_fresh_or_given(name, out, stream_everything,
     assert flags == [True, True]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("streaming", [True, False], ids=["streaming", "plain"])  # (common.STREAMING)
 @pytest.mark.parametrize("module", [ln_cpu, rms_cpu, gn_cpu], ids=["layer_norm", "rms_norm", "group_norm"])
 @pytest.mark.parametrize("dtype", [np.float32, np.uint16, np.int16])  # int16: bfloat16 bits
@@ -488,6 +495,7 @@ def test_a_streamed_forward_updates_no_reference_count_per_row(module, dtype, st
     assert all(increfs.count(v) == 1 for v in increfs), sorted(increfs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("streaming", [True, False], ids=["streaming", "plain"])
 @pytest.mark.parametrize("module", [ln_cpu, rms_cpu, gn_cpu], ids=["layer_norm", "rms_norm", "group_norm"])
 @pytest.mark.parametrize("dtype", [np.float32, np.uint16])
@@ -528,6 +536,7 @@ def test_a_streamed_backward_updates_no_reference_count_per_row(module, dtype, s
     assert increfs.count("%arg.dy.0") <= 2 and increfs.count("%arg.x.0") <= 2, sorted(increfs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, np.uint16])
 def test_the_sums_compiled_on_their_own_update_no_reference_count(dtype):
     """The reductions a row function calls rather than inlines (stats.row_stats says why)
@@ -549,6 +558,7 @@ def test_the_sums_compiled_on_their_own_update_no_reference_count(dtype):
         assert "NRT_incref" not in body, fn.py_func.__qualname__
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 instruction names")
 @pytest.mark.parametrize("module", [ln_cpu, rms_cpu, gn_cpu], ids=["layer_norm", "rms_norm", "group_norm"])
 @pytest.mark.parametrize("dtype", [np.float32, np.uint16, np.int16], ids=["float32", "float16", "bfloat16"])
@@ -711,6 +721,7 @@ def test_results_do_not_depend_on_where_the_arrays_lie(monkeypatch, rng, n, rows
             np.testing.assert_array_equal(out, y_add, err_msg=f"add_layer_norm, gap {gap}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("rows", [1, 64])  # the serial kernel (one small row) and the parallel one
 def test_eps_zero_on_a_constant_row_gives_ieee_values_not_an_exception(dtype, rows):
@@ -854,6 +865,7 @@ def test_a_row_function_compiles_no_rare_path():
     assert not [f for f in compiled if "shape_context" in f or f.startswith(("integer_str", "unicode"))], compiled
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_rows_whose_sums_overflowed_in_a_parallel_call_in_place_and_not(dtype):
     """The row functions leave a finite row whose sums overflowed to their rescaling

@@ -22,6 +22,7 @@ def _run(*argv, env=None):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_repeated_launches_reach_the_driver_with_a_core_stream(tmp_path):
     """The first launch dispatches; the later ones go straight to the compiled kernel
     (numbanorm's cached specialization) and must hand cuda.core a stream it accepts,
@@ -54,6 +55,7 @@ def test_a_backward_is_two_launches_whatever_the_weight_dtype(tmp_path):
         assert res[f"rms_backward_{w}_dtypes"] == ["float16", w]
 
 
+@pytest.mark.slow
 def test_a_new_row_count_compiles_no_new_kernel(tmp_path):
     """M = 1..4096 at N = 1024 float16, LayerNorm forward and backward: the grid (and the
     partial-row count) changes with M, the compiled code must not."""
@@ -65,6 +67,7 @@ def test_a_new_row_count_compiles_no_new_kernel(tmp_path):
     assert res["kernels"] <= 6, res  # ... a handful of kernels
 
 
+@pytest.mark.slow
 def test_kernels_cached_on_disk_keyed_on_all_their_sources(tmp_path):
     """A second process reads every kernel from numba-cuda's disk cache; the cache is
     keyed on the source of every module the kernels inline (reduce.py, common.py ...),
@@ -88,6 +91,7 @@ def test_kernels_cached_on_disk_keyed_on_all_their_sources(tmp_path):
     assert again["stamps"] == [h.hexdigest()]
 
 
+@pytest.mark.slow
 def test_a_replayed_call_hands_the_driver_what_the_full_path_does(tmp_path):
     """The public functions replay a call seen before (``cuda._backend.Replays``): for every
     call -- each operation's forward and backward, and calls that differ from a learned
@@ -154,7 +158,8 @@ def test_a_replayed_call_hands_the_driver_what_the_full_path_does(tmp_path):
     assert all(public["replayed"] for public, _ in res["again"][:1])
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("float64", marks=pytest.mark.slow),
+                                   pytest.param("bfloat16", marks=pytest.mark.slow)])
 def test_every_operation_replayed_as_the_full_path_launches_it_in_every_dtype(tmp_path, dtype):
     """The replayed launches are what the simulator's tests cannot see (the simulator
     launches through numba's dispatcher: no marshalled arguments, no replays), so the
@@ -174,6 +179,7 @@ def test_every_operation_replayed_as_the_full_path_launches_it_in_every_dtype(tm
         assert dtype in str(calls[0][0]["results"][0]), name  # (dx, y: x's dtype)
 
 
+@pytest.mark.slow
 def test_long_rows_get_their_dynamic_shared_memory_allowed_before_the_launch(tmp_path):
     """Float16 rows of 32768 elements: the forward stages x (64 KB), the backward x and dy
     (128 KB) in dynamic shared memory, more than the 48 KB a kernel gets unless it opts in.
@@ -204,6 +210,7 @@ def test_long_rows_get_their_dynamic_shared_memory_allowed_before_the_launch(tmp
                 assert attrs == [], (name, k)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 def test_the_opt_in_counts_the_kernels_static_shared_memory(tmp_path, direction):
     """The 48 KB a block gets without opting in covers static and dynamic shared memory
@@ -243,6 +250,7 @@ def test_the_opt_in_counts_the_kernels_static_shared_memory(tmp_path, direction)
     assert 0 < over < len(res), over
 
 
+@pytest.mark.slow
 def test_a_call_on_torch_or_cupy_arrays_takes_their_memory_and_stream_only(tmp_path):
     """Each operation's forward and backward on CUDA torch tensors (float16, bfloat16; on a
     stream of torch's and on its default stream) and CuPy arrays, by ``numbanorm.cuda`` and
@@ -270,6 +278,7 @@ def test_a_call_on_torch_or_cupy_arrays_takes_their_memory_and_stream_only(tmp_p
                 assert call["kernels"][0] == "numba setitem", where
 
 
+@pytest.mark.slow
 def test_the_arrays_device_runs_the_call_and_two_devices_are_refused(tmp_path):
     """Two GPUs (132 and 114 SMs), device 0 current: a call on arrays of device 1 (numba's,
     torch's, another library's) is launched in device 1's context with a grid sized by its

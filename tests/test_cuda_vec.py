@@ -117,6 +117,7 @@ def test_same_bits_through_every_word_width(rng, offset):
     np.testing.assert_array_equal(nc.layer_norm(xd, 64, wd).copy_to_host(), nc.layer_norm(x, 64, w))
 
 
+@pytest.mark.slow
 def test_row_kernels_load_and_store_128_bits_in_the_sass(tmp_path):
     """Compiled for sm_90 (no GPU): the row loop of the float16 LayerNorm forward and
     backward moves 128 bits per instruction (a model's SASS reading, not a run)."""

@@ -225,6 +225,7 @@ def client():
         cluster.close(timeout=30)
 
 
+@pytest.mark.slow
 def test_on_local_cluster(client):
     """Blocks computed in two worker processes give the same results as in memory."""
     import distributed

@@ -37,6 +37,8 @@ if not SIMULATED:
 from numbanorm.operations import BY_NAME  # noqa: E402
 from test_cuda import knobs  # noqa: E402,F401  (the fixture that shrinks the mapping's knobs)
 
+pytestmark = pytest.mark.slow  # (the default test set leaves this file out: tests/README.md)
+
 # rows in registers to 32 elements, staged copies to 256 bytes, 128 bytes of shared memory
 # without opting in (32 of them the reductions' scratch), grids of a block or two
 SMALL = dict(MAX_TPR=16, MAX_VPT=2, STAGE_BYTES=256, SHARED_DEFAULT=128, SCRATCH_BYTES=32,

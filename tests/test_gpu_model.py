@@ -303,6 +303,7 @@ def test_gate_on_bytes_in_flight():
     assert G.gate_failures([short], spill_budget=96) == []     # the budget-only run does not gate it
 
 
+@pytest.mark.slow
 def test_quick_run_records(tmp_path):
     out, sass_dir = tmp_path / "m.json", tmp_path / "sass"
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", PYTHONPATH=ROOT)

@@ -350,6 +350,7 @@ def test_nan_and_inf_stay_in_their_row(rng, dt):
                                   nn.group_norm(clean.reshape(4, 5, 10), 5).astype(np.float32).reshape(4, 50))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
 @pytest.mark.parametrize("norm, where", [("layer_norm", "weight"), ("layer_norm", "bias"), ("rms_norm", "weight")])
 def test_a_nan_parameter_stays_a_nan_in_streamed_rows(rng, dt, norm, where, monkeypatch):
@@ -375,6 +376,7 @@ def test_a_nan_parameter_stays_a_nan_in_streamed_rows(rng, dt, norm, where, monk
         assert np.isfinite(np.delete(y, cols, axis=1)).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
 def test_deterministic(rng, dt):
     x, dy = _data(rng, (300, 257), dt), _data(rng, (300, 257), dt)

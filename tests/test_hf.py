@@ -236,6 +236,7 @@ def test_left_alone_with_reasons_and_strict():
 
 # ------------------------------------------------------------ torch.compile
 
+@pytest.mark.slow
 def test_compile_fullgraph_whole_model():
     """A replaced Llama traces in one graph (the norms are custom operators), forward and backward."""
     ref = tiny("llama")
@@ -258,6 +259,7 @@ class EveryForm(torch.nn.Module):
         return x
 
 
+@pytest.mark.slow
 def test_compile_fullgraph_every_form_inductor():
     torch.manual_seed(0)
     ref = EveryForm()
@@ -278,6 +280,7 @@ def test_compile_fullgraph_every_form_inductor():
 
 # ------------------------------------------------------------ the end-to-end benchmark
 
+@pytest.mark.slow
 def test_e2e_benchmark_runs_on_a_tiny_model(tmp_path):
     import json
 

@@ -25,6 +25,9 @@ _CHECK = """
 import numpy as np
 import numbanorm as nn
 from numbanorm import reference as ref
+
+pytestmark = pytest.mark.slow  # (the default test set leaves this file out: tests/README.md)
+
 rng = np.random.default_rng(0)
 x = rng.standard_normal((4, 8))
 r = rng.standard_normal((4, 8))

@@ -82,6 +82,7 @@ def test_group_norm_long_group(long_row, long_dy):
     assert _rel(dx, dxr) < 1e-3 and _rel(dw, dwr) < 1e-3 and _rel(db, dbr) < 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_group_norm_group_whose_first_channel_is_an_outlier(dtype):
     """A group's one-pass statistics shift by the mean of its first elements, all in
@@ -187,6 +188,7 @@ def test_constant_top_row_and_tiny_row_with_eps_zero():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
 def test_huge_finite_rows_backward(dt):
     x = _huge_rows(dt)

@@ -25,6 +25,8 @@ import torch
 import numbanorm.torch as nt
 from torch._dynamo.utils import counters
 
+pytestmark = pytest.mark.slow  # (the default test set leaves this file out: tests/README.md)
+
 family, dynamic = sys.argv[1], {"True": True, "None": None}[sys.argv[2]]
 gen = torch.Generator().manual_seed(0)
 
