@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import numbanorm as nn
+from _marks import first_then_exhaustive
 from conftest import ORACLE, assert_close, unstreamed
 
 stream = importlib.import_module("numbanorm.cpu._kernels.memory")
@@ -99,7 +100,7 @@ def _affine(rng, n, dtype, kind):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", first_then_exhaustive([np.float32, np.float64]))
 @pytest.mark.parametrize("affine", ["none", "weight", "both"])
 def test_streamed_out_equals_allocating_call(stream_everything, rng, shape, dtype, affine):
     x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
@@ -136,7 +137,7 @@ def test_streamed_out_at_every_alignment(stream_everything, rng, offset):
     assert not raw[:start].any() and not raw[start + x.nbytes :].any()
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("dtype", first_then_exhaustive(["float32", "float16", "bfloat16", "float64"]))
 @pytest.mark.parametrize("shape, groups", [((3, 4, 33), 2), ((2, 6, 5, 7), 3), ((1, 2, 611), 1),
                                            ((2, 8, 1537), 8)], ids=str)
 @pytest.mark.slow
@@ -164,7 +165,7 @@ def test_streamed_group_norm_equals_ordinary_stores(stream_everything, rng, dtyp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("dtype", first_then_exhaustive(["float32", "float16", "bfloat16", "float64"]))
 @pytest.mark.parametrize("shape", [(1, 1), (3, 5, 33), (5, 611), (4, 1537)], ids=str)
 @pytest.mark.parametrize("weighted", [False, True], ids=["ones", "weight"])
 def test_streamed_backward_equals_ordinary_stores(stream_everything, monkeypatch, rng, dtype, shape, weighted):
@@ -197,7 +198,7 @@ def test_streamed_backward_equals_ordinary_stores(stream_everything, monkeypatch
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("dtype", first_then_exhaustive(["float32", "float16", "bfloat16", "float64"]))
 @pytest.mark.parametrize("shape, groups", [((3, 4, 33), 2), ((2, 6, 5, 7), 6), ((2, 8, 1537), 4)], ids=str)
 @pytest.mark.parametrize("weighted", [False, True], ids=["ones", "weight"])
 def test_streamed_group_norm_backward_equals_ordinary_stores(stream_everything, monkeypatch, rng, dtype, shape,
@@ -313,7 +314,7 @@ def _family_rows(family, rng, n, dtype):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", first_then_exhaustive(DTYPES), ids=str)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_row_does_not_depend_on_the_call(rng, family, dtype):
     """A row's outputs are the same bits whether it is computed in a call of its own
@@ -457,7 +458,7 @@ def test_a_large_output_is_streamed_fresh_or_given(name, out, stream_everything,
 @pytest.mark.slow
 @pytest.mark.parametrize("streaming", [True, False], ids=["streaming", "plain"])  # (common.STREAMING)
 @pytest.mark.parametrize("module", [ln_cpu, rms_cpu, gn_cpu], ids=["layer_norm", "rms_norm", "group_norm"])
-@pytest.mark.parametrize("dtype", [np.float32, np.uint16, np.int16])  # int16: bfloat16 bits
+@pytest.mark.parametrize("dtype", first_then_exhaustive([np.float32, np.uint16, np.int16]))  # int16: bfloat16 bits
 def test_a_streamed_forward_updates_no_reference_count_per_row(module, dtype, streaming):
     """Each NRT incref is an atomic, and an atomic drains the write-combining buffers of
     the streaming stores: with the row writer inlined once per branch, Numba increfed
@@ -498,7 +499,7 @@ def test_a_streamed_forward_updates_no_reference_count_per_row(module, dtype, st
 @pytest.mark.slow
 @pytest.mark.parametrize("streaming", [True, False], ids=["streaming", "plain"])
 @pytest.mark.parametrize("module", [ln_cpu, rms_cpu, gn_cpu], ids=["layer_norm", "rms_norm", "group_norm"])
-@pytest.mark.parametrize("dtype", [np.float32, np.uint16])
+@pytest.mark.parametrize("dtype", first_then_exhaustive([np.float32, np.uint16]))
 def test_a_streamed_backward_updates_no_reference_count_per_row(module, dtype, streaming):
     """As the forward's (above): with its three dx spans inlined in one branch and its
     plain span in the other, Numba increfed dy, x, w, dx and the partials every row.

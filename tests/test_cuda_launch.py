@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from _marks import EXHAUSTIVE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -158,8 +159,8 @@ def test_a_replayed_call_hands_the_driver_what_the_full_path_does(tmp_path):
     assert all(public["replayed"] for public, _ in res["again"][:1])
 
 
-@pytest.mark.parametrize("dtype", ["float32", pytest.param("float64", marks=pytest.mark.slow),
-                                   pytest.param("bfloat16", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("float64", marks=EXHAUSTIVE),
+                                   pytest.param("bfloat16", marks=EXHAUSTIVE)])
 def test_every_operation_replayed_as_the_full_path_launches_it_in_every_dtype(tmp_path, dtype):
     """The replayed launches are what the simulator's tests cannot see (the simulator
     launches through numba's dispatcher: no marshalled arguments, no replays), so the
