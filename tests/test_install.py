@@ -17,6 +17,8 @@ import pytest
 
 import numbanorm
 
+pytestmark = pytest.mark.slow  # (the default test set leaves this file out: tests/README.md)
+
 PACKAGE = os.path.dirname(os.path.abspath(numbanorm.__file__))
 NOBODY = 65534
 
@@ -25,8 +27,6 @@ _CHECK = """
 import numpy as np
 import numbanorm as nn
 from numbanorm import reference as ref
-
-pytestmark = pytest.mark.slow  # (the default test set leaves this file out: tests/README.md)
 
 rng = np.random.default_rng(0)
 x = rng.standard_normal((4, 8))

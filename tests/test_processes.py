@@ -16,6 +16,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.slow  # (the default test set leaves this file out: tests/README.md)
+
 LAYERS = ["omp", "workqueue"]
 
 # Defines `work(seed)`: forward and backward of every family on inputs large
@@ -109,7 +111,6 @@ import numbanorm as nn
 from numbanorm import reference as ref
 from numbanorm.cpu._kernels import background, layer_norm
 
-pytestmark = pytest.mark.slow  # (the default test set leaves this file out: tests/README.md)
 
 x = np.random.default_rng(0).standard_normal((256, 512)).astype(np.float32)  # parallel: >= SERIAL_BELOW
 w = np.linspace(0.5, 1.5, 512, dtype=np.float32)

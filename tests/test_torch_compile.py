@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # (the default test set leaves this file out: tests/README.md)
+
 pytest.importorskip("torch")
 
 # The case run in the fresh interpreter: argv[1] the family, argv[2] the dynamic mode.
@@ -25,7 +27,6 @@ import torch
 import numbanorm.torch as nt
 from torch._dynamo.utils import counters
 
-pytestmark = pytest.mark.slow  # (the default test set leaves this file out: tests/README.md)
 
 family, dynamic = sys.argv[1], {"True": True, "None": None}[sys.argv[2]]
 gen = torch.Generator().manual_seed(0)
