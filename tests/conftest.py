@@ -42,11 +42,11 @@ def assert_close(actual, expected, dtype, what=""):
     np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol * scale, err_msg=what)
 
 
-def impl_params():
-    """pytest params over the kernels, the GPU ones marked as simulated."""
+def impl_params(gpu_marks=()):
+    """pytest params over the kernels, the GPU ones marked as simulated (and ``gpu_marks``)."""
     out = []
     for name in KERNELS:
-        marks = [pytest.mark.cudasim] if name == "cuda" and SIMULATED else []
+        marks = ([pytest.mark.cudasim] if SIMULATED else []) + list(gpu_marks) if name == "cuda" else []
         out.append(pytest.param(name, id=name, marks=marks))
     return out
 
@@ -83,11 +83,11 @@ def unstreamed(f, *args, **kwargs):
         _backend.small_calls._plans.clear()
 
 
-# pyproject's addopts run the suite on two pytest-xdist workers, split by what a test
-# compiles: compiling a Numba kernel holds one core, so one worker takes every test of
-# the CPU kernels (in file order, as without xdist) and the other the GPU kernels' tests
-# (the CUDA simulator, NVVM).  Each CPU kernel is compiled by one worker only, and both
-# cores are busy.
+# pyproject's addopts run the suite on two pytest-xdist workers (--dist loadgroup): compiling
+# a Numba kernel holds one core, so one worker takes every test of the CPU kernels, in file
+# order as without xdist, and each CPU kernel is compiled by one worker only.  The GPU
+# kernels' tests (the CUDA simulator, NVVM) are in no group: each goes to whichever worker
+# is free, so the worker that finishes the CPU kernels first helps with them.
 _GPU_FILES = ("test_cuda", "test_gpu")
 
 
@@ -95,4 +95,5 @@ def pytest_collection_modifyitems(items):
     for item in items:
         gpu = (item.get_closest_marker("cudasim") or item.get_closest_marker("gpu")
                or item.path.name.startswith(_GPU_FILES))
-        item.add_marker(pytest.mark.xdist_group("gpu_kernels" if gpu else "cpu_kernels"))
+        if not gpu:
+            item.add_marker(pytest.mark.xdist_group("cpu_kernels"))

@@ -9,9 +9,17 @@ accurate to ~1e-9 relative, far inside the 1e-6 the test asks for.
 import numpy as np
 import pytest
 
-from conftest import to_host
+from _marks import EXHAUSTIVE
+from conftest import impl_params, to_host
 
 H = 1e-6
+
+
+# The GPU's backward is checked against the oracle's (test_against_oracle); differencing its
+# forward in the simulator, a launch per perturbed element, is for a full run
+@pytest.fixture(params=impl_params(gpu_marks=EXHAUSTIVE))
+def impl_name(request):
+    return request.param
 
 
 def numeric_grad(f, a):
