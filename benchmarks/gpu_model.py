@@ -531,8 +531,8 @@ def gate_failures(records, strict=False, spill_budget=None):
 
 # ---------------------------------------------------------------- driving the launchers without a GPU
 
-# shared: dynamic shared bytes per block; itemsize: of x's elements
-Launch = namedtuple("Launch", "kernel grid block args shared itemsize")
+# shared: dynamic shared bytes per block; itemsize: of x's elements (0: not known at the launch)
+Launch = namedtuple("Launch", "kernel grid block args shared itemsize", defaults=(0,))
 
 
 class _DeviceLike(np.ndarray):
@@ -569,7 +569,7 @@ def offline(cc=CC):
     launches = []
 
     def record(kernel, grid, block, stream, *args, shared=0):
-        launches.append(Launch(kernel, grid, block, C.arrays(args), shared, 0))
+        launches.append(Launch(kernel, grid, block, C.arrays(args), shared))
 
     patches = [(dispatcher, "get_current_device", lambda: _Device()), (C, "n_sm", lambda: SMS),
                (C, "device_count", lambda: 1),

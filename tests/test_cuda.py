@@ -735,6 +735,7 @@ _PTX_CMD = [sys.executable, "-m", "numbanorm.cuda._ptx", "--check"]
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_kernels_compile_for_sm90_within_the_register_budget():
     """Compile every LayerNorm/RMSNorm/GroupNorm kernel to sm_90 PTX (NVVM; no GPU needed)
     and, where ptxas is installed, check that registers x threads fit the SM and nothing

@@ -24,6 +24,7 @@ def _run(*argv, env=None):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_repeated_launches_reach_the_driver_with_a_core_stream(tmp_path):
     """The first launch dispatches; the later ones go straight to the compiled kernel
     (numbanorm's cached specialization) and must hand cuda.core a stream it accepts,
@@ -57,6 +58,7 @@ def test_a_backward_is_two_launches_whatever_the_weight_dtype(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_a_new_row_count_compiles_no_new_kernel(tmp_path):
     """M = 1..4096 at N = 1024 float16, LayerNorm forward and backward: the grid (and the
     partial-row count) changes with M, the compiled code must not."""
@@ -69,6 +71,7 @@ def test_a_new_row_count_compiles_no_new_kernel(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_kernels_cached_on_disk_keyed_on_all_their_sources(tmp_path):
     """A second process reads every kernel from numba-cuda's disk cache; the cache is
     keyed on the source of every module the kernels inline (reduce.py, common.py ...),
@@ -181,6 +184,7 @@ def test_every_operation_replayed_as_the_full_path_launches_it_in_every_dtype(tm
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_long_rows_get_their_dynamic_shared_memory_allowed_before_the_launch(tmp_path):
     """Float16 rows of 32768 elements: the forward stages x (64 KB), the backward x and dy
     (128 KB) in dynamic shared memory, more than the 48 KB a kernel gets unless it opts in.

@@ -80,11 +80,16 @@ def test_boundaries_are_where_the_launch_code_changes(knobs):
     assert moved["last staged (forward, odd)"] > found["last staged (forward, odd)"]
 
 
-def test_groupnorm_has_a_loop_boundary_and_no_staging(knobs):
+def test_groupnorm_forward_stages_long_groups_and_its_backward_loops(knobs):
+    """GroupNorm's forward stages a long (sample, group) row in shared memory, as the row
+    kernels do, then re-reads it from global memory past the stage; its backward's
+    channel kernels hold a row in registers or loop over it, and stage nothing."""
     knobs(**SMALL)
     labels = list(_found("group_norm", "float32"))
-    assert "first loop (forward, odd)" in labels and "last in registers (forward, odd)" in labels
-    assert not any("staged" in label for label in labels)
+    for what in ("last in registers", "first staged", "last staged", "first re-read loop"):
+        assert f"{what} (forward, odd)" in labels, (what, labels)
+    assert "last in registers (backward, odd)" in labels and "first loop (backward, odd)" in labels
+    assert not any("staged (backward" in label for label in labels)
 
 
 def test_the_default_launch_code_has_every_boundary():
