@@ -90,9 +90,9 @@ def main(argv=None):
     env = {"NUMBA_CACHE_DIR": os.environ.get("NUMBA_CACHE_DIR", os.path.join(tempfile.gettempdir(), "nn-gpu-host"))}
     cpu = _harness((a.rows, a.hidden, a.calls), env)
     res = {"shape": [a.rows, a.hidden], "dtype": "float16",
-           "what": "host (CPU) time per call with the CUDA driver stubbed, on a machine shared with other "
-                   "work (best of 7 rounds, this thread's CPU time); torch and CuPy are stand-ins "
-                   "(tests/_fake_libs.py); not a device measurement",
+           "what": "host (CPU) time per call with the CUDA driver stubbed, on the 2-core development VM "
+                   "(its load average: loadavg; best of 7 rounds, this thread's CPU time); torch and CuPy "
+                   "are stand-ins (tests/_fake_libs.py); not a device measurement",
            "cpu_us": {}, "instructions": {},
            "launches": {k[:-9]: v for k, v in cpu.items() if k.endswith("_launches")},
            "allocations": {k[:-7]: v for k, v in cpu.items() if k.endswith("_allocs")},
