@@ -17,7 +17,7 @@ kernels called with different arguments.
   float32), ordinary against streaming stores (the kernel's flag), over ``np.copyto`` of
   x and dy into two buffers; into a fresh dx each call and into a mapped one.
 - small_calls: a (1, N) float32 forward with weight and bias through the public function
-  (a call seen before: ``SmallCalls`` replays it), through the full path (the replay
+  (a call seen before: ``cpu._backend.Plans`` replays it), through the full path (the replay
   cache emptied before each call), through the kernel's launcher, and the row function
   alone (a small call's path); over ``torch.nn.functional.layer_norm`` when torch is installed.
 - widen: float16 weights to float32, NumPy's ``astype`` over the launcher's ``param``.
@@ -200,7 +200,7 @@ def small_calls(rounds, inner):
         serial = ln._forward.serial
 
         def full():
-            _backend.small_calls._plans.clear()
+            _backend.plans._plans.clear()
             numbanorm.layer_norm(x, N, w, b)
 
         variants = {

@@ -623,7 +623,7 @@ def frontend():
     from numbanorm.cuda import _backend
 
     # every call through the full path (a replay would skip the launchers this records)
-    return _api.Frontend(_backend, replay=False)
+    return _api.Frontend(_backend, plans=False)
 
 
 def capture(fe, launches, kernel, dtype, M, N):

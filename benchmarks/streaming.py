@@ -110,7 +110,7 @@ def case(norm, nbytes, rounds, then_read=False, budget_s=0.02, rng=None):
         t = timed_rounds(variants, rounds, inner)
     finally:
         memory.STREAM_MIN_BYTES = saved
-        _backend.small_calls._plans.clear()
+        _backend.plans._plans.clear()
     return {"norm": norm, "shape": list(shape), "mib": x.nbytes / 2**20,
             "ratio_to_copy": {k: round(float(np.median(t[k] / t["copy"])), 3) for k in t if k != "copy"},
             "streaming_over_ordinary": round(float(np.median(t["streaming"] / t["ordinary"])), 3),

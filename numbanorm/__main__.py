@@ -348,7 +348,7 @@ def compile_cpu(dtypes=("float32",), everything=False, show_progress=True, out=N
     import time
 
     from . import cpu, measure
-    from .cpu._backend import small_calls
+    from .cpu._backend import plans as cpu_plans
     from .cpu._kernels import background, memory
     from .operations import OPERATIONS
 
@@ -378,7 +378,7 @@ def compile_cpu(dtypes=("float32",), everything=False, show_progress=True, out=N
                 with background.synchronous():  # the parallel kernels too, here
                     for stream_min in (stream_threshold, 0):  # and with the streaming stores
                         memory.STREAM_MIN_BYTES = stream_min
-                        small_calls._plans.clear()  # (a plan keeps its choice of stores)
+                        cpu_plans._plans.clear()  # (a plan keeps its choice of stores)
                         for values in calls:
                             if direction == "forward":
                                 values.update(zip(op.forward_outputs, op.call(cpu, "forward", values)))
@@ -390,7 +390,7 @@ def compile_cpu(dtypes=("float32",), everything=False, show_progress=True, out=N
                 note = f"  FAILED: {type(e).__name__}: {e}"[:200]
             finally:
                 memory.STREAM_MIN_BYTES = stream_threshold
-                small_calls._plans.clear()
+                cpu_plans._plans.clear()
             bar.update()
             if not show_progress or note:
                 p(f"  {op.name:<15} {direction:<9} {dt:<9} {label:<16} {time.perf_counter() - t0:6.1f} s{note}")

@@ -1,25 +1,27 @@
 """The public functions, written once for every backend.
 
-A ``Frontend`` runs each call in the same order:
+A ``Frontend`` answers each call in three named steps:
 
-1. ``common_side`` looks at the arguments' types only and rejects host and device
-   arrays mixed in one call (once: the top level, which has checked already,
-   uses a frontend made with ``sides_checked=True``);
-2. the backend's ``native`` views each argument as the backend's array type
-   (no copy, no allocation);
-3. ``numbanorm._validate`` checks dtypes, shapes and scalars and works out the
-   flattened problem -- every contract error is raised here, before step 4;
-4. the backend's ``call_context`` says where the call runs (on a GPU: the stream
-   and allocator of the array whose type the results take, and the one GPU of all
-   the arrays); within its ``on_device`` scope outputs are allocated, inputs made
-   contiguous, and the backend launches the norm's launcher, which fills the outputs;
-5. results are reshaped (statistics keep-dims) and handed back in the caller's
-   array type.
-
-A backend with ``replays`` (CUDA) records a call that went through these steps and
-replays later calls of the same key -- everything steps 1-4 depend on: types, shapes,
-strides, dtypes, pointer alignment, aliasing, scalars -- as that call's allocations
-and launches with the new call's pointers and stream (``cuda._backend.Replays``).
+0. **plan cache** (``PlanCache``, the backend's ``plans``): a call whose key was
+   learned -- everything steps 1 and 2 decide on: types, shapes, strides, dtypes,
+   scalars, and on a GPU pointer alignment, aliasing and the device -- is answered
+   by its plan (``cpu._backend.Plans``: the kernel called on the call's arrays;
+   ``cuda._backend.Replays``: the recorded allocations and launches, with the new
+   call's pointers and stream); nothing else runs;
+1. **validation** (``_check_forward``/``_check_backward``): ``common_side`` looks at
+   the arguments' types only and rejects host and device arrays mixed in one call
+   (the top level, which has checked already, uses a frontend made with
+   ``sides_checked=True``); the backend's ``native`` views each argument as the
+   backend's array type (no copy, no allocation); ``numbanorm._validate`` checks
+   dtypes, shapes and scalars and works out the flattened problem.  Every contract
+   error is raised here, before anything is allocated;
+2. **launch** (``_launch_forward``/``_launch_backward``): the backend's
+   ``call_context`` says where the call runs (on a GPU: the stream and allocator of
+   the array whose type the results take, and the one GPU of all the arrays); within
+   its ``on_device`` scope outputs are allocated, inputs made contiguous, the backend
+   launches the norm's launcher, which fills the outputs, and the results are
+   reshaped (statistics keep-dims) and handed back in the caller's array type; the
+   plan cache learns the call (``Call``) where it was keyed.
 
 The methods (``layer_norm``, ``layer_norm_forward``, ``layer_norm_backward``, ...)
 are generated from ``numbanorm.operations``: each hands its arguments, in the
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from . import _validate as V
 from . import operations as ops
@@ -53,6 +55,7 @@ class Backend(Protocol):
 
     name: str                                   # 'cpu' or 'cuda'
     grads_in_any_dtype: bool                    # the column sums store dweight/dbias in any dtype
+    plans: Any                                  # its PlanCache, or None (the simulator's)
 
 
     def native(self, role: str, a: Any) -> Any:
@@ -151,57 +154,118 @@ def _launcher(backend, qualified):
     return getattr(importlib.import_module(f"{backend.__package__}._kernels.{module}"), function)
 
 
+# ------------------------------------------------------------ what a plan cache sees
+
+class Checked(NamedTuple):
+    """A call after validation (step 1): everything the launch depends on."""
+    given: dict             # role -> the caller's argument (out= too, for a forward)
+    arrays: dict            # role -> the backend's view of that argument (``native``)
+    x: Any                  # the view of what is normalized: x, or the fused backward's s
+    dtype: Any              # x's dtype
+    problem: Any            # the layout (``_Rows``/``_Groups``): flat shape, parameters, statistics
+    eps: Any                # eps as validated (a forward's; None for a backward)
+    leading: Any            # the caller's array whose type the results take
+
+
+class Call(NamedTuple):
+    """A call the full path has answered, as a plan cache learns it (``PlanCache.learn``)."""
+    kind: tuple             # (operation name, 'forward' or 'backward')
+    checked: Checked        # what validation found
+    acc: Any                # the accumulation dtype (statistics, column sums)
+    ctx: Any                # the backend's context of the call
+    results: tuple          # what the call returned
+
+
+@runtime_checkable
+class PlanCache(Protocol):
+    """A backend's fast path for a call seen before (its ``plans``; a backend without one
+    has ``plans = None``): ``numbanorm.cpu._backend.Plans`` (small calls on host arrays)
+    and ``numbanorm.cuda._backend.Replays`` (recorded launches).
+
+    ``kind`` is ``(operation name, 'forward' or 'backward')``; ``args`` the public
+    function's arguments in the table's role order, a forward's ``out`` last.  A key
+    holds everything validation and the launch's choices depend on, so a call with a
+    learned key is answered by its plan alone, with the same results as the full path.
+    """
+
+    def key(self, kind: tuple, args: tuple) -> Any:
+        """The call's key, or None where it cannot be keyed (the full path answers it and
+        nothing is learned).  Never raises: a bad argument is validation's to report."""
+
+    def run(self, key: Any, args: tuple) -> Any:
+        """The results of a call whose key was learned (its plan run on ``args``), else None."""
+
+    def begin(self, key: Any) -> None:
+        """The full path of a keyed call has validated it and is about to allocate."""
+
+    def learn(self, key: Any, call: Call) -> None:
+        """Keep a plan of ``call`` under ``key`` if the cache can repeat it."""
+
+    def end(self) -> None:
+        """The full path of a keyed call is over (returned or raised)."""
+
+    def shortcut(self, kind: tuple) -> Any:
+        """``f(*args[, out=])`` -> ``key`` and ``run`` in one call, for a caller that asks
+        before choosing a backend (the top level and numbanorm.torch ask the CPU's); None
+        where the cache has no plans of ``kind``."""
+
+
 # ------------------------------------------------------------ the frontend
 
 class Frontend:
-    def __init__(self, backend: Backend, sides_checked: bool = False, replay: bool = True):
+    """The public functions of one backend (``numbanorm.cpu``, ``numbanorm.cuda``).
+
+    Each call: the backend's plan cache first (a call seen before); otherwise
+    ``_check_forward``/``_check_backward`` (every contract error, nothing allocated),
+    then ``_launch_forward``/``_launch_backward`` (allocation, launch, results), which
+    hands the answered call to the plan cache to learn."""
+
+    def __init__(self, backend: Backend, sides_checked: bool = False, plans: bool = True):
         self.backend = backend
         self.sides_checked = sides_checked  # the caller has run common_side on these arguments
         # each operation's (forward, backward) launchers, found once
         self.launchers = {op.name: tuple(_launcher(backend, k) for k in op.kernels) for op in ops.OPERATIONS}
-        # repeated small calls (cpu): the backend's shortcut of an operation's forward, if it has one
-        self.small = getattr(backend, "small_calls", None)
-        self.shortcuts = {op.name: getattr(self.small, op.name) for op in ops.OPERATIONS
-                          if hasattr(self.small, op.name)}
-        self.back_shortcuts = {op.name: getattr(self.small, op.name + "_backward") for op in ops.OPERATIONS
-                               if hasattr(self.small, op.name + "_backward")}
-        # calls seen before (cuda): the backend's record and replay of their launches
-        self.replays = getattr(backend, "replays", None) if replay else None
-        if self.replays is None:  # (cpu, simulator) the public methods go straight to the full paths
-            self._forward, self._backward = self._forward_full, self._backward_full
+        self.plans = getattr(backend, "plans", None) if plans else None
+
+    def shortcut(self, op, direction):
+        """The plan cache's ``key`` and ``run`` of ``op``'s ``direction`` as one function
+        (``PlanCache.shortcut``), for a caller that asks before choosing a backend; or None."""
+        return None if self.plans is None else self.plans.shortcut((op.name, direction))
 
     # ------------------------------------------------------------ the two paths
 
     def _forward(self, op, args, out):
         """``op``'s forward on ``args``, the public function's arguments in the table's role order."""
-        return self._replayed((op.name, "forward"), (*args, out), self._forward_full, op, args, out)
+        return self._answer(op, "forward", (*args, out), self._check_forward, self._launch_forward)
 
-    def _replayed(self, kind, key_args, full, *args):
-        """A replay of the call (``kind``, ``key_args``) where the backend's ``replays`` has
-        learned it; else ``full(*args, sig)``, which learns it if it can be keyed."""
-        replays = self.replays
-        sig = replays.signature(kind, key_args)
-        if sig is None:
-            return full(*args)
-        hit = replays.replay(sig)
-        if hit is not None:
-            return hit
-        try:
-            return full(*args, sig)
-        finally:
-            replays.stop()
+    def _backward(self, op, args):
+        """``op``'s backward on ``args``, the public function's arguments in the table's role order."""
+        return self._answer(op, "backward", args, self._check_backward, self._launch_backward)
 
-    def _forward_full(self, op, args, out, sig=None):
-        """``_forward`` by the full path; ``sig``: a call the backend's ``replays`` learns."""
-        shortcut = self.shortcuts.get(op.name)
-        if shortcut is not None:
-            hit = shortcut(*args, out=out)
-            if hit is not None:
-                return hit
+    def _answer(self, op, direction, args, check, launch):
+        """The results of ``op``'s ``direction`` on ``args`` (a forward's ``out`` last): the
+        plan cache's where it learned the call, else ``launch(op, check(op, args), key)``."""
+        plans = self.plans
+        if plans is not None:
+            key = plans.key((op.name, direction), args)
+            if key is not None:
+                hit = plans.run(key, args)
+                if hit is not None:
+                    return hit
+                try:
+                    return launch(op, check(op, args), key)
+                finally:
+                    plans.end()
+        return launch(op, check(op, args), None)
+
+    # ------------------------------------------------------------ step 1: validation
+
+    def _check_forward(self, op, args):
+        """Every contract error of a forward call (``args``: the roles', then out), before
+        anything is allocated."""
         given = dict(zip(op.forward_roles, args))
-        caller_x = given["x"]
+        given["out"] = args[-1]
         roles = op.forward_arrays + ("out",) if op.has_out else op.forward_arrays
-        given["out"] = out
         a = self._native(roles, given)
         x = a["x"]
         xdt = V.float_dtype("x", x)
@@ -213,51 +277,13 @@ class Frontend:
         for r in op.params:
             V.param(r, a[r], p.params)
         eps = V.rms_eps(given["eps"], xdt) if op.eps is None else V.check_eps(given["eps"], xdt)
-        out_native = a.get("out")
-        V.same_as_x("out", out_native, x.shape, xdt, optional=True)
-        # ---- everything below may allocate and write
-        backend = self.backend
-        ctx = backend.call_context(caller_x, given)
-        with backend.on_device(ctx):
-            if sig is not None:
-                self.replays.record()
-            acc = V.acc_dtype(xdt)
-            y, copy_back = self._output(ctx, out_native, p.flat, xdt, [a[r] for r in op.forward_arrays])
-            s = backend.empty(ctx, p.flat, xdt) if op.fused else None
-            stats = [backend.empty(ctx, p.stats, acc) for _ in op.stats]
-            if p.flat[0]:
-                inputs = [backend.contiguous(ctx, x, p.flat)]
-                if op.fused:
-                    inputs.append(backend.contiguous(ctx, a["residual"], p.flat))
-                for r in op.params:
-                    inputs.append(self._param(ctx, a[r], p.width))
-                outputs = (y, s) if op.fused else (y,)
-                backend.launch(ctx, self.launchers[op.name][0], *inputs, eps, *outputs, *stats)
-            if shortcut is not None:
-                self.small.learn(op.name, caller_x, given[op.shape_role], given["weight"], given.get("bias"),
-                                 given["eps"], eps, p.flat[0], out)
-            results = [self._result(ctx, y, copy_back, out, out_native, x.shape, caller_x)]
-            if op.fused:
-                results.append(backend.wrap(s.reshape(x.shape), caller_x))
-            results += [backend.wrap(st.reshape(p.kept), caller_x) for st in stats]
-            if sig is not None:
-                self.replays.learn(sig, caller_x, ctx, results)
-            return tuple(results)
+        V.same_as_x("out", a.get("out"), x.shape, xdt, optional=True)
+        return Checked(given, a, x, xdt, p, eps, given["x"])
 
-    def _backward(self, op, args):
-        """``op``'s backward on ``args``, the public function's arguments in the table's role order."""
-        return self._replayed((op.name, "backward"), args, self._backward_full, op, args)
-
-    def _backward_full(self, op, args, sig=None):
-        """``_backward`` by the full path; ``sig``: a call the backend's ``replays`` learns."""
-        shortcut = self.back_shortcuts.get(op.name)
-        if shortcut is not None:
-            hit = shortcut(*args)
-            if hit is not None:
-                return hit
+    def _check_backward(self, op, args):
+        """Every contract error of a backward call, before anything is allocated."""
         given = dict(zip(op.backward_roles, args))
         x_name = "s" if op.fused else "x"  # what was normalized: the fused norms' s = x + residual
-        caller_x = given[x_name]
         a = self._native(op.backward_arrays, given)
         x = a[x_name]
         xdt = V.float_dtype(x_name, x)
@@ -269,12 +295,46 @@ class Frontend:
         for r in op.stats:
             p.check_stat(r, a[r], x.shape)
         V.param("weight", a["weight"], p.params)
-        # ---- everything below may allocate and write
-        backend = self.backend
-        ctx = backend.call_context(caller_x, given)
+        return Checked(given, a, x, xdt, p, None, given[x_name])
+
+    # ------------------------------------------------------------ step 2: allocation and launch
+
+    def _launch_forward(self, op, c, key):
+        """The forward of the validated call ``c``; ``key``: a call the plan cache learns."""
+        backend, a, p, x = self.backend, c.arrays, c.problem, c.x
+        ctx = backend.call_context(c.leading, c.given)
         with backend.on_device(ctx):
-            if sig is not None:
-                self.replays.record()
+            if key is not None:
+                self.plans.begin(key)
+            acc = V.acc_dtype(c.dtype)
+            out, out_native = c.given["out"], a.get("out")
+            y, copy_back = self._output(ctx, out_native, p.flat, c.dtype, [a[r] for r in op.forward_arrays])
+            s = backend.empty(ctx, p.flat, c.dtype) if op.fused else None
+            stats = [backend.empty(ctx, p.stats, acc) for _ in op.stats]
+            if p.flat[0]:
+                inputs = [backend.contiguous(ctx, x, p.flat)]
+                if op.fused:
+                    inputs.append(backend.contiguous(ctx, a["residual"], p.flat))
+                for r in op.params:
+                    inputs.append(self._param(ctx, a[r], p.width))
+                outputs = (y, s) if op.fused else (y,)
+                backend.launch(ctx, self.launchers[op.name][0], *inputs, c.eps, *outputs, *stats)
+            results = [self._result(ctx, y, copy_back, out, out_native, x.shape, c.leading)]
+            if op.fused:
+                results.append(backend.wrap(s.reshape(x.shape), c.leading))
+            results += [backend.wrap(st.reshape(p.kept), c.leading) for st in stats]
+            results = tuple(results)
+            if key is not None:
+                self.plans.learn(key, Call((op.name, "forward"), c, acc, ctx, results))
+            return results
+
+    def _launch_backward(self, op, c, key):
+        """The backward of the validated call ``c``; ``key``: a call the plan cache learns."""
+        backend, a, p, x, xdt = self.backend, c.arrays, c.problem, c.x, c.dtype
+        ctx = backend.call_context(c.leading, c.given)
+        with backend.on_device(ctx):
+            if key is not None:
+                self.plans.begin(key)
             acc = V.acc_dtype(xdt)
             dx = backend.empty(ctx, p.flat, xdt)
             grads = [backend.empty(ctx, (p.width,), self._grads_in(a["weight"], xdt, acc))
@@ -286,12 +346,11 @@ class Frontend:
                 self._param(ctx, a["weight"], p.width), dx, *grads,
                 **({"ds": self._rows_or_none(ctx, a["ds"], p.flat, xdt)} if op.fused else {}))
             grad_dtype = self._grad_dtype(a["weight"], xdt)
-            results = (backend.wrap(dx.reshape(x.shape), caller_x),
-                       *[backend.wrap(backend.cast(ctx, g, grad_dtype).reshape(p.params), caller_x) for g in grads])
-            if shortcut is not None:
-                self.small.learn_backward(op.name, args, p.flat, p.params, acc)
-            if sig is not None:
-                self.replays.learn(sig, caller_x, ctx, results)
+            results = (backend.wrap(dx.reshape(x.shape), c.leading),
+                       *[backend.wrap(backend.cast(ctx, g, grad_dtype).reshape(p.params), c.leading)
+                         for g in grads])
+            if key is not None:
+                self.plans.learn(key, Call((op.name, "backward"), c, acc, ctx, results))
             return results
 
     # ------------------------------------------------------------ small pieces

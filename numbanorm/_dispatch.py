@@ -40,7 +40,7 @@ def _dispatching(op, kind):
     array arguments, in signature order, and calls the frontend's method of the
     same name with the same arguments.
 
-    Where the CPU backend has a shortcut of ``op`` (``SmallCalls``: a call seen before),
+    Where the CPU backend has a shortcut of ``op`` (``cpu._backend.Plans``: a call seen before),
     the function asks it first, as the CPU frontend's full path does first thing: a
     call it has not seen (host arrays or not) goes on as above.  The frontend's layers
     are a fifth of such a call's time.
@@ -50,7 +50,7 @@ def _dispatching(op, kind):
     arrays = ", ".join(f"{p.name}={p.name}" for p in params if p.name in _ops.ARRAY_ROLES)
     call = ", ".join(f"{p.name}={p.name}" if p.kind is p.KEYWORD_ONLY else p.name for p in params)
     body = f"_pick({arrays}).{name}({call})"
-    shortcut = (_CPU.back_shortcuts if kind == "backward" else _CPU.shortcuts).get(op.name)
+    shortcut = _CPU.shortcut(op, "backward" if kind == "backward" else "forward")
     if shortcut is not None:
         roles = ", ".join(op.backward_roles if kind == "backward" else op.forward_roles)
         out = "" if kind == "backward" else ", out=out" if kind == "plain" else ", out=None"

@@ -183,12 +183,12 @@ def _implementation(op, kind, roles):
     """The operator's kernel: numbanorm's public function of ``kind``, tensors crossing as
     views, ``normalized_shape`` as a tuple (a list, the schema's, cannot key the CPU
     backend's replay of a call seen before: every call took the full path).  A call the
-    CPU backend has seen before goes to its shortcut (``SmallCalls``) without numbanorm's
+    CPU backend has seen before goes to its shortcut (``cpu._backend.Plans``) without numbanorm's
     dispatch, which is the shortcut's own first step there too: the same bits."""
     name = op.function(kind)
     arrays = tuple(i for i, r in enumerate(roles) if r in ARRAY_ROLES)
     shape = roles.index("normalized_shape") if "normalized_shape" in roles else None
-    shortcut = (_CPU.back_shortcuts if kind == "backward" else _CPU.shortcuts).get(op.name)
+    shortcut = _CPU.shortcut(op, "backward" if kind == "backward" else "forward")
     n = len(op.plain_outputs) if kind == "plain" else None  # (the shortcut returns the statistics too)
 
     def implementation(*args):

@@ -410,8 +410,8 @@ def two_devices(M, N, device_array, launches):
 
     nc, _ = _frontends()
     replayed = []
-    real = nc.replays.replay
-    nc.replays.replay = lambda sig: (lambda r: replayed.append(r is not None) or r)(real(sig))
+    real = nc.plans.run
+    nc.plans.run = lambda key, args: (lambda r: replayed.append(r is not None) or r)(real(key, args))
 
     def seen(call):
         del launches[:], device_array.log[:], _fake_libs.LOG[:]
@@ -486,7 +486,7 @@ def _frontends():
     from numbanorm import _api
     from numbanorm.cuda import _backend
 
-    return _api.Frontend(_backend), _api.Frontend(_backend, replay=False)
+    return _api.Frontend(_backend), _api.Frontend(_backend, plans=False)
 
 
 def _region(fn, calls):
@@ -621,8 +621,8 @@ def _seer(device_array, launches):
 
     nc, full = _frontends()
     replayed = []
-    real = nc.replays.replay
-    nc.replays.replay = lambda sig: (lambda r: replayed.append(r is not None) or r)(real(sig))
+    real = nc.plans.run
+    nc.plans.run = lambda key, args: (lambda r: replayed.append(r is not None) or r)(real(key, args))
 
     def seen(call, nc):
         del launches[:], device_array.log[:], device_array.sizes[:], _fake_libs.LOG[:]
@@ -785,8 +785,8 @@ def shared(M, N, device_array, launches, cufuncs):
     calls = {"forward": lambda fe: fe.layer_norm_forward(x, N, w, w),
              "backward": lambda fe: fe.layer_norm_backward(dy, x, *st, N, w)}
     replayed = []
-    real = nc.replays.replay
-    nc.replays.replay = lambda sig: (lambda r: replayed.append(r is not None) or r)(real(sig))
+    real = nc.plans.run
+    nc.plans.run = lambda key, args: (lambda r: replayed.append(r is not None) or r)(real(key, args))
     out = {"bytes": {"forward": C.row_config(M, N, False, 8, C.ROW_RESIDENT, 2, 1).shared,
                      "backward": C.row_config(M, N, False, 8, C.ROW_RESIDENT, 2, 2).shared}}
     for name, call in calls.items():
@@ -812,8 +812,8 @@ def optin(which, device_array, launches, cufuncs, statics):
 
     nc, full = _frontends()
     replayed = []
-    real = nc.replays.replay
-    nc.replays.replay = lambda sig: (lambda r: replayed.append(r is not None) or r)(real(sig))
+    real = nc.plans.run
+    nc.plans.run = lambda key, args: (lambda r: replayed.append(r is not None) or r)(real(key, args))
     out = {}
     for direction, dtype, N in BOUNDARIES[which]:
         dt = C.BF16 if dtype == "bfloat16" else np.dtype(dtype)

@@ -75,12 +75,12 @@ def unstreamed(f, *args, **kwargs):
 
     saved = memory.STREAM_MIN_BYTES
     memory.STREAM_MIN_BYTES = 1 << 62
-    _backend.small_calls._plans.clear()
+    _backend.plans._plans.clear()
     try:
         return f(*args, **kwargs)
     finally:
         memory.STREAM_MIN_BYTES = saved
-        _backend.small_calls._plans.clear()
+        _backend.plans._plans.clear()
 
 
 # pyproject's addopts run the suite on two pytest-xdist workers (--dist loadgroup): compiling
@@ -97,3 +97,30 @@ def pytest_collection_modifyitems(items):
                or item.path.name.startswith(_GPU_FILES))
         if not gpu:
             item.add_marker(pytest.mark.xdist_group("cpu_kernels"))
+
+
+# The CUDA simulator runs every thread of a block as a Python thread, so a test's time grows
+# with the threads it launches, not with its rows.  Where the GPU is one more implementation
+# (test_contract, test_fused, test_operations, ...), its blocks are a warp and the column
+# sums' blocks 4 x 8 threads: the same kernels and code paths with a few rows each; the
+# default mapping and every other one are test_cuda.py's and test_gpu*'s, which keep the knobs.
+SIMULATED_KNOBS = {"BLOCK_THREADS": 32, "SUM_SLICES": 4, "SUM_COLS": 8}
+
+
+@pytest.fixture(autouse=True)
+def _warp_sized_simulated_blocks(request):
+    if not SIMULATED or "cuda" not in request.node.name or request.path.name.startswith(_GPU_FILES):
+        yield
+        return
+    from numbanorm.cuda._kernels import common as C
+
+    saved = {k: getattr(C, k) for k in SIMULATED_KNOBS}
+    for k, v in SIMULATED_KNOBS.items():
+        setattr(C, k, v)
+    C.row_config.cache_clear()
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(C, k, v)
+        C.row_config.cache_clear()

@@ -32,6 +32,30 @@ def test_both_backends_implement_the_protocol(backend):
         assert list(inspect.signature(getattr(backend, name)).parameters) == want, name
 
 
+def test_each_plan_cache_implements_its_protocol():
+    """The CPU's plans and CUDA's replays answer the frontend through one protocol
+    (``_api.PlanCache``), the same signatures; the simulator has none (every call takes
+    the full path)."""
+    import numbanorm.cpu._backend as cpu_backend
+
+    caches = [cpu_backend.plans]
+    if numbanorm.cuda.is_available():
+        from numbanorm.cuda import _backend as cuda_backend
+
+        if SIMULATED:
+            assert cuda_backend.plans is None
+        else:
+            caches.append(cuda_backend.plans)
+        caches.append(cuda_backend.Replays())  # (its methods need no GPU to be looked at)
+    for cache in caches:
+        assert isinstance(cache, _api.PlanCache)
+        for name, member in vars(_api.PlanCache).items():
+            if name.startswith("_") or not inspect.isfunction(member):
+                continue
+            want = list(inspect.signature(member).parameters)[1:]
+            assert list(inspect.signature(getattr(cache, name)).parameters) == want, (type(cache), name)
+
+
 def _count_side_checks(monkeypatch):
     calls = []
     real = V.common_side

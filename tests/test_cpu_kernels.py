@@ -34,10 +34,10 @@ SHAPES = [(1, 1), (1, 1023), (3, 5, 33), (5, 4099), (64, 768), (70, 7)]
 def stream_everything(monkeypatch):
     from numbanorm.cpu import _backend
     monkeypatch.setattr(stream, "STREAM_MIN_BYTES", 0)
-    _backend.small_calls._plans.clear()  # plans keep the store chosen when they were learned
+    _backend.plans._plans.clear()  # plans keep the store chosen when they were learned
     with background.synchronous():  # the streaming variants compiled at once, so that they run
         yield
-    _backend.small_calls._plans.clear()
+    _backend.plans._plans.clear()
 
 
 def _line_offset_view(length, dtype, offset):
@@ -440,13 +440,13 @@ def test_the_threshold_is_a_fraction_of_the_cache_counted_on_in_whole_lines():
 def test_a_large_output_is_streamed_fresh_or_given(name, out, stream_everything, monkeypatch):
     """Streaming stores into a fresh output took 0.83-0.97x the time of ordinary ones
     (``streaming-xeon.json``); the first call (the full path) and a repeat (its replay,
-    ``SmallCalls``) both stream, with ``out=`` or without."""
+    ``Plans``) both stream, with ``out=`` or without."""
     from numbanorm.cpu import _backend
     module = ln_cpu if name == "layer_norm" else rms_cpu
     flags = []
     real = module.launch
     monkeypatch.setattr(module, "launch", lambda k, size, *a: flags.append(a[-1]) or real(k, size, *a))
-    _backend.small_calls._plans.clear()
+    _backend.plans._plans.clear()
     x = np.random.default_rng(0).standard_normal((64, 96)).astype(np.float32)
     w = np.linspace(0.5, 1.5, 96, dtype=np.float32)
     for _ in range(2):

@@ -1,4 +1,4 @@
-"""The CPU's small-call path (``cpu/_backend.SmallCalls``): a repeated call replays a plan
+"""The CPU's small-call path (``cpu/_backend.Plans``): a repeated call replays a plan
 learned from its first and gives the full path's bits, still validates, and one call
 gets one answer whatever was called before it."""
 
@@ -21,7 +21,7 @@ def test_repeated_16_bit_and_out_calls_take_the_small_call_path_with_the_full_pa
     x[1, 0, 3] = np.nan  # stays in its row
     w = rng.standard_normal(16).astype(dt)
     w32 = w.astype(np.float32)  # weights of another dtype than x
-    plans = _backend.small_calls._plans
+    plans = _backend.plans._plans
     before = x.copy()
     # the statistics too: the forward functions (no out=) replay as well
     for fwd in (lambda: nn.layer_norm_forward(x, 16, w, w32, 1e-4), lambda: nn.rms_norm_forward(x, 16, w)):
@@ -74,7 +74,7 @@ def test_a_repeated_group_norm_takes_the_small_call_path_with_the_full_paths_bit
     x[1, 2, 0, 1] = np.nan  # stays in its (sample, group)
     w = rng.standard_normal(6).astype(dt)
     b32 = rng.standard_normal(6).astype(np.float32)
-    small = _backend.small_calls
+    small = _backend.plans
     before = x.copy()
 
     def same(got, want):
@@ -84,7 +84,7 @@ def test_a_repeated_group_norm_takes_the_small_call_path_with_the_full_paths_bit
 
     small._plans.clear()
     want = [a.copy() for a in nn.group_norm_forward(x, 3)]  # the full path, which learns it
-    assert small.group_norm(x, 3, None, None, 1e-5) is not None  # (eps as the public default)
+    assert small.shortcut(("group_norm", "forward"))(x, 3, None, None, 1e-5) is not None  # (eps as the public default)
     same(nn.group_norm_forward(x, 3), want)
     y = np.asarray(want[0], np.float64)
     assert np.isnan(y[1, 2:4]).all() and not np.isnan(y[0]).any() and not np.isnan(y[1, :2]).any()
@@ -95,7 +95,7 @@ def test_a_repeated_group_norm_takes_the_small_call_path_with_the_full_paths_bit
     assert nn.group_norm(x, 3, w, b32, 1e-4, out=out) is out  # learned as another key
     for got in (nn.group_norm(x, 3, w, b32, 1e-4), nn.group_norm(x, 3, w, b32, 1e-4, out=out), out):
         same((got,), (want,))
-    assert small.group_norm(x, 3, w, b32, 1e-4, out=out) is not None
+    assert small.shortcut(("group_norm", "forward"))(x, 3, w, b32, 1e-4, out=out) is not None
     out.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
         nn.group_norm(x, 3, w, b32, 1e-4, out=out)
@@ -123,13 +123,13 @@ def test_a_repeated_backward_takes_the_small_call_path_with_the_full_paths_bits(
     x = rng.standard_normal((3, 2, 16)).astype(dt)
     x[1, 0, 3] = np.nan  # stays in its row
     dy = rng.standard_normal(x.shape).astype(dt)
-    small = _backend.small_calls
+    small = _backend.plans
     plans = small._plans
     before = [x.copy(), dy.copy()]
     for w in (rng.standard_normal(16).astype(dt), rng.standard_normal(16).astype(np.float32), None):
         _, mean, rstd = nn.layer_norm_forward(x, 16, w)
-        for name, stats, shortcut in (("layer_norm", (mean, rstd), small.layer_norm_backward),
-                                      ("rms_norm", nn.rms_norm_forward(x, 16, w)[1:], small.rms_norm_backward)):
+        for name, stats, shortcut in (("layer_norm", (mean, rstd), small.shortcut(("layer_norm", "backward"))),
+                                      ("rms_norm", nn.rms_norm_forward(x, 16, w)[1:], small.shortcut(("rms_norm", "backward")))):
             bwd = getattr(nn, name + "_backward")
             plans.clear()
             assert shortcut(dy, x, *stats, 16, w) is None  # not seen yet
@@ -175,7 +175,7 @@ def test_a_repeated_16_bit_call_goes_straight_to_the_kernel(dtype, monkeypatch):
     x = rng.standard_normal((4, 64)).astype(dt)
     w = rng.standard_normal(64).astype(dt)
     b32 = rng.standard_normal(64).astype(np.float32)
-    _backend.small_calls._plans.clear()
+    _backend.plans._plans.clear()
     want = (nn.layer_norm(x, 64, w, b32), nn.rms_norm(x, 64, w))  # learned by the full path
 
     def launcher_called(*args, **kwargs):
@@ -197,10 +197,10 @@ def test_a_repeated_call_returns_what_the_first_did_for_every_layout_of_x(shape,
     x = rng.standard_normal(shape).astype(np.float32)
     # a weight over two dimensions is not learned (the full path flattens it): none there
     w = rng.standard_normal(nshape).astype(np.float32) if len(nshape) == 1 else None
-    _backend.small_calls._plans.clear()
+    _backend.plans._plans.clear()
     for fwd in (lambda: nn.layer_norm_forward(x, nshape, w, w), lambda: nn.rms_norm_forward(x, nshape, w)):
         first = fwd()
-        assert len(_backend.small_calls._plans) >= 1
+        assert len(_backend.plans._plans) >= 1
         for a, b in zip(first, fwd()):
             assert a.shape == b.shape and a.dtype == b.dtype
             np.testing.assert_array_equal(a, b)
@@ -213,9 +213,9 @@ def test_a_repeated_call_takes_the_small_call_path_and_still_validates():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 3, 8)).astype(np.float32)
     w = rng.standard_normal(8).astype(np.float32)
-    plans = _backend.small_calls._plans
+    plans = _backend.plans._plans
     first = nn.layer_norm_forward(x, (8,), w, w, 1e-3)
-    assert any(k[0] == "layer_norm" and k[1] == x.shape for k in plans)  # learned from the full path
+    assert any(k[0] == ("layer_norm", "forward") and k[1] == x.shape for k in plans)  # learned from the full path
     again = nn.layer_norm_forward(x, (8,), w, w, 1e-3)
     for a, b in zip(first, again):
         assert a.shape == b.shape and a.dtype == b.dtype
@@ -279,10 +279,10 @@ def test_a_call_gets_one_answer_whatever_was_called_before(learned, asked):
     learned one (64.0 == 64, True == 1) but of another type gets the full path's answer."""
     from numbanorm.cpu import _backend
 
-    _backend.small_calls._plans.clear()
+    _backend.plans._plans.clear()
     first = _outcome(asked)
     assert first[0] is TypeError, first  # what the full path says of it
     learned()
     learned()  # (the second call is the small-call path's)
-    assert _backend.small_calls._plans
+    assert _backend.plans._plans
     assert _outcome(asked) == first

@@ -4,11 +4,12 @@ It implements ``numbanorm._api.Backend``; a CPU call has no context (``None``).
 """
 
 import contextlib
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .. import _validate as V
-from ._kernels import group_norm, layer_norm, rms_norm  # SmallCalls launches these directly
+from ._kernels import group_norm, layer_norm, rms_norm  # Plans launches these directly
 from ._kernels.halves import kernel_view
 from ._kernels.memory import should_stream
 
@@ -70,205 +71,240 @@ def wrap(a, like):
     return a
 
 
-class SmallCalls:
-    """The forward of a call seen before, without the frontend's work per call.
+class RowsForward(NamedTuple):
+    """The plan of a LayerNorm or RMSNorm forward seen before."""
+    rows: int               # M of the flattened problem (M, N)
+    n: int                  # N
+    stat_shape: tuple       # the statistics as returned (keep-dims)
+    acc: np.dtype           # the accumulation dtype
+    eps: Any                # eps as validated, in acc
+    block: int              # rows per block of the parallel kernel
+    direct: bool            # no out= and weights in x's or acc's dtype: straight to the kernel
+    half: Any               # 16-bit x: the integer dtypes of x and of weights in x's dtype, else None
+    flat: bool              # x is (M, N) already: no reshape of x or y
+    stream: bool            # stores streamed (``memory.should_stream``)
+
+
+class GroupsForward(NamedTuple):
+    """The plan of a GroupNorm forward seen before."""
+    flat: tuple             # (N, C, spatial)
+    stats: tuple            # (N, num_groups)
+    eps: Any                # eps as validated, in the accumulation dtype
+
+
+class RowsBackward(NamedTuple):
+    """The plan of a LayerNorm or RMSNorm backward seen before."""
+    flat: tuple             # (M, N)
+    params: tuple           # dweight's shape
+    grads: np.dtype         # dweight/dbias's dtype
+
+
+class Plans:
+    """The CPU's plan cache (``numbanorm._api.PlanCache``): a call seen before, without
+    the frontend's work per call.
 
     A (1, 768) float32 LayerNorm spent most of its time in validation and in the
     launcher's checks (``book/05_cpu_kernel.md``, "Threads, forks, read-only installs
     and small calls"), all of which depend only on the arguments' types, shapes,
-    strides and dtypes and on ``eps``.  ``learn`` records a call that the full path
-    has validated; a later call with the same key skips the frontend.  A call
-    without ``out=`` whose weights are in x's dtype or the accumulation dtype goes
-    straight to the kernel: 16-bit arrays as their integer views (``halves``), the
-    kernel widening 16-bit weights as it reads them (widened by the launcher, two
-    Numba calls and two allocations, a float16 (1, 4096) call took 2.9x torch's
-    time against 1.3x for float32).  Every other call seen before (weights of
-    another dtype, a C-contiguous ``out=``) goes to the kernel's launcher, which
-    converts the weights and checks ``out`` against the inputs on every call (their
-    contents and memory may change between calls; only their types and shapes are
-    learned).
+    strides and dtypes and on ``eps``: the key.  A forward without ``out=`` whose
+    weights are in x's dtype or the accumulation dtype goes straight to the kernel:
+    16-bit arrays as their integer views (``halves``), the kernel widening 16-bit
+    weights as it reads them.  Every other forward seen before (weights of another
+    dtype, a C-contiguous ``out=``) goes to the kernel's launcher, which converts the
+    weights and checks ``out`` against the inputs on every call (their contents and
+    memory may change between calls; only their types and shapes are learned).  A
+    backward is learned where it needs no conversion: dy in x's dtype, the statistics
+    in the accumulation dtype, every array C-contiguous.
     """
 
     MAX_PLANS = 256
+    FORWARD = ("layer_norm", "rms_norm", "group_norm")
+    BACKWARD = ("layer_norm", "rms_norm")
 
     def __init__(self):
         self._plans = {}
+        run = {"layer_norm": _layer_norm, "rms_norm": _rms_norm, "group_norm": _group_norm}
+        self._run = {(k, "forward"): run[k] for k in self.FORWARD}
+        self._run.update({(k, "backward"): _rows_backward for k in self.BACKWARD})
 
-    @staticmethod
-    def _key(kind, x, nshape, weight, bias, eps, out):
-        """The key of a forward call, or None where it has none; ``TypeError`` where an
-        array argument is not a NumPy array (``_layout``) or the shape cannot be hashed."""
-        if type(x) is not np.ndarray or (type(eps) is not float and eps is not None):
+    def key(self, kind, args):
+        return (_forward_key if kind[1] == "forward" else _backward_key)(kind, args) if kind in self._run else None
+
+    def run(self, key, args):
+        plan = self._plans.get(key)
+        return None if plan is None else self._run[key[0]](plan, args)
+
+    def begin(self, key):
+        pass
+
+    def end(self):
+        pass
+
+    def shortcut(self, kind):
+        run = self._run.get(kind)
+        if run is None:
             return None
-        if type(nshape) is not int and not _exact(nshape):
-            return None
-        return (kind, x.shape, x.strides, x.dtype, nshape, eps, _layout(weight), _layout(bias), _layout(out))
+        plans = self._plans
+        if kind[1] == "forward":
+            def forward(*args, out=None):
+                args = (*args, out)
+                plan = plans.get(_forward_key(kind, args))
+                return None if plan is None else run(plan, args)
+            return forward
 
-    def learn(self, kind, x, nshape, weight, bias, eps, checked_eps, rows, out=None):
-        """Record a call of the operation ``kind`` (its name: ``layer_norm``, ``rms_norm``,
-        ``group_norm``, whose ``nshape`` is num_groups) the full path has validated:
-        ``eps`` as given, ``checked_eps``
-        as validated, ``rows`` of the flattened problem, the caller's ``out`` or None."""
-        try:
-            key = self._key(kind, x, nshape, weight, bias, eps, out)
-        except TypeError:
-            return
-        if key is None or rows == 0 or not x.flags.c_contiguous:
-            return
-        if out is not None and not (out.flags.c_contiguous and out.shape == x.shape and out.dtype == x.dtype):
-            return  # the full path wrote it through a copy
-        if any(a is not None and (a.ndim != 1 or not a.flags.c_contiguous) for a in (weight, bias)):
-            return  # the full path flattens it
-        acc = layer_norm.acc_of(x.dtype)
-        if kind == "group_norm":  # nshape is num_groups; the launcher converts the weights
-            n, c = x.shape[:2]
-            self._keep(key, ((n, c, x.size // (n * c)), (n, nshape), acc.type(checked_eps)))
-            return
-        direct = out is None and all(a is None or a.dtype in (acc, x.dtype) for a in (weight, bias))
-        k = len(nshape) if isinstance(nshape, tuple) else 1
-        stat_shape = x.shape[: x.ndim - k] + (1,) * k
-        # x already (rows, N): no reshape of it or of y (each a share of a small call's time)
-        flat = x.shape == (rows, x.size // rows)
-        self._keep(key, (rows, x.size // rows, stat_shape, acc, acc.type(checked_eps),
-                         layer_norm.row_block(rows), direct, _views(x, weight, bias), flat,
-                         should_stream(x)))
+        def backward(*args):
+            plan = plans.get(_backward_key(kind, args))
+            return None if plan is None else run(plan, args)
+        return backward
 
-    def _keep(self, key, plan):
-        """Learn ``plan`` under ``key``, emptying the table when it is full; a key that
-        cannot be hashed (a normalized_shape holding a list) is not learned."""
-        try:
-            hash(key)
-        except TypeError:
+    def learn(self, key, call):
+        c = call.checked
+        if call.kind[1] == "backward":
+            plan = _learn_backward(c, call.acc)
+        else:
+            plan = _learn_forward(call.kind[0], c, call.acc)
+        if plan is None:
             return
         if len(self._plans) >= self.MAX_PLANS:
             self._plans.clear()
         self._plans[key] = plan
 
-    def _plan(self, kind, x, nshape, weight, bias, eps, out):
-        """The plan learned for this call, or None."""
-        try:
-            plan = self._plans.get(self._key(kind, x, nshape, weight, bias, eps, out))
-        except TypeError:  # an array argument of another type, an unhashable normalized_shape
-            return None
-        if out is not None and not out.flags.writeable:
-            return None  # (the full path says why a read-only out= is refused)
-        return plan
 
-    def layer_norm(self, x, nshape, weight, bias, eps, out=None):
-        """``(y, mean, rstd)``, or None where the call is not one seen before."""
-        plan = self._plan("layer_norm", x, nshape, weight, bias, eps, out)
-        if plan is None:
-            return None
-        m, n, stat, acc, e, block, direct, half, flat, stream = plan
-        y = np.empty(x.shape, x.dtype) if out is None else out
-        mean, rstd = np.empty(stat, acc), np.empty(stat, acc)
-        x2, y2 = (x, y) if flat else (x.reshape(m, n), y.reshape(m, n))
-        mean1, rstd1 = mean.reshape(m), rstd.reshape(m)
-        if direct:
-            if half:  # (kernel_view's own tests skipped: the plan checked the arrays)
-                bits, wbits, bbits = half
-                x2, y2 = x2.view(bits), y2.view(bits)
-                weight = weight.view(wbits) if wbits else weight
-                bias = bias.view(bbits) if bbits else bias
-            layer_norm.launch(layer_norm._forward, x.size, block, x2, weight, bias, e, y2, mean1, rstd1, stream)
+def _learn_forward(name, c, acc):
+    """The plan of the forward ``c`` (validated), or None where the full path did more
+    than a plan repeats (a copy of x, of out, of the weights)."""
+    g, (rows, *_) = c.given, c.problem.flat
+    x, out, weight, bias = g["x"], g["out"], g["weight"], g.get("bias")
+    if rows == 0 or not x.flags.c_contiguous:
+        return None
+    if out is not None and not (out.flags.c_contiguous and out.shape == x.shape and out.dtype == x.dtype):
+        return None  # the full path wrote it through a copy
+    if any(a is not None and (a.ndim != 1 or not a.flags.c_contiguous) for a in (weight, bias)):
+        return None  # the full path flattens it
+    if name == "group_norm":  # the launcher converts the weights
+        return GroupsForward(c.problem.flat, c.problem.stats, acc.type(c.eps))
+    direct = out is None and all(a is None or a.dtype in (acc, x.dtype) for a in (weight, bias))
+    n = x.size // rows
+    return RowsForward(rows, n, c.problem.kept, acc, acc.type(c.eps), layer_norm.row_block(rows), direct,
+                       _views(x, weight, bias), x.shape == (rows, n), should_stream(x))
+
+
+def _learn_backward(c, acc):
+    """The plan of the backward ``c`` (validated), or None where the full path converted
+    something (dy not in x's dtype, statistics not in ``acc``, an array not C-contiguous)."""
+    g = c.given
+    dy, x, weight = g["dy"], g["x"], g["weight"]
+    stats = [g[r] for r in ("mean", "rstd") if r in g]
+    if c.problem.flat[0] == 0 or dy.dtype != x.dtype:
+        return None
+    if not all(a.flags.c_contiguous for a in (dy, x, *stats)) or any(s.dtype != acc for s in stats):
+        return None
+    if weight is not None and not weight.flags.c_contiguous:
+        return None
+    return RowsBackward(c.problem.flat, c.problem.params, np.dtype(weight.dtype if weight is not None else x.dtype))
+
+
+def _forward_key(kind, args):
+    """The key of a forward call ``args`` (the public arguments in order, out last), or None:
+    x a NumPy array, every other array one or None, eps a float or None and the shape or
+    group count an int or a tuple of ints, by type (``_exact``)."""
+    x, nshape, eps = args[0], args[1], args[-2]
+    if type(x) is not np.ndarray or (type(eps) is not float and eps is not None) or not _exact(nshape):
+        return None
+    try:
+        return (kind, x.shape, x.strides, x.dtype, nshape, eps, *[_layout(a) for a in args[2:-2]], _layout(args[-1]))
+    except TypeError:  # an array argument of another type
+        return None
+
+
+def _backward_key(kind, args):
+    """The key of a backward call ``args`` (its public arguments in order), or None: every
+    array a NumPy array, the normalized shape an int or a tuple of ints."""
+    sig = [kind]
+    for a in args:
+        if a is None or type(a) is int:
+            sig.append(a)
+        elif type(a) is np.ndarray:
+            sig.append((a.shape, a.strides, a.dtype))
+        elif _exact(a):
+            sig.append(("shape", a))
         else:
-            layer_norm.forward(x2, weight, bias, e, y2, mean1, rstd1)
-        return y, mean, rstd
-
-    def group_norm(self, x, num_groups, weight, bias, eps, out=None):
-        """``(y, mean, rstd)``, or None where the call is not one seen before: through the
-        launcher, which converts the weights and checks ``out`` against the inputs."""
-        plan = self._plan("group_norm", x, num_groups, weight, bias, eps, out)
-        if plan is None:
             return None
-        flat, stats, e = plan
-        y = np.empty(x.shape, x.dtype) if out is None else out
-        mean, rstd = np.empty(stats, e.dtype), np.empty(stats, e.dtype)
-        group_norm.forward(x.reshape(flat), weight, bias, e, y.reshape(flat), mean, rstd)
-        return y, mean, rstd
+    return tuple(sig)
 
-    def rms_norm(self, x, nshape, weight, eps, out=None):
-        """``(y, rstd)``, or None where the call is not one seen before."""
-        plan = self._plan("rms_norm", x, nshape, weight, None, eps, out)
-        if plan is None:
-            return None
-        m, n, stat, acc, e, block, direct, half, flat, stream = plan
-        y = np.empty(x.shape, x.dtype) if out is None else out
-        rstd = np.empty(stat, acc)
-        x2, y2 = (x, y) if flat else (x.reshape(m, n), y.reshape(m, n))
-        rstd1 = rstd.reshape(m)
-        if direct:
-            if half:
-                bits, wbits, _ = half
-                x2, y2 = x2.view(bits), y2.view(bits)
-                weight = weight.view(wbits) if wbits else weight
-            rms_norm.launch(rms_norm._forward, x.size, block, x2, weight, e, y2, rstd1, stream)
-        else:
-            rms_norm.forward(x2, weight, e, y2, rstd1)
-        return y, rstd
 
-    # ---- the backward of a call seen before
+def _writable(out):
+    """Whether a plan may write ``out`` (a read-only one is the full path's to refuse)."""
+    return out is None or out.flags.writeable
 
-    @staticmethod
-    def _backward_key(kind, args):
-        """The key of a backward call ``args`` (its public arguments in order), or None:
-        every array a NumPy array, the normalized shape hashable."""
-        sig = [kind + "_backward"]
-        for a in args:
-            if a is None or type(a) is int:
-                sig.append(a)
-            elif type(a) is np.ndarray:
-                sig.append((a.shape, a.strides, a.dtype))
-            elif _exact(a):
-                sig.append(("shape", a))
-            else:
-                return None
-        return tuple(sig)
 
-    def learn_backward(self, kind, args, flat, params, acc):
-        """Record a backward call that the full path has validated: ``args`` its public
-        arguments in order (dy, x, stats..., normalized_shape, weight), ``flat`` = (M, N),
-        ``params`` dweight's shape, ``acc`` the accumulation dtype.  Only the call that
-        needs no conversion is learned: dy in x's dtype, the statistics in ``acc``, every
-        array C-contiguous (the full path would copy or cast them)."""
-        dy, x, *stats, _, weight = args
-        key = self._backward_key(kind, args)
-        if key is None or flat[0] == 0 or dy.dtype != x.dtype:
-            return
-        if not all(a.flags.c_contiguous for a in (dy, x, *stats)) or any(s.dtype != acc for s in stats):
-            return
-        if weight is not None and not weight.flags.c_contiguous:
-            return
-        self._keep(key, (flat, params, np.dtype(weight.dtype if weight is not None else x.dtype)))
+def _layer_norm(plan, args):
+    """``(y, mean, rstd)`` of a LayerNorm forward by its plan, or None (the full path's)."""
+    x, _, weight, bias, _, out = args
+    if not _writable(out):
+        return None
+    m, n, stat, acc, e, block, direct, half, flat, stream = plan
+    y = np.empty(x.shape, x.dtype) if out is None else out
+    mean, rstd = np.empty(stat, acc), np.empty(stat, acc)
+    x2, y2 = (x, y) if flat else (x.reshape(m, n), y.reshape(m, n))
+    mean1, rstd1 = mean.reshape(m), rstd.reshape(m)
+    if direct:
+        if half:  # (kernel_view's own tests skipped: the plan checked the arrays)
+            bits, wbits, bbits = half
+            x2, y2 = x2.view(bits), y2.view(bits)
+            weight = weight.view(wbits) if wbits else weight
+            bias = bias.view(bbits) if bbits else bias
+        layer_norm.launch(layer_norm._forward, x.size, block, x2, weight, bias, e, y2, mean1, rstd1, stream)
+    else:
+        layer_norm.forward(x2, weight, bias, e, y2, mean1, rstd1)
+    return y, mean, rstd
 
-    def _backward_plan(self, kind, args):
-        try:
-            return self._plans.get(self._backward_key(kind, args))
-        except TypeError:
-            return None
 
-    def layer_norm_backward(self, dy, x, mean, rstd, nshape, weight):
-        """``(dx, dweight, dbias)``, or None where the call is not one seen before."""
-        plan = self._backward_plan("layer_norm", (dy, x, mean, rstd, nshape, weight))
-        if plan is None:
-            return None
-        (m, n), params, grads = plan
-        acc = mean.dtype
-        dx, dw, db = np.empty(x.shape, x.dtype), np.empty(n, acc), np.empty(n, acc)
-        layer_norm.backward(dy.reshape(m, n), x.reshape(m, n), mean.reshape(m), rstd.reshape(m),
-                            None if weight is None else weight.reshape(n), dx.reshape(m, n), dw, db)
-        return dx, dw.astype(grads, copy=False).reshape(params), db.astype(grads, copy=False).reshape(params)
+def _rms_norm(plan, args):
+    """``(y, rstd)`` of an RMSNorm forward by its plan, or None (the full path's)."""
+    x, _, weight, _, out = args
+    if not _writable(out):
+        return None
+    m, n, stat, acc, e, block, direct, half, flat, stream = plan
+    y = np.empty(x.shape, x.dtype) if out is None else out
+    rstd = np.empty(stat, acc)
+    x2, y2 = (x, y) if flat else (x.reshape(m, n), y.reshape(m, n))
+    rstd1 = rstd.reshape(m)
+    if direct:
+        if half:
+            bits, wbits, _ = half
+            x2, y2 = x2.view(bits), y2.view(bits)
+            weight = weight.view(wbits) if wbits else weight
+        rms_norm.launch(rms_norm._forward, x.size, block, x2, weight, e, y2, rstd1, stream)
+    else:
+        rms_norm.forward(x2, weight, e, y2, rstd1)
+    return y, rstd
 
-    def rms_norm_backward(self, dy, x, rstd, nshape, weight):
-        """``(dx, dweight)``, or None where the call is not one seen before."""
-        plan = self._backward_plan("rms_norm", (dy, x, rstd, nshape, weight))
-        if plan is None:
-            return None
-        (m, n), params, grads = plan
-        dx, dw = np.empty(x.shape, x.dtype), np.empty(n, rstd.dtype)
-        rms_norm.backward(dy.reshape(m, n), x.reshape(m, n), rstd.reshape(m),
-                          None if weight is None else weight.reshape(n), dx.reshape(m, n), dw)
-        return dx, dw.astype(grads, copy=False).reshape(params)
+
+def _group_norm(plan, args):
+    """``(y, mean, rstd)`` of a GroupNorm forward by its plan (through the launcher, which
+    converts the weights and checks ``out`` against the inputs), or None."""
+    x, _, weight, bias, _, out = args
+    if not _writable(out):
+        return None
+    y = np.empty(x.shape, x.dtype) if out is None else out
+    mean, rstd = np.empty(plan.stats, plan.eps.dtype), np.empty(plan.stats, plan.eps.dtype)
+    group_norm.forward(x.reshape(plan.flat), weight, bias, plan.eps, y.reshape(plan.flat), mean, rstd)
+    return y, mean, rstd
+
+
+def _rows_backward(plan, args):
+    """``(dx, dweight[, dbias])`` of a LayerNorm (``args``: dy, x, mean, rstd, shape, weight)
+    or RMSNorm (dy, x, rstd, shape, weight) backward by its plan."""
+    dy, x, *stats, _, weight = args
+    (m, n), params, grads = plan
+    acc = stats[0].dtype
+    dx = np.empty(x.shape, x.dtype)
+    w = None if weight is None else weight.reshape(n)
+    sums = [np.empty(n, acc) for _ in stats]  # dweight (and dbias: one per statistic)
+    kernel = layer_norm if len(stats) == 2 else rms_norm
+    kernel.backward(dy.reshape(m, n), x.reshape(m, n), *[s.reshape(m) for s in stats], w, dx.reshape(m, n), *sums)
+    return (dx, *[s.astype(grads, copy=False).reshape(params) for s in sums])
 
 
 def _layout(a):
@@ -304,4 +340,4 @@ def _views(x, weight, bias):
     return (bits,) + tuple(bits if a is not None and a.dtype == x.dtype else None for a in (weight, bias))
 
 
-small_calls = SmallCalls()
+plans = Plans()

@@ -19,6 +19,7 @@ launches.
 import functools
 import inspect
 import sys
+from typing import Any, NamedTuple
 
 import numpy as np
 from numba import cuda
@@ -420,9 +421,20 @@ def _kind(t):
     return kind
 
 
+class Replay(NamedTuple):
+    """The plan of a call seen before: what ``Replays.run`` repeats."""
+    lead: int               # the argument whose stream the call runs on (its index among the arrays)
+    lib: Any                # the library the results come from: 'torch', 'cupy' or None (numba)
+    device: Any             # the GPU whose context is made current, None with one GPU
+    where: Any              # where the library allocates (torch's device, else ``device``)
+    specs: list             # each allocation's (shape, dtype), as returned
+    launches: tuple         # (kernel, launch config, argument template, pointer slots) per launch
+    results: tuple          # each result: an allocation's index, or ~(the caller's array's index)
+
+
 class Replays:
-    """A call seen before, replayed: its allocations and its kernel launches, without the
-    frontend's and the launchers' work.
+    """The CUDA plan cache (``numbanorm._api.PlanCache``): a call seen before, replayed --
+    its allocations and its kernel launches, without the frontend's and the launchers' work.
 
     What a call allocates and launches (kernels, grids, blocks, the marshalled
     kernel arguments but for the pointers) depends only on its arguments' types,
@@ -430,7 +442,7 @@ class Replays:
     ``common.vec_width``), which of them are the same array, its scalars and, where
     there are several GPUs, the GPU of each array: the key.  The first validated call
     of a key that goes through cached direct launches only (``common._direct_launch``)
-    is recorded (``record``, ``learn``): each launch's arguments, and for each pointer
+    is recorded (``begin``, ``learn``): each launch's arguments, and for each pointer
     among them the array it points into (a caller's array or one of the call's
     allocations, at an offset) or a dummy.  A later call of the key allocates the same
     arrays from the same library (numba's, PyTorch's caching allocator, CuPy's pool;
@@ -448,7 +460,7 @@ class Replays:
         self._plans = {}
 
     @staticmethod
-    def signature(kind, args):
+    def key(kind, args):
         """``(key, pointers, arrays)`` of a call of ``kind`` (an operation's name and
         direction) on ``args`` (None, numba device arrays, CUDA torch tensors, CuPy arrays,
         other CUDA Array Interface objects, ints, floats, tuples of ints), or None where a
@@ -523,10 +535,10 @@ class Replays:
             sig.append(tuple(devices))
         return tuple(sig), pointers, arrays
 
-    def replay(self, sig):
-        """The results of the call ``sig`` (``signature``), or None if it is not one learned."""
-        key, pointers, arrays = sig
-        plan = self._plans.get(key)
+    def run(self, key, args):
+        """The results of the call ``key`` (``Replays.key``), or None if it is not one learned."""
+        sig, pointers, arrays = key
+        plan = self._plans.get(sig)
         if plan is None:
             return None
         lead, lib, device, where, specs, launches, results = plan
@@ -546,23 +558,28 @@ class Replays:
         return tuple([allocs[k] if k >= 0 else arrays[~k] for k in results])
 
     @staticmethod
-    def record():
+    def begin(key):
         """Record what this thread allocates and launches from now on (after validation)."""
         C._RECORDING.log = []
 
     @staticmethod
-    def stop():
+    def end():
         log, C._RECORDING.log = getattr(C._RECORDING, "log", None), None
         return log
 
-    def learn(self, sig, leading, ctx, results):
-        """Keep the call just recorded (``record``) as the plan of ``sig``, if a replay can
-        repeat it: ``leading`` is the array whose stream it ran on (``ctx``), ``results``
-        what it returned."""
-        log = self.stop()
+    @staticmethod
+    def shortcut(kind):
+        return None  # (a call on device arrays reaches the CUDA frontend by its type first)
+
+    def learn(self, key, call):
+        """Keep the call just recorded (``begin``) as the plan of ``key``, if a replay can
+        repeat it: it ran on the stream of ``call.ctx``, that of the array whose type the
+        results take (``call.checked.leading``), and returned ``call.results``."""
+        log = self.end()
         if log is None or None in log:
             return
-        key, pointers, arrays = sig
+        leading, ctx, results = call.checked.leading, call.ctx, call.results
+        sig, pointers, arrays = key
         lead = next((k for k, a in enumerate(arrays) if a is leading), None)
         allocs = [e[1:] for e in log if e[0] == "alloc"]  # (numba view, the library's array)
         # where each pointer may point: the caller's arrays, then the call's allocations
@@ -602,7 +619,7 @@ class Replays:
         if len(self._plans) >= self.MAX_PLANS:
             self._plans.clear()
         where = ctx.like.device if ctx.lib == "torch" else ctx.device  # (what the library allocates on)
-        self._plans[key] = (lead, ctx.lib, ctx.device, where, specs, tuple(launches), tuple(taken))
+        self._plans[sig] = Replay(lead, ctx.lib, ctx.device, where, specs, tuple(launches), tuple(taken))
 
 
 def _run(made, specs, where, pointers, launches, stream):
@@ -629,4 +646,4 @@ def _result_layout(r):
 
 
 # None in the simulator, or where numba-cuda's internals are not the known ones
-replays = Replays() if C._INTERNALS is not None else None
+plans = Replays() if C._INTERNALS is not None else None

@@ -92,7 +92,7 @@ def finish(scratch, out):
 
 def weights(x, acc, *params):
     """A forward's affine parameters as its row function reads them: those in x's 16-bit
-    dtype as their integer bits, widened as they are read (as ``SmallCalls`` passes them,
+    dtype as their integer bits, widened as they are read (as ``cpu._backend.Plans`` passes them,
     so that its calls and the launcher's run one compiled function), the others
     converted to the accumulation dtype ``acc`` (:func:`param`)."""
     return tuple(kernel_view(a) if a is not None and a.dtype == x.dtype and a.dtype.itemsize == 2

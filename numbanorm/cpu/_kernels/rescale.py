@@ -102,7 +102,7 @@ def scaled_rms_row(
         v = np.float64(widen(x[i, j]))
         v = math.ldexp(v, -e) * r if big else v * r
         if w is not None:
-            v = v * widen(w[j])  # 16-bit weights of a small call too (SmallCalls)
+            v = v * widen(w[j])  # 16-bit weights of a small call too (cpu._backend.Plans)
         out[o, j] = narrow(v, out)
     return math.ldexp(r, -e) if big else r
 

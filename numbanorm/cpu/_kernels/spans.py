@@ -39,7 +39,7 @@ def normalize_span(
         j = np.uint64(lo + k)  # unsigned: no wraparound select, which made every load a gather
         v = ((widen(x[i, j]) - mu) - corr) * r
         if w is not None:
-            v = v * widen(w[j])  # 16-bit weights of a small call are widened here (SmallCalls)
+            v = v * widen(w[j])  # 16-bit weights of a small call are widened here (cpu._backend.Plans)
         if b is not None:
             v = v + widen(b[j])
         if nt:
@@ -65,7 +65,7 @@ def scale_span(
         j = np.uint64(lo + k)  # unsigned, as in normalize_span
         v = widen(x[i, j]) * r
         if w is not None:
-            v = v * widen(w[j])  # 16-bit weights of a small call too (SmallCalls)
+            v = v * widen(w[j])  # 16-bit weights of a small call too (cpu._backend.Plans)
         if nt:
             put_streaming(out, o, j, narrow(v, out))
         else:
