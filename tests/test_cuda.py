@@ -137,9 +137,19 @@ MAPPINGS = {
 }
 
 
+def _slow_where(cases, slow):
+    """pytest params of ``cases`` (tuples of argument values, ids from them), those for which
+    ``slow(*case)`` holds marked slow: the simulator runs a 256-thread or larger block's
+    every thread in Python, so the default set keeps one dtype of those."""
+    name = lambda v: np.dtype(v).name if isinstance(v, type) else str(v)  # noqa: E731
+    return [pytest.param(*c, marks=[pytest.mark.slow] if slow(*c) else [], id="-".join(map(name, c)))
+            for c in cases]
+
+
 @pytest.mark.cudasim
-@pytest.mark.parametrize("mapping", list(MAPPINGS))
-@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("dtype,mapping", _slow_where(
+    [(dt, m) for dt in (np.float16, np.float32, np.float64) for m in MAPPINGS],
+    lambda dt, m: m == "default" and dt != np.float32))
 def test_every_mapping_against_the_oracle(knobs, rng, mapping, dtype):
     kw, shapes = MAPPINGS[mapping]
     knobs(**kw)
@@ -240,8 +250,8 @@ def _check_group_sums(tpr, block):
 
 
 @pytest.mark.cudasim
-@pytest.mark.parametrize("tpr,block", [(1, 32), (8, 64), (32, 64), (64, 256), (128, 128), (256, 512),
-                                       (1024, 1024)])
+@pytest.mark.parametrize("tpr,block", _slow_where([(1, 32), (8, 64), (32, 64), (64, 256), (128, 128), (256, 512),
+                                                    (1024, 1024)], lambda tpr, block: block > 512))
 def test_shuffle_reduction(tpr, block):
     """The one reduction path, on a GPU and in the simulator (its warp shuffles from _simwarp)."""
     assert _reduce.slots(block) == max(1, block // 32)
@@ -249,7 +259,8 @@ def test_shuffle_reduction(tpr, block):
 
 
 @pytest.mark.cudasim
-@pytest.mark.parametrize("tpr,block", [(64, 256), (256, 256), (512, 1024)])
+@pytest.mark.parametrize("tpr,block", _slow_where([(64, 256), (256, 256), (512, 1024)],
+                                                   lambda tpr, block: block > 512))
 def test_cross_warp_sum_is_bit_identical_in_every_lane(rng, tpr, block):
     """Values whose sum depends on the order: every thread of a group still gets the same
     bits (the lane-parallel cross-warp step sums the warps' partials in one tree for all)."""
@@ -1046,8 +1057,10 @@ def _exact_layer_norm_row(row, w, b, eps):
 
 
 @pytest.mark.cudasim
-@pytest.mark.parametrize("mapping,n", [("default", 70), ("default", 1024), ("loop", 70), ("loop64", 200)])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype,mapping,n", _slow_where(
+    [(dt, m, n) for dt in (np.float32, np.float64) for m, n in (("default", 70), ("default", 1024), ("loop", 70),
+                                                                ("loop64", 200))],
+    lambda dt, m, n: (m, n) == ("default", 1024) and dt != np.float32))
 def test_layer_norm_statistics_edge_rows_side_by_side(knobs, rng, mapping, n, dtype):
     """The forward's statistics come from one group reduction of the sums of x - x[0] and
     their squares; a row where that is not exact enough (x[0] an outlier, NaN) takes the
