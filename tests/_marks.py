@@ -2,7 +2,7 @@
 
 import pytest
 
-# more variants of a check CI runs in one: its other dtypes (`python -m pytest -m exhaustive`)
+# more variants of a check the slow set makes in one: its other dtypes (`python -m pytest -m exhaustive`)
 EXHAUSTIVE = (pytest.mark.slow, pytest.mark.exhaustive)
 
 
