@@ -333,19 +333,12 @@ def _run_line(kind, run, source, newest):
     t = m.get("cpu_target")
     target = (f"LLVM's {t['llvm_cpu']}, 16-bit rows {'512' if t['wide_16bit_rows'] else '256'} bits wide"
               if t else "CPU target not recorded")
-    commit = ((meta.get("git") or {}).get("commit") or "?")[:7]
+    commit = _commit(meta)
     n = {s: sum(e["status"] == s for e in targets.evaluate(run)) for s in ("PASS", "FAIL", "MISSING")}
     line = (f"- *{kind}*: {m['cpu']} ({m['cores']} cores; {target}), {meta['threads']} threads, measured "
             f"{meta['date'][:10]} at commit `{commit}` (`{source}`): {n['PASS']} pass, {n['FAIL']} fail, "
             f"{n['MISSING']} not measured.")
-    cold = run.get("cold_start") or {}
-    if cold.get("compile_command"):
-        c = cold["compile_command"]
-        line += f" `python -m numbanorm compile --dtypes {' '.join(c['dtypes'])}` from an empty cache: {c['wall_s']:.0f} s."
-    if cold.get("main_job"):
-        j = cold["main_job"]
-        line += (f" The README's main job from a copy of the clone: {j['total_s']:.0f} s (venv {j['venv_s']:.0f} s, "
-                 f"pip install {j['pip_install_s']:.0f} s, `python -m numbanorm` {j['main_job_s']:.0f} s).")
+    line += _compile_and_main_job(run.get("cold_start") or {})
     days = (_date(newest) - _date(meta["date"])).days
     if days > 0:
         line += (f" **{days} day(s) older than the newest file here: what changed since is not measured "
@@ -387,20 +380,31 @@ def _cold_line(run, source):
     fresh = [e["first_call_s"] for e in c.get("fresh_cache") or []]
     cached = [e["first_call_s"] for e in c.get("cached") or []]
     imports = [e["import_s"] for e in c.get("cached") or []]
-    line = (f"Cold start (`{source}`, {meta['machine']['cpu']}, {meta['date'][:10]}, commit "
-            f"`{((meta.get('git') or {}).get('commit') or '?')[:7]}`): ")
+    line = f"Cold start (`{source}`, {meta['machine']['cpu']}, {meta['date'][:10]}, commit `{_commit(meta)}`): "
     if fresh:
         line += f"the first call of each of {len(fresh)} operation, direction and dtype from an empty cache, {min(fresh):.2f}-{max(fresh):.2f} s; "
     if cached:
         line += f"from a filled cache at most {max(cached):.2f} s; `import numbanorm` {statistics.median(imports):.2f} s (median)"
-    line += "."
-    if c.get("compile_command"):
-        line += f" `python -m numbanorm compile --dtypes {' '.join(c['compile_command']['dtypes'])}`: {c['compile_command']['wall_s']:.0f} s."
-    if c.get("main_job"):
-        j = c["main_job"]
-        line += (f" The README's main job from a copy of the clone: {j['total_s']:.0f} s (venv {j['venv_s']:.0f} s, "
-                 f"pip install {j['pip_install_s']:.0f} s, `python -m numbanorm` {j['main_job_s']:.0f} s).")
-    return line
+    return line + "." + _compile_and_main_job(c)
+
+
+def _compile_and_main_job(cold):
+    """What a run's ``cold_start`` section says of ``python -m numbanorm compile`` (from an
+    empty cache) and of the README's main job, as sentences (empty where it has neither)."""
+    out = ""
+    if cold.get("compile_command"):
+        c = cold["compile_command"]
+        out += f" `python -m numbanorm compile --dtypes {' '.join(c['dtypes'])}`: {c['wall_s']:.0f} s."
+    if cold.get("main_job"):
+        j = cold["main_job"]
+        out += (f" The README's main job from a copy of the clone: {j['total_s']:.0f} s (venv {j['venv_s']:.0f} s, "
+                f"pip install {j['pip_install_s']:.0f} s, `python -m numbanorm` {j['main_job_s']:.0f} s).")
+    return out
+
+
+def _commit(meta):
+    """A run's commit, short."""
+    return ((meta.get("git") or {}).get("commit") or "?")[:7]
 
 
 def _markdown_table(header, rows, text_cols):
