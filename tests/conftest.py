@@ -107,20 +107,23 @@ def pytest_collection_modifyitems(items):
 SIMULATED_KNOBS = {"BLOCK_THREADS": 32, "SUM_SLICES": 4, "SUM_COLS": 8}
 
 
-@pytest.fixture(autouse=True)
-def _warp_sized_simulated_blocks(request):
-    if not SIMULATED or "cuda" not in request.node.name or request.path.name.startswith(_GPU_FILES):
-        yield
-        return
+@pytest.fixture
+def knobs(monkeypatch):
+    """Change the GPU mapping's tuning constants (``cuda/_kernels/common.py``) for one test,
+    forgetting the configs cached for the old ones (and again after the test)."""
     from numbanorm.cuda._kernels import common as C
 
-    saved = {k: getattr(C, k) for k in SIMULATED_KNOBS}
-    for k, v in SIMULATED_KNOBS.items():
-        setattr(C, k, v)
-    C.row_config.cache_clear()
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(C, k, v)
+    def set_(**kw):
+        for k, v in kw.items():
+            monkeypatch.setattr(C, k, v)
         C.row_config.cache_clear()
+
+    yield set_
+    monkeypatch.undo()
+    C.row_config.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _warp_sized_simulated_blocks(request):
+    if SIMULATED and "cuda" in request.node.name and not request.path.name.startswith(_GPU_FILES):
+        request.getfixturevalue("knobs")(**SIMULATED_KNOBS)

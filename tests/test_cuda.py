@@ -18,6 +18,7 @@ import pytest
 
 import numbanorm
 import numbanorm.cuda as nc
+from _marks import slow_where
 from conftest import ORACLE, SIMULATED, assert_close, to_host
 
 if not nc.is_available():
@@ -31,20 +32,6 @@ from numbanorm.cuda._kernels import reduce as _reduce  # noqa: E402
 ON_GPU = not SIMULATED
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="needs a real CUDA GPU (NUMBANORM_TEST_GPU=1)")]
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-@pytest.fixture
-def knobs(monkeypatch):
-    """Change the mapping's tuning constants for one test (and forget cached configs)."""
-
-    def set_(**kw):
-        for k, v in kw.items():
-            monkeypatch.setattr(C, k, v)
-        C.row_config.cache_clear()
-
-    yield set_
-    monkeypatch.undo()
-    C.row_config.cache_clear()
 
 
 def _numba_array(a):
@@ -137,17 +124,10 @@ MAPPINGS = {
 }
 
 
-def _slow_where(cases, slow):
-    """pytest params of ``cases`` (tuples of argument values, ids from them), those for which
-    ``slow(*case)`` holds marked slow: the simulator runs a 256-thread or larger block's
-    every thread in Python, so the default set keeps one dtype of those."""
-    name = lambda v: np.dtype(v).name if isinstance(v, type) else str(v)  # noqa: E731
-    return [pytest.param(*c, marks=[pytest.mark.slow] if slow(*c) else [], id="-".join(map(name, c)))
-            for c in cases]
-
-
+# the simulator runs every thread of a 256-thread or larger block in Python: the default set
+# keeps one dtype of those (slow_where), the slow set the rest
 @pytest.mark.cudasim
-@pytest.mark.parametrize("dtype,mapping", _slow_where(
+@pytest.mark.parametrize("dtype,mapping", slow_where(
     [(dt, m) for dt in (np.float16, np.float32, np.float64) for m in MAPPINGS],
     lambda dt, m: m == "default" and dt != np.float32))
 def test_every_mapping_against_the_oracle(knobs, rng, mapping, dtype):
@@ -250,7 +230,7 @@ def _check_group_sums(tpr, block):
 
 
 @pytest.mark.cudasim
-@pytest.mark.parametrize("tpr,block", _slow_where([(1, 32), (8, 64), (32, 64), (64, 256), (128, 128), (256, 512),
+@pytest.mark.parametrize("tpr,block", slow_where([(1, 32), (8, 64), (32, 64), (64, 256), (128, 128), (256, 512),
                                                     (1024, 1024)], lambda tpr, block: block > 512))
 def test_shuffle_reduction(tpr, block):
     """The one reduction path, on a GPU and in the simulator (its warp shuffles from _simwarp)."""
@@ -259,7 +239,7 @@ def test_shuffle_reduction(tpr, block):
 
 
 @pytest.mark.cudasim
-@pytest.mark.parametrize("tpr,block", _slow_where([(64, 256), (256, 256), (512, 1024)],
+@pytest.mark.parametrize("tpr,block", slow_where([(64, 256), (256, 256), (512, 1024)],
                                                    lambda tpr, block: block > 512))
 def test_cross_warp_sum_is_bit_identical_in_every_lane(rng, tpr, block):
     """Values whose sum depends on the order: every thread of a group still gets the same
@@ -1057,7 +1037,7 @@ def _exact_layer_norm_row(row, w, b, eps):
 
 
 @pytest.mark.cudasim
-@pytest.mark.parametrize("dtype,mapping,n", _slow_where(
+@pytest.mark.parametrize("dtype,mapping,n", slow_where(
     [(dt, m, n) for dt in (np.float32, np.float64) for m, n in (("default", 70), ("default", 1024), ("loop", 70),
                                                                 ("loop64", 200))],
     lambda dt, m, n: (m, n) == ("default", 1024) and dt != np.float32))
