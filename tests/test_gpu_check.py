@@ -35,7 +35,6 @@ if not SIMULATED:
                 allow_module_level=True)
 
 from numbanorm.operations import BY_NAME  # noqa: E402
-from test_cuda import knobs  # noqa: E402,F401  (the fixture that shrinks the mapping's knobs)
 
 pytestmark = pytest.mark.slow  # (the default test set leaves this file out: tests/README.md)
 
