@@ -20,7 +20,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -124,13 +124,6 @@ class Case:
         shp = "x".join(map(str, self.shape))
         g = f" G={self.groups}" if self.groups is not None and self.norm not in VARIANTS else ""
         return f"{self.norm} {self.direction} {shp}{g} {self.dtype} {self.device}"
-
-    def to_dict(self):
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d):
-        return cls(**{k: d[k] for k in ("norm", "direction", "shape", "dtype", "groups", "device") if k in d})
 
 
 # ------------------------------------------------------------------ where arrays live
@@ -435,19 +428,17 @@ def arguments(case, x, weight, bias):
     return values
 
 
-def numbanorm_calls(mod, case, inp, stats=None):
+def numbanorm_calls(mod, case, inp):
     """``{mode: fn}`` calling implementation ``mod`` (public signatures) on ``inp``.
 
-    Backward statistics are ``stats`` when given, else they come from the
-    implementation's own forward, computed once here, outside the timing.
+    Backward statistics come from the implementation's own forward, computed once
+    here, outside the timing.
     """
     op, values = case.op, arguments(case, inp.x, inp.w, inp.b)
     if case.direction == "forward":
         y = inp.side.empty_like(inp.x)
         return {"out": lambda: op.call(mod, "plain", values, out=y), "alloc": lambda: op.call(mod, "plain", values)}
-    if stats is None:
-        stats = forward_stats(mod, case, inp)
-    back = dict(values, dy=inp.dy, **dict(zip(op.stats, stats)))
+    back = dict(values, dy=inp.dy, **dict(zip(op.stats, forward_stats(mod, case, inp))))
     return {"alloc": lambda: op.call(mod, "backward", back)}
 
 
