@@ -78,8 +78,7 @@ import numpy as np
 with contextlib.suppress(ImportError):
     import _numba_cuda_redirector  # noqa: F401
 
-from benchmarks import gpu_bench, gpu_model  # noqa: E402
-from numbanorm import measure  # noqa: E402
+from benchmarks import gpu_bench, gpu_model, measure  # noqa: E402
 from numbanorm.operations import BY_NAME, OPERATIONS, relative_error, tolerance  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -1387,7 +1386,7 @@ def cpu_scaling(deadline, shape=CPU_SHAPE, threads=CPU_THREADS, dtypes=CPU_DTYPE
                 calls = measure.numbanorm_calls(numbanorm, case, inp)
                 mode = "out" if direction == "forward" else "alloc"
                 runners = [measure.Runner("numbanorm", mode, calls[mode]),
-                           measure.Runner("copy", "out", measure.floor_calls(case, inp, threaded=True)["out"])]
+                           measure.Runner("copy", "out", measure.threaded_floor_calls(case, inp)["out"])]
                 if warm_only:
                     for r in runners:
                         r.fn()

@@ -1,9 +1,10 @@
 """The benchmark suite's measurement: ``numbanorm.measure`` (what ``numbanorm bench``
-times, and how) and what only the suite adds to it.
+times, and how), ``numbanorm.machine`` (what the machine is) and what only the suite
+adds to them.
 
-Every name of ``numbanorm.measure`` is here too, so the suite's scripts import this
-module alone; ``sweep``, ``run_case`` and ``build_runners`` here know the suite's
-peers as well.
+Every name of ``numbanorm.measure`` and ``numbanorm.machine`` is here too, so the
+suite's scripts import this module alone; ``sweep``, ``run_case`` and ``build_runners``
+here know the suite's peers as well, and ``machine_info`` adds the CPU target.
 
 What one measurement is
 -----------------------
@@ -54,9 +55,11 @@ that of the queued kernels, launch overhead included.
 
 import numpy as np
 
-from numbanorm import measure as _core
+from numbanorm import machine as _machine, measure as _core
+from numbanorm.machine import *  # noqa: F401,F403  (the machine's description, for the suite's scripts)
+from numbanorm.machine import torch_or_none
 from numbanorm.measure import *  # noqa: F401,F403  (the core's names, for the suite's scripts)
-from numbanorm.measure import floor_calls, torch_calls, torch_or_none
+from numbanorm.measure import floor_calls, torch_calls
 
 _PARALLEL_COPY = None
 COPY_BLOCK_BYTES = 1 << 18  # a quarter MiB per task: many tasks per thread, each a long stream
@@ -132,5 +135,5 @@ def cpu_target():
 
 
 def machine_info(include_gpu=True):
-    """The core's machine description and the CPU target, for a results file."""
-    return dict(_core.machine_info(include_gpu), cpu_target=cpu_target())
+    """numbanorm.machine's description and the CPU target, for a results file."""
+    return dict(_machine.machine_info(include_gpu), cpu_target=cpu_target())

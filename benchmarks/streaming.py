@@ -32,7 +32,7 @@ import numba
 import numpy as np
 
 import numbanorm
-from numbanorm import measure
+from numbanorm import machine, measure
 from numbanorm.cpu import _backend
 from numbanorm.cpu._kernels import memory
 
@@ -154,7 +154,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     threads = measure.set_threads(a.threads)
     llc = memory.CACHE_BYTES
-    limit = int(a.mem_gib * 2**30) if a.mem_gib else (measure.mem_total_bytes() or 8 << 30) // 2
+    limit = int(a.mem_gib * 2**30) if a.mem_gib else (machine.mem_total_bytes() or 8 << 30) // 2
     todo = [s for s in sizes(llc, a.lo, a.hi) if 3 * s <= limit]
     load_before = list(os.getloadavg())
     t0 = time.perf_counter()

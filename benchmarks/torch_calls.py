@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from numbanorm import measure
+from numbanorm import machine, measure
 from numbanorm.measure import Case, Runner
 
 SHAPES = ((1, 768), (1, 4096), (8, 4096))
@@ -122,7 +122,7 @@ def main(argv=None):
     ap.add_argument("--min-repeats", type=int, default=15)
     ap.add_argument("--out", help="also write benchmarks/results/<stem>.json and .csv")
     a = ap.parse_args(argv)
-    if measure.torch_or_none() is None:
+    if machine.torch_or_none() is None:
         print("torch is not installed", file=sys.stderr)
         return 1
     got = rows(a.threads, budget_s=a.budget, min_repeats=a.min_repeats)

@@ -10,8 +10,9 @@
     numbanorm compile    compile every CPU operation, forward and backward, into numba's
                          on-disk cache (for an image or a CI job: later processes load them)
 
-The timing lives in ``numbanorm.measure``, which the full benchmark suite in the
-repository's ``benchmarks/`` folder uses too.
+The timing lives in ``numbanorm.measure`` and the description of the machine in
+``numbanorm.machine``; the full benchmark suite in the repository's ``benchmarks/``
+folder builds on both.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def info(out=None):
 
     import numba
 
-    from . import __file__ as pkg_file, __version__, measure, registry
+    from . import __file__ as pkg_file, __version__, machine, registry
 
     p = lambda *a: print(*a, file=out or sys.stdout)  # noqa: E731
     p(f"numbanorm      {__version__} ({os.path.dirname(pkg_file)})")
@@ -56,7 +57,7 @@ def info(out=None):
     p(f"numba          {numba.__version__}, llvmlite {_info_version('llvmlite')}, numpy {np.__version__}")
     have = {n: _info_version(n) for n in INFO_OPTIONAL}
     p("optional       " + ", ".join(f"{n} {v or 'not installed'}" for n, v in have.items()))
-    m = measure.machine_info(include_gpu=False)
+    m = machine.machine_info(include_gpu=False)
     p(f"cpu            {m['cpu']}, {m['cores']} logical CPUs ({_info_usable_cpus()} usable here), "
       f"{m['mem_gib']} GiB")
     p(f"cpu target     {_info_cpu_target()}")
@@ -186,9 +187,9 @@ def _info_cache():
 
 def _info_gpu():
     """Whether the GPU kernels run, on what: a GPU, numba's simulator, or why not."""
-    from . import measure
+    from . import machine
 
-    ok, desc = measure.gpu_status()
+    ok, desc = machine.gpu_status()
     if ok:
         return f"in use: {desc}"
     sim = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
@@ -218,7 +219,7 @@ def check(impls=None, dtypes=DTYPES, out=None):
 
     0 if all pass, else 1.
     """
-    from . import measure, registry
+    from . import machine, registry
     from .operations import compare, tolerance
 
     p = lambda *a: print(*a, file=out or sys.stdout)  # noqa: E731
@@ -228,7 +229,7 @@ def check(impls=None, dtypes=DTYPES, out=None):
         if code := _impls_status(impls, p):
             return code
         names = [n for n in names if n in impls]
-    if "cuda" in names and measure.cuda_simulated():
+    if "cuda" in names and machine.cuda_simulated():
         p("note: 'cuda' runs in numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)")
     p("numbanorm check: every operation against the NumPy oracle (numbanorm.reference), "
       "error relative to max(1, max |oracle|)")
@@ -281,23 +282,23 @@ def quick_cases(dtypes=("float32",), device="cpu", tiny=False):
 
 def bench(threads=None, repeats=None, budget=0.3, dtypes=("float32",), impls=None, torch=True,
           oracle=False, tiny=False, show_progress=True, allow_simulator=False, out=None):
-    from . import measure
+    from . import machine, measure
 
     p = lambda *a: print(*a, file=out or sys.stdout)  # noqa: E731
     if impls and (code := _impls_status(impls, p)):
         return code
     threads = measure.set_threads(threads)
     peers = ["floor"] + (["torch"] if torch else []) + (["oracle"] if oracle else [])
-    have_torch = measure.torch_or_none() is not None
+    have_torch = machine.torch_or_none() is not None
     cases = quick_cases(dtypes, "cpu", tiny) if measure.kernel_impls("cpu", impls) else []
-    gpu_ok, gpu_desc = measure.gpu_status()
+    gpu_ok, gpu_desc = machine.gpu_status()
     if measure.kernel_impls("gpu", impls, allow_simulator=allow_simulator):
         side = measure.side_for("gpu")
         gdt = ["float16", "float32"] + (["bfloat16"] if isinstance(side, measure.TorchCudaSide) else [])
         cases += quick_cases(gdt, "gpu", tiny or side.simulated)
-    load0 = measure.loadavg()
-    v = measure.versions()
-    p(f"numbanorm bench: {threads} thread(s) for numba and torch; cpu: {measure.cpu_model()}; "
+    load0 = machine.loadavg()
+    v = machine.versions()
+    p(f"numbanorm bench: {threads} thread(s) for numba and torch; cpu: {machine.cpu_model()}; "
       f"gpu: {gpu_desc if gpu_ok else 'none'}")
     p(f"versions: numbanorm {v['numbanorm']}, numba {v['numba']}, numpy {v['numpy']}, "
       f"torch {v['torch'] or 'not installed'}")
@@ -311,7 +312,7 @@ def bench(threads=None, repeats=None, budget=0.3, dtypes=("float32",), impls=Non
                         allow_simulator=allow_simulator, **timing)
     p(measure.format_rows(rows))
     p(f"median of {'%d' % repeats if repeats else 'budgeted'} round-robin repeats; load average "
-      f"{load0} before, {measure.loadavg()} after. x floor: time over np.copyto of the same bytes "
+      f"{load0} before, {machine.loadavg()} after. x floor: time over np.copyto of the same bytes "
       "(forward: x to y; backward: x and dy); x torch: time over torch.nn.functional's "
       "(backward via autograd); below 1 is faster.")
     return 0

@@ -1,5 +1,7 @@
 """What ``numbanorm bench`` times, and how: the core the repository's benchmark suite
-(``benchmarks/measure.py``) builds on.
+(``benchmarks/measure.py``) builds on, handing its longer table of peers to ``build_runners``,
+``run_case`` and ``sweep`` (``peer_calls``).  The machine, versions and load that the bench
+reports are ``numbanorm.machine``'s.
 
 A :class:`Case` is one norm, direction, shape and dtype on one device; :class:`Inputs`
 holds its arrays on one :class:`HostSide` or GPU side; :func:`build_runners` makes
@@ -16,14 +18,13 @@ from __future__ import annotations
 
 import gc
 import math
-import os
-import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from .machine import cuda_simulated, gpu_name, torch_or_none
 from .operations import BY_NAME, OPERATIONS
 
 # Benchmarked norms: the table's unfused operations (benchmarks/fused.py times the
@@ -124,13 +125,6 @@ class Case:
         shp = "x".join(map(str, self.shape))
         g = f" G={self.groups}" if self.groups is not None and self.norm not in VARIANTS else ""
         return f"{self.norm} {self.direction} {shp}{g} {self.dtype} {self.device}"
-
-    def to_dict(self):
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d):
-        return cls(**{k: d[k] for k in ("norm", "direction", "shape", "dtype", "groups", "device") if k in d})
 
 
 # ------------------------------------------------------------------ where arrays live
@@ -244,16 +238,7 @@ def side_for(device):
     return NumbaCudaSide()
 
 
-# ------------------------------------------------------------------ optional peers and environment
-
-
-def torch_or_none():
-    """``torch`` if it is installed, else None (never required)."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
+# ------------------------------------------------------------------ threads and implementations
 
 
 def set_threads(n=None):
@@ -298,105 +283,6 @@ def backend_name(mod):
     return getattr(getattr(fe, "backend", None), "name", None)
 
 
-def cuda_simulated():
-    return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
-
-
-def gpu_status():
-    """``(usable, description)`` of the registry's 'cuda' implementation on this machine."""
-    from . import registry
-
-    if "cuda" not in registry.IMPLEMENTATIONS:
-        return False, "no 'cuda' implementation registered"
-    ok, why = registry.usable("cuda")
-    if not ok:
-        return False, why
-    if cuda_simulated():
-        return True, "numba CUDA simulator (NUMBA_ENABLE_CUDASIM=1): correct but not fast"
-    name = gpu_name()
-    return (True, name) if name else (False, "numba.cuda finds no CUDA device")
-
-
-def gpu_name():
-    """Name of the current CUDA device, or None (never raises, never starts the simulator)."""
-    if cuda_simulated():
-        return None
-    try:
-        from numba import cuda
-
-        if not cuda.is_available():
-            return None
-        name = cuda.get_current_device().name
-        return name.decode() if isinstance(name, bytes) else str(name)
-    except Exception:
-        return None
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def mem_total_bytes():
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def machine_info(include_gpu=True):
-    mem = mem_total_bytes()
-    return {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "mem_gib": round(mem / 2**30, 1) if mem else None,
-        "gpu": gpu_name() if include_gpu else None,
-        "platform": platform.platform(),
-    }
-
-
-def _dist_version(name):
-    try:
-        from importlib.metadata import version
-
-        return version(name)
-    except Exception:
-        return None
-
-
-def versions():
-    import numba
-
-    from . import __version__
-
-    torch = torch_or_none()
-    return {
-        "numbanorm": __version__,
-        "numba": numba.__version__,
-        "numpy": np.__version__,
-        "numba-cuda": _dist_version("numba-cuda"),
-        "torch": torch.__version__ if torch is not None else None,
-        "python": platform.python_version(),
-    }
-
-
-def loadavg():
-    try:
-        return [round(v, 2) for v in os.getloadavg()]
-    except OSError:
-        return None
-
-
 # ------------------------------------------------------------------ inputs and runners
 
 
@@ -435,19 +321,17 @@ def arguments(case, x, weight, bias):
     return values
 
 
-def numbanorm_calls(mod, case, inp, stats=None):
+def numbanorm_calls(mod, case, inp):
     """``{mode: fn}`` calling implementation ``mod`` (public signatures) on ``inp``.
 
-    Backward statistics are ``stats`` when given, else they come from the
-    implementation's own forward, computed once here, outside the timing.
+    Backward statistics come from the implementation's own forward, computed once
+    here, outside the timing.
     """
     op, values = case.op, arguments(case, inp.x, inp.w, inp.b)
     if case.direction == "forward":
         y = inp.side.empty_like(inp.x)
         return {"out": lambda: op.call(mod, "plain", values, out=y), "alloc": lambda: op.call(mod, "plain", values)}
-    if stats is None:
-        stats = forward_stats(mod, case, inp)
-    back = dict(values, dy=inp.dy, **dict(zip(op.stats, stats)))
+    back = dict(values, dy=inp.dy, **dict(zip(op.stats, forward_stats(mod, case, inp))))
     return {"alloc": lambda: op.call(mod, "backward", back)}
 
 

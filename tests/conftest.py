@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from numbanorm import operations, registry  # noqa: E402
-from numbanorm.measure import cuda_simulated  # noqa: E402
+from numbanorm.machine import cuda_simulated  # noqa: E402
 from numbanorm.operations import to_host  # noqa: E402,F401  (the tests import it from here)
 
 ORACLE = registry.get("oracle")

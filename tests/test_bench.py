@@ -50,7 +50,6 @@ def test_group_and_instance_cases():
         Case("instance_norm", "forward", (2, 6, 3), groups=3)
     with pytest.raises(ValueError, match="norm must be"):
         Case("batch_norm", "forward", (2, 6))
-    assert Case.from_dict(json.loads(json.dumps(g.to_dict()))) == g
 
 
 def _runner(impl, mode, samples):
