@@ -13,11 +13,12 @@ import numba
 import numpy as np
 from numba import prange, types
 from numba.extending import intrinsic
+from numba.np.arrayobj import make_array, populate_array
 from numba.np.ufunc import parallel as _numba_parallel
 
 from . import background
 from .cache import GENERATED, njit
-from .halves import WIDE_HALVES, kernel_view, widen
+from .halves import F16, WIDE_HALVES, kernel_view, widen
 
 # 'reassoc' lets LLVM split each row reduction over several vector accumulators
 # (a float32 row sum is otherwise one serial chain of dependent adds).
@@ -50,6 +51,44 @@ def wide_vectors(typingctx, x):
         return context.get_dummy_value()
 
     return types.void(x), codegen
+
+
+@intrinsic
+def least(typingctx, a, b):
+    """``min(a, b)`` of two integers, as an intp: one select (Numba's ``min`` is an overload,
+    compiled through its pipeline on a first call)."""
+    if not (isinstance(a, types.Integer) and isinstance(b, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        x, y = (context.cast(builder, v, t, types.intp) for v, t in zip(args, (a, b)))
+        return builder.select(builder.icmp_signed("<", x, y), x, y)
+
+    return types.intp(a, b), codegen
+
+
+@intrinsic
+def empty_row(typingctx, n, like):
+    """``np.empty(n, like.dtype)``: a new (n,) C-contiguous array from Numba's runtime.
+    Written as an intrinsic because np.empty's overload, and the allocator it calls, go
+    through Numba's pipeline on a first call (0.1-0.2 s); a row's length cannot overflow
+    the size NumPy's check guards."""
+    if not isinstance(n, types.Integer) or not isinstance(like, types.Array):
+        return None
+    arrty = types.Array(like.dtype, 1, "C")
+
+    def codegen(context, builder, signature, args):
+        length = context.cast(builder, args[0], n, types.intp)
+        itemsize = context.get_constant(types.intp, context.get_abi_sizeof(context.get_data_type(like.dtype)))
+        align = context.get_constant(types.uint32, context.get_preferred_array_alignment(like.dtype))
+        meminfo = context.nrt.meminfo_alloc_aligned(builder, builder.mul(length, itemsize), align)
+        ary = make_array(arrty)(context, builder)
+        data = builder.bitcast(context.nrt.meminfo_data(builder, meminfo),
+                               context.get_data_type(like.dtype).as_pointer())
+        populate_array(ary, data=data, shape=[length], strides=[itemsize], itemsize=itemsize, meminfo=meminfo)
+        return ary._getvalue()
+
+    return arrty(n, like), codegen
 
 
 F32 = np.dtype(np.float32)
@@ -103,12 +142,11 @@ def param(a, dtype):
     """Affine parameters (tiny) in the accumulation dtype, contiguous."""
     if a is None:
         return None
-    bits = kernel_view(a) if a.dtype.itemsize == 2 and a.ndim == 1 else a
-    if bits is not a:  # float16/bfloat16: our widening loop, many times faster than NumPy's cast
+    if a.dtype == F16 and a.ndim == 1:  # our widening loop: NumPy's float16 cast is slower (book, log)
         wide = np.empty(a.shape, dtype)
-        _widen_into(bits, wide)
+        _widen_into(kernel_view(a), wide)
         return wide
-    return np.ascontiguousarray(a, dtype=dtype)
+    return np.ascontiguousarray(a, dtype=dtype)  # (bfloat16: ml_dtypes' cast, exact and as fast)
 
 
 @njit(cache=True, nogil=True)
@@ -292,13 +330,13 @@ def _parallel_kernel(rows, counted, dispatcher=None):
            f"    left = 0\n"
            f"    for k in prange(-(-n // block)):\n"
            f"        lo = int64(k) * block\n"
-           f"        left += ROWS({args}, lo, min(n, lo + block))\n"
+           f"        left += ROWS({args}, lo, LEAST(n, lo + block))\n"
            f"    return left\n")
     source = rows.py_func.__code__.co_filename
     filename = f"{source} <parallel kernel of {rows.py_func.__qualname__}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     GENERATED[filename] = source
-    namespace = {"prange": prange, "int64": np.int64, "ROWS": rows}
+    namespace = {"prange": prange, "int64": np.int64, "ROWS": rows, "LEAST": least}
     exec(compile(src, filename, "exec"), namespace)
     f = namespace["kernel"]
     f.__qualname__ = f"{rows.py_func.__qualname__}.parallel"

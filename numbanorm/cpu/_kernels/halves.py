@@ -28,7 +28,7 @@ import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import config
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
 
@@ -126,17 +126,36 @@ _bits_of = _unary("_bits_of", types.uint32, types.float32, lambda b, v: b.bitcas
                   "The uint32 bits of a float32.")
 _float_of = _unary("_float_of", types.float32, types.uint32, lambda b, v: b.bitcast(v, _FLOAT),
                    "The float32 whose bits are the uint32 ``u``.")
-_low16 = _unary("_low16", types.int16, types.uint32, lambda b, v: b.trunc(v, _I16),
-                "The low 16 bits of a uint32, as int16 (bfloat16 bits).")
-_half_to_f32_native = _unary("_half_to_f32_native", types.float32, types.uint16,
-                             lambda b, v: b.fpext(b.bitcast(v, _HALF), _FLOAT),
-                             "float16 bits -> float32 by LLVM's half type.")
-_f32_to_half_native = _unary("_f32_to_half_native", types.uint16, types.float32,
-                             lambda b, v: b.bitcast(b.fptrunc(v, _HALF), _I16),
-                             "float32 -> float16 bits by LLVM's half type.")
-_bf16_to_f32 = _unary("_bf16_to_f32", types.float32, types.int16,
-                      lambda b, v: b.bitcast(b.shl(b.zext(v, _I32), _I32(16)), _FLOAT),
-                      "bfloat16 bits (int16) -> float32: the bits become the top half of a float32.")
+
+
+# The conversions as LLVM code (``widen`` and ``narrow`` emit them into the caller)
+
+def _half_to_f32(builder, h):
+    """float16 bits (i16) -> float32 by LLVM's half type."""
+    return builder.fpext(builder.bitcast(h, _HALF), _FLOAT)
+
+
+def _f32_to_half(builder, f):
+    """float32 -> float16 bits (i16) by LLVM's half type."""
+    return builder.bitcast(builder.fptrunc(f, _HALF), _I16)
+
+
+def _bf16_to_f32(builder, b):
+    """bfloat16 bits (i16) -> float32: the bits become the top half of a float32."""
+    return builder.bitcast(builder.shl(builder.zext(b, _I32), _I32(16)), _FLOAT)
+
+
+def _f32_to_bf16(builder, f):
+    """float32 -> bfloat16 bits (int16), rounded to nearest even; NaN stays a quiet NaN
+    (``narrow``'s instructions)."""
+    u = builder.bitcast(f, _I32)
+    h = builder.lshr(u, _I32(16))
+    nan = builder.or_(h, _I32(0x40))
+    # the carry of a round up may ripple into the exponent: up to Inf, as IEEE rounds
+    rounded = builder.lshr(builder.add(builder.add(u, _I32(0x7FFF)), builder.and_(h, _I32(1))), _I32(16))
+    # one vector compare (vcmpunordps; the bits' |u| > 0x7F800000 took two), and one
+    # narrowing after the select (a vector narrowing is two shuffles, vpmovdw)
+    return builder.trunc(builder.select(builder.fcmp_unordered("uno", f, f), nan, rounded), _I16)
 
 
 # ---------------------------------------------------------------- integer conversions
@@ -173,67 +192,57 @@ def _f32_to_half_bits(f):
     return np.uint16(o | sign)
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _f32_to_bf16(f):
-    """float32 -> bfloat16 bits (int16), rounded to nearest even; NaN stays a quiet NaN."""
-    u = _bits_of(f)
-    h = np.uint32(u >> np.uint32(16))  # Numba types a shift of a uint32 as uint64
-    if f != f:  # one vector compare (vcmpunordps); the bits' |u| > 0x7F800000 took two
-        o = h | np.uint32(0x40)
-    else:  # the carry of a round up may ripple into the exponent: up to Inf, as IEEE rounds
-        o = np.uint32((u + np.uint32(0x7FFF) + (h & np.uint32(1))) >> np.uint32(16))
-    return _low16(o)  # once, after the select: a vector narrowing is two shuffles (vpmovdw)
-
-
 # ---------------------------------------------------------------- what the kernels call
+#
+# Intrinsics, not overloads: an overload's implementation goes through Numba's whole
+# pipeline once per type in every process, 30-70 ms each on a first call; an intrinsic
+# emits its few instructions straight into the caller (the book's design log).
 
-def widen(v):
+
+@intrinsic
+def widen(typingctx, v):
     """An element as the kernels compute with it (float32 for 16-bit bits, else itself)."""
-    raise NotImplementedError("widen is called from Numba kernels only")
-
-
-def narrow(v, like):
-    """``v`` as an element of the array ``like`` (16-bit bits, or the float itself)."""
-    raise NotImplementedError("narrow is called from Numba kernels only")
-
-
-@overload(widen)
-def _widen(v):
     if v == types.uint16:
         if NATIVE_HALF:
-            return lambda v: _half_to_f32_native(v)
-        return lambda v: _half_to_f32_bits(v)
+            return types.float32(v), lambda context, builder, sig, args: _half_to_f32(builder, args[0])
+        return types.float32(v), lambda context, builder, sig, args: context.compile_internal(
+            builder, _half_to_f32_bits.py_func, sig, args)
     if v == types.int16:
-        return lambda v: _bf16_to_f32(v)
+        return types.float32(v), lambda context, builder, sig, args: _bf16_to_f32(builder, args[0])
     if isinstance(v, types.Float):
-        return lambda v: v
+        return v(v), lambda context, builder, sig, args: args[0]
     return None
 
 
-@overload(narrow)
-def _narrow(v, like):
-    dt = like.dtype
+@intrinsic
+def narrow(typingctx, v, like):
+    """``v`` (a float) as an element of the array ``like`` (16-bit bits, or the float itself)."""
+    dt = getattr(like, "dtype", None)
+    if not isinstance(v, (types.Float, types.Integer)):
+        return None
+
+    def as_float32(context, builder, sig, args):
+        return context.cast(builder, args[0], sig.args[0], types.float32)
+
     if dt == types.uint16:
         if NATIVE_HALF:
-            return lambda v, like: _f32_to_half_native(np.float32(v))
-        return lambda v, like: _f32_to_half_bits(np.float32(v))
+            return types.uint16(v, like), lambda context, builder, sig, args: _f32_to_half(
+                builder, as_float32(context, builder, sig, args))
+        return types.uint16(v, like), lambda context, builder, sig, args: context.compile_internal(
+            builder, _f32_to_half_bits.py_func, types.uint16(types.float32),
+            [as_float32(context, builder, sig, args)])
     if dt == types.int16:
-        return lambda v, like: _f32_to_bf16(np.float32(v))
+        return types.int16(v, like), lambda context, builder, sig, args: _f32_to_bf16(
+            builder, as_float32(context, builder, sig, args))
     if isinstance(dt, types.Float):
-        return lambda v, like: v
+        return v(v, like), lambda context, builder, sig, args: args[0]
     return None
 
 
-def like(v, zero):
+@intrinsic
+def like(typingctx, v, zero):
     """``v`` converted to the scalar type of ``zero`` (a float64 block total back to
     the accumulation dtype)."""
-    raise NotImplementedError("like is called from Numba kernels only")
-
-
-@overload(like)
-def _like(v, zero):
-    if zero == types.float32:
-        return lambda v, zero: np.float32(v)
-    if zero == types.float64:
-        return lambda v, zero: np.float64(v)
-    return None
+    if zero not in (types.float32, types.float64) or not isinstance(v, (types.Float, types.Integer)):
+        return None
+    return zero(v, zero), lambda context, builder, sig, args: context.cast(builder, args[0], v, zero)

@@ -15,8 +15,8 @@ caller's ``out=`` is written with streaming stores (``memory``).
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import (FASTMATH, RESCALE, STREAMING, acc_of, finish, in_blocks, in_partials, launch, n_chunks,
-                     param, row_block, scratch_for, weights, wide_vectors)
+from .common import (FASTMATH, RESCALE, STREAMING, acc_of, empty_row, finish, in_blocks, in_partials, launch,
+                     n_chunks, param, row_block, scratch_for, weights, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
 from .memory import (ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_apart, stream_row,
                      stream_span)
@@ -123,8 +123,8 @@ def backward_rows(
     zero = mean.dtype.type(0)
     inv_n = mean.dtype.type(1) / mean.dtype.type(N)
     # a block's partials in a local array (in L1/L2), not a row of dw_part (faster: book, ch. 5)
-    dwp = np.empty(N, dw_part.dtype)
-    dbp = np.empty(N, dw_part.dtype)
+    dwp = empty_row(N, dw_part)
+    dbp = empty_row(N, dw_part)
     if STREAMING:  # (the streamed stores: in the STREAMING variant alone, as forward_rows)
         chunk = ahead_chunk(x)
     left = 0

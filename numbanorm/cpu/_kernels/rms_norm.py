@@ -14,8 +14,8 @@ one sum fewer; one function for both would carry flags into the hot row loops.
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import (FASTMATH, RESCALE, STREAMING, acc_of, finish, in_blocks, in_partials, launch, n_chunks,
-                     param, row_block, scratch_for, weights, wide_vectors)
+from .common import (FASTMATH, RESCALE, STREAMING, acc_of, empty_row, finish, in_blocks, in_partials, launch,
+                     n_chunks, param, row_block, scratch_for, weights, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
 from .memory import (ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_apart, stream_row,
                      stream_span)
@@ -103,7 +103,7 @@ def backward_rows(
     inv_n = rstd.dtype.type(1) / rstd.dtype.type(N)
     # local partial and whole rows in one loop, as layer_norm.backward_rows (whose
     # comments give the measurements)
-    dwp = np.empty(N, dw_part.dtype)
+    dwp = empty_row(N, dw_part)
     if STREAMING:
         chunk = ahead_chunk(x)
     for k in range(lo, hi):

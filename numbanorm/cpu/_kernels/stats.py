@@ -13,7 +13,7 @@ range on finite inputs (those rows go to ``rescale``).  The sums themselves are
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import FASTMATH, wide_vectors
+from .common import FASTMATH, least, wide_vectors
 from .halves import like, widen
 from .sums import deviation_sums
 
@@ -32,7 +32,7 @@ def shift(
 ):
     """Row ``i``'s shift: the mean of its first ``SHIFT_SAMPLE`` elements, in the
     accumulation dtype."""
-    m = min(x.shape[1], SHIFT_SAMPLE)
+    m = least(x.shape[1], SHIFT_SAMPLE)
     total = 0.0  # float64: the sum of a float32 row near its largest values stays finite
     for j in range(m):
         total += widen(x[i, j])

@@ -14,7 +14,7 @@ and ``x - 0`` or ``d * 1`` fold away, so a caller pays only for what it uses.
 """
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import FASTMATH
+from .common import FASTMATH, least
 from .halves import widen
 
 SUM_BLOCK = 4096
@@ -36,7 +36,7 @@ def deviation_sums(
         dpart = zero
         sqpart = zero
         # range(m) from 0: LLVM did not vectorize range(lo, min(n, lo + SUM_BLOCK))
-        for j in range(min(n - lo, SUM_BLOCK)):
+        for j in range(least(n - lo, SUM_BLOCK)):
             d = widen(x[i, lo + j]) - mu
             dpart += d
             sqpart += d * d
@@ -69,7 +69,7 @@ def gradient_sums(
         dpart = zero
         xwpart = zero
         wpart = zero
-        for j in range(min(n - lo, SUM_BLOCK)):  # from 0, as in deviation_sums
+        for j in range(least(n - lo, SUM_BLOCK)):  # from 0, as in deviation_sums
             d = (widen(x[i, lo + j]) - mu) * s
             g = widen(dy[i, lo + j])
             wdy = g * w[lo + j] if w is not None else g
