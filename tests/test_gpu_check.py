@@ -276,3 +276,12 @@ def test_targets_and_the_model_on_a_made_up_run():
     m = model[("layer_norm", "forward", "bfloat16")]
     assert m["measured_fraction_of_copy"] == pytest.approx(0.9, abs=1e-3)
     assert 0 < m["model_fraction"] <= 1 and m["model_issue_memory_ratio"] > 0  # the committed model has N = 4096
+
+
+def test_cpu_scaling_times_the_kernel_against_the_threaded_copy():
+    """The device check's CPU section on a tiny shape: every norm and direction gives a row
+    with its copy beside it (the section once called a floor argument that was gone, a
+    TypeError on its first case that only a GPU session would have met)."""
+    rows = G.cpu_scaling(time.monotonic() + 60, shape=(64, 256), threads=(1,), dtypes=("float32",))
+    assert {(r["norm"], r["pass"]) for r in rows} == {(n, d) for n in G.CPU_NORMS for d in ("forward", "backward")}
+    assert all(r["ms"] > 0 and r["copy_ms"] > 0 and r["threads"] == 1 for r in rows)
