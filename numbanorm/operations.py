@@ -357,10 +357,17 @@ def _listed(roles):
 
 
 def _wrapped(text, indent=""):
-    import textwrap
-
-    return textwrap.wrap(text, 88 - len(indent), initial_indent=indent, subsequent_indent=indent,
-                         break_on_hyphens=False)
+    """``text``'s words filled into lines of at most ``88 - len(indent)`` characters, the
+    indent included: ``textwrap.wrap``'s lines for this prose (a test compares them), without
+    its regular expressions, since every public function's docstring is made at import."""
+    width = 88 - len(indent)
+    lines, line = [], ""
+    for word in text.split():
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = ""
+        line = f"{line} {word}" if line else indent + word
+    return lines + [line] if line else lines
 
 
 def _docstring(op, kind, level):

@@ -132,3 +132,20 @@ def test_an_implementation_lacking_a_function_is_not_usable(monkeypatch):
     monkeypatch.setitem(registry.IMPLEMENTATIONS, "fake", fake.__name__)
     ok, why = registry.usable("fake")
     assert not ok and operations.FUNCTIONS[-1] in why
+
+
+def test_docstring_lines_are_textwraps():
+    """The docstrings' own line filling (made at import, so without textwrap's regular
+    expressions) gives textwrap.wrap's lines for every paragraph of every docstring."""
+    import textwrap
+
+    from numbanorm import operations as O
+
+    texts = [(O._doc_fields(op)["formula"], "") for op in O.OPERATIONS]
+    texts += [(text, "    ") for _, text in O.ROLES.values()]
+    texts += [("a " * 60 + "word", ""), ("one", "    "), ("", "")]
+    assert len(texts) > 10
+    for text, indent in texts:
+        want = textwrap.wrap(text, 88 - len(indent), initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False)
+        assert O._wrapped(text, indent) == want, text

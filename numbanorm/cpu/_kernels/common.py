@@ -13,7 +13,6 @@ import numba
 import numpy as np
 from numba import prange, types
 from numba.extending import intrinsic
-from numba.np.arrayobj import make_array, populate_array
 from numba.np.ufunc import parallel as _numba_parallel
 
 from . import background
@@ -78,6 +77,10 @@ def empty_row(typingctx, n, like):
     arrty = types.Array(like.dtype, 1, "C")
 
     def codegen(context, builder, signature, args):
+        # (imported here: at import time it would cost `import numbanorm` 45 ms; Numba has
+        # loaded it by the time anything compiles)
+        from numba.np.arrayobj import make_array, populate_array
+
         length = context.cast(builder, args[0], n, types.intp)
         itemsize = context.get_constant(types.intp, context.get_abi_sizeof(context.get_data_type(like.dtype)))
         align = context.get_constant(types.uint32, context.get_preferred_array_alignment(like.dtype))
