@@ -385,6 +385,9 @@ def _cold_line(run, source):
         line += f"the first call of each of {len(fresh)} operation, direction and dtype from an empty cache, {min(fresh):.2f}-{max(fresh):.2f} s; "
     if cached:
         line += f"from a filled cache at most {max(cached):.2f} s; `import numbanorm` {statistics.median(imports):.2f} s (median)"
+    if c.get("numba_alone"):  # the machine's pace that day: Numba's own import and cached first call
+        a = c["numba_alone"]
+        line += f"; Numba alone beside it: import {a['import_s']:.2f} s, a cached trivial function {a['first_call_s']:.2f} s"
     return line + "." + _compile_and_main_job(c)
 
 

@@ -629,14 +629,16 @@ def test_targets_side_by_side_say_which_run_is_older_and_what_it_lacks(tmp_path)
 
 
 def test_the_targets_block_states_a_cold_start_run_under_the_table(tmp_path):
-    """``--cold``: the first calls, the compile command and the README's main job of a
-    benchmarks/cold_start.py run, from its file, under the table (none without it)."""
+    """``--cold``: the first calls, Numba's own pace beside them, the compile command and the
+    README's main job of a benchmarks/cold_start.py run, from its file, under the table (none
+    without it)."""
     run = harness.load_results(_synthetic_results(tmp_path))
     meta = dict(run["meta"], git={"commit": "4f7119349414", "uncommitted": []})
     first = [{"first_call_s": s, "import_s": 0.3} for s in (0.91, 1.93)]
     cold = {"meta": meta, "cold_start": {
         "fresh_cache": first, "cached": [{"first_call_s": s, "import_s": i} for s, i in ((0.2, 0.3), (0.28, 0.5))],
         "compile_command": {"dtypes": ["float32", "bfloat16"], "wall_s": 89.3},
+        "numba_alone": {"import_s": 0.209, "first_call_s": 0.156},
         "main_job": {"total_s": 106.4, "venv_s": 4.1, "pip_install_s": 11.5, "main_job_s": 90.8}}}
     assert "Cold start" not in readme_table.render_targets([run], ["x.json"])
     block = readme_table.render_targets([run], ["x.json"], (cold, "c.json"))
@@ -644,6 +646,7 @@ def test_the_targets_block_states_a_cold_start_run_under_the_table(tmp_path):
     assert "commit `4f71193`" in line and "0.91-1.93 s" in line and "at most 0.28 s" in line
     assert "`import numbanorm` 0.40 s (median)" in line and "float32 bfloat16`: 89 s" in line
     assert "106 s (venv 4 s, pip install 12 s, `python -m numbanorm` 91 s)" in line
+    assert "Numba alone beside it: import 0.21 s, a cached trivial function 0.16 s." in line
     assert block.rstrip().endswith("--targets x.json --cold c.json`.")
 
 

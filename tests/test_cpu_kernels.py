@@ -903,3 +903,39 @@ def test_rows_whose_sums_overflowed_in_a_parallel_call_in_place_and_not(dtype):
         for got, exp in zip((dx, dw, db), want):
             assert np.isfinite(got).all()
             assert_close(got, exp, dtype)
+
+
+def test_the_backwards_scratch_rows_are_freed():
+    """Every array Numba's runtime allocates in a backward (the partial rows of
+    ``common.empty_row``, an allocation written out by hand) is freed: across repeated
+    calls, on the calling thread and on Numba's, allocations and frees balance.  The
+    runtime counts them only when asked before it starts, hence a process of its own."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np, numbanorm as nn
+from numba.core.runtime import rtsys
+from numbanorm.cpu._kernels import background
+rng = np.random.default_rng(0)
+for rows in (8, 256):  # the calling thread's row function, then the parallel kernel
+    x, dy = rng.standard_normal((2, rows, 300), dtype=np.float32)
+    w = np.ones(300, np.float32)
+    _, m, r = nn.layer_norm_forward(x, 300, w, w)
+    _, r2 = nn.rms_norm_forward(x, 300, w)
+    calls = lambda: (nn.layer_norm_backward(dy, x, m, r, 300, w), nn.rms_norm_backward(dy, x, r2, 300, w))
+    with background.synchronous():
+        calls()
+    before = rtsys.get_allocation_stats()
+    for _ in range(20):
+        calls()
+    after = rtsys.get_allocation_stats()
+    assert after.alloc - before.alloc > 0, "nothing counted"
+    assert after.alloc - before.alloc == after.free - before.free, (before, after)
+    assert after.mi_alloc - before.mi_alloc == after.mi_free - before.mi_free, (before, after)
+print("ok")
+"""
+    env = dict(os.environ, NUMBA_NRT_STATS="1")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
