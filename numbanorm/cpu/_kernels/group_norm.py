@@ -65,9 +65,7 @@ def forward_groups(
     N, C, S, G, Cg, zero, one, inv_n = dims(xc, mean)
     left = 0
     for ng in range(lo, hi):
-        n = ng // G
-        g = ng % G
-        c0 = g * Cg
+        n, g, c0 = ng // G, ng % G, ng % G * Cg  # sample, group, the group's first channel
         # one pass over the group where its shift can be trusted, as layer_norm.forward_rows
         mu, corr, var = row_stats(x, ng, zero)
         r = one / np.sqrt(var + eps)
@@ -178,9 +176,7 @@ def backward_groups(
     N, C, S, G, Cg, zero, one, inv_n = dims(xc, mean)
     left = 0
     for ng in range(lo, hi):
-        n = ng // G
-        g = ng % G
-        c0 = g * Cg
+        n, g, c0 = ng // G, ng % G, ng % G * Cg  # sample, group, the group's first channel
         mu = mean[n, g]
         r = rstd[n, g]
         # pass 1, per channel: A = sum(dy * (x - mu)) and dbias's sum(dy); over
