@@ -450,6 +450,19 @@ def test_plots_from_a_results_file(tmp_path):
 
 
 @pytest.mark.slow
+def test_cold_start_imports_the_trees_bytecode(tmp_path):
+    """A measured tree's numbanorm gets its bytecode compiled first, as pip compiles what it
+    installs (an import that compiled every module would be measured slower than a user's);
+    a tree without numbanorm (an installed package measured) is left alone."""
+    from benchmarks import cold_start
+
+    (tmp_path / "numbanorm").mkdir()
+    (tmp_path / "numbanorm" / "mod.py").write_text("X = 1\n")
+    cold_start._bytecode(None, str(tmp_path))
+    assert list((tmp_path / "numbanorm" / "__pycache__").glob("mod.*.pyc"))
+    cold_start._bytecode(None, str(tmp_path / "elsewhere"))  # no numbanorm there: nothing to do
+
+
 def test_cold_start_in_a_fresh_process():
     """A first call in a new process with an empty cache, its compile broken down (the
     row function on the calling thread, the parallel kernel on the compile thread), then
