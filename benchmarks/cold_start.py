@@ -278,8 +278,7 @@ def _bytecode(python, tree):
     """Compile the bytecode of ``tree``'s numbanorm, as ``pip install`` does for the files it
     installs, so that an import measured here reads it as a user's does (a process that may
     not write bytecode, PYTHONDONTWRITEBYTECODE, would otherwise compile every module on
-    every import: 50 ms of an import of 450 on the Xeon).  Nothing to do where numbanorm is
-    installed rather than in ``tree``."""
+    every import).  Nothing to do where numbanorm is installed rather than in ``tree``."""
     package = os.path.join(tree, "numbanorm")
     if os.path.isdir(package):
         subprocess.run([python or sys.executable, "-m", "compileall", "-q", package], check=True,

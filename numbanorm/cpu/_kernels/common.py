@@ -70,15 +70,15 @@ def least(typingctx, a, b):
 def empty_row(typingctx, n, like):
     """``np.empty(n, like.dtype)``: a new (n,) C-contiguous array from Numba's runtime.
     Written as an intrinsic because np.empty's overload, and the allocator it calls, go
-    through Numba's pipeline on a first call (0.1-0.2 s); a row's length cannot overflow
-    the size NumPy's check guards."""
+    through Numba's pipeline on a first call (the CPU design log); a row's length cannot
+    overflow the size NumPy's check guards."""
     if not isinstance(n, types.Integer) or not isinstance(like, types.Array):
         return None
     arrty = types.Array(like.dtype, 1, "C")
 
     def codegen(context, builder, signature, args):
-        # (imported here: at import time it would cost `import numbanorm` 45 ms; Numba has
-        # loaded it by the time anything compiles)
+        # (imported here, not at import, where it is a share of `import numbanorm`: Numba
+        # has loaded it by the time anything compiles)
         from numba.np.arrayobj import make_array, populate_array
 
         length = context.cast(builder, args[0], n, types.intp)

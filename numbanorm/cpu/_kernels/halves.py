@@ -195,8 +195,8 @@ def _f32_to_half_bits(f):
 # ---------------------------------------------------------------- what the kernels call
 #
 # Intrinsics, not overloads: an overload's implementation goes through Numba's whole
-# pipeline once per type in every process, 30-70 ms each on a first call; an intrinsic
-# emits its few instructions straight into the caller (the book's design log).
+# pipeline once per type in every process, a share of every first call; an intrinsic
+# emits its few instructions straight into the caller (the book's design log has the cost).
 
 
 @intrinsic
