@@ -151,6 +151,26 @@ FRESH = {
         assert os.waitstatus_to_exitcode(status) == 0, status
         assert np.array_equal(nn.layer_norm(x, 512, w, w), y)
     """,
+    # float16 weights: a first call widens them by NumPy's cast, and the launchers' loop is
+    # compiled on the compile thread once the launch returns (the calling thread compiles
+    # only its row function: the compile thread is held off meanwhile); the loop then gives
+    # the same bits, a signalling NaN, a subnormal and an Inf among the weights included
+    "float16_weights": """
+        from numbanorm.cpu._kernels import common
+        x16, dy16 = (a[:8].astype(np.float16) for a in (x, x[::-1]))  # a small call
+        w16 = w.astype(np.float16)
+        w16.view(np.uint16)[:3] = (0x7C01, 0x0001, 0x7C00)
+        xg = x[:2].reshape(2, 16, 32).astype(np.float16)
+        _, m, r = nn.layer_norm_forward(x16, 512, w16, w16)
+        calls = lambda: (*nn.layer_norm_backward(dy16, x16, m, r, 512, w16), nn.group_norm(xg, 4, w16[:16], w16[:16]))
+        with background._job_lock:  # (the compile thread waits for it)
+            first = calls()
+            assert not common._widen_into.overloads and background._jobs.unfinished_tasks >= 1
+        background.wait()
+        assert common._widen_into.overloads
+        for a, b in zip(first, calls()):
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    """,
     # threads that all make a first call: each runs, on its own thread, what is compiled
     "threads": """
         from concurrent.futures import ThreadPoolExecutor

@@ -9,7 +9,11 @@ Numba's threads.  Compiling a parallel kernel costs more than compiling its row
 function (Numba's parfors pipeline optimizes and generates the row function's code
 again in each of the four modules it makes), so a first call waits for the row
 function alone.  The row functions' streaming-store variants (``common.STREAMING``),
-row function and parallel kernel, are compiled here too, the plain ones standing in.
+row function and parallel kernel, are compiled here too, the plain ones standing in,
+and so is the launchers' loop that widens float16 weights (NumPy's cast standing in).
+A compile asked for during a launch starts when the launch returns
+(:func:`compile_after_launch`): started at once, it would share the interpreter with
+the row function's compile that the call waits for.
 
 The worker holds Numba's compiler lock while it compiles, and a child forked then
 would inherit the lock held by a thread it does not have, and hang at its first
@@ -78,6 +82,36 @@ def compile_later(dispatcher, sig):
             _worker.start()
 
 
+waiting = 0  # compiles kept by compile_after_launch, on every thread: launch reads it alone
+
+
+def compile_after_launch(dispatcher, sig):
+    """:func:`compile_later`, once the calling thread's launch (``common.launch``) returns: a
+    compile started at once would share the interpreter with the call's own compile of its
+    row function, which the first call waits for."""
+    global waiting
+    pending = getattr(_local, "pending", None)
+    if pending is None:
+        pending = _local.pending = []
+    with _state:
+        if (dispatcher, sig) not in pending:  # (a call outside a launch may ask again and again)
+            pending.append((dispatcher, sig))
+            waiting += 1
+
+
+def launched():
+    """Hand what :func:`compile_after_launch` kept on this thread to :func:`compile_later`
+    (``common.launch`` calls it last, where ``waiting``)."""
+    global waiting
+    pending = getattr(_local, "pending", None)
+    if pending:
+        with _state:
+            _local.pending = []
+            waiting -= len(pending)
+        for dispatcher, sig in pending:
+            compile_later(dispatcher, sig)
+
+
 @contextlib.contextmanager
 def synchronous():
     """Within this block the calling thread compiles what it calls, as Numba does."""
@@ -111,7 +145,9 @@ def _work():
 
 
 def wait():
-    """Return when every kernel handed to :func:`compile_later` is compiled."""
+    """Return when every kernel handed to :func:`compile_later` (or kept on this thread by
+    :func:`compile_after_launch`) is compiled."""
+    launched()
     _jobs.join()
 
 
@@ -124,10 +160,11 @@ def _after_fork_in_parent():
 
 
 def _after_fork_in_child():
-    global _jobs, _queued, _state, _worker, _job_lock
+    global _jobs, _queued, _state, _worker, _job_lock, waiting
     # the worker is not copied: the jobs left are the child's to compile when it calls them
     _jobs, _queued, _state, _worker, _job_lock = queue.Queue(), set(), threading.Lock(), None, threading.Lock()
     _local.synchronous = False
+    _local.pending, waiting = [], 0  # (the forking thread's: the others are not copied)
 
 
 os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,

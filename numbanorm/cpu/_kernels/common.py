@@ -147,12 +147,17 @@ def param(a, dtype):
         return None
     if a.dtype == F16 and a.ndim == 1:  # our widening loop: NumPy's float16 cast is slower (book, log)
         wide = np.empty(a.shape, dtype)
-        _widen_into(kernel_view(a), wide)
+        try:
+            _widen_into(kernel_view(a), wide)
+        except background.NotCompiled as e:  # NumPy's cast (the same values) until the loop is compiled
+            np.copyto(wide, a)
+            background.compile_after_launch(e.dispatcher, e.sig)
         return wide
     return np.ascontiguousarray(a, dtype=dtype)  # (bfloat16: ml_dtypes' cast, exact and as fast)
 
 
-@njit(cache=True, nogil=True)
+# compiled on the compile thread (background): a first call widens with NumPy meanwhile
+@njit(cache=True, nogil=True, dispatcher=background.Dispatcher)
 def _widen_into(
     src,    # (N,) 16-bit floats as integer bits (halves)
     dst,    # (N,) the accumulation dtype
@@ -380,18 +385,23 @@ def launch(kernel, size, *args):
     is not compiled yet (it is then compiled on a thread of its own: ``background``).
     Both give the same bits (:class:`Kernel`).  A call that streams its output takes
     the STREAMING variant once it is compiled, the plain row function (the same bits)
-    until then."""
-    if kernel._stream_at is not None and args[kernel._stream_at]:
-        left = _run(kernel.streaming(), size, args, True)
-        if left is None:
+    until then.  The compiles handed to the compile thread meanwhile start as it returns
+    (``background.compile_after_launch``)."""
+    try:
+        if kernel._stream_at is not None and args[kernel._stream_at]:
+            left = _run(kernel.streaming(), size, args, True)
+            if left is None:
+                left = _run(kernel, size, args, False)
+        elif size < SERIAL_BELOW:  # a small call: the row function here, written out (each Python
+            a = args[kernel._count_at + 1]  # call more is a share of a small call's time)
+            left = kernel.rows(*args[1:], 0, a.size if kernel._by_size else a.shape[0])
+        else:
             left = _run(kernel, size, args, False)
-    elif size < SERIAL_BELOW:  # a small call: the row function here, written out (each Python
-        a = args[kernel._count_at + 1]  # call more is a share of a small call's time)
-        left = kernel.rows(*args[1:], 0, a.size if kernel._by_size else a.shape[0])
-    else:
-        left = _run(kernel, size, args, False)
-    if left:
-        kernel.rescue(*args)
+        if left:
+            kernel.rescue(*args)
+    finally:
+        if background.waiting:
+            background.launched()
 
 
 def _run(kernel, size, args, optional):
@@ -406,15 +416,15 @@ def _run(kernel, size, args, optional):
         finally:
             _pool.release()
         if optional:  # a variant's row function alone on one thread would be slower
-            background.compile_later(later.dispatcher, later.sig)
+            background.compile_after_launch(later.dispatcher, later.sig)
             return None
     try:
         left = kernel.serial(*args)
     except background.NotCompiled as e:  # (a variant's row function)
-        background.compile_later(e.dispatcher, e.sig)
+        background.compile_after_launch(e.dispatcher, e.sig)
         return None
     if later is not None:  # after the row function's compile, which the kernel's needs
-        background.compile_later(later.dispatcher, later.sig)
+        background.compile_after_launch(later.dispatcher, later.sig)
     return left
 
 
