@@ -509,6 +509,7 @@ def test_cold_start_processes_can_run_another_interpreter(monkeypatch):
         {"import_s": 0.1, "first_call_s": 0.1, "first_call_cpu_s": 0.1, "background_s": 0.1, "steady_s": 0.1,
          "scipy_installed": False}, **({"breakdown": {}} if "--profile" in args else {})))
     monkeypatch.setattr(cs, "compile_command", lambda **kw: seen.append(kw["python"]) or {"wall_s": 1.0})
+    monkeypatch.setattr(cs, "_bytecode", lambda python, tree: seen.append(python))  # (the checkout's compileall)
     out = harness.cold_start_runs(1, compile_times=True, python="/elsewhere/python")
     assert set(out) == {"cached", "numba_alone", "fresh_cache", "compile_command"}
     assert len(out["cached"]) == len(cs.cases())  # every operation, direction and dtype
