@@ -136,7 +136,8 @@ def test_an_implementation_lacking_a_function_is_not_usable(monkeypatch):
 
 def test_docstring_lines_are_textwraps():
     """The docstrings' own line filling (made at import, so without textwrap's regular
-    expressions) gives textwrap.wrap's lines for every paragraph of every docstring."""
+    expressions) gives textwrap.wrap's lines: for every formula and every role's text (at
+    the parameters' indent), a line longer than the width, one word and nothing."""
     import textwrap
 
     from numbanorm import operations as O
