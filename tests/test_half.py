@@ -99,6 +99,54 @@ def test_widen_float16_integer_path_every_pattern():
     np.testing.assert_array_equal(got.view(np.uint32), bits.view(np.float16).astype(np.float32).view(np.uint32))
 
 
+def test_widen_and_narrow_take_the_integer_code_without_f16c(tmp_path):
+    """Where LLVM has no half conversion (NATIVE_HALF false: x86 without F16C), the
+    intrinsics widen and narrow compile the integer code into the caller: no ``half`` in
+    the kernel's LLVM, and the integer helpers' bits for every float16 pattern.  In a
+    process of its own: Numba keeps an intrinsic's typing for the process, so the flag
+    patched here would reach every kernel compiled after it."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np, numba
+from numbanorm.cpu._kernels import halves as H
+H.NATIVE_HALF = False
+
+@numba.njit
+def widen_all(a, out):
+    for j in range(a.size):
+        out[j] = H.widen(a[j])
+
+@numba.njit
+def narrow_all(a, like):
+    for j in range(a.size):
+        like[j] = H.narrow(a[j], like)
+
+@numba.njit
+def reference(bits, wide, back):
+    for j in range(bits.size):
+        wide[j] = H._half_to_f32_bits(bits[j])
+        back[j] = H._f32_to_half_bits(wide[j])
+
+bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+got, want = np.empty(bits.size, np.float32), np.empty(bits.size, np.float32)
+back, want16 = np.empty(bits.size, np.uint16), np.empty(bits.size, np.uint16)
+widen_all(bits, got)
+narrow_all(got, back)
+reference(bits, want, want16)
+assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+assert np.array_equal(back, want16)
+for fn in (widen_all, narrow_all):
+    assert " half" not in fn.inspect_llvm(fn.signatures[0])
+print("ok")
+"""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
 def test_narrow_rounds_to_nearest_even(dt):
     vals = _float32_cases(dt)
