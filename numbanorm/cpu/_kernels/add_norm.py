@@ -27,9 +27,9 @@ the ``layer_norm``/``rms_norm`` backward launchers do through their ``ds`` argum
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import RESCALE, acc_of, in_blocks, launch, param, row_block, wide_vectors
+from .common import acc_of, in_blocks, launch, param, row_block, wide_vectors
 from .halves import kernel_view, narrow, widen
-from .rescale import scaled_rms_row, scaled_row
+from .rescale import rescue_rms_row, rescue_row
 from .spans import normalize_span, scale_span
 from .stats import overflowed, row_is_finite, row_stats, row_sum_squares
 
@@ -67,11 +67,7 @@ def layer_norm_rows(
         mu, corr, var = row_stats(s, i, zero)  # as layer_norm_forward(s): the same bits
         rs = one / np.sqrt(var + eps)
         if overflowed(mu, rs) and row_is_finite(s, i):  # as layer_norm.forward_rows
-            if RESCALE:
-                mean[i], rstd[i] = scaled_row(s, i, w, b, 0, 1, eps, y, i)
-            else:
-                mean[i], rstd[i] = zero, -one
-                left += 1
+            left += rescue_row(s, i, w, b, 0, 1, eps, y, i, mean, rstd, i)
             continue
         mean[i] = mu + corr
         rstd[i] = rs
@@ -106,11 +102,7 @@ def rms_norm_rows(
         add_row(x, r, i, s)
         rs = one / np.sqrt(row_sum_squares(s, i, zero) * inv_n + eps)
         if overflowed(zero, rs) and row_is_finite(s, i):  # as rms_norm.forward_rows
-            if RESCALE:
-                rstd[i] = scaled_rms_row(s, i, w, eps, y, i)
-            else:
-                rstd[i] = -one
-                left += 1
+            left += rescue_rms_row(s, i, w, eps, y, i, rstd)
             continue
         rstd[i] = rs
         scale_span(s, i, rs, w, y, i, 0, N, False)

@@ -206,8 +206,8 @@ SERIAL_BELOW = 32768
 # are the plain stores' (a row function without them runs meanwhile: launch); RESCALE,
 # what a row whose sums overflowed on finite inputs gets: False, it is left (a forward
 # marks its rstd -1) and counted; True, it is normalized in float64 (rescale).  A row
-# function reads them as ``if STREAMING and stream:``, ``if RESCALE:`` (Numba prunes a
-# branch on a False global before typing it).
+# function (or a helper it calls: with_flags) reads them as ``if STREAMING and stream:``,
+# ``if RESCALE:`` (Numba prunes a branch on a False global before typing it).
 STREAMING = False
 RESCALE = False
 FLAGS = ("STREAMING", "RESCALE")

@@ -15,7 +15,7 @@ from .common import (FASTMATH, RESCALE, STREAMING, acc_of, finish, in_blocks, la
                      scratch_for, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
 from .memory import put_streaming, store_fence, stream_apart, stream_span
-from .rescale import scaled_backward_row, scaled_row
+from .rescale import rescue_row, scaled_backward_row
 from .stats import overflowed, row_is_finite, row_stats
 from .sums import gradient_sums
 
@@ -70,11 +70,7 @@ def forward_groups(
         mu, corr, var = row_stats(x, ng, zero)
         r = one / np.sqrt(var + eps)
         if overflowed(mu, r) and row_is_finite(x, ng):  # as layer_norm.forward_rows
-            if RESCALE:
-                mean[n, g], rstd[n, g] = scaled_row(x, ng, w, b, c0, S, eps, y, ng)
-            else:
-                mean[n, g], rstd[n, g] = zero, -one
-                left += 1
+            left += rescue_row(x, ng, w, b, c0, S, eps, y, ng, mean, rstd, (n, g))
             continue
         mean[n, g] = mu + corr
         rstd[n, g] = r

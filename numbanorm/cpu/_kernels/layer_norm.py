@@ -20,7 +20,7 @@ from .common import (FASTMATH, RESCALE, STREAMING, acc_of, empty_row, finish, in
 from .halves import kernel_view, like, narrow, widen
 from .memory import (ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_apart, stream_row,
                      stream_span)
-from .rescale import scaled_backward_row, scaled_row
+from .rescale import rescue_row, scaled_backward_row
 from .spans import normalize_span
 from .stats import overflowed, row_is_finite, row_stats
 from .sums import gradient_sums
@@ -66,11 +66,7 @@ def forward_rows(
         mu, corr, var = row_stats(x, i, zero)
         r = one / np.sqrt(var + eps)
         if overflowed(mu, r) and row_is_finite(x, i):
-            if RESCALE:
-                mean[i], rstd[i] = scaled_row(x, i, w, b, 0, 1, eps, y, i)
-            else:
-                mean[i], rstd[i] = zero, -one
-                left += 1
+            left += rescue_row(x, i, w, b, 0, 1, eps, y, i, mean, rstd, i)
             continue
         mean[i] = mu + corr
         rstd[i] = r

@@ -11,7 +11,53 @@ import math
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
+from .common import RESCALE
 from .halves import narrow, widen
+
+
+@njit(cache=True, nogil=True, inline="always")
+def rescue_row(
+    x,      # (M, L) rows, row i finite with overflowed statistics
+    i,      # scalar: the row
+    w,      # (C,) weight, or None (w to o: scaled_row's arguments)
+    b,      # (C,) bias, or None
+    w0,     # scalar: the weight index of the row's first element
+    per,    # scalar: elements per weight
+    eps,    # scalar
+    out,    # (K, L) where the normalized row goes
+    o,      # scalar: its row of `out`
+    mean,   # (M,) or (N, G) statistics, accumulation dtype
+    rstd,   # as mean
+    at,     # scalar, or (n, g): the row's place in mean and rstd
+):
+    """What a forward row function does with such a row: in its RESCALE variant, the
+    row normalized by scaled_row, 0; else the row marked for that variant (rstd -1,
+    common.Kernel.rescue), 1 (the rows it left).  Inlined, and its RESCALE branch pruned
+    before typing, so the row function compiles no scaled_row."""
+    if RESCALE:
+        mean[at], rstd[at] = scaled_row(x, i, w, b, w0, per, eps, out, o)
+        return 0
+    mean[at] = 0
+    rstd[at] = -1
+    return 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def rescue_rms_row(
+    x,      # (M, N) rows, row i finite with an overflowed (or vanished) sum of squares
+    i,      # scalar: the row
+    w,      # (N,) weight, as scaled_rms_row's, or None
+    eps,    # scalar
+    out,    # (K, N) where the scaled row goes
+    o,      # scalar: the row of `out`
+    rstd,   # (M,) per-row rstd, accumulation dtype
+):
+    """rescue_row for RMSNorm's rows (no mean)."""
+    if RESCALE:
+        rstd[i] = scaled_rms_row(x, i, w, eps, out, o)
+        return 0
+    rstd[i] = -1
+    return 1
 
 
 @njit(cache=True, nogil=True)

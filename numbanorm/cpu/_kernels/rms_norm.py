@@ -14,12 +14,12 @@ one sum fewer; one function for both would carry flags into the hot row loops.
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import (FASTMATH, RESCALE, STREAMING, acc_of, empty_row, finish, in_blocks, in_partials, launch,
+from .common import (FASTMATH, STREAMING, acc_of, empty_row, finish, in_blocks, in_partials, launch,
                      n_chunks, param, row_block, scratch_for, weights, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
 from .memory import (ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_apart, stream_row,
                      stream_span)
-from .rescale import scaled_rms_row
+from .rescale import rescue_rms_row
 from .spans import scale_span
 from .stats import overflowed, row_is_finite, row_sum_squares
 from .sums import gradient_sums
@@ -54,11 +54,7 @@ def forward_rows(
     for i in range(lo, hi):
         r = one / np.sqrt(row_sum_squares(x, i, zero) * inv_n + eps)
         if overflowed(zero, r) and row_is_finite(x, i):  # as layer_norm.forward_rows
-            if RESCALE:
-                rstd[i] = scaled_rms_row(x, i, w, eps, y, i)
-            else:
-                rstd[i] = -one
-                left += 1
+            left += rescue_rms_row(x, i, w, eps, y, i, rstd)
             continue
         rstd[i] = r
         # whole rows, streamed or not, as layer_norm.forward_rows (whose comments say why)
