@@ -207,7 +207,7 @@ def _check_schema(d):
     assert isinstance(d["model"], list) and isinstance(d["cpu_scaling"], list)
 
 
-def test_main_writes_the_issues_json_and_skips_what_needs_a_gpu(tmp_path, capsys):
+def test_main_writes_its_json_and_skips_what_needs_a_gpu(tmp_path, capsys):
     out = tmp_path / "gpu.json"
     G.main(["--tiny", "--jobs", "0", "--skip", "cpu_scaling", "--ops", "layer_norm", "--dtypes", "float32",
             "--select", "N = 1$", "--out", str(out)])

@@ -126,7 +126,7 @@ def test_oracle_does_not_overflow():
     assert np.isfinite(ORACLE.rms_norm(np.array([[1.5e308, 1e308]]), 2)).all()
 
 
-def test_the_issues_row():
+def test_a_row_at_the_float32_limit():
     y = nn.layer_norm(np.array([[3e38, -3e38, 1, 2]], np.float32), 4)
     np.testing.assert_allclose(y, [[np.sqrt(2), -np.sqrt(2), 0, 0]], atol=1e-6)
 
@@ -213,7 +213,7 @@ def test_huge_finite_rows_backward(dt):
     close(nn.group_norm_backward(dyg, xg, mean, rstd, w[:3]), ORACLE.group_norm_backward(dyg, xg, mean, rstd, w[:3]))
 
 
-def test_the_issues_row_backward():
+def test_a_row_at_the_float32_limit_backward():
     x = np.array([[3e38, -3e38, 1, 2]], np.float32)
     dy = np.array([[3, -3, 1, 1]], np.float32)
     w = np.array([2, 2, 1, 1], np.float32)
