@@ -1,7 +1,10 @@
 """Every kernel against the NumPy oracle: odd shapes, all dtypes, every affine combination."""
 
+import itertools
+
 import numpy as np
 import pytest
+from _marks import EXHAUSTIVE
 
 from conftest import DTYPES, ORACLE, SIMULATED, assert_close, to_host
 
@@ -25,6 +28,23 @@ SIM_GROUP_CASES = [((1, 1, 1), 1), ((2, 6, 4, 5), 3), ((2, 6, 7), 6), ((2, 4, 9)
 AFFINE = ["none", "weight", "bias", "both"]
 
 
+def by_dtype(names, *axes, keep):
+    """A parametrize of ``names`` ("a,b,dtype"): every combination of the ``axes`` in
+    float32, and in the other dtypes those in ``keep`` (the rest exhaustive, ``-m slow``):
+    each dtype still meets the kernels without and with parameters, and the default set
+    compiles a few specializations of each fewer."""
+    cases = [pytest.param(*combo, dt, id="-".join(map(str, combo)) + f"-{np.dtype(dt).name}",
+                          marks=EXHAUSTIVE if dt != np.float32 and combo not in keep else ())
+             for dt in DTYPES for combo in itertools.product(*axes)]
+    return pytest.mark.parametrize(names, cases)
+
+
+# LayerNorm's and GroupNorm's weight and bias; RMSNorm's weight and eps
+BY_AFFINE = by_dtype("affine,dtype", AFFINE, keep={("none",), ("both",)})
+BY_WEIGHT_EPS = by_dtype("eps,affine,dtype", [None, 1e-6], ["none", "weight"],
+                         keep={(None, "none"), (1e-6, "weight")})
+
+
 def row_cases(impl_name):
     return SIM_ROW_CASES if impl_name == "cuda" and SIMULATED else ROW_CASES
 
@@ -43,8 +63,7 @@ def inputs(rng, shape, dtype):
     return (rng.standard_normal(shape) * 2 + 0.5).astype(dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("affine", AFFINE)
+@BY_AFFINE
 def test_layer_norm(impl, impl_name, rng, dtype, affine):
     for shape, k in row_cases(impl_name):
         ns = shape[len(shape) - k:]
@@ -67,9 +86,7 @@ def test_layer_norm(impl, impl_name, rng, dtype, affine):
         assert_close(db, dbr, dtype, "dbias")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("affine", ["none", "weight"])
-@pytest.mark.parametrize("eps", [None, 1e-6])
+@BY_WEIGHT_EPS
 def test_rms_norm(impl, impl_name, rng, dtype, affine, eps):
     for shape, k in row_cases(impl_name):
         ns = shape[len(shape) - k:]
@@ -89,8 +106,7 @@ def test_rms_norm(impl, impl_name, rng, dtype, affine, eps):
         assert_close(dw, dwr, dtype, "dweight")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("affine", AFFINE)
+@BY_AFFINE
 def test_group_norm(impl, impl_name, rng, dtype, affine):
     for shape, g in group_cases(impl_name):
         x = inputs(rng, shape, dtype)

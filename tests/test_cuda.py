@@ -18,7 +18,7 @@ import pytest
 
 import numbanorm
 import numbanorm.cuda as nc
-from _marks import slow_where
+from _marks import EXHAUSTIVE, slow_where
 from conftest import ORACLE, SIMULATED, assert_close, to_host
 
 if not nc.is_available():
@@ -124,12 +124,14 @@ MAPPINGS = {
 }
 
 
-# the simulator runs every thread of a 256-thread or larger block in Python: the default set
-# keeps one dtype of those (slow_where), the slow set the rest
+# the simulator runs every thread of a block in Python: the default set keeps every mapping
+# in float32 and one staged long-row mapping each in float16 and float64 (slow_where), the
+# slow set the rest
 @pytest.mark.cudasim
 @pytest.mark.parametrize("dtype,mapping", slow_where(
     [(dt, m) for dt in (np.float16, np.float32, np.float64) for m in MAPPINGS],
-    lambda dt, m: m == "default" and dt != np.float32))
+    lambda dt, m: dt != np.float32 and (np.dtype(dt).name, m) not in {("float16", "loop"),
+                                                                      ("float64", "loop_unstaged")}))
 def test_every_mapping_against_the_oracle(knobs, rng, mapping, dtype):
     kw, shapes = MAPPINGS[mapping]
     knobs(**kw)
@@ -545,7 +547,7 @@ def _every_kernel(rng, dt, m, n):
 
 
 @pytest.mark.cudasim
-@pytest.mark.parametrize("dtype", [np.float16, "bfloat16", np.float32])
+@pytest.mark.parametrize("dtype", [pytest.param(np.float16, marks=EXHAUSTIVE), "bfloat16", np.float32])
 def test_rows_in_flight_change_no_bits(knobs, rng, dtype):
     """A row group loads ``common.rows_in_flight`` rows at once (to keep its SM's share of
     ``SM_BYTES_IN_FLIGHT`` requested) and reduces them together; the rows are independent
@@ -835,8 +837,9 @@ def test_parameter_gradients_stored_in_the_parameters_dtype(rng, monkeypatch, ki
 
 
 @pytest.mark.cudasim
-@pytest.mark.parametrize("wname", ["float16", "bfloat16", "float32"])
-@pytest.mark.parametrize("xdt", [np.float32, np.float16])
+@pytest.mark.parametrize("xdt,wname", slow_where(
+    [(xdt, w) for xdt in (np.float32, np.float16) for w in ("float16", "bfloat16", "float32")],
+    lambda xdt, w: (np.dtype(xdt).name, w) not in {("float32", "float16"), ("float16", "bfloat16")}))
 def test_public_backward_is_two_launches_for_any_weight_dtype(rng, monkeypatch, xdt, wname):
     """The public backward: the row kernel and the column sums, which round dweight/dbias
     straight into the weight's dtype (no cast launches after: there were two for 16-bit
@@ -1040,7 +1043,7 @@ def _exact_layer_norm_row(row, w, b, eps):
 @pytest.mark.parametrize("dtype,mapping,n", slow_where(
     [(dt, m, n) for dt in (np.float32, np.float64) for m, n in (("default", 70), ("default", 1024), ("loop", 70),
                                                                 ("loop64", 200))],
-    lambda dt, m, n: (m, n) == ("default", 1024) and dt != np.float32))
+    lambda dt, m, n: dt != np.float32 and m != "loop"))
 def test_layer_norm_statistics_edge_rows_side_by_side(knobs, rng, mapping, n, dtype):
     """The forward's statistics come from one group reduction of the sums of x - x[0] and
     their squares; a row where that is not exact enough (x[0] an outlier, NaN) takes the

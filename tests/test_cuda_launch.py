@@ -44,6 +44,7 @@ def test_repeated_launches_reach_the_driver_with_a_core_stream(tmp_path):
         assert len(calls) == 3 and calls[1] == calls[0] and calls[2] == calls[0], name
 
 
+@pytest.mark.slow  # (the simulator's test_public_backward_is_two_launches_for_any_weight_dtype in the default set)
 def test_a_backward_is_two_launches_whatever_the_weight_dtype(tmp_path):
     """The public backward reaches the driver twice (row kernel, column sums) with float32
     and with float16 weights: the column sums store dweight/dbias in the weight's dtype

@@ -11,16 +11,15 @@ which ``test_float16_normalizes_the_rounded_sum`` pins down.
 import numpy as np
 import pytest
 
-from conftest import DTYPES, FUSED, ORACLE, assert_close, to_host
-from test_against_oracle import AFFINE, inputs, params, row_cases
+from conftest import FUSED, ORACLE, assert_close, to_host
+from test_against_oracle import BY_AFFINE, BY_WEIGHT_EPS, inputs, params, row_cases
 
 
 def stat_dtype(dtype):
     return np.float64 if dtype == np.float64 else np.float32
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("affine", AFFINE)
+@BY_AFFINE
 def test_add_layer_norm(impl, impl_name, rng, dtype, affine):
     for shape, k in row_cases(impl_name):
         ns = shape[len(shape) - k:]
@@ -52,9 +51,7 @@ def test_add_layer_norm(impl, impl_name, rng, dtype, affine):
             assert_close(db, dbr, dtype, "dbias")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("affine", ["none", "weight"])
-@pytest.mark.parametrize("eps", [None, 1e-6])
+@BY_WEIGHT_EPS
 def test_add_rms_norm(impl, impl_name, rng, dtype, affine, eps):
     for shape, k in row_cases(impl_name):
         ns = shape[len(shape) - k:]

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import numbanorm as nn
+from _marks import EXHAUSTIVE
 from conftest import ORACLE
 
 LONG = 1 << 22
@@ -144,7 +145,7 @@ def _huge_rows(dt):
     return np.array(rows).astype(dt)
 
 
-@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("dt", [np.float32, pytest.param(np.float64, marks=EXHAUSTIVE)])
 def test_huge_finite_rows_forward(dt):
     x = _huge_rows(dt)
     w = np.linspace(0.5, 1.5, 33).astype(dt)
