@@ -301,7 +301,7 @@ def _exact(a):
 
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
 @pytest.mark.parametrize("pdt", ["same", np.float32])
-@pytest.mark.parametrize("shape", [(1, 1), (3, 5, 33), (5, 4099), (64, 768)])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5, 33), (5, 4099), (40, 768)])  # (as test_against_oracle.ROW_CASES)
 def test_layer_and_rms_norm(rng, dt, pdt, shape):
     n = shape[-1]
     pdt = dt if pdt == "same" else np.dtype(pdt)
