@@ -463,6 +463,7 @@ def test_cold_start_imports_the_trees_bytecode(tmp_path):
     cold_start._bytecode(None, str(tmp_path / "elsewhere"))  # no numbanorm there: nothing to do
 
 
+@pytest.mark.slow  # fresh processes, each compiling
 def test_cold_start_in_a_fresh_process():
     """A first call in a new process with an empty cache, its compile broken down (the
     row function on the calling thread, the parallel kernel on the compile thread), then

@@ -547,7 +547,8 @@ def _every_kernel(rng, dt, m, n):
 
 
 @pytest.mark.cudasim
-@pytest.mark.parametrize("dtype", [pytest.param(np.float16, marks=EXHAUSTIVE), "bfloat16", np.float32])
+@pytest.mark.parametrize("dtype", ["bfloat16", pytest.param(np.float16, marks=EXHAUSTIVE),
+                                   pytest.param(np.float32, marks=EXHAUSTIVE)])
 def test_rows_in_flight_change_no_bits(knobs, rng, dtype):
     """A row group loads ``common.rows_in_flight`` rows at once (to keep its SM's share of
     ``SM_BYTES_IN_FLIGHT`` requested) and reduces them together; the rows are independent
