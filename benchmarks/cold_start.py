@@ -3,6 +3,7 @@
     python -m benchmarks.cold_start                   # all of it -> benchmarks/results/cold-start.json
     python -m benchmarks.cold_start --dtypes float32 --only first_calls,import
     python -m benchmarks.cold_start --main-job        # also the README's main job from a copy of the clone
+    python -m benchmarks.cold_start --only "" --test-command --out test-command   # the README's test command
     python -m benchmarks.cold_start --baseline DIR --only first_calls   # and another checkout's, alternated
     python benchmarks/cold_start.py child '<case as JSON>' [--profile]   # one process's measurement
     python benchmarks/cold_start.py numba             # numba alone: a trivial cached function
@@ -20,7 +21,8 @@ Each measurement runs in new processes with a ``NUMBA_CACHE_DIR`` of its own:
   come from the oracle, so that only the kernel under test is compiled.
 * ``compile``: ``python -m numbanorm compile`` into an empty cache, float32 and bfloat16.
 * ``main_job`` (``--main-job``): a copy of the repository's tracked files, a new venv,
-  ``pip install .`` and ``python -m numbanorm`` there, each step timed.
+  ``pip install .`` and ``python -m numbanorm`` there, each step timed; ``test_command``
+  (``--test-command``): the same with ``pip install ".[test]"`` and ``python -m pytest``.
 * ``numba_alone``: ``import numba`` and a trivial cached function's first call.
 
 Where SciPy is installed, the first kernel a process loads makes numba import
@@ -344,12 +346,18 @@ def compile_command(dtypes=("float32", "bfloat16"), threads=None, python=None, t
     return {"dtypes": list(dtypes), "wall_s": wall, "cache_files": files, "output": proc.stdout[-2000:]}
 
 
-def main_job(python=None, timeout=7200):
-    """The README's main job as a new user runs it: the repository's tracked files copied
-    (a fresh clone's), a new venv, ``pip install .``, ``python -m numbanorm``; each step's
-    wall time.  pip's own download cache is used as it is (the network is not timed
-    apart)."""
+# The README's two commands after the venv: (what pip installs, what then runs)
+README_COMMANDS = {"main_job": (".", ["-m", "numbanorm"]), "tests": (".[test]", ["-m", "pytest", "-q"])}
+
+
+def main_job(python=None, timeout=7200, command="main_job"):
+    """One of the README's commands as a new user runs it: the repository's tracked files
+    copied (a fresh clone's), a new venv, ``pip install .`` and ``python -m numbanorm``
+    (``command`` "main_job"), or ``pip install ".[test]"`` and ``python -m pytest``
+    ("tests"); each step's wall time.  pip's own download cache is used as it is (the
+    network is not timed apart)."""
     steps = {}
+    what, run_args = README_COMMANDS[command]
     with tempfile.TemporaryDirectory(prefix="numbanorm-main-job-") as tmp:
         clone = os.path.join(tmp, "clone")
         files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
@@ -362,21 +370,21 @@ def main_job(python=None, timeout=7200):
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NUMBA_CACHE_DIR", "VIRTUAL_ENV")}
         vpy = os.path.join(venv, "bin", "python")
         for name, cmd in (("venv", [python or sys.executable, "-m", "venv", venv]),
-                          ("pip_install", [vpy, "-m", "pip", "install", "-q", "."]),
-                          ("main_job", [vpy, "-m", "numbanorm"])):
+                          ("pip_install", [vpy, "-m", "pip", "install", "-q", what]),
+                          (command, [vpy, *run_args])):
             t0 = time.perf_counter()
             proc = subprocess.run(cmd, cwd=clone, env=env, capture_output=True, text=True, timeout=timeout)
             steps[name + "_s"] = time.perf_counter() - t0
             if proc.returncode:
-                raise RuntimeError(f"main job step {name} failed:\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}")
-            if name == "main_job":
+                raise RuntimeError(f"{command} step {name} failed:\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}")
+            if name == command:
                 steps["output_tail"] = proc.stdout[-1500:]
-    steps["total_s"] = steps["venv_s"] + steps["pip_install_s"] + steps["main_job_s"]
+    steps["total_s"] = steps["venv_s"] + steps["pip_install_s"] + steps[command + "_s"]
     return steps
 
 
 def run(dtypes=DTYPES, only=("first_calls", "compile", "numba_alone"), threads=None, python=None,
-        with_main_job=False, fresh=True, baseline=None, profile=True, show=print):
+        with_main_job=False, fresh=True, baseline=None, profile=True, show=print, with_tests=False):
     """The cold-start measurements as one dict (``harness``'s ``cold_start`` section)."""
     out = {}
     if "first_calls" in only:
@@ -391,6 +399,10 @@ def run(dtypes=DTYPES, only=("first_calls", "compile", "numba_alone"), threads=N
         out["main_job"] = main_job(python)
         show(f"main job from a clone: {out['main_job']['total_s']:.1f} s "
              f"(pip install {out['main_job']['pip_install_s']:.1f} s)")
+    if with_tests:
+        out["test_command"] = main_job(python, command="tests")
+        show(f"test command from a clone: {out['test_command']['total_s']:.1f} s "
+             f"(pip install {out['test_command']['pip_install_s']:.1f} s)")
     return out
 
 
@@ -402,6 +414,8 @@ def main(argv=None):
     ap.add_argument("--only", default="first_calls,compile,numba_alone",
                     help="comma-separated, of first_calls, compile, numba_alone")
     ap.add_argument("--main-job", action="store_true", help="also the README's main job from a copy of the clone")
+    ap.add_argument("--test-command", action="store_true",
+                    help="also the README's test command (its install and default set) from a copy of the clone")
     ap.add_argument("--threads", type=int, default=targets.THREADS)
     ap.add_argument("--python", help="interpreter of the measured processes (default: this one), e.g. a venv "
                                      "of numbanorm's dependencies alone")
@@ -412,8 +426,9 @@ def main(argv=None):
     ap.add_argument("--out", default="cold-start", help="results stem under benchmarks/results")
     a = ap.parse_args(argv)
     load_before = harness.measure.loadavg()
-    cold = run(tuple(a.dtypes), tuple(a.only.split(",")), a.threads, a.python, a.main_job,
-               baseline=a.baseline and os.path.abspath(a.baseline), profile=not a.no_profile)
+    cold = run(tuple(a.dtypes), tuple(filter(None, a.only.split(","))), a.threads, a.python, a.main_job,
+               baseline=a.baseline and os.path.abspath(a.baseline), profile=not a.no_profile,
+               with_tests=a.test_command)
     meta = harness.metadata(a.threads, a.note, load_before, harness.measure.loadavg(), (), {})
     meta["command"] = "python -m benchmarks.cold_start " + " ".join(argv if argv is not None else sys.argv[1:])
     path = harness.RESULTS / f"{a.out}.json"

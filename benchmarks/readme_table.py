@@ -402,6 +402,10 @@ def _compile_and_main_job(cold):
         j = cold["main_job"]
         out += (f" The README's main job from a copy of the clone: {j['total_s']:.0f} s (venv {j['venv_s']:.0f} s, "
                 f"pip install {j['pip_install_s']:.0f} s, `python -m numbanorm` {j['main_job_s']:.0f} s).")
+    if cold.get("test_command"):
+        j = cold["test_command"]
+        out += (f" The README's test command from a copy of the clone: {j['total_s']:.0f} s (venv {j['venv_s']:.0f} s, "
+                f"pip install {j['pip_install_s']:.0f} s, `python -m pytest` {j['tests_s']:.0f} s).")
     return out
 
 

@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import json
 import math
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -654,15 +655,43 @@ def test_the_targets_block_states_a_cold_start_run_under_the_table(tmp_path):
         "fresh_cache": first, "cached": [{"first_call_s": s, "import_s": i} for s, i in ((0.2, 0.3), (0.28, 0.5))],
         "compile_command": {"dtypes": ["float32", "bfloat16"], "wall_s": 89.3},
         "numba_alone": {"import_s": 0.209, "first_call_s": 0.156},
-        "main_job": {"total_s": 106.4, "venv_s": 4.1, "pip_install_s": 11.5, "main_job_s": 90.8}}}
+        "main_job": {"total_s": 106.4, "venv_s": 4.1, "pip_install_s": 11.5, "main_job_s": 90.8},
+        "test_command": {"total_s": 351.2, "venv_s": 3.9, "pip_install_s": 52.4, "tests_s": 294.9}}}
     assert "Cold start" not in readme_table.render_targets([run], ["x.json"])
     block = readme_table.render_targets([run], ["x.json"], (cold, "c.json"))
     line = next(ln for ln in block.splitlines() if ln.startswith("Cold start"))
     assert "commit `4f71193`" in line and "0.91-1.93 s" in line and "at most 0.28 s" in line
     assert "`import numbanorm` 0.40 s (median)" in line and "float32 bfloat16`: 89 s" in line
     assert "106 s (venv 4 s, pip install 12 s, `python -m numbanorm` 91 s)" in line
+    assert "test command from a copy of the clone: 351 s (venv 4 s, pip install 52 s, `python -m pytest` 295 s)" in line
     assert "Numba alone beside it: import 0.21 s, a cached trivial function 0.16 s." in line
     assert block.rstrip().endswith("--targets x.json --cold c.json`.")
+
+
+def test_the_readme_commands_run_from_a_copy_of_the_clone_in_a_venv_of_their_own(monkeypatch):
+    """cold_start.main_job: the README's main job installs the package and runs it; its test
+    command installs the test extra and runs the default set; each in the copied clone,
+    with the new venv's interpreter, each step timed."""
+    from benchmarks import cold_start
+
+    ran, real = [], subprocess.run
+
+    def fake_run(cmd, cwd=None, env=None, **kw):
+        if cmd[0] == "git":  # (the tracked files: copied for real)
+            return real(cmd, cwd=cwd, **kw)
+        ran.append((cmd, cwd, env))
+        return subprocess.CompletedProcess(cmd, 0, "tail\n", "")
+
+    monkeypatch.setattr(cold_start.subprocess, "run", fake_run)
+    for command, install, args in (("main_job", ".", ["-m", "numbanorm"]), ("tests", ".[test]", ["-m", "pytest", "-q"])):
+        del ran[:]
+        out = cold_start.main_job(command=command)
+        (venv, _, _), (pip, cwd, env), (job, cwd2, _) = ran
+        assert venv[1:3] == ["-m", "venv"] and pip[1:] == ["-m", "pip", "install", "-q", install]
+        assert job[1:] == args and pip[0] == job[0] and job[0].startswith(venv[3]) and cwd == cwd2
+        assert "PYTHONPATH" not in env and "NUMBA_CACHE_DIR" not in env
+        assert out["total_s"] == out["venv_s"] + out["pip_install_s"] + out[command + "_s"]
+        assert out["output_tail"] == "tail\n"
 
 
 def test_a_targets_run_is_named_by_its_cpu_kind(monkeypatch):
