@@ -674,11 +674,11 @@ def test_the_readme_commands_run_from_a_copy_of_the_clone_in_a_venv_of_their_own
     with the new venv's interpreter, each step timed."""
     from benchmarks import cold_start
 
-    ran, real = [], subprocess.run
+    ran = []
 
     def fake_run(cmd, cwd=None, env=None, **kw):
-        if cmd[0] == "git":  # (the tracked files: copied for real)
-            return real(cmd, cwd=cwd, **kw)
+        if cmd[0] == "git":  # the tracked files (the tests may run where there is no git checkout)
+            return subprocess.CompletedProcess(cmd, 0, b"pyproject.toml\0", b"")
         ran.append((cmd, cwd, env))
         return subprocess.CompletedProcess(cmd, 0, "tail\n", "")
 
