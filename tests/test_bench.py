@@ -694,6 +694,19 @@ def test_the_readme_commands_run_from_a_copy_of_the_clone_in_a_venv_of_their_own
         assert out["output_tail"] == "tail\n"
 
 
+def test_the_test_command_target_reads_a_run_that_timed_it():
+    """The README's test command, install included, within six minutes: judged where a
+    cold-start run timed it, alone (no first-call rules MISSING) or beside first calls."""
+    from benchmarks import targets
+
+    alone = targets.evaluate_cold({"test_command": {"total_s": 310.6}})
+    assert [(r["status"], r["value"]) for r in alone] == [("PASS", 310.6)]
+    over = targets.evaluate_cold({"test_command": {"total_s": 361.0}, "cached": [
+        {"op": "layer_norm", "direction": "forward", "first_call_s": 0.2, "import_s": 0.3}]})
+    assert over[0]["status"] == "FAIL" and {r["rule"] for r in over} >= set(targets.COLD_RULES.values())
+    assert not [r for r in targets.evaluate_cold({}) if "test command" in r["rule"]]
+
+
 def test_a_targets_run_is_named_by_its_cpu_kind(monkeypatch):
     from benchmarks import run
 
