@@ -12,6 +12,18 @@ from _marks import EXHAUSTIVE
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+@pytest.fixture(scope="session")
+def kernel_cache(tmp_path_factory):
+    """One Numba cache for this run's launch-path tests that count no compiles: the first
+    process to need a kernel compiles it with NVVM, the later ones load it (each test is a
+    process of its own; the xdist workers share the folder, which Numba writes a file at a
+    time, whole).  The tests of compiling and caching keep a cache of their own."""
+    base = tmp_path_factory.getbasetemp()
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "launch-kernels"
+    path.mkdir(exist_ok=True)
+    return {"NUMBA_CACHE_DIR": str(path)}
+
+
 def _run(*argv, env=None):
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", **(env or {}))
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(HERE), env.get("PYTHONPATH", "")])
@@ -25,11 +37,11 @@ def _run(*argv, env=None):
 
 @pytest.mark.slow
 @pytest.mark.exhaustive
-def test_repeated_launches_reach_the_driver_with_a_core_stream(tmp_path):
+def test_repeated_launches_reach_the_driver_with_a_core_stream(kernel_cache):
     """The first launch dispatches; the later ones go straight to the compiled kernel
     (numbanorm's cached specialization) and must hand cuda.core a stream it accepts,
     with the same kernel, grid, block and arguments as the dispatcher's launch."""
-    res = _run(64, 1024, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    res = _run(64, 1024, env=kernel_cache)
     assert res["errors"] == [], res["errors"]
     assert res["resolved"] == 1
     first, *rest = res["launches"]
@@ -45,11 +57,11 @@ def test_repeated_launches_reach_the_driver_with_a_core_stream(tmp_path):
 
 
 @pytest.mark.slow  # (the simulator's test_public_backward_is_two_launches_for_any_weight_dtype in the default set)
-def test_a_backward_is_two_launches_whatever_the_weight_dtype(tmp_path):
+def test_a_backward_is_two_launches_whatever_the_weight_dtype(kernel_cache):
     """The public backward reaches the driver twice (row kernel, column sums) with float32
     and with float16 weights: the column sums store dweight/dbias in the weight's dtype
     (there were two cast launches after them for float16 weights)."""
-    res = _run("count", 64, 1024, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    res = _run("count", 64, 1024, env=kernel_cache)
     for w in ("float32", "float16"):
         assert res[f"layer_forward_{w}"] == 1
         assert res[f"layer_backward_{w}"] == 2, res
@@ -97,7 +109,7 @@ def test_kernels_cached_on_disk_keyed_on_all_their_sources(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_replayed_call_hands_the_driver_what_the_full_path_does(tmp_path):
+def test_a_replayed_call_hands_the_driver_what_the_full_path_does(kernel_cache):
     """The public functions replay a call seen before (``cuda._backend.Replays``): for every
     call -- each operation's forward and backward, and calls that differ from a learned
     one in one thing -- the driver gets from the public frontend exactly what the full
@@ -111,7 +123,7 @@ def test_a_replayed_call_hands_the_driver_what_the_full_path_does(tmp_path):
     (copied first) is never replayed; the caller's stream (a numba array's, a producer's,
     torch's or CuPy's current one) is used as given -- for numba arrays, other CUDA Array
     Interface arrays, CUDA torch tensors and CuPy arrays alike."""
-    res = _run("replay", 64, 1024, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    res = _run("replay", 64, 1024, env=kernel_cache)
     for name, calls in res.items():
         for k, (public, full) in enumerate(calls):
             assert not full["replayed"], name
@@ -165,7 +177,7 @@ def test_a_replayed_call_hands_the_driver_what_the_full_path_does(tmp_path):
 
 @pytest.mark.parametrize("dtype", ["float32", pytest.param("float64", marks=EXHAUSTIVE),
                                    pytest.param("bfloat16", marks=EXHAUSTIVE)])
-def test_every_operation_replayed_as_the_full_path_launches_it_in_every_dtype(tmp_path, dtype):
+def test_every_operation_replayed_as_the_full_path_launches_it_in_every_dtype(kernel_cache, dtype):
     """The replayed launches are what the simulator's tests cannot see (the simulator
     launches through numba's dispatcher: no marshalled arguments, no replays), so the
     replay path is tested where the launches are real: with the driver stubbed, each
@@ -173,7 +185,7 @@ def test_every_operation_replayed_as_the_full_path_launches_it_in_every_dtype(tm
     weight and bias and LayerNorm/RMSNorm without a weight (absent arguments as dummies),
     hands the driver the same launches through a replay as through the full path, and
     returns the same results, call by call; replayed from the third call."""
-    res = _run("every", 64, 1024, dtype, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    res = _run("every", 64, 1024, dtype, env=kernel_cache)
     assert len(res) == 12
     for name, calls in res.items():
         for k, (public, full) in enumerate(calls):
@@ -186,14 +198,14 @@ def test_every_operation_replayed_as_the_full_path_launches_it_in_every_dtype(tm
 
 @pytest.mark.slow
 @pytest.mark.exhaustive
-def test_long_rows_get_their_dynamic_shared_memory_allowed_before_the_launch(tmp_path):
+def test_long_rows_get_their_dynamic_shared_memory_allowed_before_the_launch(kernel_cache):
     """Float16 rows of 32768 elements: the forward stages x (64 KB), the backward x and dy
     (128 KB) in dynamic shared memory, more than the 48 KB a kernel gets unless it opts in.
     Through numba's dispatcher, the direct launch and a replay alike, the driver sees the
     kernel's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES set to the row's bytes before
     its first launch (and once per kernel and context: again in a new context, before a
     replayed launch), and every launch carries those bytes."""
-    res = _run("shared", 4, 32768, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    res = _run("shared", 4, 32768, env=kernel_cache)
     assert res["bytes"] == {"forward": 65536, "backward": 131072}
     for name in ("forward", "backward"):
         nbytes, calls = res["bytes"][name], res[name]
@@ -218,7 +230,7 @@ def test_long_rows_get_their_dynamic_shared_memory_allowed_before_the_launch(tmp
 
 @pytest.mark.slow
 @pytest.mark.parametrize("direction", ["forward", "backward"])
-def test_the_opt_in_counts_the_kernels_static_shared_memory(tmp_path, direction):
+def test_the_opt_in_counts_the_kernels_static_shared_memory(kernel_cache, direction):
     """The 48 KB a block gets without opting in covers static and dynamic shared memory
     together, and the row kernels carry static scratch for their reductions: at each side
     of the boundary (float16 and bfloat16 forward at N = 24448 | 24449 .. 24576, float32 at
@@ -230,7 +242,7 @@ def test_the_opt_in_counts_the_kernels_static_shared_memory(tmp_path, direction)
     every path: numba's dispatcher, the direct launch, a replay, each in a new context."""
     if not __import__("numbanorm.cuda._ptx", fromlist=["find_tool"]).find_tool("ptxas"):
         pytest.skip("ptxas is not installed")
-    res = _run("optin", direction, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    res = _run("optin", direction, env=kernel_cache)
     assert len(res) >= 7
     over = 0
     for case, got in res.items():
@@ -257,7 +269,7 @@ def test_the_opt_in_counts_the_kernels_static_shared_memory(tmp_path, direction)
 
 
 @pytest.mark.slow
-def test_a_call_on_torch_or_cupy_arrays_takes_their_memory_and_stream_only(tmp_path):
+def test_a_call_on_torch_or_cupy_arrays_takes_their_memory_and_stream_only(kernel_cache):
     """Each operation's forward and backward on CUDA torch tensors (float16, bfloat16; on a
     stream of torch's and on its default stream) and CuPy arrays, by ``numbanorm.cuda`` and
     the top level, the first call included: every array of the call -- results, the
@@ -267,7 +279,7 @@ def test_a_call_on_torch_or_cupy_arrays_takes_their_memory_and_stream_only(tmp_p
     (cuMemAlloc, and cuMemFree after it), no synchronization (numba's copy on stream 0
     would synchronize), no host-device copy, every launch on the caller's stream: what
     CUDA-graph capture (``torch.cuda.graph``) requires."""
-    res = _run("alloc", 64, 1024, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    res = _run("alloc", 64, 1024, env=kernel_cache)
     assert len(res) == 38
     for case, got in res.items():
         lib = case.split()[0]
@@ -285,14 +297,14 @@ def test_a_call_on_torch_or_cupy_arrays_takes_their_memory_and_stream_only(tmp_p
 
 
 @pytest.mark.slow
-def test_the_arrays_device_runs_the_call_and_two_devices_are_refused(tmp_path):
+def test_the_arrays_device_runs_the_call_and_two_devices_are_refused(kernel_cache):
     """Two GPUs (132 and 114 SMs), device 0 current: a call on arrays of device 1 (numba's,
     torch's, another library's) is launched in device 1's context with a grid sized by its
     SMs, allocates there, and is replayed only from a plan learned there (its long row's
     shared-memory opt-in set in device 1's context too); the device scope is closed after
     every call.  Arrays on both devices: ValueError naming the odd one out, before anything
     is allocated or launched."""
-    res = _run("devices", 4096, 1024, env={"NUMBA_CACHE_DIR": str(tmp_path)})
+    res = _run("devices", 4096, 1024, env=kernel_cache)
     assert res.pop("current") == [0]
     grids = {0: set(), 1: set()}
     for case, calls in res.items():
