@@ -125,8 +125,8 @@ MAPPINGS = {
 
 
 # the simulator runs every thread of a block in Python: the default set keeps every mapping
-# in float32 and one staged long-row mapping each in float16 and float64 (slow_where), the
-# slow set the rest
+# in float32 and one long-row mapping each in float16 (staged) and float64 (not staged)
+# (slow_where), the slow set the rest
 @pytest.mark.cudasim
 @pytest.mark.parametrize("dtype,mapping", slow_where(
     [(dt, m) for dt in (np.float16, np.float32, np.float64) for m in MAPPINGS],
