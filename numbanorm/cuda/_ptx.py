@@ -186,9 +186,10 @@ def main(argv=None):
     failed = []
     # one compile per kernel and argument types: lengths that map to the same kernel
     # (every staged length of a dtype, GroupNorm's group lengths) share it
-    seen = set()
-    unique = [case for case in _cases() if (id(case[1]), case[2]) not in seen and not seen.add((id(case[1]), case[2]))]
-    for k, (name, kern, sig, block, wide) in enumerate(unique):
+    unique = {}
+    for case in _cases():
+        unique.setdefault((id(case[1]), case[2]), case)
+    for k, (name, kern, sig, block, wide) in enumerate(unique.values()):
         if k % shards != shard:
             continue
         bounds = kern.targetoptions.get("launch_bounds")
