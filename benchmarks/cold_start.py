@@ -350,7 +350,7 @@ def compile_command(dtypes=("float32", "bfloat16"), threads=None, python=None, t
 README_COMMANDS = {"main_job": (".", ["-m", "numbanorm"]), "tests": (".[test]", ["-m", "pytest", "-q"])}
 
 
-def main_job(python=None, timeout=7200, command="main_job"):
+def readme_command(command, python=None, timeout=7200):
     """One of the README's commands as a new user runs it: the repository's tracked files
     copied (a fresh clone's), a new venv, ``pip install .`` and ``python -m numbanorm``
     (``command`` "main_job"), or ``pip install ".[test]"`` and ``python -m pytest``
@@ -396,11 +396,11 @@ def run(dtypes=DTYPES, only=("first_calls", "compile", "numba_alone"), threads=N
         out["compile_command"] = compile_command(threads=threads, python=python)
         show(f"numbanorm compile --dtypes float32 bfloat16: {out['compile_command']['wall_s']:.1f} s")
     if with_main_job:
-        out["main_job"] = main_job(python)
+        out["main_job"] = readme_command("main_job", python)
         show(f"main job from a clone: {out['main_job']['total_s']:.1f} s "
              f"(pip install {out['main_job']['pip_install_s']:.1f} s)")
     if with_tests:
-        out["test_command"] = main_job(python, command="tests")
+        out["test_command"] = readme_command("tests", python)
         show(f"test command from a clone: {out['test_command']['total_s']:.1f} s "
              f"(pip install {out['test_command']['pip_install_s']:.1f} s)")
     return out

@@ -669,7 +669,7 @@ def test_the_targets_block_states_a_cold_start_run_under_the_table(tmp_path):
 
 
 def test_the_readme_commands_run_from_a_copy_of_the_clone_in_a_venv_of_their_own(monkeypatch):
-    """cold_start.main_job: the README's main job installs the package and runs it; its test
+    """cold_start.readme_command: the README's main job installs the package and runs it; its test
     command installs the test extra and runs the default set; each in the copied clone,
     with the new venv's interpreter, each step timed."""
     from benchmarks import cold_start
@@ -685,7 +685,7 @@ def test_the_readme_commands_run_from_a_copy_of_the_clone_in_a_venv_of_their_own
     monkeypatch.setattr(cold_start.subprocess, "run", fake_run)
     for command, install, args in (("main_job", ".", ["-m", "numbanorm"]), ("tests", ".[test]", ["-m", "pytest", "-q"])):
         del ran[:]
-        out = cold_start.main_job(command=command)
+        out = cold_start.readme_command(command)
         (venv, _, _), (pip, cwd, env), (job, cwd2, _) = ran
         assert venv[1:3] == ["-m", "venv"] and pip[1:] == ["-m", "pip", "install", "-q", install]
         assert job[1:] == args and pip[0] == job[0] and job[0].startswith(venv[3]) and cwd == cwd2
