@@ -132,6 +132,21 @@ def test_votes_and_matches():
 
 # ---------------------------------------------------------------- what hangs on hardware raises
 
+def test_a_lane_that_raised_is_reported_with_its_own_error():
+    """A lane waiting for one that exited names that lane's error where it raised one: the
+    simulator reports whichever thread's error it sees first, and "exited without reaching
+    it" hid the cause (test_mismatched_operations_raise failed when the waiting lane won)."""
+    import types
+
+    started = types.SimpleNamespace(is_set=lambda: True)
+    raised = types.SimpleNamespace(_started=started, is_alive=lambda: False,
+                                   exception=(_simwarp.WarpError("shfl_xor_sync: ... mismatched warp operations"), None))
+    quiet = types.SimpleNamespace(_started=started, is_alive=lambda: False, exception=None)
+    me = types.SimpleNamespace(_manager=types.SimpleNamespace(_nn_threads={1: raised, 2: quiet}), thread_id=0)
+    assert "mismatched warp operations" in _simwarp._stuck(me, None, 1, 0)
+    assert _simwarp._stuck(me, None, 2, 0) == "lane 2 exited without reaching it"
+
+
 def _raises(kernel, block, match):
     out = np.zeros(block, np.float32)
     with pytest.raises((_simwarp.WarpError, TypeError), match=match):

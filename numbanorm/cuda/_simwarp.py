@@ -129,6 +129,8 @@ def _stuck(me, op, lane, first):
     if t is None or not t._started.is_set():
         return None  # not started yet: the simulator starts a block's threads one by one
     if not t.is_alive():
+        if t.exception:  # it raised (at a warp operation of its own, say): that is the cause
+            return f"lane {lane} raised instead: {t.exception[0]}"
         return f"lane {lane} exited without reaching it"
     other = getattr(t, "_nn_waiting", None)
     if other is not None and other is not op and not other.done and other.mask >> (me.thread_id % WARP) & 1:
