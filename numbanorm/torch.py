@@ -50,6 +50,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 import numbanorm as _numbanorm  # the top-level functions, dispatching on the arrays' side
+from numbanorm import _torch_addressed as _addressed
 from numbanorm import cpu as _cpu
 from numbanorm import _validate as _V
 from numbanorm.operations import ARRAY_ROLES, BY_NAME, OPERATIONS, generate
@@ -190,8 +191,14 @@ def _implementation(op, kind, roles):
     shape = roles.index("normalized_shape") if "normalized_shape" in roles else None
     shortcut = _CPU.shortcut(op, "backward" if kind == "backward" else "forward")
     n = len(op.plain_outputs) if kind == "plain" else None  # (the shortcut returns the statistics too)
+    small = _addressed.Calls(op, kind, roles) if op.name in ("layer_norm", "rms_norm") else None
 
     def implementation(*args):
+        if small is not None:  # a small CPU call seen before: by its tensors' addresses
+            got = small(args)
+            if got is not None:
+                return got
+        given = args
         args = list(args)
         for i in arrays:
             args[i] = _arr(args[i])
@@ -200,11 +207,18 @@ def _implementation(op, kind, roles):
         if shortcut is not None and type(args[0]) is np.ndarray:
             got = shortcut(*args)
             if got is not None:
-                return _tensor(got[0]) if n == 1 else _tensors(got[:n] if n else got)
-        got = getattr(_numbanorm, name)(*args)  # looked up per call, as a written-out call would be
-        return _tensors(got) if isinstance(got, tuple) else _tensor(got)  # (a plain call's y alone)
+                got = _tensor(got[0]) if n == 1 else _tensors(got[:n] if n else got)
+        else:
+            got = None
+        if got is None:
+            got = getattr(_numbanorm, name)(*args)  # looked up per call, as a written-out call would be
+            got = _tensors(got) if isinstance(got, tuple) else _tensor(got)  # (a plain call's y alone)
+        if small is not None:
+            small.learn(given, got)
+        return got
 
     implementation.__name__ = name
+    implementation.small = small
     return implementation
 
 
@@ -242,9 +256,10 @@ def _register_autograd(op, forward):
     wi = op.forward_roles.index("weight")
     si = op.forward_roles.index("normalized_shape") if op.layout == "rows" else None
 
-    def setup_context(ctx, inputs, output):
+    def setup_context(ctx, inputs, output, outputs_stats=True):
         stats = output[k:]
-        ctx.mark_non_differentiable(*stats)
+        if outputs_stats:  # (the recording Function's outputs are the plain function's: _recording)
+            ctx.mark_non_differentiable(*stats)
         # the fused norms' s is an output too: saving it keeps autograd's check
         # that nobody modified it in place before the backward reads it
         ctx.save_for_backward(output[1] if op.fused else inputs[0], inputs[wi], *stats)
@@ -275,13 +290,16 @@ def _recording(op, setup_context, grad):
     """``apply(*args)``: ``op``'s forward in an eager call that records an autograd graph,
     as an ``autograd.Function`` around the forward operator's implementation, with the
     operator's autograd formula.  The operator's dispatch, several times the whole call of
-    torch's own LayerNorm, does nothing more for a plain tensor in eager mode."""
+    torch's own LayerNorm, does nothing more for a plain tensor in eager mode.  It returns
+    the plain function's outputs (y, or y and s): the statistics are saved for the
+    backward, not returned (each output more costs autograd about a microsecond)."""
     forward_implementation = _IMPLEMENTATIONS[op.name, "forward"]
+    k = len(op.plain_outputs)
 
     def forward(ctx, *args):
         output = forward_implementation(*args)
-        setup_context(ctx, args, output)
-        return output
+        setup_context(ctx, args, output, outputs_stats=False)
+        return output[0] if k == 1 else output[:k]
 
     function = type(f"{op.name}_graph", (torch.autograd.Function,),
                     {"forward": staticmethod(forward), "backward": staticmethod(once_differentiable(grad)),
@@ -394,7 +412,7 @@ class _Eager(NamedTuple):
     shape: int      # position of normalized_shape (layout rows) or num_groups
     rows: bool
     eps_none: bool  # eps may be None (the accumulation dtype's machine epsilon)
-    n: int          # the plain function's outputs
+    small: object   # the plain function's small calls by address (_torch_addressed.Calls), or None
     plain: object   # the plain function's implementation
     record: object  # the forward as an autograd.Function (_recording)
 
@@ -430,8 +448,11 @@ def _functional(op, args):
             if type(eps) is not float and not (eps is None and e.eps_none):
                 args[-1] = _V.real_eps(eps, allow_none=e.eps_none)
             if graph and torch.is_grad_enabled():
-                results = e.record(*args)
-                return results[0] if e.n == 1 else results[:e.n]
+                return e.record(*args)
+            if e.small is not None:  # (the implementation's first step, without its call)
+                got = e.small(args)
+                if got is not None:
+                    return got
             return e.plain(*args)
     return _general(op, args)
 
@@ -453,7 +474,7 @@ def _general(op, args):
     if not _direct(args):
         results = _OPERATORS[op.name][0](*args)
     elif _records(args):
-        results = _RECORDING[op.name](*args)
+        return _RECORDING[op.name](*args)
     else:  # no graph to record: the plain function, without the statistics
         return _IMPLEMENTATIONS[op.name, "plain"](*args)
     return results[0] if n == 1 else tuple(results[:n])
@@ -461,7 +482,8 @@ def _general(op, args):
 
 _EAGER = {op.name: _Eager(tuple(i for i, r in enumerate(op.forward_roles) if r in ARRAY_ROLES),
                           op.forward_roles.index(op.shape_role), op.layout == "rows", op.eps is None,
-                          len(op.plain_outputs), _IMPLEMENTATIONS[op.name, "plain"], _RECORDING[op.name])
+                          _IMPLEMENTATIONS[op.name, "plain"].small, _IMPLEMENTATIONS[op.name, "plain"],
+                          _RECORDING[op.name])
           for op in OPERATIONS}
 
 
@@ -504,11 +526,17 @@ class LayerNorm(_TableModule, torch.nn.LayerNorm):
 
     _op = BY_NAME["layer_norm"]
 
+    def forward(self, input):  # (_TableModule.forward written out: a decoder calls it per token)
+        return _functional(LayerNorm._op, (input, self.normalized_shape, self.weight, self.bias, self.eps))
+
 
 class RMSNorm(_TableModule, torch.nn.RMSNorm):
     """``torch.nn.RMSNorm`` running numbanorm's kernels."""
 
     _op = BY_NAME["rms_norm"]
+
+    def forward(self, input):  # (as LayerNorm.forward)
+        return _functional(RMSNorm._op, (input, self.normalized_shape, self.weight, self.eps))
 
 
 class GroupNorm(_TableModule, torch.nn.GroupNorm):

@@ -1,0 +1,222 @@
+"""numbanorm.torch's small CPU calls by their tensors' addresses (``numbanorm._torch_addressed``):
+the full path's bits, forward and backward, and every call a plan must not take."""
+
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import numbanorm  # noqa: E402
+import numbanorm.torch as nt  # noqa: E402
+from numbanorm import _torch_addressed  # noqa: E402
+from numbanorm.cpu._kernels import background  # noqa: E402
+
+slow = pytest.mark.slow
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _bits(t):
+    return None if t is None else t.detach().contiguous().view(torch.uint8).numpy().copy()
+
+
+def _same(a, b):
+    for s, t in zip(a, b):
+        assert (s is None) == (t is None)
+        if s is not None:
+            assert s.dtype == t.dtype and s.shape == t.shape
+            np.testing.assert_array_equal(_bits(s), _bits(t))
+
+
+def _no_full_path(monkeypatch):
+    """From here on, a call that takes the full path (a tensor seen as a NumPy array) fails,
+    except while the returned dict's "allowed" is true."""
+    state = {"allowed": False}
+    real = nt._arr
+
+    def refuse(t):
+        if not state["allowed"]:
+            raise AssertionError("the full path ran")
+        return real(t)
+
+    monkeypatch.setattr(nt, "_arr", refuse)
+    return state
+
+
+def _learned(call):
+    """``call()``'s results from the full path, after which its plan's entry is compiled."""
+    first = call()
+    call()  # (the plan's first use: its entry is handed to the compile thread, the full path answers)
+    background.wait()
+    return first
+
+
+def _inputs(op, shape, nshape, dtype, which, wdtype, grad=False):
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(*shape, generator=g, dtype=torch.float64) * 2 + 0.5).to(dtype)
+    n = tuple(nshape)
+    w = (torch.rand(*n, generator=g, dtype=torch.float64) + 0.5).to(wdtype) if which in ("weight", "both") else None
+    b = torch.randn(*n, generator=g, dtype=torch.float64).to(wdtype) if which in ("bias", "both") else None
+    if op == "rms_norm":
+        b = None
+    for t in (x, w, b):
+        if t is not None:
+            t.requires_grad_(grad)
+    return x, w, b
+
+
+def _forward(op, x, nshape, w, b, eps):
+    return nt.layer_norm(x, nshape, w, b, eps) if op == "layer_norm" else nt.rms_norm(x, nshape, w, eps)
+
+
+# (op, x shape, normalized shape, x dtype, affine, weights' dtype): the default set has one
+# case of each kind of entry; the rest in CI's slow set
+CASES = [
+    ("layer_norm", (3, 5), (5,), "float32", "both", "float32"),
+    ("layer_norm", (40, 24), (24,), "float32", "none", "float32"),      # two partial rows in the backward
+    ("layer_norm", (2, 3, 8), (3, 8), "bfloat16", "both", "bfloat16"),  # 2-D weights
+    ("rms_norm", (4, 33), (33,), "float16", "weight", "float32"),
+    pytest.param("layer_norm", (1, 768), (768,), "float64", "weight", "float64", marks=slow),
+    pytest.param("layer_norm", (6, 17), (17,), "float16", "bias", "float16", marks=slow),
+    pytest.param("layer_norm", (6, 17), (17,), "bfloat16", "both", "float32", marks=slow),
+    pytest.param("layer_norm", (8, 4096), (4096,), "float32", "both", "float32", marks=slow),  # (parallel in the launcher)
+    pytest.param("rms_norm", (5, 40), (40,), "float32", "weight", "float32", marks=slow),
+    pytest.param("rms_norm", (5, 40), (40,), "bfloat16", "weight", "bfloat16", marks=slow),
+    pytest.param("rms_norm", (3, 9), (9,), "float64", "none", "float64", marks=slow),
+]
+
+
+@pytest.mark.parametrize("op,shape,nshape,dtype,which,wdtype", CASES)
+def test_a_call_by_its_plan_has_the_full_paths_bits(monkeypatch, op, shape, nshape, dtype, which, wdtype):
+    """Forward without a graph, forward with one, backward: the call by its plan gives every
+    bit the full path gave (which gives the NumPy path's: the other tests), and the full path
+    does not run.  (A backward whose dweight is not in the accumulation dtype has no plan:
+    the launcher narrows it.)"""
+    eps = None if op == "rms_norm" and which == "none" else 1e-5
+    x, w, b = _inputs(op, shape, nshape, DTYPES[dtype], which, DTYPES[wdtype], grad=True)
+    dy = torch.randn(*shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(x.dtype)
+    wrt = [t for t in (x, w, b) if t is not None]
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    planned_backward = (w.dtype if w is not None else x.dtype) == acc
+    full = {"allowed": False}
+
+    def plain():
+        with torch.no_grad():
+            return (_forward(op, x, nshape, w, b, eps),)
+
+    def graph():
+        y = _forward(op, x, nshape, w, b, eps)
+        full["allowed"] = not planned_backward
+        try:
+            return (y, *torch.autograd.grad(y, wrt, dy))
+        finally:
+            full["allowed"] = False
+
+    before = [_learned(plain), _learned(graph)]
+    full = _no_full_path(monkeypatch)
+    _same(before[0], plain())
+    _same(before[1], graph())
+
+
+def test_a_plan_keeps_the_rows_it_cannot_take_for_the_full_path():
+    """A float32 row whose sum of squares overflows is the rescaling variant's: the entry
+    leaves it and the call is answered by the full path, the same bits every time."""
+    x = torch.full((3, 64), 3e19)
+    x[1] = torch.linspace(-1, 1, 64)
+    w = torch.rand(64) + 0.5
+    first = _learned(lambda: nt.layer_norm(x, (64,), w))
+    again = nt.layer_norm(x, (64,), w)
+    assert torch.isfinite(first).all()
+    _same((first,), (again,))
+    _same((first,), (torch.from_numpy(numbanorm.layer_norm(x.numpy(), (64,), w.numpy())),))
+
+
+def _complex_imag(shape):
+    z = torch.complex(torch.randn(*shape), torch.randn(*shape))
+    return torch.conj(z).imag  # a float view with the negative bit set
+
+
+@pytest.mark.parametrize("case", ["transposed", "negative bit", "weight of another dtype", "too large",
+                                  "weight on another device"])
+def test_a_call_a_plan_cannot_take_runs_the_full_path(monkeypatch, case):
+    """Tensors that are not plain C-contiguous CPU tensors of the dtypes the row function reads,
+    or too many elements to run on the calling thread: never a plan (the full path answers,
+    right, each time); where the full path refuses, a plan learned for the same shapes does
+    not answer instead."""
+    n = 16
+    x, w, b = torch.randn(4, n), torch.rand(n) + 0.5, torch.randn(n)
+    _learned(lambda: nt.layer_norm(x, (n,), w, b))  # a plan of these shapes and dtypes
+    if case == "transposed":
+        x = torch.randn(n, 4).t()
+    elif case == "negative bit":
+        x = _complex_imag((4, n))
+        assert x.is_neg()
+    elif case == "weight of another dtype":
+        x, w = x.half(), w.bfloat16()
+        b = None
+    elif case == "too large":
+        x = torch.randn(_torch_addressed.MOST // 1024 + 1, 1024)
+        w, b = torch.rand(1024) + 0.5, torch.randn(1024)
+    elif case == "weight on another device":
+        w = torch.empty(n, device="meta")
+        for _ in range(2):
+            with pytest.raises(TypeError, match="CPU and CUDA tensors"):
+                nt.layer_norm(x, (n,), w, b)
+        return
+    calls = []
+    real = nt._arr
+
+    def counted(t):
+        calls.append(t)
+        return real(t)
+
+    monkeypatch.setattr(nt, "_arr", counted)
+    expected = numbanorm.layer_norm(*(None if t is None else real(t).copy() for t in (x,)), (x.shape[-1],),
+                                    None if w is None else real(w).copy(), None if b is None else real(b).copy())
+    for _ in range(3):
+        calls.clear()
+        got = nt.layer_norm(x, (x.shape[-1],), w, b)
+        assert calls, "the call took a plan"
+        want = torch.from_numpy(expected.view(np.int16)).view(torch.bfloat16) if expected.dtype.name == "bfloat16" \
+            else torch.from_numpy(expected)
+        _same((got,), (want,))
+        background.wait()
+
+
+def test_calls_by_plans_on_many_threads(monkeypatch):
+    """Threads calling one plan at once each get their own rows' results (each call writes
+    outputs of its own; the entry holds no state)."""
+    n = 96
+    w, b = torch.rand(n) + 0.5, torch.randn(n)
+    xs = [torch.randn(2, n, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    want = [nt.layer_norm(x, (n,), w, b) for x in xs]
+    _learned(lambda: nt.layer_norm(xs[0], (n,), w, b))
+    _no_full_path(monkeypatch)
+    bad = []
+
+    def work(k):
+        try:
+            for r in range(200):
+                i = (k + r) % len(xs)
+                if not torch.equal(nt.layer_norm(xs[i], (n,), w, b), want[i]):
+                    bad.append(i)
+        except AssertionError as e:  # (the full path ran)
+            bad.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
+
+
+def test_an_entry_is_the_row_function_it_names():
+    """The generated entry's source calls the row function on arrays at the given addresses;
+    its parameters are the row function's arrays (partials by their sums), then m and n."""
+    from numbanorm.cpu._kernels import addressed, layer_norm, rms_norm
+
+    assert addressed.parameters(layer_norm.forward_rows) == ["x", "w", "b", "eps", "y", "mean", "rstd", "m", "n"]
+    assert addressed.parameters(layer_norm.forward_rows, ("mean", "rstd")) == ["x", "w", "b", "eps", "y", "m", "n"]
+    assert addressed.parameters(rms_norm.backward_rows) == ["dy", "x", "rstd", "w", "ds", "dx", "dweight", "m", "n"]
