@@ -17,7 +17,8 @@ Each measurement runs in new processes with a ``NUMBA_CACHE_DIR`` of its own:
   compiled (``background_s``), and where the compile time went (``breakdown``: Numba's
   phases and LLVM's in CPU seconds, the functions compiled and the LLVM modules
   optimized).  With the cache filled by an earlier process (``cached``): the call's
-  wall time.  Then the median of 20 more calls (steady state).  Backward statistics
+  wall time.  Each is measured in ``REPEATS`` pairs of processes and the median kept
+  (every sample in ``samples_s``).  Then the median of 20 more calls (steady state).  Backward statistics
   come from the oracle, so that only the kernel under test is compiled.
 * ``compile``: ``python -m numbanorm compile`` into an empty cache, float32 and bfloat16.
 * ``main_job`` (``--main-job``): a copy of the repository's tracked files, a new venv,
@@ -47,6 +48,9 @@ import threading
 import time
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
+# processes a first call is measured in, from an empty cache and from a filled one (the median
+# is the result): one process's first call on a 2-core VM ranged over 1.5x between runs
+REPEATS = 3
 # The calls' shapes: a transformer's (rows, hidden) and a U-Net's (N, C, H, W) with 8 groups
 SHAPES = {"rows": ((256, 768), None), "groups": ((8, 64, 32, 32), 8)}
 STEADY_CALLS = 20
@@ -287,14 +291,23 @@ def _bytecode(python, tree):
                        capture_output=True)
 
 
+def _median(samples):
+    """The sample of median ``first_call_s`` (the lower of the middle two), with every
+    sample's ``first_call_s`` beside it (``samples_s``)."""
+    ranked = sorted(samples, key=lambda s: s["first_call_s"])
+    return dict(ranked[(len(ranked) - 1) // 2], samples_s=[s["first_call_s"] for s in samples])
+
+
 def first_calls(case_list, threads=None, python=None, tree=ROOT, fresh=True, baseline=None, profile=True,
-                timeout=900, show=print):
+                timeout=900, show=print, repeats=REPEATS):
     """``{"fresh_cache": [...], "cached": [...]}``: each case's first call in a new process
     with an empty cache (without ``fresh``, not kept), then in a second one that loads what
-    the first cached; with ``profile``, a third process breaks the first call's compile
-    down.  ``baseline``: another checkout's numbanorm, whose first call from an empty cache
-    is measured before each case's (``baseline_fresh_cache``): alternated, a loaded
-    machine slows both alike."""
+    the first cached, ``repeats`` times each (a pair of processes a time, each pair with a
+    cache of its own): the sample of median first call (:func:`_median`), all of them
+    beside it; with ``profile``, one more process breaks the first call's compile down.
+    ``baseline``: another checkout's numbanorm, whose first call from an empty cache is
+    measured before each case's (``baseline_fresh_cache``): alternated, a loaded machine
+    slows both alike."""
     out = {"fresh_cache": [], "cached": []}
     for t in (tree, baseline) if baseline else (tree,):
         _bytecode(python, t)
@@ -306,10 +319,13 @@ def first_calls(case_list, threads=None, python=None, tree=ROOT, fresh=True, bas
             out["baseline_fresh_cache"].append(dict(case, **before))
             show(f"{label(case):<32} baseline, empty cache: first call {before['first_call_s']:6.2f} s "
                  f"({before['first_call_cpu_s']:.2f} s CPU)")
-        with tempfile.TemporaryDirectory(prefix="numbanorm-cold-") as tmp:
-            env = _env(threads, tmp, tree)
-            first = _run_child(python, ["child", json.dumps(case)], env, timeout, label(case))
-            cached = _run_child(python, ["child", json.dumps(case)], env, timeout, label(case))
+        firsts, cacheds = [], []
+        for _ in range(repeats):
+            with tempfile.TemporaryDirectory(prefix="numbanorm-cold-") as tmp:
+                env = _env(threads, tmp, tree)
+                firsts.append(_run_child(python, ["child", json.dumps(case)], env, timeout, label(case)))
+                cacheds.append(_run_child(python, ["child", json.dumps(case)], env, timeout, label(case)))
+        first, cached = _median(firsts), _median(cacheds)
         if fresh and profile:
             first["breakdown"] = _fresh(python, case, threads, tree, timeout, True)["breakdown"]
         if fresh:
@@ -384,12 +400,13 @@ def readme_command(command, python=None, timeout=7200):
 
 
 def run(dtypes=DTYPES, only=("first_calls", "compile", "numba_alone"), threads=None, python=None,
-        with_main_job=False, fresh=True, baseline=None, profile=True, show=print, with_tests=False):
+        with_main_job=False, fresh=True, baseline=None, profile=True, show=print, with_tests=False,
+        repeats=REPEATS):
     """The cold-start measurements as one dict (``harness``'s ``cold_start`` section)."""
     out = {}
     if "first_calls" in only:
         out.update(first_calls(cases(dtypes), threads, python, fresh=fresh, baseline=baseline, profile=profile,
-                               show=show))
+                               show=show, repeats=repeats))
     if "numba_alone" in only:
         out["numba_alone"] = numba_alone(threads, python)
     if "compile" in only:
@@ -422,13 +439,15 @@ def main(argv=None):
     ap.add_argument("--baseline", metavar="DIR", help="a checkout whose numbanorm's first calls (empty cache) "
                                                      "are measured too, alternated with this one's")
     ap.add_argument("--no-profile", action="store_true", help="no breakdown (one process fewer a case)")
+    ap.add_argument("--repeats", type=int, default=REPEATS,
+                    help=f"processes per first call, empty cache and cached: the median is kept (default {REPEATS})")
     ap.add_argument("--note", default="")
     ap.add_argument("--out", default="cold-start", help="results stem under benchmarks/results")
     a = ap.parse_args(argv)
     load_before = harness.measure.loadavg()
     cold = run(tuple(a.dtypes), tuple(filter(None, a.only.split(","))), a.threads, a.python, a.main_job,
                baseline=a.baseline and os.path.abspath(a.baseline), profile=not a.no_profile,
-               with_tests=a.test_command)
+               with_tests=a.test_command, repeats=a.repeats)
     meta = harness.metadata(a.threads, a.note, load_before, harness.measure.loadavg(), (), {})
     meta["command"] = "python -m benchmarks.cold_start " + " ".join(argv if argv is not None else sys.argv[1:])
     path = harness.RESULTS / f"{a.out}.json"

@@ -107,8 +107,8 @@ TARGETS = _targets()
 # A new process (benchmarks/cold_start.py): ``import numbanorm``; the first call of any
 # operation, either direction, any dtype, from a filled cache and from an empty one
 COLD_LIMITS = {"import_s": 0.5, "cached": 0.3, "fresh_cache": 2.0, "test_command": 360.0}
-COLD_RULES = {"cached": "first call, cached kernel <= 0.3 s (new process, worst dtype)",
-              "fresh_cache": "first call, empty cache <= 2 s (new process, worst dtype)"}
+COLD_RULES = {"cached": "first call, cached kernel <= 0.3 s (median of new processes, worst dtype)",
+              "fresh_cache": "first call, empty cache <= 2 s (median of new processes, worst dtype)"}
 # the fused residual add against the unfused pair np.add + norm, both allocating, on
 # large inputs (benchmarks/fused.py): a speed-up, so at least the limit passes
 FUSED_LIMIT = 1.3

@@ -464,6 +464,17 @@ def test_cold_start_imports_the_trees_bytecode(tmp_path):
     cold_start._bytecode(None, str(tmp_path / "elsewhere"))  # no numbanorm there: nothing to do
 
 
+def test_a_first_call_is_the_median_of_its_processes():
+    """Of several processes' first calls the one of median time is kept, every time beside it;
+    of an even count the lower middle (no mean of two processes' other fields)."""
+    from benchmarks.cold_start import _median
+
+    got = _median([{"first_call_s": 3.0, "import_s": 1}, {"first_call_s": 1.0, "import_s": 2},
+                   {"first_call_s": 2.0, "import_s": 3}])
+    assert got == {"first_call_s": 2.0, "import_s": 3, "samples_s": [3.0, 1.0, 2.0]}
+    assert _median([{"first_call_s": 2.0}, {"first_call_s": 1.0}])["first_call_s"] == 1.0
+
+
 @pytest.mark.slow  # fresh processes, each compiling
 def test_cold_start_in_a_fresh_process():
     """A first call in a new process with an empty cache, its compile broken down (the
@@ -472,7 +483,7 @@ def test_cold_start_in_a_fresh_process():
     from benchmarks import cold_start
 
     case = dict(cold_start.cases(("float32",), ops=("rms_norm",))[0], shape=[256, 256])
-    out = cold_start.first_calls([case], threads=1, show=lambda s: None)
+    out = cold_start.first_calls([case], threads=1, show=lambda s: None, repeats=1)
     (fresh,), (cached,) = out["fresh_cache"], out["cached"]
     assert fresh["op"] == "rms_norm" and fresh["direction"] == "forward" and fresh["shape"] == [256, 256]
     for res in (fresh, cached):
