@@ -321,8 +321,8 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
     launch(_backward, x.size, row_block(mean.size), dyg, xg, mean, rstd, param(weight, acc), dxg, dyc, xc, dxc,
            dw_part, db_part, stream_apart(dx, dy, x))
     # per-sample partials summed in sample order: deterministic for any thread count
-    np.sum(dw_part, axis=0, out=dweight)
-    np.sum(db_part, axis=0, out=dbias)
+    dw_part.sum(axis=0, out=dweight)
+    db_part.sum(axis=0, out=dbias)
 
 
 # The row functions with their parallel kernels over blocks of groups (common.launch)

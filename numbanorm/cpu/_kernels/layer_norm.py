@@ -265,9 +265,10 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None):
     db_part = np.empty((B, N), acc)
     launch(_backward, x.size, 1, kernel_view(dy), kernel_view(x), mean, rstd,
            param(weight, acc), kernel_view(ds), kernel_view(dx), dw_part, db_part, stream_apart(dx, dy, x, ds))
-    # fixed-order sum of the block partials: bit-identical for any thread count
-    np.sum(dw_part, axis=0, out=dweight)
-    np.sum(db_part, axis=0, out=dbias)
+    # fixed-order sum of the block partials: bit-identical for any thread count (the method,
+    # not np.sum: the same reduction without its Python wrapper, a share of a small call)
+    dw_part.sum(axis=0, out=dweight)
+    db_part.sum(axis=0, out=dbias)
 
 
 # The row functions with their parallel kernels (common.launch)

@@ -196,7 +196,7 @@ def backward(dy, x, rstd, weight, dx, dweight, ds=None):
     dw_part = np.empty((B, N), acc)
     launch(_backward, x.size, 1, kernel_view(dy), kernel_view(x), rstd, param(weight, acc),
            kernel_view(ds), kernel_view(dx), dw_part, stream_apart(dx, dy, x, ds))
-    np.sum(dw_part, axis=0, out=dweight)
+    dw_part.sum(axis=0, out=dweight)
 
 
 # The row functions with their parallel kernels (common.launch)
