@@ -407,6 +407,97 @@ def vector_width(rounds, n=4096, cached=32, dtypes=("float16", "bfloat16", "floa
     return {"wide_vectors_here": [str(t) for t in WIDE_VECTORS], "cases": cases}
 
 
+def torch_small_calls(rounds, inner, shapes=((1, 768), (1, 4096), (8, 4096)), sizes=(4, 8, 16, 32, 64)):
+    """numbanorm.torch's LayerNorm (float32, weight and bias) by its plan (a call seen before,
+    by its tensors' addresses: ``numbanorm._torch_addressed``) and by the full path (no plan
+    known, none learned), over torch's own call: a forward without a graph, one that records
+    a graph (x, weight and bias need a gradient) and the backward of a graph recorded once
+    (``torch.autograd.grad``).  Beside them, an ``autograd.Function`` that only allocates y
+    and saves x and the weight: the floor of any forward recorded through one.  Then
+    (M, 4096) forwards without a graph for each M of ``sizes``, by plan and by the full
+    path, plans allowed at any size: where the calling thread stops beating the launcher's
+    parallel kernel.  Each variant runs ``inner`` calls a round (the plans swapped out and
+    back around the full path's, outside its calls)."""
+    import torch
+    import torch.nn.functional as F
+
+    import numbanorm.torch as nt
+    from numbanorm import _torch_addressed
+
+    calls = [f.small for f in nt._IMPLEMENTATIONS.values() if getattr(f, "small", None) is not None]
+
+    def many(f):
+        def run():
+            for _ in range(inner):
+                f()
+        return run
+
+    def without_plans(f):
+        def run():
+            kept = [c.plans for c in calls]
+            for c in calls:
+                c.plans = {}
+            try:
+                f()
+            finally:
+                for c, p in zip(calls, kept):
+                    c.plans = p
+        return run
+
+    class _Floor(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, shape, w, b, eps):
+            ctx.save_for_backward(x, w)
+            return torch.empty_like(x)
+
+        @staticmethod
+        def backward(ctx, dy):
+            return dy, None, None, None, None
+
+    def measured(variants, base):
+        for _ in range(3):  # the plans learned, their entries handed to the compile thread
+            variants["plan"]()
+        background.wait()
+        for c in calls:
+            c.learn = lambda args, results: None  # (the full path's calls learn nothing)
+        try:
+            timed = {k: many(f) for k, f in variants.items()}
+            timed["full_path"] = without_plans(timed["plan"])
+            return round_robin(timed, rounds, base)
+        finally:
+            for c in calls:
+                del c.learn
+
+    cases, sizes_out = [], []
+    for M, N in shapes:
+        g = torch.Generator().manual_seed(M * N)
+        x, w, b = torch.randn(M, N, generator=g), torch.rand(N, generator=g) + 0.5, torch.randn(N, generator=g)
+        xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, b))
+        dy = torch.randn(M, N, generator=g)
+        ours, theirs = nt.layer_norm(xg, (N,), wg, bg), F.layer_norm(xg, (N,), wg, bg)
+        for kind, variants in (
+                ("forward, no graph", {"plan": lambda: nt.layer_norm(x, (N,), w, b),
+                                       "torch": lambda: F.layer_norm(x, (N,), w, b)}),
+                ("forward, graph", {"plan": lambda: nt.layer_norm(xg, (N,), wg, bg),
+                                    "torch": lambda: F.layer_norm(xg, (N,), wg, bg),
+                                    "function_floor": lambda: _Floor.apply(xg, (N,), wg, bg, 1e-5)}),
+                ("backward", {"plan": lambda: torch.autograd.grad(ours, (xg, wg, bg), dy, retain_graph=True),
+                              "torch": lambda: torch.autograd.grad(theirs, (xg, wg, bg), dy, retain_graph=True)})):
+            cases.append(dict(measured(variants, "torch"), shape=[M, N], call=kind))
+    most, _torch_addressed.MOST = _torch_addressed.MOST, 1 << 62
+    try:
+        for M in sizes:
+            g = torch.Generator().manual_seed(M)
+            x, w, b = torch.randn(M, 4096, generator=g), torch.rand(4096, generator=g), torch.randn(4096, generator=g)
+            variants = {"plan": lambda: nt.layer_norm(x, (4096,), w, b),
+                        "torch": lambda: F.layer_norm(x, (4096,), w, b)}
+            sizes_out.append(dict(measured(variants, "full_path"), shape=[M, 4096], elements=M * 4096))
+    finally:
+        _torch_addressed.MOST = most
+    return {"calls": cases, "sizes": sizes_out, "plans_up_to_elements": most, "inner": inner,
+            "torch_threads": torch.get_num_threads()}
+
+
 PROBES = {
     "streaming": lambda q: streaming(30 // q, 60 // q),
     "backward_streaming": lambda q: backward_streaming(20 // q),
@@ -415,6 +506,7 @@ PROBES = {
     "threading": lambda q: threading(15 // q, 200),
     "row_costs": lambda q: row_costs(15 // q),
     "vector_width": lambda q: vector_width(31 // q),
+    "torch_small_calls": lambda q: torch_small_calls(15 // q, 100),
 }
 
 
