@@ -20,6 +20,9 @@ a graph (``_recording``).  How tensors cross:
   a strided tensor becomes a strided view, which the frontend makes contiguous
   as it would any NumPy input; bfloat16 as an ``ml_dtypes.bfloat16`` view of
   the same bytes) and results come back with ``torch.from_numpy``, sharing memory;
+* a small CPU call of LayerNorm or RMSNorm whose shapes, dtypes and eps an earlier call
+  had skips even the views: the row function runs on the tensors' addresses
+  (``_torch_addressed``), into outputs that torch allocated;
 * CUDA tensors are handed over as they are (detached): the GPU backend reads
   them through the CUDA array interface, queues the kernels on PyTorch's current
   stream and returns torch tensors.

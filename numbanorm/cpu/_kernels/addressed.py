@@ -100,7 +100,8 @@ def entry(rows, acc, dropped=(), **dtypes):
                  f"        {s}[j] = total"]
     body.append("    return left")
     name = "_".join(["addressed", np.dtype(acc).name] + [f"{p}_{np.dtype(d).name}" for p, d in dtypes.items()
-                                                          if d is not None] + [f"no_{p}" for p in dropped])
+                                                          if d is not None and p not in dropped]
+                    + [f"no_{p}" for p in dropped])
     src = f"def {name}({', '.join(parameters(rows, dropped))}):\n" + "\n".join(body) + "\n"
     source = rows.py_func.__code__.co_filename
     filename = f"{source} <addressed entry {name} of {rows.py_func.__qualname__}>"
