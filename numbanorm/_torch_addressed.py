@@ -1,4 +1,5 @@
-"""``numbanorm.torch``'s small CPU calls of LayerNorm and RMSNorm, by their tensors' addresses.
+"""``numbanorm.torch``'s small CPU calls of the row norms (LayerNorm, RMSNorm, fused or not),
+by their tensors' addresses.
 
 A call of an operator's implementation (``numbanorm.torch._implementation``) whose key
 -- every tensor's shape and dtype, the normalized shape, eps -- was seen before on
@@ -25,15 +26,21 @@ import operator
 import numpy as np
 import torch
 
-from .cpu._kernels import addressed, background, common, halves, layer_norm, rms_norm
+from .cpu._kernels import add_norm, addressed, background, common, halves, layer_norm, rms_norm
 from .operations import ARRAY_ROLES
 
-# the row function each (operation, direction) runs
+# the row function each (operation, direction) runs (the fused norms' backward is the norm's, at s)
 _ROWS = {("layer_norm", "forward"): layer_norm.forward_rows, ("layer_norm", "backward"): layer_norm.backward_rows,
-         ("rms_norm", "forward"): rms_norm.forward_rows, ("rms_norm", "backward"): rms_norm.backward_rows}
+         ("rms_norm", "forward"): rms_norm.forward_rows, ("rms_norm", "backward"): rms_norm.backward_rows,
+         ("add_layer_norm", "forward"): add_norm.layer_norm_rows, ("add_layer_norm", "backward"): layer_norm.backward_rows,
+         ("add_rms_norm", "forward"): add_norm.rms_norm_rows, ("add_rms_norm", "backward"): rms_norm.backward_rows}
+# the row functions that read weights in x's 16-bit dtype as their bits (common.weights); the
+# others read them in the accumulation dtype alone (the launcher converts: no plan)
+_BITS_WEIGHTS = (layer_norm.forward_rows, rms_norm.forward_rows)
 # an entry's array parameter -> the operator's role (argument or output) it is
-_ROLE = {"x": "x", "w": "weight", "b": "bias", "y": "y", "mean": "mean", "rstd": "rstd", "dy": "dy",
-         "dx": "dx", "dweight": "dweight", "dbias": "dbias", "ds": "ds"}
+_ROLE = {"x": "x", "r": "residual", "w": "weight", "b": "bias", "y": "y", "s": "s", "mean": "mean", "rstd": "rstd",
+         "dy": "dy", "ds": "ds", "dx": "dx", "dweight": "dweight", "dbias": "dbias"}
+_X_LIKE = ("x", "residual", "y", "s", "dy", "ds", "dx")  # the roles in x's dtype (16-bit: as bits)
 # the most elements a plan runs (on the calling thread): see the module's docstring
 MOST = 2 * common.SERIAL_BELOW
 _PARAM = {r: p for p, r in _ROLE.items()}
@@ -44,18 +51,21 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 def _numpy_dtypes():
     """torch dtype -> the NumPy dtype of its values and the one a row function reads them as
     (``halves.kernel_view``: 16-bit floats as integer bits)."""
-    got = {}
-    for t, name in ((torch.float32, "float32"), (torch.float64, "float64"), (torch.float16, "float16"),
-                    (torch.bfloat16, "bfloat16")):
-        try:
-            dt = np.dtype(name)
-        except TypeError:  # bfloat16 without ml_dtypes: the full path says what to install
-            continue
-        got[t] = (dt, halves.kernel_view(np.empty(0, dt)).dtype)
-    return got
+    pairs = [(torch.float32, np.float32), (torch.float64, np.float64), (torch.float16, np.float16)]
+    try:  # (NumPy knows the name "bfloat16" only once ml_dtypes is imported)
+        import ml_dtypes
+        pairs.append((torch.bfloat16, ml_dtypes.bfloat16))
+    except ImportError:  # no bfloat16 plans: the full path says what to install
+        pass
+    return {t: (np.dtype(d), halves.kernel_view(np.empty(0, d)).dtype) for t, d in pairs}
 
 
 _DTYPES = _numpy_dtypes()
+
+
+def covers(op):
+    """Whether ``op``'s calls may have plans."""
+    return (op.name, "forward") in _ROWS
 
 
 class Calls:
@@ -66,6 +76,7 @@ class Calls:
     def __init__(self, op, kind, roles):
         self.kind = kind
         self.rows = _ROWS[op.name, "backward" if kind == "backward" else "forward"]
+        self.role = dict(_ROLE, x="s") if op.fused and kind == "backward" else _ROLE  # (a backward's x is s)
         self.roles = roles
         self.arrays = tuple(i for i, r in enumerate(roles) if r in ARRAY_ROLES)
         self.shape_at = roles.index("normalized_shape")
@@ -128,7 +139,7 @@ class Calls:
             self.plans[key] = plan
 
     def _plan(self, given, results):
-        x = given["x"]
+        x = given[self.role["x"]]
         if x.dtype not in _DTYPES or not 0 < x.numel() <= MOST:
             return None
         dt, bits = _DTYPES[x.dtype]
@@ -139,7 +150,7 @@ class Calls:
         dropped = tuple(_PARAM[r] for r in self.outputs if r not in made)  # the plain forward's statistics
         read = {}  # entry parameter -> the dtype the row function reads it as
         for p in addressed.parameters(self.rows)[:-2]:
-            role = _ROLE.get(p)
+            role = self.role.get(p)
             t = made[role] if role in made else given.get(role)
             if role is None:  # eps
                 continue
@@ -149,10 +160,10 @@ class Calls:
                 read[p] = None
             elif t.dtype not in _DTYPES:
                 return None
-            elif t.dtype == x.dtype and (role in ("x", "y", "dy", "dx") or (
-                    role in ("weight", "bias") and self.kind != "backward")):
-                read[p] = bits  # (a forward's 16-bit weights as bits, flattened: as common.weights passes them)
-            elif _DTYPES[t.dtype][0] == acc and role not in ("x", "y", "dy", "dx"):
+            elif t.dtype == x.dtype and (role in _X_LIKE or (role in ("weight", "bias")
+                                                              and self.rows in _BITS_WEIGHTS)):
+                read[p] = bits  # (16-bit weights as bits, flattened: as common.weights passes them)
+            elif _DTYPES[t.dtype][0] == acc and role not in _X_LIKE:
                 read[p] = acc
             else:  # a conversion the launcher makes
                 return None
@@ -167,8 +178,8 @@ class Calls:
         index.update({r: len(self.arrays) + k for k, r in enumerate(made)})
         null = len(self.arrays) + len(made)
         places = [null + 1 if p == "eps" else null + 2 if p == "m" else null + 3 if p == "n" else
-                  index.get(_ROLE[p], null) for p in addressed.parameters(self.rows, dropped)]
+                  index.get(self.role[p], null) for p in addressed.parameters(self.rows, dropped)]
         # each output made like x (its index in a call's arguments) or like a tensor kept here (small)
-        outputs = [self.roles.index("x") if (t.shape, t.dtype) == (x.shape, x.dtype) else torch.empty_like(t)
-                   for t in results]
+        like = self.roles.index(self.role["x"])
+        outputs = [like if (t.shape, t.dtype) == (x.shape, x.dtype) else torch.empty_like(t) for t in results]
         return entry, outputs, operator.itemgetter(*places), (0, eps, m, n)

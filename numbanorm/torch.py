@@ -20,8 +20,8 @@ a graph (``_recording``).  How tensors cross:
   a strided tensor becomes a strided view, which the frontend makes contiguous
   as it would any NumPy input; bfloat16 as an ``ml_dtypes.bfloat16`` view of
   the same bytes) and results come back with ``torch.from_numpy``, sharing memory;
-* a small CPU call of LayerNorm or RMSNorm whose shapes, dtypes and eps an earlier call
-  had skips even the views: the row function runs on the tensors' addresses
+* a small CPU call of a row norm (LayerNorm, RMSNorm, fused or not) whose shapes, dtypes
+  and eps an earlier call had skips even the views: the row function runs on the tensors' addresses
   (``_torch_addressed``), into outputs that torch allocated;
 * CUDA tensors are handed over as they are (detached): the GPU backend reads
   them through the CUDA array interface, queues the kernels on PyTorch's current
@@ -194,7 +194,7 @@ def _implementation(op, kind, roles):
     shape = roles.index("normalized_shape") if "normalized_shape" in roles else None
     shortcut = _CPU.shortcut(op, "backward" if kind == "backward" else "forward")
     n = len(op.plain_outputs) if kind == "plain" else None  # (the shortcut returns the statistics too)
-    small = _addressed.Calls(op, kind, roles) if op.name in ("layer_norm", "rms_norm") else None
+    small = _addressed.Calls(op, kind, roles) if _addressed.covers(op) else None
 
     def implementation(*args):
         if small is not None:  # a small CPU call seen before: by its tensors' addresses

@@ -1,6 +1,8 @@
 """numbanorm.torch's small CPU calls by their tensors' addresses (``numbanorm._torch_addressed``):
 the full path's bits, forward and backward, and every call a plan must not take."""
 
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -52,22 +54,29 @@ def _learned(call):
     return first
 
 
-def _inputs(op, shape, nshape, dtype, which, wdtype, grad=False):
+FUSED = ("add_layer_norm", "add_rms_norm")
+
+
+def _inputs(op, shape, nshape, dtype, which, wdtype):
+    """x, the residual (fused norms; else None), weight, bias (LayerNorms), all needing a gradient."""
     g = torch.Generator().manual_seed(7)
     x = (torch.randn(*shape, generator=g, dtype=torch.float64) * 2 + 0.5).to(dtype)
+    r = torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype) if op in FUSED else None
     n = tuple(nshape)
     w = (torch.rand(*n, generator=g, dtype=torch.float64) + 0.5).to(wdtype) if which in ("weight", "both") else None
     b = torch.randn(*n, generator=g, dtype=torch.float64).to(wdtype) if which in ("bias", "both") else None
-    if op == "rms_norm":
+    if "rms" in op:
         b = None
-    for t in (x, w, b):
-        if t is not None:
-            t.requires_grad_(grad)
-    return x, w, b
+    return tuple(t if t is None else t.requires_grad_() for t in (x, r, w, b))
 
 
-def _forward(op, x, nshape, w, b, eps):
-    return nt.layer_norm(x, nshape, w, b, eps) if op == "layer_norm" else nt.rms_norm(x, nshape, w, eps)
+def _forward(op, x, r, nshape, w, b, eps):
+    """The outputs of ``op`` as a tuple: (y,) or (y, s)."""
+    f = getattr(nt, op)
+    args = {"layer_norm": (x, nshape, w, b), "rms_norm": (x, nshape, w),
+            "add_layer_norm": (x, r, nshape, w, b), "add_rms_norm": (x, r, nshape, w)}[op]
+    out = f(*args, eps)
+    return out if isinstance(out, tuple) else (out,)
 
 
 # (op, x shape, normalized shape, x dtype, affine, weights' dtype): the default set has one
@@ -77,6 +86,9 @@ CASES = [
     ("layer_norm", (40, 24), (24,), "float32", "none", "float32"),      # two partial rows in the backward
     ("layer_norm", (2, 3, 8), (3, 8), "bfloat16", "both", "bfloat16"),  # 2-D weights
     ("rms_norm", (4, 33), (33,), "float16", "weight", "float32"),
+    ("add_layer_norm", (3, 5), (5,), "float32", "both", "float32"),
+    ("add_rms_norm", (4, 33), (33,), "bfloat16", "weight", "float32"),
+    ("add_layer_norm", (6, 17), (17,), "bfloat16", "both", "bfloat16"),  # no plan: the launcher widens w
     pytest.param("layer_norm", (1, 768), (768,), "float64", "weight", "float64", marks=slow),
     pytest.param("layer_norm", (6, 17), (17,), "float16", "bias", "float16", marks=slow),
     pytest.param("layer_norm", (6, 17), (17,), "bfloat16", "both", "float32", marks=slow),
@@ -84,6 +96,8 @@ CASES = [
     pytest.param("rms_norm", (5, 40), (40,), "float32", "weight", "float32", marks=slow),
     pytest.param("rms_norm", (5, 40), (40,), "bfloat16", "weight", "bfloat16", marks=slow),
     pytest.param("rms_norm", (3, 9), (9,), "float64", "none", "float64", marks=slow),
+    pytest.param("add_layer_norm", (40, 24), (24,), "float16", "none", "float16", marks=slow),
+    pytest.param("add_rms_norm", (5, 40), (40,), "float64", "weight", "float64", marks=slow),
 ]
 
 
@@ -91,25 +105,32 @@ CASES = [
 def test_a_call_by_its_plan_has_the_full_paths_bits(monkeypatch, op, shape, nshape, dtype, which, wdtype):
     """Forward without a graph, forward with one, backward: the call by its plan gives every
     bit the full path gave (which gives the NumPy path's: the other tests), and the full path
-    does not run.  (A backward whose dweight is not in the accumulation dtype has no plan:
-    the launcher narrows it.)"""
-    eps = None if op == "rms_norm" and which == "none" else 1e-5
-    x, w, b = _inputs(op, shape, nshape, DTYPES[dtype], which, DTYPES[wdtype], grad=True)
-    dy = torch.randn(*shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(x.dtype)
-    wrt = [t for t in (x, w, b) if t is not None]
+    does not run where a plan is made: not for the conversions the launcher makes (a
+    fused forward's 16-bit weights widened, a backward's dweight narrowed)."""
+    eps = None if "rms" in op and which == "none" else 1e-5
+    x, r, w, b = _inputs(op, shape, nshape, DTYPES[dtype], which, DTYPES[wdtype])
+    g = torch.Generator().manual_seed(3)
+    dy, ds = (torch.randn(*shape, generator=g, dtype=torch.float64).to(x.dtype) for _ in range(2))
+    wrt = [t for t in (x, r, w, b) if t is not None]
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    planned_forward = op not in FUSED or all(t is None or t.dtype == acc for t in (w, b))
     planned_backward = (w.dtype if w is not None else x.dtype) == acc
     full = {"allowed": False}
 
     def plain():
-        with torch.no_grad():
-            return (_forward(op, x, nshape, w, b, eps),)
+        full["allowed"] = not planned_forward
+        try:
+            with torch.no_grad():
+                return _forward(op, x, r, nshape, w, b, eps)
+        finally:
+            full["allowed"] = False
 
     def graph():
-        y = _forward(op, x, nshape, w, b, eps)
-        full["allowed"] = not planned_backward
+        full["allowed"] = not planned_forward
         try:
-            return (y, *torch.autograd.grad(y, wrt, dy))
+            outs = _forward(op, x, r, nshape, w, b, eps)
+            full["allowed"] = not planned_backward
+            return (*outs, *torch.autograd.grad(outs, wrt, (dy, ds)[:len(outs)]))
         finally:
             full["allowed"] = False
 
@@ -210,6 +231,23 @@ def test_calls_by_plans_on_many_threads(monkeypatch):
     for t in threads:
         t.join()
     assert not bad
+
+
+def test_bfloat16_calls_have_plans_in_a_process_that_never_imported_ml_dtypes():
+    """NumPy names bfloat16 only once ml_dtypes is imported: the plans' dtype table imports it
+    itself (it had no bfloat16 where nothing had imported ml_dtypes before numbanorm.torch)."""
+    pytest.importorskip("ml_dtypes")
+    code = ("import sys, torch\n"
+            "assert 'ml_dtypes' not in sys.modules\n"
+            "import numbanorm.torch as nt\n"
+            "from numbanorm.cpu._kernels import background\n"
+            "x = torch.randn(3, 8).bfloat16()\n"
+            "for _ in range(3):\n"
+            "    nt.layer_norm(x, (8,))\n"
+            "    background.wait()\n"
+            "assert nt._EAGER['layer_norm'].small.plans, 'no plan'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_an_entry_is_the_row_function_it_names():

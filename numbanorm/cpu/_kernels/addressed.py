@@ -34,8 +34,8 @@ from . import background
 from .cache import GENERATED, njit
 
 # each array argument's shape, from the entry's m (rows) and n (row length)
-SHAPES = {"x": "(m, n)", "y": "(m, n)", "dy": "(m, n)", "dx": "(m, n)", "ds": "(m, n)",
-          "w": "(n,)", "b": "(n,)", "mean": "(m,)", "rstd": "(m,)"}
+SHAPES = {"x": "(m, n)", "r": "(m, n)", "y": "(m, n)", "s": "(m, n)", "dy": "(m, n)", "dx": "(m, n)",
+          "ds": "(m, n)", "w": "(n,)", "b": "(n,)", "mean": "(m,)", "rstd": "(m,)"}
 # a backward's partials, made by the entry, and the sums they go to (the entry's arguments)
 PARTIALS = {"dw_part": "dweight", "db_part": "dbias"}
 
