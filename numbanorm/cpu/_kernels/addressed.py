@@ -102,13 +102,13 @@ def entry(rows, acc, dropped=(), **dtypes):
     name = "_".join(["addressed", np.dtype(acc).name] + [f"{p}_{np.dtype(d).name}" for p, d in dtypes.items()
                                                           if d is not None and p not in dropped]
                     + [f"no_{p}" for p in dropped])
-    src = f"def {name}({', '.join(parameters(rows, dropped))}):\n" + "\n".join(body) + "\n"
+    src = f"def entry({', '.join(parameters(rows, dropped))}):\n" + "\n".join(body) + "\n"
     source = rows.py_func.__code__.co_filename
     filename = f"{source} <addressed entry {name} of {rows.py_func.__qualname__}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     GENERATED[filename] = source
     exec(compile(src, filename, "exec"), env)
-    f = env[name]
+    f = env["entry"]
     f.__qualname__ = f"{rows.py_func.__qualname__}.{name}"  # its cache file's name: one per entry
     f.__module__ = rows.py_func.__module__
     return njit(cache=True, nogil=True, dispatcher=background.Dispatcher)(f)
