@@ -250,6 +250,27 @@ def test_bfloat16_calls_have_plans_in_a_process_that_never_imported_ml_dtypes():
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+@pytest.mark.parametrize("op", ["layer_norm", "add_rms_norm"])
+def test_an_entry_compiles_no_second_row_function(op):
+    """An entry calls the row function the launcher compiled, not one compiled again for
+    its own argument types (a literal 0 or False was typed Literal[int], Literal[bool]:
+    each entry compiled the row function a second time, whose bits had only to agree)."""
+    from numbanorm.cpu._kernels import add_norm, layer_norm, rms_norm
+
+    rows = {"layer_norm": (layer_norm.forward_rows, layer_norm.backward_rows),
+            "add_rms_norm": (add_norm.rms_norm_rows, rms_norm.backward_rows)}[op]
+    x, r, w, b = _inputs(op, (5, 24), (24,), torch.float32, "both", torch.float32)
+
+    def graph():
+        outs = _forward(op, x, r, (24,), w, b, 1e-5)
+        return torch.autograd.grad(outs, [t for t in (x, r, w, b) if t is not None], outs)
+
+    graph()  # the full path: the launcher's row functions compiled
+    before = [set(f.signatures) for f in rows]
+    _learned(graph)
+    assert [set(f.signatures) for f in rows] == before
+
+
 def test_an_entry_is_the_row_function_it_names():
     """The generated entry's source calls the row function on arrays at the given addresses;
     its parameters are the row function's arrays (partials by their sums), then m and n."""

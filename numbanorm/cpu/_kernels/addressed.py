@@ -84,11 +84,14 @@ def entry(rows, acc, dropped=(), **dtypes):
             body.append(f"    {p} = np.empty((blocks, n), ACC)")
         elif p == "eps":
             body.append("    eps = ACC(eps)")  # (as the launcher: acc.type(eps))
-        call.append("False" if p == "stream" else p)
+        call.append("NO" if p == "stream" else p)
     partials = [p for p in params if p in PARTIALS]
     if partials:  # common.n_chunks(m), inlined as its source is: min(rows, max(64, ...), max(1, ...))
         body.insert(0, "    blocks = min(m, max(64, -(-m // 256)), max(1, m // 16))")
-    bounds = "0, blocks" if partials else "0, m"
+    # a literal False or 0 here would be typed Literal[bool], Literal[int]: a second compile of
+    # the row function for them, beside the launcher's (bool, int64, int64)
+    body.append("    NO, ZERO = np.bool_(False), np.int64(0)")
+    bounds = "ZERO, blocks" if partials else "ZERO, m"
     body.append(f"    left = ROWS({', '.join(call)}, {bounds})")
     for p in partials:
         s = PARTIALS[p]
