@@ -530,6 +530,7 @@ class LayerNorm(_TableModule, torch.nn.LayerNorm):
     _op = BY_NAME["layer_norm"]
 
     def forward(self, input):  # (_TableModule.forward written out: a decoder calls it per token)
+        """``layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)``."""
         return _functional(LayerNorm._op, (input, self.normalized_shape, self.weight, self.bias, self.eps))
 
 
@@ -539,6 +540,7 @@ class RMSNorm(_TableModule, torch.nn.RMSNorm):
     _op = BY_NAME["rms_norm"]
 
     def forward(self, input):  # (as LayerNorm.forward)
+        """``rms_norm(input, self.normalized_shape, self.weight, self.eps)``."""
         return _functional(RMSNorm._op, (input, self.normalized_shape, self.weight, self.eps))
 
 
