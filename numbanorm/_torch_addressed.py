@@ -6,8 +6,8 @@ A call of an operator's implementation (``numbanorm.torch._implementation``) who
 a call that the full path answered runs the row function's addressed entry
 (``cpu._kernels.addressed``) on the tensors' ``data_ptr()`` and on outputs that torch
 allocates, shaped and typed as that call's results were: no NumPy view of a tensor and
-no tensor of a NumPy result (a microsecond each: as much as the whole kernel of such a
-call).  The full path validated that key and chose the kernel; the entry is the row
+no tensor of a NumPy result, which cost a one-row call several times its kernel's time
+(the book's design log).  The full path validated that key and chose the kernel; the entry is the row
 function it ran, compiled for the same argument types, so the bits are the same.
 
 Only what the row function reads as it is gets a plan: C-contiguous CPU tensors

@@ -20,9 +20,9 @@ a graph (``_recording``).  How tensors cross:
   a strided tensor becomes a strided view, which the frontend makes contiguous
   as it would any NumPy input; bfloat16 as an ``ml_dtypes.bfloat16`` view of
   the same bytes) and results come back with ``torch.from_numpy``, sharing memory;
-* a small CPU call of a row norm (LayerNorm, RMSNorm, fused or not) whose shapes, dtypes
-  and eps an earlier call had skips even the views: the row function runs on the tensors' addresses
-  (``_torch_addressed``), into outputs that torch allocated;
+* a small CPU call of a row norm (LayerNorm, RMSNorm, fused or not) with the shapes,
+  dtypes and eps of an earlier call skips even the views: the row function runs on the
+  tensors' addresses (``_torch_addressed``), into outputs that torch allocated;
 * CUDA tensors are handed over as they are (detached): the GPU backend reads
   them through the CUDA array interface, queues the kernels on PyTorch's current
   stream and returns torch tensors.
@@ -295,7 +295,7 @@ def _recording(op, setup_context, grad):
     operator's autograd formula.  The operator's dispatch, several times the whole call of
     torch's own LayerNorm, does nothing more for a plain tensor in eager mode.  It returns
     the plain function's outputs (y, or y and s): the statistics are saved for the
-    backward, not returned (each output more costs autograd about a microsecond)."""
+    backward, not returned (autograd pays for every output of a Function)."""
     forward_implementation = _IMPLEMENTATIONS[op.name, "forward"]
     k = len(op.plain_outputs)
 

@@ -1,9 +1,9 @@
 """Row functions called with the addresses of their arrays: a small call from PyTorch
 without NumPy arrays in between.
 
-A (1, 768) LayerNorm through ``numbanorm.torch`` spent more time making NumPy views of
-its tensors and tensors of its results (``Tensor.numpy()``, ``torch.from_numpy``: about
-a microsecond each) than torch spends on its whole call.  An *addressed entry* takes each
+A one-row LayerNorm through ``numbanorm.torch`` spent several times its kernel's time
+making NumPy views of its tensors and tensors of its results (``Tensor.numpy()``,
+``torch.from_numpy``: the book's design log).  An *addressed entry* takes each
 array as an integer address (``Tensor.data_ptr()``) with the row count ``m`` and length
 ``n``, makes the arrays there (``numba.carray``) and calls the very row function
 ``common.launch`` runs on the calling thread, compiled for the same argument types: the
