@@ -44,6 +44,7 @@ _X_LIKE = ("x", "residual", "y", "s", "dy", "ds", "dx")  # the roles in x's dtyp
 # the most elements a plan runs (on the calling thread): see the module's docstring
 MOST = 2 * common.SERIAL_BELOW
 _PARAM = {r: p for p, r in _ROLE.items()}
+_SIZES = ("m", "n", "blocks")  # an entry's size arguments (addressed.parameters)
 _PARTIAL = {s: p for p, s in addressed.PARTIALS.items()}  # dweight -> dw_part: the row function's name
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -105,7 +106,7 @@ class Calls:
         if plan is None:
             return None
         entry, outputs, pick, last = plan
-        given = []  # every address, then the plan's eps, m, n: pick takes the entry's arguments from it
+        given = []  # every address, then the plan's eps and sizes: pick takes the entry's arguments from it
         for i in self.arrays:
             a = args[i]
             given.append(0 if a is None else a.data_ptr())
@@ -149,7 +150,9 @@ class Calls:
         made = dict(zip(self.outputs, results))
         dropped = tuple(_PARAM[r] for r in self.outputs if r not in made)  # the plain forward's statistics
         read = {}  # entry parameter -> the dtype the row function reads it as
-        for p in addressed.parameters(self.rows)[:-2]:
+        for p in addressed.parameters(self.rows):
+            if p in _SIZES:
+                continue
             role = self.role.get(p)
             t = made[role] if role in made else given.get(role)
             if role is None:  # eps
@@ -173,13 +176,16 @@ class Calls:
             eps = given["eps"]
             eps = float(np.finfo(acc).eps) if eps is None else float(eps)
         # where each entry argument is in a call's list of addresses (arguments', outputs'),
-        # followed by a null address (an array the operation does not have, ds of a plain norm), eps, m, n
+        # followed by a null address (an array the operation does not have, ds of a plain norm),
+        # then eps and the sizes
         index = {self.roles[i]: k for k, i in enumerate(self.arrays)}
         index.update({r: len(self.arrays) + k for k, r in enumerate(made)})
         null = len(self.arrays) + len(made)
-        places = [null + 1 if p == "eps" else null + 2 if p == "m" else null + 3 if p == "n" else
-                  index.get(self.role[p], null) for p in addressed.parameters(self.rows, dropped)]
+        last = {"eps": eps, "m": m, "n": n, "blocks": common.n_chunks(m)}
+        index.update({p: null + 1 + k for k, p in enumerate(last)})
+        places = [index[p] if p in last else index.get(self.role[p], null)
+                  for p in addressed.parameters(self.rows, dropped)]
         # each output made like x (its index in a call's arguments) or like a tensor kept here (small)
         like = self.roles.index(self.role["x"])
         outputs = [like if (t.shape, t.dtype) == (x.shape, x.dtype) else torch.empty_like(t) for t in results]
-        return entry, outputs, operator.itemgetter(*places), (0, eps, m, n)
+        return entry, outputs, operator.itemgetter(*places), (0, *last.values())

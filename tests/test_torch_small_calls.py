@@ -1,6 +1,7 @@
 """numbanorm.torch's small CPU calls by their tensors' addresses (``numbanorm._torch_addressed``):
 the full path's bits, forward and backward, and every call a plan must not take."""
 
+import linecache
 import subprocess
 import sys
 import threading
@@ -273,9 +274,22 @@ def test_an_entry_compiles_no_second_row_function(op):
 
 def test_an_entry_is_the_row_function_it_names():
     """The generated entry's source calls the row function on arrays at the given addresses;
-    its parameters are the row function's arrays (partials by their sums), then m and n."""
+    its parameters are the row function's arrays (partials by their sums), then m, n and
+    (with partials) their count."""
     from numbanorm.cpu._kernels import addressed, layer_norm, rms_norm
 
     assert addressed.parameters(layer_norm.forward_rows) == ["x", "w", "b", "eps", "y", "mean", "rstd", "m", "n"]
     assert addressed.parameters(layer_norm.forward_rows, ("mean", "rstd")) == ["x", "w", "b", "eps", "y", "m", "n"]
-    assert addressed.parameters(rms_norm.backward_rows) == ["dy", "x", "rstd", "w", "ds", "dx", "dweight", "m", "n"]
+    assert addressed.parameters(rms_norm.backward_rows) == ["dy", "x", "rstd", "w", "ds", "dx", "dweight",
+                                                            "m", "n", "blocks"]
+    f32 = np.float32
+    entry = addressed.entry(rms_norm.backward_rows, f32, dy=f32, x=f32, rstd=f32, w=None, ds=None, dx=f32,
+                            dw_part=f32)
+    code = entry.py_func.__code__
+    assert code.co_varnames[:code.co_argcount] == tuple(addressed.parameters(rms_norm.backward_rows))
+    src = "".join(linecache.getlines(code.co_filename))
+    assert "    dy = carray(at(dy, T_dy), (m, n))" in src and "    w = None" in src
+    assert "    left = ROWS(dy, x, rstd, w, ds, dx, dw_part, NO, ZERO, blocks)" in src
+    assert entry.py_func.__qualname__.startswith("backward_rows.addressed_float32_")
+    assert entry is addressed.entry(rms_norm.backward_rows, f32, dy=f32, x=f32, rstd=f32, w=None, ds=None,
+                                    dx=f32, dw_part=f32)  # made once

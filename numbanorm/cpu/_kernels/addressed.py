@@ -12,9 +12,9 @@ the argument is None), like ``common.in_blocks``'s parallel kernels, and cached 
 the row function's module.
 
 An entry of a backward (a row function with dweight partials, ``common.in_partials``)
-takes the addresses of dweight (and dbias) instead of the partials: it makes the
-``n_chunks(m)`` partial rows itself and sums them in NumPy's order (``np.sum(axis=0)``
-from 0, row after row), as the launcher does.
+takes the addresses of dweight (and dbias) instead of the partials, and their count
+(the launcher's ``n_chunks(m)``): it makes the partial rows itself and sums them in
+NumPy's order (``ndarray.sum(axis=0)``: from 0, row after row), as the launcher does.
 
 The caller owns every check: C-contiguous arrays of these dtypes and shapes, alive for
 the call, outputs apart from inputs.  An entry returns what the row function returns,
@@ -55,9 +55,11 @@ def at(typingctx, address, dtype):
 
 def parameters(rows, dropped=()):
     """The arguments of ``rows``' entry, in order: its own (a partial replaced by its sum,
-    ``stream`` and the ``dropped`` outputs left out), then ``m``, ``n``."""
-    names = [PARTIALS.get(p, p) for p in inspect.signature(rows.py_func).parameters][:-2]
-    return [p for p in names if p != "stream" and p not in dropped] + ["m", "n"]
+    ``stream`` and the ``dropped`` outputs left out), then the sizes: ``m``, ``n`` and, for
+    a row function with partials, ``blocks`` (``common.n_chunks(m)``, the launcher's count)."""
+    own = list(inspect.signature(rows.py_func).parameters)[:-2]
+    names = [PARTIALS.get(p, p) for p in own if p != "stream" and p not in dropped]
+    return names + ["m", "n"] + (["blocks"] if set(own) & set(PARTIALS) else [])
 
 
 @functools.lru_cache(maxsize=None)
@@ -86,8 +88,6 @@ def entry(rows, acc, dropped=(), **dtypes):
             body.append("    eps = ACC(eps)")  # (as the launcher: acc.type(eps))
         call.append("NO" if p == "stream" else p)
     partials = [p for p in params if p in PARTIALS]
-    if partials:  # common.n_chunks(m), inlined as its source is: min(rows, max(64, ...), max(1, ...))
-        body.insert(0, "    blocks = min(m, max(64, -(-m // 256)), max(1, m // 16))")
     # a literal False or 0 here would be typed Literal[bool], Literal[int]: a second compile of
     # the row function for them, beside the launcher's (bool, int64, int64)
     body.append("    NO, ZERO = np.bool_(False), np.int64(0)")
