@@ -18,8 +18,8 @@ Each measurement runs in new processes with a ``NUMBA_CACHE_DIR`` of its own:
   phases and LLVM's in CPU seconds, the functions compiled and the LLVM modules
   optimized).  With the cache filled by an earlier process (``cached``): the call's
   wall time.  Each is measured in ``REPEATS`` pairs of processes and the median kept
-  (every sample in ``samples_s``).  Then the median of 20 more calls (steady state).  Backward statistics
-  come from the oracle, so that only the kernel under test is compiled.
+  (every sample in ``samples_s``).  Then the median of 20 more calls (steady state).
+  Backward statistics come from the oracle, so that only the kernel under test is compiled.
 * ``compile``: ``python -m numbanorm compile`` into an empty cache, float32 and bfloat16.
 * ``main_job`` (``--main-job``): a copy of the repository's tracked files, a new venv,
   ``pip install .`` and ``python -m numbanorm`` there, each step timed; ``test_command``
@@ -306,16 +306,18 @@ def first_calls(case_list, threads=None, python=None, tree=ROOT, fresh=True, bas
     cache of its own): the sample of median first call (:func:`_median`), all of them
     beside it; with ``profile``, one more process breaks the first call's compile down.
     ``baseline``: another checkout's numbanorm, whose first call from an empty cache is
-    measured before each case's (``baseline_fresh_cache``): alternated, a loaded machine
-    slows both alike."""
+    measured before each case's, as many times (``baseline_fresh_cache``): alternated, a
+    loaded machine slows both alike."""
     out = {"fresh_cache": [], "cached": []}
     for t in (tree, baseline) if baseline else (tree,):
         _bytecode(python, t)
     if baseline:
         out["baseline_fresh_cache"] = []
     for case in case_list:
-        if baseline:
-            before = _fresh(python, case, threads, baseline, timeout, profile)
+        if baseline:  # (as many processes as this tree's, the median kept: the same estimate)
+            before = _median([_fresh(python, case, threads, baseline, timeout, False) for _ in range(repeats)])
+            if profile:
+                before["breakdown"] = _fresh(python, case, threads, baseline, timeout, True)["breakdown"]
             out["baseline_fresh_cache"].append(dict(case, **before))
             show(f"{label(case):<32} baseline, empty cache: first call {before['first_call_s']:6.2f} s "
                  f"({before['first_call_cpu_s']:.2f} s CPU)")
