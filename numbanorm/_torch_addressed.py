@@ -100,9 +100,13 @@ class Calls:
         return tuple(key)
 
     def __call__(self, args):
-        """The call's results by its plan, or None (the full path's).  (Loops written out, no
+        """The call's results by its plan, or None (the full path's)."""
+        return self.run(self.key(args), args)
+
+    def run(self, key, args):
+        """:meth:`__call__` of a call whose :meth:`key` is known.  (Loops written out, no
         comprehensions: a small call's Python is most of its time.)"""
-        plan = self.plans.get(self.key(args))
+        plan = self.plans.get(key)
         if plan is None:
             return None
         entry, outputs, pick, last = plan
@@ -125,19 +129,19 @@ class Calls:
             return None
         return made[0] if self.returned == 1 else tuple(made)
 
-    def learn(self, args, results):
-        """Keep the plan of ``args``, whose results the full path returned, where it has one."""
-        key = self.key(args)
+    def learn(self, key, args, results):
+        """Keep the plan of ``args`` (key ``key``), whose results the full path returned, or
+        None where it has none: a key decides that too, so its next calls take the full path
+        without asking again."""
         if key is None or key in self.plans:
             return
         results = results if isinstance(results, tuple) else (results,)
-        if not all(isinstance(t, torch.Tensor) and type(t) in _PLAIN for t in results):
-            return
-        plan = self._plan(dict(zip(self.roles, args)), results)
-        if plan is not None:
-            if len(self.plans) >= 256:
-                self.plans.clear()
-            self.plans[key] = plan
+        plan = None
+        if all(isinstance(t, torch.Tensor) and type(t) in _PLAIN for t in results):
+            plan = self._plan(dict(zip(self.roles, args)), results)
+        if len(self.plans) >= 256:
+            self.plans.clear()
+        self.plans[key] = plan
 
     def _plan(self, given, results):
         x = given[self.role["x"]]

@@ -194,16 +194,34 @@ def test_a_call_a_plan_cannot_take_runs_the_full_path(monkeypatch, case):
         return real(t)
 
     monkeypatch.setattr(nt, "_arr", counted)
-    expected = numbanorm.layer_norm(*(None if t is None else real(t).copy() for t in (x,)), (x.shape[-1],),
-                                    None if w is None else real(w).copy(), None if b is None else real(b).copy())
+    want = torch.from_numpy(numbanorm.layer_norm(real(x).copy(), (x.shape[-1],), None if w is None else real(w).copy(),
+                                                 None if b is None else real(b).copy()))
     for _ in range(3):
         calls.clear()
         got = nt.layer_norm(x, (x.shape[-1],), w, b)
         assert calls, "the call took a plan"
-        want = torch.from_numpy(expected.view(np.int16)).view(torch.bfloat16) if expected.dtype.name == "bfloat16" \
-            else torch.from_numpy(expected)
         _same((got,), (want,))
         background.wait()
+
+
+def test_a_call_without_a_plan_is_not_planned_again(monkeypatch):
+    """A key the planner refused (here: a backward whose dweight the launcher narrows to
+    bfloat16) is kept as refused: its later calls take the full path without planning
+    again (which had cost each such call more than torch's whole backward)."""
+    planned = []
+    plan = _torch_addressed.Calls._plan
+
+    def counted(self, given, results):
+        got = plan(self, given, results)
+        planned.append((self.kind, got is None))
+        return got
+
+    monkeypatch.setattr(_torch_addressed.Calls, "_plan", counted)
+    x, _, w, b = _inputs("layer_norm", (2, 24), (24,), torch.bfloat16, "both", torch.bfloat16)
+    y = nt.layer_norm(x, (24,), w, b)
+    for _ in range(3):
+        torch.autograd.grad(y, (x, w, b), torch.ones_like(y), retain_graph=True)
+    assert planned.count(("backward", True)) == 1, planned
 
 
 def test_calls_by_plans_on_many_threads(monkeypatch):
