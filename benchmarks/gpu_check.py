@@ -94,7 +94,7 @@ DTYPES = ("float16", "bfloat16", "float32", "float64")
 LIBS = ("numba", "cupy", "torch")
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 TOOL_FLAGS = {"memcheck": ["--leak-check", "no"], "racecheck": [], "synccheck": [],
-              "initcheck": ["--track-unused-memory", "no"]}
+              "initcheck": []}  # (--track-unused-memory is a bare flag there, off by default)
 BIG = ("x", "residual", "dy", "ds", "s")  # the roles shaped like x
 CALLS = 3  # each case: compile (or load), direct launch, replay
 SPEED_ROWS = 32768
@@ -495,9 +495,10 @@ class Lib:
             flat = np.full(host.size + k, np.nan, np.float32).astype(dt)
             flat[k:] = host.ravel()
             return self.reshape(self.put(flat)[k:], host.shape)
+        lead = (slice(None),) * (host.ndim - 1)  # (numba's device arrays take no Ellipsis)
         sl = {"rows_strided": (slice(None, None, 2),),
-              "cols_padded": (Ellipsis, slice(0, host.shape[-1])),
-              "last_strided": (Ellipsis, slice(None, None, 2))}[how]
+              "cols_padded": lead + (slice(0, host.shape[-1]),),
+              "last_strided": lead + (slice(None, None, 2),)}[how]
         grow = {"rows_strided": (2 * host.shape[0],) + host.shape[1:],
                 "cols_padded": host.shape[:-1] + (host.shape[-1] + 3,),
                 "last_strided": host.shape[:-1] + (2 * host.shape[-1],)}[how]
@@ -515,15 +516,18 @@ class NumbaLib(Lib):
         self.cuda = cuda
 
     def put(self, host):
-        return self.cuda.to_device(np.ascontiguousarray(host))
+        host = np.ascontiguousarray(host)
+        if host.dtype.name == "bfloat16":  # as bits: a buffer has no format for bfloat16
+            return self.cuda.to_device(host.view(np.uint16)).view(host.dtype)
+        return self.cuda.to_device(host)
 
     def host(self, a):
-        bits = a.dtype.name == "bfloat16"  # moved as uint16: numba's copy kernel may not take bfloat16
+        bits = a.dtype.name == "bfloat16"  # moved as uint16, as put does
         if bits:
             a = a.view(np.uint16)
         if not a.is_c_contiguous():  # numba copies only whole buffers: gather on the device first
             c = self.cuda.device_array(a.shape, a.dtype)
-            c[...] = a
+            c[:] = a
             a = c
         h = a.copy_to_host()
         return h.view(measure.host_dtype("bfloat16")) if bits else h
@@ -532,7 +536,10 @@ class NumbaLib(Lib):
         return a.reshape(shape)
 
     def fill(self, a, host):
-        a.copy_to_device(np.ascontiguousarray(host))
+        host = np.ascontiguousarray(host)
+        if host.dtype.name == "bfloat16":
+            a, host = a.view(np.uint16), host.view(np.uint16)
+        a.copy_to_device(host)
 
     def sync(self):
         self.cuda.synchronize()

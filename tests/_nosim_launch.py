@@ -200,7 +200,14 @@ def main():
 
     devices._runtime.ensure_context = nullcontext  # (slicing a device array asks for a context)
 
+    class Context:  # what an allocation by numba's own transfers (cuda.to_device) asks
+        def memalloc(self, size):
+            return Memory(size)
+
+    devices.get_context = lambda devnum=None: Context()
+
     def setitem(self, key, value):  # numba's copy into a strided array: a kernel of its own
+        self._dummy.__getitem__(key)  # the index as numba reads it (no Ellipsis there)
         if not self.stream:
             SYNCS.append("setitem on stream 0")  # (numba synchronizes after it there)
         launches.append({"stream": getattr(self.stream, "handle", self.stream), "kernel": "numba setitem",
@@ -210,9 +217,19 @@ def main():
     devicearray.DeviceNDArray.__setitem__ = setitem
     # what waits for the device or copies between host and device: recorded
     for owner, name in ((driver.Stream, "synchronize"), (driver.driver, "cuCtxSynchronize"),
-                        (driver.driver, "cuStreamSynchronize"), (cuda, "synchronize"),
-                        (driver, "host_to_device"), (driver, "device_to_host")):
+                        (driver.driver, "cuStreamSynchronize"), (cuda, "synchronize")):
         setattr(owner, name, (lambda name: lambda *a, **k: SYNCS.append(name))(name))
+    host_pointer = driver.host_pointer  # (a C extension's buffer request: no driver in it)
+
+    def host_to_device(dst, src, size, stream=0):
+        host_pointer(src, readonly=True)  # the host array as the copy takes it: a buffer
+        SYNCS.append("host_to_device")
+
+    def device_to_host(dst, src, size, stream=0):
+        host_pointer(dst)
+        SYNCS.append("device_to_host")
+
+    driver.host_to_device, driver.device_to_host = host_to_device, device_to_host
     from numba.cuda import api
 
     api.current_context = lambda: None  # (a view of another library's memory records its context)
@@ -240,6 +257,8 @@ def main():
         return every(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], device_array, launches)
     if sys.argv[1] == "alloc":
         return allocators(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
+    if sys.argv[1] == "transfers":
+        return transfers(int(sys.argv[2]), int(sys.argv[3]), device_array)
     if sys.argv[1] == "count":
         return count(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
     if sys.argv[1] == "sweep":
@@ -301,6 +320,36 @@ def count(M, N, device_array, launches):
             # the backward's own launches (its forward, for the statistics, runs first)
             out[f"{name}_{wname}"] = len(launches) - n0 - (name != "layer_forward")
             out[f"{name}_{wname}_dtypes"] = [str(a.dtype) for a in res] if "backward" in name else []
+    print(json.dumps(out))
+
+
+def transfers(M, N, device_array):
+    """What a call copies between host and device, and into strided device arrays, as
+    numba's transfers take it (a buffer) and its indexing reads it: per dtype, host x
+    and weights (copied in, the result copied out), a host ``out=`` and device inputs
+    that are not contiguous.  Prints each case's error, or None."""
+    import ml_dtypes
+
+    import numbanorm.cuda as nc
+
+    out = {}
+    for dtype in (np.float16, ml_dtypes.bfloat16):  # (float32 copies as float16 does)
+        name = np.dtype(dtype).name
+        host = np.ones((M, N), dtype)
+        x = device_array((M, N), dtype)
+        wide = device_array((M, N + 8), dtype)  # rows padded: a view of their first N
+        tall = device_array((2 * M, N), dtype)  # every other row
+        calls = {"host x": lambda: nc.layer_norm(host, (N,), np.ones(N, dtype), np.zeros(N, dtype)),
+                 "host out": lambda: nc.rms_norm(host, (N,), out=np.empty((M, N), dtype)),
+                 "padded rows": lambda: nc.layer_norm(wide[:, :N], (N,)),
+                 "strided rows": lambda: nc.rms_norm(tall[::2], (N,)),
+                 "padded groups": lambda: nc.group_norm(wide[:, :N], 2)}  # (M, N channels)
+        for case, call in calls.items():
+            try:
+                call()
+                out[f"{name} {case}"] = None
+            except Exception as e:
+                out[f"{name} {case}"] = f"{type(e).__name__}: {e}"[:300]
     print(json.dumps(out))
 
 

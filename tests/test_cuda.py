@@ -382,6 +382,28 @@ def test_unavailable_without_numba_cuda():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
+def test_unavailable_with_a_numpy_numba_cuda_does_not_run_with():
+    """numba-cuda 0.30 registers np.row_stack when a kernel first compiles, and NumPy 2.5
+    removed it: on an H200 with NumPy 2.5.2 every launch raised AttributeError from
+    numba's registries.  numbanorm.cuda says so at import, naming the fix."""
+    code = textwrap.dedent("""
+        import numpy as np
+        del np.row_stack  # as NumPy 2.5 is
+        import numbanorm.cuda as nc
+        why = nc.why_unavailable()
+        assert not nc.is_available() and "NumPy 2.5" in why and "numpy<2.5" in why, why
+        try:
+            nc.rms_norm(np.ones((2, 4), np.float32), 4)
+        except RuntimeError as e:
+            assert "numpy<2.5" in str(e)
+        else:
+            raise SystemExit("no RuntimeError")
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
 def test_bfloat16_refused_clearly_where_unsupported():
     why = C.bfloat16_unsupported()
     if not why:
@@ -1097,3 +1119,17 @@ def test_layer_norm_outlier_first_word_takes_the_two_pass(knobs, rng):
         assert_close(r[row], rr[row], np.float32, f"rstd row {row}")
         assert_close(m[row], mr[row], np.float32, f"mean row {row}")
         assert_close(y[row, 4:], yr[row, 4:], np.float32, f"y row {row} (beside the outliers)")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_group_norm_backward_of_one_element_groups_is_exactly_zero(dtype):
+    """A group of one element has xhat = 0 and dx = rstd * (w*dy - c2) with c2 the group's
+    mean of w*dy: exactly 0 when w*dy is rounded alike in both.  The kernel multiplied
+    dy by w*rstd instead, so dx was the products' rounding difference times
+    rstd = 1/sqrt(eps): 3e-5 here in float32, 2.0e-5 on an H200 (over the 2e-5 tolerance)."""
+    rng = np.random.default_rng(7)
+    x, dy = (rng.standard_normal((3, 6, 1, 1)).astype(dtype) for _ in range(2))
+    w, b = (rng.standard_normal(6).astype(dtype) for _ in range(2))
+    _, mean, rstd = nc.group_norm_forward(x, 6, w, b)
+    dx = nc.group_norm_backward(dy, x, mean, rstd, w)[0]
+    assert np.array_equal(to_host(dx), np.zeros_like(x))

@@ -21,6 +21,15 @@ def _probe():
         from numba import cuda
     except Exception as e:  # numba-cuda missing, or its CUDA bindings
         return f"numba-cuda cannot be imported ({type(e).__name__}: {e}); install numbanorm[cuda]"
+    import numpy as np
+
+    if not hasattr(np, "row_stack"):  # NumPy >= 2.5, which numba-cuda 0.30 predates
+        try:
+            import numba.cuda.np.arrayobj  # noqa: F401  (what every kernel's first compile loads)
+        except AttributeError as e:
+            return (f"numba-cuda does not run with NumPy {np.__version__} (AttributeError: {e}: it "
+                    "registers np.row_stack, which NumPy 2.5 removed; NVIDIA/numba-cuda#907); "
+                    "install 'numpy<2.5'")
     try:
         if not cuda.is_available():
             return ("numba-cuda finds no usable CUDA GPU or driver (numba.cuda.is_available() is "

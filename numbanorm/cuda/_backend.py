@@ -238,10 +238,27 @@ def launch(ctx, launcher, *args, **kwargs):
     return launcher(*args, stream=ctx.stream, **kwargs)
 
 
+def to_device(host, stream=0):
+    """A host array copied to a new numba device array.  bfloat16 travels as its
+    uint16 bits: numba's transfer takes the array as a buffer, and the buffer
+    protocol has no format for ml_dtypes' bfloat16 ("cannot include dtype 'E'")."""
+    if C.is_bfloat16(host.dtype):
+        return cuda.to_device(host.view(np.uint16), stream=stream).view(host.dtype)
+    return cuda.to_device(host, stream=stream)
+
+
+def to_host(a):
+    """A contiguous numba device array copied to a new host array (bfloat16 as its bits,
+    as in ``to_device``)."""
+    if C.is_bfloat16(np.dtype(a.dtype)):
+        return a.view(np.uint16).copy_to_host().view(a.dtype)
+    return a.copy_to_host()
+
+
 def contiguous(ctx, a, shape):
     if type(a) is np.ndarray:
         C.unrecordable()
-        return cuda.to_device(np.ascontiguousarray(a).reshape(shape), stream=ctx.stream)
+        return to_device(np.ascontiguousarray(a).reshape(shape), stream=ctx.stream)
     if not a.is_c_contiguous():
         b = empty(ctx, a.shape, a.dtype)
         copy_into(ctx, b, a)
@@ -359,11 +376,13 @@ def _default_stream():
 def copy_into(ctx, dst, src):
     C.unrecordable()  # numba's own kernel or a host copy
     if type(dst) is np.ndarray:
-        np.copyto(dst, src.copy_to_host().reshape(dst.shape))
+        np.copyto(dst, to_host(src).reshape(dst.shape))
         return
     # bound to the call's stream, numba's strided assignment kernel runs there; the
-    # default stream as a stream object, not 0, after which numba would synchronize
-    dst.bind(ctx.stream or _default_stream())[...] = src
+    # default stream as a stream object, not 0, after which numba would synchronize.
+    # [:], not [...]: a numba device array's indexing takes no Ellipsis; bfloat16 moved
+    # as its bits, as the kernels index it (kview)
+    C.kview(dst).bind(ctx.stream or _default_stream())[:] = C.kview(src)
 
 
 def cast(ctx, a, dtype):
@@ -382,7 +401,7 @@ def wrap(a, like):
         return a
     if type(like) is np.ndarray or V.side_of(like) == V.HOST:
         C.unrecordable()  # copied: not what a replay returns
-        return a.copy_to_host()
+        return to_host(a)
     if _is_torch(like):
         import torch
 

@@ -1,4 +1,4 @@
-"""libdevice's bit casts for numba's CUDA simulator.
+"""libdevice's bit casts (and its unfused products) for numba's CUDA simulator.
 
 Under the simulator a kernel runs as Python, and ``numba.cuda.libdevice``'s
 functions are documentation stubs that return None.  The bfloat16 loads and
@@ -40,11 +40,19 @@ def hiloint2double(hi, lo):
     return np.uint64((int(np.int32(hi).view(np.uint32)) << 32) | int(np.int32(lo).view(np.uint32))).view(np.float64)
 
 
+def fmul_rn(x, y):  # a product rounded on its own (hardware never fuses it into an fma)
+    return np.float32(x) * np.float32(y)
+
+
+def dmul_rn(x, y):
+    return np.float64(x) * np.float64(y)
+
+
 # (function, an argument) -- the argument only probes whether the stub is still one
 _CASTS = {f.__name__: (f, args) for f, args in (
     (float_as_int, (1.0,)), (int_as_float, (1,)), (double_as_longlong, (1.0,)),
     (longlong_as_double, (1,)), (double2hiint, (1.0,)), (double2loint, (1.0,)),
-    (hiloint2double, (1, 1)))}
+    (hiloint2double, (1, 1)), (fmul_rn, (1.0, 1.0)), (dmul_rn, (1.0, 1.0)))}
 
 
 def install():
