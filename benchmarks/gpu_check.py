@@ -1543,17 +1543,24 @@ def sanitizer(run, ops, env):
         log.close()
         with open(log.name, errors="replace") as f:
             text = f.read()
-        m = re.search(r"ERROR SUMMARY: (\d+) error", text)
-        errors = int(m.group(1)) if m else None
+        errors = summary_errors(text)
         done = text.count("sanitize-case done")
         tools[name] = {"errors": errors, "cases_run": done, "cases": len(cases), "exit": p.returncode,
                        "timed_out": timed_out,
                        "first_errors": [ln for ln in text.splitlines() if ln.startswith("========= ")
-                                        and "ERROR SUMMARY" not in ln][:40],
+                                        and "SUMMARY" not in ln][:40],
                        "tail": text[-1500:] if errors is None or p.returncode else ""}
         total += errors or 0
     return {"tools": tools, "errors": total if all(t["errors"] is not None for t in tools.values()) else None,
             "cases": [c["id"] for c in cases]}
+
+
+def summary_errors(text):
+    """The errors a compute-sanitizer log reports, or None without its summary line:
+    memcheck, synccheck and initcheck print "ERROR SUMMARY: N errors", racecheck
+    "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)" (every hazard counts)."""
+    m = re.search(r"ERROR SUMMARY: (\d+) error", text) or re.search(r"RACECHECK SUMMARY: (\d+) hazard", text)
+    return int(m.group(1)) if m else None
 
 
 # ---------------------------------------------------------------- worker processes

@@ -22,6 +22,7 @@ the results files alone, so running it twice changes nothing.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import statistics
 import sys
@@ -36,6 +37,7 @@ DASK_START, DASK_END = "<!-- dask-table:start -->", "<!-- dask-table:end -->"
 E2E_START, E2E_END = "<!-- e2e-table:start -->", "<!-- e2e-table:end -->"
 HALF_START, HALF_END = "<!-- half-table:start -->", "<!-- half-table:end -->"
 TARGETS_START, TARGETS_END = "<!-- targets-table:start -->", "<!-- targets-table:end -->"
+GPU_START, GPU_END = "<!-- gpu-table:start -->", "<!-- gpu-table:end -->"
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 # The shapes the README shows (float32 on the CPU), in this order; the rest is in the files.
@@ -414,6 +416,81 @@ def _commit(meta):
     return ((meta.get("git") or {}).get("commit") or "?")[:7]
 
 
+GPU_PEERS = ("torch", "torch.compile", "liger")
+
+
+def gpu_checks(run):
+    """Rows (check, result) of one ``benchmarks.gpu_check`` run: the sections it ran."""
+    out, c = [], run["correctness"]
+    if c["cases"]:
+        not_run = sum(x["status"] == "not run" for x in c["cases"])
+        out.append(("correctness", f"{c['passed']} passed, {c['failed']} failed, {not_run} not reached"))
+    tools = run["sanitizer"].get("tools") or {}
+    if tools:
+        out.append(("compute-sanitizer", ", ".join(
+            f"{k} {'-' if v['errors'] is None else v['errors']} errors ({v['cases_run']}/{v['cases']} cases)"
+            for k, v in tools.items())))
+    host = run["host_us"]
+    if host.get("numbanorm"):
+        shapes = " / ".join("x".join(map(str, s)) for s in host["shape"])
+        out.append((f"host us per call, {host.get('dtype', '')} {shapes}", "; ".join(
+            f"{k} {'/'.join(f'{v:.0f}' for v in host['numbanorm'][k])} (torch "
+            f"{'/'.join(f'{v:.0f}' for v in host['torch'][k])})" for k in host["numbanorm"])))
+    g = run["cuda_graph"]
+    if g.get("captured") is not None and (g["captured"] or g.get("max_abs_diff") is not None):
+        out.append(("CUDA graph", f"captured {g['captured']}, max abs difference from torch eager "
+                                  f"{g['max_abs_diff']:.1e}, training step captured {g.get('train_step_captured')}"))
+    for r in run["cpu_scaling"]:
+        if (r["norm"], r["pass"], r["mode"], r["dtype"], r["threads"]) == ("layer_norm", "forward", "out",
+                                                                           "float32", 16):
+            out.append(("CPU, 16 threads", f"LayerNorm forward out= float32 {'x'.join(map(str, r['shape']))}: "
+                                           f"{r['vs_copy']:.2f}x the copy's time on 16 threads"))
+    return out
+
+
+def gpu_speed_rows(run):
+    """One row per timed case: numbanorm's GB/s, its fraction of the copy's, the model's
+    prediction of it, and its time over each peer's (below 1.00x: faster)."""
+    by = {}
+    for r in run["speed"]:
+        by.setdefault((r["norm"], r["pass"], r["dtype"], tuple(r["shape"])), {})[r["impl"]] = r
+    model = {(m["norm"], m["pass"], m["dtype"], tuple(m["shape"])): m for m in run.get("model") or []}
+    rows = []
+    for (norm, p, dtype, shape), impls in by.items():
+        ours, copy = impls.get("numbanorm"), impls.get("copy")
+        if not ours or not copy:
+            continue
+        m = model.get((norm, p, dtype, shape), {})
+        rows.append((norm, p, dtype, "x".join(map(str, shape)), f"{ours['gbps']:.0f}",
+                     f"{copy['ms'] / ours['ms']:.2f}",
+                     "-" if m.get("model_fraction") is None else f"{m['model_fraction']:.2f}",
+                     *(_ratio(ours["ms"] / impls[k]["ms"]) if k in impls else "-" for k in GPU_PEERS)))
+    return rows
+
+
+def render_gpu(runs, sources):
+    """The markdown block of the GPU runs (``benchmarks.gpu_check``), without the markers."""
+    first = runs[0]
+    v = first["versions"]
+    lines = [f"**Measured** on an {first['device']} (driver {first['driver']}) by `benchmarks.gpu_check`; "
+             f"numba-cuda {v['numba-cuda']}, numba {v['numba']}, NumPy {v['numpy']}, torch {v['torch']}, "
+             f"Triton {v['triton']}, Liger-Kernel {v['liger-kernel']}. Each run's sections:", ""]
+    rows = [(f"`{src}`", check, result) for run, src in zip(runs, sources) for check, result in gpu_checks(run)]
+    lines += _markdown_table(("run", "check", "result"), rows, 3)
+    for run, src in zip(runs, sources):
+        speed = gpu_speed_rows(run)
+        if not speed:
+            continue
+        lines += ["", f"Speed in `{src}` (CUDA events, round-robin in one process): *of copy* is a "
+                      "device-to-device copy's time over numbanorm's for the same bytes; *model* is the "
+                      "static SASS model's prediction of that fraction (`benchmarks.gpu_model`); *x peer* is "
+                      "numbanorm's time over the peer's, below 1.00x faster.", ""]
+        lines += _markdown_table(("norm", "pass", "dtype", "shape", "GB/s", "of copy", "model",
+                                  *(f"x {k}" for k in GPU_PEERS)), speed, 4)
+    lines += ["", f"Generated by `python -m benchmarks.readme_table --gpu {' '.join(sources)}`."]
+    return "\n".join(lines)
+
+
 def _markdown_table(header, rows, text_cols):
     """Lines of a markdown table: the first ``text_cols`` columns left-aligned, the rest right."""
     return (["| " + " | ".join(header) + " |",
@@ -457,6 +534,7 @@ def main(argv=None):
     ap.add_argument("--targets", nargs="+", metavar="JSON", help="results of benchmarks.run --targets, one per CPU kind")
     ap.add_argument("--cold", metavar="JSON", help="with --targets: results of benchmarks.cold_start, "
                     "whose first calls, compile command and main job are stated under the table")
+    ap.add_argument("--gpu", nargs="+", metavar="JSON", help="results of benchmarks.gpu_check, one per run")
     ap.add_argument("--readme", default=str(README), help="the README to update (default: the repository's)")
     ap.add_argument("--print", action="store_true", help="print the blocks instead of writing the README")
     a = ap.parse_args(argv)
@@ -480,8 +558,11 @@ def main(argv=None):
         cold = (load_results(a.cold), _source(a.cold)) if a.cold else None
         blocks.append((render_targets([load_results(p) for p in a.targets], sources, cold), TARGETS_START,
                        TARGETS_END))
+    if a.gpu:
+        runs = [json.loads(Path(p).read_text()) for p in a.gpu]
+        blocks.append((render_gpu(runs, [_source(p) for p in a.gpu]), GPU_START, GPU_END))
     if not blocks:
-        ap.error("give a results file, --fused, --dask, --e2e, --half or --targets")
+        ap.error("give a results file, --fused, --dask, --e2e, --half, --targets or --gpu")
     if a.print:
         print("\n\n".join(b for b, _, _ in blocks))
         return 0

@@ -336,7 +336,6 @@ def transfers(M, N, device_array):
     for dtype in (np.float16, ml_dtypes.bfloat16):  # (float32 copies as float16 does)
         name = np.dtype(dtype).name
         host = np.ones((M, N), dtype)
-        x = device_array((M, N), dtype)
         wide = device_array((M, N + 8), dtype)  # rows padded: a view of their first N
         tall = device_array((2 * M, N), dtype)  # every other row
         calls = {"host x": lambda: nc.layer_norm(host, (N,), np.ones(N, dtype), np.zeros(N, dtype)),

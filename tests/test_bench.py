@@ -979,3 +979,29 @@ def test_the_narrowing_probe_counts_the_streamed_loop_per_16_elements():
     assert env["NUMBA_CPU_NAME"] == "znver3"
     feats = env["NUMBA_CPU_FEATURES"].split(",")
     assert "+avx2" in feats and "+f16c" in feats and not any(f.startswith("+avx512") for f in feats)
+
+
+def test_readme_gpu_block_is_generated_from_the_committed_device_runs():
+    """The README's GPU table is what ``readme_table --gpu`` makes of the committed
+    ``benchmarks/results/gpu-h200*.json`` (measured on the device, never typed), and a
+    speed row's ratios are the JSON's times divided."""
+    import json
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    names = ["benchmarks/results/gpu-h200.json", "benchmarks/results/gpu-h200-b.json"]
+    runs = [json.load(open(os.path.join(root, n))) for n in names]
+    block = readme_table.render_gpu(runs, names)
+    readme = open(os.path.join(root, "README.md")).read()
+    assert readme_table.update(readme, block, readme_table.GPU_START, readme_table.GPU_END) == readme
+    rows = readme_table.gpu_speed_rows(runs[0])
+    times = {r["impl"]: r["ms"] for r in runs[0]["speed"]
+             if (r["norm"], r["pass"], r["dtype"], tuple(r["shape"])) == ("rms_norm", "backward", "float32",
+                                                                         (32768, 4096))}
+    row = next(r for r in rows if r[:4] == ("rms_norm", "backward", "float32", "32768x4096"))
+    assert row[5] == f"{times['copy'] / times['numbanorm']:.2f}"
+    assert row[7] == f"{times['numbanorm'] / times['torch']:.2f}x"
+    timed = {}
+    for r in runs[0]["speed"]:
+        timed.setdefault((r["norm"], r["pass"], r["dtype"], tuple(r["shape"])), set()).add(r["impl"])
+    assert len(rows) == sum({"numbanorm", "copy"} <= impls for impls in timed.values())  # (the budget cut the last)

@@ -285,3 +285,15 @@ def test_cpu_scaling_times_the_kernel_against_the_threaded_copy():
     rows = G.cpu_scaling(time.monotonic() + 60, shape=(64, 256), threads=(1,), dtypes=("float32",))
     assert {(r["norm"], r["pass"]) for r in rows} == {(n, d) for n in G.CPU_NORMS for d in ("forward", "backward")}
     assert all(r["ms"] > 0 and r["copy_ms"] > 0 and r["threads"] == 1 for r in rows)
+
+
+def test_sanitizer_summaries_are_read_for_every_tool():
+    """racecheck ends its log with a summary of its own, which the H200 run read as no
+    summary at all (errors None for 53 clean cases)."""
+    from benchmarks.gpu_check import summary_errors
+
+    assert summary_errors("========= ERROR SUMMARY: 0 errors\n") == 0
+    assert summary_errors("========= ERROR SUMMARY: 3 errors\n") == 3
+    assert summary_errors("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n") == 0
+    assert summary_errors("========= RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)\n") == 2
+    assert summary_errors("========= Target application returned an error\n") is None
