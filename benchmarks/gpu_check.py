@@ -231,6 +231,43 @@ class Skip(Exception):
 
 # ---------------------------------------------------------------- environment
 
+def package_sources():
+    """sha256 of every source file of the numbanorm package (the launch code too)."""
+    import hashlib
+
+    import numbanorm
+
+    h, top = hashlib.sha256(), os.path.dirname(os.path.abspath(numbanorm.__file__))
+    for folder, dirs, files in sorted(os.walk(top)):
+        dirs.sort()
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                h.update(os.path.relpath(path, top).encode() + b"\0" + f.read())
+    return h.hexdigest()
+
+
+# what must match for a case that passed in an earlier run to count again (--resume)
+RESUME_KEYS = ("numbanorm", "numba", "numba-cuda", "kernel_sources_sha256", "package_sources_sha256")
+
+
+def resumable(path, data):
+    """``(passed cases of the run in path, why not)``: its passed correctness cases when it
+    ran on the same device with the same kernels, package sources (where it recorded
+    them) and numba versions as this run (``data``), else ``({}, the difference)``."""
+    with open(path) as f:
+        old = json.load(f)
+    if old.get("device") != data.get("device"):
+        return {}, f"another device: {old.get('device')}"
+    ov, nv = old.get("versions", {}), data["versions"]
+    for key in RESUME_KEYS:
+        if key == "package_sources_sha256" and key not in ov:
+            continue  # (runs before it was recorded: their kernels' hash only)
+        if ov.get(key) != nv.get(key):
+            return {}, f"{key} differs: {ov.get(key)} there, {nv.get(key)} here"
+    return {c["id"]: c for c in old["correctness"]["cases"] if c["status"] == "pass"}, ""
+
+
 def environment(report):
     d = report.data
     d["versions"] = {n: gpu_bench._version(n) for n in (
@@ -239,7 +276,8 @@ def environment(report):
     import numbanorm
 
     d["versions"].update(numbanorm=numbanorm.__version__, python=platform.python_version(),
-                         kernel_sources_sha256=gpu_model.kernel_sources())
+                         kernel_sources_sha256=gpu_model.kernel_sources(),
+                         package_sources_sha256=package_sources())
     d["machine"] = {"cpu": measure.cpu_model(), "cores": os.cpu_count(), "simulator": _simulated()}
     import numbanorm.cuda as nc
 
@@ -1280,7 +1318,30 @@ def host_cost(calls=200, rounds=15, warm_only=False):
                     per.append((time.perf_counter() - t0) / calls * 1e6)
                     torch.cuda.synchronize()
                 res[who][name].append(round(float(np.median(per)), 2))
+            if not warm_only and shape == HOST_SHAPES[0]:
+                res.setdefault("profile", {})[name] = host_profile(fns["numbanorm"], calls)
     return res
+
+
+def host_profile(f, calls, top=15):
+    """Where ``calls`` calls of ``f`` spend their host time: cProfile's functions by own
+    time, as ``[where, calls per call, own us per call, cumulative us per call]`` (the
+    profiler's overhead inflates every figure; their order is what to read)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        f()
+    prof.disable()
+    rows = []
+    for (file, line, fn), (_, ncalls, tottime, cumtime, _) in pstats.Stats(prof).stats.items():
+        where = f"{os.path.basename(os.path.dirname(file))}/{os.path.basename(file)}:{line}({fn})"
+        rows.append([where, round(ncalls / calls, 2), round(tottime / calls * 1e6, 2),
+                     round(cumtime / calls * 1e6, 2)])
+    rows.sort(key=lambda r: -r[2])
+    return rows[:top]
 
 
 # ---------------------------------------------------------------- CUDA graph
@@ -1851,6 +1912,15 @@ def build_jobs(run, ops, dtypes, lib_names):
     correctness = []
     if run.wants("correctness"):
         cases = plan(ops, dtypes, lib_names, args.tiny, args.select)
+        done = {}
+        if args.resume:
+            done, why = resumable(args.resume, run.report.data)
+            run.report.data["resumed"] = {"from": os.path.basename(args.resume), "carried": 0, "why_not": why}
+            carried = [dict(done[c["id"]], carried_from=os.path.basename(args.resume))
+                       for c in cases if c["id"] in done]
+            run.report.add_cases(carried)
+            run.report.data["resumed"]["carried"] = len(carried)
+            cases = [c for c in cases if c["id"] not in done]
         # chunks of cases of one operation, dtype and library, in the order planned
         groups = {}
         for c in cases:
@@ -1861,7 +1931,7 @@ def build_jobs(run, ops, dtypes, lib_names):
     jobs += [j for j in correctness if j["tier"] == 0]
     torch_ok = not _why_no_torch_cuda()
     if run.wants("correctness") and torch_ok and "torch" in lib_names:
-        big = big_cases(dtypes, args.tiny)
+        big = [c for c in big_cases(dtypes, args.tiny) if c["id"] not in done]
         if big:
             jobs.append({"kind": "big", "cases": big})
     if torch_ok and run.wants("speed"):
@@ -2132,6 +2202,8 @@ def parse(argv=None):
     ap.add_argument("--sanitize-tools", nargs="+", choices=TOOLS, default=list(TOOLS))
     ap.add_argument("--tiny", action="store_true", help="small shapes (the simulator's test)")
     ap.add_argument("--select", help="correctness: only the cases whose id or label this regular expression finds")
+    ap.add_argument("--resume", metavar="JSON", help="correctness: count the cases that passed in this earlier "
+                    "run (same device, kernels, package sources and numba versions) and run the rest")
     ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "gpucheck-numba"),
                     help="NUMBA_CACHE_DIR when unset: shared by the workers and the sanitizer's runs")
     ap.add_argument("--sanitize-case", help=argparse.SUPPRESS)  # the child under compute-sanitizer: a JSON list

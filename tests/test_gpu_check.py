@@ -226,6 +226,31 @@ def test_main_writes_its_json_and_skips_what_needs_a_gpu(tmp_path, capsys):
     assert "every case passes: HOLDS" in printed and "[speed: skipped" in printed
 
 
+def test_resume_counts_the_cases_an_earlier_run_of_the_same_kernels_passed(tmp_path, monkeypatch):
+    """A lease reaches a third of the cases (756 of 2284 on the H200): --resume counts what an
+    earlier run of the same kernels, sources and device passed, and runs only the rest --
+    never when the package's sources differ."""
+    first, second, third = (tmp_path / f"{k}.json" for k in "abc")
+    common = ["--tiny", "--jobs", "0", "--only", "correctness", "--ops", "rms_norm", "--dtypes", "float32"]
+    G.main(common + ["--select", "N = 1$", "--out", str(first)])
+    a = json.loads(first.read_text())
+    assert a["correctness"]["passed"] == 1 and a["versions"]["package_sources_sha256"]
+    G.main(common + ["--select", "N = 1$|odd N$", "--resume", str(first), "--out", str(second)])
+    b = json.loads(second.read_text())
+    _check_schema(b)
+    carried = [c for c in b["correctness"]["cases"] if c.get("carried_from")]
+    assert [c["id"] for c in carried] == [c["id"] for c in a["correctness"]["cases"]]
+    assert b["resumed"] == {"from": "a.json", "carried": 1, "why_not": ""}
+    ran = [c for c in b["correctness"]["cases"] if not c.get("carried_from")]
+    assert ran and all(c["status"] == "pass" for c in ran) and len({c["id"] for c in b["correctness"]["cases"]}) \
+        == len(b["correctness"]["cases"])
+    monkeypatch.setattr(G, "package_sources", lambda: "another tree")
+    G.main(common + ["--select", "N = 1$", "--resume", str(first), "--out", str(third)])
+    c = json.loads(third.read_text())
+    assert c["resumed"]["carried"] == 0 and "package_sources_sha256 differs" in c["resumed"]["why_not"]
+    assert c["correctness"]["passed"] == 1 and not c["correctness"]["cases"][0].get("carried_from")
+
+
 def test_workers_run_the_cases_and_a_second_phase_goes_to_the_same_worker(tmp_path):
     """Two spawned workers (the device run's pool) take the cases and report them; a job's
     second phase goes to the worker that ran its first, and its error comes back (~15 s)."""
@@ -297,3 +322,23 @@ def test_sanitizer_summaries_are_read_for_every_tool():
     assert summary_errors("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n") == 0
     assert summary_errors("========= RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)\n") == 2
     assert summary_errors("========= Target application returned an error\n") is None
+
+
+def test_host_profile_names_where_a_call_spends_its_time():
+    """The host section profiles the public call (on the H200 it cost 39-51 us against
+    torch's 12-21, which the stubbed driver did not show): the slow part comes first."""
+    from benchmarks.gpu_check import host_profile
+
+    def slow_part():
+        t = 0
+        for k in range(3000):  # (own time: no built-in does the work)
+            t += k
+        return t
+
+    def call():
+        return slow_part() + len(str(1))
+
+    rows = host_profile(call, 50)
+    assert rows[0][0].endswith("(slow_part)") and rows[0][1] == 1.0
+    assert all(r[2] >= s[2] for r, s in zip(rows, rows[1:]))  # by own time
+    assert next(r for r in rows if r[0].endswith("(call)"))[3] >= rows[0][2]  # cumulative holds it
