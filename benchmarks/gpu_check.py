@@ -1481,7 +1481,8 @@ def cpu_scaling(deadline, shape=CPU_SHAPE, threads=CPU_THREADS, dtypes=CPU_DTYPE
 def model_rows(speed):
     """For each numbanorm speed row: its measured fraction of the copy's GB/s and the static
     model's for the same kernel, dtype and N (memory clocks / max(memory, issue) clocks of
-    the main launch: the bandwidth it can keep busy), where the model has that record."""
+    the main launch: the bandwidth it can keep busy), where the model has that record, and
+    the model calibrated on the committed device run (``gpu_model.calibration``)."""
     path = os.path.join(HERE, "results", "gpu-model.json")
     try:
         with open(path) as f:
@@ -1489,6 +1490,11 @@ def model_rows(speed):
     except OSError:
         model = {"records": []}
     current = model.get("kernel_sources_sha256") == gpu_model.kernel_sources()
+    try:
+        with open(os.path.join(HERE, "results", gpu_model.CALIBRATION_RUN)) as f:
+            cal = gpu_model.calibration(json.load(f))
+    except OSError:
+        cal = None
     recs = {(r["kernel"], r["dtype"], r["N"]): r for r in model.get("records", [])
             if r.get("launch") == "main" and r.get("M") == SPEED_ROWS}
     copy = {(r["norm"], r["pass"], r["dtype"], tuple(r["shape"])): r for r in speed if r["impl"] == "copy"}
@@ -1499,13 +1505,17 @@ def model_rows(speed):
         c = copy.get((r["norm"], r["pass"], r["dtype"], tuple(r["shape"])))
         row = {"norm": r["norm"], "pass": r["pass"], "dtype": r["dtype"], "shape": r["shape"],
                "measured_fraction_of_copy": round(r["gbps"] / c["gbps"], 3) if c else None,
-               "model_fraction": None, "model_issue_memory_ratio": None, "model_of_current_kernels": current}
+               "model_fraction": None, "model_issue_memory_ratio": None, "calibrated_fraction": None,
+               "model_of_current_kernels": current}
         if BY_NAME[r["norm"]].layout == "rows":
             m = recs.get((f"{r['norm']}_{r['pass']}", r["dtype"], r["shape"][1]))
             if m:
                 mem, issue = m["memory_clocks_per_row"], m["issue_clocks_per_row"]
                 row["model_fraction"] = round(mem / max(mem, issue), 3)
                 row["model_issue_memory_ratio"] = m["issue_memory_ratio"]
+                if cal:  # (fitted on the committed device run: out of sample for any other)
+                    row["calibrated_fraction"] = round(gpu_model.calibrated_fraction(m["issue_memory_ratio"],
+                                                                                     cal["a"]), 3)
         out.append(row)
     return out
 

@@ -485,6 +485,35 @@ def hbm_fraction(bytes_in_flight_per_sm):
     return min(1.0, bytes_in_flight_per_sm * SMS / (DRAM_BYTES_PER_S * LATENCY_S))
 
 
+# The device run the model is calibrated on (benchmarks/results/): its row kernels' measured
+# fraction of the copy against this model's issue/memory ratio for the same kernels
+CALIBRATION_RUN = "gpu-h200.json"
+
+
+def calibration(run):
+    """Fit ``fraction = 1 / (1 + a * ratio)`` to a ``benchmarks.gpu_check`` run's ``model``
+    rows (measured fraction of the copy, this model's issue/memory ratio): least squares on
+    1/fraction - 1, through the origin.  On the H200 the uncalibrated model said 1.00 for
+    every row kernel (its memory and issue clocks overlap perfectly, and every kernel keeps
+    enough in flight): issue time does not hide behind memory time.  Returns
+    ``{"a", "rms", "worst", "rows", "run"}`` (errors in-sample, in fraction of the copy)."""
+    rows = [m for m in run.get("model", []) if m.get("model_issue_memory_ratio") is not None
+            and m.get("measured_fraction_of_copy")]
+    if not rows:
+        return None
+    ratio = np.array([m["model_issue_memory_ratio"] for m in rows])
+    frac = np.array([m["measured_fraction_of_copy"] for m in rows])
+    a = float(ratio @ (1 / frac - 1) / (ratio @ ratio))
+    err = 1 / (1 + a * ratio) - frac
+    return {"a": round(a, 4), "rms": round(float(np.sqrt(np.mean(err ** 2))), 4),
+            "worst": round(float(np.max(np.abs(err))), 4), "rows": len(rows), "run": run.get("device")}
+
+
+def calibrated_fraction(ratio, a):
+    """The calibrated model's fraction of the copy a kernel of this issue/memory ratio reaches."""
+    return 1 / (1 + a * ratio)
+
+
 def issue_memory_ratio(warp_instructions_per_row, bytes_per_row):
     """Issue clocks per row over DRAM clocks per row (model): both per SM, so the
     SM count cancels."""

@@ -362,3 +362,20 @@ def test_committed_model_has_the_in_flight_columns_and_passes_its_gate():
     assert {r["kernel"] for r in gated} == set(G.GATED) | set(G.GATED_GROUPS)
     assert {r["dtype"] for r in gated} == set(G.DTYPES)
     assert G.gate_failures(records, strict=True) == []
+
+
+def test_calibration_recovers_its_parameter_and_describes_the_device_run():
+    """The model calibrated on the H200 run: fraction = 1 / (1 + a * issue/memory ratio).
+    On made-up rows it recovers a; on the committed run it is within 0.1 of every row
+    kernel's measured fraction (the uncalibrated model said 1.00 for all, off by 0.28)."""
+    rows = [{"model_issue_memory_ratio": r, "measured_fraction_of_copy": 1 / (1 + 0.7 * r)}
+            for r in (0.1, 0.3, 0.5)]
+    cal = G.calibration({"model": rows + [{"model_issue_memory_ratio": None, "measured_fraction_of_copy": 0.2}]})
+    assert abs(cal["a"] - 0.7) < 1e-3 and cal["worst"] < 1e-3 and cal["rows"] == 3
+    assert G.calibration({"model": []}) is None
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "results",
+                        G.CALIBRATION_RUN)
+    run = json.load(open(path))
+    cal = G.calibration(run)
+    assert cal["rows"] >= 20 and cal["worst"] < 0.1 and 0 < cal["a"] < 1
+    assert max(1 - m["measured_fraction_of_copy"] for m in run["model"] if m["model_fraction"] == 1.0) > 0.2
