@@ -83,11 +83,12 @@ from numbanorm.operations import BY_NAME, OPERATIONS, relative_error, tolerance 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SECTIONS = ("correctness", "sanitizer", "speed", "host", "graph", "model", "cpu_scaling")
+SECTIONS = ("correctness", "sanitizer", "speed", "host", "graph", "model", "cpu_scaling", "tune")
+DEFAULT_SECTIONS = SECTIONS[:-1]  # tune: only when asked for (--only tune)
 # seconds per section (the correctness budget is the parallel phase: its cases and the warm-up
 # of what the timed sections run); --deadline cuts every section at the run's end
 BUDGET_S = {"correctness": 120, "sanitizer": 45, "speed": 70, "host": 10, "graph": 15, "model": 5,
-            "cpu_scaling": 35}
+            "cpu_scaling": 35, "tune": 150}
 BIG_S = 40  # the inputs over 2**31 elements, after the parallel phase
 DEADLINE_S = 330  # an H100's 15 minutes: a machine's start, this run, and a second one
 DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -192,7 +193,7 @@ class Run:
         self.t0 = time.monotonic()
         self.deadline = self.t0 + args.deadline
         self.budget = dict(BUDGET_S, **args.budget)
-        chosen = args.only or SECTIONS
+        chosen = args.only or DEFAULT_SECTIONS
         self.sections = [s for s in SECTIONS if s in chosen and s not in args.skip]
 
     def left(self):
@@ -1106,10 +1107,10 @@ class SpeedCase:
 
     device = "cuda"
 
-    def __init__(self, case):
+    def __init__(self, case, peers=True):
         import torch
 
-        self.case, self.torch = case, torch
+        self.case, self.torch, self.peers = case, torch, peers
         self.op = BY_NAME[case["norm"]]
         self.compiled = None  # torch.compile's function, kept between warm and time
         self.skipped = {}  # impl -> why it is not timed
@@ -1188,15 +1189,17 @@ class SpeedCase:
         src = torch.empty(nbytes // 2, dtype=torch.uint8, device=self.device)
         dst = torch.empty_like(src)
         out["copy"] = lambda: dst.copy_(src)
-        torch_f = self._torch_fn()
-        if self.compiled is None:
-            self.compiled = torch.compile(torch_f, fullgraph=True, dynamic=False)
-        peers = {"torch": torch_f, "torch.compile": self.compiled}
-        liger = self._liger()
-        if callable(liger):
-            peers["liger"] = liger
-        else:
-            self.skipped.setdefault("liger", liger)
+        peers = {}
+        if self.peers:
+            torch_f = self._torch_fn()
+            if self.compiled is None:
+                self.compiled = torch.compile(torch_f, fullgraph=True, dynamic=False)
+            peers = {"torch": torch_f, "torch.compile": self.compiled}
+            liger = self._liger()
+            if callable(liger):
+                peers["liger"] = liger
+            else:
+                self.skipped.setdefault("liger", liger)
         if c["pass"] == "forward":
             out["numbanorm"] = lambda: op.call(numbanorm, "plain", v)
             for name, f in peers.items():
@@ -1274,6 +1277,78 @@ class SpeedCase:
         del v, grads, calls
         torch.cuda.empty_cache()
         return rows, dict(self.skipped)
+
+
+# ---------------------------------------------------------------- tune
+
+# The launch code's knobs (numbanorm.cuda._kernels.common) tried against the cases the H200
+# run found furthest from the copy, and RMSNorm's forward (the nearest) for comparison
+TUNE_CASES = (("layer_norm", "forward", "bfloat16", (32768, 4096), None),
+              ("rms_norm", "forward", "bfloat16", (32768, 4096), None),
+              ("layer_norm", "backward", "bfloat16", (32768, 4096), None),
+              ("group_norm", "forward", "bfloat16", (8, 512, 64, 64), 32),
+              ("group_norm", "backward", "bfloat16", (8, 512, 64, 64), 32))
+TUNE_KNOBS = ({}, {"ROW_RESIDENT": 768}, {"ROW_RESIDENT": 1024}, {"REG_ELEMS": 32, "MAX_VPT": 32},
+              {"REG_ELEMS": 8}, {"MAX_ROWS_IN_FLIGHT": 1}, {"STAGE_BYTES": 0}, {"MAX_TPR": 1024})
+
+
+def set_knobs(knobs):
+    """Set launch-code knobs in this process, before any kernel is built (a knob that is not
+    one of ``common``'s tuning constants is a ValueError)."""
+    from numbanorm.cuda._kernels import common as C
+
+    for name, value in knobs.items():
+        if name not in TUNE_KNOBS_NAMES or not isinstance(getattr(C, name, None), int):
+            raise ValueError(f"not a tuning knob: {name}")
+        setattr(C, name, int(value))
+    C.row_config.cache_clear()
+
+
+TUNE_KNOBS_NAMES = ("REG_ELEMS", "MAX_VPT", "MAX_TPR", "BLOCK_THREADS", "ROW_RESIDENT", "MIN_RESIDENT",
+                    "MAX_ROWS_IN_FLIGHT", "STAGE_BYTES", "SM_BYTES_IN_FLIGHT")
+
+
+def tune_one(knobs, cases=TUNE_CASES, rounds=10):
+    """In a process of its own (knobs are compiled into kernels, and numba's disk cache keys
+    a kernel on neither its launch bounds nor these constants): numbanorm against the copy
+    for each case, with ``knobs`` set.  Rows of ``{knobs, norm, pass, dtype, shape,
+    fraction_of_copy, ms, registers}``."""
+    set_knobs(knobs)
+    rows = []
+    for norm, p, dtype, shape, groups in cases:
+        case = {"norm": norm, "pass": p, "dtype": dtype, "shape": list(shape), "groups": groups}
+        sc = SpeedCase(case, peers=False)
+        try:
+            sc.warm()
+            timed, _ = sc.time(rounds=rounds)
+        except Exception as e:  # a knob the launch code cannot take: recorded, the others go on
+            rows.append(dict(case, knobs=knobs, error=f"{type(e).__name__}: {e}"[:300]))
+            continue
+        by = {r["impl"]: r["ms"] for r in timed}
+        rows.append(dict(case, knobs=knobs, ms=by.get("numbanorm"),
+                         fraction_of_copy=round(by["copy"] / by["numbanorm"], 3) if "numbanorm" in by else None))
+    return rows
+
+
+def tune(deadline, cache_root):
+    """Each knob setting of TUNE_KNOBS in a fresh process with a fresh numba cache, one at a
+    time (the GPU otherwise idle), until ``deadline``."""
+    out, not_run = [], []
+    for k, knobs in enumerate(TUNE_KNOBS):
+        left = deadline - time.monotonic()
+        if left < 10:
+            not_run.append(knobs)
+            continue
+        env = dict(os.environ, NUMBA_CACHE_DIR=os.path.join(cache_root, f"tune-{k}"),
+                   PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+        try:
+            done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--tune-one", json.dumps(knobs)],
+                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=left)
+            lines = [ln for ln in done.stdout.splitlines() if ln.startswith("[")]
+            out += json.loads(lines[-1]) if lines else [{"knobs": knobs, "error": done.stderr[-600:]}]
+        except subprocess.TimeoutExpired:
+            not_run.append(knobs)
+    return {"rows": out, "not_run": not_run}
 
 
 # ---------------------------------------------------------------- host cost
@@ -1968,6 +2043,9 @@ def _unrun(cases, status, why):
 
 def main(argv=None):
     args = parse(argv)
+    if args.tune_one:
+        print(json.dumps(tune_one(json.loads(args.tune_one))), flush=True)
+        return 0
     if args.sanitize_case:
         _lock_numba_caches()
         with open(args.sanitize_case) as f:
@@ -2043,6 +2121,12 @@ def main(argv=None):
         with run.section("cpu_scaling"):
             small = dict(shape=(256, 512), threads=(1, 2), dtypes=("float32",)) if args.tiny else {}
             report.data["cpu_scaling"] = cpu_scaling(run.section_deadline("cpu_scaling"), **small)
+    if run.wants("tune"):
+        with run.section("tune"):
+            why = _why_no_torch_cuda()
+            if why:
+                raise Skip(why)
+            report.data["tune"] = tune(run.section_deadline("tune"), cache_dir)
     if run.wants("model"):
         with run.section("model"):
             if not report.data["speed"]:
@@ -2216,6 +2300,7 @@ def parse(argv=None):
                     "run (same device, kernels, package sources and numba versions) and run the rest")
     ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "gpucheck-numba"),
                     help="NUMBA_CACHE_DIR when unset: shared by the workers and the sanitizer's runs")
+    ap.add_argument("--tune-one", help=argparse.SUPPRESS)  # a tune child: its knobs, a JSON object
     ap.add_argument("--sanitize-case", help=argparse.SUPPRESS)  # the child under compute-sanitizer: a JSON list
     args = ap.parse_args(argv)
     args.budget = dict(args.budget)

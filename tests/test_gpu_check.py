@@ -342,3 +342,26 @@ def test_host_profile_names_where_a_call_spends_its_time():
     assert rows[0][0].endswith("(slow_part)") and rows[0][1] == 1.0
     assert all(r[2] >= s[2] for r, s in zip(rows, rows[1:]))  # by own time
     assert next(r for r in rows if r[0].endswith("(call)"))[3] >= rows[0][2]  # cumulative holds it
+
+
+def test_tune_sets_only_the_launch_codes_knobs_and_is_asked_for(monkeypatch, tmp_path):
+    """The tune section (--only tune: the knobs tried on the device, each in a process and a
+    numba cache of its own) is not in a default run; a knob that is not one is refused."""
+    from numbanorm.cuda._kernels import common as C
+
+    monkeypatch.setattr(C, "ROW_RESIDENT", C.ROW_RESIDENT)
+    monkeypatch.setattr(C, "REG_ELEMS", C.REG_ELEMS)
+    before = C.row_config(64, 4096, False, 8, C.ROW_RESIDENT, 2, 0)
+    G.set_knobs({"ROW_RESIDENT": 1024, "REG_ELEMS": 8})
+    assert C.ROW_RESIDENT == 1024 and C.REG_ELEMS == 8
+    assert C.row_config(64, 4096, False, 8, C.ROW_RESIDENT, 2, 0).tpr > before.tpr  # (fewer elements per thread)
+    with pytest.raises(ValueError, match="not a tuning knob"):
+        G.set_knobs({"SIMULATED": 0})
+    monkeypatch.undo()  # the knobs as they were, and no mapping made with the others kept
+    C.row_config.cache_clear()
+    assert "tune" not in G.DEFAULT_SECTIONS and all(k in G.TUNE_KNOBS_NAMES for kn in G.TUNE_KNOBS for k in kn)
+    out = tmp_path / "t.json"
+    G.main(["--tiny", "--jobs", "0", "--only", "tune", "--out", str(out)])
+    d = json.loads(out.read_text())
+    assert d["sections"]["tune"]["status"] == "skipped" and "simulator" in d["sections"]["tune"]["reason"]
+    assert "correctness" not in d["sections"]
