@@ -203,8 +203,11 @@ def _implementation(op, kind, roles):
             got = small.run(key, args)
             if got is not None:
                 return got
-        given = args
-        args = list(args)
+        return full(key, args)
+
+    def full(key, given):
+        """The call without a plan (``key``: its small-call key, learnt from it, or None)."""
+        args = list(given)
         for i in arrays:
             args[i] = _arr(args[i])
         if shape is not None:
@@ -223,7 +226,7 @@ def _implementation(op, kind, roles):
         return got
 
     implementation.__name__ = name
-    implementation.small = small
+    implementation.small, implementation.full = small, full
     return implementation
 
 
@@ -419,6 +422,7 @@ class _Eager(NamedTuple):
     eps_none: bool  # eps may be None (the accumulation dtype's machine epsilon)
     small: object   # the plain function's small calls by address (_torch_addressed.Calls), or None
     plain: object   # the plain function's implementation
+    full: object    # ... its path without a plan, given the call's small-call key
     record: object  # the forward as an autograd.Function (_recording)
 
 
@@ -454,10 +458,10 @@ def _functional(op, args):
                 args[-1] = _V.real_eps(eps, allow_none=e.eps_none)
             if graph and torch.is_grad_enabled():
                 return e.record(*args)
-            if e.small is not None:  # (the implementation's first step, without its call)
-                got = e.small(args)
-                if got is not None:
-                    return got
+            if e.small is not None:  # (the implementation, written out: its key made once)
+                key = e.small.key(args)
+                got = e.small.run(key, args)
+                return got if got is not None else e.full(key, args)
             return e.plain(*args)
     return _general(op, args)
 
@@ -488,7 +492,7 @@ def _general(op, args):
 _EAGER = {op.name: _Eager(tuple(i for i, r in enumerate(op.forward_roles) if r in ARRAY_ROLES),
                           op.forward_roles.index(op.shape_role), op.layout == "rows", op.eps is None,
                           _IMPLEMENTATIONS[op.name, "plain"].small, _IMPLEMENTATIONS[op.name, "plain"],
-                          _RECORDING[op.name])
+                          _IMPLEMENTATIONS[op.name, "plain"].full, _RECORDING[op.name])
           for op in OPERATIONS}
 
 

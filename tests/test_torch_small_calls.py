@@ -224,6 +224,27 @@ def test_a_call_without_a_plan_is_not_planned_again(monkeypatch):
     assert planned.count(("backward", True)) == 1, planned
 
 
+def test_an_eager_call_makes_its_key_once(monkeypatch):
+    """A functional call on plain tensors keys its small call once whether a plan answers it,
+    none does yet, or its key was refused (a transposed input): the miss path had made the
+    key a second time inside the implementation."""
+    made = []
+    key = _torch_addressed.Calls.key
+
+    def counted(self, args):
+        made.append(self.kind)
+        return key(self, args)
+
+    monkeypatch.setattr(_torch_addressed.Calls, "key", counted)
+    w, b = torch.ones(24), torch.zeros(24)
+    for x in (torch.randn(3, 24), torch.randn(24, 3).t()):  # planned; refused (not contiguous)
+        for _ in range(3):
+            made.clear()
+            nt.layer_norm(x, (24,), w, b)
+            assert made == ["plain"], made
+            background.wait()
+
+
 def test_calls_by_plans_on_many_threads(monkeypatch):
     """Threads calling one plan at once each get their own rows' results (each call writes
     outputs of its own; the entry holds no state)."""
