@@ -89,7 +89,6 @@ DEFAULT_SECTIONS = SECTIONS[:-1]  # tune: only when asked for (--only tune)
 # of what the timed sections run); --deadline cuts every section at the run's end
 BUDGET_S = {"correctness": 120, "sanitizer": 45, "speed": 70, "host": 10, "graph": 15, "model": 5,
             "cpu_scaling": 35, "tune": 150}
-BIG_S = 40  # the inputs over 2**31 elements, after the parallel phase
 DEADLINE_S = 330  # an H100's 15 minutes: a machine's start, this run, and a second one
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 LIBS = ("numba", "cupy", "torch")
@@ -1799,24 +1798,22 @@ class Jobs:
         return {"rows": rows, "skipped": skipped}
 
     @staticmethod
-    def big_warm(job, state):
-        # the kernels of the big cases, on small inputs of the same mappings
+    def big(job, state):
+        """The inputs over 2**31 elements, early in the parallel phase (when they ran after
+        it, the timed cases' warm-ups held all but 25 GiB of an H200 and both were refused):
+        their kernels first, on small inputs of the same mappings, then the cases."""
         lib = TorchLib()
         for case in job["cases"]:
             small = dict(case, variant="standard", shape=[3, case["shape"][1]] if case["shape"][0] > 1
                          else [1, (1 << 21) + 33])
             run_case(small, lib)
-
-    @staticmethod
-    def big_run(job, state):
-        lib = TorchLib()
         return [run_case(case, lib) for case in job["cases"]]
 
 
 PHASES = {"correctness": (Jobs.correctness, None), "speed": (Jobs.speed_warm, Jobs.speed_time),
           "host": (lambda job, state: host_cost(warm_only=True), lambda job, state: host_cost()),
           "graph": (lambda job, state: cuda_graph(warm_only=True), lambda job, state: cuda_graph()),
-          "cpu": (lambda job, state: cpu_scaling(0, warm_only=True), None), "big": (Jobs.big_warm, Jobs.big_run)}
+          "cpu": (lambda job, state: cpu_scaling(0, warm_only=True), None), "big": (Jobs.big, None)}
 
 
 # timed cases whose x is this large warm up a few at a time (a backward's tensors and three peers'
@@ -2085,7 +2082,7 @@ def main(argv=None):
                         libraries_skipped={n: v for n, v in lib_status.items() if isinstance(v, str)})
 
             def on_result(job, res, err):
-                if job["kind"] == "correctness":
+                if job["kind"] in ("correctness", "big"):
                     report.add_cases(_unrun(job["cases"], "error", err[:600]) if err else res)
                     report.save()
                 elif err:
@@ -2096,16 +2093,9 @@ def main(argv=None):
                     phase2.append(job)
 
             left = pool.phase1(jobs, run.section_deadline("correctness"), on_result)
-            report.add_cases(_unrun([c for j in left if j["kind"] == "correctness" for c in j["cases"]],
+            report.add_cases(_unrun([c for j in left if j["kind"] in ("correctness", "big") for c in j["cases"]],
                                     "not run", "the correctness budget ran out"))
             info["jobs_not_started"] = [j["id"] for j in left]
-        big = [j for j in phase2 if j["kind"] == "big"]
-        if big:
-            with run.section("correctness_big") as info:
-                res, err = pool.phase2(big[0], timeout=min(BIG_S, max(5, run.left())))
-                if err:
-                    raise RuntimeError(err[:1500])
-                report.add_cases(res)
         _timed_sections(run, report, pool, phase2)
     finally:
         if pool is not None:
