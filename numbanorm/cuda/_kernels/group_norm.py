@@ -474,10 +474,9 @@ def _dx_row_fn(xdt, wdt, code):
     MUL = libdevice.dmul_rn if ACC == cuda.float64 else libdevice.fmul_rn
 
     @cuda.jit(device=True)
-    def word_dx(xs, gs, mu, corr, r, wc, c1, c2):
+    def word_dx(xs, gs, mu, corr, r, wc, rc1, c2):  # (rc1 = rstd * c1: xhat * c1 without xhat)
         for e in range(V):
-            xhat = ((xs[e] - mu) - corr) * r
-            gs[e] = (MUL(gs[e], wc) - (xhat * c1 + c2)) * r
+            gs[e] = (MUL(gs[e], wc) - (((xs[e] - mu) - corr) * rc1 + c2)) * r
 
     @cuda.jit(device=True)
     def dx_row(x, dy, dx, w, part, row, c, raw, mu, r, inv_n, v, at, t, NW):  # (the kernel's; c: the channel; v: sums)
@@ -497,7 +496,7 @@ def _dx_row_fn(xdt, wdt, code):
             for q in range(t, NW, TPR):
                 LOADW(x[row], q, xs, 0)
                 LOADW(dy[row], q, gs, 0)
-                word_dx(xs, gs, mu, corr, r, wc, c1, c2)
+                word_dx(xs, gs, mu, corr, r, wc, r * c1, c2)
                 STOREW(dx[row], q, gs, 0)
         else:
             for k in range(WPT):
@@ -505,7 +504,7 @@ def _dx_row_fn(xdt, wdt, code):
                 if q < NW:
                     WIDEN(raw, k, xs, 0)
                     WIDEN(raw, WPT + k, gs, 0)
-                    word_dx(xs, gs, mu, corr, r, wc, c1, c2)
+                    word_dx(xs, gs, mu, corr, r, wc, r * c1, c2)
                     STOREW(dx[row], q, gs, 0)
 
     return dx_row
