@@ -1310,8 +1310,8 @@ TUNE_KNOBS_NAMES = ("REG_ELEMS", "MAX_VPT", "MAX_TPR", "BLOCK_THREADS", "ROW_RES
 def tune_one(knobs, cases=TUNE_CASES, rounds=10):
     """In a process of its own (knobs are compiled into kernels, and numba's disk cache keys
     a kernel on neither its launch bounds nor these constants): numbanorm against the copy
-    for each case, with ``knobs`` set.  Rows of ``{knobs, norm, pass, dtype, shape,
-    fraction_of_copy, ms, registers}``."""
+    for each case, with ``knobs`` set.  Rows of ``{knobs, norm, pass, dtype, shape, groups,
+    fraction_of_copy, ms}`` (``error`` instead where the case failed)."""
     set_knobs(knobs)
     rows = []
     for norm, p, dtype, shape, groups in cases:
@@ -1800,7 +1800,7 @@ class Jobs:
     @staticmethod
     def big(job, state):
         """The inputs over 2**31 elements, early in the parallel phase (when they ran after
-        it, the timed cases' warm-ups held all but 25 GiB of an H200 and both were refused):
+        it, the timed cases' warm-ups held all but 25 GiB of an H200 and two were refused):
         their kernels first, on small inputs of the same mappings, then the cases."""
         lib = TorchLib()
         for case in job["cases"]:
