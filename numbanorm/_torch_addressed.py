@@ -99,13 +99,10 @@ class Calls:
         key[self.shape_at] = tuple(key[self.shape_at])
         return tuple(key)
 
-    def __call__(self, args):
-        """The call's results by its plan, or None (the full path's)."""
-        return self.run(self.key(args), args)
-
     def run(self, key, args):
-        """:meth:`__call__` of a call whose :meth:`key` is known.  (Loops written out, no
-        comprehensions: a small call's Python is most of its time.)"""
+        """The results of a call (its :meth:`key` made) by its plan, or None (the full
+        path's).  (Loops written out, no comprehensions: a small call's Python is most of
+        its time.)"""
         plan = self.plans.get(key)
         if plan is None:
             return None
