@@ -551,24 +551,20 @@ class NumbaLib(Lib):
     def __init__(self):
         from numba import cuda
 
-        self.cuda = cuda
+        from numbanorm.cuda import _backend
+        from numbanorm.cuda._kernels import common
+
+        self.cuda, self.backend, self.C = cuda, _backend, common
 
     def put(self, host):
-        host = np.ascontiguousarray(host)
-        if host.dtype.name == "bfloat16":  # as bits: a buffer has no format for bfloat16
-            return self.cuda.to_device(host.view(np.uint16)).view(host.dtype)
-        return self.cuda.to_device(host)
+        return self.backend.to_device(np.ascontiguousarray(host))  # (bfloat16 as its bits)
 
     def host(self, a):
-        bits = a.dtype.name == "bfloat16"  # moved as uint16, as put does
-        if bits:
-            a = a.view(np.uint16)
         if not a.is_c_contiguous():  # numba copies only whole buffers: gather on the device first
             c = self.cuda.device_array(a.shape, a.dtype)
-            c[:] = a
+            self.C.kview(c)[:] = self.C.kview(a)
             a = c
-        h = a.copy_to_host()
-        return h.view(measure.host_dtype("bfloat16")) if bits else h
+        return self.backend.to_host(a)
 
     def reshape(self, a, shape):
         return a.reshape(shape)
@@ -1291,6 +1287,10 @@ TUNE_KNOBS = ({}, {"ROW_RESIDENT": 768}, {"ROW_RESIDENT": 1024}, {"REG_ELEMS": 3
               {"REG_ELEMS": 8}, {"MAX_ROWS_IN_FLIGHT": 1}, {"STAGE_BYTES": 0}, {"MAX_TPR": 1024})
 
 
+TUNE_KNOBS_NAMES = ("REG_ELEMS", "MAX_VPT", "MAX_TPR", "BLOCK_THREADS", "ROW_RESIDENT", "MIN_RESIDENT",
+                    "MAX_ROWS_IN_FLIGHT", "STAGE_BYTES", "SM_BYTES_IN_FLIGHT")
+
+
 def set_knobs(knobs):
     """Set launch-code knobs in this process, before any kernel is built (a knob that is not
     one of ``common``'s tuning constants is a ValueError)."""
@@ -1301,10 +1301,6 @@ def set_knobs(knobs):
             raise ValueError(f"not a tuning knob: {name}")
         setattr(C, name, int(value))
     C.row_config.cache_clear()
-
-
-TUNE_KNOBS_NAMES = ("REG_ELEMS", "MAX_VPT", "MAX_TPR", "BLOCK_THREADS", "ROW_RESIDENT", "MIN_RESIDENT",
-                    "MAX_ROWS_IN_FLIGHT", "STAGE_BYTES", "SM_BYTES_IN_FLIGHT")
 
 
 def tune_one(knobs, cases=TUNE_CASES, rounds=10):
