@@ -89,17 +89,23 @@ def count(loop):
 
 
 def _rows_asm(mod):
-    """The machine code of ``mod.forward_rows`` as the bfloat16 call above ran it: the
-    parallel kernel's argument types and the block's bounds (a kernel loaded from the cache
-    leaves the row function uncompiled)."""
+    """The machine code of ``mod.forward_rows``'s streaming variant as the bfloat16 call
+    above ran it: the row function's argument types (compiled again here: a kernel loaded
+    from the cache keeps no machine code)."""
     from numba import types
     from numba.core.caching import NullCache
 
-    kernel = next(s for s in mod._forward.signatures if s[1] == types.Array(types.int16, 2, "C"))
-    sig = tuple(kernel[1:]) + (types.int64, types.int64)
-    mod.forward_rows._cache = NullCache()  # compiled here: the machine code of a cached one is not kept
-    mod.forward_rows.compile(sig)
-    return mod.forward_rows.inspect_asm(sig)
+    # the row function's types, from whichever of the plain and streaming variants' row
+    # functions and parallel kernels (block first) this process compiled or loaded
+    bf16 = types.Array(types.int16, 2, "C")
+    kernels = (mod._forward, mod._forward.streaming())  # (the streamed stores: the second's alone)
+    sig = next(iter([tuple(s) for k in kernels for s in k.signatures if s[0] == bf16]
+                    + [tuple(s[1:]) + (types.int64, types.int64)
+                       for k in kernels for s in k.parallel.signatures if s[1] == bf16]))
+    rows = kernels[1].rows
+    rows._cache = NullCache()  # compiled here: the machine code of a cached one is not kept
+    rows.compile(sig)
+    return rows.inspect_asm(sig)
 
 
 def _child(rounds, shape, budget_s=0.2):

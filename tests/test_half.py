@@ -385,6 +385,30 @@ def test_into_out_in_place_and_streamed(rng, dt, n, monkeypatch):
 
 
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_large_offset_rows_subtract_the_mean_once(rng, dt, stream, monkeypatch):
+    """A 16-bit row is normalized as ``(x - mean) * rstd`` with the mean rounded once to
+    float32 (spans.normalize_span; float32 rows keep the correction apart): within the
+    oracle's tolerance on rows whose offset is as large as the dtype lets them spread over a
+    few of its ulps (2^-24 of the mean, in output units, against half a 16-bit ulp), and a
+    row of one value gives its bias exactly."""
+    from numbanorm.cpu._kernels import memory
+    if stream:
+        monkeypatch.setattr(memory, "STREAM_MIN_BYTES", 0)
+    n = 1030
+    offset = {np.dtype(np.float16): 1000.0, BF16: 3.0e4}[dt]
+    ulp = ULP[dt] * 2.0 ** np.floor(np.log2(offset))
+    x = (offset + ulp * rng.integers(-4, 5, (9, n))).astype(dt)
+    x[4] = dt.type(offset)
+    w = rng.uniform(0.5, 1.5, n).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    y = nn.layer_norm(x, n, w, b, out=np.empty_like(x))
+    yr, _, _ = ORACLE.layer_norm_forward(_exact(x), n, _exact(w), _exact(b))
+    _check(np.delete(y, 4, axis=0), np.delete(yr, 4, axis=0), dt, f"offset {offset}")
+    np.testing.assert_array_equal(y[4].view(np.uint16), b.astype(dt).view(np.uint16))
+
+
+@pytest.mark.parametrize("dt", HALVES, ids=IDS)
 def test_nan_and_inf_stay_in_their_row(rng, dt):
     x = _data(rng, (6, 50), dt)
     x[1, 7] = np.nan

@@ -7,7 +7,7 @@ import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
 from .halves import narrow, widen
-from .memory import put_streaming
+from .memory import _itemsize, put_streaming
 
 
 @njit(cache=True, fastmath={"contract"}, nogil=True, inline="always")
@@ -31,13 +31,20 @@ def normalize_span(
     ``x - (mu + corr)``, the correction would round onto the float32 grid near
     the mean and be lost (no 'reassoc' here; with it alone LLVM did not fold it
     either, that also needs 'nsz': book, chapter 5), and the large-offset tests fail
-    if a compiler ever does.  Inlined, with rows as (array, index) rather than views,
+    if a compiler ever does.  16-bit rows are folded on purpose: the rounding of
+    ``mu + corr`` is 2^-24 of the mean, far under a 16-bit output's half ulp, and one
+    subtraction fewer an element is what an AVX2 loop's narrowing needs (book, the
+    performance log).  Inlined, with rows as (array, index) rather than views,
     for the reason of memory.stream_row.  A streamed and a plain span compute
     the same operations, so an element's bits do not depend on which took it.
     """
+    m = mu + corr
     for k in range(hi - lo):
         j = np.uint64(lo + k)  # unsigned: no wraparound select, which made every load a gather
-        v = ((widen(x[i, j]) - mu) - corr) * r
+        if _itemsize(x) == 2:  # (a constant: one of the two lines is compiled)
+            v = (widen(x[i, j]) - m) * r
+        else:
+            v = ((widen(x[i, j]) - mu) - corr) * r
         if w is not None:
             v = v * widen(w[j])  # 16-bit weights of a small call are widened here (cpu._backend.Plans)
         if b is not None:
