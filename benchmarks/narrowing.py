@@ -114,7 +114,6 @@ def _child(rounds, shape, budget_s=0.2):
     import numba
 
     import numbanorm
-    from numbanorm import measure
     from numbanorm.cpu._kernels import halves, layer_norm, memory, rms_norm
 
     from .measure import parallel_copy

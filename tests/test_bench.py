@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import json
 import math
+import platform
 import subprocess
 import sys
 import types
@@ -979,6 +980,24 @@ def test_the_narrowing_probe_counts_the_streamed_loop_per_16_elements():
     assert env["NUMBA_CPU_NAME"] == "znver3"
     feats = env["NUMBA_CPU_FEATURES"].split(",")
     assert "+avx2" in feats and "+f16c" in feats and not any(f.startswith("+avx512") for f in feats)
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 code")
+def test_the_narrowing_probe_reads_the_streamed_row_function_of_a_real_call(monkeypatch):
+    """The probe finds the bfloat16 row function's types after a real call (the row
+    function's own, or a parallel kernel's) and reads its streaming variant's loop."""
+    import ml_dtypes
+
+    import numbanorm
+    from benchmarks import narrowing
+    from numbanorm.cpu._kernels import layer_norm, memory
+
+    monkeypatch.setattr(memory, "STREAM_MIN_BYTES", 0)
+    x = np.ones((4, 256), ml_dtypes.bfloat16)
+    numbanorm.layer_norm(x, 256, np.ones(256, np.float32), np.zeros(256, np.float32), out=np.empty_like(x))
+    loop = narrowing.streamed_loop(narrowing._rows_asm(layer_norm))
+    assert any(ln.startswith("vmovntdq") for ln in loop)
+    assert narrowing.count(loop)["elements_per_iteration"] >= 8
 
 
 def test_readme_gpu_block_is_generated_from_the_committed_device_runs():
