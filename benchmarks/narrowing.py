@@ -89,21 +89,23 @@ def count(loop):
 
 
 def _rows_asm(mod):
-    """The machine code of ``mod.forward_rows``'s streaming variant as the bfloat16 call
-    above ran it: the row function's argument types (compiled again here: a kernel loaded
-    from the cache keeps no machine code)."""
-    from numba import types
-    from numba.core.caching import NullCache
+    """The machine code of ``mod.forward_rows``'s streaming variant for the bfloat16 call
+    above: the row function's types, compiled afresh here (a function loaded from the cache,
+    or compiled already, keeps no machine code to read)."""
+    from numba import njit, types
+
+    from numbanorm.cpu._kernels.common import with_flags
 
     # the row function's types, from whichever of the plain and streaming variants' row
     # functions and parallel kernels (block first) this process compiled or loaded
     bf16 = types.Array(types.int16, 2, "C")
-    kernels = (mod._forward, mod._forward.streaming())  # (the streamed stores: the second's alone)
+    kernels = (mod._forward, mod._forward.streaming())
     sig = next(iter([tuple(s) for k in kernels for s in k.signatures if s[0] == bf16]
                     + [tuple(s[1:]) + (types.int64, types.int64)
                        for k in kernels for s in k.parallel.signatures if s[1] == bf16]))
-    rows = kernels[1].rows
-    rows._cache = NullCache()  # compiled here: the machine code of a cached one is not kept
+    fn = mod.forward_rows
+    options = {k: v for k, v in fn.targetoptions.items() if k not in ("nopython", "boundscheck", "cache")}
+    rows = njit(**options)(with_flags(fn, STREAMING=True))  # (the streamed stores: this variant's alone)
     rows.compile(sig)
     return rows.inspect_asm(sig)
 
