@@ -150,10 +150,15 @@ CPU_KINDS = ("epyc", "xeon", "ryzen", "threadripper", "core", "graviton", "neove
 
 def cpu_kind(model=None, llvm_cpu=None):
     """The CPU kind that names a results file per machine (``targets-<kind>.json``): the
-    first brand word of the model name (``xeon``, ``epyc``), else LLVM's name for the CPU."""
+    first brand word of the model name and LLVM's name for the CPU, what the kernels are
+    compiled for (``epyc-znver5``, ``xeon-emeraldrapids``: a VM's model name often says
+    "AMD EPYC" alone, and Zen 3 and Zen 5 differ in vector width), or either alone."""
     words = (model if model is not None else measure.cpu_model()).lower().replace("(r)", " ").split()
-    kind = next((w for w in words if w in CPU_KINDS), None)
-    return kind or (llvm_cpu or measure.cpu_target()["llvm_cpu"] or "cpu").lower()
+    brand = next((w for w in words if w in CPU_KINDS), None)
+    if llvm_cpu is None and model is None:
+        llvm_cpu = measure.cpu_target()["llvm_cpu"]
+    llvm_cpu = (llvm_cpu or "").lower() or None
+    return "-".join(filter(None, (brand, llvm_cpu))) or "cpu"
 
 
 def git_state():

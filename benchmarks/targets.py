@@ -2,7 +2,7 @@
 
     python -m benchmarks.targets benchmarks/results/cpu.json
     python -m benchmarks.targets benchmarks/results/cpu.json --fused benchmarks/results/fused-cpu-*.json
-    python -m benchmarks.targets benchmarks/results/targets-xeon.json --cold benchmarks/results/cold-start.json
+    python -m benchmarks.targets benchmarks/results/targets-xeon-emeraldrapids.json --cold benchmarks/results/cold-start.json
 
 All targets are on the CPU, numba and torch on the same thread count (2 threads); a
 ratio is numbanorm's median time over the peer's, so ``<= 0.7x torch`` means at most

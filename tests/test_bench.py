@@ -656,7 +656,7 @@ def test_repository_targets_table_shows_every_cpu_kinds_file():
     files = sorted((ROOT / "benchmarks" / "results").glob("targets-*.json"))
     runs = [harness.load_results(p) for p in files]
     text = (ROOT / "README.md").read_text()
-    assert {p.name for p in files} >= {"targets-epyc.json", "targets-xeon.json"}
+    assert {p.name for p in files} >= {"targets-epyc-znver3.json", "targets-xeon-emeraldrapids.json"}
     cells = readme_table.parse(text, readme_table.TARGETS_START, readme_table.TARGETS_END)
     assert cells and cells == readme_table.targets_rows(runs)
     assert all(f"`benchmarks/results/{p.name}`" in text for p in files)
@@ -666,11 +666,12 @@ def test_targets_side_by_side_say_which_run_is_older_and_what_it_lacks(tmp_path)
     old, new = (harness.load_results(_synthetic_results(tmp_path / d)) for d in ("a", "b"))
     old["meta"]["machine"].update(cpu="AMD EPYC", cpu_target=None)
     old["meta"]["git"] = {"commit": "ad014739d528", "uncommitted": []}
-    new["meta"]["machine"]["cpu"] = "Intel(R) Xeon(R) Processor"
+    new["meta"]["machine"].update(cpu="Intel(R) Xeon(R) Processor", cpu_target={"llvm_cpu": "emeraldrapids", "wide_16bit_rows": True})
     new["meta"]["date"] = "2026-01-04T00:00:00+00:00"
     old["rows"] = [r for r in old["rows"] if r["norm"] != "rms_norm"]
-    block = readme_table.render_targets([old, new], ["e.json", "x.json"])
-    assert "| target | case | limit | epyc | xeon |" in block
+    # a column is named by its file's kind (targets-<kind>.json), else by what its metadata says
+    block = readme_table.render_targets([old, new], ["results/targets-epyc-znver3.json", "x.json"])
+    assert "| target | case | limit | epyc-znver3 | xeon-emeraldrapids |" in block
     epyc, xeon = (ln for ln in block.splitlines() if ln.startswith("- *"))
     assert "measured 2026-01-01 at commit `ad01473`" in epyc and "3 day(s) older than the newest" in epyc
     assert "older" not in xeon and "CPU target not recorded" in epyc
@@ -749,8 +750,10 @@ def test_the_test_command_target_reads_a_run_that_timed_it():
 def test_a_targets_run_is_named_by_its_cpu_kind(monkeypatch):
     from benchmarks import run
 
-    assert harness.cpu_kind("AMD EPYC 7B13 64-Core Processor") == "epyc"
-    assert harness.cpu_kind("Intel(R) Xeon(R) Platinum 8592+") == "xeon"
+    assert harness.cpu_kind("AMD EPYC", "znver5") == "epyc-znver5"  # a VM's bare model name
+    assert harness.cpu_kind("AMD EPYC", "znver3") == "epyc-znver3"  # the same name, another kind
+    assert harness.cpu_kind("Intel(R) Xeon(R) Platinum 8592+", "emeraldrapids") == "xeon-emeraldrapids"
+    assert harness.cpu_kind("AMD EPYC 7B13 64-Core Processor", "") == "epyc"  # LLVM's name unknown
     assert harness.cpu_kind("Some New Chip", "znver5") == "znver5"  # no brand word: LLVM's name
     monkeypatch.setattr(harness, "cpu_kind", lambda *a: "xeon")
     assert run.targets_stem() == "targets-xeon"
