@@ -3,6 +3,7 @@
     python -m benchmarks.narrowing                      # this CPU, and AVX2 (Zen 3) code run here
     python -m benchmarks.narrowing --targets host       # one of them
     python -m benchmarks.narrowing --json benchmarks/results/narrowing-xeon.json
+    python -m benchmarks.narrowing --baseline ../before  # a worktree of the commit before a change
 
 Each target runs in a process of its own, compiled for the CPU that ``NUMBA_CPU_NAME`` and
 ``NUMBA_CPU_FEATURES`` name (``znver3``: AMD Zen 3's features, AVX2 and F16C without
@@ -144,22 +145,36 @@ def _child(rounds, shape, budget_s=0.2):
     return out
 
 
-def run(targets, processes, rounds, shape):
-    """``{target: [child results]}``: ``processes`` alternated child processes per target."""
-    got = {t: [] for t in targets}
+def run(targets, processes, rounds, shape, baseline=None):
+    """``{target: [child results]}``: ``processes`` alternated child processes per target;
+    with ``baseline`` (another checkout's root) each target's processes alternate with ones
+    running that checkout's ``numbanorm`` (this probe's code), as ``<target>@baseline``."""
+    got = {}
     root = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory(prefix="numbanorm-narrowing-") as tmp:
+        sides = {"": root}
+        if baseline is not None:  # its numbanorm first on the path, this benchmarks package after it
+            os.symlink(Path(baseline).resolve() / "numbanorm", os.path.join(tmp, "numbanorm"))
+            sides["@baseline"] = Path(tmp)
         for _ in range(processes):
             for t in targets:
-                env = {**os.environ, **cpu_env(t), "NUMBA_CACHE_DIR": os.path.join(tmp, t),
-                       "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-                cmd = [sys.executable, "-m", "benchmarks.narrowing", "--child", "--rounds", str(rounds),
-                       "--shape", *map(str, shape)]
-                p = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True)
-                if p.returncode:
-                    raise RuntimeError(f"{t}: {' '.join(cmd)} failed:\n{p.stderr}")
-                got[t].append(json.loads(p.stdout))
+                for side, first in sides.items():
+                    path = [str(first), str(root), os.environ.get("PYTHONPATH")]
+                    env = {**os.environ, **cpu_env(t), "NUMBA_CACHE_DIR": os.path.join(tmp, "cache" + t + side),
+                           "PYTHONPATH": os.pathsep.join(filter(None, path))}
+                    cmd = [sys.executable, "-m", "benchmarks.narrowing", "--child", "--rounds", str(rounds),
+                           "--shape", *map(str, shape)]
+                    p = subprocess.run(cmd, env=env, cwd=first, capture_output=True, text=True)
+                    if p.returncode:
+                        raise RuntimeError(f"{t}{side}: {' '.join(cmd)} failed:\n{p.stderr}")
+                    got.setdefault(t + side, []).append(json.loads(p.stdout))
     return got
+
+
+def _commit_of(checkout):
+    """The commit checked out at ``checkout``."""
+    p = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True, check=False)
+    return p.stdout.strip() or None
 
 
 def main(argv=None):
@@ -171,6 +186,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=15, help="round-robin rounds in each (15)")
     ap.add_argument("--shape", type=int, nargs=2, default=(16384, 4096))
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--baseline", help="another checkout (a git worktree) whose numbanorm runs alternated with "
+                                       "this one's, for a change's before and after")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
@@ -179,18 +196,18 @@ def main(argv=None):
     from .harness import metadata
 
     load_before, t0 = list(os.getloadavg()), time.perf_counter()
-    got = run(a.targets.split(","), a.processes, a.rounds, tuple(a.shape))
+    got = run(a.targets.split(","), a.processes, a.rounds, tuple(a.shape), a.baseline)
     for t, runs in got.items():
         for name in ("layer_norm", "rms_norm"):
             c = runs[0]["norms"][name]
             ratios = ", ".join(f"{r['norms'][name]['x_floors']:.2f}x" for r in runs)
-            print(f"{t:<7} ({runs[0]['cpu']}) {name:<10} {c['elements_per_iteration']} elements an iteration, "
+            print(f"{t:<16} ({runs[0]['cpu']}) {name:<10} {c['elements_per_iteration']} elements an iteration, "
                   f"{c['vector_per_16']} vector instructions per 16 ({c['narrowing_per_16']} narrowing); "
                   f"out= over the faster copy: {ratios}")
     if a.json:
         import numba
 
-        res = {"shape": list(a.shape), "targets": got,
+        res = {"shape": list(a.shape), "targets": got, "baseline": a.baseline and _commit_of(a.baseline),
                "meta": metadata(numba.config.NUMBA_NUM_THREADS, load_before=load_before,
                                 load_after=list(os.getloadavg()),
                                 timing={"wall_s": round(time.perf_counter() - t0, 1), "rounds": a.rounds,
