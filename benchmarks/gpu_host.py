@@ -90,7 +90,7 @@ def main(argv=None):
     env = {"NUMBA_CACHE_DIR": os.environ.get("NUMBA_CACHE_DIR", os.path.join(tempfile.gettempdir(), "nn-gpu-host"))}
     cpu = _harness((a.rows, a.hidden, a.calls), env)
     res = {"shape": [a.rows, a.hidden], "dtype": "float16",
-           "what": "host (CPU) time per call with the CUDA driver stubbed, on the 2-core development VM "
+           "what": "host (CPU) time per call with the CUDA driver stubbed, on the machine of meta "
                    "(its load average: loadavg; best of 7 rounds, this thread's CPU time); torch and CuPy "
                    "are stand-ins (tests/_fake_libs.py); not a device measurement",
            "cpu_us": {}, "instructions": {},
@@ -128,6 +128,15 @@ def main(argv=None):
                 full = f"full {t[name + '_full']:>10}" if name + "_full" in t else ""
                 print(f"{unit:12} {name:31} {full:39} replay {t[name + '_replay']:>10}  (stub {t[name + '_stub']})")
     if a.json:
+        import datetime as dt
+
+        from . import measure
+        from .harness import git_state
+
+        res["meta"] = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                       "machine": measure.machine_info(include_gpu=False), "versions": measure.versions(),
+                       "git": git_state(),
+                       "command": " ".join(["python", "-m", "benchmarks.gpu_host", *(argv or sys.argv[1:])])}
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
             f.write("\n")
