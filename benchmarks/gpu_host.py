@@ -128,15 +128,10 @@ def main(argv=None):
                 full = f"full {t[name + '_full']:>10}" if name + "_full" in t else ""
                 print(f"{unit:12} {name:31} {full:39} replay {t[name + '_replay']:>10}  (stub {t[name + '_stub']})")
     if a.json:
-        import datetime as dt
+        from .harness import metadata
 
-        from . import measure
-        from .harness import git_state
-
-        res["meta"] = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                       "machine": measure.machine_info(include_gpu=False), "versions": measure.versions(),
-                       "git": git_state(),
-                       "command": " ".join(["python", "-m", "benchmarks.gpu_host", *(argv or sys.argv[1:])])}
+        res["meta"] = metadata(None, load_before=[float(v) for v in cpu["loadavg"]], load_after=list(os.getloadavg()))
+        res["meta"]["command"] = " ".join(["python", "-m", "benchmarks.gpu_host", *(argv or sys.argv[1:])])
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
             f.write("\n")

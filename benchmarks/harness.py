@@ -157,15 +157,15 @@ def cpu_kind(model=None, llvm_cpu=None):
     brand = next((w for w in words if w in CPU_KINDS), None)
     if llvm_cpu is None and model is None:
         llvm_cpu = measure.cpu_target()["llvm_cpu"]
-    llvm_cpu = (llvm_cpu or "").lower() or None
-    return "-".join(filter(None, (brand, llvm_cpu))) or "cpu"
+    return "-".join(filter(None, (brand, (llvm_cpu or "").lower()))) or "cpu"
 
 
-def git_state():
-    """The commit measured, and the package files that differed from it (kernels being edited)."""
+def git_state(root=None):
+    """The commit measured, and the package files that differed from it (kernels being
+    edited), of this checkout or of the one at ``root``."""
     import subprocess
 
-    root = Path(__file__).resolve().parent.parent
+    root = root or Path(__file__).resolve().parent.parent
 
     def git(*args):
         try:

@@ -171,12 +171,6 @@ def run(targets, processes, rounds, shape, baseline=None):
     return got
 
 
-def _commit_of(checkout):
-    """The commit checked out at ``checkout``."""
-    p = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True, check=False)
-    return p.stdout.strip() or None
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m benchmarks.narrowing", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -193,7 +187,7 @@ def main(argv=None):
     if a.child:
         print(json.dumps(_child(a.rounds, tuple(a.shape))))
         return 0
-    from .harness import metadata
+    from .harness import git_state, metadata
 
     load_before, t0 = list(os.getloadavg()), time.perf_counter()
     got = run(a.targets.split(","), a.processes, a.rounds, tuple(a.shape), a.baseline)
@@ -207,7 +201,7 @@ def main(argv=None):
     if a.json:
         import numba
 
-        res = {"shape": list(a.shape), "targets": got, "baseline": a.baseline and _commit_of(a.baseline),
+        res = {"shape": list(a.shape), "targets": got, "baseline": a.baseline and git_state(a.baseline)["commit"],
                "meta": metadata(numba.config.NUMBA_NUM_THREADS, load_before=load_before,
                                 load_after=list(os.getloadavg()),
                                 timing={"wall_s": round(time.perf_counter() - t0, 1), "rounds": a.rounds,

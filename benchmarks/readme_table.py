@@ -360,9 +360,9 @@ def render_targets(runs, sources, cold=None):
     from .harness import cpu_kind
 
     # the kind a file is named by (targets-<kind>.json), else what its metadata says
-    kinds = [s.rsplit("/", 1)[-1][len("targets-"):-len(".json")] if re.fullmatch(r"(.*/)?targets-.+\.json", s)
-             else cpu_kind(r["meta"]["machine"]["cpu"], (r["meta"]["machine"].get("cpu_target") or {}).get("llvm_cpu"))
-             for r, s in zip(runs, sources)]
+    named = [re.fullmatch(r"(?:.*/)?targets-(.+)\.json", s) for s in sources]
+    kinds = [m[1] if m else cpu_kind(r["meta"]["machine"]["cpu"], (r["meta"]["machine"].get("cpu_target") or {}).get("llvm_cpu"))
+             for r, m in zip(runs, named)]
     newest = max(r["meta"]["date"] for r in runs)
     lines = ["The speed targets (`benchmarks/targets.py`) as measured by `python -m benchmarks.run --targets` "
              "on each CPU kind the project runs on, one results file per kind; a ratio is numbanorm's median "
