@@ -434,14 +434,14 @@ def torch_small_calls(rounds, inner, shapes=((1, 768), (1, 4096), (8, 4096)), si
 
     def without_plans(f):
         def run():
-            kept = [c.plans for c in calls]
+            kept = [dict(c.plans) for c in calls]  # (emptied in place: the generated code holds each dict)
             for c in calls:
-                c.plans = {}
+                c.plans.clear()
             try:
                 f()
             finally:
                 for c, p in zip(calls, kept):
-                    c.plans = p
+                    c.plans.update(p)
         return run
 
     class _Floor(torch.autograd.Function):

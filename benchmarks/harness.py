@@ -260,16 +260,17 @@ def case_key(row):
     return (row["norm"], row["direction"], tuple(row["shape"]), row["dtype"], row["groups"], row["device"])
 
 
-def merge(old, new):
+def merge(old, new, key=case_key):
     """``old`` with every case that ``new`` measured replaced by ``new``'s rows.
 
     For re-running a subset into an existing results file; the metadata of each
     run is kept (``meta`` is the newest, earlier ones under ``meta['merged']``).
+    ``key``: what a re-run replaces (by default a case, with all its implementations).
     """
-    redone = {case_key(r) for r in new["rows"]}
-    rows = [r for r in old["rows"] if case_key(r) not in redone] + new["rows"]
+    redone = {key(r) for r in new["rows"]}
+    rows = [r for r in old["rows"] if key(r) not in redone] + new["rows"]
     earlier = old["meta"].pop("merged", [])
     meta = dict(new["meta"], merged=earlier + [dict(old["meta"], rows_kept=len(old["rows"]) -
-                                                     sum(case_key(r) in redone for r in old["rows"]))])
+                                                     sum(key(r) in redone for r in old["rows"]))])
     cold = new.get("cold_start") or old.get("cold_start") or {}
     return {"meta": meta, "rows": rows, "cold_start": cold}

@@ -2,6 +2,8 @@
 
     python -m benchmarks.torch_calls                    # print the table (every thread numba sees)
     python -m benchmarks.torch_calls --threads 2 --out torch-calls   # and write results/torch-calls.json
+    python -m benchmarks.torch_calls --threads 2 --budget 2 --merge targets-epyc-znver5
+                                            # these rows re-measured into a targets file
 
 A decoder calls its norms once per layer per token on a few rows, so what such a call
 costs is Python's and PyTorch's work around the kernel.  Each case times numbanorm.torch
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from numbanorm import machine, measure
 from numbanorm.measure import Case, Runner
@@ -121,18 +124,28 @@ def main(argv=None):
     ap.add_argument("--budget", type=float, default=0.5, help="seconds of timed rounds per case (default 0.5)")
     ap.add_argument("--min-repeats", type=int, default=15)
     ap.add_argument("--out", help="also write benchmarks/results/<stem>.json and .csv")
+    ap.add_argument("--merge", metavar="STEM", help="replace these rows in benchmarks/results/<STEM>.json "
+                                                    "(a targets file: the rest of it is kept)")
+    ap.add_argument("--dir", help="results folder (default benchmarks/results)")
     a = ap.parse_args(argv)
     if machine.torch_or_none() is None:
         print("torch is not installed", file=sys.stderr)
         return 1
     got = rows(a.threads, budget_s=a.budget, min_repeats=a.min_repeats)
     print(table(got))
-    if a.out:
+    if a.out or a.merge:
         from . import harness
 
         res = {"meta": harness.metadata(measure.set_threads(a.threads), timing={"budget_s": a.budget}),
                "rows": got, "cold_start": {}}
-        print("wrote", *harness.write_results(res, a.out))
+        folder = Path(a.dir) if a.dir else harness.RESULTS
+        if a.out:
+            print("wrote", *harness.write_results(res, a.out, folder))
+        if a.merge:
+            # (by implementation and mode: the kernel's own rows of the same case stay)
+            res = harness.merge(harness.load_results(folder / f"{a.merge}.json"), res,
+                                key=lambda r: (*harness.case_key(r), r["impl"], r["mode"]))
+            print("wrote", *harness.write_results(res, a.merge, folder))
     return 0
 
 

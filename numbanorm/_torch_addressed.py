@@ -21,7 +21,8 @@ meanwhile) or a call with a row left to the rescaling variant takes the full pat
 
 from __future__ import annotations
 
-import operator
+import linecache
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -69,62 +70,157 @@ def covers(op):
     return (op.name, "forward") in _ROWS
 
 
+class Plan(NamedTuple):
+    """How a learned call runs: its entry and what the entry takes besides the tensors' addresses."""
+
+    entry: object   # the addressed entry (a Numba dispatcher)
+    likes: tuple    # per output: None (made like the normalized input) or the small tensor it is made like
+    eps: object     # eps as the entry takes it (None where it takes none)
+    m: int          # rows
+    n: int          # row length
+    blocks: int     # a backward's partial rows (common.n_chunks(m)); 0 for a forward
+    stacked: object  # a forward's two statistics as one tensor (made like this one), or None
+    step: int       # bytes from the first statistic to the second in it
+
+
 class Calls:
     """The learned small calls of one operator implementation: ``op``'s ``kind`` (forward,
     plain or backward; roles ``roles``, outputs ``outputs``, all as the implementation
-    takes and returns them)."""
+    takes and returns them).
 
-    def __init__(self, op, kind, roles):
+    :meth:`implementation` generates the implementation itself: one function of the
+    roles, its checks, key and entry call written out for them (a small call's Python
+    is most of its time: an unrolled check of three tensors cost a third of a loop's),
+    its source in ``linecache`` for tracebacks and ``inspect``.  For LayerNorm's plain
+    forward it reads::
+
+        def layer_norm_plain(x, normalized_shape, weight, bias, eps):
+            key = None
+            if ((x is None or type(x) in PLAIN and x.is_cpu and x.is_contiguous() and not x.is_neg())
+                    and (weight is None or ...) and (bias is None or ...)):
+                key = (None if x is None else x.shape, None if x is None else x.dtype,
+                       normalized_shape if type(normalized_shape) is tuple else tuple(normalized_shape),
+                       ..., eps)
+                plan = PLANS.get(key)
+                if plan is not None:
+                    entry, likes, eps_, m, n, blocks = plan
+                    y = empty_like(x)
+                    try:
+                        left = entry(x.data_ptr(), 0 if weight is None else weight.data_ptr(),
+                                     0 if bias is None else bias.data_ptr(), eps_, y.data_ptr(), m, n)
+                    except NotCompiled as e:
+                        compile_later(e.dispatcher, e.sig)
+                    else:
+                        if not left:
+                            return y
+            return FULL(key, (x, normalized_shape, weight, bias, eps))
+
+    A key is each tensor's shape and dtype (None where it is None), the normalized shape,
+    eps: what decides a call's validity and kernel; None where a tensor is not a plain
+    C-contiguous CPU one.  ``FULL(key, args)`` is the full path, which learns the key's plan
+    (:meth:`learn`).  A nonzero ``left`` is rows for the rescaling variant: the launcher's.
+    """
+
+    def __init__(self, op, kind, roles, optional):
+        self.optional = optional  # the roles that may be None (the schema's Tensor?)
+        self.name = f"{op.name}_{kind}"
         self.kind = kind
         self.rows = _ROWS[op.name, "backward" if kind == "backward" else "forward"]
         self.role = dict(_ROLE, x="s") if op.fused and kind == "backward" else _ROLE  # (a backward's x is s)
         self.roles = roles
-        self.arrays = tuple(i for i, r in enumerate(roles) if r in ARRAY_ROLES)
-        self.shape_at = roles.index("normalized_shape")
-        self.eps_at = roles.index("eps") if "eps" in roles else None
         self.outputs = op.backward_outputs if kind == "backward" else op.forward_outputs
-        self.returned = len(op.plain_outputs) if kind == "plain" else len(self.outputs)
-        self.plans = {}
+        # the outputs a call makes: a plain forward drops the statistics (its entry makes them)
+        self.made = op.plain_outputs if kind == "plain" else self.outputs
+        self.plans = {}  # key -> Plan, or None: refused (never rebound: the generated code holds it)
 
-    def key(self, args):
-        """What decides a call's validity and kernel: each tensor's shape and dtype, the
-        normalized shape, eps; None where a tensor is not a plain C-contiguous CPU one."""
-        key = list(args)
-        for i in self.arrays:
-            a = args[i]
-            if a is not None:
-                if type(a) not in _PLAIN or not a.is_cpu or not a.is_contiguous() or a.is_neg():
-                    return None
-                key[i] = (a.shape, a.dtype)
-        key[self.shape_at] = tuple(key[self.shape_at])
-        return tuple(key)
+    def implementation(self, full, recorded=None):
+        """The operator's implementation: a call by its plan, else ``full(key, args)``.
 
-    def run(self, key, args):
-        """The results of a call (its :meth:`key` made) by its plan, or None (the full
-        path's).  (Loops written out, no comprehensions: a small call's Python is most of
-        its time.)"""
-        plan = self.plans.get(key)
-        if plan is None:
-            return None
-        entry, outputs, pick, last = plan
-        given = []  # every address, then the plan's eps and sizes: pick takes the entry's arguments from it
-        for i in self.arrays:
-            a = args[i]
-            given.append(0 if a is None else a.data_ptr())
-        made = []
-        for like in outputs:  # torch.empty_like: half torch.empty's cost with a shape and a dtype
-            t = torch.empty_like(args[like] if type(like) is int else like)
-            made.append(t)
-            given.append(t.data_ptr())
-        given += last
-        try:
-            left = entry(*pick(given))
-        except background.NotCompiled as e:
-            background.compile_later(e.dispatcher, e.sig)
-            return None
-        if left:  # rows for the rescaling variant: the launcher's
-            return None
-        return made[0] if self.returned == 1 else tuple(made)
+        ``recorded``: ``(saved, setup_context, k)`` makes the forward of an ``autograd.Function``
+        instead (``ctx`` first): a call by its plan saves the roles ``saved`` and the normalized
+        shape on ``ctx``, anything else runs ``setup_context(ctx, args, output, False)`` on
+        the full path's output; either returns the first ``k`` outputs.  Two statistics (the
+        LayerNorms') are made as one tensor, ``ctx.stats`` (an allocation cost as much as the
+        kernel of a one-row call; an attribute, less than a saved tensor), not saved."""
+        arrays = [r for r in self.roles if r in ARRAY_ROLES]
+        checks, key = [], []
+        for r in self.roles:
+            if r in ARRAY_ROLES:
+                plain = f"{r}.is_cpu and {r}.is_contiguous() and not {r}.is_neg()"
+                if recorded is None:  # (a recorded call's caller checked its tensors' types: _direct)
+                    plain = f"type({r}) in PLAIN and {plain}"
+                checks.append(f"({r} is None or {plain})" if r in self.optional else plain)
+                key.append(f"None if {r} is None else {r}.shape, None if {r} is None else {r}.dtype"
+                           if r in self.optional else f"{r}.shape, {r}.dtype")
+            elif r == "normalized_shape":
+                key.append(f"{r} if type({r}) is tuple else tuple({r})")
+            else:
+                key.append(r)
+        x = self.role["x"]
+        made = [f"{r} = empty_like({x if r in _X_LIKE else f'likes[{k}]'})" for k, r in enumerate(self.made)]
+        address = {r: f"{r}.data_ptr()" for r in self.made}
+        stacked = recorded is not None and len(self.made) - recorded[2] == 2
+        if stacked:  # (mean, rstd) in one tensor
+            first, second = self.made[-2:]
+            made[-2:] = ["stats = empty_like(stacked)", f"{first} = stats.data_ptr()", f"{second} = {first} + step"]
+            address.update({first: first, second: second})
+        given = []
+        for p in addressed.parameters(self.rows, self.dropped):
+            role = self.role.get(p)
+            if p in _SIZES or p == "eps":
+                given.append("eps_" if p == "eps" else p)
+            elif role in self.made:
+                given.append(address[role])
+            elif role in arrays:
+                given.append(f"0 if {role} is None else {role}.data_ptr()" if role in self.optional
+                             else f"{role}.data_ptr()")
+            else:  # an array the operation does not have (a plain norm's ds)
+                given.append("0")
+        assert not set(self.made) & set(self.roles), (self.made, self.roles)
+        returned = self.made[0] if len(self.made) == 1 else ", ".join(self.made)
+        params, args = ", ".join(self.roles), f"({', '.join(self.roles)},)"
+        name, hit, miss = self.name, [f"return {returned}"], [f"return FULL(key, {args})"]
+        if recorded is not None:
+            saved, _, k = recorded
+            name, params = f"{name}_recorded", f"ctx, {params}"
+            saved = saved[:-2] if stacked else saved
+            hit = [f"ctx.save_for_backward({', '.join(saved)})", *(["ctx.stats = stats"] if stacked else []),
+                   "ctx.normalized_shape = normalized_shape",
+                   *(["ctx.set_materialize_grads(False)"] if "s" in saved else []),
+                   f"return {returned if k == len(self.made) else ', '.join(self.made[:k])}"]
+            miss = [f"output = FULL(key, {args})", f"SETUP(ctx, {args}, output, False)",
+                    "return output[0]" if k == 1 else f"return output[:{k}]"]
+        cond, keys = "\n            and ".join(checks), ",\n               ".join(key)
+        given = ",\n                             ".join(given)
+        src = "\n".join([
+            f"def {name}({params}):",
+            "    key = None",
+            f"    if ({cond}):",
+            f"        key = ({keys},)",
+            "        plan = PLANS.get(key)",
+            "        if plan is not None:",
+            "            entry, likes, eps_, m, n, blocks, stacked, step = plan",
+            *(f"            {line}" for line in made),
+            "            try:",
+            f"                left = entry({given})",
+            "            except NotCompiled as e:",
+            "                compile_later(e.dispatcher, e.sig)",
+            "            else:",
+            "                if not left:",
+            *(f"                    {line}" for line in hit),
+            *(f"    {line}" for line in miss), ""])
+        filename = f"<numbanorm.torch small calls: {name}, generated by numbanorm._torch_addressed>"
+        linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+        env = {"PLAIN": _PLAIN, "PLANS": self.plans, "FULL": full, "empty_like": torch.empty_like,
+               "NotCompiled": background.NotCompiled, "compile_later": background.compile_later,
+               "SETUP": recorded and recorded[1]}
+        exec(compile(src, filename, "exec"), env)
+        return env[name]
+
+    @property
+    def dropped(self):
+        """The entry parameters of the outputs a call does not make (a plain forward's statistics)."""
+        return tuple(_PARAM[r] for r in self.outputs if r not in self.made)
 
     def learn(self, key, args, results):
         """Keep the plan of ``args`` (key ``key``), whose results the full path returned, or
@@ -148,8 +244,8 @@ class Calls:
         acc = common.acc_of(dt)
         n = int(np.prod(given["normalized_shape"]))
         m = x.numel() // n
-        made = dict(zip(self.outputs, results))
-        dropped = tuple(_PARAM[r] for r in self.outputs if r not in made)  # the plain forward's statistics
+        made = dict(zip(self.made, results))
+        dropped = self.dropped
         read = {}  # entry parameter -> the dtype the row function reads it as
         for p in addressed.parameters(self.rows):
             if p in _SIZES:
@@ -171,22 +267,20 @@ class Calls:
                 read[p] = acc
             else:  # a conversion the launcher makes
                 return None
+        likes = []  # the outputs in x's role made like x (as they must be), the others like a small copy
+        for role, t in made.items():
+            if role in _X_LIKE:
+                if (t.shape, t.dtype) != (x.shape, x.dtype):
+                    return None
+                likes.append(None)
+            else:
+                likes.append(torch.empty_like(t))
         entry = addressed.entry(self.rows, acc, dropped, **{_PARTIAL.get(p, p): d for p, d in read.items()})
         eps = None
-        if self.eps_at is not None:
+        if "eps" in self.roles:
             eps = given["eps"]
             eps = float(np.finfo(acc).eps) if eps is None else float(eps)
-        # where each entry argument is in a call's list of addresses (arguments', outputs'),
-        # followed by a null address (an array the operation does not have, ds of a plain norm),
-        # then eps and the sizes
-        index = {self.roles[i]: k for k, i in enumerate(self.arrays)}
-        index.update({r: len(self.arrays) + k for k, r in enumerate(made)})
-        null = len(self.arrays) + len(made)
-        last = {"eps": eps, "m": m, "n": n, "blocks": common.n_chunks(m)}
-        index.update({p: null + 1 + k for k, p in enumerate(last)})
-        places = [index[p] if p in last else index.get(self.role[p], null)
-                  for p in addressed.parameters(self.rows, dropped)]
-        # each output made like x (its index in a call's arguments) or like a tensor kept here (small)
-        like = self.roles.index(self.role["x"])
-        outputs = [like if (t.shape, t.dtype) == (x.shape, x.dtype) else torch.empty_like(t) for t in results]
-        return entry, outputs, operator.itemgetter(*places), (0, *last.values())
+        stats = [t for r, t in made.items() if r in ("mean", "rstd")]
+        stacked = torch.empty((2, *stats[0].shape), dtype=stats[0].dtype) if len(stats) == 2 else None
+        return Plan(entry, tuple(likes), eps, m, n, common.n_chunks(m) if self.kind == "backward" else 0,
+                    stacked, stats[0].nbytes if stacked is not None else 0)

@@ -190,14 +190,16 @@ class Operation:
 
 
 def generate(name, signature, body, namespace, doc, where):
-    """The function ``def name<signature>: return <body>``, compiled in ``namespace``.
+    """The function ``def name<signature>: return <body>``, compiled in ``namespace``
+    (``body`` a list of lines: the function's body).
 
     Generated (as ``dataclasses`` generates ``__init__``) so that this table is the
     one place a function's parameters are written down: ``inspect.signature`` and
     ``help`` show real parameters, and no call binds its arguments at run time.
     ``where`` names the function in tracebacks.
     """
-    src = f"def {name}{signature}:\n    return {body}\n"
+    lines = body if isinstance(body, list) else [f"return {body}"]
+    src = f"def {name}{signature}:\n" + "".join(f"    {line}\n" for line in lines)
     filename = f"<{where}.{name}, generated from numbanorm.operations>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)  # tracebacks show the line
     exec(compile(src, filename, "exec"), namespace)

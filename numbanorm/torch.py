@@ -45,7 +45,7 @@ from __future__ import annotations
 import inspect
 import logging
 import re
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -194,16 +194,8 @@ def _implementation(op, kind, roles):
     shape = roles.index("normalized_shape") if "normalized_shape" in roles else None
     shortcut = _CPU.shortcut(op, "backward" if kind == "backward" else "forward")
     n = len(op.plain_outputs) if kind == "plain" else None  # (the shortcut returns the statistics too)
-    small = _addressed.Calls(op, kind, roles) if _addressed.covers(op) else None
-
-    def implementation(*args):
-        key = None
-        if small is not None:  # a small CPU call seen before: by its tensors' addresses
-            key = small.key(args)
-            got = small.run(key, args)
-            if got is not None:
-                return got
-        return full(key, args)
+    optional = tuple(r for r in roles if _SCHEMA_TYPES.get(r) == "Tensor?")
+    small = _addressed.Calls(op, kind, roles, optional) if _addressed.covers(op) else None
 
     def full(key, given):
         """The call without a plan (``key``: its small-call key, learnt from it, or None)."""
@@ -225,6 +217,11 @@ def _implementation(op, kind, roles):
             small.learn(key, given, got)
         return got
 
+    if small is not None:  # a small CPU call seen before: by its tensors' addresses
+        implementation = small.implementation(full)
+    else:
+        def implementation(*args):
+            return full(None, args)
     implementation.__name__ = name
     implementation.small, implementation.full = small, full
     return implementation
@@ -256,21 +253,26 @@ def _fake_backward(op):
     return fake
 
 
+def _saved(op):
+    """The roles a forward saves for its backward: what was normalized, the weight, the
+    statistics.  (The fused norms' s is an output: saving it keeps autograd's check that
+    nobody modified it in place before the backward reads it.)"""
+    return (_normalized(op), "weight", *op.stats)
+
+
 def _register_autograd(op, forward):
     """The forward operator's gradient is the backward operator (:func:`_backward`), on the
     saved input and statistics; returns ``(setup_context, grad)``, which an eager call that
     records a graph uses too (:func:`_recording`)."""
     k = len(op.plain_outputs)
-    wi = op.forward_roles.index("weight")
     si = op.forward_roles.index("normalized_shape") if op.layout == "rows" else None
 
     def setup_context(ctx, inputs, output, outputs_stats=True):
         stats = output[k:]
         if outputs_stats:  # (the recording Function's outputs are the plain function's: _recording)
             ctx.mark_non_differentiable(*stats)
-        # the fused norms' s is an output too: saving it keeps autograd's check
-        # that nobody modified it in place before the backward reads it
-        ctx.save_for_backward(output[1] if op.fused else inputs[0], inputs[wi], *stats)
+        given = dict(zip(op.forward_roles, inputs), **dict(zip(op.forward_outputs, output)))
+        ctx.save_for_backward(*(given[r] for r in _saved(op)))
         ctx.normalized_shape = None if si is None else inputs[si]
         if op.fused:
             ctx.set_materialize_grads(False)  # an unused y or s sends None, not zeros
@@ -281,6 +283,8 @@ def _register_autograd(op, forward):
 
     def grad(ctx, *grads):
         x, weight, *stats = ctx.saved_tensors
+        if len(stats) < len(op.stats):  # a recorded call by its plan made both in one tensor
+            stats = ctx.stats.unbind()
         if op.fused and grads[0] is None:  # only s was used downstream: y's norm contributes nothing
             got = (grads[1],)
         else:
@@ -303,11 +307,14 @@ def _recording(op, setup_context, grad):
     backward, not returned (autograd pays for every output of a Function)."""
     forward_implementation = _IMPLEMENTATIONS[op.name, "forward"]
     k = len(op.plain_outputs)
-
-    def forward(ctx, *args):
-        output = forward_implementation(*args)
-        setup_context(ctx, args, output, outputs_stats=False)
-        return output[0] if k == 1 else output[:k]
+    small = forward_implementation.small
+    if small is not None:  # (its small calls, generated: their own ctx saves written out)
+        forward = small.implementation(forward_implementation.full, (_saved(op), setup_context, k))
+    else:
+        def forward(ctx, *args):
+            output = forward_implementation(*args)
+            setup_context(ctx, args, output, outputs_stats=False)
+            return output[0] if k == 1 else output[:k]
 
     function = type(f"{op.name}_graph", (torch.autograd.Function,),
                     {"forward": staticmethod(forward), "backward": staticmethod(once_differentiable(grad)),
@@ -413,61 +420,8 @@ def _input_name(op, role):
     return "input" if role == "x" and not op.fused else role
 
 
-class _Eager(NamedTuple):
-    """What an eager call of one operation needs, found once (:func:`_functional`)."""
-
-    tensors: tuple  # positions of the forward's array roles in its arguments
-    shape: int      # position of normalized_shape (layout rows) or num_groups
-    rows: bool
-    eps_none: bool  # eps may be None (the accumulation dtype's machine epsilon)
-    small: object   # the plain function's small calls by address (_torch_addressed.Calls), or None
-    plain: object   # the plain function's implementation
-    full: object    # ... its path without a plan, given the call's small-call key
-    record: object  # the forward as an autograd.Function (_recording)
-
-
-def _functional(op, args):
-    """``op``'s plain function on tensors: ``args`` in the table's role order.
-
-    An eager call on plain tensors (:func:`_direct`) runs the implementation after no more
-    than the checks of its arguments' types that the operator's schema would make, each as
-    cheap as torch has it: a decoder's per-token norm pays them on every call."""
-    e = _EAGER[op.name]
-    if not _watched():
-        graph = False
-        for i in e.tensors:
-            a = args[i]
-            if a is None:
-                continue
-            if type(a) not in _PLAIN:  # not a tensor (the TypeError below), a subclass (the operator)
-                break
-            if a.requires_grad:
-                graph = True
-        else:
-            args = list(args)
-            shape = args[e.shape]
-            if type(shape) is int:
-                if e.rows:
-                    args[e.shape] = (shape,)
-            elif not e.rows:
-                args[e.shape] = _groups(shape)
-            elif not _ints(shape):
-                args[e.shape] = _shape(shape)
-            eps = args[-1]
-            if type(eps) is not float and not (eps is None and e.eps_none):
-                args[-1] = _V.real_eps(eps, allow_none=e.eps_none)
-            if graph and torch.is_grad_enabled():
-                return e.record(*args)
-            if e.small is not None:  # (the implementation, written out: its key made once)
-                key = e.small.key(args)
-                got = e.small.run(key, args)
-                return got if got is not None else e.full(key, args)
-            return e.plain(*args)
-    return _general(op, args)
-
-
 def _general(op, args):
-    """:func:`_functional` of any call: every check of the arguments, then the operator,
+    """A public function's call (:func:`_functional_of`) on anything: every check of the arguments, then the operator,
     the recording Function or the plain implementation, as :func:`_direct` and
     :func:`_records` decide."""
     given = dict(zip(op.forward_roles, args))
@@ -489,27 +443,47 @@ def _general(op, args):
     return results[0] if n == 1 else tuple(results[:n])
 
 
-_EAGER = {op.name: _Eager(tuple(i for i, r in enumerate(op.forward_roles) if r in ARRAY_ROLES),
-                          op.forward_roles.index(op.shape_role), op.layout == "rows", op.eps is None,
-                          _IMPLEMENTATIONS[op.name, "plain"].small, _IMPLEMENTATIONS[op.name, "plain"],
-                          _IMPLEMENTATIONS[op.name, "plain"].full, _RECORDING[op.name])
-          for op in OPERATIONS}
-
-
 def _functional_of(op):
-    """The public function of ``op`` with torch.nn.functional's parameter names."""
+    """The public function of ``op`` with torch.nn.functional's parameter names.
+
+    An eager call on plain tensors, its sizes and eps of the plain types (:func:`_direct`),
+    runs the implementation -- the recording Function's where autograd records a graph --
+    after no more than the checks of its arguments' types that the operator's schema would
+    make, written out for its parameters (a decoder's per-token norm pays them on every
+    call); anything else goes to :func:`_general`."""
     params = [p.replace(name=_input_name(op, p.name)) for p in op.signature("plain").parameters.values()
               if p.name != "out"]
     names = ", ".join(p.name for p in params)
-    fn = generate(op.name, inspect.Signature(params), f"_functional(_op, ({names},))",
-                  {"_functional": _functional, "_op": op}, op.doc("plain", "torch"), __name__)
+    tensors = [_input_name(op, r) for r in op.forward_arrays]
+    size = "normalized_shape" if op.layout == "rows" else "num_groups"
+    plain = " or ".join(f"{t} is not None and type({t}) not in PLAIN" if r in op.params else f"type({t}) not in PLAIN"
+                        for t, r in zip(tensors, op.forward_arrays))
+    grads = " or ".join(f"{t} is not None and {t}.requires_grad" if r in op.params else f"{t}.requires_grad"
+                        for t, r in zip(tensors, op.forward_arrays))
+    eps = "type(eps) is not float" + (" and eps is not None" if op.eps is None else "")
+    general = f"return GENERAL(OP, ({names},))"
+    if op.layout == "rows":
+        sizes = [f"if type({size}) is int:", f"    {size} = ({size},)",
+                 f"elif not (type({size}) is tuple and len({size}) == 1 and type({size}[0]) is int or INTS({size})):",
+                 f"    {general}"]
+    else:
+        sizes = [f"if type({size}) is not int:", f"    {general}"]
+    # _watched(), written out (a call of its own cost a tenth of a one-row call)
+    watched = "True" if _CHECKS is None else "IS_COMPILING() or FUNCTION_MODES() or DISPATCH_MODES() or PROFILING() or TRANSFORMS()"
+    body = [f"if ({watched}", f"        or {plain}", f"        or {eps}):", f"    {general}", *sizes,
+            f"if ({grads}) and GRAD_ENABLED():", f"    return RECORD({names})", f"return PLAIN_CALL({names})"]
+    function_modes, dispatch_modes, profiling, _, transforms = _CHECKS or (None,) * 5
+    env = {"IS_COMPILING": torch.compiler.is_compiling, "FUNCTION_MODES": function_modes,
+           "DISPATCH_MODES": dispatch_modes, "PROFILING": profiling, "TRANSFORMS": transforms, "PLAIN": _PLAIN, "GENERAL": _general, "OP": op, "INTS": _ints,
+           "GRAD_ENABLED": torch.is_grad_enabled, "RECORD": _RECORDING[op.name],
+           "PLAIN_CALL": _IMPLEMENTATIONS[op.name, "plain"]}
+    fn = generate(op.name, inspect.Signature(params), body, env, op.doc("plain", "torch"), __name__)
     fn.__module__ = __name__
     return fn
 
 
-for _op in OPERATIONS:
-    globals()[_op.name] = _functional_of(_op)
-del _op
+_FUNCTIONS = {op.name: _functional_of(op) for op in OPERATIONS}
+globals().update(_FUNCTIONS)
 
 
 # ------------------------------------------------------------ modules
@@ -527,7 +501,7 @@ class _TableModule:
 
     def forward(self, input):
         op = self._op
-        return _functional(op, (input, *(getattr(self, r) for r in op.forward_roles[1:])))
+        return _FUNCTIONS[op.name](input, *(getattr(self, r) for r in op.forward_roles[1:]))
 
 
 class LayerNorm(_TableModule, torch.nn.LayerNorm):
@@ -537,7 +511,7 @@ class LayerNorm(_TableModule, torch.nn.LayerNorm):
 
     def forward(self, input):  # (_TableModule.forward written out: a decoder calls it per token)
         """``layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)``."""
-        return _functional(LayerNorm._op, (input, self.normalized_shape, self.weight, self.bias, self.eps))
+        return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
 class RMSNorm(_TableModule, torch.nn.RMSNorm):
@@ -547,7 +521,7 @@ class RMSNorm(_TableModule, torch.nn.RMSNorm):
 
     def forward(self, input):  # (as LayerNorm.forward)
         """``rms_norm(input, self.normalized_shape, self.weight, self.eps)``."""
-        return _functional(RMSNorm._op, (input, self.normalized_shape, self.weight, self.eps))
+        return rms_norm(input, self.normalized_shape, self.weight, self.eps)
 
 
 class GroupNorm(_TableModule, torch.nn.GroupNorm):

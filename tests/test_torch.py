@@ -599,3 +599,31 @@ def test_the_per_call_measurement_gives_every_target_its_row():
     ev = [e for e in targets.evaluate({"rows": rows}) if e["rule"].startswith("torch ") and "1x768" in e["case"]]
     assert len(ev) == 6 and all(e["status"] in ("PASS", "FAIL") and e["value"] > 0 for e in ev), ev
     assert "1x768 backward module_grad" in torch_calls.table(rows)
+
+
+def test_the_per_call_rows_merge_into_a_targets_file(tmp_path):
+    """``python -m benchmarks.torch_calls --merge STEM`` re-measures numbanorm.torch's rows of
+    a targets file and keeps the rest of it (its other rows, its cold starts, its earlier
+    metadata): what a change to numbanorm.torch alone re-runs."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks import harness, torch_calls
+
+    old = torch_calls.rows(1, shapes=((1, 768),), repeats=1, number=1)
+    kept = dict(old[0], impl="numbanorm", mode="out", median_s=1.0)  # a kernel's row
+    for r in old:
+        r["median_s"] = 123.0
+    harness.write_results({"meta": harness.metadata(1, note="before"), "rows": [kept, *old],
+                           "cold_start": {"import_s": 0.2}}, "targets-test", tmp_path)
+    assert torch_calls.main(["--threads", "1", "--budget", "0.001", "--min-repeats", "1",
+                             "--merge", "targets-test", "--dir", str(tmp_path)]) == 0
+    got = json.loads((tmp_path / "targets-test.json").read_text())
+    mine = [r for r in got["rows"] if r["impl"] in torch_calls.IMPLS]
+    assert len(mine) == 2 * len(torch_calls.PASSES) * len(torch_calls.SHAPES)
+    assert all(r["median_s"] != 123.0 for r in mine)  # every old row re-measured
+    assert [r["median_s"] for r in got["rows"] if r["impl"] == "numbanorm"] == [1.0]
+    assert got["cold_start"] == {"import_s": 0.2}
+    assert got["meta"]["merged"][0]["note"] == "before"

@@ -224,25 +224,50 @@ def test_a_call_without_a_plan_is_not_planned_again(monkeypatch):
     assert planned.count(("backward", True)) == 1, planned
 
 
-def test_an_eager_call_makes_its_key_once(monkeypatch):
-    """A functional call on plain tensors keys its small call once whether a plan answers it,
-    none does yet, or its key was refused (a transposed input): the miss path had made the
-    key a second time inside the implementation."""
-    made = []
-    key = _torch_addressed.Calls.key
-
-    def counted(self, args):
-        made.append(self.kind)
-        return key(self, args)
-
-    monkeypatch.setattr(_torch_addressed.Calls, "key", counted)
+def test_an_eager_call_keys_its_tensors_once(monkeypatch):
+    """A functional call on plain tensors reaches the generated implementation, which makes
+    its key once and hands it to the full path on a miss: a key is learned once for shapes
+    a plan may take (then the plan answers), and a call a plan cannot take (a transposed
+    input) reaches the full path with no key, every time, learning nothing."""
+    learned, fulls = [], []
+    learn = _torch_addressed.Calls.learn
+    monkeypatch.setattr(_torch_addressed.Calls, "learn",
+                        lambda self, key, args, results: learned.append(self.kind) or learn(self, key, args, results))
+    real = nt._arr
+    monkeypatch.setattr(nt, "_arr", lambda t: fulls.append(1) or real(t))
     w, b = torch.ones(24), torch.zeros(24)
-    for x in (torch.randn(3, 24), torch.randn(24, 3).t()):  # planned; refused (not contiguous)
-        for _ in range(3):
-            made.clear()
-            nt.layer_norm(x, (24,), w, b)
-            assert made == ["plain"], made
-            background.wait()
+    x = torch.randn(3, 24)
+    for _ in range(3):
+        nt.layer_norm(x, (24,), w, b)
+        background.wait()
+    assert learned == ["plain"], learned  # learned once; the later calls by the plan (no full path)
+    fulls.clear()
+    nt.layer_norm(x, (24,), w, b)
+    assert not fulls
+    learned.clear()
+    for _ in range(3):
+        fulls.clear()
+        nt.layer_norm(torch.randn(24, 3).t(), (24,), w, b)
+        assert fulls, "a transposed input took a plan"
+    assert not learned, learned  # (handed no key: nothing to learn)
+
+
+def test_the_generated_implementation_reads_as_its_roles():
+    """The implementation of each kind is one generated function of the operator's roles,
+    its source in linecache (tracebacks and ``inspect`` show it), its entry called with the
+    tensors' addresses in the row function's order; the recording forward saves what
+    ``setup_context`` saves."""
+    import inspect
+
+    plain = inspect.getsource(nt._IMPLEMENTATIONS["layer_norm", "plain"])
+    assert plain.startswith("def layer_norm_plain(x, normalized_shape, weight, bias, eps):")
+    assert plain.count("key = (") == 1 and "return FULL(key, (x, normalized_shape, weight, bias, eps,))" in plain
+    assert "left = entry(x.data_ptr(),\n" in plain and "y.data_ptr(),\n" in plain
+    backward = inspect.getsource(nt._IMPLEMENTATIONS["add_rms_norm", "backward"])
+    assert "dx = empty_like(s)" in backward and "0 if ds is None else ds.data_ptr()" in backward
+    recorded = inspect.getsource(nt._RECORDING["layer_norm"].__self__.forward)
+    assert "ctx.save_for_backward(x, weight)" in recorded and "ctx.stats = stats" in recorded
+    assert "rstd = mean + step" in recorded
 
 
 def test_calls_by_plans_on_many_threads(monkeypatch):
@@ -285,7 +310,7 @@ def test_bfloat16_calls_have_plans_in_a_process_that_never_imported_ml_dtypes():
             "for _ in range(3):\n"
             "    nt.layer_norm(x, (8,))\n"
             "    background.wait()\n"
-            "assert nt._EAGER['layer_norm'].small.plans, 'no plan'\n")
+            "assert nt._IMPLEMENTATIONS['layer_norm', 'plain'].small.plans, 'no plan'\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
 
