@@ -340,6 +340,9 @@ def _run_line(kind, run, source, newest):
     line = (f"- *{kind}*: {m['cpu']} ({m['cores']} cores; {target}), {meta['threads']} threads, measured "
             f"{meta['date'][:10]} at commit `{commit}` (`{source}`): {n['PASS']} pass, {n['FAIL']} fail, "
             f"{n['MISSING']} not measured.")
+    for earlier in meta.get("merged", []):  # (benchmarks.harness.merge: a subset re-run into the file)
+        line += (f" The rows that run did not re-measure: {earlier['date'][:10]} at commit "
+                 f"`{_commit(earlier)}`.")
     line += _compile_and_main_job(run.get("cold_start") or {})
     days = (_date(newest) - _date(meta["date"])).days
     if days > 0:

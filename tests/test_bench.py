@@ -675,6 +675,13 @@ def test_targets_side_by_side_say_which_run_is_older_and_what_it_lacks(tmp_path)
     epyc, xeon = (ln for ln in block.splitlines() if ln.startswith("- *"))
     assert "measured 2026-01-01 at commit `ad01473`" in epyc and "3 day(s) older than the newest" in epyc
     assert "older" not in xeon and "CPU target not recorded" in epyc
+    assert "did not re-measure" not in epyc
+    # a file a subset was re-run into (harness.merge) says where its other rows come from
+    merged = harness.merge(old, {"meta": dict(new["meta"], git={"commit": "1d8e12c0ffee", "uncommitted": []}),
+                                 "rows": [], "cold_start": {}})
+    line = next(ln for ln in readme_table.render_targets([merged], ["t.json"]).splitlines() if ln.startswith("- *"))
+    assert "at commit `1d8e12c`" in line
+    assert "The rows that run did not re-measure: 2026-01-01 at commit `ad01473`." in line
     rows = {(r[0], r[1]): r[3:] for r in readme_table.targets_rows([old, new])}
     assert rows[("forward <= 0.7x torch (large)", "rms_norm 16384x4096")] == ("not measured", "0.50x")
     assert rows[("forward out= <= 1.15x np.copyto", "layer_norm 16384x4096")] == ("**1.20x FAIL**",) * 2
