@@ -90,20 +90,23 @@ class Calls:
 
     :meth:`implementation` generates the implementation itself: one function of the
     roles, its checks, key and entry call written out for them (a small call's Python
-    is most of its time: an unrolled check of three tensors cost a third of a loop's),
-    its source in ``linecache`` for tracebacks and ``inspect``.  For LayerNorm's plain
-    forward it reads::
+    is most of its time: a loop over the roles cost more than the kernel), its source in
+    ``linecache`` for tracebacks and ``inspect``.  For LayerNorm's plain forward it reads
+    (the entry's arguments one to a line there)::
 
         def layer_norm_plain(x, normalized_shape, weight, bias, eps):
             key = None
-            if ((x is None or type(x) in PLAIN and x.is_cpu and x.is_contiguous() and not x.is_neg())
-                    and (weight is None or ...) and (bias is None or ...)):
-                key = (None if x is None else x.shape, None if x is None else x.dtype,
+            if (type(x) in PLAIN and x.is_cpu and x.is_contiguous() and not x.is_neg()
+                    and (weight is None or type(weight) in PLAIN and weight.is_cpu and ...)
+                    and (bias is None or type(bias) in PLAIN and bias.is_cpu and ...)):
+                key = (x.shape, x.dtype,
                        normalized_shape if type(normalized_shape) is tuple else tuple(normalized_shape),
-                       ..., eps)
+                       None if weight is None else weight.shape, None if weight is None else weight.dtype,
+                       None if bias is None else bias.shape, None if bias is None else bias.dtype,
+                       eps,)
                 plan = PLANS.get(key)
                 if plan is not None:
-                    entry, likes, eps_, m, n, blocks = plan
+                    entry, likes, eps_, m, n, blocks, stacked, step = plan
                     y = empty_like(x)
                     try:
                         left = entry(x.data_ptr(), 0 if weight is None else weight.data_ptr(),
@@ -113,11 +116,11 @@ class Calls:
                     else:
                         if not left:
                             return y
-            return FULL(key, (x, normalized_shape, weight, bias, eps))
+            return FULL(key, (x, normalized_shape, weight, bias, eps,))
 
-    A key is each tensor's shape and dtype (None where it is None), the normalized shape,
-    eps: what decides a call's validity and kernel; None where a tensor is not a plain
-    C-contiguous CPU one.  ``FULL(key, args)`` is the full path, which learns the key's plan
+    A key is each tensor's shape and dtype (None for an optional one that is None), the
+    normalized shape, eps: what decides a call's validity and kernel; None where a tensor
+    is not a plain C-contiguous CPU one.  ``FULL(key, args)`` is the full path, which learns the key's plan
     (:meth:`learn`).  A nonzero ``left`` is rows for the rescaling variant: the launcher's.
     """
 
