@@ -96,13 +96,16 @@ class Calls:
 
         def layer_norm_plain(x, normalized_shape, weight, bias, eps):
             key = None
-            if (type(x) in PLAIN and x.is_cpu and x.is_contiguous() and not x.is_neg()
-                    and (weight is None or type(weight) in PLAIN and weight.is_cpu and ...)
-                    and (bias is None or type(bias) in PLAIN and bias.is_cpu and ...)):
+            if (type(x) in PLAIN and x.is_cpu
+                    and x.is_contiguous() and not x.is_neg()
+                    and (weight is None or type(weight) in PLAIN and weight.is_cpu
+                         and weight.is_contiguous() and not weight.is_neg())
+                    and (bias is None or ...)):
                 key = (x.shape, x.dtype,
-                       normalized_shape if type(normalized_shape) is tuple else tuple(normalized_shape),
-                       None if weight is None else weight.shape, None if weight is None else weight.dtype,
-                       None if bias is None else bias.shape, None if bias is None else bias.dtype,
+                       tuple(normalized_shape),
+                       None if weight is None else weight.shape,
+                       None if weight is None else weight.dtype,
+                       ...,
                        eps,)
                 plan = PLANS.get(key)
                 if plan is not None:
@@ -148,15 +151,16 @@ class Calls:
         arrays = [r for r in self.roles if r in ARRAY_ROLES]
         checks, key = [], []
         for r in self.roles:
-            if r in ARRAY_ROLES:
-                plain = f"{r}.is_cpu and {r}.is_contiguous() and not {r}.is_neg()"
-                if recorded is None:  # (a recorded call's caller checked its tensors' types: _direct)
-                    plain = f"type({r}) in PLAIN and {plain}"
-                checks.append(f"({r} is None or {plain})" if r in self.optional else plain)
-                key.append(f"None if {r} is None else {r}.shape, None if {r} is None else {r}.dtype"
-                           if r in self.optional else f"{r}.shape, {r}.dtype")
+            if r in ARRAY_ROLES:  # (two lines a tensor: the source stays readable in the book)
+                first = f"{r}.is_cpu" if recorded else f"type({r}) in PLAIN and {r}.is_cpu"
+                second = f"{r}.is_contiguous() and not {r}.is_neg()"
+                # (a recorded call's caller checked its tensors' types: _direct)
+                checks.append(f"({r} is None or {first}\n                 and {second})" if r in self.optional
+                              else f"{first}\n            and {second}")
+                key += ([f"None if {r} is None else {r}.shape", f"None if {r} is None else {r}.dtype"]
+                        if r in self.optional else [f"{r}.shape, {r}.dtype"])
             elif r == "normalized_shape":
-                key.append(f"{r} if type({r}) is tuple else tuple({r})")
+                key.append(f"tuple({r})")  # (a tuple's own tuple() is itself)
             else:
                 key.append(r)
         x = self.role["x"]
