@@ -169,7 +169,8 @@ class Calls:
         stacked = recorded is not None and len(self.made) - recorded[2] == 2
         if stacked:  # (mean, rstd) in one tensor
             first, second = self.made[-2:]
-            made[-2:] = ["stats = empty_like(stacked)", f"{first} = stats.data_ptr()", f"{second} = {first} + step"]
+            made[-2:] = ["stats = empty_like(stacked)", f"{first} = stats.data_ptr()",
+                         f"{second} = {first} + step"]
             address.update({first: first, second: second})
         given = []
         for p in addressed.parameters(self.rows, self.dropped):

@@ -421,9 +421,9 @@ def _input_name(op, role):
 
 
 def _general(op, args):
-    """A public function's call (:func:`_functional_of`) on anything: every check of the arguments, then the operator,
-    the recording Function or the plain implementation, as :func:`_direct` and
-    :func:`_records` decide."""
+    """A public function's call (:func:`_functional_of`) on anything: every check of the
+    arguments, then the operator, the recording Function or the plain implementation, as
+    :func:`_direct` and :func:`_records` decide."""
     given = dict(zip(op.forward_roles, args))
     _check_tensors(op.name, **{_input_name(op, r): given[r] for r in op.forward_arrays})
     if op.layout == "rows":
@@ -456,27 +456,29 @@ def _functional_of(op):
     names = ", ".join(p.name for p in params)
     tensors = [_input_name(op, r) for r in op.forward_arrays]
     size = "normalized_shape" if op.layout == "rows" else "num_groups"
-    plain = " or ".join(f"{t} is not None and type({t}) not in PLAIN" if r in op.params else f"type({t}) not in PLAIN"
-                        for t, r in zip(tensors, op.forward_arrays))
-    grads = " or ".join(f"{t} is not None and {t}.requires_grad" if r in op.params else f"{t}.requires_grad"
-                        for t, r in zip(tensors, op.forward_arrays))
+    pairs = list(zip(tensors, op.forward_arrays))
+    plain = " or ".join(f"{t} is not None and type({t}) not in PLAIN" if r in op.params
+                        else f"type({t}) not in PLAIN" for t, r in pairs)
+    grads = " or ".join(f"{t} is not None and {t}.requires_grad" if r in op.params
+                        else f"{t}.requires_grad" for t, r in pairs)
     eps = "type(eps) is not float" + (" and eps is not None" if op.eps is None else "")
     general = f"return GENERAL(OP, ({names},))"
     if op.layout == "rows":
-        sizes = [f"if type({size}) is int:", f"    {size} = ({size},)",
-                 f"elif not (type({size}) is tuple and len({size}) == 1 and type({size}[0]) is int or INTS({size})):",
+        one = f"type({size}) is tuple and len({size}) == 1 and type({size}[0]) is int"  # (INTS's commonest case)
+        sizes = [f"if type({size}) is int:", f"    {size} = ({size},)", f"elif not ({one} or INTS({size})):",
                  f"    {general}"]
     else:
         sizes = [f"if type({size}) is not int:", f"    {general}"]
-    # _watched(), written out (a call of its own cost a tenth of a one-row call)
-    watched = "True" if _CHECKS is None else "IS_COMPILING() or FUNCTION_MODES() or DISPATCH_MODES() or PROFILING() or TRANSFORMS()"
+    # _watched(), written out: a frame less on every call
+    watched = ("True" if _CHECKS is None
+               else "IS_COMPILING() or FUNCTION_MODES() or DISPATCH_MODES() or PROFILING() or TRANSFORMS()")
     body = [f"if ({watched}", f"        or {plain}", f"        or {eps}):", f"    {general}", *sizes,
             f"if ({grads}) and GRAD_ENABLED():", f"    return RECORD({names})", f"return PLAIN_CALL({names})"]
     function_modes, dispatch_modes, profiling, _, transforms = _CHECKS or (None,) * 5
     env = {"IS_COMPILING": torch.compiler.is_compiling, "FUNCTION_MODES": function_modes,
-           "DISPATCH_MODES": dispatch_modes, "PROFILING": profiling, "TRANSFORMS": transforms, "PLAIN": _PLAIN, "GENERAL": _general, "OP": op, "INTS": _ints,
-           "GRAD_ENABLED": torch.is_grad_enabled, "RECORD": _RECORDING[op.name],
-           "PLAIN_CALL": _IMPLEMENTATIONS[op.name, "plain"]}
+           "DISPATCH_MODES": dispatch_modes, "PROFILING": profiling, "TRANSFORMS": transforms,
+           "PLAIN": _PLAIN, "GENERAL": _general, "OP": op, "INTS": _ints, "GRAD_ENABLED": torch.is_grad_enabled,
+           "RECORD": _RECORDING[op.name], "PLAIN_CALL": _IMPLEMENTATIONS[op.name, "plain"]}
     fn = generate(op.name, inspect.Signature(params), body, env, op.doc("plain", "torch"), __name__)
     fn.__module__ = __name__
     return fn
