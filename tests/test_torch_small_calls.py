@@ -226,9 +226,10 @@ def test_a_call_without_a_plan_is_not_planned_again(monkeypatch):
 
 def test_an_eager_call_keys_its_tensors_once(monkeypatch):
     """A functional call on plain tensors reaches the generated implementation, which makes
-    its key once and hands it to the full path on a miss: a key is learned once for shapes
-    a plan may take (then the plan answers), and a call a plan cannot take (a transposed
-    input) reaches the full path with no key, every time, learning nothing."""
+    its key once and hands it to the full path on a miss: the full path learns the key of
+    shapes a plan may take (then the plan answers, the full path never runs), and a call
+    a plan cannot take (a transposed input) reaches the full path with no key, every
+    time, learning nothing."""
     learned, fulls = [], []
     learn = _torch_addressed.Calls.learn
     monkeypatch.setattr(_torch_addressed.Calls, "learn",
@@ -237,14 +238,13 @@ def test_an_eager_call_keys_its_tensors_once(monkeypatch):
     monkeypatch.setattr(nt, "_arr", lambda t: fulls.append(1) or real(t))
     w, b = torch.ones(24), torch.zeros(24)
     x = torch.randn(3, 24)
+    _learned(lambda: nt.layer_norm(x, (24,), w, b))
+    assert learned and set(learned) == {"plain"}, learned
+    learned.clear()
+    fulls.clear()
     for _ in range(3):
         nt.layer_norm(x, (24,), w, b)
-        background.wait()
-    assert learned == ["plain"], learned  # learned once; the later calls by the plan (no full path)
-    fulls.clear()
-    nt.layer_norm(x, (24,), w, b)
-    assert not fulls
-    learned.clear()
+    assert not learned and not fulls  # by the plan
     for _ in range(3):
         fulls.clear()
         nt.layer_norm(torch.randn(24, 3).t(), (24,), w, b)
