@@ -316,9 +316,14 @@ def _recording(op, setup_context, grad):
             setup_context(ctx, args, output, outputs_stats=False)
             return output[0] if k == 1 else output[:k]
 
+    # the class attributes that apply looks up by name on every call, in the class's own dict: found
+    # on its bases, each lookup walked three dicts of its MRO
+    base = getattr(torch.autograd.function, "_SingleLevelFunction", object).__dict__
+    looked_up = {a: base[a] for a in ("setup_context", "clear_saved_tensors_on_access", "boxed_grads_call")
+                 if a in base}
     function = type(f"{op.name}_graph", (torch.autograd.Function,),
                     {"forward": staticmethod(forward), "backward": staticmethod(once_differentiable(grad)),
-                     "__module__": __name__})
+                     "__module__": __name__, **looked_up})
     try:  # the C apply: Function.apply's Python checks are for functorch's wrappers, which go to the operator
         return torch._C._FunctionBase.__dict__["apply"].__get__(None, function)
     except (AttributeError, KeyError):

@@ -270,6 +270,20 @@ def test_the_generated_implementation_reads_as_its_roles():
     assert "rstd = mean + step" in recorded
 
 
+def test_the_recording_function_holds_what_apply_looks_up():
+    """apply looks these class attributes up by name on every call: each recording Function
+    holds torch's own values in its class dict (found there at once, not three classes up
+    its MRO), and its setup_context stays torch's placeholder, so its forward takes ctx."""
+    from torch.autograd import function
+
+    base = function._SingleLevelFunction.__dict__
+    for apply in nt._RECORDING.values():
+        own = apply.__self__.__dict__
+        for name in ("setup_context", "clear_saved_tensors_on_access", "boxed_grads_call"):
+            assert name not in base or own[name] is base[name], name
+        assert not function._is_setup_context_defined(apply.__self__.setup_context)
+
+
 def test_calls_by_plans_on_many_threads(monkeypatch):
     """Threads calling one plan at once each get their own rows' results (each call writes
     outputs of its own; the entry holds no state)."""
