@@ -31,6 +31,11 @@ kernels called with different arguments.
 - vector_width: the row functions of LayerNorm and RMSNorm, forward and backward,
   compiled twice from their own source, 512 bits wide (``common.wide_vectors``) and as
   LLVM chooses (256 bits on Intel's AVX-512 CPUs), on rows in cache, one thread.
+- in_cache: LayerNorm into a mapped ``out=`` small enough to stay in cache (written with
+  ordinary stores) with weight and bias, weight alone and neither, RMSNorm with its weight,
+  GroupNorm (8 groups) and InstanceNorm on the same bytes as 64 channels, over ``np.copyto``
+  of the same arrays; in_cache_spread runs it in fresh processes (where an
+  array lands is drawn once a process) and gives each ratio's spread over them.
 
 ``--only NAME,...`` runs some of these; ``--out`` writes them elsewhere (a second machine).
 """
@@ -38,7 +43,9 @@ kernels called with different arguments.
 import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -498,6 +505,46 @@ def torch_small_calls(rounds, inner, shapes=((1, 768), (1, 4096), (8, 4096)), si
             "torch_threads": torch.get_num_threads()}
 
 
+def in_cache(rounds, rows=512, n=4096):
+    """One process's ratios over np.copyto: the forwards into a mapped (rows, n) float32 out=."""
+    x, w, b = forward_args(rows, n, np.random.default_rng(0))
+    y = np.empty_like(x)
+    cx, cy = x.reshape(8, 64, -1), y.reshape(8, 64, -1)  # the same bytes as (N, C, HW): 64 channels
+    cw, cb = w[:64], b[:64]
+    variants = {"copy": lambda: np.copyto(y, x),
+                "layer_norm": lambda: numbanorm.layer_norm(x, (n,), w, b, out=y),
+                "layer_norm_weight": lambda: numbanorm.layer_norm(x, (n,), w, None, out=y),
+                "layer_norm_plain": lambda: numbanorm.layer_norm(x, (n,), None, None, out=y),
+                "rms_norm": lambda: numbanorm.rms_norm(x, (n,), w, out=y),
+                "group_norm_8": lambda: numbanorm.group_norm(cx, 8, cw, cb, out=cy),
+                "instance_norm": lambda: numbanorm.group_norm(cx, 64, cw, cb, out=cy)}
+    ratios = round_robin(variants, rounds, "copy", inner=5)
+    stat = Path("/proc/thread-self/stat")  # (Linux) the CPU the calling thread, the copy's, ran on last
+    cpu = int(stat.read_text().rsplit(")", 1)[1].split()[36]) if stat.exists() else None
+    return {"shape": [rows, n], "group_shape": list(cx.shape), "bytes_out": y.nbytes,
+            "streamed": bool(memory.should_stream(y)), "copy_cpu": cpu, **ratios}
+
+
+def in_cache_spread(processes, rounds, rows=512, n=4096):
+    """:func:`in_cache` in ``processes`` fresh processes, on this one's thread count: each ratio
+    per process and its least, median and greatest over them."""
+    runs = []
+    root = Path(__file__).resolve().parents[1]
+    for _ in range(processes):
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "in_cache.json"
+            code = ("import sys, json, numba; from benchmarks import design_probes as p; "
+                    f"numba.set_num_threads({numba.get_num_threads()}); "
+                    f"json.dump(p.in_cache({rounds}, {rows}, {n}), open(sys.argv[1], 'w'))")
+            subprocess.run([sys.executable, "-c", code, str(out)], cwd=root, check=True)
+            runs.append(json.loads(out.read_text()))
+    ratios = {k: [r["ratio_to_copy"][k] for r in runs] for k in runs[0]["ratio_to_copy"]}
+    return {"shape": [rows, n], "processes": processes, "rounds": rounds, "streamed": runs[0]["streamed"],
+            "ratio_to_copy": ratios, "copy_cpu": [r["copy_cpu"] for r in runs],
+            "spread": {k: {"least": min(v), "median": float(np.median(v)), "greatest": max(v)}
+                       for k, v in ratios.items()}}
+
+
 PROBES = {
     "streaming": lambda q: streaming(30 // q, 60 // q),
     "backward_streaming": lambda q: backward_streaming(20 // q),
@@ -507,6 +554,7 @@ PROBES = {
     "row_costs": lambda q: row_costs(15 // q),
     "vector_width": lambda q: vector_width(31 // q),
     "torch_small_calls": lambda q: torch_small_calls(15 // q, 100),
+    "in_cache_spread": lambda q: in_cache_spread(24 // q, 25 // q),
 }
 
 

@@ -921,6 +921,10 @@ def test_design_probes_call_the_kernels_with_their_current_arguments():
     back = design_probes.backward_streaming(1, shapes=((8, 96),), dtypes=("float32",))
     assert [c["fresh_output"] for c in back["cases"]] == [True, False]
     assert all(c["ratio_to_copy"]["streaming"] > 0 and c["ratio_to_copy"]["ordinary"] > 0 for c in back["cases"])
+    spread = design_probes.in_cache_spread(1, 1, rows=8, n=64)  # (a fresh process of its own)
+    assert not spread["streamed"] and set(spread["ratio_to_copy"]) == {
+        "layer_norm", "layer_norm_weight", "layer_norm_plain", "rms_norm", "group_norm_8", "instance_norm"}
+    assert all(len(v) == 1 and v[0] > 0 for v in spread["ratio_to_copy"].values())
 
 
 def test_the_streaming_sweep_spans_its_range_of_the_cache_in_whole_mib():
