@@ -17,6 +17,7 @@ import datetime as _dt
 import json
 import math
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -179,17 +180,51 @@ def git_state(root=None):
 
 
 def run(cases, threads=None, impls=None, peers=measure.PEERS, note="", skipped=(), cold=True,
-        compile_times=True, show_progress=True, cold_python=None, **timing):
+        compile_times=True, show_progress=True, cold_python=None, draws=None, **timing):
     """Run ``cases`` (and the cold-start measurements, their processes on ``cold_python``
-    if given); returns the results dict."""
+    if given); returns the results dict.  ``draws``: case -> how many times to measure it,
+    each on arrays of its own (:func:`drawn`); None, once each."""
     threads = measure.set_threads(threads)
     load_before = measure.loadavg()
     rows = measure.sweep(cases, impls, peers, threads, show_progress=show_progress, desc="sweep", **timing)
+    for case in cases:
+        more = [measure.sweep([case], impls, peers, threads, show_progress=False, **timing)
+                for _ in range((draws(case) if draws else 1) - 1)]
+        if more:
+            at = [i for i, r in enumerate(rows) if _same_case(r, case)]
+            rows[at[0]:at[-1] + 1] = drawn([rows[at[0]:at[-1] + 1], *more])
     cold_start = {}
     if cold:
         cold_start = cold_start_runs(threads, compile_times, cold_python)
     meta = metadata(threads, note, load_before, measure.loadavg(), skipped, timing)
     return {"meta": meta, "rows": rows, "cold_start": cold_start}
+
+
+# the fields of a row that are a measurement: the median of a case's draws (drawn)
+MEASURED = ("median_s", "q20_s", "q80_s", "gbps", "x_floor", "x_floor_threads", "x_torch", "x_oracle")
+
+
+def _same_case(row, case):
+    return (row["norm"], tuple(row["shape"]), row["dtype"], row["groups"], row["direction"]) == (
+        case.norm, tuple(case.shape), case.dtype, case.groups, case.direction)
+
+
+def drawn(draws):
+    """One case's rows measured ``len(draws)`` times, each draw on arrays of its own (another
+    place in memory, another moment): each row's measured fields the median of its draws',
+    every ratio the median of the draws' own ratios; ``draws`` the count, ``x_floor_draws``
+    the draws' ratios to np.copyto.  (Where a case's arrays stay in the cache, one draw's
+    ratio is one of a wide spread on a shared VM: ``design_probes.in_cache_spread``.)"""
+    out = []
+    for row in draws[0]:
+        same = [r for d in draws for r in d if (r["impl"], r["mode"]) == (row["impl"], row["mode"])]
+        merged = dict(row, draws=len(same), x_floor_draws=[r["x_floor"] for r in same],
+                      case_wall_s=round(sum(r["case_wall_s"] for r in same), 3))
+        for f in MEASURED:
+            values = [r[f] for r in same if r.get(f) is not None]
+            merged[f] = statistics.median(values) if values else None
+        out.append(merged)
+    return out
 
 
 def cold_start_runs(threads, compile_times=True, python=None):

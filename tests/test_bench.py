@@ -229,6 +229,36 @@ def test_merge_replaces_only_rerun_cases(tiny_results):
     assert merged["meta"]["merged"][0]["rows_kept"] == 2
 
 
+def test_a_drawn_case_keeps_the_median_of_its_draws_in_place(monkeypatch):
+    """A case measured on several allocations (targets.DRAWN) keeps its place among the rows,
+    one row per implementation and mode, each measured field the median of the draws' and the
+    draws' own ratios beside it; the other cases are measured once."""
+    cases = [Case("rms_norm", "forward", (8, 64), "float32"), Case("layer_norm", "forward", (8, 64), "float32")]
+    sweep = measure.sweep
+    ratios = iter([0.5, 3.0, 1.5, 9.0])  # the drawn case's own draws, then anything
+
+    def fake(cs, *a, **k):
+        rows = sweep(cs, *a, **k)
+        for r in rows:
+            if r["norm"] == "layer_norm" and r["impl"] != "floor" and r["mode"] == "out":
+                r["x_floor"] = next(ratios)
+        return rows
+
+    monkeypatch.setattr(measure, "sweep", fake)
+    res = harness.run(cases, threads=1, impls=["cpu"], peers=("floor",), cold=False, show_progress=False,
+                      draws=lambda c: 3 if c.norm == "layer_norm" else 1, repeats=2)
+    assert [r["norm"] for r in res["rows"]] == ["rms_norm"] * 3 + ["layer_norm"] * 3
+    out = [r for r in res["rows"] if r["norm"] == "layer_norm" and r["mode"] == "out" and r["impl"] != "floor"]
+    assert len(out) == 1 and out[0]["draws"] == 3 and out[0]["x_floor_draws"] == [0.5, 3.0, 1.5]
+    assert out[0]["x_floor"] == 1.5
+    assert all("draws" not in r for r in res["rows"] if r["norm"] == "rms_norm")
+    assert targets.draws(Case("group_norm", "forward", (8, 64, 64, 64), "float32", 8)) == targets.DRAWS > 1
+    assert targets.draws(Case("layer_norm", "forward", (16384, 4096), "float32")) == 1
+    assert "a ratio is the median of theirs" in readme_table.render_targets([res], ["targets-x.json"])
+    once = dict(res, rows=[r for r in res["rows"] if "draws" not in r])
+    assert "median of theirs" not in readme_table.render_targets([once], ["targets-x.json"])
+
+
 def test_sweep_grid_and_memory_bound():
     cases, skipped = harness.sweep_cases(norms=("layer_norm",), dtypes=("float32",), rows=(256, 65536),
                                          hidden=(768, 8192), mem_limit=harness.BUFFERS["backward"] * 2**30)
