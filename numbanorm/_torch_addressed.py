@@ -42,6 +42,7 @@ _BITS_WEIGHTS = (layer_norm.forward_rows, rms_norm.forward_rows)
 _ROLE = {"x": "x", "r": "residual", "w": "weight", "b": "bias", "y": "y", "s": "s", "mean": "mean", "rstd": "rstd",
          "dy": "dy", "ds": "ds", "dx": "dx", "dweight": "dweight", "dbias": "dbias"}
 _X_LIKE = ("x", "residual", "y", "s", "dy", "ds", "dx")  # the roles in x's dtype (16-bit: as bits)
+_STATS = ("mean", "rstd")  # a LayerNorm forward's statistics: one tensor where a recorded call makes them
 # the most elements a plan runs (on the calling thread): see the module's docstring
 MOST = 2 * common.SERIAL_BELOW
 _PARAM = {r: p for p, r in _ROLE.items()}
@@ -166,9 +167,10 @@ class Calls:
         x = self.role["x"]
         made = [f"{r} = empty_like({x if r in _X_LIKE else f'likes[{k}]'})" for k, r in enumerate(self.made)]
         address = {r: f"{r}.data_ptr()" for r in self.made}
-        stacked = recorded is not None and len(self.made) - recorded[2] == 2
-        if stacked:  # (mean, rstd) in one tensor
-            first, second = self.made[-2:]
+        saved, setup, k = recorded or (None, None, None)
+        stacked = recorded is not None and self.made[-2:] == _STATS
+        if stacked:
+            first, second = _STATS
             made[-2:] = ["stats = empty_like(stacked)", f"{first} = stats.data_ptr()",
                          f"{second} = {first} + step"]
             address.update({first: first, second: second})
@@ -189,7 +191,6 @@ class Calls:
         params, args = ", ".join(self.roles), f"({', '.join(self.roles)},)"
         name, hit, miss = self.name, [f"return {returned}"], [f"return FULL(key, {args})"]
         if recorded is not None:
-            saved, _, k = recorded
             name, params = f"{name}_recorded", f"ctx, {params}"
             saved = saved[:-2] if stacked else saved
             hit = [f"ctx.save_for_backward({', '.join(saved)})", *(["ctx.stats = stats"] if stacked else []),
@@ -221,7 +222,7 @@ class Calls:
         linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
         env = {"PLAIN": _PLAIN, "PLANS": self.plans, "FULL": full, "empty_like": torch.empty_like,
                "NotCompiled": background.NotCompiled, "compile_later": background.compile_later,
-               "SETUP": recorded and recorded[1]}
+               "SETUP": setup}
         exec(compile(src, filename, "exec"), env)
         return env[name]
 
@@ -288,7 +289,7 @@ class Calls:
         if "eps" in self.roles:
             eps = given["eps"]
             eps = float(np.finfo(acc).eps) if eps is None else float(eps)
-        stats = [t for r, t in made.items() if r in ("mean", "rstd")]
+        stats = [t for r, t in made.items() if r in _STATS]
         stacked = torch.empty((2, *stats[0].shape), dtype=stats[0].dtype) if len(stats) == 2 else None
         return Plan(entry, tuple(likes), eps, m, n, common.n_chunks(m) if self.kind == "backward" else 0,
                     stacked, stats[0].nbytes if stacked is not None else 0)

@@ -266,13 +266,15 @@ def _register_autograd(op, forward):
     records a graph uses too (:func:`_recording`)."""
     k = len(op.plain_outputs)
     si = op.forward_roles.index("normalized_shape") if op.layout == "rows" else None
+    # each saved role's place: (1, its index) among the outputs, else (0, among the inputs)
+    where = [(1, op.forward_outputs.index(r)) if r in op.forward_outputs else (0, op.forward_roles.index(r))
+             for r in _saved(op)]
 
     def setup_context(ctx, inputs, output, outputs_stats=True):
         stats = output[k:]
         if outputs_stats:  # (the recording Function's outputs are the plain function's: _recording)
             ctx.mark_non_differentiable(*stats)
-        given = dict(zip(op.forward_roles, inputs), **dict(zip(op.forward_outputs, output)))
-        ctx.save_for_backward(*(given[r] for r in _saved(op)))
+        ctx.save_for_backward(*((inputs, output)[side][i] for side, i in where))
         ctx.normalized_shape = None if si is None else inputs[si]
         if op.fused:
             ctx.set_materialize_grads(False)  # an unused y or s sends None, not zeros
