@@ -183,13 +183,12 @@ def run(cases, threads=None, impls=None, peers=measure.PEERS, note="", skipped=(
         compile_times=True, show_progress=True, cold_python=None, draws=None, **timing):
     """Run ``cases`` (and the cold-start measurements, their processes on ``cold_python``
     if given); returns the results dict.  ``draws``: case -> how many times to measure it,
-    each on arrays of its own (:func:`drawn`); None, once each."""
+    each further time in a fresh process (:func:`sweep_apart`, :func:`drawn`); None, once each."""
     threads = measure.set_threads(threads)
     load_before = measure.loadavg()
     rows = measure.sweep(cases, impls, peers, threads, show_progress=show_progress, desc="sweep", **timing)
     for case in cases:
-        more = [measure.sweep([case], impls, peers, threads, show_progress=False, **timing)
-                for _ in range((draws(case) if draws else 1) - 1)]
+        more = [sweep_apart(case, impls, peers, threads, timing) for _ in range((draws(case) if draws else 1) - 1)]
         if more:
             at = [i for i, r in enumerate(rows) if _same_case(r, case)]
             rows[at[0]:at[-1] + 1] = drawn([rows[at[0]:at[-1] + 1], *more])
@@ -209,9 +208,29 @@ def _same_case(row, case):
         case.norm, tuple(case.shape), case.dtype, case.groups, case.direction)
 
 
+def sweep_apart(case, impls, peers, threads, timing):
+    """``measure.sweep([case], ...)``'s rows from a fresh process on this interpreter: another
+    allocation of the case's arrays, at another moment, in another process (each has been a
+    draw of its own on a shared VM: ``design_probes.in_cache_spread``)."""
+    import dataclasses
+    import subprocess
+    import tempfile
+
+    args = json.dumps([dataclasses.asdict(case), impls, list(peers), threads, timing])
+    code = ("import json, sys; from numbanorm.measure import Case, sweep; "
+            "c, impls, peers, threads, timing = json.loads(sys.argv[1]); "
+            "c['shape'] = tuple(c['shape']); "
+            "json.dump(sweep([Case(**c)], impls, tuple(peers), threads, show_progress=False, **timing), "
+            "open(sys.argv[2], 'w'))")
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "rows.json"
+        subprocess.run([sys.executable, "-c", code, args, str(out)], check=True, cwd=Path(__file__).parents[1])
+        return json.loads(out.read_text())
+
+
 def drawn(draws):
-    """One case's rows measured ``len(draws)`` times, each draw on arrays of its own (another
-    place in memory, another moment): each row's measured fields the median of its draws',
+    """One case's rows measured ``len(draws)`` times, each draw on arrays of its own in a process
+    of its own (:func:`sweep_apart`): each row's measured fields the median of its draws',
     every ratio the median of the draws' own ratios; ``draws`` the count, ``x_floor_draws``
     the draws' ratios to np.copyto.  (Where a case's arrays stay in the cache, one draw's
     ratio is one of a wide spread on a shared VM: ``design_probes.in_cache_spread``.)"""

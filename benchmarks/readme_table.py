@@ -370,8 +370,8 @@ def render_targets(runs, sources, cold=None):
     lines = ["The speed targets (`benchmarks/targets.py`) as measured by `python -m benchmarks.run --targets` "
              "on each CPU kind the project runs on, one results file per kind; a ratio is numbanorm's median "
              "time over the peer's, on 2 threads for numba and torch. A run holds for the code at its commit."
-             + (" Where a run measured a case on several allocations of its arrays (`targets.DRAWN`: the "
-                "cases whose arrays stay in cache), a ratio is the median of theirs."
+             + (" Where a run measured a case in several processes, each on arrays of its own "
+                "(`targets.DRAWN`: the cases whose arrays stay in cache), a ratio is the median of theirs."
                 if any(r.get("draws") for run in runs for r in run["rows"]) else ""),
              "", *(_run_line(k, r, s, newest) for k, r, s in zip(kinds, runs, sources)),
              "", *_markdown_table(("target", "case", "limit", *kinds), targets_rows(runs), 3),

@@ -11,7 +11,7 @@ one thread, the same copy on every numba thread), ``floor_threads`` the second a
 are measured by ``--half`` and ``--small``; ``python -m benchmarks.run
 --targets`` measures exactly the cases below, numbanorm.torch's cost per call (modes
 ``no_grad``, ``grad``, ``module_no_grad``, ``module_grad``) by ``benchmarks.torch_calls``; the
-cases whose arrays stay in cache (:data:`DRAWN`) on :data:`DRAWS` allocations each, a row's
+cases whose arrays stay in cache (:data:`DRAWN`) in :data:`DRAWS` processes each, a row's
 ratios the median of theirs.
 """
 
@@ -33,8 +33,8 @@ ROW_NORMS = ("layer_norm", "rms_norm")
 # GroupNorm's (8, 64, 64, 64) is 8 MiB too, under the stricter out= target above
 IN_CACHE = (("layer_norm", (512, 4096), None), ("rms_norm", (512, 4096), None))
 # The cases whose arrays stay in the last-level cache between calls (8 MiB a buffer), each
-# measured DRAWS times on arrays of their own (harness.drawn): on a shared 2-CPU VM one
-# allocation's ratio is one draw of a wide spread (design_probes.in_cache_spread)
+# measured DRAWS times, in processes and on arrays of their own (harness.drawn): on a shared
+# 2-CPU VM one allocation's ratio is one draw of a wide spread (design_probes.in_cache_spread)
 DRAWN = {shape for _, shape, _ in IN_CACHE} | {(8, 64, 64, 64)}
 DRAWS = 5
 HALF = ("float16", "bfloat16")

@@ -245,6 +245,9 @@ def test_a_drawn_case_keeps_the_median_of_its_draws_in_place(monkeypatch):
         return rows
 
     monkeypatch.setattr(measure, "sweep", fake)
+    # (the draws after the first in this process: sweep_apart's fresh processes, tested below)
+    monkeypatch.setattr(harness, "sweep_apart", lambda case, impls, peers, threads, timing: fake(
+        [case], impls, peers, threads, show_progress=False, **timing))
     res = harness.run(cases, threads=1, impls=["cpu"], peers=("floor",), cold=False, show_progress=False,
                       draws=lambda c: 3 if c.norm == "layer_norm" else 1, repeats=2)
     assert [r["norm"] for r in res["rows"]] == ["rms_norm"] * 3 + ["layer_norm"] * 3
@@ -257,6 +260,14 @@ def test_a_drawn_case_keeps_the_median_of_its_draws_in_place(monkeypatch):
     assert "a ratio is the median of theirs" in readme_table.render_targets([res], ["targets-x.json"])
     once = dict(res, rows=[r for r in res["rows"] if "draws" not in r])
     assert "median of theirs" not in readme_table.render_targets([once], ["targets-x.json"])
+
+
+def test_a_case_swept_apart_comes_back_from_a_fresh_process():
+    case = Case("group_norm", "forward", (2, 4, 8), "float32", 2)
+    rows = harness.sweep_apart(case, ["cpu"], ("floor",), 1, {"repeats": 2})
+    assert {(r["impl"], r["mode"]) for r in rows} == {("numbanorm.cpu", "out"), ("numbanorm.cpu", "alloc"),
+                                                     ("floor", "out")}
+    assert all(r["norm"] == "group_norm" and r["groups"] == 2 and r["median_s"] > 0 for r in rows)
 
 
 def test_sweep_grid_and_memory_bound():
