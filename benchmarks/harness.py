@@ -217,10 +217,10 @@ def sweep_apart(case, impls, peers, threads, timing):
     import tempfile
 
     args = json.dumps([dataclasses.asdict(case), impls, list(peers), threads, timing])
-    code = ("import json, sys; from numbanorm.measure import Case, sweep; "
+    code = ("import json, sys; from numbanorm.measure import Case; from benchmarks import measure; "
             "c, impls, peers, threads, timing = json.loads(sys.argv[1]); "
             "c['shape'] = tuple(c['shape']); "
-            "json.dump(sweep([Case(**c)], impls, tuple(peers), threads, show_progress=False, **timing), "
+            "json.dump(measure.sweep([Case(**c)], impls, tuple(peers), threads, show_progress=False, **timing), "
             "open(sys.argv[2], 'w'))")
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "rows.json"
