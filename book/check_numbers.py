@@ -221,6 +221,8 @@ DECLARED: dict[str, list[tuple[str | re.Pattern, str, str]]] = {
         ("shifted right by 62", "definition", "the opaque zero's construction"),
         ("A (1, N) float32 forward", "definition", "one row"),
         ("rows of 1024 values", "setting", "the sweep's rows"),
+        ("this CPU's 48 KiB L1 data cache", "definition", "Zen 5's L1 data cache, per core"),
+        ("a shared 2-CPU virtual machine", "definition", "the VM the spread was measured on"),
     ],
 }
 
