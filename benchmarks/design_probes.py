@@ -43,9 +43,7 @@ kernels called with different arguments.
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -61,7 +59,7 @@ from numbanorm.cpu._kernels import rms_norm as rms
 from numbanorm.cpu._kernels.halves import kernel_view
 
 from . import measure
-from .harness import metadata
+from .harness import in_child, metadata
 
 OUT = Path(__file__).parent / "results" / "design-probes.json"
 
@@ -528,16 +526,10 @@ def in_cache(rounds, rows=512, n=4096):
 def in_cache_spread(processes, rounds, rows=512, n=4096):
     """:func:`in_cache` in ``processes`` fresh processes, on this one's thread count: each ratio
     per process and its least, median and greatest over them."""
-    runs = []
-    root = Path(__file__).resolve().parents[1]
-    for _ in range(processes):
-        with tempfile.TemporaryDirectory() as d:
-            out = Path(d) / "in_cache.json"
-            code = ("import sys, json, numba; from benchmarks import design_probes as p; "
-                    f"numba.set_num_threads({numba.get_num_threads()}); "
-                    f"json.dump(p.in_cache({rounds}, {rows}, {n}), open(sys.argv[1], 'w'))")
-            subprocess.run([sys.executable, "-c", code, str(out)], cwd=root, check=True)
-            runs.append(json.loads(out.read_text()))
+    code = ("import sys, json, numba; from benchmarks import design_probes as p; "
+            f"numba.set_num_threads({numba.get_num_threads()}); "
+            f"json.dump(p.in_cache({rounds}, {rows}, {n}), open(sys.argv[1], 'w'))")
+    runs = [in_child(code) for _ in range(processes)]
     ratios = {k: [r["ratio_to_copy"][k] for r in runs] for k in runs[0]["ratio_to_copy"]}
     return {"shape": [rows, n], "processes": processes, "rounds": rounds, "streamed": runs[0]["streamed"],
             "ratio_to_copy": ratios, "copy_cpu": [r["copy_cpu"] for r in runs],

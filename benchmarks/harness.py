@@ -213,18 +213,24 @@ def sweep_apart(case, impls, peers, threads, timing):
     allocation of the case's arrays, at another moment, in another process (each has been a
     draw of its own on a shared VM: ``design_probes.in_cache_spread``)."""
     import dataclasses
+
+    args = json.dumps([dataclasses.asdict(case), impls, list(peers), threads, timing])
+    return in_child("import json, sys; from numbanorm.measure import Case; from benchmarks import measure; "
+                    "c, impls, peers, threads, timing = json.loads(sys.argv[1]); "
+                    "c['shape'] = tuple(c['shape']); "
+                    "json.dump(measure.sweep([Case(**c)], impls, tuple(peers), threads, show_progress=False, "
+                    "**timing), open(sys.argv[2], 'w'))", args)
+
+
+def in_child(code, *args):
+    """The JSON that ``python -c code *args PATH`` writes to PATH (its last argument), run on
+    this interpreter from the repository's root: a measurement in a fresh process."""
     import subprocess
     import tempfile
 
-    args = json.dumps([dataclasses.asdict(case), impls, list(peers), threads, timing])
-    code = ("import json, sys; from numbanorm.measure import Case; from benchmarks import measure; "
-            "c, impls, peers, threads, timing = json.loads(sys.argv[1]); "
-            "c['shape'] = tuple(c['shape']); "
-            "json.dump(measure.sweep([Case(**c)], impls, tuple(peers), threads, show_progress=False, **timing), "
-            "open(sys.argv[2], 'w'))")
     with tempfile.TemporaryDirectory() as d:
-        out = Path(d) / "rows.json"
-        subprocess.run([sys.executable, "-c", code, args, str(out)], check=True, cwd=Path(__file__).parents[1])
+        out = Path(d) / "out.json"
+        subprocess.run([sys.executable, "-c", code, *args, str(out)], check=True, cwd=Path(__file__).parents[1])
         return json.loads(out.read_text())
 
 
