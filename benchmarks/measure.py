@@ -41,9 +41,9 @@ How it is timed (:func:`time_runners`)
 --------------------------------------
 1. each runner's first call is timed alone (``first_call_s``: numba's compile
    or cache load for the first case of a signature, torch's lazy set-up);
-2. one more (warm) call, timed, picks ``number``, the calls per sample, so a
-   sample lasts at least ``min_sample_s`` (timer resolution and call overhead
-   amortised);
+2. the faster of two more (warm) calls, timed, picks ``number``, the calls per
+   sample, so a sample lasts at least ``min_sample_s`` (timer resolution and call
+   overhead amortised);
 3. ``repeats`` rounds, round-robin over the runners (each round starting one
    runner later), so machine noise -- other jobs, frequency changes -- hits
    every implementation alike; the garbage collector is off meanwhile;

@@ -8,10 +8,10 @@ holds its arrays on one :class:`HostSide` or GPU side; :func:`build_runners` mak
 zero-argument calls over them (the registry's kernel implementations, forward into a
 preallocated ``out=`` and allocating; the peers of ``PEER_CALLS``: ``torch.nn.functional``,
 the NumPy oracle, the ``np.copyto`` bandwidth floor), and :func:`time_runners` times
-them round-robin: first call alone, a warm call to size the samples, then rounds that
-start one runner later each, medians and 20/80 % quantiles.  ``Case.bytes`` counts
-x and y forward, x, dy and dx backward (``KERNEL_ARRAYS``); the floor moves
-``FLOOR_ARRAYS``.  On a GPU every sample ends with a device synchronisation.
+them round-robin: first call alone, the faster of two warm calls to size the samples,
+then rounds that start one runner later each, medians and 20/80 % quantiles.
+``Case.bytes`` counts x and y forward, x, dy and dx backward (``KERNEL_ARRAYS``); the
+floor moves ``FLOOR_ARRAYS``.  On a GPU every sample ends with a device synchronisation.
 """
 
 from __future__ import annotations
@@ -473,7 +473,7 @@ def time_runners(runners, sync=lambda: None, *, repeats=None, budget_s=1.0, min_
     until ``budget_s`` seconds of them have run (at least ``min_repeats``, at
     most ``max_repeats``); ``max_s`` (default ``5 * budget_s``) cuts a case
     short after 3 rounds when a loaded machine makes every call slow.
-    ``number`` fixes the calls per sample (else the warm call picks it).
+    ``number`` fixes the calls per sample (else the faster warm call picks it).
     """
     clock = time.perf_counter
     for r in runners:
@@ -483,11 +483,12 @@ def time_runners(runners, sync=lambda: None, *, repeats=None, budget_s=1.0, min_
         r.first_call_s = clock() - t0
     compiled_in_background()
     for r in runners:
-        # the calls per sample come from a warm call, the faster of two: the first call
-        # may compile, and so may the first warm one (a repeated 16-bit small call loads
-        # a specialization of its own); a call of a second or more is warmed once
+        # the calls per sample come from the faster of two warm calls: the first call may
+        # compile, and so may the first warm one (a repeated 16-bit small call loads a
+        # specialization of its own), or fault in a fresh output's pages; a call of a
+        # second or more is warmed once
         one = _warm_call(r.fn, sync, clock)
-        if 0 < min_sample_s <= one < 1.0:
+        if min_sample_s > 0 and one < 1.0:
             one = min(one, _warm_call(r.fn, sync, clock))
         r.number = number or int(min(max_number, max(1, math.ceil(min_sample_s / one))))
     if max_s is None:
