@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import itertools
 import json
 import math
 import os
@@ -180,32 +181,35 @@ def git_state(root=None):
 
 
 def run(cases, threads=None, impls=None, peers=measure.PEERS, note="", skipped=(), cold=True,
-        compile_times=True, show_progress=True, cold_python=None, draws=None, **timing):
+        compile_times=True, show_progress=True, cold_python=None, draws=None, drawn_timing=None, **timing):
     """Run ``cases`` (and the cold-start measurements, their processes on ``cold_python``
     if given); returns the results dict.  ``draws``: case -> how many times to measure it,
-    each further time in a fresh process (:func:`sweep_apart`, :func:`drawn`); None, once each."""
+    each further time in a fresh process (:func:`sweep_apart`, :func:`drawn`); None, once each.
+    ``drawn_timing``: what replaces ``timing``'s entries for the cases measured more than once."""
     threads = measure.set_threads(threads)
     load_before = measure.loadavg()
-    rows = measure.sweep(cases, impls, peers, threads, show_progress=show_progress, desc="sweep", **timing)
-    for case in cases:
-        more = [sweep_apart(case, impls, peers, threads, timing) for _ in range((draws(case) if draws else 1) - 1)]
-        if more:
-            at = [i for i, r in enumerate(rows) if _same_case(r, case)]
-            rows[at[0]:at[-1] + 1] = drawn([rows[at[0]:at[-1] + 1], *more])
+    rows = []
+    # cases in their order, each run of them measured once swept as one (consecutive cases
+    # share their arrays), each case drawn more than once on its own
+    for times, group in itertools.groupby(cases, key=lambda c: draws(c) if draws else 1):
+        group = list(group)
+        if times == 1:
+            rows += measure.sweep(group, impls, peers, threads, show_progress=show_progress, desc="sweep", **timing)
+            continue
+        t = {**timing, **(drawn_timing or {})}
+        for case in group:
+            first = measure.sweep([case], impls, peers, threads, show_progress=False, **t)
+            rows += drawn([first, *(sweep_apart(case, impls, peers, threads, t) for _ in range(times - 1))])
     cold_start = {}
     if cold:
         cold_start = cold_start_runs(threads, compile_times, cold_python)
-    meta = metadata(threads, note, load_before, measure.loadavg(), skipped, timing)
+    drawn_at = {"drawn": drawn_timing} if drawn_timing and draws and any(draws(c) > 1 for c in cases) else {}
+    meta = metadata(threads, note, load_before, measure.loadavg(), skipped, {**timing, **drawn_at})
     return {"meta": meta, "rows": rows, "cold_start": cold_start}
 
 
 # the fields of a row that are a measurement: the median of a case's draws (drawn)
 MEASURED = ("median_s", "q20_s", "q80_s", "gbps", "x_floor", "x_floor_threads", "x_torch", "x_oracle")
-
-
-def _same_case(row, case):
-    return (row["norm"], tuple(row["shape"]), row["dtype"], row["groups"], row["direction"]) == (
-        case.norm, tuple(case.shape), case.dtype, case.groups, case.direction)
 
 
 def sweep_apart(case, impls, peers, threads, timing):

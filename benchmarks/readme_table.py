@@ -371,8 +371,11 @@ def render_targets(runs, sources, cold=None):
              "on each CPU kind the project runs on, one results file per kind; a ratio is numbanorm's median "
              "time over the peer's, on 2 threads for numba and torch. A run holds for the code at its commit."
              + (" Where a run measured a case in several processes, each on arrays of its own "
-                "(`targets.DRAWN`: the cases whose arrays stay in cache), a ratio is the median of theirs."
-                if any(r.get("draws") for run in runs for r in run["rows"]) else ""),
+                "(`targets.DRAWN`: the cases whose arrays stay in cache), a ratio is the median of theirs"
+                + "".join(f"; *{k}* timed those in samples of {1e3 * s:g} ms"
+                          for k, r in zip(kinds, runs)
+                          if (s := r["meta"].get("timing", {}).get("drawn", {}).get("min_sample_s")))
+                + "." if any(r.get("draws") for run in runs for r in run["rows"]) else ""),
              "", *(_run_line(k, r, s, newest) for k, r, s in zip(kinds, runs, sources)),
              "", *_markdown_table(("target", "case", "limit", *kinds), targets_rows(runs), 3),
              ""]

@@ -118,7 +118,8 @@ def main(argv=None):
     res = harness.run(cases, threads, a.impl, a.peers, a.note, skipped,
                       cold=a.device == "cpu" and not (a.no_cold_start or a.half or a.small),
                       compile_times=not a.no_compile_times, show_progress=not a.no_progress,
-                      cold_python=a.cold_python, draws=targets.draws if a.targets else None, **timing)
+                      cold_python=a.cold_python, draws=targets.draws if a.targets else None,
+                      drawn_timing=targets.DRAWN_TIMING, **timing)
     if a.targets and measure.torch_or_none() is not None:  # numbanorm.torch's cost per call
         from . import torch_calls
 

@@ -256,8 +256,10 @@ def test_a_drawn_case_keeps_the_median_of_its_draws_in_place(monkeypatch):
     cases = [Case("rms_norm", "forward", (8, 64), "float32"), Case("layer_norm", "forward", (8, 64), "float32")]
     sweep = measure.sweep
     ratios = iter([0.5, 3.0, 1.5, 9.0])  # the drawn case's own draws, then anything
+    samples = []  # (norm, the sample's least length) of every sweep
 
     def fake(cs, *a, **k):
+        samples.extend((c.norm, k.get("min_sample_s")) for c in cs)
         rows = sweep(cs, *a, **k)
         for r in rows:
             if r["norm"] == "layer_norm" and r["impl"] != "floor" and r["mode"] == "out":
@@ -269,7 +271,11 @@ def test_a_drawn_case_keeps_the_median_of_its_draws_in_place(monkeypatch):
     monkeypatch.setattr(harness, "sweep_apart", lambda case, impls, peers, threads, timing: fake(
         [case], impls, peers, threads, show_progress=False, **timing))
     res = harness.run(cases, threads=1, impls=["cpu"], peers=("floor",), cold=False, show_progress=False,
-                      draws=lambda c: 3 if c.norm == "layer_norm" else 1, repeats=2)
+                      draws=lambda c: 3 if c.norm == "layer_norm" else 1, drawn_timing={"min_sample_s": 1e-4},
+                      repeats=2)
+    # the drawn case in samples of its own length, three times, and not once more besides
+    assert samples == [("rms_norm", None)] + [("layer_norm", 1e-4)] * 3
+    assert res["meta"]["timing"] == {"repeats": 2, "drawn": {"min_sample_s": 1e-4}}
     assert [r["norm"] for r in res["rows"]] == ["rms_norm"] * 3 + ["layer_norm"] * 3
     out = [r for r in res["rows"] if r["norm"] == "layer_norm" and r["mode"] == "out" and r["impl"] != "floor"]
     assert len(out) == 1 and out[0]["draws"] == 3 and out[0]["x_floor_draws"] == [0.5, 3.0, 1.5]
@@ -277,7 +283,8 @@ def test_a_drawn_case_keeps_the_median_of_its_draws_in_place(monkeypatch):
     assert all("draws" not in r for r in res["rows"] if r["norm"] == "rms_norm")
     assert targets.draws(Case("group_norm", "forward", (8, 64, 64, 64), "float32", 8)) == targets.DRAWS > 1
     assert targets.draws(Case("layer_norm", "forward", (16384, 4096), "float32")) == 1
-    assert "a ratio is the median of theirs" in readme_table.render_targets([res], ["targets-x.json"])
+    text = readme_table.render_targets([res], ["targets-x.json"])
+    assert "a ratio is the median of theirs; *x* timed those in samples of 0.1 ms." in text
     once = dict(res, rows=[r for r in res["rows"] if "draws" not in r])
     assert "median of theirs" not in readme_table.render_targets([once], ["targets-x.json"])
 
