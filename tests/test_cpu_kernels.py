@@ -905,6 +905,56 @@ def test_rows_whose_sums_overflowed_in_a_parallel_call_in_place_and_not(dtype):
             assert_close(got, exp, dtype)
 
 
+def test_rows_are_grouped_where_a_row_with_its_weights_fills_l1():
+    """spans.grouping: rows of x, y, weight and bias of 48 KiB or more are written in groups
+    of rows, span by span; rows without weights, shorter ones and streamed ones whole."""
+    g = spans.grouping.py_func
+    assert g(4096, 2, 16, False) == (spans.GROUP_ROWS, spans.SPAN)  # float32, weight and bias: 64 KiB
+    assert g(4096, 1, 12, False) == (spans.GROUP_ROWS, spans.SPAN)  # weight alone: 48 KiB
+    assert g(2048, 2, 16, False) == (1, 2048)                       # 32 KiB
+    assert g(8192, 0, 8, False) == (1, 8192)                        # nothing to keep in L1
+    assert g(4096, 2, 16, True) == (1, 4096)                        # streamed: whole rows
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_grouped_rows_with_overflowed_and_nan_rows_among_them(rng, dtype):
+    """Rows written in groups (spans.grouping), a group's statistics before its writes: a
+    row whose sums overflowed is left to the rescaling variant and skipped by its group's
+    writes, a NaN row stays in its row, the last group is short and the last span too.
+    Every row the bits of its own call and of whole-row writes (streamed), in place too."""
+    m, n = 2 * spans.GROUP_ROWS + 3, 6 * spans.SPAN + 7
+    x = rng.standard_normal((m, n)).astype(dtype)
+    w = rng.uniform(0.5, 1.5, n).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype)
+    if dtype != np.float16:  # (float16 sums are float32: they do not overflow)
+        x[[1, spans.GROUP_ROWS + 2, m - 1]] *= 1e20 if dtype == np.float32 else 1e155
+    x[5, 7] = np.nan
+    size, acc = np.dtype(dtype).itemsize, 8 if dtype == np.float64 else 4
+    calls = {"layer_norm": (lambda a, **k: nn.layer_norm(a, n, w, b, **k), 2),
+             "rms_norm": (lambda a, **k: nn.rms_norm(a, n, w, **k), 1)}
+    for name, (f, params) in calls.items():
+        assert spans.grouping.py_func(n, params, 2 * size + params * acc, False)[0] > 1
+        whole = f(x)
+        assert np.isnan(whole[5]).all() and np.isfinite(np.delete(whole, 5, axis=0)).all(), name
+        for i in range(m):
+            np.testing.assert_array_equal(f(x[i:i + 1]), whole[i:i + 1], err_msg=f"{name} {i}")
+        inplace = x.copy()
+        f(inplace, out=inplace)
+        np.testing.assert_array_equal(inplace, whole, err_msg=name)
+        np.testing.assert_array_equal(unstreamed(f, x), whole, err_msg=name)
+    with background.synchronous():
+        stream_min = stream.STREAM_MIN_BYTES
+        stream.STREAM_MIN_BYTES = 0
+        try:
+            from numbanorm.cpu import _backend
+            _backend.plans._plans.clear()
+            for name, (f, _) in calls.items():
+                np.testing.assert_array_equal(f(x), unstreamed(f, x), err_msg=f"{name} streamed")
+        finally:
+            stream.STREAM_MIN_BYTES = stream_min
+            _backend.plans._plans.clear()
+
+
 def test_the_backwards_scratch_rows_are_freed():
     """Every array Numba's runtime allocates in a backward (the partial rows of
     ``common.empty_row``, an allocation written out by hand) is freed: across repeated

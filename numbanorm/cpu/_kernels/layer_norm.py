@@ -8,8 +8,10 @@ The forward takes both sums in one pass over the deviations from the mean of the
 row's first few elements, or in two (a corrected two-pass) where that shift is far
 from the mean (``shifted_stats``), and writes y in one more.  One row (up to tens of KiB)
 stays in L1/L2 between the passes, so x is read from memory once; the extra
-passes cost cache bandwidth only.  A large
-caller's ``out=`` is written with streaming stores (``memory``).
+passes cost cache bandwidth only.  Where a row of x, y, weight and bias would not fit
+L1, rows go in groups, their statistics first, then their writes span by span
+(``spans.grouping``).  A large caller's ``out=`` is written with streaming stores
+(``memory``), a row at a time.
 """
 
 import numpy as np
@@ -18,10 +20,10 @@ from .cache import njit  # numba.njit with a cache keyed on this package's sourc
 from .common import (FASTMATH, RESCALE, STREAMING, acc_of, empty_row, finish, in_blocks, in_partials, launch,
                      n_chunks, param, row_block, scratch_for, weights, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
-from .memory import (ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_apart, stream_row,
-                     stream_span)
+from .memory import (_itemsize, ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_apart,
+                     stream_row, stream_span)
 from .rescale import rescue_row, scaled_backward_row
-from .spans import normalize_span
+from .spans import grouping, normalize_span
 from .stats import overflowed, row_is_finite, row_stats
 from .sums import gradient_sums
 
@@ -60,34 +62,52 @@ def forward_rows(
     if STREAMING:
         scratch = np.empty((1, N if staged else 0), y.dtype)
         chunk = ahead_chunk(x)
+    # rows in groups, each group's statistics first, then its writes span by span, where
+    # weight and bias would not stay in L1 (spans.grouping); else, and streamed, one whole row
+    params = (w is not None) + (b is not None)
+    rows, span = grouping(N, params, 2 * _itemsize(x) + params * _itemsize(mean), STREAMING and stream)
+    kept = empty_row(3 * rows, mean)  # each row's mu, corr and rstd (-1: rescued), a third each
     left = 0
-    for i in range(lo, hi):
-        # one pass reads row i from memory (a second, from cache, where it cannot be trusted)
-        mu, corr, var = row_stats(x, i, zero)
-        r = one / np.sqrt(var + eps)
-        if overflowed(mu, r) and row_is_finite(x, i):
-            left += rescue_row(x, i, w, b, 0, 1, eps, y, i, mean, rstd, i)
-            continue
-        mean[i] = mu + corr
-        rstd[i] = r
-        # pass 3 writes the row whole (tiled, it was 3-4x slower: book, chapter 5): streamed,
-        # its whole lines straight out with streaming stores (memory) and the elements before
-        # and after them with plain ones, in one inlined copy for both (an array chosen
-        # between y and the scratch row there, Numba increfed x and y every row)
-        if STREAMING and staged:
-            normalize_span(x, i, mu, corr, r, w, b, scratch, 0, 0, N, False)
-            stream_row(y, i, scratch, 0)
-        else:
-            s0, s1 = stream_span(y, i) if STREAMING and stream else (N, N)
-            a, e = 0, s0
-            for part in range(2):
-                normalize_span(x, i, mu, corr, r, w, b, y, i, a, e, False)
-                if STREAMING:
-                    for c in range(s0 if part == 0 else s1, s1, chunk):  # the next row asked for as this one is written
-                        ce = min(c + chunk, s1)
-                        ask_ahead(x, i, hi, c, ce)
-                        normalize_span(x, i, mu, corr, r, w, b, y, i, c, ce, True)
-                a, e = s1, N
+    for g in range(lo, hi, rows):
+        ge = min(g + rows, hi)
+        for i in range(g, ge):
+            # one pass reads row i from memory (a second, from cache, where it cannot be trusted)
+            mu, corr, var = row_stats(x, i, zero)
+            r = one / np.sqrt(var + eps)
+            if overflowed(mu, r) and row_is_finite(x, i):
+                left += rescue_row(x, i, w, b, 0, 1, eps, y, i, mean, rstd, i)
+                r = -one
+            else:
+                mean[i] = mu + corr
+                rstd[i] = r
+            kept[i - g] = mu
+            kept[rows + i - g] = corr
+            kept[2 * rows + i - g] = r
+        for c in range(0, N, span):
+            ce = min(c + span, N)
+            for i in range(g, ge):
+                mu, corr, r = kept[i - g], kept[rows + i - g], kept[2 * rows + i - g]
+                if r == -one:
+                    continue
+                # streamed, a row is written whole (tiled, it was 3-4x slower: book, chapter 5):
+                # its whole lines straight out with streaming stores (memory) and the elements
+                # before and after them with plain ones, in one inlined copy for both (an array
+                # chosen between y and the scratch row there, Numba increfed x and y every row)
+                if STREAMING and staged:
+                    normalize_span(x, i, mu, corr, r, w, b, scratch, 0, 0, N, False)
+                    stream_row(y, i, scratch, 0)
+                else:
+                    s0, s1 = stream_span(y, i) if STREAMING and stream else (ce, ce)
+                    a, e = c, s0
+                    for part in range(2):
+                        normalize_span(x, i, mu, corr, r, w, b, y, i, a, e, False)
+                        if STREAMING:
+                            # the next row asked for as this one is written
+                            for t in range(s0 if part == 0 else s1, s1, chunk):
+                                te = min(t + chunk, s1)
+                                ask_ahead(x, i, hi, t, te)
+                                normalize_span(x, i, mu, corr, r, w, b, y, i, t, te, True)
+                        a, e = s1, ce
     if STREAMING and stream:
         store_fence()
     return left

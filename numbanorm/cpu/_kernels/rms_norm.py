@@ -17,10 +17,10 @@ from .cache import njit  # numba.njit with a cache keyed on this package's sourc
 from .common import (FASTMATH, STREAMING, acc_of, empty_row, finish, in_blocks, in_partials, launch,
                      n_chunks, param, row_block, scratch_for, weights, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
-from .memory import (ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_apart, stream_row,
-                     stream_span)
+from .memory import (_itemsize, ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_apart,
+                     stream_row, stream_span)
 from .rescale import rescue_rms_row
-from .spans import scale_span
+from .spans import grouping, scale_span
 from .stats import overflowed, row_is_finite, row_sum_squares
 from .sums import gradient_sums
 
@@ -50,28 +50,42 @@ def forward_rows(
     if STREAMING:
         scratch = np.empty((1, N if staged else 0), y.dtype)
         chunk = ahead_chunk(x)
+    # rows in groups where the weight would not stay in L1, as layer_norm.forward_rows
+    params = int(w is not None)
+    rows, span = grouping(N, params, 2 * _itemsize(x) + params * _itemsize(rstd), STREAMING and stream)
+    kept = empty_row(rows, rstd)  # each row's rstd (-1: rescued)
     left = 0
-    for i in range(lo, hi):
-        r = one / np.sqrt(row_sum_squares(x, i, zero) * inv_n + eps)
-        if overflowed(zero, r) and row_is_finite(x, i):  # as layer_norm.forward_rows
-            left += rescue_rms_row(x, i, w, eps, y, i, rstd)
-            continue
-        rstd[i] = r
-        # whole rows, streamed or not, as layer_norm.forward_rows (whose comments say why)
-        if STREAMING and staged:
-            scale_span(x, i, r, w, scratch, 0, 0, N, False)
-            stream_row(y, i, scratch, 0)
-        else:
-            s0, s1 = stream_span(y, i) if STREAMING and stream else (N, N)
-            a, e = 0, s0
-            for part in range(2):
-                scale_span(x, i, r, w, y, i, a, e, False)
-                if STREAMING:
-                    for c in range(s0 if part == 0 else s1, s1, chunk):  # the next row asked for (memory)
-                        ce = min(c + chunk, s1)
-                        ask_ahead(x, i, hi, c, ce)
-                        scale_span(x, i, r, w, y, i, c, ce, True)
-                a, e = s1, N
+    for g in range(lo, hi, rows):
+        ge = min(g + rows, hi)
+        for i in range(g, ge):
+            r = one / np.sqrt(row_sum_squares(x, i, zero) * inv_n + eps)
+            if overflowed(zero, r) and row_is_finite(x, i):  # as layer_norm.forward_rows
+                left += rescue_rms_row(x, i, w, eps, y, i, rstd)
+                r = -one
+            else:
+                rstd[i] = r
+            kept[i - g] = r
+        for c in range(0, N, span):
+            ce = min(c + span, N)
+            for i in range(g, ge):
+                r = kept[i - g]
+                if r == -one:
+                    continue
+                # whole rows where streamed, as layer_norm.forward_rows (whose comments say why)
+                if STREAMING and staged:
+                    scale_span(x, i, r, w, scratch, 0, 0, N, False)
+                    stream_row(y, i, scratch, 0)
+                else:
+                    s0, s1 = stream_span(y, i) if STREAMING and stream else (ce, ce)
+                    a, e = c, s0
+                    for part in range(2):
+                        scale_span(x, i, r, w, y, i, a, e, False)
+                        if STREAMING:
+                            for t in range(s0 if part == 0 else s1, s1, chunk):  # the next row asked for (memory)
+                                te = min(t + chunk, s1)
+                                ask_ahead(x, i, hi, t, te)
+                                scale_span(x, i, r, w, y, i, t, te, True)
+                        a, e = s1, ce
     if STREAMING and stream:
         store_fence()
     return left

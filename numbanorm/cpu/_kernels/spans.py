@@ -9,6 +9,30 @@ from .cache import njit  # numba.njit with a cache keyed on this package's sourc
 from .halves import narrow, widen
 from .memory import _itemsize, put_streaming
 
+# A forward row function whose rows of x, y, weight and bias take GROUP_FROM_BYTES or more
+# (the L1 data cache of Zen 5 and Emerald Rapids) takes the statistics of GROUP_ROWS rows,
+# then writes them SPAN elements of each in turn, so that the spans of weight and bias
+# stay in L1 for the group's rows (book, the CPU design log)
+GROUP_FROM_BYTES = 48 << 10
+GROUP_ROWS = 8
+SPAN = 1024
+
+
+@njit(cache=True, nogil=True, inline="always")
+def grouping(
+    n,      # scalar: elements in a row
+    params, # scalar: how many of weight and bias the call has
+    column, # scalar: bytes an element takes in x, y and those parameters together
+    whole,  # scalar bool: rows written whole (streamed)
+):
+    """``(rows, span)``: the rows whose statistics a forward row function takes before
+    their writes, and the elements of each it writes in turn (GROUP_FROM_BYTES).
+    Scalars only: an inlined function's array arguments are increfed where it is called
+    (memory.stream_row)."""
+    if params > 0 and not whole and n * column >= GROUP_FROM_BYTES:
+        return GROUP_ROWS, SPAN
+    return 1, n
+
 
 @njit(cache=True, fastmath={"contract"}, nogil=True, inline="always")
 def normalize_span(
