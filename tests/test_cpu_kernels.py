@@ -906,11 +906,12 @@ def test_rows_whose_sums_overflowed_in_a_parallel_call_in_place_and_not(dtype):
 
 
 def test_rows_are_grouped_where_a_row_with_its_weights_fills_l1():
-    """spans.grouping: rows of x, y, weight and bias of 48 KiB or more are written in groups
-    of rows, span by span; rows without weights, shorter ones and streamed ones whole."""
+    """spans.grouping: rows of x, y, weight and bias over 48 KiB are written in groups of
+    rows, span by span; rows without weights, shorter ones and streamed ones whole."""
     g = spans.grouping.py_func
     assert g(4096, 2, 16, False) == (spans.GROUP_ROWS, spans.SPAN)  # float32, weight and bias: 64 KiB
-    assert g(4096, 1, 12, False) == (spans.GROUP_ROWS, spans.SPAN)  # weight alone: 48 KiB
+    assert g(8192, 1, 12, False) == (spans.GROUP_ROWS, spans.SPAN)  # weight alone: 96 KiB
+    assert g(4096, 1, 12, False) == (1, 4096)                       # weight alone: 48 KiB
     assert g(2048, 2, 16, False) == (1, 2048)                       # 32 KiB
     assert g(8192, 0, 8, False) == (1, 8192)                        # nothing to keep in L1
     assert g(4096, 2, 16, True) == (1, 4096)                        # streamed: whole rows
@@ -922,7 +923,7 @@ def test_grouped_rows_with_overflowed_and_nan_rows_among_them(rng, dtype):
     row whose sums overflowed is left to the rescaling variant and skipped by its group's
     writes, a NaN row stays in its row, the last group is short and the last span too.
     Every row the bits of its own call and of whole-row writes (streamed), in place too."""
-    m, n = 2 * spans.GROUP_ROWS + 3, 6 * spans.SPAN + 7
+    m, n = 2 * spans.GROUP_ROWS + 3, 3 * spans.SPAN + 7
     x = rng.standard_normal((m, n)).astype(dtype)
     w = rng.uniform(0.5, 1.5, n).astype(dtype)
     b = rng.standard_normal(n).astype(dtype)

@@ -9,13 +9,13 @@ from .cache import njit  # numba.njit with a cache keyed on this package's sourc
 from .halves import narrow, widen
 from .memory import _itemsize, put_streaming
 
-# A forward row function whose rows of x, y, weight and bias take GROUP_FROM_BYTES or more
+# A forward row function whose rows of x, y, weight and bias take more than GROUP_FROM_BYTES
 # (the L1 data cache of Zen 5 and Emerald Rapids) takes the statistics of GROUP_ROWS rows,
 # then writes them SPAN elements of each in turn, so that the spans of weight and bias
 # stay in L1 for the group's rows (book, the CPU design log)
 GROUP_FROM_BYTES = 48 << 10
 GROUP_ROWS = 8
-SPAN = 1024
+SPAN = 2048
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -29,7 +29,7 @@ def grouping(
     their writes, and the elements of each it writes in turn (GROUP_FROM_BYTES).
     Scalars only: an inlined function's array arguments are increfed where it is called
     (memory.stream_row)."""
-    if params > 0 and not whole and n * column >= GROUP_FROM_BYTES:
+    if params > 0 and not whole and n * column > GROUP_FROM_BYTES:
         return GROUP_ROWS, SPAN
     return 1, n
 
