@@ -36,6 +36,10 @@ kernels called with different arguments.
   GroupNorm (8 groups) and InstanceNorm on the same bytes as 64 channels, over ``np.copyto``
   of the same arrays; in_cache_spread runs it in fresh processes (where an
   array lands is drawn once a process) and gives each ratio's spread over them.
+- row_groups: the forward row functions of LayerNorm (weight and bias, weight, neither)
+  and RMSNorm compiled for each order of their writes (``spans.grouping``: whole rows, or
+  groups of rows written span by span), over blocks of rows on every thread (a plain
+  prange loop around them), on rows in cache, over ``np.copyto``.
 
 ``--only NAME,...`` runs some of these; ``--out`` writes them elsewhere (a second machine).
 """
@@ -412,6 +416,62 @@ def vector_width(rounds, n=4096, cached=32, dtypes=("float16", "bfloat16", "floa
     return {"wide_vectors_here": [str(t) for t in WIDE_VECTORS], "cases": cases}
 
 
+def row_groups(rounds, rows=512, n=4096, orders=((1, 0), (8, 1024), (4, 1024), (16, 1024), (8, 512), (8, 2048))):
+    """LayerNorm's and RMSNorm's forward row functions compiled once for each write order
+    ``(GROUP_ROWS, SPAN)`` of ``spans.grouping`` ((1, 0): whole rows, one at a time), fresh
+    uncached compiles of the package's own functions, each run over blocks of rows on
+    every numba thread (``common.row_block``'s blocks, a plain prange loop: the package's
+    generated kernel is cached under the row function's name, which a variant must not
+    take), on (rows, n) float32 rows that stay in cache, over ``np.copyto`` of the same
+    arrays: with weight and bias, the weight alone and neither (LayerNorm), the weight
+    (RMSNorm)."""
+    from numba import njit, prange
+
+    from numbanorm.cpu._kernels import spans
+
+    x, w, b = forward_args(rows, n, np.random.default_rng(6))
+    y = np.empty_like(x)
+    mean, rstd = np.empty(rows, np.float32), np.empty(rows, np.float32)
+    eps, block = np.float32(1e-5), common.row_block(rows)
+
+    def parallel(rows_fn, rms):  # the row function over blocks of rows, as common.in_blocks's kernel
+        if rms:
+            @njit(parallel=True)
+            def run(x, w, b, eps, y, mean, rstd, block):
+                for k in prange(-(-x.shape[0] // block)):
+                    lo = np.int64(k) * block
+                    rows_fn(x, w, eps, y, rstd, False, lo, min(x.shape[0], lo + block))
+        else:
+            @njit(parallel=True)
+            def run(x, w, b, eps, y, mean, rstd, block):
+                for k in prange(-(-x.shape[0] // block)):
+                    lo = np.int64(k) * block
+                    rows_fn(x, w, b, eps, y, mean, rstd, False, lo, min(x.shape[0], lo + block))
+        return run
+
+    calls = {"layer_norm": (ln.forward_rows, w, b), "layer_norm_weight": (ln.forward_rows, w, None),
+             "layer_norm_plain": (ln.forward_rows, None, None), "rms_norm": (rms.forward_rows, w, None)}
+    saved = spans.GROUP_FROM_BYTES, spans.GROUP_ROWS, spans.SPAN
+    variants, first, same = {"copy": lambda: np.copyto(y, x)}, {}, True
+    try:
+        for group, span in orders:
+            # read when the row function is compiled (grouping is inlined into it)
+            spans.GROUP_FROM_BYTES = 1 << 62 if group == 1 else 0
+            spans.GROUP_ROWS, spans.SPAN = group, span
+            for name, (rows_fn, w_, b_) in calls.items():
+                options = {k: v for k, v in rows_fn.targetoptions.items() if k not in ("cache", "nopython")}
+                run = parallel(njit(**options)(rows_fn.py_func), rows_fn is rms.forward_rows)
+                run(x, w_, b_, eps, y, mean, rstd, block)
+                same = same and np.array_equal(first.setdefault(name, y.copy()), y)  # any order, the same bits
+                variants[f"{name} {group}x{span}"] = lambda run=run, a=(x, w_, b_, eps, y, mean, rstd, block): run(*a)
+    finally:
+        spans.GROUP_FROM_BYTES, spans.GROUP_ROWS, spans.SPAN = saved
+    inner = max(1, int(0.02 / max(timed_rounds({"c": variants["copy"]}, 3)["c"].min(), 1e-6)))
+    ratios = round_robin(variants, rounds, "copy", inner=inner)
+    return {"shape": [rows, n], "orders": [list(o) for o in orders], "threads": numba.get_num_threads(),
+            "same_bits": bool(same), **ratios}
+
+
 def torch_small_calls(rounds, inner, shapes=((1, 768), (1, 4096), (8, 4096)), sizes=(4, 8, 16, 32, 64)):
     """numbanorm.torch's LayerNorm (float32, weight and bias) by its plan (a call seen before,
     by its tensors' addresses: ``numbanorm._torch_addressed``) and by the full path (no plan
@@ -547,6 +607,7 @@ PROBES = {
     "vector_width": lambda q: vector_width(31 // q),
     "torch_small_calls": lambda q: torch_small_calls(15 // q, 100),
     "in_cache_spread": lambda q: in_cache_spread(24 // q, 25 // q),
+    "row_groups": lambda q: row_groups(15 // q),
 }
 
 

@@ -997,6 +997,12 @@ def test_design_probes_call_the_kernels_with_their_current_arguments():
     assert not spread["streamed"] and set(spread["ratio_to_copy"]) == {
         "layer_norm", "layer_norm_weight", "layer_norm_plain", "rms_norm", "group_norm_8", "instance_norm"}
     assert all(len(v) == 1 and v[0] > 0 for v in spread["ratio_to_copy"].values())
+    spans = importlib.import_module("numbanorm.cpu._kernels.spans")
+    before = spans.GROUP_FROM_BYTES, spans.GROUP_ROWS, spans.SPAN
+    groups = design_probes.row_groups(1, rows=5, n=70, orders=((1, 0), (2, 32)))
+    assert (spans.GROUP_FROM_BYTES, spans.GROUP_ROWS, spans.SPAN) == before  # set and put back
+    assert groups["same_bits"] and len(groups["ratio_to_copy"]) == 8
+    assert all(v > 0 for v in groups["ratio_to_copy"].values())
 
 
 def test_the_streaming_sweep_spans_its_range_of_the_cache_in_whole_mib():
