@@ -416,7 +416,13 @@ def vector_width(rounds, n=4096, cached=32, dtypes=("float16", "bfloat16", "floa
     return {"wide_vectors_here": [str(t) for t in WIDE_VECTORS], "cases": cases}
 
 
-def row_groups(rounds, rows=512, n=4096, orders=((1, 0), (8, 1024), (4, 1024), (16, 1024), (8, 512), (8, 2048))):
+def row_groups(rounds, shapes=((512, 4096), (256, 8192)),
+               orders=((1, 0), (8, 1024), (4, 1024), (16, 1024), (8, 512), (8, 2048))):
+    """:func:`row_order` for each (rows, n) of ``shapes``: 8 MiB of float32 at N = 4096 and 8192."""
+    return {"cases": [row_order(rounds, rows, n, orders) for rows, n in shapes]}
+
+
+def row_order(rounds, rows, n, orders):
     """LayerNorm's and RMSNorm's forward row functions compiled once for each write order
     ``(GROUP_ROWS, SPAN)`` of ``spans.grouping`` ((1, 0): whole rows, one at a time), fresh
     uncached compiles of the package's own functions, each run over blocks of rows on

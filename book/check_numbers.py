@@ -147,6 +147,8 @@ DECLARED: dict[str, list[tuple[str | re.Pattern, str, str]]] = {
         ("moves 8 bytes per float32 element", "definition", "a float32 read and write"),
         ("memory delivers 8 bytes", "definition", "the same bytes"),
         ("a 4096 x 1024 float32 problem", "setting", "the live probe's shape"),
+        ("are 16 bytes an element in float32", "definition", "four float32 arrays"),
+        ("fit a 48 KiB L1 data cache", "definition", "the L1 data cache of Zen 5 and Emerald Rapids"),
     ],
     "06_gpu_kernel.md": [
         ("offsets 16, 8, 4, 2 and 1", "definition", "a warp's butterfly"),
