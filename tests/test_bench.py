@@ -112,7 +112,7 @@ def test_a_slow_first_warm_call_does_not_set_the_calls_per_sample():
 
     r = Runner("a", "out", fn=fn)
     measure.time_runners([r], repeats=2, min_sample_s=2e-3)
-    assert r.number > 100
+    assert r.number > 5  # (the slow call sets 1; a fast one ~1000, fewer where a busy machine stalls it)
     assert len(calls) == 3 + 2 * r.number  # first, two warm calls, two rounds
 
 
@@ -999,10 +999,10 @@ def test_design_probes_call_the_kernels_with_their_current_arguments():
     assert all(len(v) == 1 and v[0] > 0 for v in spread["ratio_to_copy"].values())
     spans = importlib.import_module("numbanorm.cpu._kernels.spans")
     before = spans.GROUP_FROM_BYTES, spans.GROUP_ROWS, spans.SPAN
-    groups = design_probes.row_groups(1, rows=5, n=70, orders=((1, 0), (2, 32)))
+    groups = design_probes.row_groups(1, shapes=((5, 70),), orders=((1, 0), (2, 32)))["cases"]
     assert (spans.GROUP_FROM_BYTES, spans.GROUP_ROWS, spans.SPAN) == before  # set and put back
-    assert groups["same_bits"] and len(groups["ratio_to_copy"]) == 8
-    assert all(v > 0 for v in groups["ratio_to_copy"].values())
+    assert len(groups) == 1 and groups[0]["same_bits"] and len(groups[0]["ratio_to_copy"]) == 8
+    assert all(v > 0 for v in groups[0]["ratio_to_copy"].values())
 
 
 def test_the_streaming_sweep_spans_its_range_of_the_cache_in_whole_mib():
