@@ -21,6 +21,7 @@ meanwhile) or a call with a row left to the rescaling variant takes the full pat
 
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple
 
 import numpy as np
@@ -42,6 +43,22 @@ _ROLE = {"x": "x", "r": "residual", "w": "weight", "b": "bias", "y": "y", "s": "
          "dy": "dy", "ds": "ds", "dx": "dx", "dweight": "dweight", "dbias": "dbias"}
 _X_LIKE = ("x", "residual", "y", "s", "dy", "ds", "dx")  # the roles in x's dtype (16-bit: as bits)
 _STATS = ("mean", "rstd")  # a LayerNorm forward's statistics: one tensor where a recorded call makes them
+
+
+def _free_count():
+    """``sys.getrefcount`` of an object held by one local variable alone, as the generated
+    code takes a spare statistics tensor (``stats = spare.pop()``)."""
+    spare = [object()]
+    stats = spare.pop()
+    return sys.getrefcount(stats)
+
+
+# A recorded LayerNorm forward by its plan keeps its statistics tensor in the plan's list
+# ``spare`` as well as on ctx; the next call takes it (``list.pop``: no two threads take
+# the same one) and writes into it only where nothing else holds it, this count (ctx
+# gone: the graph freed), else makes a new one.  The tensor's allocation was a tenth of
+# such a call (the book's PyTorch design log).
+FREE = _free_count()
 # the most elements a plan runs (on the calling thread): see the module's docstring
 MOST = 2 * common.SERIAL_BELOW
 _PARAM = {r: p for p, r in _ROLE.items()}
@@ -81,6 +98,7 @@ class Plan(NamedTuple):
     blocks: int     # a backward's partial rows (common.n_chunks(m)); 0 for a forward
     stacked: object  # a forward's two statistics as one tensor (made like this one), or None
     step: int       # bytes from the first statistic to the second in it
+    spare: list     # a recorded forward's statistics tensors that a call may take again (FREE)
 
 
 class Calls:
@@ -170,8 +188,11 @@ class Calls:
         saved, setup, k = recorded or (None, None, None)
         stacked = recorded is not None and self.made[-2:] == _STATS
         if stacked:
+            # the statistics tensor of a call whose graph is gone, else a new one (FREE)
             first, second = _STATS
-            made[-2:] = ["stats = empty_like(stacked)", f"{first} = stats.data_ptr()",
+            made[-2:] = ["try:", "    stats = spare.pop()", "    if REFS(stats) != FREE:",
+                         "        stats = empty_like(stacked)", "except IndexError:",
+                         "    stats = empty_like(stacked)", f"{first} = stats.data_ptr()",
                          f"{second} = {first} + step"]
             address.update({first: first, second: second})
         given = []
@@ -193,7 +214,8 @@ class Calls:
         if recorded is not None:
             name, params = f"{name}_recorded", f"ctx, {params}"
             saved = saved[:-2] if stacked else saved
-            hit = [f"ctx.save_for_backward({', '.join(saved)})", *(["ctx.stats = stats"] if stacked else []),
+            hit = [f"ctx.save_for_backward({', '.join(saved)})",
+                   *(["ctx.stats = stats", "spare.append(stats)"] if stacked else []),
                    "ctx.normalized_shape = normalized_shape",
                    *(["ctx.set_materialize_grads(False)"] if "s" in saved else []),
                    f"return {returned if k == len(self.made) else ', '.join(self.made[:k])}"]
@@ -207,7 +229,7 @@ class Calls:
             f"    key = ({keys},)",
             "    plan = PLANS.get(key)",
             "    if plan is not None:",
-            "        entry, likes, eps_, m, n, blocks, stacked, step = plan",
+            "        entry, likes, eps_, m, n, blocks, stacked, step, spare = plan",
             *(f"        {line}" for line in made),
             "        try:",
             f"            left = entry({given})",
@@ -219,7 +241,7 @@ class Calls:
             *miss]
         env = {"PLAIN": _PLAIN, "PLANS": self.plans, "FULL": full, "empty_like": torch.empty_like,
                "NotCompiled": background.NotCompiled, "compile_later": background.compile_later,
-               "SETUP": setup}
+               "SETUP": setup, "REFS": sys.getrefcount, "FREE": FREE}
         return generate(name, f"({params})", body, env, None, "numbanorm.torch small calls")
 
     @property
@@ -288,4 +310,4 @@ class Calls:
         stats = [t for r, t in made.items() if r in _STATS]
         stacked = torch.empty((2, *stats[0].shape), dtype=stats[0].dtype) if len(stats) == 2 else None
         return Plan(entry, tuple(likes), eps, m, n, common.n_chunks(m) if self.kind == "backward" else 0,
-                    stacked, stats[0].nbytes if stacked is not None else 0)
+                    stacked, stats[0].nbytes if stacked is not None else 0, [])

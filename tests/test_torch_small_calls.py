@@ -267,6 +267,7 @@ def test_the_generated_implementation_reads_as_its_roles():
     assert "dx = empty_like(s)" in backward and "0 if ds is None else ds.data_ptr()" in backward
     recorded = inspect.getsource(nt._RECORDING["layer_norm"].__self__.forward)
     assert "ctx.save_for_backward(x, weight)" in recorded and "ctx.stats = stats" in recorded
+    assert "stats = spare.pop()" in recorded and "spare.append(stats)" in recorded
     assert "rstd = mean + step" in recorded
 
 
@@ -282,6 +283,64 @@ def test_the_recording_function_holds_what_apply_looks_up():
         for name in ("setup_context", "clear_saved_tensors_on_access", "boxed_grads_call"):
             assert name not in base or own[name] is base[name], name
         assert not function._is_setup_context_defined(apply.__self__.setup_context)
+
+
+def test_a_recorded_call_writes_no_statistics_a_graph_still_holds(monkeypatch):
+    """A recorded LayerNorm forward by its plan takes the statistics tensor of an earlier call
+    again (``_torch_addressed.FREE``) only once that call's graph is gone: graphs kept alive
+    keep their own, and each backward is torch's; after they are freed the next call reuses
+    one (an allocation saved a call)."""
+    n = 48
+    w = (torch.rand(n) + 0.5).requires_grad_()
+    b = torch.randn(n).requires_grad_()
+    xs = [torch.randn(2, n, generator=torch.Generator().manual_seed(i)).requires_grad_() for i in range(4)]
+    dy = torch.randn(2, n)
+    _learned(lambda: torch.autograd.grad(nt.layer_norm(xs[0], (n,), w, b), (xs[0], w, b), dy))  # both plans
+    _no_full_path(monkeypatch)
+    ys = [nt.layer_norm(x, (n,), w, b) for x in xs]  # every graph alive at once
+    held = [y.grad_fn.stats for y in ys]
+    assert len({t.data_ptr() for t in held}) == len(ys)  # none written twice
+    for x, y in zip(xs, ys):
+        got = torch.autograd.grad(y, (x, w, b), dy)
+        want = torch.autograd.grad(torch.nn.functional.layer_norm(x, (n,), w, b), (x, w, b), dy)
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+    spare = ys[-1].grad_fn.stats.data_ptr()  # the one in the plan's list
+    del ys, held, y
+    assert nt.layer_norm(xs[0], (n,), w, b).grad_fn.stats.data_ptr() == spare
+
+
+def test_recorded_calls_on_many_threads_keep_their_own_statistics(monkeypatch):
+    """Threads recording graphs by one plan at once, each keeping a few alive before their
+    backwards: every gradient is its own (a statistics tensor is taken with list.pop, and
+    written only where no graph holds it)."""
+    n = 64
+    w = (torch.rand(n) + 0.5).requires_grad_()
+    b = torch.randn(n).requires_grad_()
+    xs = [torch.randn(1, n, generator=torch.Generator().manual_seed(i)).requires_grad_() for i in range(6)]
+    dy = torch.randn(1, n)
+    want = [torch.autograd.grad(torch.nn.functional.layer_norm(x, (n,), w, b), x, dy)[0] for x in xs]
+    _learned(lambda: torch.autograd.grad(nt.layer_norm(xs[0], (n,), w, b), xs[0], dy))  # both plans
+    _no_full_path(monkeypatch)
+    bad = []
+
+    def work(k):
+        try:
+            for r in range(100):
+                picked = [(k + r + j) % len(xs) for j in range(3)]
+                ys = [nt.layer_norm(xs[i], (n,), w, b) for i in picked]
+                for i, y in zip(picked, ys):
+                    if not torch.allclose(torch.autograd.grad(y, xs[i], dy)[0], want[i], rtol=1e-5, atol=1e-5):
+                        bad.append(i)
+        except AssertionError as e:  # (the full path ran)
+            bad.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
 
 
 def test_calls_by_plans_on_many_threads(monkeypatch):
