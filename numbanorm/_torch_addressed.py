@@ -57,7 +57,7 @@ def _free_count():
 # ``spare`` as well as on ctx; the next call takes it (``list.pop``: no two threads take
 # the same one) and writes into it only where nothing else holds it, this count (ctx
 # gone: the graph freed), else makes a new one.  The tensor's allocation was a tenth of
-# such a call (the book's PyTorch design log).
+# such a call (the book's performance design log).
 FREE = _free_count()
 # the most elements a plan runs (on the calling thread): see the module's docstring
 MOST = 2 * common.SERIAL_BELOW
@@ -128,7 +128,7 @@ class Calls:
                        eps,)
                 plan = PLANS.get(key)
                 if plan is not None:
-                    entry, likes, eps_, m, n, blocks, stacked, step = plan
+                    entry, likes, eps_, m, n, blocks, stacked, step, spare = plan
                     y = empty_like(x)
                     try:
                         left = entry(x.data_ptr(), 0 if weight is None else weight.data_ptr(),
@@ -166,7 +166,8 @@ class Calls:
         shape on ``ctx``, anything else runs ``setup_context(ctx, args, output, False)`` on
         the full path's output; either returns the first ``k`` outputs.  Two statistics (the
         LayerNorms') are made as one tensor, ``ctx.stats`` (an allocation cost as much as the
-        kernel of a one-row call; an attribute, less than a saved tensor), not saved."""
+        kernel of a one-row call; an attribute, less than a saved tensor), not saved; or one
+        is taken again from the plan's ``spare`` (:data:`FREE`)."""
         arrays = [r for r in self.roles if r in ARRAY_ROLES]
         checks, key = [], []
         for r in self.roles:
