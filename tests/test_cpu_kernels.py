@@ -956,11 +956,12 @@ def test_grouped_rows_with_overflowed_and_nan_rows_among_them(rng, dtype):
             _backend.plans._plans.clear()
 
 
-def test_the_backwards_scratch_rows_are_freed():
-    """Every array Numba's runtime allocates in a backward (the partial rows of
-    ``common.empty_row``, an allocation written out by hand) is freed: across repeated
-    calls, on the calling thread and on Numba's, allocations and frees balance.  The
-    runtime counts them only when asked before it starts, hence a process of its own."""
+def test_the_row_functions_scratch_arrays_are_freed():
+    """Every array Numba's runtime allocates in a backward or a forward (the partial rows
+    and a group's kept statistics of ``common.empty_row``, an allocation written out by
+    hand) is freed: across repeated calls, on the calling thread and on Numba's,
+    allocations and frees balance.  The runtime counts them only when asked before it
+    starts, hence a process of its own."""
     import os
     import subprocess
     import sys
@@ -970,12 +971,13 @@ import numpy as np, numbanorm as nn
 from numba.core.runtime import rtsys
 from numbanorm.cpu._kernels import background
 rng = np.random.default_rng(0)
-for rows in (8, 256):  # the calling thread's row function, then the parallel kernel
-    x, dy = rng.standard_normal((2, rows, 300), dtype=np.float32)
-    w = np.ones(300, np.float32)
-    _, m, r = nn.layer_norm_forward(x, 300, w, w)
-    _, r2 = nn.rms_norm_forward(x, 300, w)
-    calls = lambda: (nn.layer_norm_backward(dy, x, m, r, 300, w), nn.rms_norm_backward(dy, x, r2, 300, w))
+for rows, n in ((8, 300), (256, 300), (8, 4100)):  # the calling thread's row function, the parallel
+    x, dy = rng.standard_normal((2, rows, n), dtype=np.float32)  # kernel; rows in groups (spans.grouping)
+    w = np.ones(n, np.float32)
+    _, m, r = nn.layer_norm_forward(x, n, w, w)
+    _, r2 = nn.rms_norm_forward(x, n, w)
+    calls = lambda: (nn.layer_norm_backward(dy, x, m, r, n, w), nn.rms_norm_backward(dy, x, r2, n, w),
+                     nn.layer_norm_forward(x, n, w, w), nn.rms_norm_forward(x, n, w))
     with background.synchronous():
         calls()
     before = rtsys.get_allocation_stats()

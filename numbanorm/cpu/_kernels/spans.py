@@ -1,6 +1,7 @@
 """The forward's row writers: elements ``lo:hi`` of a row normalized from its statistics
 (LayerNorm) or scaled by its rstd (RMSNorm), with ordinary or streaming stores
-(``memory``), shared by the norms' row functions and their fused forms (``add_norm``).
+(``memory``), shared by the norms' row functions and their fused forms (``add_norm``);
+and ``grouping``, the order in which the norms' row functions write their rows.
 """
 
 import numpy as np
