@@ -55,6 +55,25 @@ def _learned(call):
     return first
 
 
+def _on_threads(work, count):
+    """What ``work(k)`` (a generator of the wrong results it met) yields on ``count`` threads at
+    once, ``k`` each thread's number, and any AssertionError it raised (the full path ran)."""
+    bad = []
+
+    def run(k):
+        try:
+            bad.extend(work(k))
+        except AssertionError as e:
+            bad.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return bad
+
+
 FUSED = ("add_layer_norm", "add_rms_norm")
 
 
@@ -322,25 +341,16 @@ def test_recorded_calls_on_many_threads_keep_their_own_statistics(monkeypatch):
     want = [torch.autograd.grad(torch.nn.functional.layer_norm(x, (n,), w, b), x, dy)[0] for x in xs]
     _learned(lambda: torch.autograd.grad(nt.layer_norm(xs[0], (n,), w, b), xs[0], dy))  # both plans
     _no_full_path(monkeypatch)
-    bad = []
 
     def work(k):
-        try:
-            for r in range(100):
-                picked = [(k + r + j) % len(xs) for j in range(3)]
-                ys = [nt.layer_norm(xs[i], (n,), w, b) for i in picked]
-                for i, y in zip(picked, ys):
-                    if not torch.allclose(torch.autograd.grad(y, xs[i], dy)[0], want[i], rtol=1e-5, atol=1e-5):
-                        bad.append(i)
-        except AssertionError as e:  # (the full path ran)
-            bad.append(e)
+        for r in range(100):
+            picked = [(k + r + j) % len(xs) for j in range(3)]
+            ys = [nt.layer_norm(xs[i], (n,), w, b) for i in picked]
+            for i, y in zip(picked, ys):
+                if not torch.allclose(torch.autograd.grad(y, xs[i], dy)[0], want[i], rtol=1e-5, atol=1e-5):
+                    yield i
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not bad
+    assert not _on_threads(work, 4)
 
 
 def test_calls_by_plans_on_many_threads(monkeypatch):
@@ -352,23 +362,14 @@ def test_calls_by_plans_on_many_threads(monkeypatch):
     want = [nt.layer_norm(x, (n,), w, b) for x in xs]
     _learned(lambda: nt.layer_norm(xs[0], (n,), w, b))
     _no_full_path(monkeypatch)
-    bad = []
 
     def work(k):
-        try:
-            for r in range(200):
-                i = (k + r) % len(xs)
-                if not torch.equal(nt.layer_norm(xs[i], (n,), w, b), want[i]):
-                    bad.append(i)
-        except AssertionError as e:  # (the full path ran)
-            bad.append(e)
+        for r in range(200):
+            i = (k + r) % len(xs)
+            if not torch.equal(nt.layer_norm(xs[i], (n,), w, b), want[i]):
+                yield i
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not bad
+    assert not _on_threads(work, 4)
 
 
 def test_bfloat16_calls_have_plans_in_a_process_that_never_imported_ml_dtypes():
