@@ -918,7 +918,7 @@ def test_rows_are_grouped_where_a_row_with_its_weights_fills_l1():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
-def test_grouped_rows_with_overflowed_and_nan_rows_among_them(rng, dtype):
+def test_grouped_rows_with_overflowed_and_nan_rows_among_them(stream_everything, rng, dtype):
     """Rows written in groups (spans.grouping), a group's statistics before its writes: a
     row whose sums overflowed is left to the rescaling variant and skipped by its group's
     writes, a NaN row stays in its row, the last group is short and the last span too.
@@ -935,25 +935,14 @@ def test_grouped_rows_with_overflowed_and_nan_rows_among_them(rng, dtype):
              "rms_norm": (lambda a, **k: nn.rms_norm(a, n, w, **k), 1)}
     for name, (f, params) in calls.items():
         assert spans.grouping.py_func(n, params, 2 * size + params * acc, False)[0] > 1
-        whole = f(x)
+        whole = unstreamed(f, x)  # grouped
         assert np.isnan(whole[5]).all() and np.isfinite(np.delete(whole, 5, axis=0)).all(), name
         for i in range(m):
-            np.testing.assert_array_equal(f(x[i:i + 1]), whole[i:i + 1], err_msg=f"{name} {i}")
+            np.testing.assert_array_equal(unstreamed(f, x[i:i + 1]), whole[i:i + 1], err_msg=f"{name} {i}")
         inplace = x.copy()
-        f(inplace, out=inplace)
+        unstreamed(f, inplace, out=inplace)
         np.testing.assert_array_equal(inplace, whole, err_msg=name)
-        np.testing.assert_array_equal(unstreamed(f, x), whole, err_msg=name)
-    with background.synchronous():
-        stream_min = stream.STREAM_MIN_BYTES
-        stream.STREAM_MIN_BYTES = 0
-        try:
-            from numbanorm.cpu import _backend
-            _backend.plans._plans.clear()
-            for name, (f, _) in calls.items():
-                np.testing.assert_array_equal(f(x), unstreamed(f, x), err_msg=f"{name} streamed")
-        finally:
-            stream.STREAM_MIN_BYTES = stream_min
-            _backend.plans._plans.clear()
+        np.testing.assert_array_equal(f(x), whole, err_msg=f"{name} streamed")  # whole rows
 
 
 def test_the_row_functions_scratch_arrays_are_freed():
