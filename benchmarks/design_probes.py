@@ -440,23 +440,19 @@ def row_order(rounds, rows, n, orders):
     mean, rstd = np.empty(rows, np.float32), np.empty(rows, np.float32)
     eps, block = np.float32(1e-5), common.row_block(rows)
 
-    def parallel(rows_fn, rms):  # the row function over blocks of rows, as common.in_blocks's kernel
-        if rms:
-            @njit(parallel=True)
-            def run(x, w, b, eps, y, mean, rstd, block):
-                for k in prange(-(-x.shape[0] // block)):
-                    lo = np.int64(k) * block
-                    rows_fn(x, w, eps, y, rstd, False, lo, min(x.shape[0], lo + block))
-        else:
-            @njit(parallel=True)
-            def run(x, w, b, eps, y, mean, rstd, block):
-                for k in prange(-(-x.shape[0] // block)):
-                    lo = np.int64(k) * block
-                    rows_fn(x, w, b, eps, y, mean, rstd, False, lo, min(x.shape[0], lo + block))
+    def parallel(rows_fn):  # the row function over blocks of rows, as common.in_blocks's kernel
+        @njit(parallel=True)
+        def run(block, *args):  # args: the row function's own, x first, without the bounds
+            m = args[0].shape[0]
+            for k in prange(-(-m // block)):
+                lo = np.int64(k) * block
+                rows_fn(*args, lo, min(m, lo + block))
         return run
 
-    calls = {"layer_norm": (ln.forward_rows, w, b), "layer_norm_weight": (ln.forward_rows, w, None),
-             "layer_norm_plain": (ln.forward_rows, None, None), "rms_norm": (rms.forward_rows, w, None)}
+    calls = {"layer_norm": (ln.forward_rows, (x, w, b, eps, y, mean, rstd, False)),
+             "layer_norm_weight": (ln.forward_rows, (x, w, None, eps, y, mean, rstd, False)),
+             "layer_norm_plain": (ln.forward_rows, (x, None, None, eps, y, mean, rstd, False)),
+             "rms_norm": (rms.forward_rows, (x, w, eps, y, rstd, False))}
     saved = spans.GROUP_FROM_BYTES, spans.GROUP_ROWS, spans.SPAN
     variants, first, same = {"copy": lambda: np.copyto(y, x)}, {}, True
     try:
@@ -464,12 +460,12 @@ def row_order(rounds, rows, n, orders):
             # read when the row function is compiled (grouping is inlined into it)
             spans.GROUP_FROM_BYTES = 1 << 62 if group == 1 else 0
             spans.GROUP_ROWS, spans.SPAN = group, span
-            for name, (rows_fn, w_, b_) in calls.items():
+            for name, (rows_fn, args) in calls.items():
                 options = {k: v for k, v in rows_fn.targetoptions.items() if k not in ("cache", "nopython")}
-                run = parallel(njit(**options)(rows_fn.py_func), rows_fn is rms.forward_rows)
-                run(x, w_, b_, eps, y, mean, rstd, block)
+                run = parallel(njit(**options)(rows_fn.py_func))
+                run(block, *args)
                 same = same and np.array_equal(first.setdefault(name, y.copy()), y)  # any order, the same bits
-                variants[f"{name} {group}x{span}"] = lambda run=run, a=(x, w_, b_, eps, y, mean, rstd, block): run(*a)
+                variants[f"{name} {group}x{span}"] = lambda run=run, args=args: run(block, *args)
     finally:
         spans.GROUP_FROM_BYTES, spans.GROUP_ROWS, spans.SPAN = saved
     inner = max(1, int(0.02 / max(timed_rounds({"c": variants["copy"]}, 3)["c"].min(), 1e-6)))
