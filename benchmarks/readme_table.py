@@ -357,6 +357,16 @@ def _date(iso):
     return dt.date.fromisoformat(iso[:10])
 
 
+def _by_sample(kinds, runs):
+    """``{sample length in s: [kinds]}`` of the runs that timed their drawn cases in samples
+    of a set length (one sentence names every kind that shares one)."""
+    out = {}
+    for k, r in zip(kinds, runs):
+        if s := r["meta"].get("timing", {}).get("drawn", {}).get("min_sample_s"):
+            out.setdefault(s, []).append(k)
+    return out
+
+
 def render_targets(runs, sources, cold=None):
     """The markdown block of the speed targets per CPU kind (without the markers); ``cold``:
     ``(results, source)`` of a ``benchmarks.cold_start`` run, stated under the table."""
@@ -372,9 +382,8 @@ def render_targets(runs, sources, cold=None):
              "time over the peer's, on 2 threads for numba and torch. A run holds for the code at its commit."
              + (" Where a run measured a case in several processes, each on arrays of its own "
                 "(`targets.DRAWN`: the cases whose arrays stay in cache), a ratio is the median of theirs"
-                + "".join(f"; *{k}* timed those in samples of {1e3 * s:g} ms"
-                          for k, r in zip(kinds, runs)
-                          if (s := r["meta"].get("timing", {}).get("drawn", {}).get("min_sample_s")))
+                + "".join(f"; {' and '.join(f'*{k}*' for k in ks)} timed those in samples of {1e3 * s:g} ms"
+                          for s, ks in _by_sample(kinds, runs).items())
                 + "." if any(r.get("draws") for run in runs for r in run["rows"]) else ""),
              "", *(_run_line(k, r, s, newest) for k, r, s in zip(kinds, runs, sources)),
              "", *_markdown_table(("target", "case", "limit", *kinds), targets_rows(runs), 3),

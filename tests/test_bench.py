@@ -285,6 +285,9 @@ def test_a_drawn_case_keeps_the_median_of_its_draws_in_place(monkeypatch):
     assert targets.draws(Case("layer_norm", "forward", (16384, 4096), "float32")) == 1
     text = readme_table.render_targets([res], ["targets-x.json"])
     assert "a ratio is the median of theirs; *x* timed those in samples of 0.1 ms." in text
+    # two kinds that share a sample length share one clause
+    both = readme_table.render_targets([res, res], ["targets-x.json", "targets-y.json"])
+    assert "; *x* and *y* timed those in samples of 0.1 ms." in both
     once = dict(res, rows=[r for r in res["rows"] if "draws" not in r])
     assert "median of theirs" not in readme_table.render_targets([once], ["targets-x.json"])
 
