@@ -89,7 +89,7 @@ def forward_rows(
                 mu, corr, r = kept[i - g], kept[rows + i - g], kept[2 * rows + i - g]
                 if r == -one:
                     continue
-                # streamed, a row is written whole (tiled, it was 3-4x slower: book, chapter 5):
+                # streamed, a row is written whole (not in tiles: the CPU design log says why):
                 # its whole lines straight out with streaming stores (memory) and the elements
                 # before and after them with plain ones, in one inlined copy for both (an array
                 # chosen between y and the scratch row there, Numba increfed x and y every row)
