@@ -40,6 +40,11 @@ kernels called with different arguments.
   and RMSNorm compiled for each order of their writes (``spans.grouping``: whole rows, or
   groups of rows written span by span), over blocks of rows on every thread (a plain
   prange loop around them), on rows in cache, over ``np.copyto``.
+- fresh_output: a large LayerNorm forward (16-bit and float32) into a mapped ``out=`` and
+  into fresh arrays (in huge pages, NumPy's default, and in 4 KiB pages), beside PyTorch's
+  allocating call and the threaded copy into a mapped and a fresh array (needs torch).
+- group_passes: a GroupNorm forward whose arrays stay in cache, the public call, the
+  launcher and its statistics pass alone, beside PyTorch's call and the threaded copy (needs torch).
 
 ``--only NAME,...`` runs some of these; ``--out`` writes them elsewhere (a second machine).
 """
@@ -58,9 +63,11 @@ import numbanorm
 from numbanorm.cpu import _backend
 from numbanorm.cpu._kernels import background, common, memory
 from numbanorm.cpu._kernels.common import WIDE_VECTORS
+from numbanorm.cpu._kernels import group_norm as gn
 from numbanorm.cpu._kernels import layer_norm as ln
 from numbanorm.cpu._kernels import rms_norm as rms
 from numbanorm.cpu._kernels.halves import kernel_view
+from numbanorm.cpu._kernels.stats import row_stats
 
 from . import measure
 from .harness import in_child, metadata
@@ -599,6 +606,121 @@ def in_cache_spread(processes, rounds, rows=512, n=4096):
                        for k, v in ratios.items()}}
 
 
+def _torch_view(a):
+    """A torch tensor over ``a``'s memory (bfloat16: the same bits, viewed), or None without torch."""
+    torch = measure.torch_or_none()
+    if torch is None:
+        return None
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _torch_functional():
+    """``torch.nn.functional`` with torch on numba's thread count (the peers' rule: measure)."""
+    import torch
+
+    torch.set_num_threads(numba.get_num_threads())
+    return torch.nn.functional
+
+
+def _small_pages(call):
+    """``call`` with NumPy's huge-page advice off (it asks for huge pages for every large
+    array), so that its fresh output is mapped in 4 KiB pages, as PyTorch's is."""
+    from numpy._core import multiarray
+
+    def run():
+        before = multiarray._get_madvise_hugepage()
+        multiarray._set_madvise_hugepage(False)
+        try:
+            return call()
+        finally:
+            multiarray._set_madvise_hugepage(before)
+    return run
+
+
+def fresh_output(rounds, rows=16384, n=4096, dtypes=("float16", "bfloat16", "float32")):
+    """What a fresh output costs a large forward: LayerNorm (weight and bias) into a mapped
+    ``out=`` and into a fresh array (in huge pages, as NumPy asks for them, and in 4 KiB
+    pages), beside PyTorch's allocating call and the threaded copy into a mapped and into a
+    fresh array; milliseconds, medians over rounds, and the allocating call over torch's."""
+    F = _torch_functional()
+    rng = np.random.default_rng(5)
+    cases = []
+    for dtype in dtypes:
+        dt = measure.host_dtype(dtype)
+        x = rng.standard_normal((rows, n), dtype=np.float32).astype(dt)
+        w, b = rng.uniform(0.5, 1.5, n).astype(dt), rng.standard_normal(n).astype(dt)
+        y = np.full_like(x, 1.0)  # mapped: every page touched
+        tx, tw, tb = (_torch_view(a) for a in (x, w, b))
+        fresh = lambda: numbanorm.layer_norm(x, (n,), w, b)  # noqa: E731
+        t = timed_rounds({
+            "out": lambda: numbanorm.layer_norm(x, (n,), w, b, out=y),
+            "fresh": fresh,
+            "fresh_small_pages": _small_pages(fresh),
+            "torch": lambda: F.layer_norm(tx, (n,), tw, tb),
+            "copy_threads": lambda: measure.parallel_copy(y, x),
+            "copy_threads_fresh": lambda: measure.parallel_copy(np.empty_like(x), x),
+        }, rounds)
+        med = {k: float(np.median(v)) for k, v in t.items()}
+        cases.append({
+            "dtype": dtype, "shape": [rows, n], "bytes_out": x.nbytes, "rounds": rounds,
+            "ms": {k: round(v * 1e3, 3) for k, v in med.items()},
+            # the targets' ratio (the allocating call over torch's), and the same call into out=
+            "fresh_over_torch": round(float(np.median(t["fresh"] / t["torch"])), 3),
+            "out_over_torch": round(float(np.median(t["out"] / t["torch"])), 3),
+            # the share of the allocating call that is the fresh pages (the call into out= the rest)
+            "fresh_pages_share": round(1 - med["out"] / med["fresh"], 3),
+            # what the same fresh pages cost the threaded copy
+            "copy_fresh_over_copy": round(float(np.median(t["copy_threads_fresh"] / t["copy_threads"])), 3),
+        })
+        del x, y
+    return {"cases": cases, "torch_threads": numba.get_num_threads()}
+
+
+@numba.njit(parallel=True)
+def _group_statistics(xg, mean, block):
+    """The GroupNorm forward's statistics pass alone: ``stats.row_stats`` over every group
+    (a row of ``xg``), in the kernel's blocks of groups on every thread."""
+    zero = mean.dtype.type(0)
+    for k in numba.prange(-(-xg.shape[0] // block)):
+        for g in range(k * block, min(xg.shape[0], (k + 1) * block)):
+            mu, corr, var = row_stats(xg, g, zero)
+            mean[g] = mu + corr + var  # (kept, so that the pass is not optimized away)
+
+
+def group_passes(rounds, inner=20, shape=(8, 64, 64, 64), groups=8):
+    """A GroupNorm forward whose arrays stay in cache, in its parts: the public call into
+    ``out=`` and allocating, the launcher alone, its statistics pass alone, beside PyTorch's
+    call and the threaded copy of the same bytes; microseconds, medians over rounds, and
+    each over the copy's time."""
+    F = _torch_functional()
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal(shape, dtype=np.float32)
+    C = shape[1]
+    w, b = rng.uniform(0.5, 1.5, C).astype(np.float32), rng.standard_normal(C).astype(np.float32)
+    y = np.full_like(x, 1.0)
+    x3, y3 = x.reshape(shape[0], C, -1), y.reshape(shape[0], C, -1)
+    mean, rstd = np.empty((shape[0], groups), np.float32), np.empty((shape[0], groups), np.float32)
+    xg = x.reshape(shape[0] * groups, -1)
+    block = common.row_block(mean.size)
+    tx, tw, tb = (_torch_view(a) for a in (x, w, b))
+    t = timed_rounds({
+        "copy_threads": lambda: measure.parallel_copy(y, x),
+        "call_out": lambda: numbanorm.group_norm(x, groups, w, b, out=y),
+        "call_fresh": lambda: numbanorm.group_norm(x, groups, w, b),
+        "launcher": lambda: gn.forward(x3, w, b, 1e-5, y3, mean, rstd),
+        "statistics": lambda: _group_statistics(xg, mean.reshape(-1), block),
+        "torch": lambda: F.group_norm(tx, groups, tw, tb),
+    }, rounds, inner)
+    med = {k: float(np.median(v)) for k, v in t.items()}
+    return {"shape": list(shape), "groups": groups, "rounds": rounds, "inner": inner,
+            "us": {k: round(v * 1e6, 1) for k, v in med.items()},
+            "over_copy": {k: round(float(np.median(t[k] / t["copy_threads"])), 3) for k in t if k != "copy_threads"},
+            "call_fresh_over_torch": round(float(np.median(t["call_fresh"] / t["torch"])), 3),
+            "torch_threads": numba.get_num_threads()}
+
+
 PROBES = {
     "streaming": lambda q: streaming(30 // q, 60 // q),
     "backward_streaming": lambda q: backward_streaming(20 // q),
@@ -610,6 +732,8 @@ PROBES = {
     "torch_small_calls": lambda q: torch_small_calls(15 // q, 100),
     "in_cache_spread": lambda q: in_cache_spread(24 // q, 25 // q),
     "row_groups": lambda q: row_groups(15 // q),
+    "fresh_output": lambda q: fresh_output(15 // q),
+    "group_passes": lambda q: group_passes(31 // q),
 }
 
 
