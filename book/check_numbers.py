@@ -225,6 +225,10 @@ DECLARED: dict[str, list[tuple[str | re.Pattern, str, str]]] = {
         ("rows of 1024 values", "setting", "the sweep's rows"),
         ("this CPU's 48 KiB L1 data cache", "definition", "Zen 5's L1 data cache, per core"),
         ("a shared 2-CPU virtual machine", "definition", "the VM the spread was measured on"),
+        ("forward at 16384 x 4096 must take", "setting", "the 16-bit targets' case"),
+        ("in 4 KiB pages", "definition", "the base page size of x86-64 Linux"),
+        ("In 4 KiB pages", "definition", "the base page size of x86-64 Linux"),
+        ("forwards at (8, 64, 64, 64) must take", "setting", "the GroupNorm targets' case"),
     ],
 }
 

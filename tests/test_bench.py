@@ -1008,6 +1008,32 @@ def test_design_probes_call_the_kernels_with_their_current_arguments():
     assert all(v > 0 for v in groups[0]["ratio_to_copy"].values())
 
 
+def test_the_fresh_output_and_group_passes_probes():
+    """design_probes.fresh_output times the allocating forward in 4 KiB pages with NumPy's
+    huge-page advice off for that call alone; group_passes's statistics pass computes the
+    groups' real statistics (it stands for the kernel's first pass)."""
+    pytest.importorskip("torch")
+    from numpy._core import multiarray
+
+    from benchmarks import design_probes
+
+    before = multiarray._get_madvise_hugepage()
+    seen = []
+    design_probes._small_pages(lambda: seen.append(multiarray._get_madvise_hugepage()))()
+    assert seen == [False] and multiarray._get_madvise_hugepage() == before
+    fresh = design_probes.fresh_output(1, rows=16, n=64, dtypes=("bfloat16",))["cases"]
+    assert [c["dtype"] for c in fresh] == ["bfloat16"]
+    c = fresh[0]
+    assert set(c["ms"]) == {"out", "fresh", "fresh_small_pages", "torch", "copy_threads", "copy_threads_fresh"}
+    assert all(v > 0 for v in c["ms"].values()) and c["fresh_over_torch"] > 0
+    gp = design_probes.group_passes(1, 1, shape=(2, 8, 4, 4), groups=4)
+    assert set(gp["over_copy"]) == {"call_out", "call_fresh", "launcher", "statistics", "torch"}
+    x = np.random.default_rng(1).standard_normal((2 * 4, 2 * 16), dtype=np.float32)
+    got = np.empty(8, np.float32)
+    design_probes._group_statistics(x, got, 3)
+    np.testing.assert_allclose(got, x.mean(axis=1) + x.var(axis=1), rtol=1e-5, atol=1e-6)
+
+
 def test_the_streaming_sweep_spans_its_range_of_the_cache_in_whole_mib():
     from fractions import Fraction
 
