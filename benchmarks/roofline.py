@@ -1,6 +1,6 @@
 """The CPU's two roofs, measured: peak float32 FLOP/s and copy bandwidth on every thread.
 
-    python -m benchmarks.roofline                 # writes benchmarks/results/roofline-cpu.json
+    python -m benchmarks.roofline                 # writes benchmarks/results/roofline-<cpu kind>.json
     python -m benchmarks.roofline --print         # only print
 
 A roofline bounds a kernel's FLOP/s by ``min(peak FLOP/s, intensity * bandwidth)``, where
@@ -124,8 +124,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m benchmarks.roofline", description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int)
     ap.add_argument("--print", action="store_true", help="print, write no file")
-    ap.add_argument("--out", default=str(RESULTS / "roofline-cpu.json"))
+    ap.add_argument("--out", help="default results/roofline-<cpu kind>.json (one file per CPU kind, as the targets)")
     a = ap.parse_args(argv)
+    if a.out is None:
+        from .harness import cpu_kind
+
+        a.out = str(RESULTS / f"roofline-{cpu_kind()}.json")
     res = run(a.threads)
     print(json.dumps({k: res[k] for k in ("peak_gflops", "copy_gbps")}, indent=1))
     if not a.print:

@@ -338,6 +338,19 @@ def _synthetic_results(tmp_path):
     return path
 
 
+def test_the_readme_range_against_torch_counts_the_large_layer_and_rms_norm_calls(tmp_path):
+    res = harness.load_results(_synthetic_results(tmp_path))
+
+    def row(norm, shape, direction):
+        return next(r for r in res["rows"] if (r["norm"], tuple(r["shape"]), r["direction"], r["mode"], r["impl"])
+                    == (norm, shape, direction, "alloc", "numbanorm.cpu"))
+    row("layer_norm", (256, 768), "forward")["x_torch"] = 0.01     # small: left out
+    row("group_norm", (32, 256, 32, 32), "forward")["x_torch"] = 0.02  # not a row norm: left out
+    row("rms_norm", (65536, 768), "backward")["x_torch"] = 0.9
+    assert readme_table.large_over_torch(res) == (0.5, 0.9)
+    assert "forward and backward: 0.50x to 0.90x the time of" in readme_table.render(res, "x.json")
+
+
 def test_readme_table_is_deterministic_and_round_trips(tmp_path):
     path = _synthetic_results(tmp_path)
     res = harness.load_results(path)
