@@ -607,10 +607,9 @@ def in_cache_spread(processes, rounds, rows=512, n=4096):
 
 
 def _torch_view(a):
-    """A torch tensor over ``a``'s memory (bfloat16: the same bits, viewed), or None without torch."""
-    torch = measure.torch_or_none()
-    if torch is None:
-        return None
+    """A torch tensor over ``a``'s memory (bfloat16: the same bits, viewed)."""
+    import torch
+
     if a.dtype.name == "bfloat16":
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
@@ -626,7 +625,7 @@ def _torch_functional():
 
 def _small_pages(call):
     """``call`` with NumPy's huge-page advice off (it asks for huge pages for every large
-    array), so that its fresh output is mapped in 4 KiB pages, as PyTorch's is."""
+    array), so that its fresh output is mapped in 4 KiB pages."""
     from numpy._core import multiarray
 
     def run():
