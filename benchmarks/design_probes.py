@@ -606,20 +606,11 @@ def in_cache_spread(processes, rounds, rows=512, n=4096):
                        for k, v in ratios.items()}}
 
 
-def _torch_view(a):
-    """A torch tensor over ``a``'s memory (bfloat16: the same bits, viewed)."""
-    import torch
-
-    if a.dtype.name == "bfloat16":
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
-
-
 def _torch_functional():
-    """``torch.nn.functional`` with torch on numba's thread count (the peers' rule: measure)."""
+    """``torch.nn.functional`` with torch on numba's thread count (``measure.set_threads``)."""
     import torch
 
-    torch.set_num_threads(numba.get_num_threads())
+    measure.set_threads(numba.get_num_threads())
     return torch.nn.functional
 
 
@@ -651,7 +642,7 @@ def fresh_output(rounds, rows=16384, n=4096, dtypes=("float16", "bfloat16", "flo
         x = rng.standard_normal((rows, n), dtype=np.float32).astype(dt)
         w, b = rng.uniform(0.5, 1.5, n).astype(dt), rng.standard_normal(n).astype(dt)
         y = np.full_like(x, 1.0)  # mapped: every page touched
-        tx, tw, tb = (_torch_view(a) for a in (x, w, b))
+        tx, tw, tb = (measure.HostSide().to_torch(a) for a in (x, w, b))
         fresh = lambda: numbanorm.layer_norm(x, (n,), w, b)  # noqa: E731
         t = timed_rounds({
             "out": lambda: numbanorm.layer_norm(x, (n,), w, b, out=y),
@@ -703,7 +694,7 @@ def group_passes(rounds, inner=20, shape=(8, 64, 64, 64), groups=8):
     mean, rstd = np.empty((shape[0], groups), np.float32), np.empty((shape[0], groups), np.float32)
     xg = x.reshape(shape[0] * groups, -1)
     block = common.row_block(mean.size)
-    tx, tw, tb = (_torch_view(a) for a in (x, w, b))
+    tx, tw, tb = (measure.HostSide().to_torch(a) for a in (x, w, b))
     t = timed_rounds({
         "copy_threads": lambda: measure.parallel_copy(y, x),
         "call_out": lambda: numbanorm.group_norm(x, groups, w, b, out=y),

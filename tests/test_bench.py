@@ -342,8 +342,7 @@ def test_the_readme_range_against_torch_counts_the_large_layer_and_rms_norm_call
     res = harness.load_results(_synthetic_results(tmp_path))
 
     def row(norm, shape, direction):
-        return next(r for r in res["rows"] if (r["norm"], tuple(r["shape"]), r["direction"], r["mode"], r["impl"])
-                    == (norm, shape, direction, "alloc", "numbanorm.cpu"))
+        return readme_table._find(res["rows"], norm, shape, direction, "alloc", "float32", "cpu", "numbanorm.cpu")
     row("layer_norm", (256, 768), "forward")["x_torch"] = 0.01     # small: left out
     row("group_norm", (32, 256, 32, 32), "forward")["x_torch"] = 0.02  # not a row norm: left out
     row("rms_norm", (65536, 768), "backward")["x_torch"] = 0.9
