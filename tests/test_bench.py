@@ -393,6 +393,31 @@ def test_every_results_file_is_in_the_results_readme():
     assert named - files == set(), "the results README lists files that are not there"
 
 
+def test_the_results_readme_dates_each_file_as_its_metadata_does():
+    """A row's "Machine, date, commit" cell starts with the date and commit its JSON files'
+    own metadata record (a re-run that kept the old row, or a row naming the commit that
+    committed the file instead of the one measured, fails here)."""
+    import re
+
+    folder = ROOT / "benchmarks" / "results"
+    wrong = []
+    for line in (folder / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("| `") or len(cells) < 4:
+            continue
+        hashes = re.findall(r"`([0-9a-f]{7,40})`", cells[2])
+        dates = re.findall(r"\d{4}-\d\d-\d\d", cells[2])
+        for name in re.findall(r"`([^`/ ]+\.json)`", cells[0]):
+            path = folder / name if (folder / name).exists() else folder / "archive" / name
+            meta = json.loads(path.read_text()).get("meta", {})
+            git = meta.get("git")
+            commit = git.get("commit") if isinstance(git, dict) else git
+            date = (meta.get("date") or "")[:10]
+            if date and dates[:1] != [date] or commit and not (hashes and commit.startswith(hashes[0])):
+                wrong.append(f"{name}: meta {date} {str(commit)[:7]}, README {dates[:1]} {hashes[:1]}")
+    assert wrong == []
+
+
 def test_targets_pass_fail_and_missing(tmp_path):
     res = harness.load_results(_synthetic_results(tmp_path))
     ev = targets.evaluate(res)
