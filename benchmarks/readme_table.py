@@ -343,6 +343,11 @@ def targets_rows(runs):
              *(_target_cell(ev.get((rule, case))) for ev in evs)) for rule, case in keys]
 
 
+def _listed(words):
+    """``a``, ``a and b``, ``a, b and c``."""
+    return " and ".join(filter(None, (", ".join(words[:-1]), words[-1])))
+
+
 def _run_line(kind, run, source, newest):
     """What a column was measured on, when and at which commit; how much older than the newest run."""
     from . import targets
@@ -359,7 +364,10 @@ def _run_line(kind, run, source, newest):
     for earlier in meta.get("merged", []):  # (benchmarks.harness.merge: a subset re-run into the file)
         line += (f" The rows that run did not re-measure: {earlier['date'][:10]} at commit "
                  f"`{_commit(earlier)}`.")
-    line += _compile_and_main_job(run.get("cold_start") or {})
+    cold = run.get("cold_start") or {}
+    if cold.get("numba_alone"):
+        line += f" {_numba_alone(cold)}."
+    line += _compile_and_main_job(cold)
     days = (_date(newest) - _date(meta["date"])).days
     if days > 0:
         line += (f" **{days} day(s) older than the newest file here: what changed since is not measured "
@@ -398,7 +406,7 @@ def render_targets(runs, sources, cold=None):
              "time over the peer's, on 2 threads for numba and torch. A run holds for the code at its commit."
              + (" Where a run measured a case in several processes, each on arrays of its own "
                 "(`targets.DRAWN`: the cases whose arrays stay in cache), a ratio is the median of theirs"
-                + "".join(f"; {' and '.join(f'*{k}*' for k in ks)} timed those in samples of {1e3 * s:g} ms"
+                + "".join(f"; {_listed([f'*{k}*' for k in ks])} timed those in samples of {1e3 * s:g} ms"
                           for s, ks in _by_sample(kinds, runs).items())
                 + "." if any(r.get("draws") for run in runs for r in run["rows"]) else ""),
              "", *(_run_line(k, r, s, newest) for k, r, s in zip(kinds, runs, sources)),
@@ -423,10 +431,16 @@ def _cold_line(run, source):
         line += f"the first call of each of {len(fresh)} operation, direction and dtype from an empty cache, {min(fresh):.2f}-{max(fresh):.2f} s; "
     if cached:
         line += f"from a filled cache at most {max(cached):.2f} s; `import numbanorm` {statistics.median(imports):.2f} s (median)"
-    if c.get("numba_alone"):  # the machine's pace that day: Numba's own import and cached first call
-        a = c["numba_alone"]
-        line += f"; Numba alone beside it: import {a['import_s']:.2f} s, a cached trivial function {a['first_call_s']:.2f} s"
+    if c.get("numba_alone"):
+        line += "; " + _numba_alone(c)
     return line + "." + _compile_and_main_job(c)
+
+
+def _numba_alone(cold):
+    """The machine's pace that day, which the cold-start limits sit on: Numba's own import and
+    the first call of a cached trivial function, each in a new process."""
+    a = cold["numba_alone"]
+    return f"Numba alone beside it: import {a['import_s']:.2f} s, a cached trivial function {a['first_call_s']:.2f} s"
 
 
 def _compile_and_main_job(cold):

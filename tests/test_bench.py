@@ -288,6 +288,8 @@ def test_a_drawn_case_keeps_the_median_of_its_draws_in_place(monkeypatch):
     # two kinds that share a sample length share one clause
     both = readme_table.render_targets([res, res], ["targets-x.json", "targets-y.json"])
     assert "; *x* and *y* timed those in samples of 0.1 ms." in both
+    three = readme_table.render_targets([res] * 3, ["targets-x.json", "targets-y.json", "targets-z.json"])
+    assert "; *x*, *y* and *z* timed those in samples of 0.1 ms." in three
     once = dict(res, rows=[r for r in res["rows"] if "draws" not in r])
     assert "median of theirs" not in readme_table.render_targets([once], ["targets-x.json"])
 
@@ -825,6 +827,17 @@ def test_the_targets_block_states_a_cold_start_run_under_the_table(tmp_path):
     assert "test command from a copy of the clone: 351 s (venv 4 s, pip install 52 s, `python -m pytest` 295 s)" in line
     assert "Numba alone beside it: import 0.21 s, a cached trivial function 0.16 s." in line
     assert block.rstrip().endswith("--targets x.json --cold c.json`.")
+
+
+def test_a_targets_column_states_numba_alone_beside_its_cold_starts(tmp_path):
+    """A targets run with cold starts says, in its column's line, what Numba alone took on that
+    machine that day: the floor the cold-start limits sit on (a slow CPU's own import of
+    Numba can be over numbanorm's import limit)."""
+    run = harness.load_results(_synthetic_results(tmp_path))
+    assert "Numba alone" not in readme_table.render_targets([run], ["x.json"])
+    run["cold_start"] = {"cached": [], "numba_alone": {"import_s": 0.685, "first_call_s": 0.545}}
+    line = next(ln for ln in readme_table.render_targets([run], ["x.json"]).splitlines() if "(`x.json`)" in ln)
+    assert "Numba alone beside it: import 0.69 s, a cached trivial function 0.55 s." in line
 
 
 def test_the_readme_commands_run_from_a_copy_of_the_clone_in_a_venv_of_their_own(monkeypatch):
