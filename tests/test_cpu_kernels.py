@@ -435,6 +435,30 @@ def test_the_threshold_is_a_fraction_of_the_cache_counted_on_in_whole_lines():
     assert stream.should_stream(SimpleNamespace(nbytes=stream.STREAM_MIN_BYTES))
 
 
+def test_each_cpus_streaming_fraction_is_where_its_sweep_found_the_write_and_read_no_slower_streamed():
+    """memory.STREAM_FRACTIONS holds, for each CPU a committed sweep
+    (benchmarks/results/stream-sweep-<kind>.json) measured, the fraction of the cache from
+    which a forward and a read of its y were no slower streamed, capped at the whole cache;
+    a CPU without a sweep streams from the whole cache; the module's own is its host's."""
+    import json
+    from fractions import Fraction
+    from pathlib import Path
+
+    sweeps = sorted((Path(__file__).parent.parent / "benchmarks" / "results").glob("stream-sweep-*.json"))
+    assert sweeps
+    for path in sweeps:
+        run = json.loads(path.read_text())
+        cpu = run["meta"]["machine"]["cpu_target"]["llvm_cpu"]
+        found = min(Fraction(1), Fraction(run["crossover_then_read_of_cache"]).limit_denominator(64))
+        assert stream.stream_fraction(cpu) == found, path.name
+    assert stream.stream_fraction("a cpu no sweep measured") == 1
+    assert set(stream.STREAM_FRACTIONS) <= {json.loads(p.read_text())["meta"]["machine"]["cpu_target"]["llvm_cpu"]
+                                            for p in sweeps}
+    from llvmlite import binding
+
+    assert stream.STREAM_FRACTION == stream.stream_fraction(binding.get_host_cpu_name())
+
+
 @pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
 @pytest.mark.parametrize("out", [False, True], ids=["fresh", "out"])
 def test_a_large_output_is_streamed_fresh_or_given(name, out, stream_everything, monkeypatch):

@@ -318,10 +318,27 @@ def _cache_here():
     return size, cpus, cache_share(size, cpus)
 
 
+# By LLVM's name for the host CPU: the fraction of CACHE_BYTES from which a forward and a read
+# of its y right after are no slower streamed (benchmarks/streaming.py --then-read), where a
+# sweep found it under the whole cache; a test checks it against each stream-sweep-<cpu>.json
+STREAM_FRACTIONS = {"znver1": Fraction(3, 4)}
+
+
+def stream_fraction(cpu_name):
+    """The fraction of the cache from which outputs are streamed on the CPU LLVM names
+    ``cpu_name``: :data:`STREAM_FRACTIONS`'s, or the whole cache (a CPU no sweep measured)."""
+    return STREAM_FRACTIONS.get(cpu_name, Fraction(1))
+
+
+def _host_cpu_name():
+    from llvmlite import binding  # (the host's memory system, whatever Numba compiles for)
+
+    return binding.get_host_cpu_name()
+
+
 LAST_LEVEL_CACHE, CACHE_CPUS, CACHE_BYTES = _cache_here()
-# Outputs smaller than this take ordinary stores (see the module docstring): where
-# streaming stores started to win (benchmarks/streaming.py), as a fraction of CACHE_BYTES
-STREAM_FRACTION = Fraction(1)
+# Outputs smaller than this take ordinary stores (see the module docstring)
+STREAM_FRACTION = stream_fraction(_host_cpu_name())
 STREAM_MIN_BYTES = stream_min_bytes(CACHE_BYTES, STREAM_FRACTION)
 
 
