@@ -61,6 +61,44 @@ def test_repeated_16_bit_and_out_calls_take_the_small_call_path_with_the_full_pa
     np.testing.assert_array_equal(buf[1:].view(np.uint8), want.view(np.uint8))
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_replayed_out_call_apart_from_its_inputs_goes_straight_to_the_kernel(dtype, monkeypatch):
+    """A replayed forward into an ``out=`` that shares no memory with x or the weights
+    launches the kernel as an allocating replay does (it went through the launcher, whose
+    overlap checks took a third of a (1, 4096) call), with the same bits; an out= that
+    overlaps x or a weight still goes to the launcher, which computes apart."""
+    from numbanorm.cpu import _backend
+    from numbanorm.cpu._kernels import layer_norm as ln_kernels
+    from numbanorm.cpu._kernels import rms_norm as rms_kernels
+    from numbanorm.measure import host_dtype
+
+    dt = host_dtype(dtype)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 32)).astype(dt)
+    w, b = rng.standard_normal(32).astype(dt), rng.standard_normal(32).astype(np.float32)
+    launched = []
+    for kernels in (ln_kernels, rms_kernels):
+        real = kernels.forward
+        monkeypatch.setattr(kernels, "forward", lambda *a, real=real: launched.append(a) or real(*a))
+    for call in (lambda out: nn.layer_norm(x, 32, w, b, out=out), lambda out: nn.rms_norm(x, 32, w, out=out)):
+        _backend.plans._plans.clear()
+        want = call(np.empty_like(x)).copy()      # the full path learns the call
+        launched.clear()
+        out = np.empty_like(x)
+        assert call(out) is out and launched == []
+        np.testing.assert_array_equal(out.view(np.uint8), want.view(np.uint8))
+    # out overlapping the weight it reads, replayed: the launcher computes apart
+    _backend.plans._plans.clear()
+    buf = np.empty((4, 32), dt)
+    buf[3] = w
+    want = nn.layer_norm(x, 32, buf[3].copy(), b)
+    nn.layer_norm(x, 32, buf[3].copy(), b, out=np.empty((4, 32), dt))  # learn the key
+    launched.clear()
+    nn.layer_norm(x, 32, buf[3], b, out=buf)
+    assert len(launched) == 1
+    np.testing.assert_array_equal(buf.view(np.uint8), want.view(np.uint8))
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 def test_a_repeated_group_norm_takes_the_small_call_path_with_the_full_paths_bits(dtype):
     """GroupNorm's frontend took 22 of a 29 us (1, 8, 4, 4) call; a call seen before goes

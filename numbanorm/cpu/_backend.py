@@ -79,7 +79,7 @@ class RowsForward(NamedTuple):
     acc: np.dtype           # the accumulation dtype
     eps: Any                # eps as validated, in acc
     block: int              # rows per block of the parallel kernel
-    direct: bool            # no out= and weights in x's or acc's dtype: straight to the kernel
+    direct: bool            # weights in x's or acc's dtype: straight to the kernel (an out= apart from the inputs)
     half: Any               # 16-bit x: the integer dtypes of x and of weights in x's dtype, else None
     flat: bool              # x is (M, N) already: no reshape of x or y
     stream: bool            # stores streamed (``memory.should_stream``)
@@ -183,7 +183,7 @@ def _learn_forward(name, c, acc):
         return None  # the full path flattens it
     if name == "group_norm":  # the launcher converts the weights
         return GroupsForward(c.problem.flat, c.problem.stats, acc.type(c.eps))
-    direct = out is None and all(a is None or a.dtype in (acc, x.dtype) for a in (weight, bias))
+    direct = all(a is None or a.dtype in (acc, x.dtype) for a in (weight, bias))
     n = x.size // rows
     return RowsForward(rows, n, c.problem.kept, acc, acc.type(c.eps), layer_norm.row_block(rows), direct,
                        _views(x, weight, bias), x.shape == (rows, n), should_stream(x))
@@ -248,7 +248,7 @@ def _layer_norm(plan, args):
     mean, rstd = np.empty(stat, acc), np.empty(stat, acc)
     x2, y2 = (x, y) if flat else (x.reshape(m, n), y.reshape(m, n))
     mean1, rstd1 = mean.reshape(m), rstd.reshape(m)
-    if direct:
+    if direct and (out is None or _apart(out, x, weight, bias)):
         if half:  # (kernel_view's own tests skipped: the plan checked the arrays)
             bits, wbits, bbits = half
             x2, y2 = x2.view(bits), y2.view(bits)
@@ -270,7 +270,7 @@ def _rms_norm(plan, args):
     rstd = np.empty(stat, acc)
     x2, y2 = (x, y) if flat else (x.reshape(m, n), y.reshape(m, n))
     rstd1 = rstd.reshape(m)
-    if direct:
+    if direct and (out is None or _apart(out, x, weight)):
         if half:
             bits, wbits, _ = half
             x2, y2 = x2.view(bits), y2.view(bits)
@@ -279,6 +279,16 @@ def _rms_norm(plan, args):
     else:
         rms_norm.forward(x2, weight, e, y2, rstd1)
     return y, rstd
+
+
+def _apart(out, *reads):
+    """Whether ``out`` shares no memory with any of ``reads`` (None skipped), so that the
+    kernel may write it as it reads them; otherwise the launcher decides (``scratch_for``:
+    in place, or computed apart and copied in)."""
+    for a in reads:
+        if a is not None and np.may_share_memory(out, a):
+            return False
+    return True
 
 
 def _group_norm(plan, args):
