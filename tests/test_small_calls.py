@@ -64,9 +64,9 @@ def test_repeated_16_bit_and_out_calls_take_the_small_call_path_with_the_full_pa
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_a_replayed_out_call_apart_from_its_inputs_goes_straight_to_the_kernel(dtype, monkeypatch):
     """A replayed forward into an ``out=`` that shares no memory with x or the weights
-    launches the kernel as an allocating replay does (it went through the launcher, whose
-    overlap checks took a third of a (1, 4096) call), with the same bits; an out= that
-    overlaps x or a weight still goes to the launcher, which computes apart."""
+    launches the kernel as an allocating replay does, not through the launcher's overlap
+    checks, with the same bits; an out= that overlaps x or a weight still goes to the
+    launcher, which computes apart."""
     from numbanorm.cpu import _backend
     from numbanorm.cpu._kernels import layer_norm as ln_kernels
     from numbanorm.cpu._kernels import rms_norm as rms_kernels
