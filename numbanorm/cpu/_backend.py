@@ -11,7 +11,7 @@ import numpy as np
 from .. import _validate as V
 from ._kernels import group_norm, layer_norm, rms_norm  # Plans launches these directly
 from ._kernels.halves import kernel_view
-from ._kernels.memory import should_stream
+from ._kernels.memory import apart, should_stream
 
 name = "cpu"
 # dweight/dbias are summed into float32 and cast after (the column sums store acc only)
@@ -248,7 +248,7 @@ def _layer_norm(plan, args):
     mean, rstd = np.empty(stat, acc), np.empty(stat, acc)
     x2, y2 = (x, y) if flat else (x.reshape(m, n), y.reshape(m, n))
     mean1, rstd1 = mean.reshape(m), rstd.reshape(m)
-    if direct and (out is None or _apart(out, x, weight, bias)):
+    if direct and (out is None or apart(out, x, weight, bias)):  # (else the launcher: scratch_for)
         if half:  # (kernel_view's own tests skipped: the plan checked the arrays)
             bits, wbits, bbits = half
             x2, y2 = x2.view(bits), y2.view(bits)
@@ -270,7 +270,7 @@ def _rms_norm(plan, args):
     rstd = np.empty(stat, acc)
     x2, y2 = (x, y) if flat else (x.reshape(m, n), y.reshape(m, n))
     rstd1 = rstd.reshape(m)
-    if direct and (out is None or _apart(out, x, weight)):
+    if direct and (out is None or apart(out, x, weight)):
         if half:
             bits, wbits, _ = half
             x2, y2 = x2.view(bits), y2.view(bits)
@@ -279,16 +279,6 @@ def _rms_norm(plan, args):
     else:
         rms_norm.forward(x2, weight, e, y2, rstd1)
     return y, rstd
-
-
-def _apart(out, *reads):
-    """Whether ``out`` shares no memory with any of ``reads`` (None skipped), so that the
-    kernel may write it as it reads them; otherwise the launcher decides (``scratch_for``:
-    in place, or computed apart and copied in)."""
-    for a in reads:
-        if a is not None and np.may_share_memory(out, a):
-            return False
-    return True
 
 
 def _group_norm(plan, args):

@@ -18,6 +18,7 @@ from numba.np.ufunc import parallel as _numba_parallel
 from . import background
 from .cache import GENERATED, njit
 from .halves import F16, WIDE_HALVES, kernel_view, widen
+from .memory import apart
 
 # 'reassoc' lets LLVM split each row reduction over several vector accumulators
 # (a float32 row sum is otherwise one serial chain of dependent adds).
@@ -117,7 +118,7 @@ def scratch_for(out, src=None, *params):
     """
     if src is not None and np.may_share_memory(out, src) and not _same_memory(out, src):
         return np.empty_like(out)
-    if any(p is not None and np.may_share_memory(out, p) for p in params):
+    if not apart(out, *params):
         return np.empty_like(out)
     return out
 

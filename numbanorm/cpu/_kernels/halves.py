@@ -81,12 +81,15 @@ def _native_half():
     return "+f16c" in (_x86_features() or ())
 
 
+def host_cpu_name():
+    """LLVM's name for the CPU this process runs on (``"emeraldrapids"``)."""
+    from llvmlite import binding
+    return binding.get_host_cpu_name()
+
+
 def _cpu_name():
-    """LLVM's name for the CPU Numba compiles for (``"emeraldrapids"``)."""
-    if config.CPU_NAME in (None, "host"):
-        from llvmlite import binding
-        return binding.get_host_cpu_name()
-    return config.CPU_NAME
+    """LLVM's name for the CPU Numba compiles for: the host's, or ``NUMBA_CPU_NAME``."""
+    return host_cpu_name() if config.CPU_NAME in (None, "host") else config.CPU_NAME
 
 
 # Intel's cores from Sapphire Rapids on, by LLVM's names: they run 512-bit vectors

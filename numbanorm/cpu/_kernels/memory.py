@@ -23,7 +23,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .halves import _x86_features
+from .halves import _x86_features, host_cpu_name
 
 _VEC = 32  # bytes per streaming store: one AVX register; LLVM splits it on narrower machines
 
@@ -330,15 +330,9 @@ def stream_fraction(cpu_name):
     return STREAM_FRACTIONS.get(cpu_name, Fraction(1))
 
 
-def _host_cpu_name():
-    from llvmlite import binding  # (the host's memory system, whatever Numba compiles for)
-
-    return binding.get_host_cpu_name()
-
-
 LAST_LEVEL_CACHE, CACHE_CPUS, CACHE_BYTES = _cache_here()
 # Outputs smaller than this take ordinary stores (see the module docstring)
-STREAM_FRACTION = stream_fraction(_host_cpu_name())
+STREAM_FRACTION = stream_fraction(host_cpu_name())  # the host's memory system, whatever Numba compiles for
 STREAM_MIN_BYTES = stream_min_bytes(CACHE_BYTES, STREAM_FRACTION)
 
 
@@ -348,8 +342,16 @@ def should_stream(y):
     return y.nbytes >= STREAM_MIN_BYTES
 
 
+def apart(y, *reads):
+    """Whether ``y`` shares no memory with any of ``reads`` (arrays, or None)."""
+    for r in reads:  # (a loop, not any() over a generator: a share of a small call's time)
+        if r is not None and np.may_share_memory(y, r):
+            return False
+    return True
+
+
 def stream_apart(y, *reads):
     """:func:`should_stream` for an output ``y`` that must also share no memory with
-    ``reads`` (arrays, or None): where a span's stores may overlap its loads, LLVM runs
+    ``reads`` (:func:`apart`): where a span's stores may overlap its loads, LLVM runs
     the span's scalar loop, whose stores cannot keep put_streaming's claimed alignment."""
-    return should_stream(y) and not any(r is not None and np.may_share_memory(y, r) for r in reads)
+    return should_stream(y) and apart(y, *reads)
