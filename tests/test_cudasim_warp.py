@@ -245,16 +245,21 @@ def test_shared_array_is_one_array_per_block(monkeypatch):
     np.testing.assert_array_equal(out, np.arange(63, -1, -1))
 
 
-def test_the_block_loop_yields_and_keeps_numba_cudas_semantics():
-    """numbanorm's BlockManager.run (``_simblock``: the same loop, yielding the GIL after
-    each poll) is the simulator's: barriers release every thread together, and an
-    exception in one thread reaches the launch and aborts the others."""
+def test_the_block_barrier_is_driven_by_its_threads_and_keeps_numba_cudas_semantics():
+    """numbanorm's block loop (``_simblock``) keeps the simulator's semantics -- a
+    barrier releases every live thread together, threads that have exited are not
+    waited for, an exception in one thread reaches the launch and aborts the
+    others -- and the launching thread sleeps instead of polling the block."""
+    import time
+
     from numba.cuda.simulator import kernel
 
     from numbanorm.cuda import _simblock
 
     assert kernel.BlockManager.run is _simblock._run
     assert _simblock.install() is False  # once
+    # _simwarp's barrier count wraps this barrier (installed first), not numba's
+    assert kernel.BlockThread.syncthreads.__wrapped__ is _simblock._syncthreads
 
     @cuda.jit
     def rotate(out):
@@ -270,6 +275,21 @@ def test_the_block_loop_yields_and_keeps_numba_cudas_semantics():
     np.testing.assert_array_equal(out, (np.arange(64) + 1) % 64)
 
     @cuda.jit
+    def early_exit(out):
+        i = cuda.threadIdx.x
+        if i >= 24:
+            return
+        out[i] = i
+        cuda.syncthreads()  # the 24 live threads meet; the 8 gone are not awaited
+        v = out[23 - i]
+        cuda.syncthreads()
+        out[i] = v
+
+    out = np.full(32, -1, np.int64)
+    early_exit[1, 32](out)
+    np.testing.assert_array_equal(out, np.r_[np.arange(23, -1, -1), np.full(8, -1)])
+
+    @cuda.jit
     def fails(out):
         if cuda.threadIdx.x == 5:
             raise ValueError("thread 5")
@@ -278,3 +298,54 @@ def test_the_block_loop_yields_and_keeps_numba_cudas_semantics():
 
     with pytest.raises(ValueError, match="thread 5"):
         fails[1, 32](np.zeros(32, np.int64))
+
+    @cuda.jit
+    def barriers(out, rounds):
+        i = cuda.threadIdx.x
+        for _ in range(rounds):
+            out[i] += 1
+            cuda.syncthreads()
+
+    # a poller holding the GIL spends a quarter of the launch in the launching
+    # thread (the design log); a launcher that sleeps only starts the threads
+    out = np.zeros(64, np.int64)
+    barriers[1, 64](out, 1)  # the simulator's first call of a kernel
+    out[:] = 0
+    wall, cpu = time.perf_counter(), time.thread_time()
+    barriers[2, 64](out, 100)
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    np.testing.assert_array_equal(out, 200)
+    assert cpu < 0.1 * wall, (cpu, wall)
+
+
+def test_a_device_functions_module_is_switched_once_per_launch(monkeypatch):
+    """A device function's module sees the launch's fake ``cuda`` from its first call in
+    a launch to the launch's end (numba-cuda switched it, under two locks, around every
+    call of every thread), and gets ``numba.cuda`` back after the launch."""
+    import types
+
+    from numba.cuda.simulator import kernel
+
+    mod = types.ModuleType("devices_elsewhere")
+    exec("from numba import cuda\n\n@cuda.jit(device=True)\ndef lane():\n    return cuda.threadIdx.x % 32\n",
+         mod.__dict__)
+    lane = mod.lane
+    switched = []
+    real = kernel.swapped_cuda_module
+
+    def counted(fn, fake):
+        switched.append(fn.__name__)
+        return real(fn, fake)
+
+    monkeypatch.setattr(kernel, "swapped_cuda_module", counted)
+
+    @cuda.jit
+    def twice(out):
+        i = cuda.threadIdx.x
+        out[i] = lane() + 100 * lane()
+
+    out = np.zeros(64, np.int64)
+    twice[2, 64](out)
+    np.testing.assert_array_equal(out, 101 * (np.arange(64) % 32))
+    assert switched == ["twice"]  # the launch's own switch; none for the 256 device calls
+    assert mod.cuda is cuda

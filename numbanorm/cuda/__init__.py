@@ -66,10 +66,10 @@ else:
     from . import _simblock, _simlibdevice, _simshared, _simwarp
 
     # under NUMBA_ENABLE_CUDASIM=1 only: what the simulator lacks to run the GPU code
+    _simblock.install()   # a barrier the threads drive (first: _simwarp wraps syncthreads)
     _simwarp.install()
     _simlibdevice.install()
     _simshared.install()  # one shared array per block (the simulator's allocation races)
-    _simblock.install()   # the block loop yields the GIL to the block's threads
     from . import _backend
 
     _frontend = _api.Frontend(_backend)

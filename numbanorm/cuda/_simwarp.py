@@ -39,6 +39,7 @@ simulator does not track which lanes run a branch together (hardware returns the
 converged subset), so in divergent code it may name more lanes than hardware.
 """
 
+import functools
 import threading
 
 import numpy as np
@@ -330,6 +331,7 @@ def _track_threads(kernel_mod):
         self._nn_barriers = 0
         manager.__dict__.setdefault("_nn_threads", {})[self.thread_id] = self
 
+    @functools.wraps(sync)
     def syncthreads(self):
         self._nn_barriers += 1
         sync(self)
