@@ -11,7 +11,8 @@ releases the others, a thread that exits is no longer waited for (releasing
 the others if it was the last one missing), and the launching thread sleeps on
 a condition until the block has finished or a thread has raised.  It also
 switches a device function's module to the launch's fake ``cuda`` once per
-launch instead of around every call.
+launch instead of around every call, and keeps a block's threads on the CPU
+its launch began on (the launching thread's affinity, restored after the block).
 
 The semantics are numba-cuda 0.30's: a barrier releases when every thread that
 has not exited is blocked at one; the first exception aborts the block's other
@@ -20,7 +21,9 @@ thread's ``syncthreads_blocked`` is set while it waits.  Nothing is replaced
 where numba-cuda's functions do not have that version's signatures.
 """
 
+import contextlib
 import inspect
+import os
 import threading
 
 import numpy as np
@@ -64,8 +67,40 @@ def _syncthreads(self):
         raise RuntimeError("abort flag set on syncthreads clear")
 
 
+def _current_cpu():
+    """The CPU the calling thread runs on (Linux), or None."""
+    try:
+        with open("/proc/thread-self/stat", "rb") as f:
+            cpu = int(f.read().rsplit(b")", 1)[1].split()[36])  # field 39, "processor"
+        return cpu if cpu in os.sched_getaffinity(0) else None
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+@contextlib.contextmanager
+def _on_this_cpu():
+    """Keep the calling thread, and the threads it starts, on the CPU it runs on: the
+    block's threads take turns at the GIL, and on one CPU a turn passes without waking
+    another CPU, which may be busy with other work."""
+    cpu = _current_cpu()
+    if cpu is None:
+        yield
+        return
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, (cpu,))  # the calling thread's; a thread it starts inherits it
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, saved)
+
+
 def _run(self, grid_point, *args):
     """numba-cuda's ``BlockManager.run``: one block's threads, started and awaited."""
+    with _on_this_cpu():
+        _run_block(self, grid_point, args)
+
+
+def _run_block(self, grid_point, args):
     from numba.cuda.simulator.kernel import BlockThread
 
     points = list(np.ndindex(*self._block_dim))

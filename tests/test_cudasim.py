@@ -1,10 +1,14 @@
-"""numbanorm.cuda._simwarp: warp intrinsics added to numba's CUDA simulator.
+"""What numbanorm gives numba's CUDA simulator: warp intrinsics (``cuda/_simwarp.py``),
+a block's launch (``cuda/_simblock.py``) and shared arrays (``cuda/_simshared.py``).
 
 Known answers for every intrinsic with the hardware's semantics (PTX
 ``shfl.sync``/``vote.sync``/``match.sync`` as numba-cuda emits them), partial
 warps at a block's end, and the cases that hang or are undefined on hardware,
-which must raise here instead.
+which must raise here instead; the block's barrier and launch with numba-cuda's
+semantics, without a poller.
 """
+
+import os
 
 import numpy as np
 import pytest
@@ -349,3 +353,27 @@ def test_a_device_functions_module_is_switched_once_per_launch(monkeypatch):
     np.testing.assert_array_equal(out, 101 * (np.arange(64) % 32))
     assert switched == ["twice"]  # the launch's own switch; none for the 256 device calls
     assert mod.cuda is cuda
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="one CPU, or no affinity to set")
+def test_a_blocks_threads_share_one_cpu_and_the_callers_affinity_comes_back():
+    """A block's threads take turns at the GIL: they run on the CPU their launch began
+    on (a turn then wakes no other CPU, which may be busy), and the launching thread
+    gets its own affinity back after the launch."""
+    before = os.sched_getaffinity(0)
+    seen = {}
+
+    @cuda.jit
+    def where(out):
+        i = cuda.threadIdx.x
+        seen[i] = frozenset(os.sched_getaffinity(0))  # the simulator runs this as Python
+        cuda.syncthreads()
+        out[i] = 1
+
+    out = np.zeros(64, np.int64)
+    where[2, 64](out)
+    assert out.all() and len(seen) == 64
+    cpus = set(seen.values())
+    assert len(cpus) == 1 and len(next(iter(cpus))) == 1 and cpus.pop() <= before
+    assert os.sched_getaffinity(0) == before
