@@ -258,7 +258,7 @@ def main():
     if sys.argv[1] == "alloc":
         return allocators(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
     if sys.argv[1] == "transfers":
-        return transfers(int(sys.argv[2]), int(sys.argv[3]), device_array)
+        return transfers(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], device_array)
     if sys.argv[1] == "count":
         return count(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
     if sys.argv[1] == "sweep":
@@ -323,32 +323,31 @@ def count(M, N, device_array, launches):
     print(json.dumps(out))
 
 
-def transfers(M, N, device_array):
+def transfers(M, N, name, device_array):
     """What a call copies between host and device, and into strided device arrays, as
-    numba's transfers take it (a buffer) and its indexing reads it: per dtype, host x
-    and weights (copied in, the result copied out), a host ``out=`` and device inputs
-    that are not contiguous.  Prints each case's error, or None."""
+    numba's transfers take it (a buffer) and its indexing reads it, in dtype ``name``:
+    host x and weights (copied in, the result copied out), a host ``out=`` and device
+    inputs that are not contiguous.  Prints each case's error, or None."""
     import ml_dtypes
 
     import numbanorm.cuda as nc
 
+    dtype = ml_dtypes.bfloat16 if name == "bfloat16" else np.dtype(name)
+    host = np.ones((M, N), dtype)
+    wide = device_array((M, N + 8), dtype)  # rows padded: a view of their first N
+    tall = device_array((2 * M, N), dtype)  # every other row
+    calls = {"host x": lambda: nc.layer_norm(host, (N,), np.ones(N, dtype), np.zeros(N, dtype)),
+             "host out": lambda: nc.rms_norm(host, (N,), out=np.empty((M, N), dtype)),
+             "padded rows": lambda: nc.layer_norm(wide[:, :N], (N,)),
+             "strided rows": lambda: nc.rms_norm(tall[::2], (N,)),
+             "padded groups": lambda: nc.group_norm(wide[:, :N], 2)}  # (M, N channels)
     out = {}
-    for dtype in (np.float16, ml_dtypes.bfloat16):  # (float32 copies as float16 does)
-        name = np.dtype(dtype).name
-        host = np.ones((M, N), dtype)
-        wide = device_array((M, N + 8), dtype)  # rows padded: a view of their first N
-        tall = device_array((2 * M, N), dtype)  # every other row
-        calls = {"host x": lambda: nc.layer_norm(host, (N,), np.ones(N, dtype), np.zeros(N, dtype)),
-                 "host out": lambda: nc.rms_norm(host, (N,), out=np.empty((M, N), dtype)),
-                 "padded rows": lambda: nc.layer_norm(wide[:, :N], (N,)),
-                 "strided rows": lambda: nc.rms_norm(tall[::2], (N,)),
-                 "padded groups": lambda: nc.group_norm(wide[:, :N], 2)}  # (M, N channels)
-        for case, call in calls.items():
-            try:
-                call()
-                out[f"{name} {case}"] = None
-            except Exception as e:
-                out[f"{name} {case}"] = f"{type(e).__name__}: {e}"[:300]
+    for case, call in calls.items():
+        try:
+            call()
+            out[f"{name} {case}"] = None
+        except Exception as e:
+            out[f"{name} {case}"] = f"{type(e).__name__}: {e}"[:300]
     print(json.dumps(out))
 
 

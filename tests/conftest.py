@@ -92,6 +92,9 @@ _GPU_FILES = ("test_cuda", "test_gpu")
 
 
 def pytest_collection_modifyitems(items):
+    # the launch path's tests (a process each, compiling with NVVM) are the longest of no
+    # group: handed out first, they do not end the run on one worker while the other idles
+    items.sort(key=lambda item: item.path.name != "test_cuda_launch.py")
     for item in items:
         gpu = (item.get_closest_marker("cudasim") or item.get_closest_marker("gpu")
                or item.path.name.startswith(_GPU_FILES))

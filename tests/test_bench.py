@@ -294,6 +294,7 @@ def test_a_drawn_case_keeps_the_median_of_its_draws_in_place(monkeypatch):
     assert "median of theirs" not in readme_table.render_targets([once], ["targets-x.json"])
 
 
+@pytest.mark.slow  # a fresh process
 def test_a_case_swept_apart_comes_back_from_a_fresh_process():
     """The suite's sweep in the child, its peers too: the first run of drawn cases measured
     the suite's own peers (floor_threads, numbanorm.torch) in the parent alone."""
