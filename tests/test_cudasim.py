@@ -377,3 +377,20 @@ def test_a_blocks_threads_share_one_cpu_and_the_callers_affinity_comes_back():
     cpus = set(seen.values())
     assert len(cpus) == 1 and len(next(iter(cpus))) == 1 and cpus.pop() <= before
     assert os.sched_getaffinity(0) == before
+
+
+def test_a_launch_where_affinity_cannot_be_set_runs_unpinned(monkeypatch):
+    """A sandbox may refuse ``sched_setaffinity``: the block then runs where it may."""
+    def refused(*args):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setaffinity", refused, raising=False)
+
+    @cuda.jit
+    def ones(out):
+        out[cuda.threadIdx.x] = 1
+        cuda.syncthreads()
+
+    out = np.zeros(32, np.int64)
+    ones[1, 32](out)
+    assert out.all()

@@ -82,16 +82,18 @@ def _on_this_cpu():
     """Keep the calling thread, and the threads it starts, on the CPU it runs on: the
     block's threads take turns at the GIL, and on one CPU a turn passes without waking
     another CPU, which may be busy with other work."""
-    cpu = _current_cpu()
-    if cpu is None:
-        yield
-        return
-    saved = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, (cpu,))  # the calling thread's; a thread it starts inherits it
+    cpu, saved = _current_cpu(), None
+    if cpu is not None:
+        try:
+            saved = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, (cpu,))  # the calling thread's; a thread it starts inherits it
+        except OSError:  # not allowed here (a sandbox): the threads run where they may
+            saved = None
     try:
         yield
     finally:
-        os.sched_setaffinity(0, saved)
+        if saved is not None:
+            os.sched_setaffinity(0, saved)
 
 
 def _run(self, grid_point, *args):
@@ -177,7 +179,6 @@ def _device_call(call):
                     module.update(dict.fromkeys(names, context))
         return self.fn(*args)
 
-    __call__._nn_call = call
     return __call__
 
 
