@@ -74,7 +74,7 @@ def unstreamed(f, *args, **kwargs):
     from numbanorm.cpu._kernels import memory
 
     saved = memory.STREAM_MIN_BYTES
-    memory.STREAM_MIN_BYTES = 1 << 62
+    memory.STREAM_MIN_BYTES = _NEVER
     _backend.plans._plans.clear()
     try:
         return f(*args, **kwargs)
@@ -83,23 +83,73 @@ def unstreamed(f, *args, **kwargs):
         _backend.plans._plans.clear()
 
 
-# pyproject's addopts run the suite on two pytest-xdist workers (--dist loadgroup): compiling
-# a Numba kernel holds one core, so one worker takes every test of the CPU kernels, in file
-# order as without xdist, and each CPU kernel is compiled by one worker only.  The GPU
-# kernels' tests (the CUDA simulator, NVVM) are in no group: each goes to whichever worker
-# is free, so the worker that finishes the CPU kernels first helps with them.
+# pyproject's addopts run the suite on two pytest-xdist workers, in units handed to whichever
+# worker is free (--dist loadscope, its unit chosen here).  The variants of one CPU test
+# compile the same kernels, so they are one unit: the two workers never compile a kernel
+# twice at once (whoever needs it next loads it from Numba's disk cache).  The GPU kernels'
+# tests (the CUDA simulator, NVVM: files test_cuda*, test_gpu*, ids naming cuda) compile
+# nothing shared and are a unit each.  (xdist's own loadgroup, which a test's marker drove,
+# stopped grouping with pytest 9.2: pytest-xdist#1386.)
 _GPU_FILES = ("test_cuda", "test_gpu")
 
 
+def test_unit(nodeid):
+    """The unit of work of the test ``nodeid`` (``pytest_xdist_make_scheduler``)."""
+    path, _, rest = nodeid.partition("::")
+    function, _, params = rest.partition("[")
+    if os.path.basename(path).startswith(_GPU_FILES) or "cuda" in params:
+        return nodeid
+    return f"{path}::{function}"
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByTest(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return test_unit(nodeid)
+
+    config.option.loadscopereorder = False  # (xdist >= 3.6) in collection order, as sorted below
+    return ByTest(config, log)
+
+
 def pytest_collection_modifyitems(items):
-    # the launch path's tests (a process each, compiling with NVVM) are the longest of no
-    # group: handed out first, they do not end the run on one worker while the other idles
+    # the launch path's tests (a process each, compiling with NVVM) are the longest units:
+    # handed out first, they do not end the run on one worker while the other idles
     items.sort(key=lambda item: item.path.name != "test_cuda_launch.py")
-    for item in items:
-        gpu = (item.get_closest_marker("cudasim") or item.get_closest_marker("gpu")
-               or item.path.name.startswith(_GPU_FILES))
-        if not gpu:
-            item.add_marker(pytest.mark.xdist_group("cpu_kernels"))
+
+
+# A CPU output of memory.STREAM_MIN_BYTES or more (a share of this machine's last-level
+# cache) goes out through the STREAMING variant of its row function, compiled on the compile
+# thread while the plain one writes it (the same bits).  Which tests' outputs reach it
+# would differ from machine to machine, and the compile they started would run beside
+# later tests, so outputs stream only in the tests that ask for it (``stream_everything``,
+# a threshold set by the test) or that read the machine's own (marked machine_streaming).
+_NEVER = 1 << 62
+
+
+@pytest.fixture(autouse=True)
+def _streamed_where_asked(request, monkeypatch):
+    if request.node.get_closest_marker("machine_streaming") is None:
+        from numbanorm.cpu._kernels import memory
+
+        monkeypatch.setattr(memory, "STREAM_MIN_BYTES", _NEVER)
+
+
+@pytest.fixture
+def stream_everything(monkeypatch):
+    """Every CPU output streamed, the streaming variants compiled at once so that they run
+    (not the plain row function standing in while they compile)."""
+    from numbanorm.cpu import _backend
+    from numbanorm.cpu._kernels import background, memory
+
+    monkeypatch.setattr(memory, "STREAM_MIN_BYTES", 0)
+    _backend.plans._plans.clear()  # plans keep the store chosen when they were learned
+    with background.synchronous():
+        yield
+    _backend.plans._plans.clear()
 
 
 # The CUDA simulator runs every thread of a block as a Python thread, so a test's time grows

@@ -30,16 +30,6 @@ stats = importlib.import_module("numbanorm.cpu._kernels.stats")
 SHAPES = [(1, 1), (1, 1023), (3, 5, 33), (5, 4099), (64, 768), (70, 7)]
 
 
-@pytest.fixture
-def stream_everything(monkeypatch):
-    from numbanorm.cpu import _backend
-    monkeypatch.setattr(stream, "STREAM_MIN_BYTES", 0)
-    _backend.plans._plans.clear()  # plans keep the store chosen when they were learned
-    with background.synchronous():  # the streaming variants compiled at once, so that they run
-        yield
-    _backend.plans._plans.clear()
-
-
 def _line_offset_view(length, dtype, offset):
     """A zeroed (length,) array ``offset`` bytes past a 64-byte line, and its buffer."""
     item = np.dtype(dtype).itemsize
@@ -423,6 +413,7 @@ def test_the_cache_counted_on_is_the_whole_cache_or_a_share_per_cpu(cache, cpus,
     assert stream.cache_share(cache, cpus, per_cpu=8 << 20) == share
 
 
+@pytest.mark.machine_streaming
 def test_the_threshold_is_a_fraction_of_the_cache_counted_on_in_whole_lines():
     from fractions import Fraction
 

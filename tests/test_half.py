@@ -369,13 +369,11 @@ def test_group_norm(rng, dt, shape, groups):
 
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
 @pytest.mark.parametrize("n", [300, 1537])  # 1537: a streamed row in several ask_ahead chunks (memory)
-def test_into_out_in_place_and_streamed(rng, dt, n, monkeypatch):
+def test_into_out_in_place_and_streamed(stream_everything, rng, dt, n):
     """Streamed stores, into out= and into a fresh array, give the bits of ordinary ones;
     so does out=x in place."""
-    from numbanorm.cpu._kernels import memory
-    x = _data(rng, (37, n), dt)
+    x = _data(rng, (13, n), dt)  # (13 x 1537 is below common.SERIAL_BELOW: no parallel kernel compiled)
     out = np.empty_like(x)
-    monkeypatch.setattr(memory, "STREAM_MIN_BYTES", 0)
     for f in (nn.layer_norm, nn.rms_norm):
         want = unstreamed(f, x, n)
         np.testing.assert_array_equal(f(x, n).view(np.uint16), want.view(np.uint16))
@@ -386,15 +384,14 @@ def test_into_out_in_place_and_streamed(rng, dt, n, monkeypatch):
 
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
-def test_large_offset_rows_subtract_the_mean_once(rng, dt, stream, monkeypatch):
+def test_large_offset_rows_subtract_the_mean_once(rng, dt, stream, request):
     """A 16-bit row is normalized as ``(x - mean) * rstd`` with the mean rounded once to
     float32 (spans.normalize_span; float32 rows keep the correction apart): within the
     oracle's tolerance on rows whose offset is as large as the dtype lets them spread over a
     few of its ulps (2^-24 of the mean, in output units, against half a 16-bit ulp), and a
     row of one value gives its bias exactly."""
-    from numbanorm.cpu._kernels import memory
     if stream:
-        monkeypatch.setattr(memory, "STREAM_MIN_BYTES", 0)
+        request.getfixturevalue("stream_everything")
     n = 1030
     offset = {np.dtype(np.float16): 1000.0, BF16: 3.0e4}[dt]
     ulp = ULP[dt] * 2.0 ** np.floor(np.log2(offset))
@@ -426,13 +423,12 @@ def test_nan_and_inf_stay_in_their_row(rng, dt):
 @pytest.mark.slow
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
 @pytest.mark.parametrize("norm, where", [("layer_norm", "weight"), ("layer_norm", "bias"), ("rms_norm", "weight")])
-def test_a_nan_parameter_stays_a_nan_in_streamed_rows(rng, dt, norm, where, monkeypatch):
+def test_a_nan_parameter_stays_a_nan_in_streamed_rows(stream_everything, rng, dt, norm, where):
     """A NaN weight or bias of any payload gives NaN in its column of every streamed
     16-bit row.  bfloat16's narrowing rounds by adding to the bits: without its NaN test,
     a float32 NaN whose payload is all ones (0x7fffffff) rounds up into the sign bit, a
     -0.0 where the NaN belongs (a trial that skipped the test in rows with finite
     statistics failed here for each norm until it also required finite parameters)."""
-    from numbanorm.cpu._kernels import memory
     n = 1537  # several ask_ahead chunks, and an unaligned tail
     x = _data(rng, (9, n), dt)
     w = rng.uniform(0.5, 1.5, n).astype(np.float32)
@@ -441,7 +437,6 @@ def test_a_nan_parameter_stays_a_nan_in_streamed_rows(rng, dt, norm, where, monk
     (w if where == "weight" else b)[cols] = np.array([0x7FFFFFFF, 0xFFFFFFFF, 0x7F800001],
                                                      np.uint32).view(np.float32)
     args = (w, b) if norm == "layer_norm" else (w,)
-    monkeypatch.setattr(memory, "STREAM_MIN_BYTES", 0)
     f = getattr(nn, norm)
     for y in (f(x, n, *args), f(x, n, *args, out=np.empty_like(x))):
         y = y.astype(np.float32)
