@@ -121,21 +121,27 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.path.name != "test_cuda_launch.py")
 
 
-# A CPU output of memory.STREAM_MIN_BYTES or more (a share of this machine's last-level
-# cache) goes out through the STREAMING variant of its row function, compiled on the compile
-# thread while the plain one writes it (the same bits).  Which tests' outputs reach it
-# would differ from machine to machine, and the compile they started would run beside
-# later tests, so outputs stream only in the tests that ask for it (``stream_everything``,
-# a threshold set by the test) or that read the machine's own (marked machine_streaming).
+# Two CPU paths that a call takes from a size on, each compiled on the compile thread the
+# first time while the plain path stands in (the same bits): the STREAMING variant of a row
+# function for an output of memory.STREAM_MIN_BYTES or more (a share of the machine's
+# last-level cache), and the parallel kernel for common.SERIAL_BELOW elements or more.
+# Which tests' calls reach those sizes, and whether a compile that a call started was done
+# by the next call, would decide which tests run them, and every such compile ran beside
+# the tests after it.  So a test runs them only where it asks: ``stream_everything``, or a
+# threshold the test sets; the markers machine_streaming and parallel_kernels keep the
+# machine's threshold, or common.SERIAL_BELOW (with background.synchronous() the compile
+# is done by the call that starts it).
 _NEVER = 1 << 62
 
 
 @pytest.fixture(autouse=True)
-def _streamed_where_asked(request, monkeypatch):
-    if request.node.get_closest_marker("machine_streaming") is None:
-        from numbanorm.cpu._kernels import memory
+def _cpu_paths_where_asked(request, monkeypatch):
+    from numbanorm.cpu._kernels import common, memory
 
+    if request.node.get_closest_marker("machine_streaming") is None:
         monkeypatch.setattr(memory, "STREAM_MIN_BYTES", _NEVER)
+    if request.node.get_closest_marker("parallel_kernels") is None:
+        monkeypatch.setattr(common, "SERIAL_BELOW", _NEVER)
 
 
 @pytest.fixture

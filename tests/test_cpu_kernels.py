@@ -304,6 +304,7 @@ def _family_rows(family, rng, n, dtype):
     return m, call
 
 
+@pytest.mark.parallel_kernels
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", first_then_exhaustive(DTYPES), ids=str)
 @pytest.mark.parametrize("family", FAMILIES)
@@ -314,7 +315,8 @@ def test_a_row_does_not_depend_on_the_call(rng, family, dtype):
     differ = []
     for n in ROW_LENGTHS:
         m, call = _family_rows(family, rng, n, dtype)
-        whole = call(0, m)
+        with background.synchronous():  # (the parallel kernels, compiled by the call)
+            whole = call(0, m)
         for i in (0, m - 1):
             alone = call(i, i + 1)
             for k, (a, b) in enumerate(zip(alone, whole)):
@@ -738,6 +740,7 @@ def test_results_do_not_depend_on_where_the_arrays_lie(monkeypatch, rng, n, rows
             np.testing.assert_array_equal(out, y_add, err_msg=f"add_layer_norm, gap {gap}")
 
 
+@pytest.mark.parallel_kernels
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("rows", [1, 64])  # the serial kernel (one small row) and the parallel one
@@ -749,7 +752,7 @@ def test_eps_zero_on_a_constant_row_gives_ieee_values_not_an_exception(dtype, ro
     from numbanorm import reference as ref
 
     x = np.full((rows, 768), 3.7, dtype)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"), background.synchronous():
         y, mean, rstd = nn.layer_norm_forward(x, 768, eps=0.0)
         y_ref, _, rstd_ref = ref.layer_norm_forward(x, 768, eps=0.0)
         assert np.isposinf(rstd).all() and np.isposinf(rstd_ref).all()
@@ -824,6 +827,7 @@ def test_generated_kernels_name_their_own_source_and_cache_beside_their_row_func
             assert kernel.parallel._cache.cache_path == kernel.rows._cache.cache_path
 
 
+@pytest.mark.parallel_kernels
 def test_a_row_function_is_one_compiled_function_for_both_paths():
     """The calling thread and the parallel kernel run one compiled row function: parfors
     typed the prange index of the backward's blocks unsigned, and the row function
@@ -882,6 +886,7 @@ def test_a_row_function_compiles_no_rare_path():
     assert not [f for f in compiled if "shape_context" in f or f.startswith(("integer_str", "unicode"))], compiled
 
 
+@pytest.mark.parallel_kernels
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_rows_whose_sums_overflowed_in_a_parallel_call_in_place_and_not(dtype):
@@ -933,6 +938,7 @@ def test_rows_are_grouped_where_a_row_with_its_weights_fills_l1():
     assert g(4096, 2, 16, True) == (1, 4096)                        # streamed: whole rows
 
 
+@pytest.mark.parallel_kernels
 @pytest.mark.parametrize("dtype", first_then_exhaustive([np.float32, np.float16, np.float64]))
 def test_grouped_rows_with_overflowed_and_nan_rows_among_them(stream_everything, rng, dtype):
     """Rows written in groups (spans.grouping), a group's statistics before its writes: a

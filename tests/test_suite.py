@@ -1,5 +1,5 @@
 """The test suite's own machinery (``conftest.py``): its units of work on the xdist workers,
-and which tests' CPU outputs stream."""
+and which tests' CPU calls stream their outputs or take the parallel kernels."""
 
 import os
 import re
@@ -52,16 +52,18 @@ def test_two_workers_run_each_cpu_tests_variants_on_one_of_them():
     assert all(len(w) == 1 for w in workers.values()), workers
 
 
-def test_an_output_streams_only_where_a_test_asks(request):
-    from numbanorm.cpu._kernels import memory
+def test_an_output_streams_and_a_call_takes_the_parallel_kernel_only_where_a_test_asks(request):
+    from numbanorm.cpu._kernels import common, memory
 
-    assert memory.STREAM_MIN_BYTES == conftest._NEVER
+    assert memory.STREAM_MIN_BYTES == common.SERIAL_BELOW == conftest._NEVER
     request.getfixturevalue("stream_everything")
     assert memory.STREAM_MIN_BYTES == 0
 
 
 @pytest.mark.machine_streaming
-def test_a_marked_test_streams_from_the_machines_threshold():
-    from numbanorm.cpu._kernels import memory
+@pytest.mark.parallel_kernels
+def test_a_marked_test_takes_the_machines_thresholds():
+    from numbanorm.cpu._kernels import common, memory
 
     assert memory.STREAM_MIN_BYTES == memory.stream_min_bytes(memory.CACHE_BYTES, memory.STREAM_FRACTION)
+    assert common.SERIAL_BELOW == 32768  # PyTorch's grain size (common.py)
