@@ -102,6 +102,7 @@ def test_unit(nodeid):
     return f"{path}::{function}"
 
 
+@pytest.hookimpl(optionalhook=True)  # (a pytest without xdist, as the book's check runs it)
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadscope":
         return None
