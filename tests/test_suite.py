@@ -67,3 +67,13 @@ def test_a_marked_test_takes_the_machines_thresholds():
 
     assert memory.STREAM_MIN_BYTES == memory.stream_min_bytes(memory.CACHE_BYTES, memory.STREAM_FRACTION)
     assert common.SERIAL_BELOW == 32768  # PyTorch's grain size (common.py)
+
+
+@pytest.mark.slow
+def test_a_pytest_without_xdist_reads_the_conftest():
+    """CI's book venv runs tests/test_book_numbers.py with pytest alone: the scheduler hook
+    must not be refused there as an unknown hook."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-o", "addopts=", "-q",
+                          "-p", "no:cacheprovider", "tests/test_layers.py", "-k", "pickled"],
+                         capture_output=True, text=True, cwd=os.path.dirname(HERE), timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
