@@ -93,7 +93,7 @@ def unstreamed(f, *args, **kwargs):
 _GPU_FILES = ("test_cuda", "test_gpu")
 
 
-def test_unit(nodeid):
+def unit_of_work(nodeid):
     """The unit of work of the test ``nodeid`` (``pytest_xdist_make_scheduler``)."""
     path, _, rest = nodeid.partition("::")
     function, _, params = rest.partition("[")
@@ -110,7 +110,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ByTest(LoadScopeScheduling):
         def _split_scope(self, nodeid):
-            return test_unit(nodeid)
+            return unit_of_work(nodeid)
 
     config.option.loadscopereorder = False  # (xdist >= 3.6) in collection order, as sorted below
     return ByTest(config, log)
