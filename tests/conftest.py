@@ -66,6 +66,9 @@ def rng():
     return np.random.default_rng(1234)
 
 
+_NEVER = 1 << 62  # a threshold no array reaches
+
+
 def unstreamed(f, *args, **kwargs):
     """``f(*args, **kwargs)`` with every CPU output written by ordinary stores (the
     replayed calls' plans, which keep their choice of store, forgotten before and after):
@@ -122,17 +125,9 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.path.name != "test_cuda_launch.py")
 
 
-# Two CPU paths that a call takes from a size on, each compiled on the compile thread the
-# first time while the plain path stands in (the same bits): the STREAMING variant of a row
-# function for an output of memory.STREAM_MIN_BYTES or more (a share of the machine's
-# last-level cache), and the parallel kernel for common.SERIAL_BELOW elements or more.
-# Which tests' calls reach those sizes, and whether a compile that a call started was done
-# by the next call, would decide which tests run them, and every such compile ran beside
-# the tests after it.  So a test runs them only where it asks: ``stream_everything``, or a
-# threshold the test sets; the markers machine_streaming and parallel_kernels keep the
-# machine's threshold, or common.SERIAL_BELOW (with background.synchronous() the compile
-# is done by the call that starts it).
-_NEVER = 1 << 62
+# A CPU call streams its output or takes the parallel kernel only in the tests that ask
+# (stream_everything, a threshold the test sets, the markers machine_streaming and
+# parallel_kernels): tests/README.md says why.
 
 
 @pytest.fixture(autouse=True)

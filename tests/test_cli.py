@@ -36,11 +36,6 @@ def test_check_passes_on_the_cpu_kernels(capsys):
     assert f"{n} of {n} checks passed" in out
 
 
-# a few rows, below common.SERIAL_BELOW: detecting a wrong result needs none of the parallel
-# kernels that the check's own shapes compile (test_check_passes_on_the_cpu_kernels runs those)
-FEW_ROWS = {"rows": [((5, 769), None)], "groups": cli.CHECK_SHAPES["groups"]}
-
-
 def _shifted_y(fn, delta):
     def broken(*args, **kw):
         y, *rest = fn(*args, **kw)
@@ -49,7 +44,6 @@ def _shifted_y(fn, delta):
 
 
 def test_check_detects_a_wrong_forward(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "CHECK_SHAPES", FEW_ROWS)
     monkeypatch.setattr(cpu, "layer_norm_forward", _shifted_y(cpu.layer_norm_forward, 1e-3))
     assert cli.main(["check", "--impl", "cpu", "--dtype", "float32"]) == 1
     out = capsys.readouterr().out
@@ -69,7 +63,6 @@ def test_check_detects_a_wrong_gradient_and_a_crash(capsys, monkeypatch):
     def crash(*args, **kw):
         raise RuntimeError("kernel exploded")
 
-    monkeypatch.setattr(cli, "CHECK_SHAPES", FEW_ROWS)
     monkeypatch.setattr(cpu, "rms_norm_backward", wrong_dweight)
     monkeypatch.setattr(cpu, "group_norm_forward", crash)
     assert cli.main(["check", "--impl", "cpu", "--dtype", "float64"]) == 1
@@ -259,7 +252,6 @@ def test_check_runs_the_gpu_kernels_when_usable(capsys, monkeypatch):
 
 
 def test_check_covers_the_fused_operations(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "CHECK_SHAPES", FEW_ROWS)
     monkeypatch.setattr(cpu, "add_rms_norm_forward", _shifted_y(cpu.add_rms_norm_forward, 1e-3))
     assert cli.main(["check", "--impl", "cpu", "--dtype", "float32"]) == 1
     bad = [line for line in capsys.readouterr().out.splitlines() if line.endswith("FAIL")]
