@@ -16,6 +16,8 @@ The intermediate terms of the backward carry the names the kernels use:
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 __all__ = [
@@ -29,6 +31,16 @@ __all__ = [
 
 def _f64(a):
     return None if a is None else np.asarray(a, dtype=np.float64)
+
+
+def _silent(f):
+    """A row holding inf or NaN gives NaN, and a huge one no overflow, without NumPy's
+    RuntimeWarnings: the kernels' behaviour, and torch's."""
+    @functools.wraps(f)
+    def silent(*args, **kwargs):
+        with np.errstate(all="ignore"):
+            return f(*args, **kwargs)
+    return silent
 
 
 def _axes(x, normalized_shape):
@@ -47,8 +59,7 @@ def _exponent(x, axes):
     """Per row, ``e`` with ``|x| * 2**-e <= 1``: rows are normalized scaled by
     ``2**-e`` (exact), so that no sum of squares overflows where the answer is
     finite (float64 rows near 1e154 and beyond; float32 ones never come close)."""
-    with np.errstate(invalid="ignore"):
-        amax = np.max(np.abs(x), axis=axes, keepdims=True)
+    amax = np.max(np.abs(x), axis=axes, keepdims=True)
     return np.frexp(np.where(np.isfinite(amax), amax, 1.0))[1]
 
 
@@ -63,11 +74,10 @@ def _moments(x, axes, eps):
     mean_s = mean_s + (xs - mean_s).mean(axis=axes, keepdims=True)
     dev_s = xs - mean_s
     var_s = (dev_s ** 2).mean(axis=axes, keepdims=True)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        var = np.ldexp(var_s, 2 * e)
-        big = ~np.isfinite(var) & np.isfinite(var_s)  # beyond float64: eps is negligible
-        rstd = np.where(big, np.ldexp(1.0 / np.sqrt(var_s), -e), 1.0 / np.sqrt(var + eps))
-        xhat = np.where(big, dev_s / np.sqrt(var_s), np.ldexp(dev_s, e) * rstd)
+    var = np.ldexp(var_s, 2 * e)
+    big = ~np.isfinite(var) & np.isfinite(var_s)  # beyond float64: eps is negligible
+    rstd = np.where(big, np.ldexp(1.0 / np.sqrt(var_s), -e), 1.0 / np.sqrt(var + eps))
+    xhat = np.where(big, dev_s / np.sqrt(var_s), np.ldexp(dev_s, e) * rstd)
     return np.ldexp(mean_s, e), rstd, xhat
 
 
@@ -75,12 +85,12 @@ def _xhat(x, mean, rstd, axes):
     """``(x - mean) * rstd`` for given statistics, on the scaled rows (overflow-free)."""
     e = _exponent(x, axes)
     dev_s = np.ldexp(x, -e) - np.ldexp(mean, -e)
-    with np.errstate(over="ignore", invalid="ignore"):
-        return np.where(dev_s == 0, 0.0, dev_s * np.ldexp(rstd, e))
+    return np.where(dev_s == 0, 0.0, dev_s * np.ldexp(rstd, e))
 
 
 # ---------------------------------------------------------------- LayerNorm
 
+@_silent
 def layer_norm_forward(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     x = _f64(x)
     axes = _axes(x, normalized_shape)
@@ -96,6 +106,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     return layer_norm_forward(x, normalized_shape, weight, bias, eps)[0]
 
 
+@_silent
 def layer_norm_backward(dy, x, mean, rstd, normalized_shape, weight=None):
     dy, x, mean, rstd = _f64(dy), _f64(x), _f64(mean), _f64(rstd)
     axes = _axes(x, normalized_shape)
@@ -114,6 +125,7 @@ def layer_norm_backward(dy, x, mean, rstd, normalized_shape, weight=None):
 
 # ---------------------------------------------------------------- RMSNorm
 
+@_silent
 def rms_norm_forward(x, normalized_shape, weight=None, eps=None):
     eps = _rms_eps(np.asarray(x).dtype, eps)
     x = _f64(x)
@@ -121,11 +133,10 @@ def rms_norm_forward(x, normalized_shape, weight=None, eps=None):
     e = _exponent(x, axes)
     xs = np.ldexp(x, -e)
     ms_s = (xs * xs).mean(axis=axes, keepdims=True)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        ms = np.ldexp(ms_s, 2 * e)
-        big = ~np.isfinite(ms) & np.isfinite(ms_s)  # as in _moments
-        rstd = np.where(big, np.ldexp(1.0 / np.sqrt(ms_s), -e), 1.0 / np.sqrt(ms + eps))
-        y = np.where(big, xs / np.sqrt(ms_s), x * rstd)
+    ms = np.ldexp(ms_s, 2 * e)
+    big = ~np.isfinite(ms) & np.isfinite(ms_s)  # as in _moments
+    rstd = np.where(big, np.ldexp(1.0 / np.sqrt(ms_s), -e), 1.0 / np.sqrt(ms + eps))
+    y = np.where(big, xs / np.sqrt(ms_s), x * rstd)
     if weight is not None:
         y = y * _f64(weight)
     return y, rstd
@@ -135,6 +146,7 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
     return rms_norm_forward(x, normalized_shape, weight, eps)[0]
 
 
+@_silent
 def rms_norm_backward(dy, x, rstd, normalized_shape, weight=None):
     dy, x, rstd = _f64(dy), _f64(x), _f64(rstd)
     axes = _axes(x, normalized_shape)
@@ -155,6 +167,7 @@ def _channel(v, ndim):
     return _f64(v).reshape((1, -1) + (1,) * (ndim - 2))
 
 
+@_silent
 def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
     x = _f64(x)
     n = x.shape[0]
@@ -172,6 +185,7 @@ def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
     return group_norm_forward(x, num_groups, weight, bias, eps)[0]
 
 
+@_silent
 def group_norm_backward(dy, x, mean, rstd, weight=None):
     dy, x, mean, rstd = _f64(dy), _f64(x), _f64(mean), _f64(rstd)
     n, g = mean.shape
@@ -189,6 +203,7 @@ def group_norm_backward(dy, x, mean, rstd, weight=None):
 
 # ---------------------------------------------------------------- fused residual add
 
+@_silent
 def add_layer_norm_forward(x, residual, normalized_shape, weight=None, bias=None, eps=1e-5):
     s = _f64(x) + _f64(residual)
     y, mean, rstd = layer_norm_forward(s, normalized_shape, weight, bias, eps)
@@ -199,11 +214,13 @@ def add_layer_norm(x, residual, normalized_shape, weight=None, bias=None, eps=1e
     return add_layer_norm_forward(x, residual, normalized_shape, weight, bias, eps)[:2]
 
 
+@_silent
 def add_layer_norm_backward(dy, ds, s, mean, rstd, normalized_shape, weight=None):
     dx, dweight, dbias = layer_norm_backward(dy, s, mean, rstd, normalized_shape, weight)
     return (dx if ds is None else dx + _f64(ds)), dweight, dbias
 
 
+@_silent
 def add_rms_norm_forward(x, residual, normalized_shape, weight=None, eps=None):
     eps = _rms_eps(np.asarray(x).dtype, eps)
     s = _f64(x) + _f64(residual)
@@ -215,6 +232,7 @@ def add_rms_norm(x, residual, normalized_shape, weight=None, eps=None):
     return add_rms_norm_forward(x, residual, normalized_shape, weight, eps)[:2]
 
 
+@_silent
 def add_rms_norm_backward(dy, ds, s, rstd, normalized_shape, weight=None):
     dx, dweight = rms_norm_backward(dy, s, rstd, normalized_shape, weight)
     return (dx if ds is None else dx + _f64(ds)), dweight

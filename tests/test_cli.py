@@ -225,15 +225,16 @@ def test_compile_bad_arguments_exit_2(argv, capsys):
 
 
 def test_module_and_console_script_entry_points():
-    r = subprocess.run([sys.executable, "-m", "numbanorm", "info"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and "numbanorm" in r.stdout
+    """``--help``, which imports no kernels (test_info_follows_numbas_settings runs ``info`` in one)."""
+    r = subprocess.run([sys.executable, "-m", "numbanorm", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("usage: numbanorm")
     r = subprocess.run([sys.executable, "-m", "numbanorm", "--bad"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "usage" in r.stderr
     script = Path(sys.executable).with_name("numbanorm")
     if not script.exists():
         pytest.skip("the console script is installed only by pip install")
-    r = subprocess.run([str(script), "info"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and "numbanorm" in r.stdout
+    r = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("usage: numbanorm")
 
 
 @pytest.mark.cudasim

@@ -116,6 +116,13 @@ def test_nan_and_inf_stay_in_their_row(impl, rng, bad):
     assert not np.all(np.isfinite(yg[1, 1]))
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_the_oracle_keeps_nan_and_inf_in_their_row_silently(rng, bad):
+    """As the kernels do, and with no RuntimeWarning from NumPy's arithmetic on the bad
+    row (pyproject.toml's filterwarnings makes one from numbanorm an error)."""
+    test_nan_and_inf_stay_in_their_row(ORACLE, rng, bad)
+
+
 def test_large_common_offset(impl, rng):
     """mean 1e4, std 1e-2 in float32 still normalizes to unit variance within 1e-3.
 

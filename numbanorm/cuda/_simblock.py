@@ -13,6 +13,8 @@ a condition until the block has finished or a thread has raised.  It also
 switches a device function's module to the launch's fake ``cuda`` once per
 launch instead of around every call, and keeps a block's threads on the CPU
 its launch began on (the launching thread's affinity, restored after the block).
+A GPU's arithmetic on inf and NaN is silent, and so is the block's threads' NumPy
+arithmetic here: no RuntimeWarning from a kernel's line.
 
 The semantics are numba-cuda 0.30's: a barrier releases when every thread that
 has not exited is blocked at one; the first exception aborts the block's other
@@ -112,7 +114,8 @@ def _run_block(self, grid_point, args):
         me = threading.current_thread()
         failed = False
         try:
-            self._f(*args)
+            with np.errstate(all="ignore"):  # (a GPU raises no floating-point exceptions)
+                self._f(*args)
         except BaseException:
             failed = True
             raise  # BlockThread.run records it with the thread's coordinates
