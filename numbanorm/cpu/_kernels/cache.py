@@ -26,6 +26,7 @@ import os
 
 import numba
 from numba.core import caching
+from numba.core.runtime import rtsys
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -94,6 +95,15 @@ class KernelCache(caching.FunctionCache):
         if not self._enabled:
             return False
         return self._index_key(sig, target_context.codegen()) in self._cache_file._load_index()
+
+    def load_overload(self, sig, target_context):
+        """Numba's, less its ``target_context.refresh()``: that registers every lowering of
+        Python and NumPy, which a compile needs (and a compile refreshes the context itself)
+        but a loaded kernel, machine code, does not; of it the kernel needs Numba's runtime
+        (NRT: allocation), started here.  It was most of a cached first call's time."""
+        rtsys.initialize(target_context)
+        with self._guard_against_spurious_io_errors():
+            return self._load_overload(sig, target_context)
 
 
 def njit(*args, cache=False, dispatcher=None, **options):
