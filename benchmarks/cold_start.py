@@ -26,9 +26,10 @@ Each measurement runs in new processes with a ``NUMBA_CACHE_DIR`` of its own:
   (``--test-command``): the same with ``pip install ".[test]"`` and ``python -m pytest``.
 * ``numba_alone``: ``import numba`` and a trivial cached function's first call.
 
-Where SciPy is installed, the first kernel a process loads makes numba import
-``scipy.linalg`` (its check for a BLAS, in ``numba.np.arraymath``): on the Xeon VM 0.19 s
-of a 0.38 s first call.  So each measurement records ``scipy_installed``, and the
+Where SciPy is installed, the first kernel a process compiles makes numba import
+``scipy.linalg`` (its check for a BLAS, in ``numba.np.arraymath``), and so did the first
+it loaded from the cache before numbanorm's cache skipped that registration (the CPU
+design log).  So each measurement records ``scipy_installed``, and the
 children can run another interpreter (``--python``: a venv of numbanorm's
 dependencies alone, as ``pip install numbanorm`` leaves a user).
 """
@@ -305,22 +306,29 @@ def first_calls(case_list, threads=None, python=None, tree=ROOT, fresh=True, bas
     the first cached, ``repeats`` times each (a pair of processes a time, each pair with a
     cache of its own): the sample of median first call (:func:`_median`), all of them
     beside it; with ``profile``, one more process breaks the first call's compile down.
-    ``baseline``: another checkout's numbanorm, whose first call from an empty cache is
-    measured before each case's, as many times (``baseline_fresh_cache``): alternated, a
-    loaded machine slows both alike."""
+    ``baseline``: another checkout's numbanorm, whose first calls from an empty cache and
+    cached are measured before each case's, as many times (``baseline_fresh_cache``,
+    ``baseline_cached``): alternated, a loaded machine slows both alike."""
     out = {"fresh_cache": [], "cached": []}
     for t in (tree, baseline) if baseline else (tree,):
         _bytecode(python, t)
     if baseline:
-        out["baseline_fresh_cache"] = []
+        out["baseline_fresh_cache"], out["baseline_cached"] = [], []
     for case in case_list:
         if baseline:  # (as many processes as this tree's, the median kept: the same estimate)
-            before = _median([_fresh(python, case, threads, baseline, timeout, False) for _ in range(repeats)])
+            befores, before_cacheds = [], []
+            for _ in range(repeats):
+                with tempfile.TemporaryDirectory(prefix="numbanorm-cold-") as tmp:
+                    env = _env(threads, tmp, baseline)
+                    befores.append(_run_child(python, ["child", json.dumps(case)], env, timeout, label(case)))
+                    before_cacheds.append(_run_child(python, ["child", json.dumps(case)], env, timeout, label(case)))
+            before, before_cached = _median(befores), _median(before_cacheds)
             if profile:
                 before["breakdown"] = _fresh(python, case, threads, baseline, timeout, True)["breakdown"]
             out["baseline_fresh_cache"].append(dict(case, **before))
+            out["baseline_cached"].append(dict(case, **before_cached))
             show(f"{label(case):<32} baseline, empty cache: first call {before['first_call_s']:6.2f} s "
-                 f"({before['first_call_cpu_s']:.2f} s CPU)")
+                 f"({before['first_call_cpu_s']:.2f} s CPU); cached: {before_cached['first_call_s']:.3f} s")
         firsts, cacheds = [], []
         for _ in range(repeats):
             with tempfile.TemporaryDirectory(prefix="numbanorm-cold-") as tmp:
@@ -438,7 +446,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=targets.THREADS)
     ap.add_argument("--python", help="interpreter of the measured processes (default: this one), e.g. a venv "
                                      "of numbanorm's dependencies alone")
-    ap.add_argument("--baseline", metavar="DIR", help="a checkout whose numbanorm's first calls (empty cache) "
+    ap.add_argument("--baseline", metavar="DIR", help="a checkout whose numbanorm's first calls (empty cache and cached) "
                                                      "are measured too, alternated with this one's")
     ap.add_argument("--no-profile", action="store_true", help="no breakdown (one process fewer a case)")
     ap.add_argument("--repeats", type=int, default=REPEATS,

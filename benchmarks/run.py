@@ -59,7 +59,7 @@ def parser():
     ap.add_argument("--no-compile-times", action="store_true", help="skip compiling from an empty cache")
     ap.add_argument("--cold-python", help="interpreter of the cold-start processes (default: this one), e.g. "
                                           "a venv of numbanorm's dependencies alone: with SciPy installed, "
-                                          "numba imports it on its first kernel load")
+                                          "numba imports it on its first compile")
     ap.add_argument("--out", help="result file stem under benchmarks/results (default: cpu, gpu or "
                                        "targets-<cpu kind>)")
     ap.add_argument("--merge", action="store_true", help="replace the re-run cases in an existing <stem> file")

@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import json
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -592,30 +593,29 @@ def test_a_first_call_is_the_median_of_its_processes():
 
 
 def test_a_baseline_first_call_is_the_median_of_as_many_processes(monkeypatch):
-    """With --baseline, the other checkout's first call is measured as many times as this
-    tree's and its median kept: the same estimate on both sides (no processes run here)."""
+    """With --baseline, the other checkout's first calls (empty cache, then cached) are
+    measured as many times as this tree's and their medians kept: the same estimate on both
+    sides (no processes run here)."""
     from benchmarks import cold_start
 
-    times = iter([5.0, 1.0, 3.0])  # the baseline's three processes
-
-    def fresh(python, case, threads, tree, timeout, profile):
-        assert tree == "B" and not profile
-        return {"first_call_s": next(times), "first_call_cpu_s": 0.0}
-
-    ours = iter([2.0, 0.1, 4.0, 0.2, 3.0, 0.3])  # (empty cache, then cached) x 3
+    times = {"B": iter([5.0, 0.5, 1.0, 0.7, 3.0, 0.6]),  # (empty cache, then cached) x 3, each tree
+             "T": iter([2.0, 0.1, 4.0, 0.2, 3.0, 0.3])}
 
     def child(python, args, env, timeout, what):
-        return {"first_call_s": next(ours), "first_call_cpu_s": 0.0, "background_s": 0.0, "import_s": 0.3}
+        tree = env["PYTHONPATH"].split(os.pathsep)[0]
+        return {"first_call_s": next(times[tree]), "first_call_cpu_s": 0.0, "background_s": 0.0, "import_s": 0.3}
 
-    monkeypatch.setattr(cold_start, "_fresh", fresh)
     monkeypatch.setattr(cold_start, "_run_child", child)
     monkeypatch.setattr(cold_start, "_bytecode", lambda python, tree: None)
     case = cold_start.cases(("float32",), ops=("rms_norm",))[0]
     out = cold_start.first_calls([case], tree="T", baseline="B", profile=False, repeats=3, show=lambda s: None)
-    (before,), (first,), (cached,) = out["baseline_fresh_cache"], out["fresh_cache"], out["cached"]
+    (before,), (before_cached,) = out["baseline_fresh_cache"], out["baseline_cached"]
+    (first,), (cached,) = out["fresh_cache"], out["cached"]
     assert before["first_call_s"] == 3.0 and before["samples_s"] == [5.0, 1.0, 3.0]
+    assert before_cached["first_call_s"] == 0.6 and before_cached["samples_s"] == [0.5, 0.7, 0.6]
     assert first["first_call_s"] == 3.0 and first["samples_s"] == [2.0, 4.0, 3.0]
     assert cached["first_call_s"] == 0.2
+    assert all(next(t, None) is None for t in times.values())  # as many processes each
 
 
 @pytest.mark.slow  # fresh processes, each compiling
