@@ -151,7 +151,7 @@ def main():
 
     driver.driver.cuKernelGetFunction = get_function
     driver.driver.cuFuncSetAttribute = set_attribute
-    load = dispatcher.CUDACache.load_overload
+    load = dispatcher.CUDACache._load_overload  # (under load_overload, numba-cuda's and numbanorm's)
 
     def load_overload(self, *args, **kwargs):  # count the kernels read from numba's disk cache
         kern = load(self, *args, **kwargs)
@@ -159,7 +159,7 @@ def main():
             HITS.append(repr(self))
         return kern
 
-    dispatcher.CUDACache.load_overload = load_overload
+    dispatcher.CUDACache._load_overload = load_overload
 
     class Memory:  # a device allocation that is only an address (device d's: d spans up)
         _next = {}
@@ -912,7 +912,9 @@ def sweep(N, M_max, device_array, libraries, launches, C, LN, RW):
     stamps = {k._cache._cache_file._source_stamp for k in (RW.forward_kernel("layer", f16, f16, f16, C.row_config(1, N, False, 4).code, False),)}
     print(json.dumps({"kernels": len(libraries), "launches": len(launches), "configs": len(configs),
                       "grids": len({la["grid"][0] for la in launches}), "stamps": sorted(stamps),
-                      "cache_hits": len(HITS)}))
+                      "cache_hits": len(HITS),
+                      # imported by numba-cuda's registration of its lowerings alone
+                      "lowerings_registered": "numba.cuda.libdevicedecl" in sys.modules}))
 
 
 if __name__ == "__main__":

@@ -827,6 +827,33 @@ def test_generated_kernels_name_their_own_source_and_cache_beside_their_row_func
             assert kernel.parallel._cache.cache_path == kernel.rows._cache.cache_path
 
 
+def test_a_kernel_found_only_after_numbas_refresh_still_loads(tmp_path, monkeypatch):
+    """``KernelCache.load_overload`` looks without Numba's refresh of its target context
+    first; where that finds nothing (an index key hashes the function's closure, which a
+    refresh could change), Numba's own load, refresh included, looks again: a cached
+    kernel is loaded, never compiled a second time."""
+    import numba
+
+    from numbanorm.cpu._kernels import cache
+
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+
+    def plus_one(v):
+        return v + 1
+
+    assert cache.njit(cache=True)(plus_one)(1) == 2  # compiled, saved
+    again = cache.njit(cache=True)(plus_one)
+    real, looks = again._cache._load_overload, []
+
+    def found_second(sig, target_context):  # as a key that matches after the refresh alone
+        looks.append(sig)
+        return real(sig, target_context) if len(looks) > 1 else None
+
+    monkeypatch.setattr(again._cache, "_load_overload", found_second)
+    assert again(1) == 2
+    assert len(looks) == 2 and sum(again.stats.cache_hits.values()) == 1 and not again.stats.cache_misses
+
+
 @pytest.mark.parallel_kernels
 def test_a_row_function_is_one_compiled_function_for_both_paths():
     """The calling thread and the parallel kernel run one compiled row function: parfors

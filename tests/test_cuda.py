@@ -732,6 +732,33 @@ def test_resolved_specialization_is_the_dispatched_one(rng):
 
 # ---------------------------------------------------------------- the compiled kernels
 
+
+def test_a_kernel_found_only_after_numba_cudas_refresh_still_loads(monkeypatch):
+    """A kernel's disk-cache load looks without numba-cuda's refresh first; where that finds
+    nothing, numba-cuda's own load (refresh included) looks again, so a cached kernel is never
+    compiled twice (tests/test_cuda_launch.py loads real kernels without the refresh)."""
+    import contextlib
+    import types
+
+    monkeypatch.setitem(sys.modules, "numba.cuda.fp16", types.ModuleType("numba.cuda.fp16"))  # (the simulator's)
+
+    class Cache:
+        looks = 0
+
+        def _guard_against_spurious_io_errors(self):
+            return contextlib.nullcontext()
+
+        def _load_overload(self, sig, target_context):
+            self.looks += 1
+            return None
+
+        def load_overload(self, sig, target_context):  # numba-cuda's, refresh first
+            return ("after the refresh", sig)
+
+    cache = Cache()
+    assert C._load_without_refresh(cache)("sig", None) == ("after the refresh", "sig") and cache.looks == 1
+
+
 _PTX_CMD = [sys.executable, "-m", "numbanorm.cuda._ptx", "--check"]
 
 

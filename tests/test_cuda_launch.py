@@ -86,9 +86,10 @@ def test_a_new_row_count_compiles_no_new_kernel(tmp_path):
 @pytest.mark.slow
 @pytest.mark.exhaustive
 def test_kernels_cached_on_disk_keyed_on_all_their_sources(tmp_path):
-    """A second process reads every kernel from numba-cuda's disk cache; the cache is
-    keyed on the source of every module the kernels inline (reduce.py, common.py ...),
-    not only on the file of the kernel itself (numba's own rule)."""
+    """A second process reads every kernel from numba-cuda's disk cache, without
+    registering numba-cuda's lowerings (common._load_without_refresh), and launches them
+    as the first did; the cache is keyed on the source of every module the kernels inline
+    (reduce.py, common.py ...), not only on the file of the kernel itself (numba's own rule)."""
     import hashlib
     import importlib.util
 
@@ -105,6 +106,8 @@ def test_kernels_cached_on_disk_keyed_on_all_their_sources(tmp_path):
     first = _run("sweep", 1024, 140, env=env)
     again = _run("sweep", 1024, 140, env=env)
     assert first["cache_hits"] == 0 and again["cache_hits"] == again["kernels"] == first["kernels"]
+    assert (first["lowerings_registered"], again["lowerings_registered"]) == (True, False)
+    assert (again["launches"], again["configs"], again["grids"]) == (first["launches"], first["configs"], first["grids"])
     assert again["stamps"] == [h.hexdigest()]
 
 

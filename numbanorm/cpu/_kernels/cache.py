@@ -97,13 +97,16 @@ class KernelCache(caching.FunctionCache):
         return self._index_key(sig, target_context.codegen()) in self._cache_file._load_index()
 
     def load_overload(self, sig, target_context):
-        """Numba's, less its ``target_context.refresh()``: that registers every lowering of
-        Python and NumPy, which a compile needs (and a compile refreshes the context itself)
-        but a loaded kernel, machine code, does not; of it the kernel needs Numba's runtime
-        (NRT: allocation), started here.  It was most of a cached first call's time."""
+        """Numba's, without its ``target_context.refresh()`` first: that registers every
+        lowering of Python and NumPy, which a compile needs (and a compile refreshes the
+        context itself) but a loaded kernel, machine code, does not; of it the kernel needs
+        Numba's runtime (NRT: allocation), started here.  It was most of a cached first
+        call's time.  Where that finds nothing, Numba's own load (refresh included) looks
+        again: an index key hashes the kernel's closure, which a refresh could change."""
         rtsys.initialize(target_context)
         with self._guard_against_spurious_io_errors():
-            return self._load_overload(sig, target_context)
+            got = self._load_overload(sig, target_context)
+        return got if got is not None else super().load_overload(sig, target_context)
 
 
 def njit(*args, cache=False, dispatcher=None, **options):

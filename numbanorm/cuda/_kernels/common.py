@@ -206,6 +206,22 @@ def blocks_per_sm(block, resident, shared):
     return max(1, n)
 
 
+def _load_without_refresh(cache):
+    """numba-cuda's ``cache.load_overload`` without its ``target_context.refresh()`` first, as
+    the CPU kernels' (``cpu/_kernels/cache.py``): the refresh registers every lowering, which
+    a compile needs (and does itself) but a loaded kernel, a cubin, does not.  Where that
+    finds nothing, numba-cuda's own load (refresh included) looks again."""
+    def load_overload(sig, target_context):
+        # the index key pickles the kernel's closure, types.float16 among it, to which this
+        # module (imported by the refresh) adds attributes: a compile's key saw them
+        import numba.cuda.fp16  # noqa: F401
+
+        with cache._guard_against_spurious_io_errors():
+            got = cache._load_overload(sig, target_context)
+        return got if got is not None else type(cache).load_overload(cache, sig, target_context)
+    return load_overload
+
+
 def kernel_jit(block, resident=None):
     """``cuda.jit`` for a kernel launched with ``block`` threads per block.
 
@@ -228,6 +244,8 @@ def kernel_jit(block, resident=None):
         if cache_file is None or not hasattr(cache_file, "_source_stamp"):
             return cuda.jit(**opts)(fn)  # not the numba-cuda internals known here
         cache_file._source_stamp = source_stamp()
+        if hasattr(kern._cache, "_load_overload"):
+            kern._cache.load_overload = _load_without_refresh(kern._cache)
         return kern
 
     return jit
