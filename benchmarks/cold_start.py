@@ -299,6 +299,19 @@ def _median(samples):
     return dict(ranked[(len(ranked) - 1) // 2], samples_s=[s["first_call_s"] for s in samples])
 
 
+def _pairs(python, case, threads, tree, timeout, repeats):
+    """``tree``'s first call of ``case`` in ``repeats`` pairs of new processes, each pair with a
+    cache of its own: from the empty cache, then loading what the first cached; the two
+    medians (:func:`_median`)."""
+    firsts, cacheds = [], []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="numbanorm-cold-") as tmp:
+            env = _env(threads, tmp, tree)
+            firsts.append(_run_child(python, ["child", json.dumps(case)], env, timeout, label(case)))
+            cacheds.append(_run_child(python, ["child", json.dumps(case)], env, timeout, label(case)))
+    return _median(firsts), _median(cacheds)
+
+
 def first_calls(case_list, threads=None, python=None, tree=ROOT, fresh=True, baseline=None, profile=True,
                 timeout=900, show=print, repeats=REPEATS):
     """``{"fresh_cache": [...], "cached": [...]}``: each case's first call in a new process
@@ -316,26 +329,14 @@ def first_calls(case_list, threads=None, python=None, tree=ROOT, fresh=True, bas
         out["baseline_fresh_cache"], out["baseline_cached"] = [], []
     for case in case_list:
         if baseline:  # (as many processes as this tree's, the median kept: the same estimate)
-            befores, before_cacheds = [], []
-            for _ in range(repeats):
-                with tempfile.TemporaryDirectory(prefix="numbanorm-cold-") as tmp:
-                    env = _env(threads, tmp, baseline)
-                    befores.append(_run_child(python, ["child", json.dumps(case)], env, timeout, label(case)))
-                    before_cacheds.append(_run_child(python, ["child", json.dumps(case)], env, timeout, label(case)))
-            before, before_cached = _median(befores), _median(before_cacheds)
+            before, before_cached = _pairs(python, case, threads, baseline, timeout, repeats)
             if profile:
                 before["breakdown"] = _fresh(python, case, threads, baseline, timeout, True)["breakdown"]
             out["baseline_fresh_cache"].append(dict(case, **before))
             out["baseline_cached"].append(dict(case, **before_cached))
             show(f"{label(case):<32} baseline, empty cache: first call {before['first_call_s']:6.2f} s "
                  f"({before['first_call_cpu_s']:.2f} s CPU); cached: {before_cached['first_call_s']:.3f} s")
-        firsts, cacheds = [], []
-        for _ in range(repeats):
-            with tempfile.TemporaryDirectory(prefix="numbanorm-cold-") as tmp:
-                env = _env(threads, tmp, tree)
-                firsts.append(_run_child(python, ["child", json.dumps(case)], env, timeout, label(case)))
-                cacheds.append(_run_child(python, ["child", json.dumps(case)], env, timeout, label(case)))
-        first, cached = _median(firsts), _median(cacheds)
+        first, cached = _pairs(python, case, threads, tree, timeout, repeats)
         if fresh and profile:
             first["breakdown"] = _fresh(python, case, threads, tree, timeout, True)["breakdown"]
         if fresh:
