@@ -100,9 +100,9 @@ class KernelCache(caching.FunctionCache):
         """Numba's, without its ``target_context.refresh()`` first: that registers every
         lowering of Python and NumPy, which a compile needs (and a compile refreshes the
         context itself) but a loaded kernel, machine code, does not; of it the kernel needs
-        Numba's runtime (NRT: allocation), started here.  It was most of a cached first
-        call's time.  Where that finds nothing, Numba's own load (refresh included) looks
-        again: an index key hashes the kernel's closure, which a refresh could change."""
+        Numba's runtime (NRT: allocation), started here.  Where that finds nothing, Numba's
+        own load (refresh included) looks again: an index key hashes the kernel's closure,
+        which a refresh could change."""
         rtsys.initialize(target_context)
         with self._guard_against_spurious_io_errors():
             got = self._load_overload(sig, target_context)
