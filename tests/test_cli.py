@@ -182,11 +182,40 @@ def test_bad_arguments_exit_2(argv, capsys):
     assert "usage: numbanorm" in capsys.readouterr().err
 
 
+# forward and backward of every family with weights (the variants ``numbanorm compile``
+# compiles), on calls that take the parallel kernels and the serial row functions: all
+# their outputs, in one list (run in a new process and in this one)
+_EVERY_FAMILY = """
+import numpy as np
+import numbanorm as nn
+
+def every_family():
+    x = np.linspace(-1, 1, 300 * 128, dtype=np.float32).reshape(300, 128)  # parallel: >= SERIAL_BELOW
+    w, b = np.linspace(0.5, 1.5, 128, dtype=np.float32), np.linspace(-1, 1, 128, dtype=np.float32)
+    outs = []
+    for a in (x, x[:4]):  # and serial
+        y, m, r = nn.layer_norm_forward(a, 128, w, b)
+        outs += [y, m, r, *nn.layer_norm_backward(y, a, m, r, 128, w)]
+        y, r = nn.rms_norm_forward(a, 128, w)
+        outs += [y, r, *nn.rms_norm_backward(y, a, r, 128, w)]
+        outs += [*nn.add_layer_norm(a, a, 128, w, b), *nn.add_rms_norm(a, a, 128, w)]
+        g = a.reshape(a.shape[0] // 2, 16, 4, 4)
+        y, m, r = nn.group_norm_forward(g, 4, w[:16], b[:16])
+        outs += [y, m, r, *nn.group_norm_backward(y, g, m, r, w[:16])]
+    return [o for o in outs if o is not None]
+"""
+
+
 @pytest.mark.slow
 def test_compile_fills_the_cache_for_every_operation(tmp_path):
     """``numbanorm compile`` compiles every operation's row functions and parallel kernels,
     forward and backward, plain and streaming, into numba's cache: the same calls in a
-    later process load every one of them and compile nothing."""
+    later process load every one of them and compile nothing (a kernel keyed on something
+    that changes per process, such as a dispatcher in a closure, would recompile at every
+    import: a cold-start regression no result would show).  The kernels it loaded give this
+    process's bits, and loading them registers none of Numba's lowerings
+    (cache.KernelCache.load_overload: ``numba.np.linalg`` is imported by that registration
+    alone)."""
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
     env.pop("NUMBA_DISABLE_JIT", None)
     r = subprocess.run([sys.executable, "-m", "numbanorm", "compile", "--no-progress"], env=env,
@@ -196,25 +225,39 @@ def test_compile_fills_the_cache_for_every_operation(tmp_path):
     calls = 2 * len(operations.OPERATIONS)
     assert r.returncode == 0 and f"{calls} of {calls} calls compiled or loaded" in r.stdout, r.stdout + r.stderr
     assert str(tmp_path) in r.stdout  # it says where the cache is
-    code = """
-import numbanorm
+    code = _EVERY_FAMILY + """
+import sys
 from numbanorm import __main__ as cli
-from numbanorm.cpu._kernels import add_norm, common, group_norm, layer_norm, rms_norm
+from numbanorm.cpu._kernels import add_norm, background, common, group_norm, layer_norm, rms_norm
 assert cli.compile_cpu(("float32",), show_progress=False) == 0
+np.savez(sys.argv[1], *every_family())
+background.wait()
 kernels = [k for m in (add_norm, group_norm, layer_norm, rms_norm) for k in vars(m).values()
            if isinstance(k, common.Kernel)]
 kernels += [k.streaming() for k in kernels if k._stream_at is not None]
 made = [f for k in kernels for f in (k.rows, k.parallel)]
 print(sum(sum(f.stats.cache_misses.values()) for f in made),
-      sum(sum(f.stats.cache_hits.values()) > 0 for f in made), len(made))
+      sum(sum(f.stats.cache_hits.values()) > 0 for f in made), len(made), "numba.np.linalg" in sys.modules)
 """
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1200)
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "loaded.npz")], env=env, capture_output=True,
+                       text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
-    missed, loaded, total = map(int, r.stdout.split()[-3:])
+    missed, loaded, total, registered = r.stdout.split()[-4:]
     # 8 kernels, each a row function and a parallel kernel: forward and backward of LayerNorm,
     # RMSNorm and GroupNorm, and the fused forwards (the fused backward is the norm's); and
     # the 6 that stream their output large, the same with the streaming stores
-    assert (missed, loaded, total) == (0, 28, 28)
+    assert (int(missed), int(loaded), int(total), registered) == (0, 28, 28, "False")
+    here = {}
+    exec(_EVERY_FAMILY, here)
+    from numbanorm.cpu._kernels import background
+
+    here["every_family"]()
+    background.wait()
+    mine = here["every_family"]()  # (on the parallel kernels)
+    with np.load(tmp_path / "loaded.npz") as got:
+        assert len(got.files) == len(mine) >= 30
+        for k, want in enumerate(mine):
+            np.testing.assert_array_equal(got[f"arr_{k}"], want, err_msg=f"output {k}")
 
 
 @pytest.mark.parametrize("argv", [["compile", "--dtypes", "int8"], ["compile", "--bogus"]])
