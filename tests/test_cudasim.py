@@ -355,6 +355,39 @@ def test_a_device_functions_module_is_switched_once_per_launch(monkeypatch):
     assert mod.cuda is cuda
 
 
+def test_no_thread_calls_a_device_function_before_its_module_is_switched(monkeypatch):
+    """The first thread to call a device function in a launch switches its module's
+    ``cuda`` under a lock; a thread that finds the module already recorded must find it
+    switched too.  (Recorded first, switched after, the others ran the function with
+    ``numba.cuda`` in that window, which has no ``threadIdx`` or shuffles: an
+    AttributeError, once in the contract tests.)  The window is widened here by a
+    record that sleeps after it is stored."""
+    import time
+    import types
+
+    from numbanorm.cuda import _simblock
+
+    class Slow(dict):
+        def __setitem__(self, key, value):
+            super().__setitem__(key, value)
+            time.sleep(0.05)  # the block's other threads run meanwhile
+
+    monkeypatch.setattr(_simblock, "_swapped", Slow())
+    mod = types.ModuleType("devices_switched_late")
+    exec("from numba import cuda\n\n@cuda.jit(device=True)\ndef lane():\n    return cuda.threadIdx.x % 32\n",
+         mod.__dict__)
+    lane = mod.lane
+
+    @cuda.jit
+    def lanes(out):
+        out[cuda.threadIdx.x] = lane()
+
+    out = np.full(64, -1, np.int64)
+    lanes[1, 64](out)
+    np.testing.assert_array_equal(out, np.arange(64) % 32)
+    assert mod.cuda is cuda
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="one CPU, or no affinity to set")
 def test_a_blocks_threads_share_one_cpu_and_the_callers_affinity_comes_back():

@@ -178,8 +178,9 @@ def _device_call(call):
             with _swap_lock:
                 if id(module) not in _swapped:
                     names = {k: v for k, v in module.items() if v is cuda}
-                    _swapped[id(module)] = (module, names)
+                    # switched before recorded: a thread that sees the record skips the lock
                     module.update(dict.fromkeys(names, context))
+                    _swapped[id(module)] = (module, names)
         return self.fn(*args)
 
     return __call__
