@@ -712,6 +712,7 @@ def _op_cases(fe, launches, op, dtype, lib_names, tiny):
         staged = [n for n, label in found if "first staged" in label and n % word == 0]
         layout_ns = [mid_n] + staged[:1]
         many = [33, odd, mid_n] + staged[:1]
+        channels = []
     else:
         def shape_of(n, m=2):
             return (m, 2, n)
@@ -724,6 +725,11 @@ def _op_cases(fe, launches, op, dtype, lib_names, tiny):
                  ((2, 8, 2 * last + 2), "groups of 4 channels past the loop boundary")]
         layout_ns = [mid_n]
         many = [33, odd]
+        # staged groups of 2 channels of an odd number of words: a thread's words in the y
+        # pass, channel by channel, are not the ones it copied
+        first = [n for n, label in found if "first staged (forward" in label]
+        words = [n // (2 * word) + 1 for n in first[:1] if op.name == "group_norm"]  # 2 channels past it
+        channels = [word * (k + 1 - k % 2) for k in words]
     gof = lambda s: groups.get(tuple(s), 2) if op.layout == "groups" else None  # noqa: E731
     cases = []
     for lib in lib_names:
@@ -736,6 +742,10 @@ def _op_cases(fe, launches, op, dtype, lib_names, tiny):
             grid, m = striding_rows(fe, launches, op, dtype, lambda m: shape_of(n, m), gof(shape_of(n)))
             cases.append(_case(op.name, dtype, lib, shape_of(n, m), f"rows stride over a grid of {grid}", tier,
                                gof(shape_of(n, m))))
+        for c in (channels if lib == "numba" else []):
+            grid, m = striding_rows(fe, launches, op, dtype, lambda m: (m, 4, c), 2)
+            cases.append(_case(op.name, dtype, lib, (m, 4, c), "staged groups of 2 channels of an odd number of "
+                               f"words, rows stride over a grid of {grid}", tier, 2))
         for n in (layout_ns if lib == "numba" else layout_ns[:1]):
             shape = shape_of(n)
             for b in (2, 4, 8):

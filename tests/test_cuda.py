@@ -603,6 +603,30 @@ def test_group_norm_long_groups_staged_at_the_boundary(knobs, rng, dtype):
         assert_close(r, rr, np.float32, "GN rstd")
 
 
+@pytest.mark.cudasim
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_group_norm_staged_groups_a_block_loops_over_against_the_oracle(knobs, rng, dtype):
+    """One block loops over every (sample, group) row of the staged loop path, with
+    channels of 10 words among a warp: the y pass reads, channel by channel, words other
+    threads copied, so the copy and every read of one row come before the next row's copy
+    (threads with no word in the y pass went on to copy the next row over the one still
+    read: y off by up to 4.8 in float32 before the barriers)."""
+    knobs(**LONG, ROW_RESIDENT=32)                # the loop path, one block of a warp
+    vec = 16 // np.dtype(dtype).itemsize
+    S = 10 * vec                                  # a channel: 10 words
+    n, G, Cn = 4, 2, 4
+    L = Cn // G * S
+    cfg = C.row_config(n * G, L, False, vec, C.ROW_RESIDENT, np.dtype(dtype).itemsize, 1)
+    assert cfg.loop and cfg.stage and cfg.grid == 1 and cfg.tpr == 32, cfg
+    x = _rows(rng, (n, Cn, S), dtype)
+    w, b = rng.uniform(0.5, 1.5, Cn).astype(dtype), rng.standard_normal(Cn).astype(dtype)
+    y, m, r = nc.group_norm_forward(x, G, w, b)
+    yr, mr, rr = ORACLE.group_norm_forward(x, G, w, b)
+    assert_close(y, yr, dtype, "GN y")
+    assert_close(m, mr, np.float32, "GN mean")
+    assert_close(r, rr, np.float32, "GN rstd")
+
+
 # ---------------------------------------------------------------- real hardware only
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])

@@ -128,6 +128,10 @@ def test_plan_covers_every_function_dtype_and_library():
                     assert "side_stream" in variants
             if op.layout == "rows":
                 assert any(c["shape"] == [7, 1] for c in cases if c["op"] == op.name)
+            if op.name == "group_norm":  # channels whose words the y pass reads from other threads' copies
+                assert any(c["label"].startswith("staged groups of 2 channels") and c["shape"][1] == 4
+                           and c["shape"][2] // max(1, 16 // item) % 2 for c in cases
+                           if (c["op"], c["dtype"]) == (op.name, dtype)), dtype
             striding = [c for c in cases if (c["op"], c["dtype"]) == (op.name, dtype) and "stride" in c["label"]]
             assert striding and all(c["shape"][0] > int(c["label"].rsplit(" ", 1)[1]) for c in striding)
     big = G.big_cases(G.DTYPES)
@@ -144,6 +148,7 @@ SELECTION = [
                               r"out_is_x|out_shift|out_weight"),
     ("add_rms_norm", "float16", r"odd N, short rows|offset2|last_strided|mixed"),
     ("group_norm", "float64", r"groups of 1 element|first loop \(forward, odd\)|offset8|rows stride"),
+    ("group_norm", "float32", r"staged groups of 2 channels"),
     ("rms_norm", "bfloat16", r"odd N$|first staged \(backward, odd\)|long row|mixed|rows stride"),
 ]
 

@@ -219,6 +219,10 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
         xs = cuda.local.array(V, ACC)
         tmp = cuda.local.array(V, ACC)
         total = ROW_SUM(xr, xr, xr, xs, tmp, live, t, NW, stage, ACC(0))[0]
+        if STAGED:
+            # the y pass reads words by channel, which other threads copied (with a warp
+            # per row, no barrier of the reductions orders them)
+            cuda.syncthreads()
         src = stage if STAGED else xr
         mu, corr, r = CENTERED(src, xs, live, t, NW, total, ACC(1) / ACC(NW * V), eps, scratch, tid)
         if live and t == 0:
@@ -237,6 +241,8 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
                     for v in range(V):
                         tmp[v] = ((xs[v] - mu) - corr) * a + bc
                     STOREW(yr, q, tmp, 0)
+        if STAGED:
+            cuda.syncthreads()  # every read of this row's copy before the next row's copy
 
     return group_loop_row
 
