@@ -388,6 +388,60 @@ def test_no_thread_calls_a_device_function_before_its_module_is_switched(monkeyp
     assert mod.cuda is cuda
 
 
+def test_the_race_check_finds_unordered_shared_accesses_whatever_the_threads_order():
+    """``tests/_simrace.py``: a shared word read by another thread in the barrier interval
+    it was written in, or overwritten in the interval another thread read it in, is a
+    hazard however the simulator's threads happened to interleave; a barrier between them
+    orders them; a read of a word no thread of the block wrote is uninitialised."""
+    from numbanorm.cuda import _simshared
+    from _simrace import racecheck
+
+    @cuda.jit
+    def unordered(out):
+        sh = cuda.shared.array(64, np.float32)
+        i = cuda.threadIdx.x
+        sh[i] = i
+        out[i] = sh[(i + 1) % 64]
+
+    @cuda.jit
+    def ordered(out):
+        sh = cuda.shared.array(64, np.float32)
+        i = cuda.threadIdx.x
+        sh[i] = i
+        cuda.syncthreads()
+        v = sh[(i + 1) % 64]
+        cuda.syncthreads()
+        sh[i] = -1  # (after every read: the barrier above)
+        out[i] = v
+
+    @cuda.jit
+    def overwritten(out):
+        sh = cuda.shared.array(64, np.float32)
+        i = cuda.threadIdx.x
+        sh[i] = i
+        cuda.syncthreads()
+        v = sh[(i + 1) % 64]
+        sh[i] = -1  # thread i - 1 may not have read it yet
+        out[i] = v
+
+    @cuda.jit
+    def uninitialised(out):
+        sh = cuda.shared.array(64, np.float32)
+        out[cuda.threadIdx.x] = sh[cuda.threadIdx.x]
+
+    out = np.zeros(64, np.float32)
+    unordered_ok = {"read after write", "write after read", "uninitialised read"}
+    for kernel, kinds in ((unordered, unordered_ok), (overwritten, {"write after read", "read after write"}),
+                          (uninitialised, {"uninitialised read"}), (ordered, set())):
+        with racecheck() as hazards:
+            kernel[2, 64](out)
+        found = {h.kind for h in hazards}
+        assert (found and found <= kinds) if kinds else not found, (kernel, hazards)
+        assert all(h.where.startswith("test_cudasim.py:") for h in hazards), hazards
+    np.testing.assert_array_equal(out, (np.arange(64) + 1) % 64)  # ordered's, the last run
+    assert _simshared.view is None  # the check leaves the simulator as it was
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="one CPU, or no affinity to set")
 def test_a_blocks_threads_share_one_cpu_and_the_callers_affinity_comes_back():

@@ -17,6 +17,9 @@ import threading
 import numpy as np
 
 _lock = threading.Lock()
+# what a kernel gets for each shared array: ``view(shared, array)`` (tests/_simrace.py's
+# race check sets it), else the array itself
+view = None
 
 
 def install():
@@ -34,16 +37,17 @@ def install():
 
     def array(self, shape, dtype, alignment=None):
         if alignment is not None or shape == 0:  # refused / dynamic: the simulator's own
-            return original(self, shape, dtype, alignment)
-        if isinstance(dtype, kernelapi.types.Type):
-            dtype = kernelapi.numpy_support.as_dtype(dtype)
-        frame = sys._getframe(1)
-        site = (frame.f_code.co_filename, frame.f_lineno)
-        with _lock:
-            res = self._allocations.get(site)
-            if res is None:
-                res = self._allocations[site] = np.empty(shape, dtype)
-        return res
+            res = original(self, shape, dtype, alignment)
+        else:
+            if isinstance(dtype, kernelapi.types.Type):
+                dtype = kernelapi.numpy_support.as_dtype(dtype)
+            frame = sys._getframe(1)
+            site = (frame.f_code.co_filename, frame.f_lineno)
+            with _lock:
+                res = self._allocations.get(site)
+                if res is None:
+                    res = self._allocations[site] = np.empty(shape, dtype)
+        return res if view is None else view(self, res)
 
     cls.array = array
     cls._nn_locked = True
