@@ -894,7 +894,7 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
 
 def backward_kernel_loop(kind, xdt, wdt, code, has_ds):
     LAYER, ACC, KW, WPT, SHIFT = _consts(kind, xdt, code)
-    R, BLOCK, TPR, V = code.rows, code.block, code.tpr, code.vec
+    R, BLOCK, TPR = code.rows, code.block, code.tpr
     SLOTS = slots(BLOCK)
     K = 2 if LAYER else 1
     STAGED = code.stage
@@ -915,12 +915,12 @@ def backward_kernel_loop(kind, xdt, wdt, code, has_ds):
         # the block's partial rows live in `part` itself
         dwp = part[0, blk]
         dbp = part[K - 1, blk]
-        # each thread zeroes the columns it adds to (word q's, q = t mod TPR): no other
-        # thread's store to order before its first addition
-        for j in range(t * V, part.shape[2], TPR * V):
-            for v in range(V):
-                dwp[j + v] = ACC(0)
-                dbp[j + v] = ACC(0)
+        for j in range(t, part.shape[2], TPR):
+            dwp[j] = ACC(0)
+            dbp[j] = ACC(0)
+        # zeroed by element, added to by word (another thread's columns): with a warp per
+        # row no barrier of the reductions orders the two (zeroing by word took 5 registers)
+        cuda.syncthreads()
         it = 0
         for row0 in range(blk * R, x.shape[0], cuda.gridDim.x * R):
             it = ROW(dy, x, ds, dx, mean, rstd, w, dwp, dbp, row0 + (tid >> SHIFT), sx, sdy, scratch, it, tid)
