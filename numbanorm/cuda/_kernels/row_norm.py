@@ -919,7 +919,7 @@ def backward_kernel_loop(kind, xdt, wdt, code, has_ds):
             dwp[j] = ACC(0)
             dbp[j] = ACC(0)
         # zeroed by element, added to by word (another thread's columns): with a warp per
-        # row no barrier of the reductions orders the two (zeroing by word took 5 registers)
+        # row no barrier of the reductions orders the two (zeroing by word took more registers)
         cuda.syncthreads()
         it = 0
         for row0 in range(blk * R, x.shape[0], cuda.gridDim.x * R):
