@@ -404,24 +404,15 @@ def test_the_race_check_finds_unordered_shared_accesses_whatever_the_threads_ord
         out[i] = sh[(i + 1) % 64]
 
     @cuda.jit
-    def ordered(out):
+    def rotated(out, barrier):
         sh = cuda.shared.array(64, np.float32)
         i = cuda.threadIdx.x
         sh[i] = i
         cuda.syncthreads()
         v = sh[(i + 1) % 64]
-        cuda.syncthreads()
-        sh[i] = -1  # (after every read: the barrier above)
-        out[i] = v
-
-    @cuda.jit
-    def overwritten(out):
-        sh = cuda.shared.array(64, np.float32)
-        i = cuda.threadIdx.x
-        sh[i] = i
-        cuda.syncthreads()
-        v = sh[(i + 1) % 64]
-        sh[i] = -1  # thread i - 1 may not have read it yet
+        if barrier:
+            cuda.syncthreads()
+        sh[i] = -1  # without the barrier, thread i - 1 may not have read it yet
         out[i] = v
 
     @cuda.jit
@@ -431,14 +422,15 @@ def test_the_race_check_finds_unordered_shared_accesses_whatever_the_threads_ord
 
     out = np.zeros(64, np.float32)
     unordered_ok = {"read after write", "write after read", "uninitialised read"}
-    for kernel, kinds in ((unordered, unordered_ok), (overwritten, {"write after read", "read after write"}),
-                          (uninitialised, {"uninitialised read"}), (ordered, set())):
+    for kernel, args, kinds in ((unordered, (), unordered_ok),
+                                (rotated, (False,), {"write after read", "read after write"}),
+                                (uninitialised, (), {"uninitialised read"}), (rotated, (True,), set())):
         with racecheck() as hazards:
-            kernel[2, 64](out)
+            kernel[2, 64](out, *args)
         found = {h.kind for h in hazards}
         assert (found and found <= kinds) if kinds else not found, (kernel, hazards)
         assert all(h.where.startswith("test_cudasim.py:") for h in hazards), hazards
-    np.testing.assert_array_equal(out, (np.arange(64) + 1) % 64)  # ordered's, the last run
+    np.testing.assert_array_equal(out, (np.arange(64) + 1) % 64)  # with the barrier, the last run
     assert _simshared.view is None  # the check leaves the simulator as it was
 
 
