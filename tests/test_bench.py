@@ -1196,3 +1196,45 @@ def test_readme_gpu_block_is_generated_from_the_committed_device_runs():
     for r in runs[0]["speed"]:
         timed.setdefault((r["norm"], r["pass"], r["dtype"], tuple(r["shape"])), set()).add(r["impl"])
     assert len(rows) == sum({"numbanorm", "copy"} <= impls for impls in timed.values())  # (the budget cut the last)
+
+
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")  # runpy on an imported module
+def test_every_command_in_the_benchmarks_readme_parses(monkeypatch):
+    """Each ``python -m benchmarks.X ...`` line of benchmarks/README.md's command block
+    parses with that module's own arguments, globs expanded as a shell would (its
+    gpu_model line once lacked the --sass-dir the module requires)."""
+    import argparse
+    import glob
+    import runpy
+    import shlex
+
+    class Parsed(Exception):
+        pass
+
+    real = argparse.ArgumentParser.parse_args
+
+    def parse_args(self, args=None, namespace=None):
+        real(self, args, namespace)
+        raise Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_args)
+    monkeypatch.chdir(ROOT)
+    block = (ROOT / "benchmarks" / "README.md").read_text().split("```bash\n")[1].split("```")[0]
+    commands = [shlex.split(c, comments=True) for c in block.replace("\\\n", " ").splitlines()]
+    commands = [c for c in commands if c[:2] == ["python", "-m"] and c[2].startswith("benchmarks.")]
+    assert len(commands) >= 30
+    bad = []
+    for argv in commands:
+        args = [m for a in argv[3:] for m in (sorted(glob.glob(a)) if "*" in a else [a])]
+        monkeypatch.setattr(sys, "argv", [argv[2], *args])
+        try:
+            runpy.run_module(argv[2], run_name="__main__")
+            bad.append((" ".join(argv), "ran without parsing its arguments"))
+        except Parsed:
+            pass
+        except SystemExit as e:
+            bad.append((" ".join(argv), f"exit {e.code}"))
+        except ModuleNotFoundError as e:  # a module that needs an extra (bench: matplotlib; torch)
+            if e.name not in ("torch", "matplotlib", "transformers", "tqdm"):
+                raise
+    assert not bad, bad
