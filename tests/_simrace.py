@@ -53,18 +53,19 @@ def _where():
     return f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_lineno}" if f is not None else "?"
 
 
-def _record(log, a, addresses, write):
+def _record(log, arr, addresses, write):
+    """``addresses`` of ``arr`` (a ``Tracked`` array) read or written by the calling thread."""
     me = threading.current_thread()
     tid = getattr(me, "thread_id", None)
     if tid is None:  # outside a simulated kernel
         return
     block = tuple(me.blockIdx)
     interval = getattr(me, "_nn_barriers", 0)
-    base, size = a._nn_base, a.itemsize
+    base, size = arr._nn_base, arr.itemsize
     with log.lock:
-        mem = log.blocks.setdefault((a._nn_launch, block), {})
-        for a0 in addresses:
-            for a in range(a0, a0 + size):
+        mem = log.blocks.setdefault((arr._nn_launch, block), {})
+        for first in addresses:
+            for a in range(first, first + size):  # by byte: views of other dtypes share them
                 cell = mem.get(a)
                 kind = other = None
                 if write:
