@@ -3,8 +3,10 @@
     python -m benchmarks.streaming                    # 1/8 to 8x the last-level cache the code reads
     python -m benchmarks.streaming --lo 1/128 --hi 8  # from further down (a VM's shared L3)
     python -m benchmarks.streaming --then-read        # also with y read once right after each call
+    python -m benchmarks.streaming --backward --then-read  # the backward's dx instead of y
 
-writes ``benchmarks/results/stream-sweep-<cpu>.json`` (``--out`` names another file).
+writes ``benchmarks/results/stream-sweep-<cpu>.json``, with ``--backward``
+``benchmarks/results/backward-stream-sweep-<cpu>.json`` (``--out`` names another file).
 
 For each output size (a fraction of the last-level cache ``memory`` reads, float32) and
 each of LayerNorm and RMSNorm (rows of 4096) and GroupNorm ((n, 64, 64, 64), 8 groups),
@@ -15,6 +17,11 @@ every numba thread.  A ratio is the median over rounds of the round's own ratio,
 slow moment of a shared machine slows both sides alike.  The threshold this CPU wants is
 the smallest size from which streaming is faster than ordinary stores for every norm at
 every larger size (:func:`crossover`), as a fraction of the cache read.
+
+``--backward`` times the public backward instead (a fresh dx each call, as every caller
+gets it; the launchers stream dx by the same threshold), against ``np.copyto`` of x and
+dy into two buffers, and with ``--then-read`` followed by a read of dx, the previous
+layer's backward reading it as its dy.
 """
 
 from __future__ import annotations
@@ -74,15 +81,30 @@ def _call(norm, x, w, b, y):
     return getattr(numbanorm, norm)(x, (HIDDEN,), w, *([b] if norm == "layer_norm" else []), out=y)
 
 
+def _backward_call(norm, x):
+    """``f(dy) -> dx``: the public backward of ``norm`` on ``x`` (float32, weight of ones
+    scaled, the forward's statistics), allocating its dx as every caller's does."""
+    c = x.shape[1] if norm == "group_norm" else HIDDEN
+    w = np.linspace(0.5, 1.5, c, dtype=np.float32)
+    if norm == "group_norm":
+        _, mean, rstd = numbanorm.group_norm_forward(x, GROUPS, w)
+        return lambda dy: numbanorm.group_norm_backward(dy, x, mean, rstd, w)[0]
+    if norm == "layer_norm":
+        _, mean, rstd = numbanorm.layer_norm_forward(x, (HIDDEN,), w)
+        return lambda dy: numbanorm.layer_norm_backward(dy, x, mean, rstd, (HIDDEN,), w)[0]
+    _, rstd = numbanorm.rms_norm_forward(x, (HIDDEN,), w)
+    return lambda dy: numbanorm.rms_norm_backward(dy, x, rstd, (HIDDEN,), w)[0]
+
+
 def _stores(stream):
     """Every ``out=`` from now on written with streaming stores (True) or ordinary ones (a
     replayed call with ``out=`` asks ``memory.should_stream`` each time)."""
     memory.STREAM_MIN_BYTES = 0 if stream else 1 << 62
 
 
-def case(norm, nbytes, rounds, then_read=False, budget_s=0.02, rng=None):
+def case(norm, nbytes, rounds, then_read=False, budget_s=0.02, rng=None, backward=False):
     """One norm at one size: ``{ratio: {variant: median over rounds of t / t(copy)},
-    streaming_over_ordinary, ...}``."""
+    streaming_over_ordinary, ...}``; ``backward``: its backward's dx instead of its y."""
     rng = rng or np.random.default_rng(0)
     shape = shape_of(norm, nbytes)
     x = rng.standard_normal(shape, dtype=np.float32)
@@ -90,17 +112,24 @@ def case(norm, nbytes, rounds, then_read=False, budget_s=0.02, rng=None):
     w, b = rng.uniform(0.5, 1.5, c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
     y, dst = np.full_like(x, 1.0), np.full_like(x, 1.0)  # mapped: every page touched once
     sums = np.empty(x.size // shape[-1], np.float32)
+    if backward:
+        dy, dst2 = rng.standard_normal(shape, dtype=np.float32), np.full_like(x, 1.0)
+        grad = _backward_call(norm, x)
 
     def run(stream, read=False):
         def f():
             _stores(stream)
-            _call(norm, x, w, b, y)
-            if read:  # the next layer's reads of y
-                _read_rows(y.reshape(-1, shape[-1]), sums)
+            out = grad(dy) if backward else _call(norm, x, w, b, y)
+            if read:  # the next layer's reads of its output
+                _read_rows(out.reshape(-1, shape[-1]), sums)
         return f
 
-    variants = {"copy": lambda: np.copyto(dst, x), "copy_threads": lambda: parallel_copy(dst, x),
-                "ordinary": run(False), "streaming": run(True)}
+    if backward:  # the backward's floor: x and dy each copied once
+        variants = {"copy": lambda: (np.copyto(dst, x), np.copyto(dst2, dy)),
+                    "copy_threads": lambda: (parallel_copy(dst, x), parallel_copy(dst2, dy))}
+    else:
+        variants = {"copy": lambda: np.copyto(dst, x), "copy_threads": lambda: parallel_copy(dst, x)}
+    variants.update(ordinary=run(False), streaming=run(True))
     if then_read:
         variants.update(ordinary_then_read=run(False, True), streaming_then_read=run(True, True))
     saved = memory.STREAM_MIN_BYTES
@@ -111,7 +140,8 @@ def case(norm, nbytes, rounds, then_read=False, budget_s=0.02, rng=None):
     finally:
         memory.STREAM_MIN_BYTES = saved
         _backend.plans._plans.clear()
-    return {"norm": norm, "shape": list(shape), "mib": x.nbytes / 2**20,
+    return {"norm": norm, "direction": "backward" if backward else "forward", "shape": list(shape),
+            "mib": x.nbytes / 2**20,
             "ratio_to_copy": {k: round(float(np.median(t[k] / t["copy"])), 3) for k in t if k != "copy"},
             "streaming_over_ordinary": round(float(np.median(t["streaming"] / t["ordinary"])), 3),
             **({"streaming_over_ordinary_then_read": round(float(np.median(
@@ -146,22 +176,26 @@ def main(argv=None):
     ap.add_argument("--hi", type=_fraction, default=Fraction(8), help="largest size, times the cache (8)")
     ap.add_argument("--norm", default=",".join(NORMS), help=f"comma-separated, of {','.join(NORMS)}")
     ap.add_argument("--rounds", type=int, default=9, help="round-robin rounds per case (9)")
-    ap.add_argument("--then-read", action="store_true", help="also time each store kind followed by a read of y")
+    ap.add_argument("--then-read", action="store_true",
+                    help="also time each store kind followed by a read of its output")
+    ap.add_argument("--backward", action="store_true", help="the backward's dx instead of the forward's y")
     ap.add_argument("--threads", type=int, help="numba threads (default: all)")
-    ap.add_argument("--mem-gib", type=float, help="skip sizes whose three arrays exceed this (default: half the memory)")
+    ap.add_argument("--mem-gib", type=float,
+                    help="skip sizes whose arrays (3, backward 6) exceed this (default: half the memory)")
     ap.add_argument("--note", default="")
     ap.add_argument("--out", help="results file (default benchmarks/results/stream-sweep-<cpu>.json)")
     a = ap.parse_args(argv)
     threads = measure.set_threads(a.threads)
     llc = memory.CACHE_BYTES
     limit = int(a.mem_gib * 2**30) if a.mem_gib else (machine.mem_total_bytes() or 8 << 30) // 2
-    todo = [s for s in sizes(llc, a.lo, a.hi) if 3 * s <= limit]
+    arrays = 6 if a.backward else 3  # x, dy, dx and the copies' two buffers; x, y and one
+    todo = [s for s in sizes(llc, a.lo, a.hi) if arrays * s <= limit]
     load_before = list(os.getloadavg())
     t0 = time.perf_counter()
     cases = []
     for s in todo:
         for norm in a.norm.split(","):
-            c = case(norm, s, a.rounds, a.then_read)
+            c = case(norm, s, a.rounds, a.then_read, backward=a.backward)
             c["of_cache"] = round(s / llc, 4)
             cases.append(c)
             r = c["ratio_to_copy"]
@@ -182,9 +216,9 @@ def main(argv=None):
     res["meta"] = metadata(threads, note=a.note, load_before=load_before, load_after=list(os.getloadavg()),
                            timing={"wall_s": round(time.perf_counter() - t0, 1), "rounds": a.rounds})
     res["meta"]["command"] = " ".join(["python", "-m", "benchmarks.streaming", *sys.argv[1:]])
-    path = Path(a.out) if a.out else RESULTS / f"stream-sweep-{cpu_kind()}.json"
+    path = Path(a.out) if a.out else RESULTS / f"{'backward-' if a.backward else ''}stream-sweep-{cpu_kind()}.json"
     path.write_text(json.dumps(res, indent=1) + "\n")
-    then = f", {res['crossover_then_read_of_cache']} with y read next" if a.then_read else ""
+    then = f", {res['crossover_then_read_of_cache']} with its output read next" if a.then_read else ""
     print(f"streaming wins from {first and first / 2**20} MiB "
           f"({res['crossover_of_cache']} of the {llc / 2**20:.1f} MiB of cache counted on{then}); "
           f"the code streams from {memory.STREAM_MIN_BYTES / 2**20:.1f} MiB; wrote {path}")

@@ -1110,17 +1110,50 @@ def test_the_streaming_crossover_is_where_streaming_wins_from_there_up():
 
 
 @pytest.mark.slow
-def test_the_streaming_sweep_times_each_store_kind_and_restores_the_threshold():
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_the_streaming_sweep_times_each_store_kind_and_restores_the_threshold(backward):
     from benchmarks import streaming
     from numbanorm.cpu._kernels import memory
 
     before = memory.STREAM_MIN_BYTES
     for norm in streaming.NORMS:
-        c = streaming.case(norm, 1 << 20, rounds=1, then_read=norm == "layer_norm", budget_s=0)
+        c = streaming.case(norm, 1 << 20, rounds=1, then_read=norm == "layer_norm", budget_s=0, backward=backward)
         assert set(c["ratio_to_copy"]) >= {"copy_threads", "ordinary", "streaming"}
         assert all(v > 0 for v in c["ratio_to_copy"].values()) and c["mib"] == 1
         assert ("streaming_over_ordinary_then_read" in c) == (norm == "layer_norm")
+        assert c["direction"] == ("backward" if backward else "forward")
     assert memory.STREAM_MIN_BYTES == before
+
+
+@pytest.mark.slow
+def test_the_backward_sweep_compares_one_gradient_under_both_store_kinds(monkeypatch):
+    """benchmarks.streaming --backward: the public backward's launcher takes its streamed
+    kernel exactly where the sweep's switch says, and its dx is the same bits whichever
+    stores write it (the streamed kernels compiled here, not left to the compile thread)."""
+    from benchmarks import streaming
+    from numbanorm.cpu._kernels import background, common, memory
+
+    taken = []
+    streamed = common.Kernel.streaming
+    monkeypatch.setattr(common.Kernel, "streaming", lambda k: taken.append(k) or streamed(k))
+    before = memory.STREAM_MIN_BYTES
+    rng = np.random.default_rng(0)
+    shapes = {"layer_norm": (3, streaming.HIDDEN), "rms_norm": (3, streaming.HIDDEN), "group_norm": (2, 64, 4, 4)}
+    try:
+        for norm in streaming.NORMS:
+            x, dy = (rng.standard_normal(shapes[norm], dtype=np.float32) for _ in range(2))
+            grad = streaming._backward_call(norm, x)
+            dx = {}
+            for stream in (False, True):
+                streaming._stores(stream)
+                taken.clear()
+                with background.synchronous():
+                    dx[stream] = grad(dy)
+                assert bool(taken) == stream == memory.stream_apart(dx[stream], dy, x), norm
+            np.testing.assert_array_equal(dx[True], dx[False])
+            assert np.isfinite(dx[True]).all() and np.abs(dx[True]).max() > 0
+    finally:
+        memory.STREAM_MIN_BYTES = before
 
 
 def test_the_narrowing_probe_counts_the_streamed_loop_per_16_elements():

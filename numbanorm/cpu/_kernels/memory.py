@@ -353,5 +353,6 @@ def apart(y, *reads):
 def stream_apart(y, *reads):
     """:func:`should_stream` for an output ``y`` that must also share no memory with
     ``reads`` (:func:`apart`): where a span's stores may overlap its loads, LLVM runs
-    the span's scalar loop, whose stores cannot keep put_streaming's claimed alignment."""
+    the span's scalar loop, whose stores cannot keep put_streaming's claimed alignment.
+    The backwards' dx streams by this threshold too (the CPU design log: their sweep)."""
     return should_stream(y) and apart(y, *reads)
