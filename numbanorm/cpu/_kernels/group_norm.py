@@ -14,7 +14,7 @@ from .cache import njit  # numba.njit with a cache keyed on this package's sourc
 from .common import (FASTMATH, RESCALE, STREAMING, acc_of, finish, in_blocks, launch, param, row_block,
                      scratch_for, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
-from .memory import put_streaming, store_fence, stream_apart, stream_span
+from .memory import ahead_chunk, ask_ahead, put_streaming, store_fence, stream_apart, stream_span
 from .rescale import rescue_row, scaled_backward_row
 from .stats import overflowed, row_is_finite, row_stats
 from .sums import gradient_sums
@@ -74,7 +74,7 @@ def forward_groups(
             continue
         mean[n, g] = mu + corr
         rstd[n, g] = r
-        write_channels(xc, yc, n * C + c0, n * C + c0 + Cg, c0, mu, corr, r, w, b, zero, stream)
+        write_channels(xc, yc, n * C + c0, n * C + c0 + Cg, c0, mu, corr, r, w, b, zero, stream, x, ng, hi)
     if STREAMING and stream:  # (streamed stores: the STREAMING variant's, as layer_norm.forward_rows)
         store_fence()
     return left
@@ -94,13 +94,19 @@ def write_channels(
     b,        # (C,) bias in the accumulation dtype, or None
     zero,     # scalar 0 in the accumulation dtype
     stream,   # scalar bool: streaming stores
+    xg,       # (N * G, Cg * S) the same input, a group a row
+    ng,       # scalar: the group's row of xg
+    end,      # scalar: one past the last group of the block
 ):
     """The write pass of one group, channel row by channel row.  A function of its own,
     called once a group: inlined in forward_groups's loop over groups, its spans
     increfed xc and yc on every channel (an atomic each, which drains the
-    write-combining buffers of the streaming stores)."""
+    write-combining buffers of the streaming stores).  Streamed, it asks for the next
+    group of the block as it writes this one (memory.ask_ahead, as layer_norm.forward_rows)."""
     wide_vectors(xc)
     S = xc.shape[1]
+    if STREAMING:
+        chunk = ahead_chunk(xc)
     for ch in range(lo, hi):
         c = c0 + ch - lo
         # per channel, the affine folds into the scale: (x - mean) * (r * w[c]) + b[c]
@@ -113,7 +119,11 @@ def write_channels(
         for part in range(2):
             scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, lo_e, hi_e, False)
             if STREAMING and part == 0:
-                scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, s0, s1, True)
+                at = (ch - lo) * S  # the channel's first element in its group's row
+                for t in range(s0, s1, chunk):
+                    te = min(t + chunk, s1)
+                    ask_ahead(xg, ng, end, at + t, at + te)
+                    scale_shift_span(xc, ch, mu, corr, a, bc, yc, ch, t, te, True)
             lo_e, hi_e = s1, S
 
 
@@ -246,7 +256,9 @@ def dx_channels(
     stream,   # scalar bool: streaming stores
 ):
     """The dx pass of one group, channel row by channel row, each in spans (its whole
-    lines streamed where ``stream``), called once a group as write_channels.
+    lines streamed where ``stream``), called once a group as write_channels.  It asks
+    for no next group as it writes (write_channels does): that made the large streamed
+    backward slower (the CPU design log).
     Not FASTMATH (inlined here, the spans compile with this function's flags): the
     loop has no reduction for 'reassoc' to vectorize."""
     wide_vectors(dyc)
