@@ -82,8 +82,8 @@ def _call(norm, x, w, b, y):
 
 
 def _backward_call(norm, x):
-    """``f(dy) -> dx``: the public backward of ``norm`` on ``x`` (float32, weight of ones
-    scaled, the forward's statistics), allocating its dx as every caller's does."""
+    """``f(dy) -> dx``: the public backward of ``norm`` on ``x`` (float32, a weight from
+    0.5 to 1.5, the forward's statistics), allocating its dx as every caller's does."""
     c = x.shape[1] if norm == "group_norm" else HIDDEN
     w = np.linspace(0.5, 1.5, c, dtype=np.float32)
     if norm == "group_norm":
