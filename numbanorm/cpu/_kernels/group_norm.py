@@ -258,7 +258,7 @@ def dx_channels(
     """The dx pass of one group, channel row by channel row, each in spans (its whole
     lines streamed where ``stream``), called once a group as write_channels.  It asks
     for no next group as it writes (write_channels does): that made the large streamed
-    backward slower (the CPU design log).
+    backward slower (the performance design log).
     Not FASTMATH (inlined here, the spans compile with this function's flags): the
     loop has no reduction for 'reassoc' to vectorize."""
     wide_vectors(dyc)
