@@ -42,6 +42,7 @@ import numbanorm
 from numbanorm import machine, measure
 from numbanorm.cpu import _backend
 from numbanorm.cpu._kernels import memory
+from numbanorm.operations import BY_NAME
 
 from .design_probes import _read_rows, timed_rounds
 from .harness import RESULTS, cpu_kind, metadata
@@ -81,19 +82,14 @@ def _call(norm, x, w, b, y):
     return getattr(numbanorm, norm)(x, (HIDDEN,), w, *([b] if norm == "layer_norm" else []), out=y)
 
 
-def _backward_call(norm, x):
-    """``f(dy) -> dx``: the public backward of ``norm`` on ``x`` (float32, a weight from
-    0.5 to 1.5, the forward's statistics), allocating its dx as every caller's does."""
-    c = x.shape[1] if norm == "group_norm" else HIDDEN
-    w = np.linspace(0.5, 1.5, c, dtype=np.float32)
-    if norm == "group_norm":
-        _, mean, rstd = numbanorm.group_norm_forward(x, GROUPS, w)
-        return lambda dy: numbanorm.group_norm_backward(dy, x, mean, rstd, w)[0]
-    if norm == "layer_norm":
-        _, mean, rstd = numbanorm.layer_norm_forward(x, (HIDDEN,), w)
-        return lambda dy: numbanorm.layer_norm_backward(dy, x, mean, rstd, (HIDDEN,), w)[0]
-    _, rstd = numbanorm.rms_norm_forward(x, (HIDDEN,), w)
-    return lambda dy: numbanorm.rms_norm_backward(dy, x, rstd, (HIDDEN,), w)[0]
+def _backward_call(norm, x, dy, w):
+    """``f() -> dx``: the public backward of ``norm`` on ``x`` and ``dy`` with weight ``w``
+    and the forward's statistics, called by the table of operations, allocating its dx as
+    every caller's does."""
+    op = BY_NAME[norm]
+    values = {"x": x, op.shape_role: GROUPS if norm == "group_norm" else HIDDEN, "weight": w, "dy": dy}
+    values.update(zip(op.forward_outputs, op.call(numbanorm, "forward", values)))
+    return lambda: op.call(numbanorm, "backward", values)[0]
 
 
 def _stores(stream):
@@ -110,16 +106,18 @@ def case(norm, nbytes, rounds, then_read=False, budget_s=0.02, rng=None, backwar
     x = rng.standard_normal(shape, dtype=np.float32)
     c = shape[1] if norm == "group_norm" else HIDDEN
     w, b = rng.uniform(0.5, 1.5, c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
-    y, dst = np.full_like(x, 1.0), np.full_like(x, 1.0)  # mapped: every page touched once
+    dst = np.full_like(x, 1.0)  # mapped: every page touched once (as y and dst2)
     sums = np.empty(x.size // shape[-1], np.float32)
     if backward:
         dy, dst2 = rng.standard_normal(shape, dtype=np.float32), np.full_like(x, 1.0)
-        grad = _backward_call(norm, x)
+        grad = _backward_call(norm, x, dy, w)
+    else:
+        y = np.full_like(x, 1.0)
 
     def run(stream, read=False):
         def f():
             _stores(stream)
-            out = grad(dy) if backward else _call(norm, x, w, b, y)
+            out = grad() if backward else _call(norm, x, w, b, y)
             if read:  # the next layer's reads of its output
                 _read_rows(out.reshape(-1, shape[-1]), sums)
         return f
@@ -181,14 +179,14 @@ def main(argv=None):
     ap.add_argument("--backward", action="store_true", help="the backward's dx instead of the forward's y")
     ap.add_argument("--threads", type=int, help="numba threads (default: all)")
     ap.add_argument("--mem-gib", type=float,
-                    help="skip sizes whose arrays (3, backward 6) exceed this (default: half the memory)")
+                    help="skip sizes whose arrays (3, backward 5) exceed this (default: half the memory)")
     ap.add_argument("--note", default="")
     ap.add_argument("--out", help="results file (default benchmarks/results/stream-sweep-<cpu>.json)")
     a = ap.parse_args(argv)
     threads = measure.set_threads(a.threads)
     llc = memory.CACHE_BYTES
     limit = int(a.mem_gib * 2**30) if a.mem_gib else (machine.mem_total_bytes() or 8 << 30) // 2
-    arrays = 6 if a.backward else 3  # x, dy, dx and the copies' two buffers; x, y and one
+    arrays = 5 if a.backward else 3  # x, dy, dx and the copies' two buffers; x, y and the copy's
     todo = [s for s in sizes(llc, a.lo, a.hi) if arrays * s <= limit]
     load_before = list(os.getloadavg())
     t0 = time.perf_counter()
