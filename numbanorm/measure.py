@@ -482,12 +482,16 @@ def time_runners(runners, sync=lambda: None, *, repeats=None, budget_s=1.0, min_
         sync()
         r.first_call_s = clock() - t0
     compiled_in_background()
-    for r in runners:
-        # the calls per sample come from the faster of two warm calls: the first call may
-        # compile, and so may the first warm one (a repeated 16-bit small call loads a
-        # specialization of its own), or fault in a fresh output's pages; a call of a
-        # second or more is warmed once
-        one = _warm_call(r.fn, sync, clock)
+    # the calls per sample come from the faster of two warm calls: the first call may
+    # compile, and so may the first warm one (a repeated 16-bit small call loads a
+    # specialization of its own), or fault in a fresh output's pages; a call of a
+    # second or more is warmed once
+    warm = [_warm_call(r.fn, sync, clock) for r in runners]
+    # the first warm call may hand a kernel to the compile thread too (a small numbanorm.torch
+    # call asks for its plan's entry on its second call): timed before it is compiled, every
+    # sample took the full path while the compile shared the cores
+    compiled_in_background()
+    for r, one in zip(runners, warm):
         if min_sample_s > 0 and one < 1.0:
             one = min(one, _warm_call(r.fn, sync, clock))
         r.number = number or int(min(max_number, max(1, math.ceil(min_sample_s / one))))
