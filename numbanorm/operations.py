@@ -152,7 +152,9 @@ class Operation:
             v["x"] = v["x"] + v.pop("residual")
         if self.layout == "rows":
             n = v["normalized_shape"]
-            v["normalized_shape"] = (n,) if np.ndim(n) == 0 else tuple(n)
+            # (an isinstance test, not np.ndim: torch.compile traces NumPy calls as torch ops
+            # and refuses np.ndim's int in a full graph)
+            v["normalized_shape"] = (n,) if isinstance(n, (int, np.integer)) else tuple(n)
         roles = [r for r in self.forward_roles if r != "residual"]
         args = []
         for r in roles:

@@ -150,3 +150,27 @@ def test_docstring_lines_are_textwraps():
         want = textwrap.wrap(text, 88 - len(indent), initial_indent=indent, subsequent_indent=indent,
                              break_on_hyphens=False)
         assert O._wrapped(text, indent) == want, text
+
+
+@pytest.mark.parametrize("op", OPERATIONS, ids=lambda op: op.name)
+def test_the_torch_counterpart_traces_in_one_graph(op):
+    """``call_torch`` is what benchmarks.gpu_check compiles as the torch.compile peer (with
+    fullgraph=True): Dynamo must trace it without a break (np.ndim on the shape did not:
+    every row norm's torch.compile row was skipped on the H200)."""
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    gen = torch.Generator().manual_seed(0)
+    n = 8
+    v = {"x": torch.randn(2, n, 3, generator=gen) if op.layout != "rows" else torch.randn(3, n, generator=gen),
+         "weight": torch.rand(n, generator=gen) + 0.5, op.shape_role: 2 if op.layout != "rows" else n}
+    if op.bias:
+        v["bias"] = torch.randn(n, generator=gen)
+    if op.fused:
+        v["residual"] = torch.randn_like(v["x"])
+
+    def f(**vals):
+        return op.call_torch(F, vals)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, dynamic=False, backend="eager")
+    assert torch.equal(compiled(**v), f(**v))
