@@ -397,3 +397,21 @@ def test_tune_sets_only_the_launch_codes_knobs_and_is_asked_for(monkeypatch, tmp
     d = json.loads(out.read_text())
     assert d["sections"]["tune"]["status"] == "skipped" and "simulator" in d["sections"]["tune"]["reason"]
     assert "correctness" not in d["sections"]
+
+
+def test_a_worker_releases_the_frees_numba_holds_back(monkeypatch):
+    """After each job a worker hands back what the libraries keep: numba's pending frees too
+    (numba holds up to a fifth of the device's memory per process before it frees; the
+    H200 runs' warm-ups were refused for memory the 15 workers held)."""
+    import sys
+    import types
+
+    cleared = []
+    ctx = types.SimpleNamespace(deallocations=types.SimpleNamespace(clear=lambda: cleared.append(1)))
+    fake = types.SimpleNamespace(is_available=lambda: True, current_context=lambda: ctx)
+    monkeypatch.setitem(sys.modules, "numba.cuda", fake)
+    monkeypatch.setattr(G, "_simulated", lambda: False)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    G._release()
+    assert cleared == [1]
