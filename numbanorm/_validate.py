@@ -26,15 +26,34 @@ DEVICE = "device"
 _DLPACK_CUDA_DEVICES = (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
 
 
+_TORCH_TYPES = {}  # type -> whether it is torch.Tensor or a subclass, learned per type
+
+
+def _is_torch_type(t):
+    known = _TORCH_TYPES.get(t)
+    if known is None:
+        torch = sys.modules.get("torch")  # (a type seen before torch was imported is not torch's)
+        known = _TORCH_TYPES[t] = torch is not None and issubclass(t, torch.Tensor)
+    return known
+
+
 def side_of(a):
-    """``HOST``, ``DEVICE`` or ``None`` for one argument, from its type alone."""
+    """``HOST``, ``DEVICE`` or ``None`` for one argument, from its type alone (a torch
+    tensor's, from its type and ``is_cuda``)."""
     if a is None:
         return None
-    if type(a) is np.ndarray:  # the common case, decided without attribute probing
+    t = type(a)
+    if t is np.ndarray:  # the common case, decided without attribute probing
         return HOST
     # numba's device arrays, and the CUDA simulator's (which have no
     # __cuda_array_interface__ and would otherwise pass for NumPy arrays)
-    if getattr(type(a), "__cuda_ndarray__", False) or hasattr(a, "__cuda_array_interface__"):
+    if getattr(t, "__cuda_ndarray__", False):
+        return DEVICE
+    # a torch tensor without its interface, which PyTorch builds whole on every access
+    # (the costliest part of a repeated GPU call on an H200's host)
+    if _is_torch_type(t):
+        return DEVICE if a.is_cuda else HOST
+    if hasattr(a, "__cuda_array_interface__"):
         return DEVICE
     dev = getattr(a, "__dlpack_device__", None)
     if dev is not None:

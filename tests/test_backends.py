@@ -125,3 +125,31 @@ def test_the_call_runs_on_the_stream_of_the_array_whose_type_the_results_take(mo
     seen.clear()
     numbanorm.add_layer_norm_backward(dy, None, s_dev, mean_dev, rstd_dev, 16)
     assert seen and all(st is b for st in seen)
+
+
+def test_a_torch_tensors_side_is_decided_without_its_cuda_array_interface():
+    """PyTorch builds a tensor's ``__cuda_array_interface__`` whole on every access, and the
+    side of every argument was decided by asking for it (several times a call): on an H200's
+    host the costliest part of a repeated public call on CUDA tensors. ``is_cuda`` decides."""
+    torch = pytest.importorskip("torch")
+    asked = []
+
+    class Probe(torch.Tensor):
+        on_gpu = False
+
+        @property
+        def is_cuda(self):
+            return self.on_gpu
+
+        @property
+        def __cuda_array_interface__(self):
+            asked.append(1)
+            return {}
+
+    host = torch.zeros(3).as_subclass(Probe)
+    device = torch.zeros(3).as_subclass(Probe)
+    device.on_gpu = True
+    assert V.side_of(host) == V.HOST and V.side_of(device) == V.DEVICE
+    assert V.common_side(x=device, weight=device) == V.DEVICE
+    assert V.side_of(torch.zeros(3)) == V.HOST
+    assert asked == []
