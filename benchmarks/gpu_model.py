@@ -487,7 +487,7 @@ def hbm_fraction(bytes_in_flight_per_sm):
 
 # The device run the model is calibrated on (benchmarks/results/): its row kernels' measured
 # fraction of the copy against this model's issue/memory ratio for the same kernels
-CALIBRATION_RUN = "gpu-h200.json"
+CALIBRATION_RUN = "gpu-h200-b.json"
 
 
 def calibration(run):

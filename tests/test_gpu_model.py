@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from benchmarks import gpu_model as G
@@ -366,16 +367,28 @@ def test_committed_model_has_the_in_flight_columns_and_passes_its_gate():
 
 def test_calibration_recovers_its_parameter_and_describes_the_device_run():
     """The model calibrated on the H200 run: fraction = 1 / (1 + a * issue/memory ratio).
-    On made-up rows it recovers a; on the committed run it is within 0.1 of every row
-    kernel's measured fraction (the uncalibrated model said 1.00 for all, off by 0.28)."""
+    On made-up rows it recovers a. On the committed run (66 row kernels at N = 1024 to
+    8192) its RMS error is under 0.07 of the copy (the uncalibrated model said 1.00 for all,
+    off by 0.35); the rows it overrates by more than 0.1 (up to 0.13) are backwards, the fused
+    ones most, which one parameter does not describe. The calibration of the first lease (22 rows, all at N =
+    4096, archived) predicts this run out of sample about as well: RMS under 0.07."""
     rows = [{"model_issue_memory_ratio": r, "measured_fraction_of_copy": 1 / (1 + 0.7 * r)}
             for r in (0.1, 0.3, 0.5)]
     cal = G.calibration({"model": rows + [{"model_issue_memory_ratio": None, "measured_fraction_of_copy": 0.2}]})
     assert abs(cal["a"] - 0.7) < 1e-3 and cal["worst"] < 1e-3 and cal["rows"] == 3
     assert G.calibration({"model": []}) is None
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "results",
-                        G.CALIBRATION_RUN)
-    run = json.load(open(path))
+    results = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "results")
+    run = json.load(open(os.path.join(results, G.CALIBRATION_RUN)))
     cal = G.calibration(run)
-    assert cal["rows"] >= 20 and cal["worst"] < 0.1 and 0 < cal["a"] < 1
-    assert max(1 - m["measured_fraction_of_copy"] for m in run["model"] if m["model_fraction"] == 1.0) > 0.2
+    assert cal["rows"] >= 60 and cal["rms"] < 0.07 and 0 < cal["a"] < 1
+    assert max(1 - m["measured_fraction_of_copy"] for m in run["model"] if m["model_fraction"] == 1.0) > 0.3
+    rows = [m for m in run["model"] if m["model_issue_memory_ratio"] is not None]
+    err = {(m["norm"], m["pass"], m["dtype"], m["shape"][1]):
+           G.calibrated_fraction(m["model_issue_memory_ratio"], cal["a"]) - m["measured_fraction_of_copy"]
+           for m in rows}
+    worst = [k for k, e in err.items() if abs(e) > 0.1]
+    assert cal["worst"] < 0.15 and all(k[1] == "backward" for k, e in err.items() if e > 0.1), worst
+    first = G.calibration(json.load(open(os.path.join(results, "archive", "gpu-h200-2026-11-28.json"))))
+    out_of_sample = [G.calibrated_fraction(m["model_issue_memory_ratio"], first["a"]) - m["measured_fraction_of_copy"]
+                     for m in rows]
+    assert first["rows"] == 22 and np.sqrt(np.mean(np.square(out_of_sample))) < 0.07
