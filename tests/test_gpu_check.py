@@ -415,3 +415,23 @@ def test_a_worker_releases_the_frees_numba_holds_back(monkeypatch):
     monkeypatch.delitem(sys.modules, "cupy", raising=False)
     G._release()
     assert cleared == [1]
+
+
+def test_the_lease_script_runs_parse_and_fit_a_lease():
+    """benchmarks/gpu_lease.sh's gpu_check runs parse with the script's own arguments; each
+    run's time limit leaves its deadline room to write the JSON; and the two calls' limits
+    with a machine's start (a minute) fit a 15-minute lease."""
+    import os
+    import re
+    import shlex
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "gpu_lease.sh")
+    text = open(path).read().replace("\\\n", " ")
+    calls = {}
+    for part, body in re.findall(r"^(\d)\)\n(.*?);;", text, re.S | re.M):
+        for name, limit, rest in re.findall(r"^\s*check (\S+) (\d+) (.*)$", body, re.M):
+            args = G.parse(shlex.split(rest) + ["--out", "x.json"])
+            assert int(limit) >= args.deadline + 10, (name, limit, args.deadline)
+            calls[part] = calls.get(part, 0) + int(limit)
+    assert set(calls) == {"1", "2"}
+    assert calls["1"] + 30 + calls["2"] + 60 <= 900, calls  # (call 1 installs wheels for about 20 s)
