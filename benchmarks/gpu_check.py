@@ -1860,9 +1860,9 @@ def _release():
     cupy = sys.modules.get("cupy")
     if cupy is not None:
         cupy.get_default_memory_pool().free_all_blocks()
-    # numba frees device arrays late: until ten are pending or a fifth of the device's memory
-    # is (28 GiB on an H200), so a few large arrays stayed with each worker, and in the
-    # H200's runs the timed cases' warm-ups were refused for memory the others held
+    # numba frees device arrays late: not before ten are pending or a fifth of the device's
+    # memory is (28 GiB on an H200), so a few large arrays can stay with each worker (in the
+    # H200's runs, warm-ups were refused while other workers held 3-19 GiB each)
     cuda = sys.modules.get("numba.cuda")
     if cuda is not None and not _simulated() and cuda.is_available():
         cuda.current_context().deallocations.clear()

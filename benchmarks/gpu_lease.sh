@@ -11,8 +11,9 @@
 # Call 1 takes at most 500 s and call 2 at most 330 s, which with a machine's start (about a
 # minute) fit a 15-minute lease only if call 2 is sent within the machine's 30 s idle time
 # after call 1 returns (its files are in /tmp there; a fresh machine has neither them nor the
-# cache). The second lease's own runs took 419 s and 122 + 161 s of these budgets' kind.  Writes $OUT/gpu-<kind>.json,
-# -b, -c, -tune and their logs; commit the JSONs under benchmarks/results/.
+# cache); the second lease's runs, with budgets of this kind, took 419 s and 122 + 161 s.
+# Writes $OUT/gpu-<kind>.json, -b, -c, -tune and their logs; commit the JSONs under
+# benchmarks/results/.
 set -u -o pipefail
 part=${1:?"part 1 or 2"}
 OUT=${OUT:-/tmp/gpu-lease-out}
