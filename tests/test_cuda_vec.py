@@ -162,6 +162,31 @@ def test_pack_bf16x2_rounds_as_ml_dtypes():
 
 
 @cuda.jit
+def _pack_f16_pairs(vals, out):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = V.pack_f16x2(vals[2 * i], vals[2 * i + 1])
+
+
+@pytest.mark.cudasim
+def test_pack_f16x2_rounds_as_numpy():
+    """Two float32 -> two float16 in one uint32 (low half first), as NumPy rounds them:
+    nearest, ties to even, overflow to infinity, subnormals, signed zeros; NaN stays NaN."""
+    one, ulp = np.float32(1), np.float32(2.0 ** -10)
+    vals = np.array([one + ulp / 2, one + 3 * ulp / 2, one + ulp / 2 + 2.0 ** -20, -(one + ulp / 2),
+                     np.inf, -np.inf, 65520.0, -1e6, 1e-7, -3e-8, 0.0, -0.0, 3.14159, -2.71828, np.nan,
+                     65504.0], np.float32)
+    out = cuda.device_array(len(vals) // 2, np.uint32)
+    _pack_f16_pairs[1, 32](cuda.to_device(vals), out)
+    got = out.copy_to_host().view(np.float16)        # little-endian: low half first
+    with np.errstate(over="ignore"):
+        want = vals.astype(np.float16)
+    finite = ~np.isnan(vals)
+    np.testing.assert_array_equal(got.view(np.uint16)[finite], want.view(np.uint16)[finite])
+    assert np.isnan(got[~finite]).all()
+
+
+@cuda.jit
 def _unpack_and_min(words, others, lo, hi, mins):
     i = cuda.grid(1)
     if i < words.shape[0]:

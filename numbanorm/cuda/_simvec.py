@@ -1,6 +1,6 @@
 """The 16-byte row loads and stores (``_kernels.vec``) for numba's CUDA simulator.
 
-On hardware ``load_pair``/``store_pair``/``pack_bf16x2``/``unpack_f16x2``/``min_s16x2`` are LLVM intrinsics (one ``<2 x i64>``
+On hardware ``load_pair``/``store_pair``/``pack_bf16x2``/``pack_f16x2``/``unpack_f16x2``/``min_s16x2`` are LLVM intrinsics (one ``<2 x i64>``
 access, align 16: ``LDG.E.128``/``STG.E.128``), which the simulator cannot run;
 these are the same operations in Python on the array the simulator hands the
 kernel, with the hardware's requirement made an error: a 16-byte access to an
@@ -60,6 +60,12 @@ def _bf16_bits(f):
 def pack_bf16x2(lo, hi):
     """Two float32 as bfloat16 in one uint32, ``lo`` in the low half (``cvt.rn.bf16x2.f32``)."""
     return np.uint32(_bf16_bits(lo) | (_bf16_bits(hi) << 16))
+
+
+def pack_f16x2(lo, hi):
+    """Two float32 as float16 in one uint32, ``lo`` in the low half (two ``cvt.rn.f16.f32``)."""
+    with np.errstate(over="ignore"):  # overflow is infinity, as cvt makes it
+        return np.array([lo, hi], np.float32).astype(np.float16).view(np.uint32)[0]
 
 
 def unpack_f16x2(u):

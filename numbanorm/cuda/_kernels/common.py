@@ -461,7 +461,8 @@ def raw_fns(dtype, acc_name, vec):
 
         return ELEM_T, fetch1, widen1, narrow1, put1
     KW = u64_per_word(dtype, vec)  # two uint64 moved at once (LDG.E.128) where 2
-    F16_PAIRS = np.dtype(dtype) == F16 and acc_name == "float32"  # HADD2.F32 of each half
+    # HADD2.F32 of each half; two elements per F2FP.F16.F32.PACK_AB, not an F2FP and PRMTs
+    F16_PAIRS = np.dtype(dtype) == F16 and acc_name == "float32"
     # two elements per conversion (cvt.rn.bf16x2.f32), whose NaN is made store_fn's
     BF16_PAIRS = is_bfloat16(dtype) and acc_name == "float32"
     U32, PAIRS = cuda.uint32, max(1, vec // 2)
@@ -500,6 +501,10 @@ def raw_fns(dtype, acc_name, vec):
             h2 = raw.view(np.uint32)
             for v in range(PAIRS):
                 h2[i * PAIRS + v] = _vec.min_s16x2(_vec.pack_bf16x2(vals[e + 2 * v], vals[e + 2 * v + 1]), NANS)
+        elif F16_PAIRS:
+            h2 = raw.view(np.uint32)
+            for v in range(PAIRS):
+                h2[i * PAIRS + v] = _vec.pack_f16x2(vals[e + 2 * v], vals[e + 2 * v + 1])
         else:
             h = raw.view(ELEM)
             for v in range(vec):

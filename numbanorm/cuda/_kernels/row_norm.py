@@ -10,7 +10,7 @@ LayerNorm (``kind='layer'``):
                                                    where m1^2 <= ms / 2 (k near the mean)
     else mu = k + m1, corr = sum(x - mu) / N,  var = sum((x - mu)^2) / N - corr^2
                                                    (pass 2: corrected two-pass, for those rows)
-    y    = ((x - mu) - corr) * rstd * weight + bias
+    y    = ((x - mu) * rstd - corr * rstd) * weight + bias
 
 RMSNorm (``kind='rms'``): ``rstd = 1 / sqrt(sum(x^2) / N + eps)`` in pass 1,
 ``y = x * rstd * weight``.
@@ -56,6 +56,7 @@ from numba import cuda
 from . import common as C
 from . import stats
 from .reduce import group_sum, group_sum2, group_sum3, group_sums_fn, slots
+from .stats import U64
 
 KINDS = ("layer", "rms")
 
@@ -170,9 +171,9 @@ def _weights_fn(xdt, wdt, code):
 def _normalize_held_fn(kind, xdt, code, from_raw):
     """``normalize(yr, held, ws, bs, mu, corr, r, t, NW)``: y of a row held in registers:
     ``held`` its elements (VPT, the accumulation dtype), or (``from_raw``) its words as
-    stored (the fused s, widened again word by word).  (x - mu) - corr, never x - (mu +
-    corr): mu + corr rounds to the float32 grid (a tenth of the std in the contract's
-    large-offset case)."""
+    stored (the fused s, widened again word by word).  (x - mu) * r - corr * r, never
+    (x - (mu + corr)) * r: mu + corr rounds to the float32 grid (a tenth of the std in the
+    contract's large-offset case)."""
     LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
     STOREW = C.word_fns(xdt, ACC.name, code.vec)[1]
     WIDEN = C.raw_fns(xdt, ACC.name, code.vec)[2]
@@ -192,6 +193,7 @@ def _normalize_held_fn(kind, xdt, code, from_raw):
     ):
         xv = cuda.local.array(V, ACC)
         tmp = cuda.local.array(V, ACC)
+        cr = corr * r  # once a row: (x - mu) * r - cr is one FFMA, ((x - mu) - corr) * r two instructions
         for k in range(WPT):
             q = t + k * TPR
             if q < NW:
@@ -203,7 +205,7 @@ def _normalize_held_fn(kind, xdt, code, from_raw):
                 for v in range(V):
                     e = k * V + v
                     if LAYER:
-                        tmp[v] = ((xv[v] - mu) - corr) * r * ws[e] + bs[e]
+                        tmp[v] = ((xv[v] - mu) * r - cr) * ws[e] + bs[e]
                     else:
                         tmp[v] = xv[v] * r * ws[e]
                 STOREW(yr, q, tmp, 0)
@@ -254,8 +256,8 @@ def _layer_rows_fn(xdt, code, has_r, rows):
     @cuda.jit(device=True)
     def sums(x, res, row, raw, xs, tmp, t, NW, v, at):
         M = x.shape[0]
-        rr = min(row, M - 1)             # a valid row for the views of dead rows
-        ri = rr if has_r else 0
+        rr = U64(min(row, M - 1))        # a valid row for the views of dead rows (unsigned: no wraparound)
+        ri = rr if has_r else U64(0)
         k = FIRST(x[rr], res[ri], tmp)
         v[at], v[at + 1] = SUMS(raw, xs, tmp, row < M, t, NW, k)
         return k
@@ -263,13 +265,14 @@ def _layer_rows_fn(xdt, code, has_r, rows):
     @cuda.jit(device=True)
     def finish(y, s, mean, rstd, row, raw, xs, ws, bs, st, at, t, NW):
         if row < y.shape[0]:
+            u = U64(row)  # the index unsigned: no negative-index wraparound
             if has_r:
-                STORE_S(s[row], raw, t, NW)
+                STORE_S(s[u], raw, t, NW)
             if t == 0:
-                mean[row] = st[at] + st[at + 1]
-                rstd[row] = st[at + 2]
+                mean[u] = st[at] + st[at + 1]
+                rstd[u] = st[at + 2]
             # fused: the row as stored (s), not held widened: two rows of x and the residual fit
-            NORMALIZE(y[row], raw if has_r else xs, ws, bs, st[at], st[at + 1], st[at + 2], t, NW)
+            NORMALIZE(y[u], raw if has_r else xs, ws, bs, st[at], st[at + 1], st[at + 2], t, NW)
 
     @cuda.jit(device=True)
     def fallback(x, raw, xs, live, t, NW, k, m1, bad, inv_n, eps, scratch, it, tid, st, at):
@@ -344,11 +347,12 @@ def _rms_rows_fn(xdt, code, has_r, rows):
         M = y.shape[0]
         r = ACC(1) / math.sqrt(sq / ACC(NW * V) + eps)
         if row < M:
+            u = U64(row)  # the index unsigned: no negative-index wraparound
             if has_r:
-                STORE_S(s[row], raw, t, NW)
+                STORE_S(s[u], raw, t, NW)
             if t == 0:
-                rstd[row] = r
-            NORMALIZE(y[row], raw if has_r else xs, ws, ws, ACC(0), ACC(0), r, t, NW)
+                rstd[u] = r
+            NORMALIZE(y[u], raw if has_r else xs, ws, ws, ACC(0), ACC(0), r, t, NW)
 
     @cuda.jit(device=True)
     def rms_rows(x, res, y, s, mean, rstd, row, step, raw0, raw1, raw2, ws, bs, eps, scratch, it, tid):  # (layer_rows')
@@ -473,10 +477,11 @@ def _forward_loop_row_fn(kind, xdt, wdt, bdt, code, has_r):
             rstd[row] = r
         if live:
             yr = y[rr]
+            cr = corr * r  # (x - mu) * r - cr: one FFMA (the registers path's normalize)
             for q in range(t, NW, TPR):
                 READW(src, q, xs, 0)
                 for v in range(V):
-                    val = ((xs[v] - mu) - corr) * r if LAYER else xs[v] * r
+                    val = (xs[v] - mu) * r - cr if LAYER else xs[v] * r
                     if has_w:
                         val *= LW(w[q * V + v])
                     if has_b:

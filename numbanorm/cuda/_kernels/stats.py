@@ -29,6 +29,8 @@ from . import common as C
 from . import vec as _vec
 from .reduce import U32, WARP, group_sum, group_sum2
 
+U64 = cuda.uint64
+
 _FULL_MASK = 0xFFFFFFFF
 
 
@@ -184,7 +186,7 @@ def fetch_rows_fn(xdt, code, arrays, rows=1):
 
     @cuda.jit(device=True)
     def fetch_row(a, b, c, row, raw, t, NW):
-        rr = min(row, a.shape[0] - 1)
+        rr = U64(min(row, a.shape[0] - 1))  # unsigned: no negative-index wraparound
         FETCH(a[rr], raw, 0, t, NW)
         if arrays > 1:
             FETCH(b[rr], raw, WPT, t, NW)

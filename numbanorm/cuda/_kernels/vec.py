@@ -16,11 +16,16 @@ the same operations (which raise on a misaligned or out-of-range access).
 ``pack_bf16x2(lo, hi)``: two float32 rounded to bfloat16 (nearest, ties to even)
 in one uint32, ``lo`` in the low half -- one ``cvt.rn.bf16x2.f32`` (``F2FP.BF16``)
 for two elements, where the integer rounding of ``common.store_fn`` takes about
-five instructions for each.  ``unpack_f16x2(u)``: the two float16 of a uint32 (low
-half first) as float32, exactly -- one ``HADD2.F32`` each, where widening the
-elements of a view of the word shifts the high half down first.  ``min_s16x2(a, b)``:
-the halves' minima as signed 16-bit integers (``min.s16x2``, sm_90: one instruction),
-which turns ``cvt``'s NaN 0x7FFF into 0x7FC0 and leaves every other bfloat16 alone.
+five instructions for each.  ``pack_f16x2(lo, hi)``: two float32 rounded to float16
+in one uint32, ``lo`` in the low half -- two ``cvt.rn.f16.f32`` joined by ``mov.b32``
+(any compute capability), which ptxas makes one ``F2FP.F16.F32.PACK_AB`` (sm_90),
+where narrowing into a float16 view of the word made the same F2FP and then moved the
+halves apart and back (``PRMT``, ``LOP3``: about 3 more a pair).  ``unpack_f16x2(u)``:
+the two float16 of a uint32 (low half first) as float32, exactly -- one ``HADD2.F32``
+each, where widening the elements of a view of the word shifts the high half down
+first.  ``min_s16x2(a, b)``: the halves' minima as signed 16-bit integers
+(``min.s16x2``, sm_90: one instruction), which turns ``cvt``'s NaN 0x7FFF into 0x7FC0
+and leaves every other bfloat16 alone.
 """
 
 from .reduce import SIMULATED
@@ -88,6 +93,20 @@ def _intrinsics():
         return types.uint32(lo, hi), codegen
 
     @intrinsic
+    def pack_f16x2(typingctx, lo, hi):
+        if not (lo == types.float32 and hi == types.float32):
+            raise TypeError(f"pack_f16x2 takes two float32, not {lo}, {hi}")
+
+        def codegen(context, builder, sig, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            cvt = ir.InlineAsm(ir.FunctionType(i32, [f32, f32]),
+                               "{.reg .b16 l, h; cvt.rn.f16.f32 l, $1; cvt.rn.f16.f32 h, $2; mov.b32 $0, {l, h};}",
+                               "=r,f,f")
+            return builder.call(cvt, list(args))
+
+        return types.uint32(lo, hi), codegen
+
+    @intrinsic
     def unpack_f16x2(typingctx, u):
         if u != types.uint32:
             raise TypeError(f"unpack_f16x2 takes a uint32, not {u}")
@@ -115,10 +134,10 @@ def _intrinsics():
 
         return types.uint32(a, b), codegen
 
-    return load_pair, store_pair, pack_bf16x2, unpack_f16x2, min_s16x2
+    return load_pair, store_pair, pack_bf16x2, pack_f16x2, unpack_f16x2, min_s16x2
 
 
 if SIMULATED:
-    from .._simvec import load_pair, min_s16x2, pack_bf16x2, store_pair, unpack_f16x2  # noqa: F401
+    from .._simvec import load_pair, min_s16x2, pack_bf16x2, pack_f16x2, store_pair, unpack_f16x2  # noqa: F401
 else:
-    load_pair, store_pair, pack_bf16x2, unpack_f16x2, min_s16x2 = _intrinsics()
+    load_pair, store_pair, pack_bf16x2, pack_f16x2, unpack_f16x2, min_s16x2 = _intrinsics()
