@@ -135,11 +135,18 @@ def test_row_kernels_load_and_store_128_bits_in_the_sass(tmp_path):
         assert (r["global_load_bits"], r["global_store_bits"]) == (128, 128), r
 
 
-@cuda.jit
-def _pack_pairs(vals, out):
-    i = cuda.grid(1)
-    if i < out.shape[0]:
-        out[i] = V.pack_bf16x2(vals[2 * i], vals[2 * i + 1])
+def _pack_kernel(pack):
+    """A kernel packing ``vals`` in pairs into ``out`` with ``pack`` (pack_bf16x2, pack_f16x2)."""
+    @cuda.jit
+    def pack_pairs(vals, out):
+        i = cuda.grid(1)
+        if i < out.shape[0]:
+            out[i] = pack(vals[2 * i], vals[2 * i + 1])
+
+    return pack_pairs
+
+
+_pack_pairs = _pack_kernel(V.pack_bf16x2)
 
 
 @pytest.mark.cudasim
@@ -161,11 +168,7 @@ def test_pack_bf16x2_rounds_as_ml_dtypes():
     assert np.isnan(got.view(ml_dtypes.bfloat16).astype(np.float32)[~finite]).all()
 
 
-@cuda.jit
-def _pack_f16_pairs(vals, out):
-    i = cuda.grid(1)
-    if i < out.shape[0]:
-        out[i] = V.pack_f16x2(vals[2 * i], vals[2 * i + 1])
+_pack_f16_pairs = _pack_kernel(V.pack_f16x2)
 
 
 @pytest.mark.cudasim

@@ -79,32 +79,28 @@ def _intrinsics():
 
         return types.void(row, q, lo, hi), codegen
 
-    @intrinsic
-    def pack_bf16x2(typingctx, lo, hi):
-        if not (lo == types.float32 and hi == types.float32):
-            raise TypeError(f"pack_bf16x2 takes two float32, not {lo}, {hi}")
+    def _pack2(name, asm, hi_first):
+        """The intrinsic ``name(lo, hi)``: two float32 in one uint32, ``lo`` in the low half,
+        by the PTX ``asm`` (its $1 and $2: hi and lo where ``hi_first``, else lo and hi)."""
+        def pack(typingctx, lo, hi):
+            if not (lo == types.float32 and hi == types.float32):
+                raise TypeError(f"{name} takes two float32, not {lo}, {hi}")
 
-        def codegen(context, builder, sig, args):
-            f32, i32 = ir.FloatType(), ir.IntType(32)
-            # d.hi = bf16(a), d.lo = bf16(b): round to nearest even, NaN -> 0x7FFF
-            cvt = ir.InlineAsm(ir.FunctionType(i32, [f32, f32]), "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
-            return builder.call(cvt, [args[1], args[0]])
+            def codegen(context, builder, sig, args):
+                f32 = ir.FloatType()
+                cvt = ir.InlineAsm(ir.FunctionType(ir.IntType(32), [f32, f32]), asm, "=r,f,f")
+                return builder.call(cvt, [args[1], args[0]] if hi_first else list(args))
 
-        return types.uint32(lo, hi), codegen
+            return types.uint32(lo, hi), codegen
 
-    @intrinsic
-    def pack_f16x2(typingctx, lo, hi):
-        if not (lo == types.float32 and hi == types.float32):
-            raise TypeError(f"pack_f16x2 takes two float32, not {lo}, {hi}")
+        pack.__name__ = pack.__qualname__ = name
+        return intrinsic(pack)
 
-        def codegen(context, builder, sig, args):
-            f32, i32 = ir.FloatType(), ir.IntType(32)
-            cvt = ir.InlineAsm(ir.FunctionType(i32, [f32, f32]),
-                               "{.reg .b16 l, h; cvt.rn.f16.f32 l, $1; cvt.rn.f16.f32 h, $2; mov.b32 $0, {l, h};}",
-                               "=r,f,f")
-            return builder.call(cvt, list(args))
-
-        return types.uint32(lo, hi), codegen
+    # d.hi = bf16(a), d.lo = bf16(b): round to nearest even, NaN -> 0x7FFF
+    pack_bf16x2 = _pack2("pack_bf16x2", "cvt.rn.bf16x2.f32 $0, $1, $2;", hi_first=True)
+    # mov.b32 packs {low, high}; ptxas makes the three one F2FP.F16.F32.PACK_AB (sm_90)
+    pack_f16x2 = _pack2("pack_f16x2", "{.reg .b16 l, h; cvt.rn.f16.f32 l, $1; cvt.rn.f16.f32 h, $2; "
+                                      "mov.b32 $0, {l, h};}", hi_first=False)
 
     @intrinsic
     def unpack_f16x2(typingctx, u):
