@@ -59,8 +59,7 @@ def _module_type(module, attr):
 
 
 def _is_torch(a):
-    t = _module_type("torch", "Tensor")
-    return t is not None and isinstance(a, t)
+    return V._is_torch_type(type(a))  # (learned per type, as the side of an argument is)
 
 
 def _is_cupy(a):
@@ -425,10 +424,10 @@ _KINDS = {float: _FLOAT, int: _INT, tuple: _TUPLE}
 def _kind(t):
     kind = _KINDS.get(t)
     if kind is None:
-        torch_t, cupy_t = _module_type("torch", "Tensor"), _module_type("cupy", "ndarray")
+        cupy_t = _module_type("cupy", "ndarray")
         if getattr(t, "__cuda_ndarray__", False):
             kind = _NUMBA
-        elif torch_t is not None and issubclass(t, torch_t):
+        elif V._is_torch_type(t):
             kind = _TORCH
         elif cupy_t is not None and issubclass(t, cupy_t):
             kind = _CUPY
