@@ -417,6 +417,39 @@ def test_a_worker_releases_the_frees_numba_holds_back(monkeypatch):
     assert cleared == [1]
 
 
+def test_every_speed_case_times_a_compiled_torch_compile(monkeypatch):
+    """Every case's torch function is one code object, on which Dynamo counts recompiles:
+    at its default limit (8 a process) the ninth case's ``torch.compile`` ran eagerly and
+    was timed as torch.compile (the H200's speed-only run of 2026-12-04 hit it). Twelve
+    cases in one process each compile their own graph (CPU tensors, a backend that counts)."""
+    torch = pytest.importorskip("torch")
+    import torch._dynamo as dynamo
+
+    for name in ("recompile_limit", "accumulated_recompile_limit", "fail_on_recompile_limit_hit"):
+        monkeypatch.setattr(dynamo.config, name, getattr(dynamo.config, name))
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(tuple(tuple(t.shape) for t in example_inputs))
+        return gm.forward
+
+    monkeypatch.setattr(G, "COMPILE_BACKEND", counting)
+    monkeypatch.setattr(G.SpeedCase, "device", "cpu")
+    dynamo.reset()
+    try:
+        for dtype in ("float32", "float64", "bfloat16"):
+            for n in (16, 24, 40, 72):
+                case = {"norm": "layer_norm", "pass": "forward", "dtype": dtype, "shape": [4, n], "groups": None}
+                sc = G.SpeedCase(case)
+                v, grads = sc._tensors()
+                calls = sc.calls(v, grads)
+                got, want = calls["torch.compile"](), calls["torch"]()
+                assert torch.equal(got, want)
+    finally:
+        dynamo.reset()
+    assert len(graphs) == 12
+
+
 def test_the_lease_script_runs_parse_and_fit_a_lease():
     """benchmarks/gpu_lease.sh's gpu_check runs parse with the script's own arguments; each
     run's time limit leaves its deadline room to write the JSON; and the two calls' limits
