@@ -204,6 +204,15 @@ class Run:
     def section_deadline(self, name):
         return min(self.deadline, time.monotonic() + self.budget[name])
 
+    def phase1_deadlines(self):
+        """Phase 1's end (the correctness budget's) and when a worker still busy then is killed
+        (a minute later): neither past the run's deadline less the budgets of the sections
+        after it, which time what phase 1 warmed (an H200 run's warm-ups, each compiling
+        torch.compile's graphs, once ran a minute past their budget into the speed section's)."""
+        after = sum(self.budget[s] for s in self.sections if s != "correctness")
+        hard = self.deadline - after
+        return min(self.section_deadline("correctness"), hard), max(time.monotonic(), hard)
+
     @contextlib.contextmanager
     def section(self, name):
         """Record ``name``'s status and time; an exception ends the section, not the run."""
@@ -1117,6 +1126,9 @@ def _compiled(torch, f):
     cfg.recompile_limit = max(cfg.recompile_limit, 4096)
     cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4096)
     cfg.fail_on_recompile_limit_hit = True
+    import torch._inductor.config
+
+    torch._inductor.config.compile_threads = 1  # the 15 workers fill the cores: no compile pool each
     return torch.compile(f, fullgraph=True, dynamic=False, backend=COMPILE_BACKEND)
 
 
@@ -1925,9 +1937,11 @@ class Pool:
         except queue.Empty:
             return None
 
-    def phase1(self, jobs, deadline, on_result):
+    def phase1(self, jobs, deadline, on_result, kill_at=None):
         """Run each job's phase 1 on the first idle worker, in order, until ``deadline``;
-        ``on_result(job, result, error)`` as they finish.  Returns the jobs not started."""
+        ``on_result(job, result, error)`` as they finish; a worker still busy at ``kill_at``
+        (a minute after ``deadline`` unless given) is killed.  Returns the jobs not started."""
+        late_at = min(deadline + 60, kill_at) if kill_at is not None else deadline + 60
         pending = list(jobs)
         if not self.n:
             while pending and time.monotonic() < deadline:
@@ -1957,15 +1971,15 @@ class Pool:
                 on_result(by_id[jid], res, err)
             for wid, (job, _) in list(busy.items()):
                 p = self.workers[wid][0]
-                late = time.monotonic() > deadline + 60
+                late = time.monotonic() > late_at
                 if p.is_alive() and not late:
                     continue
                 if late:
                     p.kill()
                 busy.pop(wid)
                 self.workers.pop(wid)
-                on_result(job, None, "worker " + ("killed a minute after the deadline" if late
-                                                  else f"died (exit code {p.exitcode})"))
+                on_result(job, None, "worker " + (f"killed {late_at - deadline:.0f} s after phase 1's deadline"
+                                                  if late else f"died (exit code {p.exitcode})"))
                 if time.monotonic() < deadline:
                     self._start()
             for wid in [w for w, (p, _) in self.workers.items() if not p.is_alive() and w not in busy]:
@@ -2017,7 +2031,7 @@ def build_jobs(run, ops, dtypes, lib_names):
     """Phase-1 jobs in priority order: the basic correctness cases, the warm-up of the timed
     sections, then the rest of the correctness cases by tier."""
     args, jobs = run.args, []
-    wall = time.time() + (run.section_deadline("correctness") - time.monotonic())
+    wall = time.time() + (run.phase1_deadlines()[0] - time.monotonic())
     correctness = []
     if run.wants("correctness"):
         cases = plan(ops, dtypes, lib_names, args.tiny, args.select)
@@ -2119,7 +2133,8 @@ def main(argv=None):
                         job["warm_skipped"] = res
                     phase2.append(job)
 
-            left = pool.phase1(jobs, run.section_deadline("correctness"), on_result)
+            end, kill_at = run.phase1_deadlines()
+            left = pool.phase1(jobs, end, on_result, kill_at=kill_at)
             report.add_cases(_unrun([c for j in left if j["kind"] in ("correctness", "big") for c in j["cases"]],
                                     "not run", "the correctness budget ran out"))
             info["jobs_not_started"] = [j["id"] for j in left]

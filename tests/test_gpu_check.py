@@ -425,8 +425,11 @@ def test_every_speed_case_times_a_compiled_torch_compile(monkeypatch):
     torch = pytest.importorskip("torch")
     import torch._dynamo as dynamo
 
+    import torch._inductor.config as inductor
+
     for name in ("recompile_limit", "accumulated_recompile_limit", "fail_on_recompile_limit_hit"):
         monkeypatch.setattr(dynamo.config, name, getattr(dynamo.config, name))
+    monkeypatch.setattr(inductor, "compile_threads", inductor.compile_threads)
     graphs = []
 
     def counting(gm, example_inputs):
@@ -450,6 +453,26 @@ def test_every_speed_case_times_a_compiled_torch_compile(monkeypatch):
     assert len(graphs) == 12
 
 
+def test_phase_one_leaves_the_later_sections_their_budgets():
+    """Phase 1 (correctness and the warm-ups) ends, and its busy workers are killed, no later
+    than the run's deadline less the budgets of the sections after it. A speed-only run on the
+    H200 (--deadline 125, the correctness budget's default 120) spent it all warming up, its
+    workers given a minute more, and was killed by its time limit with nothing timed."""
+    import types
+
+    args = G.parse(["--only", "speed", "host", "graph", "model", "--deadline", "125", "--budget", "speed=20",
+                    "--out", "x.json"])
+    run = G.Run(args, types.SimpleNamespace(data={"sections": {}}))
+    end, kill_at = run.phase1_deadlines()
+    after = 20 + G.BUDGET_S["host"] + G.BUDGET_S["graph"] + G.BUDGET_S["model"]
+    assert end <= kill_at <= run.t0 + 125 - after + 1e-6
+    assert end - run.t0 > 125 - after - 5  # and no sooner
+    args = G.parse(["--deadline", "1000", "--out", "x.json"])  # a budget, not the deadline, ends it
+    run = G.Run(args, types.SimpleNamespace(data={"sections": {}}))
+    end, kill_at = run.phase1_deadlines()
+    assert end <= run.t0 + G.BUDGET_S["correctness"] + 1 and kill_at > end + 60
+
+
 def test_the_lease_script_runs_parse_and_fit_a_lease():
     """benchmarks/gpu_lease.sh's gpu_check runs parse with the script's own arguments; each
     run's time limit leaves its deadline room to write the JSON; and the two calls' limits
@@ -457,6 +480,7 @@ def test_the_lease_script_runs_parse_and_fit_a_lease():
     import os
     import re
     import shlex
+    import types
 
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "gpu_lease.sh")
     text = open(path).read().replace("\\\n", " ")
@@ -465,6 +489,10 @@ def test_the_lease_script_runs_parse_and_fit_a_lease():
         for name, limit, rest in re.findall(r"^\s*check (\S+) (\d+) (.*)$", body, re.M):
             args = G.parse(shlex.split(rest) + ["--out", "x.json"])
             assert int(limit) >= args.deadline + 10, (name, limit, args.deadline)
+            run = G.Run(args, types.SimpleNamespace(data={"sections": {}}))
+            end = run.phase1_deadlines()[0] - run.t0
+            if "correctness" in run.sections or "speed" in run.sections:
+                assert end > 0.5 * args.deadline, (name, end)  # phase 1 keeps most of a run
             calls[part] = calls.get(part, 0) + int(limit)
     assert set(calls) == {"1", "2"}
     assert calls["1"] + 30 + calls["2"] + 60 <= 900, calls  # (call 1 installs wheels for about 20 s)
