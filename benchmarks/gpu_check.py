@@ -1266,7 +1266,42 @@ class SpeedCase:
         if self.device == "cuda":
             self.torch.cuda.synchronize()
 
+    clock = staticmethod(time.perf_counter)  # the host's clock, seconds (a test's timeline replaces it)
+
+    def _queued(self, f, number, sleep_ms, cycles_per_ms):
+        """``number`` calls of ``f`` between two CUDA events, queued behind a sleep kernel of
+        ``sleep_ms`` on an idle GPU: ``(device ms per call, host ms per call, queued)``, where
+        ``queued`` says the host enqueued them all before the sleep ended."""
+        torch = self.torch
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(int(sleep_ms * cycles_per_ms))
+        t0 = self.clock()
+        e0.record()
+        for _ in range(number):
+            f()
+        e1.record()
+        host_ms = (self.clock() - t0) * 1e3
+        e1.synchronize()
+        return e0.elapsed_time(e1) / number, host_ms / number, host_ms < sleep_ms
+
+    def _cycles_per_ms(self):
+        """The sleep kernel's clock cycles per millisecond, timed."""
+        torch = self.torch
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        e0.record()
+        torch.cuda._sleep(1_000_000)
+        e1.record()
+        e1.synchronize()
+        return 1_000_000 / max(e0.elapsed_time(e1), 1e-3)
+
     def time(self, rounds=10, min_ms=1.0):
+        """Rows of each impl's device time per call (median of ``rounds``, round-robin), and
+        its host time per call. Each sample's calls wait behind a sleep kernel long enough for
+        the host to enqueue them all: a call shorter on the GPU than on the host is timed by
+        the GPU, not by its launch cost (GroupNorm's, about 0.03 ms of GPU time, were timed
+        at their 0.06-0.1 ms of host time before; ``host_ms`` keeps that cost)."""
         torch, c = self.torch, self.case
         v, grads = self._tensors()
         calls = {k: f for k, f in self.calls(v, grads).items() if k not in self.skipped}
@@ -1276,36 +1311,29 @@ class SpeedCase:
             except Exception as e:  # one peer failing leaves the others timed
                 self.skipped[k] = f"{type(e).__name__}: {e}"[:300]
                 del calls[k]
-        torch.cuda.synchronize()
-        number = {}
+        cpm = self._cycles_per_ms()
+        number, host = {}, {}
         for k, f in calls.items():  # calls per sample: at least min_ms of GPU time
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            f()
-            e1.record()
-            e1.synchronize()
-            number[k] = int(min(50, max(1, math.ceil(min_ms / max(e0.elapsed_time(e1), 1e-3)))))
+            ms, host[k], _ = self._queued(f, 3, 5.0, cpm)
+            number[k] = int(min(50, max(1, math.ceil(min_ms / max(ms, 1e-3)))))
         names = list(calls)
         samples = {k: [] for k in names}
+        hosts = {k: [] for k in names}
+        unqueued = {k: 0 for k in names}
         for r in range(rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
-            events = []
-            for k in order:
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                for _ in range(number[k]):
-                    calls[k]()
-                e1.record()
-                events.append((k, e0, e1))
-            torch.cuda.synchronize()
-            for k, e0, e1 in events:
-                samples[k].append(e0.elapsed_time(e1) / number[k])
+            for k in names[r % len(names):] + names[:r % len(names)]:
+                sleep_ms = 1.5 * host[k] * number[k] + 0.2
+                ms, h, queued = self._queued(calls[k], number[k], sleep_ms, cpm)
+                samples[k].append(ms)
+                hosts[k].append(h)
+                unqueued[k] += not queued
         nbytes = _arrays_moved(self.op, c["pass"]) * v["x"].numel() * v["x"].element_size()
         rows = []
         for k in names:
             ms = float(np.median(samples[k]))
             rows.append({"norm": c["norm"], "pass": c["pass"], "dtype": c["dtype"], "shape": c["shape"],
-                         "impl": k, "gbps": round(nbytes / ms / 1e6, 1), "ms": round(ms, 5)})
+                         "impl": k, "gbps": round(nbytes / ms / 1e6, 1), "ms": round(ms, 5),
+                         "host_ms": round(float(np.median(hosts[k])), 5), "unqueued_samples": unqueued[k]})
         del v, grads, calls
         torch.cuda.empty_cache()
         return rows, dict(self.skipped)
