@@ -1262,15 +1262,24 @@ def test_readme_gpu_block_is_generated_from_the_committed_device_runs():
     import os
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    names = ["benchmarks/results/gpu-h200.json", "benchmarks/results/gpu-h200-b.json",
-             "benchmarks/results/gpu-h200-c.json"]
+    names = [f"benchmarks/results/gpu-h200{s}.json" for s in ("", "-b", "-c", "-f1b0c72", "-f1b0c72-b", "-f1b0c72-c")]
     runs = [json.load(open(os.path.join(root, n))) for n in names]
     block = readme_table.render_gpu(runs, names)
     readme = open(os.path.join(root, "README.md")).read()
     assert readme_table.update(readme, block, readme_table.GPU_START, readme_table.GPU_END) == readme
     # the one speed table is the run that timed the most cases: the second, whose kernels the first compiled
     shown = runs[1]
-    assert f"Speed in `{names[1]}`" in block and block.count("Speed in `") == 1
+    assert f"Speed in `{names[1]}` (" in block and block.count("Speed in `") == 2
+    # and the later lease's rows (newer kernels, one row length) beside the same cases in it
+    later = readme_table.gpu_speed_rows(runs[3])
+    assert f"Speed in `{names[3]}`, a later run" in block and len(later) == 22
+    def of_copy(run):
+        t = {r["impl"]: r["ms"] for r in run["speed"]
+             if (r["norm"], r["pass"], r["dtype"], tuple(r["shape"])) == ("layer_norm", "forward", "float16",
+                                                                         (32768, 4096))}
+        return f"{t['copy'] / t['numbanorm']:.2f}"
+
+    assert f"| layer_norm | forward | float16 | 32768x4096 | {of_copy(runs[1])} | {of_copy(runs[3])} | " in block
     rows = readme_table.gpu_speed_rows(shown)
     times = {r["impl"]: r["ms"] for r in shown["speed"]
              if (r["norm"], r["pass"], r["dtype"], tuple(r["shape"])) == ("rms_norm", "backward", "float32",
