@@ -25,7 +25,8 @@ batch of results, so a section that fails or runs out of time never loses the ot
   backend replays that array type), each call checked, the three bit-identical;
 * ``sanitizer``: compute-sanitizer's memcheck, racecheck, synccheck and initcheck over a
   small case of every kernel (this script again, ``--sanitize-case``, on numba arrays);
-* ``speed``: CUDA events, round-robin in one process per case: LayerNorm and RMSNorm
+* ``speed``: CUDA events around calls queued behind a sleep kernel (the GPU's time per
+  call; the host's beside it), round-robin in one process per case: LayerNorm and RMSNorm
   forward and backward at 32768 x N, N in {1024, 2048, 4096, 8192}, bfloat16, float16,
   float32; the fused add forms; GroupNorm forward and backward at (8, 512, 64, 64) and
   (16, 256, 128, 128) in 32 groups; each against a device-to-device copy of the same
