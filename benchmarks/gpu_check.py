@@ -2058,7 +2058,7 @@ def _chunks(seq, n):
 
 def build_jobs(run, ops, dtypes, lib_names):
     """Phase-1 jobs in priority order: the basic correctness cases, the warm-up of the timed
-    sections, then the rest of the correctness cases by tier."""
+    sections (host and graph before speed), then the rest of the correctness cases by tier."""
     args, jobs = run.args, []
     wall = time.time() + (run.phase1_deadlines()[0] - time.monotonic())
     correctness = []
@@ -2086,13 +2086,14 @@ def build_jobs(run, ops, dtypes, lib_names):
         big = [c for c in big_cases(dtypes, args.tiny) if c["id"] not in done]
         if big:
             jobs.append({"kind": "big", "cases": big})
-    if torch_ok and run.wants("speed"):
-        for chunk in _chunks(speed_cases(args.tiny), 2):
-            jobs.append({"kind": "speed", "cases": chunk})
+    # host and graph first: two cheap jobs that the 54 speed warm-ups would otherwise push past phase 1
     if torch_ok and run.wants("host"):
         jobs.append({"kind": "host"})
     if torch_ok and run.wants("graph"):
         jobs.append({"kind": "graph"})
+    if torch_ok and run.wants("speed"):
+        for chunk in _chunks(speed_cases(args.tiny), 2):
+            jobs.append({"kind": "speed", "cases": chunk})
     if run.wants("cpu_scaling") and not args.tiny:
         jobs.append({"kind": "cpu"})
     jobs += [j for j in correctness if j["tier"]]

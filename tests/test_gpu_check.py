@@ -533,6 +533,16 @@ def test_phase_one_leaves_the_later_sections_their_budgets():
     assert end <= run.t0 + G.BUDGET_S["correctness"] + 1 and kill_at > end + 60
 
 
+def test_a_speed_run_warms_host_and_graph_before_its_speed_cases(monkeypatch):
+    """In a run of the timed sections alone (the lease's second and fourth), the host and
+    graph jobs come before the speed warm-ups, which may not all fit in phase 1."""
+    monkeypatch.setattr(G, "_why_no_torch_cuda", lambda: "")
+    args = G.parse(["--only", "speed", "host", "graph", "model", "--out", "x.json"])
+    run = G.Run(args, types.SimpleNamespace(data={"sections": {}}))
+    kinds = [j["kind"] for j in G.build_jobs(run, [op.name for op in G.OPERATIONS], list(G.DTYPES), list(G.LIBS))]
+    assert kinds[:2] == ["host", "graph"] and set(kinds[2:]) == {"speed"} and len(kinds) > 50
+
+
 def test_the_lease_script_runs_parse_and_fit_a_lease():
     """benchmarks/gpu_lease.sh's gpu_check runs parse with the script's own arguments; each
     run's time limit leaves its deadline room to write the JSON; and the two calls' limits
