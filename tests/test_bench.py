@@ -1262,7 +1262,8 @@ def test_readme_gpu_block_is_generated_from_the_committed_device_runs():
     import os
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    names = [f"benchmarks/results/gpu-h200{s}.json" for s in ("", "-b", "-c", "-f1b0c72", "-f1b0c72-b", "-f1b0c72-c")]
+    names = [f"benchmarks/results/gpu-h200{s}.json"
+             for s in ("", "-b", "-c", "-f1b0c72", "-f1b0c72-b", "-f1b0c72-c")]
     runs = [json.load(open(os.path.join(root, n))) for n in names]
     block = readme_table.render_gpu(runs, names)
     readme = open(os.path.join(root, "README.md")).read()
@@ -1273,6 +1274,7 @@ def test_readme_gpu_block_is_generated_from_the_committed_device_runs():
     # and the later lease's rows (newer kernels, one row length) beside the same cases in it
     later = readme_table.gpu_speed_rows(runs[3])
     assert f"Speed in `{names[3]}`, a later run" in block and len(later) == 22
+
     def of_copy(run):
         t = {r["impl"]: r["ms"] for r in run["speed"]
              if (r["norm"], r["pass"], r["dtype"], tuple(r["shape"])) == ("layer_norm", "forward", "float16",
