@@ -40,12 +40,12 @@ case $part in
         || $W .whl/cuda/*.whl || exit 1
     # (CPU scaling left out: the CPU kernels have not changed since the lease that measured it)
     check "" 305 --deadline 290 --skip speed host graph cpu_scaling --budget correctness=240 sanitizer=45
-    check -b 165 --only speed host graph model --deadline 150 --budget correctness=110 speed=20 host=10 graph=10
+    check -b 165 --only speed host graph model --deadline 150 --budget correctness=100 speed=30 host=10 graph=10
     ;;
 2)
     check -c 190 --resume "/tmp/gpu-$kind.json" --deadline 175 --skip speed host graph cpu_scaling \
         --budget correctness=120 sanitizer=45
-    check -d 140 --only speed host graph model --deadline 125 --budget correctness=85 speed=20 host=10 graph=10
+    check -d 140 --only speed host graph model --deadline 125 --budget correctness=75 speed=30 host=10 graph=10
     ;;
 *)
     echo "part 1 or 2" >&2
