@@ -425,7 +425,6 @@ def test_every_speed_case_times_a_compiled_torch_compile(monkeypatch):
     cases in one process each compile their own graph (CPU tensors, a backend that counts)."""
     torch = pytest.importorskip("torch")
     import torch._dynamo as dynamo
-
     import torch._inductor.config as inductor
 
     graphs = []
@@ -522,8 +521,6 @@ def test_phase_one_leaves_the_later_sections_their_budgets():
     than the run's deadline less the budgets of the sections after it. A speed-only run on the
     H200 (--deadline 125, the correctness budget's default 120) spent it all warming up, its
     workers given a minute more, and was killed by its time limit with nothing timed."""
-    import types
-
     args = G.parse(["--only", "speed", "host", "graph", "model", "--deadline", "125", "--budget", "speed=20",
                     "--out", "x.json"])
     run = G.Run(args, types.SimpleNamespace(data={"sections": {}}))
@@ -554,7 +551,6 @@ def test_the_lease_script_runs_parse_and_fit_a_lease():
     import os
     import re
     import shlex
-    import types
 
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "gpu_lease.sh")
     text = open(path).read().replace("\\\n", " ")
