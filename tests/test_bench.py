@@ -1275,20 +1275,21 @@ def test_readme_gpu_block_is_generated_from_the_committed_device_runs():
     later = readme_table.gpu_speed_rows(runs[3])
     assert f"Speed in `{names[3]}`, a later run" in block and len(later) == 22
 
+    def times(run, norm, p, dtype):
+        """Each impl's ms at (norm, pass, dtype) on 32768 x 4096 in ``run``."""
+        return {r["impl"]: r["ms"] for r in run["speed"]
+                if (r["norm"], r["pass"], r["dtype"], tuple(r["shape"])) == (norm, p, dtype, (32768, 4096))}
+
     def of_copy(run):
-        t = {r["impl"]: r["ms"] for r in run["speed"]
-             if (r["norm"], r["pass"], r["dtype"], tuple(r["shape"])) == ("layer_norm", "forward", "float16",
-                                                                         (32768, 4096))}
+        t = times(run, "layer_norm", "forward", "float16")
         return f"{t['copy'] / t['numbanorm']:.2f}"
 
     assert f"| layer_norm | forward | float16 | 32768x4096 | {of_copy(runs[1])} | {of_copy(runs[3])} | " in block
     rows = readme_table.gpu_speed_rows(shown)
-    times = {r["impl"]: r["ms"] for r in shown["speed"]
-             if (r["norm"], r["pass"], r["dtype"], tuple(r["shape"])) == ("rms_norm", "backward", "float32",
-                                                                         (32768, 4096))}
+    t = times(shown, "rms_norm", "backward", "float32")
     row = next(r for r in rows if r[:4] == ("rms_norm", "backward", "float32", "32768x4096"))
-    assert row[5] == f"{times['copy'] / times['numbanorm']:.2f}"
-    assert row[8] == f"{times['numbanorm'] / times['torch']:.2f}x"
+    assert row[5] == f"{t['copy'] / t['numbanorm']:.2f}"
+    assert row[8] == f"{t['numbanorm'] / t['torch']:.2f}x"
     timed = {}
     for r in shown["speed"]:
         timed.setdefault((r["norm"], r["pass"], r["dtype"], tuple(r["shape"])), set()).add(r["impl"])

@@ -1,12 +1,12 @@
 """The 16-byte row loads and stores (``_kernels.vec``) for numba's CUDA simulator.
 
-On hardware ``load_pair``/``store_pair``/``pack_bf16x2``/``pack_f16x2``/``unpack_f16x2``/``min_s16x2`` are LLVM intrinsics (one ``<2 x i64>``
-access, align 16: ``LDG.E.128``/``STG.E.128``), which the simulator cannot run;
-these are the same operations in Python on the array the simulator hands the
-kernel, with the hardware's requirement made an error: a 16-byte access to an
-address that is not a multiple of 16 faults on a GPU (misaligned address), and
-raises here, so a launcher that picks 16-byte words for a misaligned row fails
-in the simulator too.
+On hardware ``load_pair``/``store_pair``/``pack_bf16x2``/``pack_f16x2``/``unpack_f16x2``/
+``min_s16x2`` are LLVM intrinsics (one ``<2 x i64>`` access, align 16:
+``LDG.E.128``/``STG.E.128``), which the simulator cannot run; these are the same
+operations in Python on the array the simulator hands the kernel, with the hardware's
+requirement made an error: a 16-byte access to an address that is not a multiple of 16
+faults on a GPU (misaligned address), and raises here, so a launcher that picks 16-byte
+words for a misaligned row fails in the simulator too.
 """
 
 import numpy as np
