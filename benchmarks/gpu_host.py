@@ -12,7 +12,8 @@ arrays over fake addresses, the launch records its arguments) and reports, per c
   ``layer_norm_foreign``: on another library's arrays (a CuPy-like ``__cuda_array_interface__``);
 * ``<call>_torch``, ``<call>_cupy``: the same calls on CUDA torch tensors and CuPy arrays
   (the stand-ins of ``tests/_fake_libs.py``: this machine's torch has no CUDA), replayed
-  (the public functions) and by the full path (``_full``);
+  (the public functions) and by the full path (``_full``); ``layer_norm_top_torch``,
+  ``layer_norm_top_cupy``: ``numbanorm.layer_norm`` on them (replayed);
 * the harness's own share: ``stub_driver`` (one stubbed launch, with a LayerNorm forward's
   arguments: the stub's cost grows with the argument count, so for other kernels it is
   an estimate), ``stub_alloc`` (one stubbed allocation) of which ``numba_array``
@@ -47,9 +48,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 HARNESS = os.path.join(os.path.dirname(HERE), "tests", "_nosim_launch.py")
 
 
-# the LayerNorm forward by numbanorm.cuda.layer_norm, by numbanorm.layer_norm, and on
-# another library's arrays (``__cuda_array_interface__``, full path and replayed)
-EXTRA = ("layer_norm_cuda", "layer_norm_top", "layer_norm_foreign")
+# the plain LayerNorm by numbanorm.cuda.layer_norm and by numbanorm.layer_norm (numba, torch
+# and CuPy arrays), and its forward on another library's arrays (``__cuda_array_interface__``,
+# full path and replayed)
+EXTRA = ("layer_norm_cuda", "layer_norm_top", "layer_norm_top_torch", "layer_norm_top_cupy", "layer_norm_foreign")
 LIBRARIES = ("torch", "cupy")  # the stand-ins' calls: <call>_<library> (replayed) and <call>_<library>_full
 
 
@@ -112,11 +114,12 @@ def main(argv=None):
             lib = call.rsplit("_", 1)[1] if call.endswith(LIBRARIES) else None
             stub = n * t["stub_driver"] + res["allocations"][call] * alloc[lib] + stream[lib]
             t[call + "_stub"] = round(stub, 2)
-        for name in EXTRA:  # the LayerNorm forward, by other routes
-            t[name + "_stub"] = t["layer_norm_forward_stub"]
+        t["layer_norm_foreign_stub"] = t["layer_norm_forward_stub"]  # (the same forward: launch and allocations)
     for unit in ("cpu_us", "instructions"):
         t = res[unit]
         for call in res["launches"]:
+            if call in EXTRA:
+                continue
             if t and call.endswith(LIBRARIES):
                 print(f"{unit:12} {call:31} full {t[call + '_full']:>10} {'':16} "
                       f"replay {t[call]:>10}  (stub {t[call + '_stub']})")
@@ -126,7 +129,8 @@ def main(argv=None):
         for name in EXTRA:
             if t:
                 full = f"full {t[name + '_full']:>10}" if name + "_full" in t else ""
-                print(f"{unit:12} {name:31} {full:39} replay {t[name + '_replay']:>10}  (stub {t[name + '_stub']})")
+                replay = t[name + "_replay"] if name + "_replay" in t else t[name]
+                print(f"{unit:12} {name:31} {full:39} replay {replay:>10}  (stub {t[name + '_stub']})")
     if a.json:
         from .harness import metadata
 

@@ -78,6 +78,12 @@ class Backend(Protocol):
     def empty(self, ctx: Any, shape: tuple, dtype: Any) -> Any:
         """An uninitialised array."""
 
+    def unkept(self, ctx: Any, shape: tuple, dtype: Any) -> Any:
+        """What a forward launcher gets for statistics the call does not return (a plain
+        call's): an array the kernels fill anyway (CPU), or a stand-in of that shape and
+        dtype over no memory, into which the kernels store nothing (CUDA: nothing to
+        allocate)."""
+
     def out_view(self, out: Any, shape: tuple, reads: list) -> Any:
         """``out`` seen as ``shape`` if the launcher can write it directly, else None (the
         result is then computed apart and copied in): it must be C-contiguous, and where
@@ -169,7 +175,7 @@ class Checked(NamedTuple):
 
 class Call(NamedTuple):
     """A call the full path has answered, as a plan cache learns it (``PlanCache.learn``)."""
-    kind: tuple             # (operation name, 'forward' or 'backward')
+    kind: tuple             # (operation name, 'plain', 'forward' or 'backward')
     checked: Checked        # what validation found
     acc: Any                # the accumulation dtype (statistics, column sums)
     ctx: Any                # the backend's context of the call
@@ -182,7 +188,8 @@ class PlanCache(Protocol):
     has ``plans = None``): ``numbanorm.cpu._backend.Plans`` (small calls on host arrays)
     and ``numbanorm.cuda._backend.Replays`` (recorded launches).
 
-    ``kind`` is ``(operation name, 'forward' or 'backward')``; ``args`` the public
+    ``kind`` is ``(operation name, 'plain', 'forward' or 'backward')`` (a plain call's
+    results leave out the statistics); ``args`` the public
     function's arguments in the table's role order, a forward's ``out`` last.  A key
     holds everything validation and the launch's choices depend on, so a call with a
     learned key is answered by its plan alone, with the same results as the full path.
@@ -234,9 +241,13 @@ class Frontend:
 
     # ------------------------------------------------------------ the two paths
 
-    def _forward(self, op, args, out):
-        """``op``'s forward on ``args``, the public function's arguments in the table's role order."""
-        return self._answer(op, "forward", (*args, out), self._check_forward, self._launch_forward)
+    def _forward(self, op, args, out, stats=True):
+        """``op``'s forward on ``args``, the public function's arguments in the table's role
+        order; ``stats``: the statistics are returned (a plain call's are not, and
+        ``Backend.unkept`` stands for them)."""
+        if stats:
+            return self._answer(op, "forward", (*args, out), self._check_forward, self._launch_forward)
+        return self._answer(op, "plain", (*args, out), self._check_forward, self._launch_plain)
 
     def _backward(self, op, args):
         """``op``'s backward on ``args``, the public function's arguments in the table's role order."""
@@ -299,8 +310,12 @@ class Frontend:
 
     # ------------------------------------------------------------ step 2: allocation and launch
 
-    def _launch_forward(self, op, c, key):
-        """The forward of the validated call ``c``; ``key``: a call the plan cache learns."""
+    def _launch_plain(self, op, c, key):
+        return self._launch_forward(op, c, key, stats=False)
+
+    def _launch_forward(self, op, c, key, stats=True):
+        """The forward of the validated call ``c``; ``key``: a call the plan cache learns;
+        ``stats``: the statistics are returned."""
         backend, a, p, x = self.backend, c.arrays, c.problem, c.x
         ctx = backend.call_context(c.leading, c.given)
         with backend.on_device(ctx):
@@ -310,7 +325,8 @@ class Frontend:
             out, out_native = c.given["out"], a.get("out")
             y, copy_back = self._output(ctx, out_native, p.flat, c.dtype, [a[r] for r in op.forward_arrays])
             s = backend.empty(ctx, p.flat, c.dtype) if op.fused else None
-            stats = [backend.empty(ctx, p.stats, acc) for _ in op.stats]
+            made = backend.empty if stats else backend.unkept
+            kept = [made(ctx, p.stats, acc) for _ in op.stats]
             if p.flat[0]:
                 inputs = [backend.contiguous(ctx, x, p.flat)]
                 if op.fused:
@@ -318,14 +334,15 @@ class Frontend:
                 for r in op.params:
                     inputs.append(self._param(ctx, a[r], p.width))
                 outputs = (y, s) if op.fused else (y,)
-                backend.launch(ctx, self.launchers[op.name][0], *inputs, c.eps, *outputs, *stats)
+                backend.launch(ctx, self.launchers[op.name][0], *inputs, c.eps, *outputs, *kept)
             results = [self._result(ctx, y, copy_back, out, out_native, x.shape, c.leading)]
             if op.fused:
                 results.append(backend.wrap(s.reshape(x.shape), c.leading))
-            results += [backend.wrap(st.reshape(p.kept), c.leading) for st in stats]
+            if stats:
+                results += [backend.wrap(st.reshape(p.kept), c.leading) for st in kept]
             results = tuple(results)
             if key is not None:
-                self.plans.learn(key, Call((op.name, "forward"), c, acc, ctx, results))
+                self.plans.learn(key, Call((op.name, "forward" if stats else "plain"), c, acc, ctx, results))
             return results
 
     def _launch_backward(self, op, c, key):
@@ -421,7 +438,7 @@ def _method(op, kind):
         out = "out" if kind == "plain" and op.has_out else "None"
         n = len(op.plain_outputs)
         pick = "" if kind == "forward" else "[0]" if n == 1 else f"[:{n}]"
-        body = f"self._forward(_op, ({roles},), {out}){pick}"
+        body = f"self._forward(_op, ({roles},), {out}, {kind == 'forward'}){pick}"
     fn = ops.generate(op.function(kind), sig, body, {"_op": op}, op.doc(kind), "numbanorm._api.Frontend")
     fn.__module__, fn.__qualname__ = __name__, f"Frontend.{fn.__name__}"
     return fn

@@ -4,6 +4,8 @@ Defined here rather than in ``numbanorm/__init__`` so that ``numbanorm.layers``
 imports them without an import cycle through the package.
 """
 
+import sys as _sys
+
 import numpy as _np
 
 from . import _validate as _V
@@ -24,14 +26,38 @@ def _pick(**arrays):
         if a is not None and type(a) is not _np.ndarray and _V.side_of(a) == _V.DEVICE:
             _V.common_side(**arrays)
             if not _GPU:
-                from . import cuda
-
-                _GPU.append(cuda._frontend_sides_checked)
+                _load_gpu()
             return _GPU[0]  # kept here: an import statement per call costs more than this dispatch
     return _CPU
 
 
 _GPU = []  # numbanorm.cuda's frontend for the top level, once imported
+_REPLAYED = []  # (a generated function's namespace, its operation, direction): its _replay set on loading
+
+
+def _load_gpu():
+    """Import numbanorm.cuda, take its frontend and give each generated function its replays."""
+    from . import cuda
+
+    _GPU.append(cuda._frontend_sides_checked)
+    for namespace, op, direction in _REPLAYED:
+        namespace["_replay"] = _GPU[0].shortcut(op, direction) or _none
+
+
+def _none(*args, **out):
+    return None  # (no replays: the simulator's backend)
+
+
+def _until_loaded(namespace):
+    """``_replay`` until numbanorm.cuda is imported (by anyone: a call it learned is then
+    replayed here too); no call on device arrays was learned before that."""
+    def replay(*args, **out):
+        if "numbanorm.cuda" not in _sys.modules:
+            return None
+        if not _GPU:
+            _load_gpu()
+        return namespace["_replay"](*args, **out)
+    return replay
 
 
 def _dispatching(op, kind):
@@ -41,22 +67,32 @@ def _dispatching(op, kind):
     same name with the same arguments.
 
     Where the CPU backend has a shortcut of ``op`` (``cpu._backend.Plans``: a call seen before),
-    the function asks it first, as the CPU frontend's full path does first thing: a
-    call it has not seen (host arrays or not) goes on as above.  The frontend's layers
-    are a fifth of such a call's time.
+    the function asks it first, as the CPU frontend's full path does first thing; then,
+    once numbanorm.cuda is imported, the CUDA backend's (``cuda._backend.Replays``: a call
+    on device arrays seen before, whose key holds only device arrays, so no side is
+    checked); a call neither has seen goes on as above.  The frontend's layers are a
+    fifth of a small CPU call's time, and ``_pick`` a tenth of a replayed GPU call's.
     """
     name, sig = op.function(kind), op.signature(kind)
     params = sig.parameters.values()
     arrays = ", ".join(f"{p.name}={p.name}" for p in params if p.name in _ops.ARRAY_ROLES)
     call = ", ".join(f"{p.name}={p.name}" if p.kind is p.KEYWORD_ONLY else p.name for p in params)
-    body = f"_pick({arrays}).{name}({call})"
+    roles = ", ".join(op.backward_roles if kind == "backward" else op.forward_roles)
+    out = "" if kind == "backward" else ", out=out" if kind == "plain" and op.has_out else ", out=None"
+    # the CUDA shortcut returns a plain call's outputs, the CPU's every output of the forward
+    asked = [f"_replay({roles}{out})"]
     shortcut = _CPU.shortcut(op, "backward" if kind == "backward" else "forward")
     if shortcut is not None:
-        roles = ", ".join(op.backward_roles if kind == "backward" else op.forward_roles)
-        out = "" if kind == "backward" else ", out=out" if kind == "plain" else ", out=None"
-        # the shortcut returns every output, and the plain function y, the first
-        body = f"(_small({roles}{out}) or ({body},))[0]" if kind == "plain" else f"_small({roles}{out}) or {body}"
-    fn = _ops.generate(name, sig, body, {"_pick": _pick, "_small": shortcut}, op.doc(kind), "numbanorm")
+        asked.insert(0, f"_small({roles}{out})")
+    if kind == "plain" and len(op.plain_outputs) == 1:  # y alone, the first output
+        body = f"({' or '.join(asked)} or (_pick({arrays}).{name}({call}),))[0]"
+    else:
+        assert shortcut is None or kind != "plain", "the CPU shortcut returns the statistics too"
+        body = f"{' or '.join(asked)} or _pick({arrays}).{name}({call})"
+    namespace = {"_pick": _pick, "_small": shortcut}
+    namespace["_replay"] = _until_loaded(namespace) if not _GPU else _GPU[0].shortcut(op, kind) or _none
+    _REPLAYED.append((namespace, op, kind))
+    fn = _ops.generate(name, sig, body, namespace, op.doc(kind), "numbanorm")
     fn.__module__ = "numbanorm"
     return fn
 

@@ -396,26 +396,36 @@ def _library_arrays(lib, dtype):
 
 
 def allocators(M, N, device_array, launches):
-    """Each operation's public forward and backward (``cases``) on CUDA torch tensors and
-    CuPy arrays (the stand-ins of ``_fake_libs``), by ``numbanorm.cuda`` three times and by
-    the top level once, inside the library's stream: per call, what reached the driver
-    (launches and their streams; numba's allocations, which are cuMemAlloc, and their
-    frees; synchronizations and host-device copies) and what the library's allocator
-    served (bytes, device, stream); a strided x (copied first) and a float32 dy beside
-    float16 x (cast first) too."""
+    """Each operation's public forward and backward (``cases``) and three plain forwards on
+    CUDA torch tensors and CuPy arrays (the stand-ins of ``_fake_libs``), by ``numbanorm.cuda``
+    three times and by the top level once, inside the library's stream: per call, what
+    reached the driver (launches and their streams; numba's allocations, which are
+    cuMemAlloc, and their frees; synchronizations and host-device copies), what the
+    library's allocator served (bytes, device, stream) and how often the top level checked
+    the arrays' sides; a strided x (copied first) and a float32 dy beside float16 x (cast
+    first) too."""
     import _fake_libs
 
     import numbanorm
     import numbanorm.cuda
+    from numbanorm import _validate
 
     from numbanorm.cuda._kernels import common as C
 
+    sides = []
+    common_side = _validate.common_side
+    _validate.common_side = lambda **arrays: sides.append(1) or common_side(**arrays)
     out = {}
     for lib, dtype in (("torch", "float16"), ("torch", "bfloat16"), ("torch default stream", "float16"),
                        ("cupy", "float32")):
         make, on_stream, handle = _library_arrays(lib, dtype if dtype != "bfloat16" else "bfloat16")
         with on_stream:
             calls = cases(M, N, make, numbanorm.cuda)
+            px, pw, pr = make((M, N), None), make((N,), None), make((M, N), None)
+            pxg, pwg = make((M // 8, 64, N // 8), None), make((64,), None)
+            calls["layer_norm"] = lambda nc: nc.layer_norm(px, N, pw, pw)  # plain: y alone
+            calls["group_norm"] = lambda nc: nc.group_norm(pxg, 8, pwg, pwg)
+            calls["add_rms_norm"] = lambda nc: nc.add_rms_norm(px, pr, N, pw)  # plain: y and s
             if lib.startswith("torch"):
                 x, w, dy32 = make((M, N), None), make((N,), None), __import__("torch").empty(
                     (M, N), dtype=__import__("torch").float32, device="cuda:0")
@@ -426,10 +436,11 @@ def allocators(M, N, device_array, launches):
             for name, call in calls.items():
                 per = []
                 for fe in (numbanorm.cuda, numbanorm.cuda, numbanorm.cuda, numbanorm):
-                    del launches[:], SYNCS[:], _fake_libs.LOG[:]
+                    del launches[:], SYNCS[:], _fake_libs.LOG[:], sides[:]
                     n0 = device_array.count[0]
                     res = call(fe)
-                    per.append({"numba_allocs": device_array.count[0] - n0, "syncs": SYNCS[:],
+                    res = res if type(res) is tuple else (res,)
+                    per.append({"numba_allocs": device_array.count[0] - n0, "syncs": SYNCS[:], "sides": len(sides),
                                 "launch_streams": sorted({la["stream"] for la in launches if "stream" in la}),
                                 "kernels": [la["kernel"] for la in launches if "stream" in la],
                                 "lib_allocs": [e[2:] for e in _fake_libs.LOG if e[0].endswith("alloc")],
@@ -585,6 +596,10 @@ def host(M, N, calls, device_array, launches):
               "layer_norm_top": lambda: numbanorm.layer_norm(x, N, w, b)}  # the top level picks the GPU
     for name, call in public.items():
         call(), call()
+        n0, a0 = len(launches), _count_allocs(device_array)
+        call()
+        out[name + "_launches"] = len(launches) - n0
+        out[name + "_allocs"] = _count_allocs(device_array) - a0
         paths[name + "_replay"] = (call, resolved)
     from numba.cuda import dispatcher
 
@@ -615,6 +630,14 @@ def host(M, N, calls, device_array, launches):
             out[f"{name}_{lib}_allocs"] = sum(e[0].endswith("alloc") for e in _fake_libs.LOG[a0:])
             paths[f"{name}_{lib}"] = (lambda call=call: call(nc), resolved)
             paths[f"{name}_{lib}_full"] = (lambda call=call: call(full), resolved)
+        lx, lw, lb = make((M, N), None), make((N,), None), make((N,), None)
+        top = lambda lx=lx, lw=lw, lb=lb: numbanorm.layer_norm(lx, N, lw, lb)  # noqa: E731 (plain, the top level)
+        top(), top()
+        n0, a0 = len(launches), len(_fake_libs.LOG)
+        top()
+        out[f"layer_norm_top_{lib}_launches"] = len(launches) - n0
+        out[f"layer_norm_top_{lib}_allocs"] = sum(e[0].endswith("alloc") for e in _fake_libs.LOG[a0:])
+        paths[f"layer_norm_top_{lib}"] = (top, resolved)
     paths["torch_alloc"] = (lambda: torch.empty((M, N), dtype=torch.float16, device="cuda:0"), resolved)
     paths["torch_stream"] = (lambda: torch._C._cuda_getCurrentRawStream(0), resolved)
     paths["cupy_alloc"] = (lambda: cupy.empty((M, N), np.float16), resolved)

@@ -144,6 +144,7 @@ def test_every_mapping_against_the_oracle(knobs, rng, mapping, dtype):
         y, m, r = nc.layer_norm_forward(x, n, w, b)
         yr, mr, rr = ORACLE.layer_norm_forward(x, n, w, b)
         assert_close(y, yr, dtype, f"LN y {mapping} {shape}")
+        np.testing.assert_array_equal(nc.layer_norm(x, n, w, b), y)  # plain: the same y, no statistics stored
         assert_close(m, mr, tol, "LN mean")
         assert_close(r, rr, tol, "LN rstd")
         dxr, dwr, dbr = ORACLE.add_layer_norm_backward(dy, ds, x, mr, rr, n, w)
@@ -151,6 +152,8 @@ def test_every_mapping_against_the_oracle(knobs, rng, mapping, dtype):
             assert_close(got, ref, dtype, f"LN backward {mapping} {shape}")
         y, s, m, r = nc.add_layer_norm_forward(x, ds, n, w, b)
         np.testing.assert_array_equal(s, x + ds)
+        for got, want in zip(nc.add_layer_norm(x, ds, n, w, b), (y, s)):
+            np.testing.assert_array_equal(got, want)
         assert_close(y, ORACLE.layer_norm_forward(s, n, w, b)[0], dtype, f"LN y (fused) {mapping} {shape}")
         y, s = nc.add_rms_norm(x, dy, n, w)
         np.testing.assert_array_equal(s, x + dy)
@@ -167,6 +170,7 @@ def test_every_mapping_against_the_oracle(knobs, rng, mapping, dtype):
             y, m, r = nc.group_norm_forward(x4, 1, w4, b4)
             yr, mr, rr = ORACLE.group_norm_forward(x4, 1, w4, b4)
             assert_close(y, yr, dtype, f"GN y {mapping} {shape}")
+            np.testing.assert_array_equal(nc.group_norm(x4, 1, w4, b4), y)
             for got, ref in zip(nc.group_norm_backward(dy4, x4, m, r, w4),
                                 ORACLE.group_norm_backward(dy4, x4, mr, rr, w4)):
                 assert_close(got, ref, dtype, f"GN backward {mapping} {shape}")

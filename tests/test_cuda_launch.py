@@ -281,11 +281,18 @@ def test_a_call_on_torch_or_cupy_arrays_takes_their_memory_and_stream_only(kerne
     stand-ins of tests/_fake_libs.py) on the caller's current stream; nothing from numba's
     (cuMemAlloc, and cuMemFree after it), no synchronization (numba's copy on stream 0
     would synchronize), no host-device copy, every launch on the caller's stream: what
-    CUDA-graph capture (``torch.cuda.graph``) requires."""
+    CUDA-graph capture (``torch.cuda.graph``) requires.  A plain call allocates its results
+    alone (y, or y and s: no statistics), and the top level replays a call that
+    ``numbanorm.cuda`` learned without checking the arrays' sides again."""
     res = _run("alloc", 64, 1024, env=kernel_cache)
-    assert len(res) == 38
+    assert len(res) == 50
     for case, got in res.items():
-        lib = case.split()[0]
+        lib, name = case.split()[0], case.split()[-1]
+        if name in ("layer_norm", "group_norm", "add_rms_norm"):
+            assert all(len(c["lib_allocs"]) == c["n_results"] == (2 if name.startswith("add") else 1)
+                       for c in got["calls"]), case
+        top = got["calls"][3]  # (a strided x is copied by numba: never learned)
+        assert top["sides"] == (1 if name == "strided_x" else 0), case
         for k, call in enumerate(got["calls"]):
             where = (case, k)
             assert call["numba_allocs"] == 0, where
@@ -344,3 +351,29 @@ def test_host_copies_and_strided_inputs_go_through_numbas_real_transfers(kernel_
     res = _run("transfers", 4, 64, dtype, env=kernel_cache)
     assert len(res) == 5
     assert {case: why for case, why in res.items() if why} == {}
+
+
+@pytest.mark.slow
+def test_the_host_cost_benchmark_times_every_path_and_takes_each_paths_own_stub(kernel_cache, tmp_path,
+                                                                                 monkeypatch, capsys):
+    """``benchmarks.gpu_host`` (two calls a round; callgrind left out): every path timed, and
+    each path's share of the stubs from its own launches and allocations -- a plain LayerNorm
+    allocates its y alone, by ``numbanorm.cuda``, by the top level and on torch and CuPy
+    arrays, where its forward allocates y, mean and rstd."""
+    import shutil
+
+    from benchmarks import gpu_host
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", kernel_cache["NUMBA_CACHE_DIR"])
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # (no valgrind: minutes under callgrind)
+    out = tmp_path / "host.json"
+    gpu_host.main(["--calls", "2", "--json", str(out)])
+    res = json.loads(out.read_text())
+    allocs, launches, t = res["allocations"], res["launches"], res["cpu_us"]
+    assert allocs["layer_norm_forward"] == 3 and allocs["layer_norm_forward_torch"] == 3
+    for name in ("layer_norm_cuda", "layer_norm_top", "layer_norm_top_torch", "layer_norm_top_cupy"):
+        assert allocs[name] == 1 and launches[name] == 1, name
+    assert t["layer_norm_top_torch_stub"] == round(t["stub_driver"] + t["torch_alloc"] + t["torch_stream"], 2)
+    for name in launches:
+        assert t[name + "_stub"] > 0 and (t.get(name) or t[name + "_replay"]) > 0, name
+    assert "layer_norm_top_cupy" in capsys.readouterr().out

@@ -52,6 +52,9 @@ def empty(ctx, shape, dtype):
     return np.empty(shape, dtype)
 
 
+unkept = empty  # (the kernels store a row's statistics where they are computed: no branch for them)
+
+
 def out_view(out, shape, reads):
     # (an out= overlapping an input is the launchers' to handle: cpu/_kernels/common.py)
     if not out.flags.writeable:
@@ -128,6 +131,8 @@ class Plans:
         self._run.update({(k, "backward"): _rows_backward for k in self.BACKWARD})
 
     def key(self, kind, args):
+        if kind[1] == "plain":  # a plain call is its forward's: the kernels fill the statistics either way
+            kind = (kind[0], "forward")
         return (_forward_key if kind[1] == "forward" else _backward_key)(kind, args) if kind in self._run else None
 
     def run(self, key, args):

@@ -277,6 +277,10 @@ def empty(ctx, shape, dtype):
     return view
 
 
+def unkept(ctx, shape, dtype):
+    return C.Unkept(tuple(shape), np.dtype(dtype))  # (no allocation: a plain call's statistics are not stored)
+
+
 class _Torch:
     """What a call does with PyTorch's memory: ``empty`` (the caching allocator: a tensor
     on ``device``, on its current stream, of a torch ``dtype``), and ``allocate`` a replay's
@@ -416,9 +420,10 @@ def wrap(a, like):
     return a
 
 
-# how ``Replays.signature`` keys an argument, by its type (``_kind``, learned per type)
+# how ``Replays.key`` keys an argument, by its type (``_kind``, learned per type); a NumPy
+# array is never keyed (the top level asks the replays of every call the CPU's did not answer)
 _NUMBA, _TORCH, _CUPY, _CAI, _FLOAT, _INT, _TUPLE, _OTHER = range(8)
-_KINDS = {float: _FLOAT, int: _INT, tuple: _TUPLE}
+_KINDS = {float: _FLOAT, int: _INT, tuple: _TUPLE, np.ndarray: _OTHER}
 
 
 def _kind(t):
@@ -585,9 +590,22 @@ class Replays:
         log, C._RECORDING.log = getattr(C._RECORDING, "log", None), None
         return log
 
-    @staticmethod
-    def shortcut(kind):
-        return None  # (a call on device arrays reaches the CUDA frontend by its type first)
+    def shortcut(self, kind):
+        """``key`` and ``run`` as one function of the public arguments (a forward's ``out=``
+        by keyword), for the top level, which asks it before ``_pick``: a learned key holds
+        device arrays alone (a host array is never keyed), so no side needs checking."""
+        key_of, run = self.key, self.run
+        if kind[1] == "backward":
+            def backward(*args):
+                key = key_of(kind, args)
+                return None if key is None else run(key, args)
+            return backward
+
+        def forward(*args, out=None):
+            args = (*args, out)
+            key = key_of(kind, args)
+            return None if key is None else run(key, args)
+        return forward
 
     def learn(self, key, call):
         """Keep the call just recorded (``begin``) as the plan of ``key``, if a replay can

@@ -48,6 +48,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections import namedtuple
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda
@@ -804,8 +805,8 @@ def launch(kernel, grid, block, stream, *args, shared=0):
 
 
 @functools.lru_cache(maxsize=None)
-def _dummy_cached(dtype, ndim):
-    shape = (1,) * ndim
+def _dummy_cached(dtype, ndim, size=1):
+    shape = (size,) * ndim
     if SIMULATED:  # (the simulator indexes its arrays as NumPy does)
         d = cuda.device_array(shape, dtype)
     else:
@@ -833,6 +834,23 @@ def optional(a, like, ndim, vec=1):
     """What a kernel indexes for an optional array argument: ``a`` (as ``vec``-element
     words), or a dummy of ``like``'s dtype."""
     return _dummy_cached(like.dtype, ndim) if a is None else words(a, vec)  # (like.dtype: a NumPy dtype)
+
+
+class Unkept(NamedTuple):
+    """Statistics a call does not return (a plain forward's, ``cuda._backend.unkept``): their
+    shape and dtype, which a launcher reads, and no memory; ``stored`` hands the kernel a
+    zero-length stand-in, and the kernels store no statistics into one."""
+    shape: tuple
+    dtype: np.dtype
+
+    def reshape(self, *shape):
+        return Unkept(tuple(shape[0]) if len(shape) == 1 and type(shape[0]) is not int else shape, self.dtype)
+
+
+def stored(a):
+    """What a forward kernel stores statistics into: ``a``, or for ``Unkept`` statistics a
+    zero-length array (``rstd.shape[0] == 0``: none stored)."""
+    return _dummy_cached(a.dtype, 1, 0) if type(a) is Unkept else a
 
 
 def dtype_or_none(a):

@@ -88,7 +88,7 @@ def _group_rows_fn(xdt, wdt, bdt, code, rows):
     @cuda.jit(device=True)
     def finish(y, w, b, mean, rstd, row, ds, grp, chw, Cg, mu, corr, r, t, NW):
         if row < y.shape[0]:
-            if t == 0:
+            if t == 0 and rstd.shape[0] != 0:  # (a plain call's statistics: unkept, none stored)
                 mean[row] = mu + corr
                 rstd[row] = r
             tmp = cuda.local.array(V, ACC)
@@ -160,7 +160,7 @@ def _forward_held(xdt, wdt, bdt, code):
         G,      # int: groups per sample
         y,      # (N*G, LW) output, x's dtype
         mean,   # (N*G,) per-(sample, group) mean, accumulation dtype
-        rstd,   # (N*G,) per-(sample, group) 1/sqrt(var + eps), accumulation dtype
+        rstd,   # (N*G,) per-(sample, group) 1/sqrt(var + eps), accumulation dtype; (0,): none stored
     ):
         NW = x.shape[1] // KW
         Cg = (NW * V) // S
@@ -225,7 +225,7 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
             cuda.syncthreads()
         src = stage if STAGED else xr
         mu, corr, r = CENTERED(src, xs, live, t, NW, total, ACC(1) / ACC(NW * V), eps, scratch, tid)
-        if live and t == 0:
+        if live and t == 0 and rstd.shape[0] != 0:
             mean[row] = mu + corr
             rstd[row] = r
         if live:
@@ -590,7 +590,8 @@ def _dx_kernel(xdt, wdt, code):
 
 
 def forward(x, weight, bias, eps, y, mean, rstd, *, stream=0):
-    """Fill ``y`` (N, C, S) and ``mean``/``rstd`` (N, G) for group norm, on ``stream``."""
+    """Fill ``y`` (N, C, S) and ``mean``/``rstd`` (N, G) for group norm, on ``stream``
+    (``C.Unkept`` statistics, a plain call's: not stored)."""
     n, c, S = x.shape
     G = mean.shape[1]
     if n == 0:
@@ -604,7 +605,8 @@ def forward(x, weight, bias, eps, y, mean, rstd, *, stream=0):
     shared = {"shared": cfg.shared} if cfg.shared else {}
     C.launch(kern, cfg.grid, cfg.block, stream, C.words(x.reshape(n * G, L), vec), C.optional(weight, xe, 1),
              C.optional(bias, xe, 1), np.dtype(mean.dtype).type(eps), S, G,
-             C.words(y.reshape(n * G, L), vec), mean.reshape(n * G), rstd.reshape(n * G), **shared)
+             C.words(y.reshape(n * G, L), vec), C.stored(mean.reshape(n * G)), C.stored(rstd.reshape(n * G)),
+             **shared)
 
 
 def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, *, stream=0, empty=None):

@@ -268,7 +268,7 @@ def _layer_rows_fn(xdt, code, has_r, rows):
             u = U64(row)  # the index unsigned: no negative-index wraparound
             if has_r:
                 STORE_S(s[u], raw, t, NW)
-            if t == 0:
+            if t == 0 and rstd.shape[0] != 0:  # (a plain call's statistics: unkept, none stored)
                 mean[u] = st[at] + st[at + 1]
                 rstd[u] = st[at + 2]
             # fused: the row as stored (s), not held widened: two rows of x and the residual fit
@@ -350,7 +350,7 @@ def _rms_rows_fn(xdt, code, has_r, rows):
             u = U64(row)  # the index unsigned: no negative-index wraparound
             if has_r:
                 STORE_S(s[u], raw, t, NW)
-            if t == 0:
+            if t == 0 and rstd.shape[0] != 0:
                 rstd[u] = r
             NORMALIZE(y[u], raw if has_r else xs, ws, ws, ACC(0), ACC(0), r, t, NW)
 
@@ -406,7 +406,7 @@ def forward_kernel_held(kind, xdt, wdt, bdt, code, has_r):
         y,      # (M, NW) output, x's dtype
         s,      # (M, NW) output x + res in x's dtype (fused add), or a dummy
         mean,   # (M,) per-row mean, accumulation dtype (LayerNorm), or a dummy
-        rstd,   # (M,) per-row 1/sqrt(var + eps) (RMSNorm: 1/sqrt(mean(x^2) + eps))
+        rstd,   # (M,) per-row 1/sqrt(var + eps) (RMSNorm: 1/sqrt(mean(x^2) + eps)); (0,): none stored
     ):
         NW = x.shape[1] // KW
         tid = cuda.threadIdx.x
@@ -471,7 +471,7 @@ def _forward_loop_row_fn(kind, xdt, wdt, bdt, code, has_r):
             mu = corr = ACC(0)
             r = ACC(1) / math.sqrt(group_sum(total, scratch, it & 1, tid, TPR) * inv_n + eps)
             it += 1
-        if live and t == 0:
+        if live and t == 0 and rstd.shape[0] != 0:
             if LAYER:
                 mean[row] = mu + corr
             rstd[row] = r
@@ -938,7 +938,8 @@ def forward(kind, x, weight, bias, eps, y, mean, rstd, residual=None, s=None, st
 
     x, y: (M, N) C-contiguous device arrays of x's dtype; weight, bias: (N,) any
     float dtype or None (bias and mean: None for RMSNorm); mean, rstd: (M,)
-    float32 (float64 for float64 x).  ``residual``/``s`` (both or neither): normalize
+    float32 (float64 for float64 x), or ``C.Unkept`` (a plain call's: not stored).
+    ``residual``/``s`` (both or neither): normalize
     ``s = x + residual``, stored into ``s``.  ``stream``: where the kernel runs.
     """
     M, N = x.shape
@@ -951,7 +952,8 @@ def forward(kind, x, weight, bias, eps, y, mean, rstd, residual=None, s=None, st
     xe, xk = C.kview(x), C.words(x, vec)  # elements (dummy parameters), words (rows)
     C.launch(kern, cfg.grid, cfg.block, stream, xk, C.optional(residual, xk, 2, vec), C.optional(weight, xe, 1),
              C.optional(bias, xe, 1), np.dtype(rstd.dtype).type(eps), C.words(y, vec),
-             C.optional(s, xk, 2, vec), C.optional(mean, rstd, 1), rstd, shared=cfg.shared)
+             C.optional(s, xk, 2, vec), C.optional(mean if mean is None else C.stored(mean), rstd, 1), C.stored(rstd),
+             shared=cfg.shared)
 
 
 def backward(kind, dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None, stream=0, empty=None):
