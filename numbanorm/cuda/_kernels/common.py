@@ -849,7 +849,7 @@ class Unkept(NamedTuple):
 
 def stored(a):
     """What a forward kernel stores statistics into: ``a``, or for ``Unkept`` statistics a
-    zero-length array (``rstd.shape[0] == 0``: none stored)."""
+    zero-length array (the kernels store a row's statistics where ``row < rstd.shape[0]``)."""
     return _dummy_cached(a.dtype, 1, 0) if type(a) is Unkept else a
 
 

@@ -88,7 +88,7 @@ def _group_rows_fn(xdt, wdt, bdt, code, rows):
     @cuda.jit(device=True)
     def finish(y, w, b, mean, rstd, row, ds, grp, chw, Cg, mu, corr, r, t, NW):
         if row < y.shape[0]:
-            if t == 0 and rstd.shape[0] != 0:  # (a plain call's statistics: unkept, none stored)
+            if t == 0 and row < rstd.shape[0]:  # (a plain call's statistics: unkept, (0,), none stored)
                 mean[row] = mu + corr
                 rstd[row] = r
             tmp = cuda.local.array(V, ACC)
@@ -225,7 +225,7 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
             cuda.syncthreads()
         src = stage if STAGED else xr
         mu, corr, r = CENTERED(src, xs, live, t, NW, total, ACC(1) / ACC(NW * V), eps, scratch, tid)
-        if live and t == 0 and rstd.shape[0] != 0:
+        if live and t == 0 and row < rstd.shape[0]:
             mean[row] = mu + corr
             rstd[row] = r
         if live:

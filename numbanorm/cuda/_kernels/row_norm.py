@@ -268,7 +268,7 @@ def _layer_rows_fn(xdt, code, has_r, rows):
             u = U64(row)  # the index unsigned: no negative-index wraparound
             if has_r:
                 STORE_S(s[u], raw, t, NW)
-            if t == 0 and rstd.shape[0] != 0:  # (a plain call's statistics: unkept, none stored)
+            if t == 0 and row < rstd.shape[0]:  # (a plain call's statistics: unkept, (0,), none stored)
                 mean[u] = st[at] + st[at + 1]
                 rstd[u] = st[at + 2]
             # fused: the row as stored (s), not held widened: two rows of x and the residual fit
@@ -350,7 +350,7 @@ def _rms_rows_fn(xdt, code, has_r, rows):
             u = U64(row)  # the index unsigned: no negative-index wraparound
             if has_r:
                 STORE_S(s[u], raw, t, NW)
-            if t == 0 and rstd.shape[0] != 0:
+            if t == 0 and row < rstd.shape[0]:
                 rstd[u] = r
             NORMALIZE(y[u], raw if has_r else xs, ws, ws, ACC(0), ACC(0), r, t, NW)
 
@@ -471,7 +471,7 @@ def _forward_loop_row_fn(kind, xdt, wdt, bdt, code, has_r):
             mu = corr = ACC(0)
             r = ACC(1) / math.sqrt(group_sum(total, scratch, it & 1, tid, TPR) * inv_n + eps)
             it += 1
-        if live and t == 0 and rstd.shape[0] != 0:
+        if live and t == 0 and row < rstd.shape[0]:
             if LAYER:
                 mean[row] = mu + corr
             rstd[row] = r
