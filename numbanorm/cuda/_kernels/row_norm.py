@@ -168,12 +168,12 @@ def _weights_fn(xdt, wdt, code):
 # ---------------------------------------------------------------- forward, rows in registers
 
 @functools.lru_cache(maxsize=None)
-def _normalize_held_fn(kind, xdt, code, from_raw):
+def _normalize_held_fn(kind, xdt, code, from_raw, centered=False):
     """``normalize(yr, held, ws, bs, mu, corr, r, t, NW)``: y of a row held in registers:
     ``held`` its elements (VPT, the accumulation dtype), or (``from_raw``) its words as
     stored (the fused s, widened again word by word).  (x - mu) * r - corr * r, never
     (x - (mu + corr)) * r: mu + corr rounds to the float32 grid (a tenth of the std in the
-    contract's large-offset case)."""
+    contract's large-offset case).  ``centered``: ``held`` is x - mu already (mu unread)."""
     LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
     STOREW = C.word_fns(xdt, ACC.name, code.vec)[1]
     WIDEN = C.raw_fns(xdt, ACC.name, code.vec)[2]
@@ -204,7 +204,9 @@ def _normalize_held_fn(kind, xdt, code, from_raw):
                         xv[v] = held[k * V + v]
                 for v in range(V):
                     e = k * V + v
-                    if LAYER:
+                    if LAYER and centered:
+                        tmp[v] = (xv[v] * r - cr) * ws[e] + bs[e]
+                    elif LAYER:
                         tmp[v] = ((xv[v] - mu) * r - cr) * ws[e] + bs[e]
                     else:
                         tmp[v] = xv[v] * r * ws[e]
@@ -240,16 +242,20 @@ def _layer_rows_fn(xdt, code, has_r, rows):
     (the shifted sums; fused: s stored), one group reduction for all of them
     (``stats.shift_fns``; the rare fallback's after it), then each row's normalize pass
     and statistics stored.  (Every row's words are used before the reduction's first
-    barrier, so ptxas issues all their loads before the first wait.)"""
+    barrier, so ptxas issues all their loads before the first wait.)  Unfused, the
+    sums pass leaves d = x - k in the row's registers (k: the shift, ``stats.first_fn``),
+    which the normalize pass takes as x - mu: an instruction an element fewer; a row the
+    fallback takes keeps d - m1 there, its deviations from the new mu = k + m1."""
     GEOMETRY = stats.geometry_fn(xdt, code)
     LAYER, ACC, KW, WPT, _ = _consts("layer", xdt, code)
     TPR, VPT, V = code.tpr, code.vpt, code.vec
     VPT1, VPT2, NV, NST = (VPT if rows > 1 else 1), (VPT if rows > 2 else 1), 2 * rows, 3 * rows
-    SUMS = stats.held_sums_fn(xdt, TPR, VPT, V, False, has_r, shifted=True)
+    KEPT = not has_r  # (fused: the normalize pass widens s as stored again, which holds fewer registers)
+    SUMS = stats.held_sums_fn(xdt, TPR, VPT, V, False, has_r, shifted=True, keep=KEPT)
     FIRST = stats.first_fn(xdt, V, has_r)
     SETTLE, VOTE, FALLBACK = stats.shift_fns(xdt, TPR, VPT, V, False)
     GROUP = group_sums_fn(NV)
-    NORMALIZE = _normalize_held_fn("layer", xdt, code, has_r)
+    NORMALIZE = _normalize_held_fn("layer", xdt, code, has_r, centered=KEPT)
     STORE_S = _store_s_fn(xdt, code)
     WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
 
@@ -276,14 +282,22 @@ def _layer_rows_fn(xdt, code, has_r, rows):
 
     @cuda.jit(device=True)
     def fallback(x, raw, xs, live, t, NW, k, m1, bad, inv_n, eps, scratch, it, tid, st, at):
-        xf = cuda.local.array(VPT, ACC)  # the row's elements (fused: widened again)
+        xf = cuda.local.array(VPT, ACC)  # the row's elements (fused: widened again; kept: d = x - k)
         for j in range(WPT):
             if has_r:
                 WIDEN(raw, j, xf, j * V)
             else:
                 for v in range(V):
                     xf[j * V + v] = xs[j * V + v]
-        return FALLBACK(x[0], xf, live, t, NW, k, m1, bad, inv_n, eps, scratch, it, tid, st, at)
+        if not KEPT:
+            return FALLBACK(x[0], xf, live, t, NW, k, m1, bad, inv_n, eps, scratch, it, tid, st, at)
+        # the deviations from k + m1 are d - m1: the pass about a shift of 0, then k added back
+        it = FALLBACK(x[0], xf, live, t, NW, ACC(0), m1, bad, inv_n, eps, scratch, it, tid, st, at)
+        if bad:
+            st[at] += k  # mu = m1 + k
+            for e in range(VPT):
+                xs[e] -= m1
+        return it
 
     @cuda.jit(device=True)
     def layer_rows(x, res, y, s, mean, rstd, row, step, raw0, raw1, raw2, ws, bs, eps, scratch, it, tid):  # (kernel's)

@@ -217,17 +217,20 @@ def raw_rows(xdt, code, arrays, resident=None):
 
 
 @functools.lru_cache(maxsize=None)
-def held_sums_fn(xdt, tpr, vpt, vec, squares, has_r, shifted=False):
+def held_sums_fn(xdt, tpr, vpt, vec, squares, has_r, shifted=False, keep=False):
     """``sums(raw, xs, tmp, live, t, NW, k)`` -> ``(total, total2)``: pass 1 of a row held
     in registers, from its words ``fetch_fn`` loaded into ``raw`` (x in slots
     0 .. vpt / vec, the residual after them with ``has_r``).  The words are widened into
     ``xs``; with ``has_r``, s = x + res rounded to x's dtype replaces x in ``raw`` (the row
     as it is to be stored, which the kernel stores and may widen again), and ``xs`` holds
     s.  ``total`` is the sum of ``xs`` (of squares with ``squares``;
-    ``shifted``: of d = x - k, and ``total2`` of d^2; else 0) over the row's words."""
+    ``shifted``: of d = x - k, and ``total2`` of d^2; else 0) over the row's words.
+    ``keep`` (shifted): d replaces x in ``xs`` for the row's words (the normalize pass
+    takes d, not x - k again)."""
     ACC = C.acc_type(xdt)
     _, _, WIDEN, NARROW, _ = C.raw_fns(xdt, ACC.name, vec)
     TPR, V, LAYER, SHIFTED = tpr, vec, not squares, shifted and not squares
+    KEEP = SHIFTED and keep
     WPT = vpt // vec
 
     @cuda.jit(device=True)
@@ -258,6 +261,8 @@ def held_sums_fn(xdt, tpr, vpt, vec, squares, has_r, shifted=False):
                 for v in range(V):
                     if SHIFTED:
                         d = xs[j * V + v] - k
+                        if KEEP:
+                            xs[j * V + v] = d
                         total += d
                         total2 += d * d
                     else:
