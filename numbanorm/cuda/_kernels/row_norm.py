@@ -35,10 +35,15 @@ Backward (RMSNorm: mean = corr = 0, c2 = 0, no dbias):
     corr = mean(x - mean)       the saved float32 mean's rounding (1e-3 at a mean
                                 of 1e4: 5% of the std in the contract's
                                 large-offset case), corrected as in the forward
-    xhat = ((x - mean) - corr) * rstd,  wdy = weight * dy
+    xhat = (x - mean) * rstd - corr * rstd,  wdy = weight * dy
     c1 = mean(xhat * wdy) = (mean((x - mean) * wdy) - corr * c2) * rstd
     c2 = mean(wdy)                                  (one 3-value group reduction)
-    dx = (wdy - (xhat * c1 + c2)) * rstd  (+ ds, the fused residual's gradient)
+    dx = wdy * rstd - (xhat * c1 * rstd + c2 * rstd)  (+ ds, the fused residual's gradient)
+
+    (LayerNorm: corr * rstd, c1 * rstd and c2 * rstd taken once a row, so that xhat is
+    one FFMA after the subtraction and dx two; the fused backward, which adds ds, keeps
+    xhat = ((x - mean) - corr) * rstd and dx = (wdy - (xhat * c1 + c2)) * rstd, which
+    took fewer instructions there; RMSNorm: xhat = x * rstd, dx = (wdy - xhat * c1) * rstd)
 
 dweight/dbias: each thread keeps running sums of ``dy * xhat`` and ``dy`` for
 its own columns over the rows its block visits, the row groups of a block are
@@ -602,8 +607,8 @@ def _backward_sums_fn(kind, xdt, wdt, code):
 def _dx_held_fn(kind, xdt, wdt, code, has_ds):
     """``dx_pass(dxr, dsr, raw, ws, dwa, dba, mu, corr, r, c1, c2, t, NW)``: pass 2 of a row
     held as its fetched words (widened again, word by word: the row stays in registers as
-    loaded, half the registers of 16-bit rows widened): dx = (wdy - (xhat * c1 + c2)) *
-    rstd (+ ds), and this thread's running sums of dy * xhat and dy for its columns."""
+    loaded, half the registers of 16-bit rows widened): dx = wdy * rstd - (xhat * c1 + c2)
+    * rstd (+ ds), and this thread's running sums of dy * xhat and dy for its columns."""
     LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
     TPR, V = code.tpr, code.vec
     LOADW, STOREW = C.word_fns(xdt, ACC.name, V)
@@ -630,6 +635,7 @@ def _dx_held_fn(kind, xdt, wdt, code, has_ds):
         gs = cuda.local.array(V, ACC)
         wv = cuda.local.array(V, ACC)
         tmp = cuda.local.array(V, ACC)
+        cr, c1r, c2r = corr * r, c1 * r, c2 * r  # once a row: xhat one FFMA, dx two
         for k in range(WPT):
             q = t + k * TPR
             if q < NW:
@@ -640,9 +646,12 @@ def _dx_held_fn(kind, xdt, wdt, code, has_ds):
                     LOADW(dsr, q, tmp, 0)
                 for v in range(V):
                     e = k * V + v
-                    if LAYER:
+                    if LAYER and has_ds:  # (here the form below took more instructions, not fewer)
                         xhat = ((xs[v] - mu) - corr) * r
                         val = (gs[v] * wv[v] - (xhat * c1 + c2)) * r
+                    elif LAYER:
+                        xhat = (xs[v] - mu) * r - cr
+                        val = gs[v] * wv[v] * r - (xhat * c1r + c2r)
                     else:
                         xhat = xs[v] * r
                         val = (gs[v] * wv[v] - xhat * c1) * r
@@ -887,6 +896,7 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
         if live:
             dxr = dx[rr]
             dsr = ds[rr if has_ds else 0]
+            cr, c1r, c2r = corr * r, c1 * r, c2 * r  # (the held path's dx_pass)
             for q in range(t, NW, TPR):
                 if STAGED:
                     GET(sx, q, xs, 0)
@@ -898,9 +908,16 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
                     LOADW(dsr, q, tmp, 0)
                 for v in range(V):
                     j = q * V + v
-                    xhat = ((xs[v] - mu) - corr) * r if LAYER else xs[v] * r
                     wdy = gs[v] * LW(w[j]) if has_w else gs[v]
-                    val = (wdy - (xhat * c1 + c2)) * r if LAYER else (wdy - xhat * c1) * r
+                    if LAYER and has_ds:  # (as the held path's dx_pass)
+                        xhat = ((xs[v] - mu) - corr) * r
+                        val = (wdy - (xhat * c1 + c2)) * r
+                    elif LAYER:
+                        xhat = (xs[v] - mu) * r - cr
+                        val = wdy * r - (xhat * c1r + c2r)
+                    else:
+                        xhat = xs[v] * r
+                        val = (wdy - xhat * c1) * r
                     tmp[v] = tmp[v] + val if has_ds else val
                     dwp[j] += gs[v] * xhat
                     if LAYER:
