@@ -11,6 +11,8 @@ LayerNorm (``kind='layer'``):
     else mu = k + m1, corr = sum(x - mu) / N,  var = sum((x - mu)^2) / N - corr^2
                                                    (pass 2: corrected two-pass, for those rows)
     y    = ((x - mu) * rstd - corr * rstd) * weight + bias
+                                                   (unfused, row in registers: x - mu is pass 1's
+                                                   d = x - k, kept; after pass 2, d - m1)
 
 RMSNorm (``kind='rms'``): ``rstd = 1 / sqrt(sum(x^2) / N + eps)`` in pass 1,
 ``y = x * rstd * weight``.
