@@ -26,7 +26,8 @@ Backward, in three kernels (the dx of a group needs sums over all its channels):
    corr = sum(D) / L corrects the saved float32 mean's rounding (as in
    ``layer_norm``), dyx = rstd * (A - corr * B) = sum(dy * xhat) is this row's
    dweight partial, c1 = sum(weight * dyx) / L, c2 = sum(weight * B) / L, and
-   dx = (weight * dy - (xhat * c1 + c2)) * rstd with xhat = ((x - mean) - corr) * rstd;
+   dx = (weight * dy - (xhat * c1 + c2)) * rstd with xhat = ((x - mean) - corr) * rstd,
+   evaluated as (weight * dy - ((x - mean) * rstd * c1 + (c2 - corr * rstd * c1))) * rstd;
 3. dweight/dbias = the fixed-order column sums of dyx/B over the samples.
 
 x and dy are read twice (kernels 1 and 2): five passes over memory where three
@@ -480,9 +481,9 @@ def _dx_row_fn(xdt, wdt, code):
     MUL = libdevice.dmul_rn if ACC == cuda.float64 else libdevice.fmul_rn
 
     @cuda.jit(device=True)
-    def word_dx(xs, gs, mu, corr, r, wc, rc1, c2):  # (rc1 = rstd * c1: xhat * c1 without xhat)
+    def word_dx(xs, gs, mu, r, wc, rc1, c2c):  # (rc1 = rstd * c1: xhat * c1 without xhat; c2c = c2 - corr * rc1)
         for e in range(V):
-            gs[e] = (MUL(gs[e], wc) - (((xs[e] - mu) - corr) * rc1 + c2)) * r
+            gs[e] = (MUL(gs[e], wc) - ((xs[e] - mu) * rc1 + c2c)) * r
 
     @cuda.jit(device=True)
     def dx_row(x, dy, dx, w, part, row, c, raw, mu, r, inv_n, v, at, t, NW):  # (the kernel's; c: the channel; v: sums)
@@ -498,11 +499,15 @@ def _dx_row_fn(xdt, wdt, code):
         wc = LW(w[c]) if has_w else ACC(1)
         xs = cuda.local.array(V, ACC)
         gs = cuda.local.array(V, ACC)
+        # once a row: (x - mu - corr) * rc1 + c2 = (x - mu) * rc1 + c2c, an instruction an
+        # element fewer; a group of one element has corr = 0, so c2c = c2 and dx stays exactly 0
+        rc1 = r * c1
+        c2c = c2 - corr * rc1
         if LOOP:
             for q in range(t, NW, TPR):
                 LOADW(x[row], q, xs, 0)
                 LOADW(dy[row], q, gs, 0)
-                word_dx(xs, gs, mu, corr, r, wc, r * c1, c2)
+                word_dx(xs, gs, mu, r, wc, rc1, c2c)
                 STOREW(dx[row], q, gs, 0)
         else:
             for k in range(WPT):
@@ -510,7 +515,7 @@ def _dx_row_fn(xdt, wdt, code):
                 if q < NW:
                     WIDEN(raw, k, xs, 0)
                     WIDEN(raw, WPT + k, gs, 0)
-                    word_dx(xs, gs, mu, corr, r, wc, r * c1, c2)
+                    word_dx(xs, gs, mu, r, wc, rc1, c2c)
                     STOREW(dx[row], q, gs, 0)
 
     return dx_row
