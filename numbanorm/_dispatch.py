@@ -89,8 +89,8 @@ def _dispatching(op, kind):
     else:
         assert shortcut is None or kind != "plain", "the CPU shortcut returns the statistics too"
         body = f"{' or '.join(asked)} or _pick({arrays}).{name}({call})"
-    namespace = {"_pick": _pick, "_small": shortcut}
-    namespace["_replay"] = _until_loaded(namespace) if not _GPU else _GPU[0].shortcut(op, kind) or _none
+    namespace = {"_pick": _pick, "_small": shortcut}  # (made at import, before numbanorm.cuda is)
+    namespace["_replay"] = _until_loaded(namespace)
     _REPLAYED.append((namespace, op, kind))
     fn = _ops.generate(name, sig, body, namespace, op.doc(kind), "numbanorm")
     fn.__module__ = "numbanorm"

@@ -580,11 +580,16 @@ def host(M, N, calls, device_array, launches):
     resolved = dict(C._RESOLVED)
     through_numba = {k: (v[0], None) for k, v in resolved.items()}
     paths, out = {}, {"order": []}
+
+    def counted(name, call, allocations=lambda: device_array.count[0]):
+        """One more ``call``: its launches and allocations (``allocations()``, a running count)
+        as ``out``'s ``<name>_launches`` and ``<name>_allocs``."""
+        n0, a0 = len(launches), allocations()
+        call()
+        out[name + "_launches"], out[name + "_allocs"] = len(launches) - n0, allocations() - a0
+
     for name, call in calls_of.items():
-        n0, a0 = len(launches), _count_allocs(device_array)
-        call(nc)
-        out[name + "_launches"] = len(launches) - n0
-        out[name + "_allocs"] = _count_allocs(device_array) - a0
+        counted(name, lambda call=call: call(nc))
         paths[name + "_full"] = (lambda call=call: call(full), resolved)
         paths[name + "_numba"] = (lambda call=call: call(full), through_numba)
         paths[name + "_replay"] = (lambda call=call: call(nc), resolved)
@@ -596,10 +601,7 @@ def host(M, N, calls, device_array, launches):
               "layer_norm_top": lambda: numbanorm.layer_norm(x, N, w, b)}  # the top level picks the GPU
     for name, call in public.items():
         call(), call()
-        n0, a0 = len(launches), _count_allocs(device_array)
-        call()
-        out[name + "_launches"] = len(launches) - n0
-        out[name + "_allocs"] = _count_allocs(device_array) - a0
+        counted(name, call)
         paths[name + "_replay"] = (call, resolved)
     from numba.cuda import dispatcher
 
@@ -619,24 +621,21 @@ def host(M, N, calls, device_array, launches):
     import cupy
     import torch
 
+    def lib_allocations():
+        return sum(e[0].endswith("alloc") for e in _fake_libs.LOG)
+
     for lib in ("torch", "cupy"):
         make, _, _ = _library_arrays(f"{lib} default stream", "float16")
         for name, call in cases(M, N, make, full).items():
             for _ in range(3):  # compiled, resolved, learned
                 call(nc), call(full)
-            n0, a0 = len(launches), len(_fake_libs.LOG)
-            call(nc)
-            out[f"{name}_{lib}_launches"] = len(launches) - n0
-            out[f"{name}_{lib}_allocs"] = sum(e[0].endswith("alloc") for e in _fake_libs.LOG[a0:])
+            counted(f"{name}_{lib}", lambda call=call: call(nc), lib_allocations)
             paths[f"{name}_{lib}"] = (lambda call=call: call(nc), resolved)
             paths[f"{name}_{lib}_full"] = (lambda call=call: call(full), resolved)
         lx, lw, lb = make((M, N), None), make((N,), None), make((N,), None)
         top = lambda lx=lx, lw=lw, lb=lb: numbanorm.layer_norm(lx, N, lw, lb)  # noqa: E731 (plain, the top level)
         top(), top()
-        n0, a0 = len(launches), len(_fake_libs.LOG)
-        top()
-        out[f"layer_norm_top_{lib}_launches"] = len(launches) - n0
-        out[f"layer_norm_top_{lib}_allocs"] = sum(e[0].endswith("alloc") for e in _fake_libs.LOG[a0:])
+        counted(f"layer_norm_top_{lib}", top, lib_allocations)
         paths[f"layer_norm_top_{lib}"] = (top, resolved)
     paths["torch_alloc"] = (lambda: torch.empty((M, N), dtype=torch.float16, device="cuda:0"), resolved)
     paths["torch_stream"] = (lambda: torch._C._cuda_getCurrentRawStream(0), resolved)
@@ -674,10 +673,6 @@ def host(M, N, calls, device_array, launches):
     out.update({f"{k}_cpu_us": round(v * 1e6, 2) for k, v in cpu.items()})
     out["loadavg"] = open("/proc/loadavg").read().split()[:3]
     print(json.dumps(out))
-
-
-def _count_allocs(device_array):
-    return device_array.count[0]
 
 
 def _seer(device_array, launches):
