@@ -558,6 +558,27 @@ def _grad_sums_fn(kind, xdt):
 
 
 @functools.lru_cache(maxsize=None)
+def _grad_dx_fn(kind, has_ds):
+    """``grad_dx(x, wdy, mu, corr, r, c1, c2, cr, c1r, c2r)`` -> ``(xhat, dx)``: one element's
+    part of the backward's pass 2 (``cr``, ``c1r``, ``c2r``: the row's corr * r, c1 * r and
+    c2 * r, taken once a row; dx before the fused residual's ds is added)."""
+    LAYER = kind == "layer"
+
+    @cuda.jit(device=True)
+    def grad_dx(x, wdy, mu, corr, r, c1, c2, cr, c1r, c2r):
+        if LAYER and has_ds:  # (here the form below took more instructions, not fewer)
+            xhat = ((x - mu) - corr) * r
+            return xhat, (wdy - (xhat * c1 + c2)) * r
+        if LAYER:
+            xhat = (x - mu) * r - cr
+            return xhat, wdy * r - (xhat * c1r + c2r)
+        xhat = x * r
+        return xhat, (wdy - xhat * c1) * r
+
+    return grad_dx
+
+
+@functools.lru_cache(maxsize=None)
 def _backward_sums_fn(kind, xdt, wdt, code):
     """``sums(raw, ws, mu, r, live, t, NW, v, at)``: this thread's part of pass 1 of a row
     held as its fetched words (x, then dy; widened word by word, as they are used):
@@ -616,6 +637,7 @@ def _dx_held_fn(kind, xdt, wdt, code, has_ds):
     LOADW, STOREW = C.word_fns(xdt, ACC.name, V)
     WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
     WORD = _weights_fn(xdt, wdt, code)[3]
+    GRAD_DX = _grad_dx_fn(kind, has_ds)
 
     @cuda.jit(device=True)
     def dx_pass(
@@ -637,7 +659,7 @@ def _dx_held_fn(kind, xdt, wdt, code, has_ds):
         gs = cuda.local.array(V, ACC)
         wv = cuda.local.array(V, ACC)
         tmp = cuda.local.array(V, ACC)
-        cr, c1r, c2r = corr * r, c1 * r, c2 * r  # once a row: xhat one FFMA, dx two
+        cr, c1r, c2r = corr * r, c1 * r, c2 * r  # once a row (``_grad_dx_fn``): xhat one FFMA, dx two
         for k in range(WPT):
             q = t + k * TPR
             if q < NW:
@@ -648,15 +670,7 @@ def _dx_held_fn(kind, xdt, wdt, code, has_ds):
                     LOADW(dsr, q, tmp, 0)
                 for v in range(V):
                     e = k * V + v
-                    if LAYER and has_ds:  # (here the form below took more instructions, not fewer)
-                        xhat = ((xs[v] - mu) - corr) * r
-                        val = (gs[v] * wv[v] - (xhat * c1 + c2)) * r
-                    elif LAYER:
-                        xhat = (xs[v] - mu) * r - cr
-                        val = gs[v] * wv[v] * r - (xhat * c1r + c2r)
-                    else:
-                        xhat = xs[v] * r
-                        val = (gs[v] * wv[v] - xhat * c1) * r
+                    xhat, val = GRAD_DX(xs[v], gs[v] * wv[v], mu, corr, r, c1, c2, cr, c1r, c2r)
                     tmp[v] = tmp[v] + val if has_ds else val
                     dwa[e] += gs[v] * xhat
                     if LAYER:
@@ -858,6 +872,7 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
     LOADW, STOREW = C.word_fns(xdt, ACC.name, V)
     COPY, _, GET = stats.stage_fns(xdt, ACC.name, V)
     GRAD_SUMS = _grad_sums_fn(kind, xdt)
+    GRAD_DX = _grad_dx_fn(kind, has_ds)
 
     @cuda.jit(device=True)
     def backward_loop_row(dy, x, ds, dx, mean, rstd, w, dwp, dbp, row, sx, sdy, scratch, it, tid):  # (kernel's)
@@ -898,7 +913,7 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
         if live:
             dxr = dx[rr]
             dsr = ds[rr if has_ds else 0]
-            cr, c1r, c2r = corr * r, c1 * r, c2 * r  # (the held path's dx_pass)
+            cr, c1r, c2r = corr * r, c1 * r, c2 * r  # once a row (``_grad_dx_fn``)
             for q in range(t, NW, TPR):
                 if STAGED:
                     GET(sx, q, xs, 0)
@@ -911,15 +926,7 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
                 for v in range(V):
                     j = q * V + v
                     wdy = gs[v] * LW(w[j]) if has_w else gs[v]
-                    if LAYER and has_ds:  # (as the held path's dx_pass)
-                        xhat = ((xs[v] - mu) - corr) * r
-                        val = (wdy - (xhat * c1 + c2)) * r
-                    elif LAYER:
-                        xhat = (xs[v] - mu) * r - cr
-                        val = wdy * r - (xhat * c1r + c2r)
-                    else:
-                        xhat = xs[v] * r
-                        val = (wdy - xhat * c1) * r
+                    xhat, val = GRAD_DX(xs[v], wdy, mu, corr, r, c1, c2, cr, c1r, c2r)
                     tmp[v] = tmp[v] + val if has_ds else val
                     dwp[j] += gs[v] * xhat
                     if LAYER:
