@@ -371,7 +371,8 @@ def test_mixed_sides_rejected_without_importing_numba_cuda():
 ], ids=["no numba-cuda", "NumPy 2.5"])
 def test_unavailable_says_why(setup, says):
     """Where the GPU kernels cannot run, importing works, is_available() is False, every
-    function says why (naming the fix) and keeps its signature."""
+    function says why (naming the fix) and keeps its signature, and the top level's
+    functions still run NumPy arrays on the CPU."""
     code = textwrap.dedent(f"""
         import inspect, sys
         import numpy as np
@@ -387,6 +388,13 @@ def test_unavailable_says_why(setup, says):
             assert {says!r} in str(e)
         else:
             raise SystemExit("no RuntimeError")
+        # the top level goes on running NumPy arrays on the CPU once numbanorm.cuda is imported
+        x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+        for _ in range(2):  # (the second call: the plans' and replays' shortcuts)
+            assert np.array_equal(numbanorm.layer_norm(x, 4), numbanorm.cpu.layer_norm(x, 4))
+            y, mean, rstd = numbanorm.layer_norm_forward(x, 4)
+            dx = numbanorm.layer_norm_backward(np.ones_like(x), x, mean, rstd, 4)[0]
+            assert np.array_equal(dx, numbanorm.cpu.layer_norm_backward(np.ones_like(x), x, mean, rstd, 4)[0])
         print("ok")
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
