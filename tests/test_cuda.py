@@ -1110,20 +1110,35 @@ def _exact_layer_norm_row(row, w, b, eps):
                          for v, wi, bi in zip(vals, w, b)])
 
 
+# mapping -> (knobs, the row config it gives): where the fallback's reduction meets other
+# rows (groups narrower than a warp; several groups wider than one in a block) a row group
+# votes before it; where it meets only its own row's threads, no vote
+_EDGE_MAPPINGS = {
+    "default": ({}, lambda c, n: c.rows > 1 and (c.tpr < 32) == (n == 70)),
+    "one group": ({"BLOCK_THREADS": 64}, lambda c, n: not c.loop and c.rows == 1 and c.tpr > 32),
+    "warp groups": ({}, lambda c, n: not c.loop and c.rows > 1 and c.tpr == 32),
+    "loop": (LONG, lambda c, n: c.loop),
+    "loop64": ({"MAX_TPR": 64, "MAX_VPT": 2}, lambda c, n: c.loop and c.tpr == 64),
+}
+
+
 @pytest.mark.cudasim
 @pytest.mark.parametrize("dtype,mapping,n", slow_where(
-    [(dt, m, n) for dt in (np.float32, np.float64) for m, n in (("default", 70), ("default", 1024), ("loop", 70),
-                                                                ("loop64", 200))],
+    [(dt, m, n) for dt in (np.float32, np.float64)
+     for m, n in (("default", 70), ("default", 1024), ("one group", 1024),
+                  ("warp groups", 512 if dt == np.float32 else 256), ("loop", 70), ("loop64", 2000))],
     lambda dt, m, n: dt != np.float32 and m != "loop"))
 def test_layer_norm_statistics_edge_rows_side_by_side(knobs, rng, mapping, n, dtype):
     """The forward's statistics come from one group reduction of the sums of x - x[0] and
     their squares; a row where that is not exact enough (x[0] an outlier, NaN) takes the
     corrected two-pass, while its neighbours in the same warp (N = 70: groups of 8 or 16
-    threads) or block (N = 1024: groups of 64 or 128 threads; loop64: a block of 64 per
-    row) keep their one pass -- all against the oracle, fused or not."""
-    knobs(**{"loop": LONG, "loop64": {"MAX_TPR": 64, "MAX_VPT": 2}}.get(mapping, {}))
+    threads; N = 512: a warp each) or block (N = 1024: groups of 64 or 128 threads; loop64: a
+    block of 64 per row) keep their one pass, and a row with a block to itself (one
+    group: 64 threads) takes it alone -- all against the oracle, fused or not."""
+    setting, expected = _EDGE_MAPPINGS[mapping]
+    knobs(**setting)
     cfg = C.row_config(6, n, dtype == np.float64)
-    assert cfg.loop if mapping != "default" else cfg.rows > 1 and (cfg.tpr < 32) == (n == 70)
+    assert expected(cfg, n), cfg
     x = _edge_rows(rng, 6, n, dtype)
     w = rng.uniform(0.5, 1.5, n).astype(dtype)
     b = rng.standard_normal(n).astype(dtype)
@@ -1149,14 +1164,24 @@ def test_layer_norm_statistics_edge_rows_side_by_side(knobs, rng, mapping, n, dt
 
 
 @pytest.mark.cudasim
-def test_layer_norm_outlier_first_word_takes_the_two_pass(knobs, rng):
+@pytest.mark.parametrize("mapping", ["loop", "one group", "warp groups", "shared block"])
+def test_layer_norm_outlier_first_word_takes_the_two_pass(knobs, rng, mapping):
     """A first word (the shift's 4 float32) 64 std away from the rest: the shifted sums'
-    var = ms - m1^2 cancels all but ~4 / N of ms (10 of float32's 24 bits at N = 4096:
-    rstd outside float32's tolerance, checked with the fallback switched off), so that row
-    must take the two-pass; the other row (an ordinary one) keeps the one pass.  N = 4096,
-    not 16384: the simulator took over 100 s at 16384 and 2 s here."""
-    knobs(**LONG)  # the loop path, a warp per row: the simulator's cheapest long row
-    n = 4096
+    var = ms - m1^2 cancels all but ~4 / N of ms (11 of float32's 24 bits at N = 8192:
+    rstd outside float32's tolerance on every mapping here, checked with the fallback
+    switched off; at N = 4096 one mapping's rounding came within it), so that row must take
+    the two-pass; the other row (an ordinary one) keeps the one pass.  On the long rows'
+    loop path (a warp per row) and held in registers: a 64-thread group with a block to
+    itself and a warp-wide group (neither votes), two 64-thread groups sharing a block (they
+    vote).  Elements per thread raised so that the simulator runs few threads."""
+    knobs(**{"loop": LONG,  # the simulator's cheapest long row
+             "one group": {"REG_ELEMS": 128, "MAX_VPT": 128, "BLOCK_THREADS": 64},
+             "warp groups": {"REG_ELEMS": 256, "MAX_VPT": 256, "BLOCK_THREADS": 64},
+             "shared block": {"REG_ELEMS": 128, "MAX_VPT": 128, "BLOCK_THREADS": 128}}[mapping])
+    n = 8192
+    cfg = C.row_config(2, n, False)
+    assert (cfg.loop, cfg.tpr, cfg.rows) == {"loop": (True, 32, 1), "one group": (False, 64, 1),
+                                             "warp groups": (False, 32, 2), "shared block": (False, 64, 2)}[mapping]
     x = 1 + 1e-2 * rng.standard_normal((2, n))
     x[0, :4] = x[0, 4:].mean() + 64 * x[0, 4:].std()
     x = x.astype(np.float32)

@@ -260,7 +260,7 @@ def _layer_rows_fn(xdt, code, has_r, rows):
     KEPT = not has_r  # (fused: the normalize pass widens s as stored again, which holds fewer registers)
     SUMS = stats.held_sums_fn(xdt, TPR, VPT, V, False, has_r, shifted=True, keep=KEPT)
     FIRST = stats.first_fn(xdt, V, has_r)
-    SETTLE, VOTE, FALLBACK = stats.shift_fns(xdt, TPR, VPT, V, False)
+    SETTLE, VOTE, FALLBACK = stats.shift_fns(xdt, TPR, VPT, V, False, groups=code.rows)
     GROUP = group_sums_fn(NV)
     NORMALIZE = _normalize_held_fn("layer", xdt, code, has_r, centered=KEPT)
     STORE_S = _store_s_fn(xdt, code)

@@ -449,7 +449,7 @@ def centered_fn(xdt, tpr, vpt, vec, loop, staged=False):
 
 
 @functools.lru_cache(maxsize=None)
-def shift_fns(xdt, tpr, vpt, vec, loop, staged=False):
+def shift_fns(xdt, tpr, vpt, vec, loop, staged=False, *, groups):
     """``(settle, vote, fallback)``: LayerNorm's statistics from the shifted sums of a row
     (``row_sum``/``held_sums_fn``: of d = x - k and d^2, ``k`` from ``first``), reduced:
     m1 = mean(d), ms = mean(d^2), mean = k + m1 split as mu = k, corr = m1, var = ms - m1^2.
@@ -460,7 +460,10 @@ def shift_fns(xdt, tpr, vpt, vec, loop, staged=False):
     ``settle(k, m1, ms, live, eps, st, at)`` -> ``bad``: mu, corr, rstd into st[at:at + 3];
     ``vote(bad)``: whether any row of the threads that share a barrier (groups wider than
     a warp) or a shuffle (narrower ones) is bad -- the fallback's reduction meets all of
-    them, so all take it or none; ``fallback(src, xs, live, t, NW, k, m1, bad, inv_n, eps,
+    them, so all take it or none.  Where the block is one row group (``groups``, the row
+    groups of a block, is 1) every thread holds the same bits of the same rows' sums
+    (``reduce``), so ``bad`` is already the block's: a warp's vote, no second barrier a
+    row group.  ``fallback(src, xs, live, t, NW, k, m1, bad, inv_n, eps,
     scratch, it, tid, st, at)`` -> ``it``: the deviations pass, whose statistics replace
     st[at:at + 3] for a bad row (``it``: the group reductions so far, counted on)."""
     ACC = C.acc_type(xdt)
@@ -478,8 +481,10 @@ def shift_fns(xdt, tpr, vpt, vec, loop, staged=False):
 
     @cuda.jit(device=True)
     def vote(bad):
-        if BLOCKWIDE:
+        if BLOCKWIDE and groups > 1:
             return cuda.syncthreads_or(U32(bad)) != 0
+        # the fallback's shuffles meet the warp (its rows, where groups are narrower); the
+        # vote also shows ptxas (and the SASS model) a branch uniform across the warp
         return cuda.any_sync(_FULL_MASK, bad)
 
     @cuda.jit(device=True)
@@ -516,7 +521,7 @@ def shifted_fn(xdt, tpr, vpt, vec, loop, staged=False):
     corr, rstd, it)``: one row's statistics (``shift_fns``) from this thread's shifted
     sums, in one group reduction (a second one for rows the fallback takes)."""
     ACC = C.acc_type(xdt)
-    SETTLE, VOTE, FALLBACK = shift_fns(xdt, tpr, vpt, vec, loop, staged)
+    SETTLE, VOTE, FALLBACK = shift_fns(xdt, tpr, vpt, vec, loop, staged, groups=1)  # (a long row: its block's)
     TPR = tpr
 
     @cuda.jit(device=True)
