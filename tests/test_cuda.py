@@ -1110,9 +1110,9 @@ def _exact_layer_norm_row(row, w, b, eps):
                          for v, wi, bi in zip(vals, w, b)])
 
 
-# mapping -> (knobs, the row config it gives): where the fallback's reduction meets other
-# rows (groups narrower than a warp; several groups wider than one in a block) a row group
-# votes before it; where it meets only its own row's threads, no vote
+# mapping -> (knobs, the row config it gives): where the two-pass's reduction meets other
+# row groups at a barrier (several groups wider than a warp in a block) the block votes at
+# one; elsewhere (a block of one group, groups of a warp or narrower) the warp votes
 _EDGE_MAPPINGS = {
     "default": ({}, lambda c, n: c.rows > 1 and (c.tpr < 32) == (n == 70)),
     "one group": ({"BLOCK_THREADS": 64}, lambda c, n: not c.loop and c.rows == 1 and c.tpr > 32),
@@ -1172,8 +1172,9 @@ def test_layer_norm_outlier_first_word_takes_the_two_pass(knobs, rng, mapping):
     switched off; at N = 4096 one mapping's rounding came within it), so that row must take
     the two-pass; the other row (an ordinary one) keeps the one pass.  On the long rows'
     loop path (a warp per row) and held in registers: a 64-thread group with a block to
-    itself and a warp-wide group (neither votes), two 64-thread groups sharing a block (they
-    vote).  Elements per thread raised so that the simulator runs few threads."""
+    itself and warp-wide groups (a warp's vote), two 64-thread groups sharing a block (the
+    block's vote, at a barrier).  Elements per thread raised so that the simulator runs few
+    threads."""
     knobs(**{"loop": LONG,  # the simulator's cheapest long row
              "one group": {"REG_ELEMS": 128, "MAX_VPT": 128, "BLOCK_THREADS": 64},
              "warp groups": {"REG_ELEMS": 256, "MAX_VPT": 256, "BLOCK_THREADS": 64},
