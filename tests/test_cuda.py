@@ -1163,8 +1163,18 @@ def test_layer_norm_statistics_edge_rows_side_by_side(knobs, rng, mapping, n, dt
         assert_close(r[row], rr[row], dtype, f"fused rstd row {row}")
 
 
+# mapping -> (knobs, its (loop, tpr, rows) at N = 8192): elements per thread raised so that
+# the simulator runs few threads
+_OUTLIER_MAPPINGS = {
+    "loop": (LONG, (True, 32, 1)),  # the simulator's cheapest long row
+    "one group": ({"REG_ELEMS": 128, "MAX_VPT": 128, "BLOCK_THREADS": 64}, (False, 64, 1)),
+    "warp groups": ({"REG_ELEMS": 256, "MAX_VPT": 256, "BLOCK_THREADS": 64}, (False, 32, 2)),
+    "shared block": ({"REG_ELEMS": 128, "MAX_VPT": 128, "BLOCK_THREADS": 128}, (False, 64, 2)),
+}
+
+
 @pytest.mark.cudasim
-@pytest.mark.parametrize("mapping", ["loop", "one group", "warp groups", "shared block"])
+@pytest.mark.parametrize("mapping", list(_OUTLIER_MAPPINGS))
 def test_layer_norm_outlier_first_word_takes_the_two_pass(knobs, rng, mapping):
     """A first word (the shift's 4 float32) 64 std away from the rest: the shifted sums'
     var = ms - m1^2 cancels all but ~4 / N of ms (11 of float32's 24 bits at N = 8192:
@@ -1173,16 +1183,12 @@ def test_layer_norm_outlier_first_word_takes_the_two_pass(knobs, rng, mapping):
     the two-pass; the other row (an ordinary one) keeps the one pass.  On the long rows'
     loop path (a warp per row) and held in registers: a 64-thread group with a block to
     itself and warp-wide groups (a warp's vote), two 64-thread groups sharing a block (the
-    block's vote, at a barrier).  Elements per thread raised so that the simulator runs few
-    threads."""
-    knobs(**{"loop": LONG,  # the simulator's cheapest long row
-             "one group": {"REG_ELEMS": 128, "MAX_VPT": 128, "BLOCK_THREADS": 64},
-             "warp groups": {"REG_ELEMS": 256, "MAX_VPT": 256, "BLOCK_THREADS": 64},
-             "shared block": {"REG_ELEMS": 128, "MAX_VPT": 128, "BLOCK_THREADS": 128}}[mapping])
+    block's vote, at a barrier)."""
+    setting, layout = _OUTLIER_MAPPINGS[mapping]
+    knobs(**setting)
     n = 8192
     cfg = C.row_config(2, n, False)
-    assert (cfg.loop, cfg.tpr, cfg.rows) == {"loop": (True, 32, 1), "one group": (False, 64, 1),
-                                             "warp groups": (False, 32, 2), "shared block": (False, 64, 2)}[mapping]
+    assert (cfg.loop, cfg.tpr, cfg.rows) == layout
     x = 1 + 1e-2 * rng.standard_normal((2, n))
     x[0, :4] = x[0, 4:].mean() + 64 * x[0, 4:].std()
     x = x.astype(np.float32)
