@@ -125,13 +125,15 @@ def sweep(cases, impls=None, peers=PEERS, threads=None, **kwargs):
 
 def cpu_target():
     """LLVM's name for the CPU Numba compiles for, the AVX-512 16-bit features it sees
-    (a VM may hide some), and whether the 16-bit row functions run 512 bits wide there."""
+    (a VM may hide some), whether the 16-bit row functions run 512 bits wide there, and
+    whether bfloat16 is narrowed by vcvtneps2bf16 (halves.BFLOAT16_BY_INSTRUCTION)."""
     from numbanorm.cpu._kernels import halves
 
     features = halves._x86_features() or ()
     return {"llvm_cpu": halves._cpu_name(),
             "avx512": {f: f"+{f}" in features for f in ("avx512bw", "avx512fp16", "avx512bf16")},
-            "wide_16bit_rows": bool(halves.WIDE_HALVES)}
+            "wide_16bit_rows": bool(halves.WIDE_HALVES),
+            "bfloat16_by_instruction": bool(halves.BFLOAT16_BY_INSTRUCTION)}
 
 
 def machine_info(include_gpu=True):

@@ -55,38 +55,64 @@ def cpu_env(name):
 
 
 VECTOR = re.compile(r"%[xyz]mm\d+")
-# from the float32 result to the stored bits: the rounding, the NaN select, the packing
+# from the float32 result to the stored bits: the rounding, the NaN select, the packing (or
+# the instruction and its subnormal test)
 NARROWING = re.compile(r"^(vpsrld|vpaddd|vpandn?[dq]?|vpor[dq]?|vpternlogd|vcmpunordps|vblendvps|vpblendm[dw]|"
                        r"vpblendvb|vextract[fi](128|32x4|64x4)|vpackusdw|vpermq|vpmovdw|vpcmpeqd|vpsubd|"
-                       r"vcvtneps2bf16)$")
+                       r"vcvtneps2bf16|vfpclassps)$")
+
+
+def _loops(lines, where):
+    """The innermost loops around the instructions ``where`` picks: lists of instructions."""
+    loops = []
+    for at in (k for k, ln in enumerate(lines) if where(ln)):
+        top = at
+        while not re.match(r"^\.?LBB\S*:$", lines[top]):
+            top -= 1
+        label = lines[top][:-1]
+        end = next((k for k in range(at, len(lines)) if re.match(rf"^j\w+\s+{re.escape(label)}$", lines[k])),
+                   None)
+        if end is not None:
+            loops.append([ln for ln in lines[top + 1:end + 1] if ln and not ln.startswith((".", "#"))])
+    return loops
 
 
 def streamed_loop(asm):
     """The instructions of the innermost loop that stores 16-bit bits with streaming stores
-    (``vmovntdq``, put_streaming's; memory.stream_row copies a staged row with ``vmovntps``)."""
+    (``vmovntdq``, put_streaming's; memory.stream_row copies a staged row with ``vmovntps``).
+    Where bfloat16 is narrowed by its instruction, the row writer's loop stores float32 to a
+    chunk on the stack and put_bfloat16's loop narrows and streams it (halves): both then,
+    the writer's first."""
     lines = [ln.strip() for ln in asm.splitlines()]
-    loops = []
-    for store in (k for k, ln in enumerate(lines) if ln.startswith("vmovntdq")):
-        top = store
-        while not re.match(r"^\.?LBB\S*:$", lines[top]):
-            top -= 1
-        label = lines[top][:-1]
-        end = next((k for k in range(store, len(lines)) if re.match(rf"^j\w+\s+{re.escape(label)}$", lines[k])),
-                   None)
-        if end is not None:
-            loops.append([ln for ln in lines[top + 1:end + 1] if ln and not ln.startswith((".", "#"))])
-    return max(loops, key=len)  # one a row function; its longest, should LLVM split it
+    loop = max(_loops(lines, lambda ln: ln.startswith("vmovntdq")), key=len)  # the longest, should LLVM split it
+    if not any(ln.startswith("vcvtneps2bf16") for ln in loop):
+        return loop
+    # the writer: the loop that stores vectors at the stack offset the narrowing loop loads from
+    offset = next(m.group(1) for ln in loop for m in [re.match(r"^vmov\w+\s+(-?\d*)\(%rsp,", ln)] if m)
+    writers = _loops(lines, lambda ln: re.match(rf"^vmov\w+\s+%zmm\d+, {offset}\(%rsp,", ln) is not None)
+    return max(writers, key=len) + loop
+
+
+def _stored(loop):
+    """Elements a loop stores an iteration: 16-bit streamed, else float32 to the stack."""
+    bits = sum({"x": 16, "y": 32, "z": 64}[m.group(1)] // 2
+               for ln in loop for m in [re.match(r"^vmovnt\w+\s+%([xyz])mm", ln)] if m)
+    return bits or sum({"x": 4, "y": 8, "z": 16}[m.group(1)]
+                       for ln in loop for m in [re.match(r"^vmov\w+\s+%([xyz])mm\d+, \S*\(%rsp", ln)] if m)
 
 
 def count(loop):
-    """``{elements, vector, narrowing}`` per 16 elements of a streamed loop of bfloat16 stores."""
-    stored = sum({"x": 16, "y": 32, "z": 64}[m.group(1)] // 2
-                 for ln in loop for m in [re.match(r"^vmovnt\w+\s+%([xyz])mm", ln)] if m)
-    vec = [ln.split()[0] for ln in loop if VECTOR.search(ln)]
-    narrowing = [op for op in vec if NARROWING.match(op)]
-    per16 = 16 / stored
-    return {"elements_per_iteration": stored, "vector_per_16": round(len(vec) * per16, 1),
-            "narrowing_per_16": round(len(narrowing) * per16, 1), "loop": loop}
+    """``{elements, vector, narrowing}`` per 16 elements of a streamed loop of bfloat16 stores
+    (of streamed_loop's two, each per the elements it stores)."""
+    ends = [k + 1 for k, ln in enumerate(loop) if re.match(r"^j\w+\s", ln)]
+    parts = [loop[a:b] for a, b in zip([0] + ends[:-1], ends)] if len(ends) == 2 else [loop]
+    vector = narrowing = 0.0
+    for part in parts:
+        vec = [ln.split()[0] for ln in part if VECTOR.search(ln)]
+        vector += len(vec) * 16 / _stored(part)
+        narrowing += sum(1 for op in vec if NARROWING.match(op)) * 16 / _stored(part)
+    return {"elements_per_iteration": _stored(parts[-1]), "vector_per_16": round(vector, 1),
+            "narrowing_per_16": round(narrowing, 1), "loop": loop}
 
 
 def _rows_asm(mod):

@@ -106,10 +106,11 @@ def _info_cpu_target():
     on = {f[1:] for f in flat.split(",") if f.startswith("+")}
     known = INFO_ARM_FEATURES if {"neon", "fullfp16", "sve"} & on else INFO_X86_FEATURES
     where = "NUMBA_CPU_NAME/NUMBA_CPU_FEATURES" if config.CPU_NAME or config.CPU_FEATURES else "this host"
-    from .cpu._kernels.halves import WIDE_HALVES  # a VM may hide features its CPU has
+    from .cpu._kernels.halves import BFLOAT16_BY_INSTRUCTION, WIDE_HALVES  # a VM may hide features its CPU has
 
     return (f"{name} ({where}): " + ", ".join(f"{label} {'yes' if key in on else 'no'}" for label, key in known)
-            + f"; 16-bit rows 512 bits wide {'yes' if WIDE_HALVES else 'no'}")
+            + f"; 16-bit rows 512 bits wide {'yes' if WIDE_HALVES else 'no'}"
+            + f"; bfloat16 narrowed by {'vcvtneps2bf16' if BFLOAT16_BY_INSTRUCTION else 'integer code'}")
 
 
 def _info_streaming():

@@ -345,8 +345,12 @@ def test_info_reports_versions_threads_cache_cpu_and_gpu(capsys):
         host = ll.get_host_cpu_features()
         for label, key in (("F16C", "f16c"), ("AVX2", "avx2"), ("AVX-512", "avx512f")):
             assert f" {label} {'yes' if host[key] else 'no'}" in f["cpu target"]
-    from numbanorm.cpu._kernels.halves import WIDE_HALVES
-    assert f["cpu target"].endswith(f"; 16-bit rows 512 bits wide {'yes' if WIDE_HALVES else 'no'}")
+    from numbanorm.cpu._kernels.halves import BFLOAT16_BY_INSTRUCTION, WIDE_HALVES
+    assert f["cpu target"].endswith(f"; 16-bit rows 512 bits wide {'yes' if WIDE_HALVES else 'no'}; bfloat16 "
+                                    f"narrowed by {'vcvtneps2bf16' if BFLOAT16_BY_INSTRUCTION else 'integer code'}")
+    from numba.core import config
+    if platform.machine().lower() in ("x86_64", "amd64") and not (config.CPU_NAME or config.CPU_FEATURES):
+        assert BFLOAT16_BY_INSTRUCTION == host["avx512bf16"]  # the instruction wherever this CPU has it
     from numbanorm.cpu._kernels import memory
     assert f["streaming"].startswith(f"outputs of {memory.STREAM_MIN_BYTES / 2**20:.1f} MiB or more "
                                      f"({memory.STREAM_FRACTION} x the {memory.CACHE_BYTES / 2**20:.1f} MiB ")

@@ -20,6 +20,7 @@ import numbanorm as nn
 from conftest import ORACLE, unstreamed
 from numbanorm.cpu._kernels import background
 from numbanorm.cpu._kernels import halves as H
+from numbanorm.cpu._kernels import memory, spans
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -113,6 +114,7 @@ def test_widen_and_narrow_take_the_integer_code_without_f16c(tmp_path):
     code = """
 import numpy as np, numba
 from numbanorm.cpu._kernels import halves as H
+from numbanorm.cpu._kernels import memory, spans
 H.NATIVE_HALF = False
 
 @numba.njit
@@ -264,6 +266,86 @@ def test_bfloat16_narrowing_compiled_for_avx2_gives_ml_dtypes_bits():
     # per 8 lanes: the rounding (5 with the shared shift), the NaN select (3) and the pack to 16
     # bits (2), without the vpor that keeps a truncating store apart where there is none
     assert float(p.stdout.split()[2]) <= 20
+
+
+@njit
+def _scaled_rows(a, out):
+    """Every element of ``a`` (float32) times 1 into ``out``'s bits by the RMSNorm row writer,
+    as its row functions call it: plain stores before and after each row's whole lines,
+    streaming stores on them (memory.stream_span)."""
+    one = np.float32(1)
+    for i in range(a.shape[0]):
+        lo, hi = memory.stream_span(out, i)
+        spans.scale_span(a, i, one, None, out, i, 0, lo, False)
+        spans.scale_span(a, i, one, None, out, i, lo, hi, True)
+        spans.scale_span(a, i, one, None, out, i, hi, a.shape[1], False)
+    memory.store_fence()
+
+
+@pytest.mark.skipif(not H.BFLOAT16_BY_INSTRUCTION, reason="bfloat16 narrowed by integer code here (no AVX512-BF16)")
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "one-element-off"])
+def test_bfloat16_by_instruction_gives_ml_dtypes_bits(offset):
+    """The row writers' narrowing by vcvtneps2bf16 (halves.put_bfloat16), which flushes
+    subnormal inputs to 0, against ml_dtypes' cast: every bfloat16 value under 16 lower
+    halves (as the AVX2 test above), in rows of 4096 that start on a line or an element
+    after one (tails of fewer than 16 elements, and chunks of 256 across the streamed
+    lines), through plain and streaming stores.  Every chunk with a subnormal value is
+    narrowed again by the integer code (spans.put_chunk): without that, the subnormals
+    came out 0 here."""
+    lows = np.array([0x0000, 0x0001, 0x3FFF, 0x7FFF, 0x8000, 0x8001, 0xBFFF, 0xFFFF], np.uint32)
+    lows = np.concatenate([lows, np.random.default_rng(5).integers(0, 1 << 16, 8).astype(np.uint32)])
+    u = ((np.arange(1 << 16, dtype=np.uint32) << 16)[:, None] | lows[None, :]).ravel()
+    a = u.view(np.float32).reshape(-1, 4096)
+    with np.errstate(invalid="ignore"):
+        want = a.astype(BF16).view(np.int16)
+    buf = np.full(a.size + offset, 0x1234, np.int16)
+    got = buf[offset:].reshape(a.shape)
+    _scaled_rows(a, got)
+    g = got.view(np.uint16)
+    nan = np.isnan(a)
+    # a NaN: any NaN of the same sign (the product by 1 may quiet a signaling NaN's payload)
+    ok = np.where(nan, ((g & 0x7FFF) > 0x7F80) & ((g >> 15) == (u.reshape(a.shape) >> 31)), got == want)
+    assert ok.all(), [hex(v) for v in u.reshape(a.shape)[~ok][:5]]
+    assert (want[np.abs(a) < np.float32(2.0 ** -126)] != 0).any()  # subnormals were in there
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
+def test_bfloat16_subnormal_outputs_are_rounded_not_flushed(request, rng, norm, stream):
+    """Rows of alternating +-1 with eps 0 normalize to exactly +-1, so y is exactly +-weight:
+    a weight with subnormal float32 values scattered over some chunks of a row (none in
+    others) must come out as ml_dtypes narrows it, bits and all, plain and streamed, into
+    a fresh y, into an out= an element off a line, and into x itself (those two for the
+    unfused norms, which take out=).  Narrowed by
+    vcvtneps2bf16 (halves.put_bfloat16) without spans.put_chunk's second narrowing, every
+    subnormal came out 0."""
+    if stream:
+        request.getfixturevalue("stream_everything")
+    f = getattr(nn, norm)
+    for n in (16, 256, 2048):
+        x = np.where(np.arange(n) % 2 == 0, 1.0, -1.0).astype(BF16)[None, :].repeat(5, 0)
+        w = rng.uniform(0.5, 1.5, n).astype(np.float32)
+        tiny = rng.random(n) < 0.2
+        if n > 256:
+            tiny[n // 2:] = False  # whole chunks without any
+        w[tiny] = rng.uniform(2.0 ** -135, 2.0 ** -126, tiny.sum()).astype(np.float32)
+        want = (x.astype(np.float32) * w).astype(BF16).view(np.int16)
+        assert (want[:, tiny] != 0).all()
+        args = (n, w, None) if "layer" in norm else (n, w)
+        fused = norm.startswith("add_")
+
+        def call(x, **kw):
+            y = f(x, np.zeros_like(x), *args, eps=0.0, **kw) if fused else f(x, *args, eps=0.0, **kw)
+            return y[0] if fused else y
+
+        outs = {"fresh": call(x)}
+        if not fused:  # (the fused forwards take no out=)
+            buf = np.empty(x.size + 1, BF16)
+            outs["out= off a line"] = call(x, out=buf[1:].reshape(x.shape))
+            xc = x.copy()
+            outs["out=x"] = call(xc, out=xc)
+        for where, y in outs.items():
+            np.testing.assert_array_equal(y.view(np.int16), want, err_msg=f"{norm} n={n} {where}")
 
 
 # ---------------------------------------------------------------- kernels vs the oracle

@@ -17,8 +17,9 @@ Elsewhere LLVM would call a compiler-rt helper that Numba's JIT does not link
 (the process crashes), so there the same conversions are done with integer code
 (:func:`_half_to_f32_bits`, :func:`_f32_to_half_bits`).  bfloat16 is the top half
 of a float32: a 16-bit shift widens it, and narrowing rounds to nearest even in
-integer arithmetic.  Every narrowing rounds to nearest even, keeps a NaN a NaN and
-overflows to Inf, as IEEE does.
+integer arithmetic; the forward's row writers narrow it by vcvtneps2bf16 where the CPU
+has AVX512-BF16 (:func:`put_bfloat16`), to the same bits.  Every narrowing rounds to
+nearest even, keeps a NaN a NaN and overflows to Inf, as IEEE does.
 """
 
 import platform
@@ -240,6 +241,117 @@ def narrow(typingctx, v, like):
     if isinstance(dt, types.Float):
         return v(v, like), lambda context, builder, sig, args: args[0]
     return None
+
+
+# ---------------------------------------------------------------- bfloat16 by instruction
+#
+# On a CPU with AVX512-BF16, vcvtneps2bf16 narrows 16 float32 at once (nine instructions
+# of integer code otherwise).  LLVM emits it for a vector fptrunc to its `bfloat` type, but
+# its vectorizer's cost of that conversion sent some row loops to four-lane vectors or none, so
+# the row writers leave their float32 results in a chunk on the stack (stack_chunk) and
+# put_bfloat16 narrows it in a loop of its own.  The instruction flushes subnormal inputs to
+# zero, so it also says whether the chunk had one; the writer then narrows that chunk again
+# with `narrow` (spans.put_chunk), and every stored bit is the integer code's.
+
+
+class _BFloat(ir.types._BaseFloatType):
+    """LLVM's ``bfloat``, which llvmlite has no name for (it is only ever converted to)."""
+    null = "0.0"
+    intrinsic_name = "bf16"
+
+    def __str__(self):
+        return "bfloat"
+
+    def format_constant(self, value):
+        raise NotImplementedError("no bfloat constant is ever emitted")
+
+
+_BFloat._create_instance()
+_BF16 = _BFloat()
+
+# Whether bfloat16 rows are narrowed by vcvtneps2bf16 (x86 AVX512-BF16)
+BFLOAT16_BY_INSTRUCTION = "+avx512bf16" in (_x86_features() or ())
+CHUNK = 256  # float32 elements a row writer narrows at a time: 1 KiB of stack, in L1
+_LANES = 16  # float32 elements one vcvtneps2bf16 takes (512 bits)
+
+
+@intrinsic
+def by_instruction(typingctx, out):
+    """Whether elements of ``out`` are narrowed by :func:`put_bfloat16` (a constant)."""
+    yes = BFLOAT16_BY_INSTRUCTION and getattr(out, "dtype", None) == types.int16
+    return types.boolean(out), lambda context, builder, sig, args: ir.Constant(ir.IntType(1), int(yes))
+
+
+@intrinsic
+def stack_chunk(typingctx):
+    """A (CHUNK,) float32 array on the calling function's stack: no allocation, no reference
+    count (its entry block holds it, so a loop that asks again gets the same memory)."""
+    arrty = types.Array(types.float32, 1, "C")
+
+    def codegen(context, builder, signature, args):
+        from numba.core import cgutils
+        from numba.np.arrayobj import make_array, populate_array
+
+        buf = cgutils.alloca_once(builder, ir.ArrayType(_FLOAT, CHUNK))
+        buf.align = 64
+        ary = make_array(arrty)(context, builder)
+        size = context.get_constant(types.intp, 4)
+        populate_array(ary, data=builder.bitcast(buf, _FLOAT.as_pointer()),
+                       shape=[context.get_constant(types.intp, CHUNK)], strides=[size], itemsize=size, meminfo=None)
+        return ary._getvalue()
+
+    return arrty(), codegen
+
+
+@intrinsic
+def put_bfloat16(typingctx, out, o, lo, tmp, n, nt):
+    """``out[o, lo:lo + n] = tmp[:n]`` narrowed to bfloat16 by vcvtneps2bf16, ``n`` a
+    multiple of 16, with streaming stores where ``nt`` (``lo`` then on a 32-byte boundary);
+    returns whether any of them was subnormal (the instruction made it 0).  Where
+    ``by_instruction(out)`` is False, it emits nothing and returns False."""
+    if not (isinstance(out, types.Array) and isinstance(tmp, types.Array)):
+        return None
+    sig = types.boolean(out, o, lo, tmp, n, nt)
+
+    def codegen(context, builder, signature, args):
+        from numba.core import cgutils
+
+        bit = ir.IntType(1)
+        if not (BFLOAT16_BY_INSTRUCTION and out.dtype == types.int16 and tmp.dtype == types.float32):
+            return bit(0)
+        intp = context.get_value_type(types.intp)
+        o_, lo_, n_ = (context.cast(builder, args[k], signature.args[k], types.intp) for k in (1, 2, 4))
+        dst = context.make_array(out)(context, builder, args[0])
+        src = context.make_array(tmp)(context, builder, args[3])
+        floats, halves = ir.VectorType(_FLOAT, _LANES), ir.VectorType(_I16, _LANES)
+        classes = ir.VectorType(bit, _LANES)
+        # the instruction's own test (vfpclassps), one instruction: llvm.is.fpclass took three
+        is_class = cgutils.get_or_insert_function(builder.module, ir.FunctionType(classes, [floats, _I32]),
+                                                  "llvm.x86.avx512.fpclass.ps.512")
+        # a zero LLVM cannot prove zero keeps the streamed store one of integers: a store of
+        # bfloat vectors it emits with no streaming form (as memory.put_streaming's halves)
+        rows = cgutils.unpack_tuple(builder, dst.shape)[0]
+        zero = builder.trunc(builder.lshr(rows, ir.Constant(rows.type, 62)), _I16)
+        opaque = cgutils.get_null_value(halves)
+        for lane in range(_LANES):
+            opaque = builder.insert_element(opaque, zero, _I32(lane))
+        seen = cgutils.alloca_once_value(builder, ir.IntType(_LANES)(0))
+        nontemporal = builder.module.add_metadata([_I32(1)])
+        with cgutils.for_range_slice(builder, intp(0), n_, intp(_LANES), intp) as (k, _):
+            v = builder.load(builder.bitcast(builder.gep(src.data, [k]), floats.as_pointer()), align=4)
+            bits = builder.bitcast(builder.fptrunc(v, ir.VectorType(_BF16, _LANES)), halves)
+            ptr = builder.bitcast(cgutils.get_item_pointer(context, builder, out, dst, [o_, builder.add(lo_, k)]),
+                                  halves.as_pointer())
+            with builder.if_else(context.cast(builder, args[5], signature.args[5], types.boolean)) as (streamed, plain):
+                with streamed:
+                    builder.store(builder.or_(bits, opaque), ptr, align=32).set_metadata("nontemporal", nontemporal)
+                with plain:
+                    builder.store(bits, ptr, align=2)
+            flushed = builder.bitcast(builder.call(is_class, [v, _I32(0x20)]), ir.IntType(_LANES))  # 0x20: subnormal
+            builder.store(builder.or_(builder.load(seen), flushed), seen)
+        return builder.icmp_unsigned("!=", builder.load(seen), ir.IntType(_LANES)(0))
+
+    return sig, codegen
 
 
 @intrinsic
