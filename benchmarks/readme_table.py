@@ -356,6 +356,8 @@ def _run_line(kind, run, source, newest):
     t = m.get("cpu_target")
     target = (f"LLVM's {t['llvm_cpu']}, 16-bit rows {'512' if t['wide_16bit_rows'] else '256'} bits wide"
               if t else "CPU target not recorded")
+    if t and t.get("bfloat16_by_instruction"):  # (older runs did not record it)
+        target += ", bfloat16 narrowed by vcvtneps2bf16"
     commit = _commit(meta)
     n = {s: sum(e["status"] == s for e in targets.evaluate(run)) for s in ("PASS", "FAIL", "MISSING")}
     line = (f"- *{kind}*: {m['cpu']} ({m['cores']} cores; {target}), {meta['threads']} threads, measured "

@@ -1229,6 +1229,33 @@ def test_the_narrowing_probe_counts_the_streamed_loop_per_16_elements():
     c = narrowing.count(loop)
     assert c["elements_per_iteration"] == 8  # one 16-byte store of 16-bit bits
     assert c["vector_per_16"] == 14 and c["narrowing_per_16"] == 10
+    # narrowed by the instruction: the writer's loop into the stack chunk, then put_bfloat16's
+    asm = """
+.LBB0_48:
+\tvpmovzxwd\t(%r11,%r15,2), %zmm4
+\tvpslld\t$16, %zmm4, %zmm4
+\tvmulps\t%zmm4, %zmm3, %zmm4
+\tvmovaps\t%zmm4, 896(%rsp,%r15,4)
+\taddq\t$16, %r15
+\tjne\t.LBB0_48
+.LBB0_50:
+\tvmovaps\t%zmm5, 64(%rsp,%r15,4)
+\tjne\t.LBB0_50
+.LBB0_57:
+\tvmovaps\t896(%rsp,%r9,4), %zmm4
+\tvcvtneps2bf16\t%zmm4, %ymm5
+\tvfpclassps\t$32, %zmm4, %k0
+\tkmovd\t%k0, %esi
+\tvpor\t%ymm5, %ymm14, %ymm5
+\tvmovntdq\t%ymm5, (%r14,%r9,2)
+\taddq\t$16, %r9
+\tjb\t.LBB0_57
+"""
+    loop = narrowing.streamed_loop(asm)
+    assert loop[0].startswith("vpmovzxwd") and loop[-1] == "jb\t.LBB0_57"  # the writer (896), not the other
+    c = narrowing.count(loop)
+    assert c["elements_per_iteration"] == 16
+    assert c["vector_per_16"] == 4 + 5 and c["narrowing_per_16"] == 3
     assert narrowing.cpu_env("host") == {}
     env = narrowing.cpu_env("znver3")
     assert env["NUMBA_CPU_NAME"] == "znver3"

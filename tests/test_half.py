@@ -290,7 +290,7 @@ def test_bfloat16_by_instruction_gives_ml_dtypes_bits(offset):
     halves (as the AVX2 test above), in rows of 4096 that start on a line or an element
     after one (tails of fewer than 16 elements, and chunks of 256 across the streamed
     lines), through plain and streaming stores.  Every chunk with a subnormal value is
-    narrowed again by the integer code (spans.put_chunk): without that, the subnormals
+    narrowed again by the integer code (in put_bfloat16): without that, the subnormals
     came out 0 here."""
     lows = np.array([0x0000, 0x0001, 0x3FFF, 0x7FFF, 0x8000, 0x8001, 0xBFFF, 0xFFFF], np.uint32)
     lows = np.concatenate([lows, np.random.default_rng(5).integers(0, 1 << 16, 8).astype(np.uint32)])
@@ -317,7 +317,7 @@ def test_bfloat16_subnormal_outputs_are_rounded_not_flushed(request, rng, norm, 
     others) must come out as ml_dtypes narrows it, bits and all, plain and streamed, into
     a fresh y, into an out= an element off a line, and into x itself (those two for the
     unfused norms, which take out=).  Narrowed by
-    vcvtneps2bf16 (halves.put_bfloat16) without spans.put_chunk's second narrowing, every
+    vcvtneps2bf16 (halves.put_bfloat16) without its second narrowing, every
     subnormal came out 0."""
     if stream:
         request.getfixturevalue("stream_everything")

@@ -250,8 +250,8 @@ def narrow(typingctx, v, like):
 # its vectorizer's cost of that conversion sent some row loops to four-lane vectors or none, so
 # the row writers leave their float32 results in a chunk on the stack (stack_chunk) and
 # put_bfloat16 narrows it in a loop of its own.  The instruction flushes subnormal inputs to
-# zero, so it also says whether the chunk had one; the writer then narrows that chunk again
-# with `narrow` (spans.put_chunk), and every stored bit is the integer code's.
+# zero, so a chunk that had one is narrowed again by the integer code: every stored bit is
+# the integer code's.
 
 
 class _BFloat(ir.types._BaseFloatType):
@@ -269,8 +269,9 @@ class _BFloat(ir.types._BaseFloatType):
 _BFloat._create_instance()
 _BF16 = _BFloat()
 
-# Whether bfloat16 rows are narrowed by vcvtneps2bf16 (x86 AVX512-BF16)
-BFLOAT16_BY_INSTRUCTION = "+avx512bf16" in (_x86_features() or ())
+# Whether bfloat16 rows are narrowed by vcvtneps2bf16 (x86 AVX512-BF16; vfpclassps, its
+# subnormal test, is AVX512-DQ's, which every CPU with the first has, unless a VM hides it)
+BFLOAT16_BY_INSTRUCTION = {"+avx512bf16", "+avx512dq"} <= set(_x86_features() or ())
 CHUNK = 256  # float32 elements a row writer narrows at a time: 1 KiB of stack, in L1
 _LANES = 16  # float32 elements one vcvtneps2bf16 takes (512 bits)
 
@@ -305,29 +306,32 @@ def stack_chunk(typingctx):
 
 @intrinsic
 def put_bfloat16(typingctx, out, o, lo, tmp, n, nt):
-    """``out[o, lo:lo + n] = tmp[:n]`` narrowed to bfloat16 by vcvtneps2bf16, ``n`` a
-    multiple of 16, with streaming stores where ``nt`` (``lo`` then on a 32-byte boundary);
-    returns whether any of them was subnormal (the instruction made it 0).  Where
-    ``by_instruction(out)`` is False, it emits nothing and returns False."""
+    """``out[o, lo:lo + n] = tmp[:n]`` narrowed to bfloat16: 16 at a time by vcvtneps2bf16,
+    with streaming stores where ``nt`` (``lo`` then on a 32-byte boundary), the rest, and
+    all of them again if any was subnormal (which the instruction makes 0), by the integer
+    code, after a fence where streamed (streaming stores are not ordered with later ones).
+    Where ``by_instruction(out)`` is False it emits nothing: a row writer's other branch
+    stores its elements.  All of it emitted here, none typed by Numba: an inlined loop of
+    the same in every row writer made every first call's compile a third longer."""
     if not (isinstance(out, types.Array) and isinstance(tmp, types.Array)):
         return None
-    sig = types.boolean(out, o, lo, tmp, n, nt)
+    sig = types.void(out, o, lo, tmp, n, nt)
 
     def codegen(context, builder, signature, args):
         from numba.core import cgutils
 
-        bit = ir.IntType(1)
         if not (BFLOAT16_BY_INSTRUCTION and out.dtype == types.int16 and tmp.dtype == types.float32):
-            return bit(0)
-        intp = context.get_value_type(types.intp)
+            return context.get_dummy_value()
+        bit, intp = ir.IntType(1), context.get_value_type(types.intp)
         o_, lo_, n_ = (context.cast(builder, args[k], signature.args[k], types.intp) for k in (1, 2, 4))
+        streamed = context.cast(builder, args[5], signature.args[5], types.boolean)
         dst = context.make_array(out)(context, builder, args[0])
         src = context.make_array(tmp)(context, builder, args[3])
         floats, halves = ir.VectorType(_FLOAT, _LANES), ir.VectorType(_I16, _LANES)
-        classes = ir.VectorType(bit, _LANES)
         # the instruction's own test (vfpclassps), one instruction: llvm.is.fpclass took three
-        is_class = cgutils.get_or_insert_function(builder.module, ir.FunctionType(classes, [floats, _I32]),
-                                                  "llvm.x86.avx512.fpclass.ps.512")
+        is_class = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VectorType(bit, _LANES), [floats, _I32]),
+            "llvm.x86.avx512.fpclass.ps.512")
         # a zero LLVM cannot prove zero keeps the streamed store one of integers: a store of
         # bfloat vectors it emits with no streaming form (as memory.put_streaming's halves)
         rows = cgutils.unpack_tuple(builder, dst.shape)[0]
@@ -335,21 +339,34 @@ def put_bfloat16(typingctx, out, o, lo, tmp, n, nt):
         opaque = cgutils.get_null_value(halves)
         for lane in range(_LANES):
             opaque = builder.insert_element(opaque, zero, _I32(lane))
-        seen = cgutils.alloca_once_value(builder, ir.IntType(_LANES)(0))
         nontemporal = builder.module.add_metadata([_I32(1)])
-        with cgutils.for_range_slice(builder, intp(0), n_, intp(_LANES), intp) as (k, _):
+
+        def at(k):  # &out[o, lo + k]
+            return cgutils.get_item_pointer(context, builder, out, dst, [o_, builder.add(lo_, k)])
+
+        def exact(start, stop):  # the integer code, element by element
+            with cgutils.for_range_slice(builder, start, stop, intp(1), intp) as (k, _):
+                builder.store(_f32_to_bf16(builder, builder.load(builder.gep(src.data, [k]))), at(k))
+
+        whole = builder.mul(builder.sdiv(n_, intp(_LANES)), intp(_LANES))
+        seen = cgutils.alloca_once_value(builder, ir.IntType(_LANES)(0))
+        with cgutils.for_range_slice(builder, intp(0), whole, intp(_LANES), intp) as (k, _):
             v = builder.load(builder.bitcast(builder.gep(src.data, [k]), floats.as_pointer()), align=4)
             bits = builder.bitcast(builder.fptrunc(v, ir.VectorType(_BF16, _LANES)), halves)
-            ptr = builder.bitcast(cgutils.get_item_pointer(context, builder, out, dst, [o_, builder.add(lo_, k)]),
-                                  halves.as_pointer())
-            with builder.if_else(context.cast(builder, args[5], signature.args[5], types.boolean)) as (streamed, plain):
-                with streamed:
+            ptr = builder.bitcast(at(k), halves.as_pointer())
+            with builder.if_else(streamed) as (then, otherwise):
+                with then:
                     builder.store(builder.or_(bits, opaque), ptr, align=32).set_metadata("nontemporal", nontemporal)
-                with plain:
+                with otherwise:
                     builder.store(bits, ptr, align=2)
             flushed = builder.bitcast(builder.call(is_class, [v, _I32(0x20)]), ir.IntType(_LANES))  # 0x20: subnormal
             builder.store(builder.or_(builder.load(seen), flushed), seen)
-        return builder.icmp_unsigned("!=", builder.load(seen), ir.IntType(_LANES)(0))
+        # one loop for the tail and, after a subnormal, the whole chunk again
+        again = builder.icmp_unsigned("!=", builder.load(seen), ir.IntType(_LANES)(0))
+        with builder.if_then(builder.and_(again, streamed), likely=False):
+            builder.fence("seq_cst")
+        exact(builder.select(again, intp(0), whole), n_)
+        return context.get_dummy_value()
 
     return sig, codegen
 

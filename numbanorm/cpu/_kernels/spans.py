@@ -7,8 +7,9 @@ and ``grouping``, the order in which the norms' row functions write their rows.
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .halves import CHUNK, by_instruction, narrow, put_bfloat16, stack_chunk, widen
-from .memory import _itemsize, put_streaming, store_fence
+from .common import least
+from .halves import BFLOAT16_BY_INSTRUCTION, CHUNK, by_instruction, narrow, put_bfloat16, stack_chunk, widen
+from .memory import _itemsize, put_streaming
 
 # A forward row function whose rows of x, y, weight and bias take more than GROUP_FROM_BYTES
 # (the L1 data cache of Zen 5 and Emerald Rapids) takes the statistics of GROUP_ROWS rows,
@@ -52,43 +53,6 @@ def normalize_span(
 ):
     """Write elements ``lo:hi`` of row ``i``, normalized, into ``out[o]``.
 
-    Inlined, with rows as (array, index) rather than views, for the reason of
-    memory.stream_row.  A streamed and a plain span compute the same operations, so
-    an element's bits do not depend on which took it.  bfloat16 narrowed by its
-    instruction goes through a float32 chunk (halves, "bfloat16 by instruction").
-    """
-    m = mu + corr
-    if by_instruction(out):  # (a constant: one of the two branches is compiled)
-        tmp = stack_chunk()
-        for c in range(lo, hi, CHUNK):
-            n = min(CHUNK, hi - c)
-            for k in range(n):
-                tmp[k] = normalized(x, i, np.uint64(c + k), mu, corr, m, r, w, b)
-            put_chunk(out, o, c, tmp, n, nt)
-    else:
-        for k in range(hi - lo):
-            j = np.uint64(lo + k)  # unsigned: no wraparound select, which made every load a gather
-            v = normalized(x, i, j, mu, corr, m, r, w, b)
-            if nt:
-                put_streaming(out, o, j, narrow(v, out))
-            else:
-                out[o, j] = narrow(v, out)
-
-
-@njit(cache=True, fastmath={"contract"}, nogil=True, inline="always")
-def normalized(
-    x,      # (M, N) input rows
-    i,      # scalar: the row
-    j,      # scalar: the element, unsigned
-    mu,     # scalar: row i's first-pass mean
-    corr,   # scalar: the mean's correction
-    m,      # scalar: mu + corr
-    r,      # scalar: row i's rstd
-    w,      # (N,) weight or None
-    b,      # (N,) bias or None
-):
-    """Element ``j`` of row ``i`` normalized, in the accumulation dtype.
-
     ``((x - mu) - corr) * r`` must stay in that order: folded into
     ``x - (mu + corr)``, the correction would round onto the float32 grid near
     the mean and be lost (no 'reassoc' here; with it alone LLVM did not fold it
@@ -96,17 +60,46 @@ def normalized(
     if a compiler ever does.  16-bit rows are folded on purpose: the rounding of
     ``mu + corr`` is 2^-24 of the mean, far under a 16-bit output's half ulp, and one
     subtraction fewer an element is what an AVX2 loop's narrowing needs (book, the
-    performance log).
+    performance log).  Inlined, with rows as (array, index) rather than views,
+    for the reason of memory.stream_row.  A streamed and a plain span compute
+    the same operations, so an element's bits do not depend on which took it.
+
+    bfloat16 narrowed by its instruction is computed into a float32 chunk on the stack
+    that halves.put_bfloat16 narrows and stores (halves, "bfloat16 by instruction"), in
+    a branch of its own: one loop for both slowed every short row in cache, and an
+    inlined helper for the arithmetic they share lengthened every first call's compile
+    (the performance design log).
     """
-    if _itemsize(x) == 2:  # (a constant: one of the two lines is compiled)
-        v = (widen(x[i, j]) - m) * r
+    m = mu + corr
+    # (both constants; the first, a global, spares the other branch's compile where False)
+    if BFLOAT16_BY_INSTRUCTION and by_instruction(out):
+        tmp = stack_chunk()
+        for c in range(lo, hi, CHUNK):
+            n = least(CHUNK, hi - c)
+            for k in range(n):
+                j = np.uint64(c + k)
+                v = (widen(x[i, j]) - m) * r  # (16-bit: the mean folded, as below)
+                if w is not None:
+                    v = v * widen(w[j])
+                if b is not None:
+                    v = v + widen(b[j])
+                tmp[k] = v
+            put_bfloat16(out, o, c, tmp, n, nt)
     else:
-        v = ((widen(x[i, j]) - mu) - corr) * r
-    if w is not None:
-        v = v * widen(w[j])  # 16-bit weights of a small call are widened here (cpu._backend.Plans)
-    if b is not None:
-        v = v + widen(b[j])
-    return v
+        for k in range(hi - lo):
+            j = np.uint64(lo + k)  # unsigned: no wraparound select, which made every load a gather
+            if _itemsize(x) == 2:  # (a constant: one of the two lines is compiled)
+                v = (widen(x[i, j]) - m) * r
+            else:
+                v = ((widen(x[i, j]) - mu) - corr) * r
+            if w is not None:
+                v = v * widen(w[j])  # 16-bit weights of a small call are widened here (cpu._backend.Plans)
+            if b is not None:
+                v = v + widen(b[j])
+            if nt:
+                put_streaming(out, o, j, narrow(v, out))
+            else:
+                out[o, j] = narrow(v, out)
 
 
 @njit(cache=True, fastmath={"contract"}, nogil=True, inline="always")
@@ -122,54 +115,24 @@ def scale_span(
     nt,     # constant bool: streaming stores (as normalize_span)
 ):
     """Write elements ``lo:hi`` of row ``i`` times ``r * w`` into ``out[o]`` (as normalize_span)."""
-    if by_instruction(out):
+    if BFLOAT16_BY_INSTRUCTION and by_instruction(out):  # (as normalize_span)
         tmp = stack_chunk()
         for c in range(lo, hi, CHUNK):
-            n = min(CHUNK, hi - c)
+            n = least(CHUNK, hi - c)
             for k in range(n):
-                tmp[k] = scaled(x, i, np.uint64(c + k), r, w)
-            put_chunk(out, o, c, tmp, n, nt)
+                j = np.uint64(c + k)
+                v = widen(x[i, j]) * r
+                if w is not None:
+                    v = v * widen(w[j])
+                tmp[k] = v
+            put_bfloat16(out, o, c, tmp, n, nt)
     else:
         for k in range(hi - lo):
             j = np.uint64(lo + k)  # unsigned, as in normalize_span
-            v = scaled(x, i, j, r, w)
+            v = widen(x[i, j]) * r
+            if w is not None:
+                v = v * widen(w[j])  # 16-bit weights of a small call too (cpu._backend.Plans)
             if nt:
                 put_streaming(out, o, j, narrow(v, out))
             else:
                 out[o, j] = narrow(v, out)
-
-
-@njit(cache=True, fastmath={"contract"}, nogil=True, inline="always")
-def scaled(
-    x,      # (M, N) input rows
-    i,      # scalar: the row
-    j,      # scalar: the element, unsigned
-    r,      # scalar: row i's rstd
-    w,      # (N,) weight or None
-):
-    """Element ``j`` of row ``i`` times ``r * w``, in the accumulation dtype."""
-    v = widen(x[i, j]) * r
-    if w is not None:
-        v = v * widen(w[j])  # 16-bit weights of a small call too (cpu._backend.Plans)
-    return v
-
-
-@njit(cache=True, nogil=True, inline="always")
-def put_chunk(
-    out,    # (K, N) bfloat16 bits
-    o,      # scalar: the row of `out`
-    c,      # scalar: first element of the chunk
-    tmp,    # (CHUNK,) float32 values (halves.stack_chunk)
-    n,      # scalar: how many
-    nt,     # constant bool: streaming stores (c on a line: memory.stream_span)
-):
-    """``out[o, c:c + n] = tmp[:n]`` narrowed: by the instruction 16 at a time, the rest
-    and any chunk with a subnormal value (which the instruction flushes) by ``narrow``."""
-    whole = n // 16 * 16
-    if put_bfloat16(out, o, c, tmp, whole, nt):
-        if nt:
-            store_fence()  # the streamed stores first: they are not ordered with later ones
-        for k in range(whole):
-            out[o, c + k] = narrow(tmp[k], out)
-    for k in range(whole, n):
-        out[o, c + k] = narrow(tmp[k], out)
