@@ -269,9 +269,18 @@ class _BFloat(ir.types._BaseFloatType):
 _BFloat._create_instance()
 _BF16 = _BFloat()
 
-# Whether bfloat16 rows are narrowed by vcvtneps2bf16 (x86 AVX512-BF16; vfpclassps, its
-# subnormal test, is AVX512-DQ's, which every CPU with the first has, unless a VM hides it)
-BFLOAT16_BY_INSTRUCTION = {"+avx512bf16", "+avx512dq"} <= set(_x86_features() or ())
+
+def _llvm_major():
+    from llvmlite import binding
+    return binding.llvm_version_info[0]
+
+
+# Whether bfloat16 rows are narrowed by vcvtneps2bf16: on x86 with AVX512-BF16 (vfpclassps,
+# its subnormal test, is AVX512-DQ's, which every such CPU has unless a VM hides it), with
+# the LLVM it was written and tested on (22: Numba 0.68; an older X86 backend may have no
+# pattern for the conversion, and a missing one aborts the process)
+BFLOAT16_BY_INSTRUCTION = ({"+avx512bf16", "+avx512dq"} <= set(_x86_features() or ())
+                           and _llvm_major() >= 22)
 CHUNK = 256  # float32 elements a row writer narrows at a time: 1 KiB of stack, in L1
 _LANES = 16  # float32 elements one vcvtneps2bf16 takes (512 bits)
 
@@ -312,7 +321,7 @@ def put_bfloat16(typingctx, out, o, lo, tmp, n, nt):
     code, after a fence where streamed (streaming stores are not ordered with later ones).
     Where ``by_instruction(out)`` is False it emits nothing: a row writer's other branch
     stores its elements.  All of it emitted here, none typed by Numba: an inlined loop of
-    the same in every row writer made every first call's compile a third longer."""
+    the same in every row writer lengthened every first call's compile (the performance log)."""
     if not (isinstance(out, types.Array) and isinstance(tmp, types.Array)):
         return None
     sig = types.void(out, o, lo, tmp, n, nt)
