@@ -247,7 +247,7 @@ def narrow(typingctx, v, like):
 #
 # On a CPU with AVX512-BF16, vcvtneps2bf16 narrows 16 float32 at once (nine instructions
 # of integer code otherwise).  LLVM emits it for a vector fptrunc to its `bfloat` type, but
-# its vectorizer's cost of that conversion sent some row loops to four-lane vectors or none, so
+# its vectorizer's cost of that conversion sent some row loops to four-lane vectors, so
 # the row writers leave their float32 results in a chunk on the stack (stack_chunk) and
 # put_bfloat16 narrows it in a loop of its own.  The instruction flushes subnormal inputs to
 # zero, so a chunk that had one is narrowed again by the integer code: every stored bit is
