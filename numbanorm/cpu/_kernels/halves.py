@@ -285,10 +285,15 @@ CHUNK = 256  # float32 elements a row writer narrows at a time: 1 KiB of stack, 
 _LANES = 16  # float32 elements one vcvtneps2bf16 takes (512 bits)
 
 
+def _by_instruction(out):
+    """Whether the elements of an array of Numba type ``out`` are narrowed by put_bfloat16."""
+    return BFLOAT16_BY_INSTRUCTION and getattr(out, "dtype", None) == types.int16
+
+
 @intrinsic
 def by_instruction(typingctx, out):
     """Whether elements of ``out`` are narrowed by :func:`put_bfloat16` (a constant)."""
-    yes = BFLOAT16_BY_INSTRUCTION and getattr(out, "dtype", None) == types.int16
+    yes = _by_instruction(out)
     return types.boolean(out), lambda context, builder, sig, args: ir.Constant(ir.IntType(1), int(yes))
 
 
@@ -329,7 +334,9 @@ def put_bfloat16(typingctx, out, o, lo, tmp, n, nt):
     def codegen(context, builder, signature, args):
         from numba.core import cgutils
 
-        if not (BFLOAT16_BY_INSTRUCTION and out.dtype == types.int16 and tmp.dtype == types.float32):
+        from .memory import _opaque_zero  # (memory imports this module: not at import)
+
+        if not (_by_instruction(out) and tmp.dtype == types.float32):
             return context.get_dummy_value()
         bit, intp = ir.IntType(1), context.get_value_type(types.intp)
         o_, lo_, n_ = (context.cast(builder, args[k], signature.args[k], types.intp) for k in (1, 2, 4))
@@ -343,8 +350,7 @@ def put_bfloat16(typingctx, out, o, lo, tmp, n, nt):
             "llvm.x86.avx512.fpclass.ps.512")
         # a zero LLVM cannot prove zero keeps the streamed store one of integers: a store of
         # bfloat vectors it emits with no streaming form (as memory.put_streaming's halves)
-        rows = cgutils.unpack_tuple(builder, dst.shape)[0]
-        zero = builder.trunc(builder.lshr(rows, ir.Constant(rows.type, 62)), _I16)
+        zero = _opaque_zero(builder, dst, _I16)
         opaque = cgutils.get_null_value(halves)
         for lane in range(_LANES):
             opaque = builder.insert_element(opaque, zero, _I32(lane))
