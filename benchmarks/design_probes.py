@@ -27,7 +27,8 @@ kernels called with different arguments.
   kernels (which computes on one thread) over the same forward in the parent.
 - row_costs: LayerNorm and RMSNorm forward into a large mapped ``out=`` (float16,
   bfloat16, float32) over the faster copy floor, beside the same rows' arithmetic alone
-  (the row function on rows in cache, one thread) over the same floor: chapter 9's bound.
+  (the row function on rows in cache, one thread) over the same floor: chapter 9's bound;
+  row_costs_spread runs it in fresh processes (the threaded copy's pace is drawn once a process).
 - vector_width: the row functions of LayerNorm and RMSNorm, forward and backward,
   compiled twice from their own source, 512 bits wide (``common.wide_vectors``) and as
   LLVM chooses (256 bits on Intel's AVX-512 CPUs), on rows in cache, one thread.
@@ -318,7 +319,8 @@ def row_costs(rounds, rows=16384, n=4096, cached=32):
     """A forward into a large mapped out= against the faster copy floor, and against the
     same rows' arithmetic alone: the row function over ``cached`` rows that stay in
     cache, called until it has done ``rows`` rows, its time over the threads.  Where
-    that bound alone exceeds a target, no memory schedule can meet it on this CPU."""
+    that bound alone exceeds a target, no memory schedule can meet it on this CPU.
+    Weight and bias in x's dtype, as the targets' inputs (``measure``)."""
     threads = numba.get_num_threads()
     rng = np.random.default_rng(4)
     cases = []
@@ -328,8 +330,9 @@ def row_costs(rounds, rows=16384, n=4096, cached=32):
         except ValueError:  # bfloat16 without ml_dtypes
             continue
         x = (rng.standard_normal((rows, n), dtype=np.float32) + 0.5).astype(dt)
-        w = rng.uniform(0.5, 1.5, n).astype(np.float32)
-        b = (0.1 * rng.standard_normal(n)).astype(np.float32)
+        w = rng.uniform(0.5, 1.5, n).astype(dt)
+        b = (0.1 * rng.standard_normal(n)).astype(dt)
+        wk, bk = common.weights(x, np.float32, w, b)  # as the launchers pass them to the row function
         y, floor = np.full_like(x, 1.0), np.full_like(x, 1.0)  # mapped: every page touched
         mean, rstd = np.empty(rows, np.float32), np.empty(rows, np.float32)
         xv, yv = kernel_view(x[:cached]), kernel_view(y[:cached])
@@ -339,10 +342,10 @@ def row_costs(rounds, rows=16384, n=4096, cached=32):
             # a launch's arguments: the block size, then forward_rows's own
             if module is ln:
                 out = lambda: ln.forward(x, w, b, 1e-5, y, mean, rstd)  # noqa: E731
-                cache_args = (cached, xv, w, b, eps, yv, mean[:cached], rstd[:cached], False)
+                cache_args = (cached, xv, wk, bk, eps, yv, mean[:cached], rstd[:cached], False)
             else:
                 out = lambda: rms.forward(x, w, 1e-5, y, rstd)  # noqa: E731
-                cache_args = (cached, xv, w, eps, yv, rstd[:cached], False)
+                cache_args = (cached, xv, wk, eps, yv, rstd[:cached], False)
 
             def arithmetic():
                 for _ in range(rows // cached):
@@ -353,7 +356,7 @@ def row_costs(rounds, rows=16384, n=4096, cached=32):
                               "out": out, "arithmetic": arithmetic}, rounds)
             faster = np.minimum(t["copy"], t["copy_threads"])
             cases.append({
-                "norm": norm, "dtype": dtype, "shape": [rows, n], "threads": threads,
+                "norm": norm, "dtype": dtype, "shape": [rows, n], "threads": threads, "weights": dtype,
                 # the targets' measure: the streamed forward over the faster copy floor
                 "out_over_faster_floor": round(float(np.median(t["out"] / faster)), 3),
                 # its lower bound: the arithmetic alone, spread over the threads
@@ -369,6 +372,16 @@ def row_costs(rounds, rows=16384, n=4096, cached=32):
             })
         del x, y, floor
     return cases
+
+
+def row_costs_spread(processes, rounds):
+    """:func:`row_costs` in ``processes`` fresh processes, on this one's thread count: on a
+    shared VM the threaded copy's pace is drawn once a process, and with it whether a
+    forward's arithmetic alone is under the faster floor (``processes``: each process's cases)."""
+    code = ("import sys, json, numba; from benchmarks import design_probes as p; "
+            f"numba.set_num_threads({numba.get_num_threads()}); "
+            f"json.dump(p.row_costs({rounds}), open(sys.argv[1], 'w'))")
+    return {"processes": [in_child(code) for _ in range(processes)], "rounds": rounds}
 
 
 def vector_width(rounds, n=4096, cached=32, dtypes=("float16", "bfloat16", "float32")):
@@ -718,6 +731,7 @@ PROBES = {
     "widen": lambda q: widen(15 // q, 200),
     "threading": lambda q: threading(15 // q, 200),
     "row_costs": lambda q: row_costs(15 // q),
+    "row_costs_spread": lambda q: row_costs_spread(8 // q, 15 // q),
     "vector_width": lambda q: vector_width(31 // q),
     "torch_small_calls": lambda q: torch_small_calls(15 // q, 100),
     "in_cache_spread": lambda q: in_cache_spread(24 // q, 25 // q),
