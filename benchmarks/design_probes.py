@@ -28,7 +28,8 @@ kernels called with different arguments.
 - row_costs: LayerNorm and RMSNorm forward into a large mapped ``out=`` (float16,
   bfloat16, float32) over the faster copy floor, beside the same rows' arithmetic alone
   (the row function on rows in cache, one thread) over the same floor: chapter 9's bound;
-  row_costs_spread runs it in fresh processes (the threaded copy's pace is drawn once a process).
+  row_costs_spread runs it in fresh processes (the threaded copy's pace moves between them),
+  with ``--baseline DIR`` alternated with processes of another checkout's numbanorm.
 - vector_width: the row functions of LayerNorm and RMSNorm, forward and backward,
   compiled twice from their own source, 512 bits wide (``common.wide_vectors``) and as
   LLVM chooses (256 bits on Intel's AVX-512 CPUs), on rows in cache, one thread.
@@ -71,7 +72,7 @@ from numbanorm.cpu._kernels.halves import kernel_view
 from numbanorm.cpu._kernels.stats import row_stats
 
 from . import measure
-from .harness import in_child, metadata
+from .harness import git_state, in_child, metadata
 
 OUT = Path(__file__).parent / "results" / "design-probes.json"
 
@@ -374,14 +375,29 @@ def row_costs(rounds, rows=16384, n=4096, cached=32):
     return cases
 
 
-def row_costs_spread(processes, rounds):
+def row_costs_spread(processes, rounds, baseline=None, **shape):
     """:func:`row_costs` in ``processes`` fresh processes, on this one's thread count: on a
-    shared VM the threaded copy's pace is drawn once a process, and with it whether a
-    forward's arithmetic alone is under the faster floor (``processes``: each process's cases)."""
+    shared VM the threaded copy's pace moves between processes and within one, and with
+    it whether a forward's arithmetic alone is under the faster floor (``processes``: each
+    process's cases).  With ``baseline`` (another checkout's root) each process alternates
+    with one running that checkout's ``numbanorm`` (this probe's code): ``baseline_processes``.
+    ``shape``: row_costs's ``rows``, ``n`` and ``cached``."""
+    import tempfile
+
     code = ("import sys, json, numba; from benchmarks import design_probes as p; "
             f"numba.set_num_threads({numba.get_num_threads()}); "
-            f"json.dump(p.row_costs({rounds}), open(sys.argv[1], 'w'))")
-    return {"processes": [in_child(code) for _ in range(processes)], "rounds": rounds}
+            f"json.dump(p.row_costs({rounds}, **{shape!r}), open(sys.argv[1], 'w'))")
+    out = {"rounds": rounds}
+    with tempfile.TemporaryDirectory(prefix="numbanorm-row-costs-") as tmp:
+        sides = {"processes": None}
+        if baseline is not None:  # its numbanorm first on the path, this benchmarks package after it
+            os.symlink(Path(baseline).resolve() / "numbanorm", os.path.join(tmp, "numbanorm"))
+            sides = {"baseline_processes": tmp, "processes": None}
+            out["baseline"] = git_state(baseline)["commit"]
+        for _ in range(processes):
+            for key, first in sides.items():  # each side's kernels compiled once, in a cache of its own
+                out.setdefault(key, []).append(in_child(code, first=first, cache=os.path.join(tmp, "cache-" + key)))
+    return out
 
 
 def vector_width(rounds, n=4096, cached=32, dtypes=("float16", "bfloat16", "float32")):
@@ -748,7 +764,11 @@ def main(argv=None):
     p.add_argument("--note", default="")
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--only", default=",".join(PROBES), help="comma-separated probes (default: all)")
+    p.add_argument("--baseline", help="row_costs_spread: another checkout (a git worktree) whose numbanorm "
+                                      "runs alternated with this one's, for a change's before and after")
     a = p.parse_args(argv)
+    if a.baseline:
+        PROBES["row_costs_spread"] = lambda q: row_costs_spread(8 // q, 15 // q, a.baseline)
     numba.set_num_threads(a.threads)
     q = 4 if a.quick else 1
     load_before = list(os.getloadavg())

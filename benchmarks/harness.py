@@ -226,15 +226,24 @@ def sweep_apart(case, impls, peers, threads, timing):
                     "**timing), open(sys.argv[2], 'w'))", args)
 
 
-def in_child(code, *args):
+def in_child(code, *args, first=None, cache=None):
     """The JSON that ``python -c code *args PATH`` writes to PATH (its last argument), run on
-    this interpreter from the repository's root: a measurement in a fresh process."""
+    this interpreter from the repository's root: a measurement in a fresh process; ``first``:
+    a folder put before the root on its path (another checkout's ``numbanorm``, linked
+    there), ``cache``: its ``NUMBA_CACHE_DIR``."""
+    import os
     import subprocess
     import tempfile
 
+    root = Path(__file__).parents[1]
+    env = dict(os.environ)
+    if first is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(first), str(root), env.get("PYTHONPATH"))))
+    if cache is not None:
+        env["NUMBA_CACHE_DIR"] = str(cache)
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "out.json"
-        subprocess.run([sys.executable, "-c", code, *args, str(out)], check=True, cwd=Path(__file__).parents[1])
+        subprocess.run([sys.executable, "-c", code, *args, str(out)], check=True, cwd=first or root, env=env)
         return json.loads(out.read_text())
 
 

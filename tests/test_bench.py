@@ -1086,6 +1086,7 @@ def test_design_probes_call_the_kernels_with_their_current_arguments():
     costs = design_probes.row_costs(1, rows=64, n=256, cached=32)
     assert {(c["norm"], c["dtype"]) for c in costs} >= {("layer_norm", "float16"), ("rms_norm", "float32")}
     assert all(c["out_over_faster_floor"] > 0 and c["arithmetic_over_faster_floor"] > 0 for c in costs)
+    assert all(c["weights"] == c["dtype"] for c in costs)  # as the targets' inputs
     common = importlib.import_module("numbanorm.cpu._kernels.common")
     flag = common.WIDE_VECTORS
     width = design_probes.vector_width(1, n=64, cached=2, dtypes=("bfloat16",))
@@ -1106,6 +1107,20 @@ def test_design_probes_call_the_kernels_with_their_current_arguments():
     assert (spans.GROUP_FROM_BYTES, spans.GROUP_ROWS, spans.SPAN) == before  # set and put back
     assert len(groups) == 1 and groups[0]["same_bits"] and len(groups[0]["ratio_to_copy"]) == 8
     assert all(v > 0 for v in groups[0]["ratio_to_copy"].values())
+
+
+@pytest.mark.slow
+def test_the_row_costs_spread_alternates_with_a_baseline_checkout():
+    """row_costs_spread in fresh processes, each alternated with one whose numbanorm is a
+    baseline checkout's (here this one, linked in: the mechanism, not a second commit)."""
+    from benchmarks import design_probes
+
+    root = Path(design_probes.__file__).parents[1]
+    got = design_probes.row_costs_spread(1, 1, baseline=root, rows=64, n=256, cached=32)
+    assert len(got["processes"]) == len(got["baseline_processes"]) == 1 and len(got["baseline"]) == 40
+    for side in ("processes", "baseline_processes"):
+        assert {(c["norm"], c["dtype"]) for c in got[side][0]} >= {("layer_norm", "float16"), ("rms_norm", "float32")}
+        assert all(c["shape"] == [64, 256] and c["out_over_faster_floor"] > 0 for c in got[side][0])
 
 
 def test_the_fresh_output_and_group_passes_probes():

@@ -128,6 +128,26 @@ def test_streamed_out_at_every_alignment(stream_everything, rng, offset):
     assert not raw[:start].any() and not raw[start + x.nbytes :].any()
 
 
+@pytest.mark.parametrize("offset", [0, 4, 36])
+def test_grouped_streamed_out_at_every_alignment(stream_everything, rng, offset):
+    """Streamed rows written in groups span by span (spans.grouping: float32 rows of x,
+    weight and bias over any L1 up to 64 KiB) with ``out`` rows starting anywhere within a
+    cache line: each span streams only its own whole lines (memory.lines_within), and every
+    bit is that of ordinary stores.  (Streaming stores from a span's unaligned first element
+    faulted.)"""
+    n = 2 * spans.SPAN + 1411  # rows 5507 floats apart: 12 bytes on within a line each row
+    assert spans.grouping.py_func(n, 8, 4, True, False)[0] > 1
+    x = rng.standard_normal((9, n)).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, n).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    raw = np.zeros(x.nbytes + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    out = raw[start : start + x.nbytes].view(np.float32).reshape(x.shape)
+    nn.layer_norm(x, n, w, b, out=out)
+    np.testing.assert_array_equal(out, unstreamed(nn.layer_norm, x, n, w, b))
+    assert not raw[:start].any() and not raw[start + x.nbytes :].any()
+
+
 @pytest.mark.parametrize("dtype", first_then_exhaustive(["float32", "float16", "bfloat16", "float64"]))
 @pytest.mark.parametrize("shape, groups", [((3, 4, 33), 2), ((2, 6, 5, 7), 3), ((1, 2, 611), 1),
                                            ((2, 8, 1537), 8)], ids=str)
@@ -959,16 +979,24 @@ def test_rows_whose_sums_overflowed_in_a_parallel_call_in_place_and_not(dtype):
             assert_close(got, exp, dtype)
 
 
-def test_rows_are_grouped_where_a_row_with_its_weights_fills_l1():
+def test_rows_are_grouped_where_a_row_with_its_weights_fills_l1(monkeypatch):
     """spans.grouping: rows of x, y, weight and bias over 48 KiB are written in groups of
-    rows, span by span; rows without weights, shorter ones and streamed ones whole."""
+    rows, span by span, and streamed rows (y out of the cache) where x, weight and bias
+    take more than the L1 data cache; rows without weights, shorter ones and staged ones
+    whole."""
     g = spans.grouping.py_func
-    assert g(4096, 2, 16, False) == (spans.GROUP_ROWS, spans.SPAN)  # float32, weight and bias: 64 KiB
-    assert g(8192, 1, 12, False) == (spans.GROUP_ROWS, spans.SPAN)  # weight alone: 96 KiB
-    assert g(4096, 1, 12, False) == (1, 4096)                       # weight alone: 48 KiB
-    assert g(2048, 2, 16, False) == (1, 2048)                       # 32 KiB
-    assert g(8192, 0, 8, False) == (1, 8192)                        # nothing to keep in L1
-    assert g(4096, 2, 16, True) == (1, 4096)                        # streamed: whole rows
+    monkeypatch.setitem(g.__globals__, "L1_DATA_BYTES", 32 << 10)  # (read when a row function compiles)
+    assert g(4096, 8, 8, False, False) == (spans.GROUP_ROWS, spans.SPAN)  # float32, weight and bias: 64 KiB
+    assert g(8192, 4, 8, False, False) == (spans.GROUP_ROWS, spans.SPAN)  # weight alone: 96 KiB
+    assert g(4096, 4, 8, False, False) == (1, 4096)                       # weight alone: 48 KiB
+    assert g(2048, 8, 8, False, False) == (1, 2048)                       # 32 KiB
+    assert g(8192, 0, 8, False, False) == (1, 8192)                       # nothing to keep in L1
+    assert g(4096, 8, 4, True, False) == (spans.GROUP_ROWS, spans.SPAN)   # streamed, float32: 48 KiB
+    assert g(4096, 4, 4, True, False) == (1, 4096)                        # streamed, weight alone: 32 KiB
+    assert g(4096, 4, 2, True, False) == (1, 4096)                        # streamed, 16-bit: 24 KiB
+    assert g(4096, 8, 4, True, True) == (1, 4096)                         # staged (out=x): whole rows
+    monkeypatch.setitem(g.__globals__, "L1_DATA_BYTES", 48 << 10)
+    assert g(4096, 8, 4, True, False) == (1, 4096)                        # streamed, 48 KiB in a 48 KiB L1
 
 
 @pytest.mark.parallel_kernels
@@ -977,19 +1005,22 @@ def test_grouped_rows_with_overflowed_and_nan_rows_among_them(stream_everything,
     """Rows written in groups (spans.grouping), a group's statistics before its writes: a
     row whose sums overflowed is left to the rescaling variant and skipped by its group's
     writes, a NaN row stays in its row, the last group is short and the last span too.
-    Every row the bits of its own call and of whole-row writes (streamed), in place too."""
-    m, n = 2 * spans.GROUP_ROWS + 3, 3 * spans.SPAN + 7
+    Every row the bits of its own call, streamed (grouped too, where x, weight and bias
+    overflow L1) and in place (staged: whole rows)."""
+    m, n = 2 * spans.GROUP_ROWS + 3, 4 * spans.SPAN + 7  # float16 with its 16-bit weight: 48 KiB + 42 bytes
     x = rng.standard_normal((m, n)).astype(dtype)
     w = rng.uniform(0.5, 1.5, n).astype(dtype)
     b = rng.standard_normal(n).astype(dtype)
     if dtype != np.float16:  # (float16 sums are float32: they do not overflow)
         x[[1, spans.GROUP_ROWS + 2, m - 1]] *= 1e20 if dtype == np.float32 else 1e155
     x[5, 7] = np.nan
-    size, acc = np.dtype(dtype).itemsize, 8 if dtype == np.float64 else 4
+    size = np.dtype(dtype).itemsize
     calls = {"layer_norm": (lambda a, **k: nn.layer_norm(a, n, w, b, **k), 2),
              "rms_norm": (lambda a, **k: nn.rms_norm(a, n, w, **k), 1)}
     for name, (f, params) in calls.items():
-        assert spans.grouping.py_func(n, params, 2 * size + params * acc, False)[0] > 1
+        assert spans.grouping.py_func(n, params * size, 2 * size, False, False)[0] > 1
+        if size >= 4:  # streamed too, on any L1 up to 64 KiB (float16 rows this long fit 48 KiB)
+            assert spans.grouping.py_func(n, params * size, size, True, False)[0] > 1
         whole = unstreamed(f, x)  # grouped
         assert np.isnan(whole[5]).all() and np.isfinite(np.delete(whole, 5, axis=0)).all(), name
         for i in range(m):
@@ -997,7 +1028,10 @@ def test_grouped_rows_with_overflowed_and_nan_rows_among_them(stream_everything,
         inplace = x.copy()
         unstreamed(f, inplace, out=inplace)
         np.testing.assert_array_equal(inplace, whole, err_msg=name)
-        np.testing.assert_array_equal(f(x), whole, err_msg=f"{name} streamed")  # whole rows
+        np.testing.assert_array_equal(f(x), whole, err_msg=f"{name} streamed")
+        inplace = x.copy()
+        f(inplace, out=inplace)
+        np.testing.assert_array_equal(inplace, whole, err_msg=f"{name} streamed in place")
 
 
 def test_the_row_functions_scratch_arrays_are_freed():

@@ -9,9 +9,9 @@ row's first few elements, or in two (a corrected two-pass) where that shift is f
 from the mean (``shifted_stats``), and writes y in one more.  One row (up to tens of KiB)
 stays in L1/L2 between the passes, so x is read from memory once; the extra
 passes cost cache bandwidth only.  Where a row of x, y, weight and bias would not fit
-L1, rows go in groups, their statistics first, then their writes span by span
-(``spans.grouping``).  A large caller's ``out=`` is written with streaming stores
-(``memory``), a row at a time.
+L1 (streamed: a row of x, weight and bias), rows go in groups, their statistics first,
+then their writes span by span (``spans.grouping``).  A large caller's ``out=`` is
+written with streaming stores (``memory``).
 """
 
 import numpy as np
@@ -20,8 +20,8 @@ from .cache import njit  # numba.njit with a cache keyed on this package's sourc
 from .common import (FASTMATH, RESCALE, STREAMING, acc_of, empty_row, finish, in_blocks, in_partials, launch,
                      n_chunks, param, row_block, scratch_for, weights, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
-from .memory import (_itemsize, ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_apart,
-                     stream_row, stream_span)
+from .memory import (_itemsize, ahead_chunk, ask_ahead, lines_within, put_streaming, should_stream, store_fence,
+                     stream_apart, stream_row, stream_span)
 from .rescale import rescue_row, scaled_backward_row
 from .spans import grouping, normalize_span
 from .stats import overflowed, row_is_finite, row_stats
@@ -63,9 +63,9 @@ def forward_rows(
         scratch = np.empty((1, N if staged else 0), y.dtype)
         chunk = ahead_chunk(x)
     # rows in groups, each group's statistics first, then its writes span by span, where
-    # weight and bias would not stay in L1 (spans.grouping); else, and streamed, one whole row
-    params = (w is not None) + (b is not None)
-    rows, span = grouping(N, params, 2 * _itemsize(x) + params * _itemsize(mean), STREAMING and stream)
+    # weight and bias would not stay in L1 (spans.grouping); else one whole row
+    streamed = STREAMING and stream
+    rows, span = grouping(N, _itemsize(w) + _itemsize(b), (1 if streamed else 2) * _itemsize(x), streamed, staged)
     kept = empty_row(3 * rows, mean)  # each row's mu, corr and rstd (-1: rescued), a third each
     left = 0
     for g in range(lo, hi, rows):
@@ -89,23 +89,25 @@ def forward_rows(
                 mu, corr, r = kept[i - g], kept[rows + i - g], kept[2 * rows + i - g]
                 if r == -one:
                     continue
-                # streamed, a row is written whole (not in tiles: the CPU design log says why):
-                # its whole lines straight out with streaming stores (memory) and the elements
-                # before and after them with plain ones, in one inlined copy for both (an array
-                # chosen between y and the scratch row there, Numba increfed x and y every row)
+                # streamed, a row's span (the whole row, or a group's span: never smaller tiles,
+                # the CPU design log says why) has its whole lines written straight out with
+                # streaming stores (memory) and the elements before and after them with plain
+                # ones, in one inlined copy for both (an array chosen between y and the scratch
+                # row there, Numba increfed x and y every row)
                 if STREAMING and staged:
                     normalize_span(x, i, mu, corr, r, w, b, scratch, 0, 0, N, False)
                     stream_row(y, i, scratch, 0)
                 else:
                     s0, s1 = stream_span(y, i) if STREAMING and stream else (ce, ce)
+                    s0, s1 = lines_within(s0, s1, c, ce, _itemsize(y))  # its streamed lines in this span
                     a, e = c, s0
                     for part in range(2):
                         normalize_span(x, i, mu, corr, r, w, b, y, i, a, e, False)
                         if STREAMING:
-                            # the next row asked for as this one is written
+                            # the next group's row (whole rows: the next row) asked for as this one is written
                             for t in range(s0 if part == 0 else s1, s1, chunk):
                                 te = min(t + chunk, s1)
-                                ask_ahead(x, i, hi, t, te)
+                                ask_ahead(x, i + rows - 1, hi, t, te)
                                 normalize_span(x, i, mu, corr, r, w, b, y, i, t, te, True)
                         a, e = s1, ce
     if STREAMING and stream:

@@ -101,8 +101,9 @@ def _opaque_zero(builder, ary, ty):
 @intrinsic
 def _itemsize(typingctx, arr):
     """``arr.itemsize`` as a compile-time constant (the attribute is read at run
-    time, and the divisions by it cost an integer divide each)."""
-    size = arr.dtype.bitwidth // 8
+    time, and the divisions by it cost an integer divide each); 0 for None (an absent
+    weight or bias)."""
+    size = 0 if isinstance(arr, (types.NoneType, types.Omitted)) else arr.dtype.bitwidth // 8
     sig = types.intp(arr)
 
     def codegen(context, builder, signature, args):
@@ -241,6 +242,21 @@ def stream_span(
     return lo, lo + (n - lo) * size // _LINE * _LINE // size
 
 
+@njit(cache=True, nogil=True, inline="always")
+def lines_within(
+    s0,     # scalar: a row's first streamed element (stream_span)
+    s1,     # scalar: one past its last
+    lo,     # scalar: first element of a span of the row
+    hi,     # scalar: one past its last
+    size,   # scalar: bytes an element takes
+):
+    """``(a, e)``: the streamed lines of ``s0:s1`` that lie whole in ``lo:hi``, as elements
+    (``a == e == hi`` where none does); ``(s0, s1)`` for the whole row."""
+    per = _LINE // size
+    a = min(s0 + (max(lo - s0, 0) + per - 1) // per * per, hi)
+    return a, max(a, s0 + max(min(hi, s1) - s0, 0) // per * per)
+
+
 _SYSFS_CACHE = "/sys/devices/system/cpu/cpu0/cache"
 _DEFAULT_CACHE = (32 << 20, None)  # where no size can be read: the L3 of a Zen 3 CCX, sharers unknown
 
@@ -255,16 +271,16 @@ def cpu_list(text):
     return out
 
 
-def last_level_cache(folder=_SYSFS_CACHE):
-    """``(bytes, CPUs sharing it)`` of cpu0's highest data cache level, from Linux's
-    ``index*/{level,type,size,shared_cpu_list}`` under ``folder``; :data:`_DEFAULT_CACHE`
-    where none can be read (another OS), sharers None where the list is missing."""
-    best = (0, 0, None)
+def _data_caches(folder):
+    """``[(level, bytes, CPUs sharing it)]`` of cpu0's data (and unified) caches, from Linux's
+    ``index*/{level,type,size,shared_cpu_list}`` under ``folder``; sharers None where the
+    list is missing, an entry that cannot be read left out."""
     try:
         names = [n for n in os.listdir(folder) if n.startswith("index")]
     except OSError:
         names = []
-    for name in names:  # an entry that cannot be read is skipped alone
+    caches = []
+    for name in names:
 
         def read(field):
             with open(os.path.join(folder, name, field)) as f:
@@ -281,8 +297,27 @@ def last_level_cache(folder=_SYSFS_CACHE):
             sharing = cpu_list(read("shared_cpu_list"))
         except (OSError, ValueError):
             sharing = None
-        best = max(best, (level, size, sharing), key=lambda b: b[:2])
-    return best[1:] if best[1] > 0 else _DEFAULT_CACHE
+        if size > 0:
+            caches.append((level, size, sharing))
+    return caches
+
+
+def last_level_cache(folder=_SYSFS_CACHE):
+    """``(bytes, CPUs sharing it)`` of cpu0's highest data cache level (:func:`_data_caches`);
+    :data:`_DEFAULT_CACHE` where none can be read (another OS)."""
+    caches = _data_caches(folder)
+    return max(caches, key=lambda c: c[:2])[1:] if caches else _DEFAULT_CACHE
+
+
+# where no size can be read: the L1 data cache of Zen 5 and Emerald Rapids (spans.GROUP_FROM_BYTES's)
+_DEFAULT_L1 = 48 << 10
+
+
+def first_level_cache(folder=_SYSFS_CACHE):
+    """Bytes of cpu0's level-1 data cache (:func:`_data_caches`); :data:`_DEFAULT_L1` where
+    none can be read."""
+    sizes = [size for level, size, _ in _data_caches(folder) if level == 1]
+    return min(sizes) if sizes else _DEFAULT_L1
 
 
 # The cache one CPU can count on: its slice of a shared L3 and its own L2 are under this on
@@ -331,6 +366,7 @@ def stream_fraction(cpu_name):
 
 
 LAST_LEVEL_CACHE, CACHE_CPUS, CACHE_BYTES = _cache_here()
+L1_DATA_BYTES = first_level_cache()  # read by spans.grouping when a row function compiles
 # Outputs smaller than this take ordinary stores (see the module docstring)
 STREAM_FRACTION = stream_fraction(host_cpu_name())  # the host's memory system, whatever Numba compiles for
 STREAM_MIN_BYTES = stream_min_bytes(CACHE_BYTES, STREAM_FRACTION)

@@ -17,8 +17,8 @@ from .cache import njit  # numba.njit with a cache keyed on this package's sourc
 from .common import (FASTMATH, STREAMING, acc_of, empty_row, finish, in_blocks, in_partials, launch,
                      n_chunks, param, row_block, scratch_for, weights, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
-from .memory import (_itemsize, ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_apart,
-                     stream_row, stream_span)
+from .memory import (_itemsize, ahead_chunk, ask_ahead, lines_within, put_streaming, should_stream, store_fence,
+                     stream_apart, stream_row, stream_span)
 from .rescale import rescue_rms_row
 from .spans import grouping, scale_span
 from .stats import overflowed, row_is_finite, row_sum_squares
@@ -51,8 +51,8 @@ def forward_rows(
         scratch = np.empty((1, N if staged else 0), y.dtype)
         chunk = ahead_chunk(x)
     # rows in groups where the weight would not stay in L1, as layer_norm.forward_rows
-    params = int(w is not None)
-    rows, span = grouping(N, params, 2 * _itemsize(x) + params * _itemsize(rstd), STREAMING and stream)
+    streamed = STREAMING and stream
+    rows, span = grouping(N, _itemsize(w), (1 if streamed else 2) * _itemsize(x), streamed, staged)
     kept = empty_row(rows, rstd)  # each row's rstd (-1: rescued)
     left = 0
     for g in range(lo, hi, rows):
@@ -71,19 +71,20 @@ def forward_rows(
                 r = kept[i - g]
                 if r == -one:
                     continue
-                # whole rows where streamed, as layer_norm.forward_rows (whose comments say why)
+                # streamed spans, as layer_norm.forward_rows (whose comments say why)
                 if STREAMING and staged:
                     scale_span(x, i, r, w, scratch, 0, 0, N, False)
                     stream_row(y, i, scratch, 0)
                 else:
                     s0, s1 = stream_span(y, i) if STREAMING and stream else (ce, ce)
+                    s0, s1 = lines_within(s0, s1, c, ce, _itemsize(y))  # (as layer_norm.forward_rows)
                     a, e = c, s0
                     for part in range(2):
                         scale_span(x, i, r, w, y, i, a, e, False)
                         if STREAMING:
-                            for t in range(s0 if part == 0 else s1, s1, chunk):  # the next row asked for (memory)
+                            for t in range(s0 if part == 0 else s1, s1, chunk):  # the next group's row asked for (memory)
                                 te = min(t + chunk, s1)
-                                ask_ahead(x, i, hi, t, te)
+                                ask_ahead(x, i + rows - 1, hi, t, te)
                                 scale_span(x, i, r, w, y, i, t, te, True)
                         a, e = s1, ce
     if STREAMING and stream:

@@ -9,12 +9,14 @@ import numpy as np
 from .cache import njit  # numba.njit with a cache keyed on this package's source
 from .common import least
 from .halves import BFLOAT16_BY_INSTRUCTION, CHUNK, by_instruction, narrow, put_bfloat16, stack_chunk, widen
-from .memory import _itemsize, put_streaming
+from .memory import L1_DATA_BYTES, _itemsize, put_streaming
 
 # A forward row function whose rows of x, y, weight and bias take more than GROUP_FROM_BYTES
 # (the L1 data cache of Zen 5 and Emerald Rapids) takes the statistics of GROUP_ROWS rows,
 # then writes them SPAN elements of each in turn, so that the spans of weight and bias
-# stay in L1 for the group's rows (book, the CPU design log)
+# stay in L1 for the group's rows (book, the CPU design log); streamed, y stays out of the
+# cache, and rows of x, weight and bias go in groups where they take more than this CPU's
+# L1 data cache (memory.L1_DATA_BYTES)
 GROUP_FROM_BYTES = 48 << 10
 GROUP_ROWS = 8
 SPAN = 2048
@@ -22,16 +24,17 @@ SPAN = 2048
 
 @njit(cache=True, nogil=True, inline="always")
 def grouping(
-    n,      # scalar: elements in a row
-    params, # scalar: how many of weight and bias the call has
-    column, # scalar: bytes an element takes in x, y and those parameters together
-    whole,  # scalar bool: rows written whole (streamed)
+    n,        # scalar: elements in a row
+    params,   # scalar: bytes an element of the weight and the bias the call has take together
+    row,      # scalar: bytes an element takes in x, and in y where it is not streamed
+    streamed, # scalar bool: y written with streaming stores
+    whole,    # scalar bool: rows written whole (staged through a scratch row: out=x, streamed)
 ):
     """``(rows, span)``: the rows whose statistics a forward row function takes before
     their writes, and the elements of each it writes in turn (GROUP_FROM_BYTES).
     Scalars only: an inlined function's array arguments are increfed where it is called
     (memory.stream_row)."""
-    if params > 0 and not whole and n * column > GROUP_FROM_BYTES:
+    if params > 0 and not whole and n * (row + params) > (L1_DATA_BYTES if streamed else GROUP_FROM_BYTES):
         return GROUP_ROWS, SPAN
     return 1, n
 
