@@ -120,7 +120,8 @@ def _info_streaming():
     mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
     return (f"outputs of {mib(m.STREAM_MIN_BYTES)} or more ({m.STREAM_FRACTION} x the {mib(m.CACHE_BYTES)} of "
             f"cache counted on: a {mib(m.LAST_LEVEL_CACHE)} last-level cache, {m.CACHE_CPUS} usable CPU(s) "
-            f"sharing it, at most {mib(m.CACHE_PER_CPU)} each)")
+            f"sharing it, at most {mib(m.CACHE_PER_CPU)} each); streamed rows in groups where x, weight and "
+            f"bias take more than the {m.L1_DATA_BYTES // 1024} KiB L1 data cache")
 
 
 def _info_threading():

@@ -356,6 +356,7 @@ def test_info_reports_versions_threads_cache_cpu_and_gpu(capsys):
     assert f["streaming"].startswith(f"outputs of {memory.STREAM_MIN_BYTES / 2**20:.1f} MiB or more "
                                      f"({memory.STREAM_FRACTION} x the {memory.CACHE_BYTES / 2**20:.1f} MiB ")
     assert f"{memory.CACHE_CPUS} usable CPU(s)" in f["streaming"]
+    assert f["streaming"].endswith(f"more than the {memory.L1_DATA_BYTES // 1024} KiB L1 data cache")
     ok, why = registry.usable("cuda")
     assert f["gpu"].startswith("in use: " if ok else f"not in use: {why.splitlines()[0][:100]}")
     assert ("simulator" in f["gpu"]) == (ok and SIMULATED)

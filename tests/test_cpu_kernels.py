@@ -418,6 +418,16 @@ def test_a_cache_entry_that_cannot_be_read_is_skipped_alone(tmp_path):
     assert stream.last_level_cache(str(tmp_path / "missing")) == stream._DEFAULT_CACHE
 
 
+def test_the_first_level_data_cache_is_read_past_the_instruction_cache(tmp_path):
+    """memory.first_level_cache (spans.grouping's bound for streamed rows): level 1's data
+    cache, not its instruction cache beside it; the default where none can be read."""
+    assert stream.first_level_cache(_fake_sysfs(tmp_path, XEON_VM)) == 48 << 10
+    zen4 = dict(XEON_VM, index0={"level": "1", "type": "Data", "size": "32K", "shared_cpu_list": "0"},
+                index1={"level": "1", "type": "Instruction", "size": "64K", "shared_cpu_list": "0"})
+    assert stream.first_level_cache(_fake_sysfs(tmp_path / "zen4", zen4)) == 32 << 10
+    assert stream.first_level_cache(str(tmp_path / "missing")) == stream._DEFAULT_L1
+
+
 def test_cpu_lists_are_parsed_as_linux_writes_them():
     assert stream.cpu_list("0-1") == {0, 1}
     assert stream.cpu_list("0,4-6,9\n") == {0, 4, 5, 6, 9}
