@@ -747,7 +747,7 @@ PROBES = {
     "widen": lambda q: widen(15 // q, 200),
     "threading": lambda q: threading(15 // q, 200),
     "row_costs": lambda q: row_costs(15 // q),
-    "row_costs_spread": lambda q: row_costs_spread(8 // q, 15 // q),
+    "row_costs_spread": None,  # (main: its --processes and --baseline)
     "vector_width": lambda q: vector_width(31 // q),
     "torch_small_calls": lambda q: torch_small_calls(15 // q, 100),
     "in_cache_spread": lambda q: in_cache_spread(24 // q, 25 // q),
@@ -766,9 +766,9 @@ def main(argv=None):
     p.add_argument("--only", default=",".join(PROBES), help="comma-separated probes (default: all)")
     p.add_argument("--baseline", help="row_costs_spread: another checkout (a git worktree) whose numbanorm "
                                       "runs alternated with this one's, for a change's before and after")
+    p.add_argument("--processes", type=int, default=8, help="row_costs_spread: processes a side (8)")
     a = p.parse_args(argv)
-    if a.baseline:
-        PROBES["row_costs_spread"] = lambda q: row_costs_spread(8 // q, 15 // q, a.baseline)
+    PROBES["row_costs_spread"] = lambda q: row_costs_spread(max(1, a.processes // q), 15 // q, a.baseline)
     numba.set_num_threads(a.threads)
     q = 4 if a.quick else 1
     load_before = list(os.getloadavg())
