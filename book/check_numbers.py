@@ -149,6 +149,9 @@ DECLARED: dict[str, list[tuple[str | re.Pattern, str, str]]] = {
         ("a 4096 x 1024 float32 problem", "setting", "the live probe's shape"),
         ("are 16 bytes an element in float32", "definition", "four float32 arrays"),
         ("fit a 48 KiB L1 data cache", "definition", "the L1 data cache of Zen 5 and Emerald Rapids"),
+        ("a float32 row of 4096 elements with both parameters is 48 KiB", "definition",
+         "three float32 rows of 4096 elements"),
+        ("over the 32 KiB of AMD's Zen 3 and Zen 4", "definition", "the L1 data cache of Zen 3 and Zen 4, per core"),
     ],
     "06_gpu_kernel.md": [
         ("offsets 16, 8, 4, 2 and 1", "definition", "a warp's butterfly"),
@@ -229,6 +232,12 @@ DECLARED: dict[str, list[tuple[str | re.Pattern, str, str]]] = {
         ("in 4 KiB pages", "definition", "the base page size of x86-64 Linux"),
         ("In 4 KiB pages", "definition", "the base page size of x86-64 Linux"),
         ("forwards at (8, 64, 64, 64) must take", "setting", "the GroupNorm targets' case"),
+        ("A float32 row of 4096 elements with weight and bias is 48 KiB", "definition",
+         "three float32 rows of 4096 elements"),
+        ("L1 data cache of Zen 5 and Emerald Rapids, over Zen 4's 32 KiB", "definition",
+         "the L1 data caches of those CPUs, per core"),
+        ("and weight, 32 KiB, are still written whole", "definition", "two float32 rows of 4096 elements"),
+        ("with 16-bit parameters are 24 KiB", "definition", "three 16-bit rows of 4096 elements"),
     ],
 }
 
