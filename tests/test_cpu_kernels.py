@@ -128,13 +128,14 @@ def test_streamed_out_at_every_alignment(stream_everything, rng, offset):
     assert not raw[:start].any() and not raw[start + x.nbytes :].any()
 
 
-@pytest.mark.parametrize("offset", [0, 4, 36])
+@pytest.mark.parametrize("offset", [0, 4, 36, 1, 3])
 def test_grouped_streamed_out_at_every_alignment(stream_everything, rng, offset):
     """Streamed rows written in groups span by span (spans.grouping: float32 rows of x,
     weight and bias over any L1 up to 64 KiB) with ``out`` rows starting anywhere within a
-    cache line: each span streams only its own whole lines (memory.lines_within), and every
+    cache line: each span streams only its own whole lines (memory.span_lines), and every
     bit is that of ordinary stores (a streaming store from a span's first element, where
-    that is not line-aligned, faults)."""
+    that is not line-aligned, faults).  Rows off their item size (offsets 1 and 3) stream
+    nothing: their spans' lines were once taken to run to the row's end, and faulted."""
     n = 2 * spans.SPAN + 1411  # rows 5507 floats apart: 12 bytes on within a line each row
     assert spans.grouping.py_func(n, 8, 4, True, False)[0] > 1
     x = rng.standard_normal((9, n)).astype(np.float32)

@@ -20,7 +20,7 @@ from .cache import njit  # numba.njit with a cache keyed on this package's sourc
 from .common import (FASTMATH, RESCALE, STREAMING, acc_of, empty_row, finish, in_blocks, in_partials, launch,
                      n_chunks, param, row_block, scratch_for, weights, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
-from .memory import (_itemsize, ahead_chunk, ask_ahead, lines_within, put_streaming, should_stream, store_fence,
+from .memory import (_itemsize, ahead_chunk, ask_ahead, put_streaming, should_stream, span_lines, store_fence,
                      stream_apart, stream_row, stream_span)
 from .rescale import rescue_row, scaled_backward_row
 from .spans import grouping, normalize_span
@@ -98,8 +98,7 @@ def forward_rows(
                     normalize_span(x, i, mu, corr, r, w, b, scratch, 0, 0, N, False)
                     stream_row(y, i, scratch, 0)
                 else:
-                    s0, s1 = stream_span(y, i) if STREAMING and stream else (ce, ce)
-                    s0, s1 = lines_within(s0, s1, c, ce, _itemsize(y))  # its streamed lines in this span
+                    s0, s1 = span_lines(y, i, c, ce) if STREAMING and stream else (ce, ce)
                     a, e = c, s0
                     for part in range(2):
                         normalize_span(x, i, mu, corr, r, w, b, y, i, a, e, False)

@@ -233,28 +233,26 @@ def stream_span(
     """``(lo, hi)``: the elements of row ``i`` from its first ``_LINE``-aligned address
     to its last whole line, which a row writer stores with :func:`put_streaming`;
     ``(N, N)`` for a row whose address is not a multiple of its item size."""
-    n = dst.shape[1]
-    size = _itemsize(dst)
-    d = dst.ctypes.data + i * dst.strides[0]
-    if d % size != 0:
-        return n, n
-    lo = min(n, ((_LINE - d % _LINE) % _LINE) // size)
-    return lo, lo + (n - lo) * size // _LINE * _LINE // size
+    return span_lines(dst, i, 0, dst.shape[1])
 
 
 @njit(cache=True, nogil=True, inline="always")
-def lines_within(
-    s0,     # scalar: a row's first streamed element (stream_span)
-    s1,     # scalar: one past its last
+def span_lines(
+    dst,    # (M, N) destination, in memory, C-contiguous
+    i,      # scalar: its row to write
     lo,     # scalar: first element of a span of the row
     hi,     # scalar: one past its last
-    size,   # scalar: bytes an element takes
 ):
-    """``(a, e)``: the streamed lines of ``s0:s1`` that lie whole in ``lo:hi``, as elements
-    (``a == e == hi`` where none does); ``(s0, s1)`` for the whole row."""
-    per = _LINE // size
-    a = min(s0 + (max(lo - s0, 0) + per - 1) // per * per, hi)
-    return a, max(a, s0 + max(min(hi, s1) - s0, 0) // per * per)
+    """``(a, e)``: the elements of ``lo:hi`` of row ``i`` that fill whole ``_LINE``-aligned
+    lines, the part of a span a row writer streams (:func:`stream_span`: the whole row);
+    ``(hi, hi)`` where none does, and for a row whose address is not a multiple of its
+    item size."""
+    size = _itemsize(dst)
+    d = dst.ctypes.data + i * dst.strides[0] + lo * size
+    if d % size != 0:
+        return hi, hi
+    a = min(hi, lo + ((_LINE - d % _LINE) % _LINE) // size)
+    return a, a + (hi - a) * size // _LINE * _LINE // size
 
 
 _SYSFS_CACHE = "/sys/devices/system/cpu/cpu0/cache"

@@ -17,7 +17,7 @@ from .cache import njit  # numba.njit with a cache keyed on this package's sourc
 from .common import (FASTMATH, STREAMING, acc_of, empty_row, finish, in_blocks, in_partials, launch,
                      n_chunks, param, row_block, scratch_for, weights, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
-from .memory import (_itemsize, ahead_chunk, ask_ahead, lines_within, put_streaming, should_stream, store_fence,
+from .memory import (_itemsize, ahead_chunk, ask_ahead, put_streaming, should_stream, span_lines, store_fence,
                      stream_apart, stream_row, stream_span)
 from .rescale import rescue_rms_row
 from .spans import grouping, scale_span
@@ -76,13 +76,12 @@ def forward_rows(
                     scale_span(x, i, r, w, scratch, 0, 0, N, False)
                     stream_row(y, i, scratch, 0)
                 else:
-                    s0, s1 = stream_span(y, i) if STREAMING and stream else (ce, ce)
-                    s0, s1 = lines_within(s0, s1, c, ce, _itemsize(y))  # (as layer_norm.forward_rows)
+                    s0, s1 = span_lines(y, i, c, ce) if STREAMING and stream else (ce, ce)  # (as layer_norm's)
                     a, e = c, s0
                     for part in range(2):
                         scale_span(x, i, r, w, y, i, a, e, False)
                         if STREAMING:
-                            for t in range(s0 if part == 0 else s1, s1, chunk):  # the next group's row asked for (memory)
+                            for t in range(s0 if part == 0 else s1, s1, chunk):  # the next group's row asked for
                                 te = min(t + chunk, s1)
                                 ask_ahead(x, i + rows - 1, hi, t, te)
                                 scale_span(x, i, r, w, y, i, t, te, True)
