@@ -72,7 +72,7 @@ from numbanorm.cpu._kernels.halves import kernel_view
 from numbanorm.cpu._kernels.stats import row_stats
 
 from . import measure
-from .harness import git_state, in_child, metadata
+from .harness import git_state, in_child, link_checkout, metadata
 
 OUT = Path(__file__).parent / "results" / "design-probes.json"
 
@@ -390,9 +390,8 @@ def row_costs_spread(processes, rounds, baseline=None, **shape):
     out = {"rounds": rounds}
     with tempfile.TemporaryDirectory(prefix="numbanorm-row-costs-") as tmp:
         sides = {"processes": None}
-        if baseline is not None:  # its numbanorm first on the path, this benchmarks package after it
-            os.symlink(Path(baseline).resolve() / "numbanorm", os.path.join(tmp, "numbanorm"))
-            sides = {"baseline_processes": tmp, "processes": None}
+        if baseline is not None:
+            sides = {"baseline_processes": link_checkout(baseline, tmp), "processes": None}
             out["baseline"] = git_state(baseline)["commit"]
         for _ in range(processes):
             for key, first in sides.items():  # each side's kernels compiled once, in a cache of its own

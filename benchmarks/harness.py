@@ -226,24 +226,42 @@ def sweep_apart(case, impls, peers, threads, timing):
                     "**timing), open(sys.argv[2], 'w'))", args)
 
 
+def link_checkout(checkout, folder):
+    """``folder`` with another checkout's ``numbanorm`` linked into it: first on a child's
+    path (:func:`child_env`), that package runs under this one's ``benchmarks``, for a
+    change's before and after."""
+    import os
+
+    os.symlink(Path(checkout).resolve() / "numbanorm", os.path.join(folder, "numbanorm"))
+    return Path(folder)
+
+
+def child_env(first=None, cache=None, **extra):
+    """This process's environment for a measuring child: ``first`` (a folder of
+    :func:`link_checkout`) before the repository's root on its path, ``cache`` its
+    ``NUMBA_CACHE_DIR``, and ``extra`` variables."""
+    import os
+
+    env = {**os.environ, **extra}
+    if first is not None:
+        root = Path(__file__).parents[1]
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(first), str(root), os.environ.get("PYTHONPATH"))))
+    if cache is not None:
+        env["NUMBA_CACHE_DIR"] = str(cache)
+    return env
+
+
 def in_child(code, *args, first=None, cache=None):
     """The JSON that ``python -c code *args PATH`` writes to PATH (its last argument), run on
-    this interpreter from the repository's root: a measurement in a fresh process; ``first``:
-    a folder put before the root on its path (another checkout's ``numbanorm``, linked
-    there), ``cache``: its ``NUMBA_CACHE_DIR``."""
-    import os
+    this interpreter from the repository's root: a measurement in a fresh process; ``first``
+    and ``cache`` as :func:`child_env`'s (run from ``first`` where given)."""
     import subprocess
     import tempfile
 
-    root = Path(__file__).parents[1]
-    env = dict(os.environ)
-    if first is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(first), str(root), env.get("PYTHONPATH"))))
-    if cache is not None:
-        env["NUMBA_CACHE_DIR"] = str(cache)
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "out.json"
-        subprocess.run([sys.executable, "-c", code, *args, str(out)], check=True, cwd=first or root, env=env)
+        subprocess.run([sys.executable, "-c", code, *args, str(out)], check=True,
+                       cwd=first or Path(__file__).parents[1], env=child_env(first, cache))
         return json.loads(out.read_text())
 
 

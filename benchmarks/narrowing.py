@@ -175,19 +175,18 @@ def run(targets, processes, rounds, shape, baseline=None):
     """``{target: [child results]}``: ``processes`` alternated child processes per target;
     with ``baseline`` (another checkout's root) each target's processes alternate with ones
     running that checkout's ``numbanorm`` (this probe's code), as ``<target>@baseline``."""
+    from .harness import child_env, link_checkout
+
     got = {}
     root = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory(prefix="numbanorm-narrowing-") as tmp:
         sides = {"": root}
-        if baseline is not None:  # its numbanorm first on the path, this benchmarks package after it
-            os.symlink(Path(baseline).resolve() / "numbanorm", os.path.join(tmp, "numbanorm"))
-            sides["@baseline"] = Path(tmp)
+        if baseline is not None:
+            sides["@baseline"] = link_checkout(baseline, tmp)
         for _ in range(processes):
             for t in targets:
                 for side, first in sides.items():
-                    path = [str(first), str(root), os.environ.get("PYTHONPATH")]
-                    env = {**os.environ, **cpu_env(t), "NUMBA_CACHE_DIR": os.path.join(tmp, "cache" + t + side),
-                           "PYTHONPATH": os.pathsep.join(filter(None, path))}
+                    env = child_env(first, os.path.join(tmp, "cache" + t + side), **cpu_env(t))
                     cmd = [sys.executable, "-m", "benchmarks.narrowing", "--child", "--rounds", str(rounds),
                            "--shape", *map(str, shape)]
                     p = subprocess.run(cmd, env=env, cwd=first, capture_output=True, text=True)
