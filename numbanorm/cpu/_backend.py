@@ -95,9 +95,9 @@ class GroupsForward(NamedTuple):
     eps: Any                # eps as validated, in the accumulation dtype
 
 
-class RowsBackward(NamedTuple):
-    """The plan of a LayerNorm or RMSNorm backward seen before."""
-    flat: tuple             # (M, N)
+class Backward(NamedTuple):
+    """The plan of a backward seen before."""
+    flat: tuple             # (M, N) rows, or (N, C, spatial) groups
     params: tuple           # dweight's shape
     grads: np.dtype         # dweight/dbias's dtype
 
@@ -122,13 +122,14 @@ class Plans:
 
     MAX_PLANS = 256
     FORWARD = ("layer_norm", "rms_norm", "group_norm")
-    BACKWARD = ("layer_norm", "rms_norm")
+    BACKWARD = ("layer_norm", "rms_norm", "group_norm")
 
     def __init__(self):
         self._plans = {}
         run = {"layer_norm": _layer_norm, "rms_norm": _rms_norm, "group_norm": _group_norm}
         self._run = {(k, "forward"): run[k] for k in self.FORWARD}
-        self._run.update({(k, "backward"): _rows_backward for k in self.BACKWARD})
+        self._run.update({(k, "backward"): _groups_backward if k == "group_norm" else _rows_backward
+                          for k in self.BACKWARD})
 
     def key(self, kind, args):
         if kind[1] == "plain":  # a plain call is its forward's: the kernels fill the statistics either way
@@ -206,7 +207,7 @@ def _learn_backward(c, acc):
         return None
     if weight is not None and not weight.flags.c_contiguous:
         return None
-    return RowsBackward(c.problem.flat, c.problem.params, np.dtype(weight.dtype if weight is not None else x.dtype))
+    return Backward(c.problem.flat, c.problem.params, np.dtype(weight.dtype if weight is not None else x.dtype))
 
 
 def _forward_key(kind, args):
@@ -310,6 +311,18 @@ def _rows_backward(plan, args):
     kernel = layer_norm if len(stats) == 2 else rms_norm
     kernel.backward(dy.reshape(m, n), x.reshape(m, n), *[s.reshape(m) for s in stats], w, dx.reshape(m, n), *sums)
     return (dx, *[s.astype(grads, copy=False).reshape(params) for s in sums])
+
+
+def _groups_backward(plan, args):
+    """``(dx, dweight, dbias)`` of a GroupNorm backward (``args``: dy, x, mean, rstd, weight)
+    by its plan: the launcher converts the weight, as the full path's."""
+    dy, x, mean, rstd, weight = args
+    flat, params, grads = plan
+    acc = mean.dtype
+    dx = np.empty(x.shape, x.dtype)
+    dweight, dbias = np.empty(params, acc), np.empty(params, acc)
+    group_norm.backward(dy.reshape(flat), x.reshape(flat), mean, rstd, weight, dx.reshape(flat), dweight, dbias)
+    return dx, dweight.astype(grads, copy=False), dbias.astype(grads, copy=False)
 
 
 def _layout(a):
