@@ -106,6 +106,67 @@ def normalize_span(
 
 
 @njit(cache=True, fastmath={"contract"}, nogil=True, inline="always")
+def normalize_pair(
+    x,      # (M, N) input rows, 16-bit floats as integer bits (halves)
+    i,      # scalar: the first of the two rows to write, i and i + 1 (in cache)
+    m1,     # scalar: row i's mean
+    r1,     # scalar: row i's rstd
+    m2,     # scalar: row i + 1's mean
+    r2,     # scalar: row i + 1's rstd
+    w,      # (N,) weight or None
+    b,      # (N,) bias or None
+    out,    # (M, N) where the rows go, as rows i and i + 1
+    lo,     # scalar: first element of the span of both rows
+    hi,     # scalar: one past its last
+    nt,     # constant bool: streaming stores (the span's whole lines in both rows)
+):
+    """normalize_span for rows ``i`` and ``i + 1`` of a 16-bit ``x`` at once: an element of
+    weight and bias is loaded and widened once for both rows, a third of a 16-bit row's
+    instructions there (the performance design log).  Each element's operations are
+    normalize_span's for a 16-bit row (the mean folded), so its bits are too."""
+    if BFLOAT16_BY_INSTRUCTION and by_instruction(out):  # (as normalize_span)
+        t1 = stack_chunk()
+        t2 = stack_chunk()
+        for c in range(lo, hi, CHUNK):
+            n = least(CHUNK, hi - c)
+            for k in range(n):
+                j = np.uint64(c + k)
+                v1 = (widen(x[i, j]) - m1) * r1
+                v2 = (widen(x[i + 1, j]) - m2) * r2
+                if w is not None:
+                    wj = widen(w[j])
+                    v1 = v1 * wj
+                    v2 = v2 * wj
+                if b is not None:
+                    bj = widen(b[j])
+                    v1 = v1 + bj
+                    v2 = v2 + bj
+                t1[k] = v1
+                t2[k] = v2
+            put_bfloat16(out, i, c, t1, n, nt)
+            put_bfloat16(out, i + 1, c, t2, n, nt)
+    else:
+        for k in range(hi - lo):
+            j = np.uint64(lo + k)  # unsigned, as in normalize_span
+            v1 = (widen(x[i, j]) - m1) * r1
+            v2 = (widen(x[i + 1, j]) - m2) * r2
+            if w is not None:
+                wj = widen(w[j])
+                v1 = v1 * wj
+                v2 = v2 * wj
+            if b is not None:
+                bj = widen(b[j])
+                v1 = v1 + bj
+                v2 = v2 + bj
+            if nt:
+                put_streaming(out, i, j, narrow(v1, out))
+                put_streaming(out, i + 1, j, narrow(v2, out))
+            else:
+                out[i, j] = narrow(v1, out)
+                out[i + 1, j] = narrow(v2, out)
+
+
+@njit(cache=True, fastmath={"contract"}, nogil=True, inline="always")
 def scale_span(
     x,      # (M, N) input rows
     i,      # scalar: the row to write (in cache)
