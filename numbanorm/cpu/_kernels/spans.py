@@ -106,6 +106,34 @@ def normalize_span(
 
 
 @njit(cache=True, fastmath={"contract"}, nogil=True, inline="always")
+def pair_at(
+    x,      # (M, N) input rows, 16-bit floats as integer bits (halves)
+    i,      # scalar: the first of the two rows, i and i + 1
+    j,      # scalar (unsigned): the element
+    m1,     # scalar: row i's mean
+    r1,     # scalar: row i's rstd
+    m2,     # scalar: row i + 1's mean
+    r2,     # scalar: row i + 1's rstd
+    w,      # (N,) weight or None
+    b,      # (N,) bias or None
+):
+    """Element ``j`` of rows ``i`` and ``i + 1``, normalized as normalize_span normalizes a
+    16-bit row's (the mean folded, the same operations, so the same bits), an element of
+    the weight and the bias widened once for both rows: two of a row's three widenings."""
+    v1 = (widen(x[i, j]) - m1) * r1
+    v2 = (widen(x[i + 1, j]) - m2) * r2
+    if w is not None:
+        wj = widen(w[j])
+        v1 = v1 * wj
+        v2 = v2 * wj
+    if b is not None:
+        bj = widen(b[j])
+        v1 = v1 + bj
+        v2 = v2 + bj
+    return v1, v2
+
+
+@njit(cache=True, fastmath={"contract"}, nogil=True, inline="always")
 def normalize_pair(
     x,      # (M, N) input rows, 16-bit floats as integer bits (halves)
     i,      # scalar: the first of the two rows to write, i and i + 1 (in cache)
@@ -120,10 +148,9 @@ def normalize_pair(
     hi,     # scalar: one past its last
     nt,     # constant bool: streaming stores (the span's whole lines in both rows)
 ):
-    """normalize_span for rows ``i`` and ``i + 1`` of a 16-bit ``x`` at once: an element of
-    weight and bias is loaded and widened once for both rows, a third of a 16-bit row's
-    instructions there (the performance design log).  Each element's operations are
-    normalize_span's for a 16-bit row (the mean folded), so its bits are too."""
+    """normalize_span for rows ``i`` and ``i + 1`` of a 16-bit ``x`` at once (pair_at), its
+    two branches normalize_span's: bfloat16 narrowed by its instruction from float32 chunks,
+    everything else element by element."""
     if BFLOAT16_BY_INSTRUCTION and by_instruction(out):  # (as normalize_span)
         t1 = stack_chunk()
         t2 = stack_chunk()
@@ -131,16 +158,7 @@ def normalize_pair(
             n = least(CHUNK, hi - c)
             for k in range(n):
                 j = np.uint64(c + k)
-                v1 = (widen(x[i, j]) - m1) * r1
-                v2 = (widen(x[i + 1, j]) - m2) * r2
-                if w is not None:
-                    wj = widen(w[j])
-                    v1 = v1 * wj
-                    v2 = v2 * wj
-                if b is not None:
-                    bj = widen(b[j])
-                    v1 = v1 + bj
-                    v2 = v2 + bj
+                v1, v2 = pair_at(x, i, j, m1, r1, m2, r2, w, b)
                 t1[k] = v1
                 t2[k] = v2
             put_bfloat16(out, i, c, t1, n, nt)
@@ -148,16 +166,7 @@ def normalize_pair(
     else:
         for k in range(hi - lo):
             j = np.uint64(lo + k)  # unsigned, as in normalize_span
-            v1 = (widen(x[i, j]) - m1) * r1
-            v2 = (widen(x[i + 1, j]) - m2) * r2
-            if w is not None:
-                wj = widen(w[j])
-                v1 = v1 * wj
-                v2 = v2 * wj
-            if b is not None:
-                bj = widen(b[j])
-                v1 = v1 + bj
-                v2 = v2 + bj
+            v1, v2 = pair_at(x, i, j, m1, r1, m2, r2, w, b)
             if nt:
                 put_streaming(out, i, j, narrow(v1, out))
                 put_streaming(out, i + 1, j, narrow(v2, out))
