@@ -1048,13 +1048,13 @@ def test_grouped_rows_with_overflowed_and_nan_rows_among_them(stream_everything,
 @pytest.mark.parametrize("dtype", first_then_exhaustive(["bfloat16", "float16"]))
 @pytest.mark.parametrize("n, offset", [(640, 0), (640, 2), (611, 0), (611, 1)], ids=str)
 def test_16_bit_rows_written_in_pairs(stream_everything, rng, dtype, n, offset):
-    """Streamed 16-bit LayerNorm rows with a weight or a bias are written two at a time, an
-    element of the weight and the bias widened once for both (layer_norm.write_pair): every
-    row the bits of its own one-row call, where a pair has a rescued row (bfloat16's squares
-    overflow float32) or a NaN row, where the rows' count is odd, fresh, in place (staged:
-    never paired), and into an ``out=`` whose consecutive rows have the same whole lines (640
-    elements: 1280 bytes), other ones (611: rows written one by one), or none (one byte off
-    its item size)."""
+    """Streamed 16-bit LayerNorm rows with a weight or a bias, and RMSNorm rows with a
+    weight, are written two at a time, an element of the parameters widened once for both
+    (spans.write_pair): every row the bits of its own one-row call, where a pair has a
+    rescued row (bfloat16's squares overflow float32) or a NaN row, where the rows' count is
+    odd, fresh, in place (staged: never paired), and into an ``out=`` whose consecutive rows
+    have the same whole lines (640 elements: 1280 bytes), other ones (611: rows written one
+    by one), or none (one byte off its item size)."""
     from numbanorm.measure import host_dtype
 
     dt = host_dtype(dtype)
@@ -1066,20 +1066,24 @@ def test_16_bit_rows_written_in_pairs(stream_everything, rng, dtype, n, offset):
     raw = np.zeros(x.nbytes + 128, np.uint8)
     start = (-raw.ctypes.data) % 64 + offset
     out = raw[start : start + x.nbytes].view(dt).reshape(x.shape)
+    calls = []
     for w, b in ((rng.uniform(0.5, 1.5, n).astype(dt), rng.standard_normal(n).astype(dt)),
                  (None, rng.standard_normal(n).astype(dt)),
                  (rng.uniform(0.5, 1.5, n).astype(np.float32), None)):
-        whole = unstreamed(nn.layer_norm, x, n, w, b)
+        calls.append(lambda a, w=w, b=b, **k: nn.layer_norm(a, n, w, b, **k))
+        if w is not None:
+            calls.append(lambda a, w=w, **k: nn.rms_norm(a, n, w, **k))
+    for f in calls:
+        whole = unstreamed(f, x)
         assert np.isnan(np.asarray(whole[2], np.float32)).all(), "the NaN row"
         assert np.isfinite(np.asarray(np.delete(whole, 2, axis=0), np.float32)).all(), "the other rows"
         for i in range(m):
-            np.testing.assert_array_equal(unstreamed(nn.layer_norm, x[i:i + 1], n, w, b).view(np.uint16),
-                                          whole[i:i + 1].view(np.uint16), err_msg=str(i))
-        for got in (nn.layer_norm(x, n, w, b), unstreamed(nn.layer_norm, x, n, w, b, out=out),
-                    nn.layer_norm(x, n, w, b, out=out)):
+            np.testing.assert_array_equal(unstreamed(f, x[i:i + 1]).view(np.uint16), whole[i:i + 1].view(np.uint16),
+                                          err_msg=str(i))
+        for got in (f(x), unstreamed(f, x, out=out), f(x, out=out)):
             np.testing.assert_array_equal(got.view(np.uint16), whole.view(np.uint16))
         inplace = x.copy()
-        nn.layer_norm(inplace, n, w, b, out=inplace)
+        f(inplace, out=inplace)
         np.testing.assert_array_equal(inplace.view(np.uint16), whole.view(np.uint16))
     assert not raw[:start].any() and not raw[start + x.nbytes :].any()
 

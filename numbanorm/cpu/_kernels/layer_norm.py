@@ -23,7 +23,7 @@ from .halves import kernel_view, like, narrow, widen
 from .memory import (_itemsize, ahead_chunk, ask_ahead, put_streaming, should_stream, span_lines, store_fence,
                      stream_apart, stream_row, stream_span)
 from .rescale import rescue_row, scaled_backward_row
-from .spans import grouping, normalize_pair, normalize_span
+from .spans import grouping, normalize_span, write_pair
 from .stats import overflowed, row_is_finite, row_stats
 from .sums import gradient_sums
 
@@ -67,7 +67,7 @@ def forward_rows(
     streamed = STREAMING and stream
     rows, span = grouping(N, _itemsize(w) + _itemsize(b), (1 if streamed else 2) * _itemsize(x), streamed, staged)
     # streamed whole 16-bit rows with a weight or a bias go in pairs, written together
-    # (write_pair; in the STREAMING variant alone, compiled off a first call's path)
+    # (spans.write_pair; in the STREAMING variant alone, compiled off a first call's path)
     paired = False
     if STREAMING:
         paired = streamed and _itemsize(x) == 2 and _itemsize(w) + _itemsize(b) > 0 and rows == 1 and not staged
@@ -123,36 +123,6 @@ def forward_rows(
     if STREAMING and stream:
         store_fence()
     return left
-
-
-@njit(cache=True, fastmath={"contract"}, nogil=True, inline="always")
-def write_pair(
-    x,      # (M, N) input rows, 16-bit floats as integer bits (halves)
-    i,      # scalar: the first of the two rows, i and i + 1
-    m1,     # scalar: row i's mean (mu + corr: folded for 16-bit rows, spans.normalize_span)
-    r1,     # scalar: row i's rstd
-    m2,     # scalar: row i + 1's mean
-    r2,     # scalar: row i + 1's rstd
-    w,      # (N,) weight as forward_rows's, or None
-    b,      # (N,) bias, as w
-    y,      # (M, N) output, x's dtype, apart from x (forward_rows stages rows written in place)
-    hi,     # scalar: one past the last row of the block
-):
-    """Streamed rows ``i`` and ``i + 1`` of a 16-bit forward written together
-    (spans.normalize_pair): an element of the weight and the bias widened once for both
-    rows.  Their whole lines go out with streaming stores (the same lines in both rows:
-    forward_rows checks), the next pair asked for as they are written, as forward_rows
-    writes a streamed row."""
-    N = x.shape[1]
-    chunk = ahead_chunk(x)
-    s0, s1 = span_lines(y, i, 0, N)
-    normalize_pair(x, i, m1, r1, m2, r2, w, b, y, 0, s0, False)
-    for t in range(s0, s1, chunk):
-        te = min(t + chunk, s1)
-        ask_ahead(x, i + 1, hi, t, te)  # rows i + 2 and i + 3
-        ask_ahead(x, i + 2, hi, t, te)
-        normalize_pair(x, i, m1, r1, m2, r2, w, b, y, t, te, True)
-    normalize_pair(x, i, m1, r1, m2, r2, w, b, y, s1, N, False)
 
 
 @njit(cache=True, nogil=True)  # (no fastmath: the sums are backward_sums's, common.FASTMATH)
