@@ -1045,49 +1045,6 @@ def test_grouped_rows_with_overflowed_and_nan_rows_among_them(stream_everything,
         np.testing.assert_array_equal(inplace, whole, err_msg=f"{name} streamed in place")
 
 
-@pytest.mark.parametrize("dtype", first_then_exhaustive(["bfloat16", "float16"]))
-@pytest.mark.parametrize("n, offset", [(640, 0), (640, 2), (611, 0), (611, 1)], ids=str)
-def test_16_bit_rows_written_in_pairs(stream_everything, rng, dtype, n, offset):
-    """Streamed 16-bit LayerNorm rows with a weight or a bias, and RMSNorm rows with a
-    weight, are written two at a time, an element of the parameters widened once for both
-    (spans.write_pair): every row the bits of its own one-row call, where a pair has a
-    rescued row (bfloat16's squares overflow float32) or a NaN row, where the rows' count is
-    odd, fresh, in place (staged: never paired), and into an ``out=`` whose consecutive rows
-    have the same whole lines (640 elements: 1280 bytes), other ones (611: rows written one
-    by one), or none (one byte off its item size)."""
-    from numbanorm.measure import host_dtype
-
-    dt = host_dtype(dtype)
-    m = 7
-    x = (rng.standard_normal((m, n)) * 3 + 1).astype(dt)
-    x[2, 5] = np.nan  # in the pair (2, 3)
-    if dtype == "bfloat16":
-        x[4] = (x[4].astype(np.float32) * 1e30).astype(dt)  # sums overflow: the pair (4, 5) has a rescued row
-    raw = np.zeros(x.nbytes + 128, np.uint8)
-    start = (-raw.ctypes.data) % 64 + offset
-    out = raw[start : start + x.nbytes].view(dt).reshape(x.shape)
-    calls = []
-    for w, b in ((rng.uniform(0.5, 1.5, n).astype(dt), rng.standard_normal(n).astype(dt)),
-                 (None, rng.standard_normal(n).astype(dt)),
-                 (rng.uniform(0.5, 1.5, n).astype(np.float32), None)):
-        calls.append(lambda a, w=w, b=b, **k: nn.layer_norm(a, n, w, b, **k))
-        if w is not None:
-            calls.append(lambda a, w=w, **k: nn.rms_norm(a, n, w, **k))
-    for f in calls:
-        whole = unstreamed(f, x)
-        assert np.isnan(np.asarray(whole[2], np.float32)).all(), "the NaN row"
-        assert np.isfinite(np.asarray(np.delete(whole, 2, axis=0), np.float32)).all(), "the other rows"
-        for i in range(m):
-            np.testing.assert_array_equal(unstreamed(f, x[i:i + 1]).view(np.uint16), whole[i:i + 1].view(np.uint16),
-                                          err_msg=str(i))
-        for got in (f(x), unstreamed(f, x, out=out), f(x, out=out)):
-            np.testing.assert_array_equal(got.view(np.uint16), whole.view(np.uint16))
-        inplace = x.copy()
-        f(inplace, out=inplace)
-        np.testing.assert_array_equal(inplace.view(np.uint16), whole.view(np.uint16))
-    assert not raw[:start].any() and not raw[start + x.nbytes :].any()
-
-
 def test_the_row_functions_scratch_arrays_are_freed():
     """Every array Numba's runtime allocates in a backward or a forward (the partial rows
     and a group's kept statistics of ``common.empty_row``, an allocation written out by

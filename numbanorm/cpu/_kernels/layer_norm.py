@@ -23,7 +23,7 @@ from .halves import kernel_view, like, narrow, widen
 from .memory import (_itemsize, ahead_chunk, ask_ahead, put_streaming, should_stream, span_lines, store_fence,
                      stream_apart, stream_row, stream_span)
 from .rescale import rescue_row, scaled_backward_row
-from .spans import grouping, normalize_span, write_pair
+from .spans import grouping, normalize_span
 from .stats import overflowed, row_is_finite, row_stats
 from .sums import gradient_sums
 
@@ -66,13 +66,6 @@ def forward_rows(
     # weight and bias would not stay in L1 (spans.grouping); else one whole row
     streamed = STREAMING and stream
     rows, span = grouping(N, _itemsize(w) + _itemsize(b), (1 if streamed else 2) * _itemsize(x), streamed, staged)
-    # streamed whole 16-bit rows with a weight or a bias go in pairs, written together
-    # (spans.write_pair; in the STREAMING variant alone, compiled off a first call's path)
-    paired = False
-    if STREAMING:
-        paired = streamed and _itemsize(x) == 2 and _itemsize(w) + _itemsize(b) > 0 and rows == 1 and not staged
-        if paired:
-            rows = 2
     kept = empty_row(3 * rows, mean)  # each row's mu, corr and rstd (-1: rescued), a third each
     left = 0
     for g in range(lo, hi, rows):
@@ -90,10 +83,6 @@ def forward_rows(
             kept[i - g] = mu
             kept[rows + i - g] = corr
             kept[2 * rows + i - g] = r
-        if (STREAMING and paired and ge - g == 2 and kept[4] != -one and kept[5] != -one
-                and span_lines(y, g, 0, N) == span_lines(y, g + 1, 0, N)):
-            write_pair(x, g, kept[0] + kept[2], kept[4], kept[1] + kept[3], kept[5], w, b, y, hi)
-            continue
         for c in range(0, N, span):
             ce = min(c + span, N)
             for i in range(g, ge):

@@ -20,7 +20,7 @@ from .halves import kernel_view, like, narrow, widen
 from .memory import (_itemsize, ahead_chunk, ask_ahead, put_streaming, should_stream, span_lines, store_fence,
                      stream_apart, stream_row, stream_span)
 from .rescale import rescue_rms_row
-from .spans import grouping, scale_span, write_pair
+from .spans import grouping, scale_span
 from .stats import overflowed, row_is_finite, row_sum_squares
 from .sums import gradient_sums
 
@@ -53,12 +53,6 @@ def forward_rows(
     # rows in groups where the weight would not stay in L1, as layer_norm.forward_rows
     streamed = STREAMING and stream
     rows, span = grouping(N, _itemsize(w), (1 if streamed else 2) * _itemsize(x), streamed, staged)
-    # streamed whole 16-bit rows with a weight in pairs, as layer_norm.forward_rows
-    paired = False
-    if STREAMING:
-        paired = streamed and _itemsize(x) == 2 and _itemsize(w) > 0 and rows == 1 and not staged
-        if paired:
-            rows = 2
     kept = empty_row(rows, rstd)  # each row's rstd (-1: rescued)
     left = 0
     for g in range(lo, hi, rows):
@@ -71,10 +65,6 @@ def forward_rows(
             else:
                 rstd[i] = r
             kept[i - g] = r
-        if (STREAMING and paired and ge - g == 2 and kept[0] != -one and kept[1] != -one
-                and span_lines(y, g, 0, N) == span_lines(y, g + 1, 0, N)):
-            write_pair(x, g, zero, kept[0], zero, kept[1], w, None, y, hi)  # (x - 0 is x: scale_span's bits)
-            continue
         for c in range(0, N, span):
             ce = min(c + span, N)
             for i in range(g, ge):
