@@ -127,9 +127,9 @@ class Plans:
     def __init__(self):
         self._plans = {}
         run = {"layer_norm": _layer_norm, "rms_norm": _rms_norm, "group_norm": _group_norm}
+        back = {"layer_norm": _rows_backward, "rms_norm": _rows_backward, "group_norm": _groups_backward}
         self._run = {(k, "forward"): run[k] for k in self.FORWARD}
-        self._run.update({(k, "backward"): _groups_backward if k == "group_norm" else _rows_backward
-                          for k in self.BACKWARD})
+        self._run.update({(k, "backward"): back[k] for k in self.BACKWARD})
 
     def key(self, kind, args):
         if kind[1] == "plain":  # a plain call is its forward's: the kernels fill the statistics either way
