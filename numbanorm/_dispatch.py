@@ -79,15 +79,15 @@ def _dispatching(op, kind):
     call = ", ".join(f"{p.name}={p.name}" if p.kind is p.KEYWORD_ONLY else p.name for p in params)
     roles = ", ".join(op.backward_roles if kind == "backward" else op.forward_roles)
     out = "" if kind == "backward" else ", out=out" if kind == "plain" and op.has_out else ", out=None"
-    # the CUDA shortcut returns a plain call's outputs, the CPU's every output of the forward
+    # either shortcut returns a plain call's outputs as a tuple
     asked = [f"_replay({roles}{out})"]
-    shortcut = _CPU.shortcut(op, "backward" if kind == "backward" else "forward")
+    shortcut = _CPU.shortcut(op, kind)
     if shortcut is not None:
         asked.insert(0, f"_small({roles}{out})")
     if kind == "plain" and len(op.plain_outputs) == 1:  # y alone, the first output
         body = f"({' or '.join(asked)} or (_pick({arrays}).{name}({call}),))[0]"
     else:
-        assert shortcut is None or kind != "plain", "the CPU shortcut returns the statistics too"
+        assert shortcut is None or kind != "plain", "a plain call of several outputs has no CPU shortcut"
         body = f"{' or '.join(asked)} or _pick({arrays}).{name}({call})"
     namespace = {"_pick": _pick, "_small": shortcut}  # (made at import, before numbanorm.cuda is)
     namespace["_replay"] = _until_loaded(namespace)

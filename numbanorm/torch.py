@@ -192,8 +192,8 @@ def _implementation(op, kind, roles):
     name = op.function(kind)
     arrays = tuple(i for i, r in enumerate(roles) if r in ARRAY_ROLES)
     shape = roles.index("normalized_shape") if "normalized_shape" in roles else None
-    shortcut = _CPU.shortcut(op, "backward" if kind == "backward" else "forward")
-    n = len(op.plain_outputs) if kind == "plain" else None  # (the shortcut returns the statistics too)
+    shortcut = _CPU.shortcut(op, kind)
+    n = len(op.plain_outputs) if kind == "plain" else None
     optional = tuple(r for r in roles if _SCHEMA_TYPES.get(r) == "Tensor?")
     small = _addressed.Calls(op, kind, roles, optional) if _addressed.covers(op) else None
 

@@ -61,6 +61,36 @@ def test_repeated_16_bit_and_out_calls_take_the_small_call_path_with_the_full_pa
     np.testing.assert_array_equal(buf[1:].view(np.uint8), want.view(np.uint8))
 
 
+@pytest.mark.parallel_kernels
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_repeated_plain_call_has_the_forwards_bits_where_rows_are_redone(dtype):
+    """A plain call replayed by its plan keeps its unreturned statistics in one scratch
+    allocation; the rows its rescaling variant redoes are found by their rstd there, on the
+    parallel kernel's threads too (40 x 1024 elements), and every y is the forward's."""
+    from numbanorm.cpu import _backend
+
+    dt = np.dtype(dtype)
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 20, 1024)).astype(dt)
+    x[0, 3] *= 1e20 if dt == np.float32 else 1e160  # its sums overflow: redone by rescaling
+    x[1, 17] *= 1e20 if dt == np.float32 else 1e160
+    x[1, 5, 7] = np.nan  # stays in its row
+    w = rng.standard_normal(1024).astype(dt)
+    small = _backend.plans
+    for plain, forward, args in ((nn.layer_norm, nn.layer_norm_forward, (w, w, 1e-5)),
+                                 (nn.rms_norm, nn.rms_norm_forward, (w, None))):
+        small._plans.clear()
+        want = [a.copy() for a in forward(x, 1024, *args)]  # the full path, which learns the call
+        assert len(small._plans) == 1
+        got = small.shortcut((plain.__name__, "plain"))(x, 1024, *args)
+        assert len(got) == 1 and len(small._plans) == 1
+        for y in (got[0], plain(x, 1024, *args)):
+            assert y.dtype == dt and y.shape == x.shape
+            np.testing.assert_array_equal(y.view(np.uint8), want[0].view(np.uint8))
+        redone = np.isfinite(want[0][0, 3]).all() and np.isfinite(want[0][1, 17]).all()
+        assert redone and np.isnan(want[0][1, 5]).all() and np.isfinite(np.delete(want[0][1], 5, 0)).all()
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_a_replayed_out_call_apart_from_its_inputs_goes_straight_to_the_kernel(dtype, monkeypatch):
     """A replayed forward into an ``out=`` that shares no memory with x or the weights

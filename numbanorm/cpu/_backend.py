@@ -147,6 +147,11 @@ class Plans:
         pass
 
     def shortcut(self, kind):
+        """``kind``'s key and run as one function, or None where no plan can learn it: a forward
+        returns every output, a plain call ``(y,)`` (its statistics in one scratch allocation)."""
+        plain = kind[1] == "plain"
+        if plain:
+            kind = (kind[0], "forward")
         run = self._run.get(kind)
         if run is None:
             return None
@@ -155,7 +160,7 @@ class Plans:
             def forward(*args, out=None):
                 args = (*args, out)
                 plan = plans.get(_forward_key(kind, args))
-                return None if plan is None else run(plan, args)
+                return None if plan is None else run(plan, args, plain)
             return forward
 
         def backward(*args):
@@ -244,16 +249,21 @@ def _backward_key(kind, args):
     return tuple(sig)
 
 
-def _layer_norm(plan, args):
-    """``(y, mean, rstd)`` of a LayerNorm forward by its plan, or None (the full path's)."""
+def _layer_norm(plan, args, plain=False):
+    """``(y, mean, rstd)`` of a LayerNorm forward by its plan, ``(y,)`` of a ``plain`` call,
+    or None (the full path's)."""
     x, _, weight, bias, _, out = args
     if out is not None and not out.flags.writeable:
         return None  # (the full path says why a read-only out= is refused)
     m, n, stat, acc, e, block, direct, half, flat, stream = plan
     y = np.empty(x.shape, x.dtype) if out is None else out
-    mean, rstd = np.empty(stat, acc), np.empty(stat, acc)
+    if plain:  # the statistics, unreturned, in one allocation (two cost a share of a small call)
+        kept = np.empty((2, m), acc)
+        mean1, rstd1 = kept[0], kept[1]
+    else:
+        mean, rstd = np.empty(stat, acc), np.empty(stat, acc)
+        mean1, rstd1 = mean.reshape(m), rstd.reshape(m)
     x2, y2 = (x, y) if flat else (x.reshape(m, n), y.reshape(m, n))
-    mean1, rstd1 = mean.reshape(m), rstd.reshape(m)
     if direct and (out is None or apart(out, x, weight, bias)):  # (else the launcher: scratch_for)
         if half:  # (kernel_view's own tests skipped: the plan checked the arrays)
             bits, wbits, bbits = half
@@ -263,19 +273,19 @@ def _layer_norm(plan, args):
         layer_norm.launch(layer_norm._forward, x.size, block, x2, weight, bias, e, y2, mean1, rstd1, stream)
     else:
         layer_norm.forward(x2, weight, bias, e, y2, mean1, rstd1)
-    return y, mean, rstd
+    return (y,) if plain else (y, mean, rstd)
 
 
-def _rms_norm(plan, args):
-    """``(y, rstd)`` of an RMSNorm forward by its plan, or None (the full path's)."""
+def _rms_norm(plan, args, plain=False):
+    """``(y, rstd)`` of an RMSNorm forward by its plan, ``(y,)`` of a ``plain`` call, or None."""
     x, _, weight, _, out = args
     if out is not None and not out.flags.writeable:
         return None  # (the full path says why a read-only out= is refused)
     m, n, stat, acc, e, block, direct, half, flat, stream = plan
     y = np.empty(x.shape, x.dtype) if out is None else out
-    rstd = np.empty(stat, acc)
+    rstd = np.empty(m if plain else stat, acc)
     x2, y2 = (x, y) if flat else (x.reshape(m, n), y.reshape(m, n))
-    rstd1 = rstd.reshape(m)
+    rstd1 = rstd if plain else rstd.reshape(m)
     if direct and (out is None or apart(out, x, weight)):
         if half:
             bits, wbits, _ = half
@@ -284,19 +294,19 @@ def _rms_norm(plan, args):
         rms_norm.launch(rms_norm._forward, x.size, block, x2, weight, e, y2, rstd1, stream)
     else:
         rms_norm.forward(x2, weight, e, y2, rstd1)
-    return y, rstd
+    return (y,) if plain else (y, rstd)
 
 
-def _group_norm(plan, args):
+def _group_norm(plan, args, plain=False):
     """``(y, mean, rstd)`` of a GroupNorm forward by its plan (through the launcher, which
-    converts the weights and checks ``out`` against the inputs), or None."""
+    converts the weights and checks ``out`` against the inputs), ``(y,)`` of a ``plain`` call, or None."""
     x, _, weight, bias, _, out = args
     if out is not None and not out.flags.writeable:
         return None  # (the full path says why a read-only out= is refused)
     y = np.empty(x.shape, x.dtype) if out is None else out
     mean, rstd = np.empty(plan.stats, plan.eps.dtype), np.empty(plan.stats, plan.eps.dtype)
     group_norm.forward(x.reshape(plan.flat), weight, bias, plan.eps, y.reshape(plan.flat), mean, rstd)
-    return y, mean, rstd
+    return (y,) if plain else (y, mean, rstd)
 
 
 def _rows_backward(plan, args):
