@@ -47,6 +47,9 @@ kernels called with different arguments.
   allocating call and the threaded copy into a mapped and a fresh array (needs torch).
 - group_passes: a GroupNorm forward whose arrays stay in cache, the public call, the
   launcher and its statistics pass alone, beside PyTorch's call and the threaded copy (needs torch).
+- fresh_dx: a large GroupNorm and InstanceNorm backward into a mapped ``dx`` and allocating
+  it (in huge pages and in 4 KiB pages), beside PyTorch's autograd backward and the threaded
+  copy, in ``--processes`` fresh processes, every round kept (needs torch).
 
 ``--only NAME,...`` runs some of these; ``--out`` writes them elsewhere (a second machine).
 """
@@ -696,6 +699,64 @@ def fresh_output(rounds, rows=16384, n=4096, dtypes=("float16", "bfloat16", "flo
     return {"cases": cases, "torch_threads": numba.get_num_threads()}
 
 
+def fresh_dx(rounds, shape=(32, 256, 32, 32), groups=(32, 256)):
+    """What a fresh ``dx`` costs a large GroupNorm backward (``groups``: 32 groups, and one a
+    channel: InstanceNorm): the launcher into a mapped ``dx``, the public call (a fresh ``dx``
+    in huge pages, as NumPy asks for them, and in 4 KiB pages), torch's autograd backward (its
+    graph built once, as the targets' ``measure.torch_calls``) and the threaded copy of the same
+    bytes; milliseconds a round (medians, and every round: the spread is the finding)."""
+    import torch
+
+    F = _torch_functional()
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(shape, dtype=np.float32)
+    dy = rng.standard_normal(shape, dtype=np.float32)
+    C = shape[1]
+    w, b = rng.uniform(0.5, 1.5, C).astype(np.float32), rng.standard_normal(C).astype(np.float32)
+    mapped = np.full_like(x, 1.0)  # every page touched
+    dw, db = np.empty(C, np.float32), np.empty(C, np.float32)
+    flat = (shape[0], C, -1)
+    cases = []
+    for g in groups:
+        _, mean, rstd = numbanorm.group_norm_forward(x, g, w, b)
+        fresh = lambda: numbanorm.group_norm_backward(dy, x, mean, rstd, w)  # noqa: E731
+        leaves = [torch.from_numpy(a).requires_grad_(True) for a in (x, w, b)]
+        ty = F.group_norm(leaves[0], g, leaves[1], leaves[2])
+        tdy = torch.from_numpy(dy)
+        t = timed_rounds({
+            "mapped": lambda: gn.backward(dy.reshape(flat), x.reshape(flat), mean, rstd, w, mapped.reshape(flat),
+                                          dw, db),
+            "fresh": fresh,
+            "fresh_small_pages": _small_pages(fresh),
+            "torch": lambda: torch.autograd.grad(ty, leaves, tdy, retain_graph=True),
+            "copy_threads": lambda: measure.parallel_copy(mapped, x),
+        }, rounds)
+        cases.append({
+            "groups": g, "shape": list(shape), "bytes_dx": x.nbytes, "rounds": rounds,
+            "ms": {k: round(float(np.median(v)) * 1e3, 3) for k, v in t.items()},
+            "ms_rounds": {k: [round(float(r) * 1e3, 2) for r in v] for k, v in t.items()},
+            # the targets' ratio (the public call over torch's), and each way of meeting dx over torch's
+            "over_torch": {k: round(float(np.median(t[k] / t["torch"])), 3) for k in t if k != "torch"},
+        })
+    return {"cases": cases, "torch_threads": numba.get_num_threads()}
+
+
+# glibc's malloc keeps a freed block of up to this many bytes mapped for the next one (its
+# default maps each 32 MiB array afresh): one way a process skips the faults of fresh arrays
+KEEP_MAPPED = {"MALLOC_MMAP_THRESHOLD_": str(1 << 32)}
+
+
+def fresh_dx_spread(processes, rounds):
+    """:func:`fresh_dx` in ``processes`` fresh processes: whether the operating system finds
+    huge pages for a fresh ``dx`` at once is drawn again in each (the first rounds of one
+    can wait on it); and in two with glibc keeping freed arrays mapped (``KEEP_MAPPED``)."""
+    code = ("import sys, json, numba; from benchmarks import design_probes as p; "
+            f"numba.set_num_threads({numba.get_num_threads()}); "
+            f"json.dump(p.fresh_dx({rounds}), open(sys.argv[1], 'w'))")
+    return {"rounds": rounds, "processes": [in_child(code) for _ in range(processes)],
+            "kept_mapped": KEEP_MAPPED, "kept_mapped_processes": [in_child(code, env=KEEP_MAPPED) for _ in range(2)]}
+
+
 @numba.njit(parallel=True)
 def _group_statistics(xg, mean, block):
     """The GroupNorm forward's statistics pass alone: ``stats.row_stats`` over every group
@@ -753,6 +814,7 @@ PROBES = {
     "row_groups": lambda q: row_groups(15 // q),
     "fresh_output": lambda q: fresh_output(15 // q),
     "group_passes": lambda q: group_passes(31 // q),
+    "fresh_dx": None,  # (main: its --processes)
 }
 
 
@@ -765,9 +827,10 @@ def main(argv=None):
     p.add_argument("--only", default=",".join(PROBES), help="comma-separated probes (default: all)")
     p.add_argument("--baseline", help="row_costs_spread: another checkout (a git worktree) whose numbanorm "
                                       "runs alternated with this one's, for a change's before and after")
-    p.add_argument("--processes", type=int, default=8, help="row_costs_spread: processes a side (8)")
+    p.add_argument("--processes", type=int, default=8, help="row_costs_spread: processes a side (8); fresh_dx: processes")
     a = p.parse_args(argv)
     PROBES["row_costs_spread"] = lambda q: row_costs_spread(max(1, a.processes // q), 15 // q, a.baseline)
+    PROBES["fresh_dx"] = lambda q: fresh_dx_spread(max(1, a.processes // q), 20 // q)
     numba.set_num_threads(a.threads)
     q = 4 if a.quick else 1
     load_before = list(os.getloadavg())

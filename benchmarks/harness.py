@@ -251,17 +251,17 @@ def child_env(first=None, cache=None, **extra):
     return env
 
 
-def in_child(code, *args, first=None, cache=None):
+def in_child(code, *args, first=None, cache=None, env=None):
     """The JSON that ``python -c code *args PATH`` writes to PATH (its last argument), run on
     this interpreter from the repository's root: a measurement in a fresh process; ``first``
-    and ``cache`` as :func:`child_env`'s (run from ``first`` where given)."""
+    and ``cache`` as :func:`child_env`'s (run from ``first`` where given), ``env`` its extra variables."""
     import subprocess
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "out.json"
         subprocess.run([sys.executable, "-c", code, *args, str(out)], check=True,
-                       cwd=first or Path(__file__).parents[1], env=child_env(first, cache))
+                       cwd=first or Path(__file__).parents[1], env=child_env(first, cache, **(env or {})))
         return json.loads(out.read_text())
 
 

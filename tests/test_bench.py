@@ -1151,6 +1151,23 @@ def test_the_fresh_output_and_group_passes_probes():
     np.testing.assert_allclose(got, x.mean(axis=1) + x.var(axis=1), rtol=1e-5, atol=1e-6)
 
 
+def test_the_fresh_dx_probe_keeps_every_round_and_its_children_get_their_environment():
+    """design_probes.fresh_dx times each backward's ways of meeting dx and keeps every round
+    (the spread is its finding); fresh_dx_spread's kept-mapped children run with glibc's
+    variable set (harness.in_child's env)."""
+    pytest.importorskip("torch")
+    from benchmarks import design_probes, harness
+
+    fd = design_probes.fresh_dx(2, shape=(2, 8, 4, 4), groups=(2, 8))
+    assert [c["groups"] for c in fd["cases"]] == [2, 8]
+    for c in fd["cases"]:
+        assert set(c["ms"]) == {"mapped", "fresh", "fresh_small_pages", "torch", "copy_threads"}
+        assert all(len(r) == 2 and min(r) > 0 for r in c["ms_rounds"].values())
+        assert set(c["over_torch"]) == set(c["ms"]) - {"torch"}
+    code = "import os, sys, json; json.dump(os.environ.get('MALLOC_MMAP_THRESHOLD_'), open(sys.argv[1], 'w'))"
+    assert harness.in_child(code, env=design_probes.KEEP_MAPPED) == design_probes.KEEP_MAPPED["MALLOC_MMAP_THRESHOLD_"]
+
+
 def test_the_streaming_sweep_spans_its_range_of_the_cache_in_whole_mib():
     from fractions import Fraction
 
