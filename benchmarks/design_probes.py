@@ -741,8 +741,9 @@ def fresh_dx(rounds, shape=(32, 256, 32, 32), groups=(32, 256)):
     return {"cases": cases, "torch_threads": numba.get_num_threads()}
 
 
-# glibc's malloc keeps a freed block of up to this many bytes mapped for the next one (its
-# default maps each 32 MiB array afresh): one way a process skips the faults of fresh arrays
+# glibc's malloc serves blocks under this many bytes from its heap, where the next array
+# reuses a freed one's pages (by default it maps each 32 MiB array afresh and unmaps it when
+# freed): one way a process skips the page faults of fresh arrays
 KEEP_MAPPED = {"MALLOC_MMAP_THRESHOLD_": str(1 << 32)}
 
 

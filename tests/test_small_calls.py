@@ -63,10 +63,11 @@ def test_repeated_16_bit_and_out_calls_take_the_small_call_path_with_the_full_pa
 
 @pytest.mark.parallel_kernels
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_a_repeated_plain_call_has_the_forwards_bits_where_rows_are_redone(dtype):
+def test_a_repeated_plain_call_has_the_forwards_bits_where_rows_are_redone(dtype, monkeypatch):
     """A plain call replayed by its plan keeps its unreturned statistics in one scratch
-    allocation; the rows its rescaling variant redoes are found by their rstd there, on the
-    parallel kernel's threads too (40 x 1024 elements), and every y is the forward's."""
+    allocation, by either way into the plans; the rows its rescaling variant redoes are found
+    by their rstd there, on the parallel kernel's threads too (40 x 1024 elements), and every
+    y is the forward's."""
     from numbanorm.cpu import _backend
 
     dt = np.dtype(dtype)
@@ -84,9 +85,15 @@ def test_a_repeated_plain_call_has_the_forwards_bits_where_rows_are_redone(dtype
         assert len(small._plans) == 1
         got = small.shortcut((plain.__name__, "plain"))(x, 1024, *args)
         assert len(got) == 1 and len(small._plans) == 1
-        for y in (got[0], plain(x, 1024, *args)):
+        # the top level's shortcut, and numbanorm.cpu's frontend asking the same plans as plain
+        ran = small._run[plain.__name__, "forward"]
+        asked = []
+        monkeypatch.setitem(small._run, (plain.__name__, "forward"),
+                            lambda plan, a, plain=False: asked.append(plain) or ran(plan, a, plain))
+        for y in (got[0], plain(x, 1024, *args), getattr(nn.cpu, plain.__name__)(x, 1024, *args)):
             assert y.dtype == dt and y.shape == x.shape
             np.testing.assert_array_equal(y.view(np.uint8), want[0].view(np.uint8))
+        assert asked == [True]  # (the top level's shortcut holds the runner it was made with)
         redone = np.isfinite(want[0][0, 3]).all() and np.isfinite(want[0][1, 17]).all()
         assert redone and np.isnan(want[0][1, 5]).all() and np.isfinite(np.delete(want[0][1], 5, 0)).all()
 

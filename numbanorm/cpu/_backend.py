@@ -132,13 +132,22 @@ class Plans:
         self._run.update({(k, "backward"): back[k] for k in self.BACKWARD})
 
     def key(self, kind, args):
-        if kind[1] == "plain":  # a plain call is its forward's: the kernels fill the statistics either way
+        """``(the plan's key, whether the call is plain)``, or None: a plain call shares its
+        forward's plan (the kernels fill the statistics either way) and returns ``(y,)``."""
+        plain = kind[1] == "plain"
+        if plain:
             kind = (kind[0], "forward")
-        return (_forward_key if kind[1] == "forward" else _backward_key)(kind, args) if kind in self._run else None
+        if kind not in self._run:
+            return None
+        k = (_forward_key if kind[1] == "forward" else _backward_key)(kind, args)
+        return None if k is None else (k, plain)
 
     def run(self, key, args):
-        plan = self._plans.get(key)
-        return None if plan is None else self._run[key[0]](plan, args)
+        k, plain = key
+        plan = self._plans.get(k)
+        if plan is None:
+            return None
+        return self._run[k[0]](plan, args, True) if plain else self._run[k[0]](plan, args)
 
     def begin(self, key):
         pass
@@ -178,7 +187,7 @@ class Plans:
             return
         if len(self._plans) >= self.MAX_PLANS:
             self._plans.clear()
-        self._plans[key] = plan
+        self._plans[key[0]] = plan
 
 
 def _learn_forward(name, c, acc):
