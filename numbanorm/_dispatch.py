@@ -74,21 +74,11 @@ def _dispatching(op, kind):
     fifth of a small CPU call's time, and ``_pick`` a tenth of a replayed GPU call's.
     """
     name, sig = op.function(kind), op.signature(kind)
-    params = sig.parameters.values()
-    arrays = ", ".join(f"{p.name}={p.name}" for p in params if p.name in _ops.ARRAY_ROLES)
-    call = ", ".join(f"{p.name}={p.name}" if p.kind is p.KEYWORD_ONLY else p.name for p in params)
-    roles = ", ".join(op.backward_roles if kind == "backward" else op.forward_roles)
-    out = "" if kind == "backward" else ", out=out" if kind == "plain" and op.has_out else ", out=None"
-    # either shortcut returns a plain call's outputs as a tuple
-    asked = [f"_replay({roles}{out})"]
+    arrays = ", ".join(f"{p.name}={p.name}" for p in sig.parameters.values() if p.name in _ops.ARRAY_ROLES)
     shortcut = _CPU.shortcut(op, kind)
-    if shortcut is not None:
-        asked.insert(0, f"_small({roles}{out})")
-    if kind == "plain" and len(op.plain_outputs) == 1:  # y alone, the first output
-        body = f"({' or '.join(asked)} or (_pick({arrays}).{name}({call}),))[0]"
-    else:
-        assert shortcut is None or kind != "plain", "a plain call of several outputs has no CPU shortcut"
-        body = f"{' or '.join(asked)} or _pick({arrays}).{name}({call})"
+    # either shortcut returns a call's outputs as a tuple (a plain call's without the statistics)
+    body = _ops.asking(op, kind, ["_small", "_replay"] if shortcut is not None else ["_replay"],
+                       f"_pick({arrays}).{name}")
     namespace = {"_pick": _pick, "_small": shortcut}  # (made at import, before numbanorm.cuda is)
     namespace["_replay"] = _until_loaded(namespace)
     _REPLAYED.append((namespace, op, kind))

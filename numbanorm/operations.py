@@ -191,6 +191,21 @@ class Operation:
         return {k: (np.asarray(a, dtype) if isinstance(a, np.ndarray) else a) for k, a in v.items()}
 
 
+def asking(op, kind, asked, fallback):
+    """The body of a public function of ``op``'s ``kind`` that returns the first answer of
+    the shortcuts named in ``asked`` (each called with the table's roles, a forward's ``out``
+    by keyword; an answer is the outputs as a tuple, or None) and else ``fallback``'s, a
+    function of the same signature; a plain function of one output returns it alone."""
+    roles = ", ".join(op.backward_roles if kind == "backward" else op.forward_roles)
+    out = "" if kind == "backward" else ", out=out" if kind == "plain" and op.has_out else ", out=None"
+    params = op.signature(kind).parameters.values()
+    call = ", ".join(f"{p.name}={p.name}" if p.kind is p.KEYWORD_ONLY else p.name for p in params)
+    tried = " or ".join(f"{a}({roles}{out})" for a in asked)
+    if kind == "plain" and len(op.plain_outputs) == 1:  # y alone, the first output
+        return f"({tried} or ({fallback}({call}),))[0]"
+    return f"{tried} or {fallback}({call})"
+
+
 def generate(name, signature, body, namespace, doc, where):
     """The function ``def name<signature>: return <body>``, compiled in ``namespace``
     (``body`` a list of lines: the function's body).

@@ -78,6 +78,9 @@ def test_a_repeated_plain_call_has_the_forwards_bits_where_rows_are_redone(dtype
     x[1, 5, 7] = np.nan  # stays in its row
     w = rng.standard_normal(1024).astype(dt)
     small = _backend.plans
+    frontend = type(nn.cpu._frontend)
+    answer, answered = frontend._answer, []  # the frontend's path, where a call takes it
+    monkeypatch.setattr(frontend, "_answer", lambda self, op, *a: answered.append(op.name) or answer(self, op, *a))
     for plain, forward, args in ((nn.layer_norm, nn.layer_norm_forward, (w, w, 1e-5)),
                                  (nn.rms_norm, nn.rms_norm_forward, (w, None))):
         small._plans.clear()
@@ -85,15 +88,19 @@ def test_a_repeated_plain_call_has_the_forwards_bits_where_rows_are_redone(dtype
         assert len(small._plans) == 1
         got = small.shortcut((plain.__name__, "plain"))(x, 1024, *args)
         assert len(got) == 1 and len(small._plans) == 1
-        # the top level's shortcut, and numbanorm.cpu's frontend asking the same plans as plain
+        # the shortcut (the top level's and numbanorm.cpu's functions ask it first), and the
+        # frontend's own way into the same plans (where the top level goes next), as plain
         ran = small._run[plain.__name__, "forward"]
         asked = []
+        answered.clear()
         monkeypatch.setitem(small._run, (plain.__name__, "forward"),
-                            lambda plan, a, plain=False: asked.append(plain) or ran(plan, a, plain))
-        for y in (got[0], plain(x, 1024, *args), getattr(nn.cpu, plain.__name__)(x, 1024, *args)):
+                            lambda plan, a, plain=False, ran=ran: asked.append(plain) or ran(plan, a, plain))
+        for y in (got[0], plain(x, 1024, *args), getattr(nn.cpu, plain.__name__)(x, 1024, *args),
+                  getattr(nn.cpu._frontend, plain.__name__)(x, 1024, *args)):
             assert y.dtype == dt and y.shape == x.shape
             np.testing.assert_array_equal(y.view(np.uint8), want[0].view(np.uint8))
-        assert asked == [True]  # (the top level's shortcut holds the runner it was made with)
+        # (a shortcut holds the runner it was made with; the frontend looks it up)
+        assert asked == [True] and answered == [plain.__name__]
         redone = np.isfinite(want[0][0, 3]).all() and np.isfinite(want[0][1, 17]).all()
         assert redone and np.isnan(want[0][1, 5]).all() and np.isfinite(np.delete(want[0][1], 5, 0)).all()
 
