@@ -378,6 +378,15 @@ def row_costs(rounds, rows=16384, n=4096, cached=32):
     return cases
 
 
+def _child_code(call):
+    """The source of a child (``harness.in_child``) that runs this module's ``call`` (its
+    source text, ``"in_cache(15, 512, 4096)"``) on this process's thread count and writes
+    what it returns as JSON."""
+    return ("import sys, json, numba; from benchmarks import design_probes as p; "
+            f"numba.set_num_threads({numba.get_num_threads()}); "
+            f"json.dump(p.{call}, open(sys.argv[1], 'w'))")
+
+
 def row_costs_spread(processes, rounds, baseline=None, **shape):
     """:func:`row_costs` in ``processes`` fresh processes, on this one's thread count: on a
     shared VM the threaded copy's pace moves between processes and within one, and with
@@ -387,9 +396,7 @@ def row_costs_spread(processes, rounds, baseline=None, **shape):
     ``shape``: row_costs's ``rows``, ``n`` and ``cached``."""
     import tempfile
 
-    code = ("import sys, json, numba; from benchmarks import design_probes as p; "
-            f"numba.set_num_threads({numba.get_num_threads()}); "
-            f"json.dump(p.row_costs({rounds}, **{shape!r}), open(sys.argv[1], 'w'))")
+    code = _child_code(f"row_costs({rounds}, **{shape!r})")
     out = {"rounds": rounds}
     with tempfile.TemporaryDirectory(prefix="numbanorm-row-costs-") as tmp:
         sides = {"processes": None}
@@ -626,9 +633,7 @@ def in_cache(rounds, rows=512, n=4096):
 def in_cache_spread(processes, rounds, rows=512, n=4096):
     """:func:`in_cache` in ``processes`` fresh processes, on this one's thread count: each ratio
     per process and its least, median and greatest over them."""
-    code = ("import sys, json, numba; from benchmarks import design_probes as p; "
-            f"numba.set_num_threads({numba.get_num_threads()}); "
-            f"json.dump(p.in_cache({rounds}, {rows}, {n}), open(sys.argv[1], 'w'))")
+    code = _child_code(f"in_cache({rounds}, {rows}, {n})")
     runs = [in_child(code) for _ in range(processes)]
     ratios = {k: [r["ratio_to_copy"][k] for r in runs] for k in runs[0]["ratio_to_copy"]}
     return {"shape": [rows, n], "processes": processes, "rounds": rounds, "streamed": runs[0]["streamed"],
@@ -751,9 +756,7 @@ def fresh_dx_spread(processes, rounds):
     """:func:`fresh_dx` in ``processes`` fresh processes: whether the operating system finds
     huge pages for a fresh ``dx`` at once is drawn again in each (the first rounds of one
     can wait on it); and in two with glibc keeping freed arrays mapped (``KEEP_MAPPED``)."""
-    code = ("import sys, json, numba; from benchmarks import design_probes as p; "
-            f"numba.set_num_threads({numba.get_num_threads()}); "
-            f"json.dump(p.fresh_dx({rounds}), open(sys.argv[1], 'w'))")
+    code = _child_code(f"fresh_dx({rounds})")
     return {"rounds": rounds, "processes": [in_child(code) for _ in range(processes)],
             "kept_mapped": KEEP_MAPPED, "kept_mapped_processes": [in_child(code, env=KEEP_MAPPED) for _ in range(2)]}
 
