@@ -132,11 +132,8 @@ class Plans:
         self._run.update({(k, "backward"): back[k] for k in self.BACKWARD})
 
     def key(self, kind, args):
-        """``(the plan's key, whether the call is plain)``, or None: a plain call shares its
-        forward's plan (the kernels fill the statistics either way) and returns ``(y,)``."""
-        plain = kind[1] == "plain"
-        if plain:
-            kind = (kind[0], "forward")
+        """``(the plan's key, whether the call is plain)``, or None (a plain call: ``_planned``)."""
+        kind, plain = _planned(kind)
         if kind not in self._run:
             return None
         k = (_forward_key if kind[1] == "forward" else _backward_key)(kind, args)
@@ -158,9 +155,7 @@ class Plans:
     def shortcut(self, kind):
         """``kind``'s key and run as one function, or None where no plan can learn it: a forward
         returns every output, a plain call ``(y,)`` (its statistics in one scratch allocation)."""
-        plain = kind[1] == "plain"
-        if plain:
-            kind = (kind[0], "forward")
+        kind, plain = _planned(kind)
         run = self._run.get(kind)
         if run is None:
             return None
@@ -188,6 +183,13 @@ class Plans:
         if len(self._plans) >= self.MAX_PLANS:
             self._plans.clear()
         self._plans[key[0]] = plan
+
+
+def _planned(kind):
+    """``(the kind whose plan a call of kind runs, whether it is plain)``: a plain call shares
+    its forward's plan (the kernels fill the statistics either way) and returns ``(y,)``."""
+    plain = kind[1] == "plain"
+    return ((kind[0], "forward") if plain else kind), plain
 
 
 def _learn_forward(name, c, acc):
