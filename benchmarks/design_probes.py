@@ -50,6 +50,10 @@ kernels called with different arguments.
 - fresh_dx: a large GroupNorm and InstanceNorm backward into a mapped ``dx`` and allocating
   it (in huge pages and in 4 KiB pages), beside PyTorch's autograd backward and the threaded
   copy, in ``--processes`` fresh processes, every round kept (needs torch).
+- backward_blocks: the LayerNorm and RMSNorm backward of a few long rows with the row blocks
+  each smallest block of long rows gives (``common.BLOCK_ELEMENTS``), each in processes of
+  its own, alternated ``--processes`` times; and a one-block call's kernel on the pool
+  against the calling thread.
 
 ``--only NAME,...`` runs some of these; ``--out`` writes them elsewhere (a second machine).
 """
@@ -185,7 +189,7 @@ def backward_streaming(rounds, shapes=((16384, 4096), (65536, 768)),
             dy = rng.standard_normal((M, N), dtype=np.float32).astype(dt)
             _, mean, rstd = numbanorm.layer_norm_forward(x, N, w, b)
             mean, rstd = mean.reshape(M), rstd.reshape(M)
-            B = common.n_chunks(M)
+            B = common.n_chunks(M, N)
             parts = [np.empty((B, N), np.float32) for _ in range(2)]
             mapped, fa, fb = (np.full_like(x, 1.0) for _ in range(3))
             for fresh in (True, False):
@@ -761,6 +765,66 @@ def fresh_dx_spread(processes, rounds):
             "kept_mapped": KEEP_MAPPED, "kept_mapped_processes": [in_child(code, env=KEEP_MAPPED) for _ in range(2)]}
 
 
+# The backward's row blocks (common.n_chunks) by the smallest block of long rows they allow
+# (common.BLOCK_ELEMENTS; None: 16 rows a block whatever their length, the rule before)
+BLOCK_RULES = (None, 16384, 32768, 65536)
+BLOCK_SHAPES = ((8, 4096), (16, 4096), (32, 4096), (64, 4096), (16, 8192), (8, 16384), (4, 32768))
+
+
+def backward_blocks(rounds, rule, inner=40, shapes=BLOCK_SHAPES):
+    """The LayerNorm and RMSNorm backward (float32, with weight) of a few long rows by the
+    public call, their row blocks cut by ``rule`` (one of ``BLOCK_RULES``), round-robin over
+    the shapes: microseconds a call (medians over rounds) and the block counts; and for a
+    one-block call, its kernel on Numba's threads (what a launch did before it ran such a
+    call on the calling thread) against the row function on the calling thread."""
+    common.BLOCK_ELEMENTS = (1 << 62) if rule is None else rule
+    rng = np.random.default_rng(11)
+    calls, blocks = {}, {}
+    for M, N in shapes:
+        x = rng.standard_normal((M, N), dtype=np.float32)
+        dy = rng.standard_normal((M, N), dtype=np.float32)
+        w = rng.uniform(0.5, 1.5, N).astype(np.float32)
+        _, mean, rstd = numbanorm.layer_norm_forward(x, N, w)
+        _, rr = numbanorm.rms_norm_forward(x, N, w)
+        key = f"{M}x{N}"
+        calls["layer_norm " + key] = lambda a=(dy, x, mean, rstd, N, w): numbanorm.layer_norm_backward(*a)
+        calls["rms_norm " + key] = lambda a=(dy, x, rr, N, w): numbanorm.rms_norm_backward(*a)
+        blocks[key] = common.n_chunks(M, N)
+    t = timed_rounds(calls, rounds, inner)
+    M, N = 8, 4096  # a one-block backward (n_chunks), over common.SERIAL_BELOW
+    x = rng.standard_normal((M, N), dtype=np.float32)
+    w = rng.uniform(0.5, 1.5, N).astype(np.float32)
+    _, mean, rstd = numbanorm.layer_norm_forward(x, N, w)
+    dx, parts = np.empty_like(x), [np.empty((1, N), np.float32) for _ in range(2)]
+    args = (x, x, mean.reshape(M), rstd.reshape(M), w, None, dx, *parts, False)
+    with background.synchronous():
+        ln._backward.parallel(1, *args)
+    one = timed_rounds({"calling_thread": lambda: ln._backward.rows(*args, 0, 1),
+                        "pool": lambda: ln._backward.parallel(1, *args)}, rounds, inner)
+    return {"rule": rule, "blocks": blocks, "us": {k: round(float(np.median(v)) * 1e6, 2) for k, v in t.items()},
+            "one_block": {"shape": [M, N], "pool_over_calling_thread":
+                          round(float(np.median(one["pool"] / one["calling_thread"])), 3)}}
+
+
+def backward_blocks_spread(processes, rounds):
+    """:func:`backward_blocks` for each of ``BLOCK_RULES`` in a process of its own (the
+    allocator's state follows the sizes of a process's partials), the rules alternated
+    ``processes`` times; ``over_code``: each call's time over the code's rule's in the
+    neighbouring process, medians and ranges over the alternations."""
+    runs = [[in_child(_child_code(f"backward_blocks({rounds}, {r!r})")) for r in BLOCK_RULES]
+            for _ in range(processes)]
+    code = BLOCK_RULES.index(common.BLOCK_ELEMENTS)
+    over = {}
+    for k in runs[0][0]["us"]:
+        for i, r in enumerate(BLOCK_RULES):
+            ratios = [run[i]["us"][k] / run[code]["us"][k] for run in runs]
+            over.setdefault(k, {})[str(r)] = [round(float(np.median(ratios)), 3), round(min(ratios), 3),
+                                              round(max(ratios), 3)]
+    return {"rounds": rounds, "rules": [str(r) for r in BLOCK_RULES], "code_rule": common.BLOCK_ELEMENTS,
+            "blocks": {str(r): runs[0][i]["blocks"] for i, r in enumerate(BLOCK_RULES)},
+            "over_code": over, "processes": runs}
+
+
 @numba.njit(parallel=True)
 def _group_statistics(xg, mean, block):
     """The GroupNorm forward's statistics pass alone: ``stats.row_stats`` over every group
@@ -819,6 +883,7 @@ PROBES = {
     "fresh_output": lambda q: fresh_output(15 // q),
     "group_passes": lambda q: group_passes(31 // q),
     "fresh_dx": None,  # (main: its --processes)
+    "backward_blocks": None,  # (main: its --processes)
 }
 
 
@@ -831,10 +896,12 @@ def main(argv=None):
     p.add_argument("--only", default=",".join(PROBES), help="comma-separated probes (default: all)")
     p.add_argument("--baseline", help="row_costs_spread: another checkout (a git worktree) whose numbanorm "
                                       "runs alternated with this one's, for a change's before and after")
-    p.add_argument("--processes", type=int, default=8, help="row_costs_spread: processes a side (8); fresh_dx: processes")
+    p.add_argument("--processes", type=int, default=8,
+                   help="row_costs_spread: processes a side (8); fresh_dx, backward_blocks: processes")
     a = p.parse_args(argv)
     PROBES["row_costs_spread"] = lambda q: row_costs_spread(max(1, a.processes // q), 15 // q, a.baseline)
     PROBES["fresh_dx"] = lambda q: fresh_dx_spread(max(1, a.processes // q), 20 // q)
+    PROBES["backward_blocks"] = lambda q: backward_blocks_spread(max(1, a.processes // q), 15 // q)
     numba.set_num_threads(a.threads)
     q = 4 if a.quick else 1
     load_before = list(os.getloadavg())

@@ -95,7 +95,7 @@ class Plan(NamedTuple):
     eps: object     # eps as the entry takes it (None where it takes none)
     m: int          # rows
     n: int          # row length
-    blocks: int     # a backward's partial rows (common.n_chunks(m)); 0 for a forward
+    blocks: int     # a backward's partial rows (common.n_chunks(m, n)); 0 for a forward
     stacked: object  # a forward's two statistics as one tensor (made like this one), or None
     step: int       # bytes from the first statistic to the second in it
     spare: list     # a recorded forward's statistics tensors that a call may take again (FREE)
@@ -310,5 +310,5 @@ class Calls:
             eps = float(np.finfo(acc).eps) if eps is None else float(eps)
         stats = [t for r, t in made.items() if r in _STATS]
         stacked = torch.empty((2, *stats[0].shape), dtype=stats[0].dtype) if len(stats) == 2 else None
-        return Plan(entry, tuple(likes), eps, m, n, common.n_chunks(m) if self.kind == "backward" else 0,
+        return Plan(entry, tuple(likes), eps, m, n, common.n_chunks(m, n) if self.kind == "backward" else 0,
                     stacked, stats[0].nbytes if stacked is not None else 0, [])

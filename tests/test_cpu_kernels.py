@@ -913,6 +913,50 @@ def test_a_row_function_is_one_compiled_function_for_both_paths():
                 kernel.rows.signatures
 
 
+@pytest.mark.parallel_kernels
+def test_threads_share_a_call_only_in_more_than_one_block(monkeypatch, rng):
+    """A call worth sharing (common.SERIAL_BELOW) takes Numba's threads only where its
+    parallel loop has two blocks or more (one block on the pool is the row function's
+    work plus the pool's wake-up), and a backward of a few long rows is cut into
+    blocks to share (``n_chunks``: it was one block below 32 rows, whatever their
+    length; now 16 rows a block or fewer rows longer than 4096, and a call of 65536
+    elements two blocks at least).  Each case's outputs are those of the calling thread, bit for bit."""
+    tasks = []
+    for kernel in (ln_cpu._backward, rms_cpu._backward, ln_cpu._forward):
+        def spy(block, *args, kernel=kernel, parallel=kernel.parallel):
+            tasks.append((kernel, -(-kernel._count(args) // block)))
+            return parallel(block, *args)
+        monkeypatch.setattr(kernel, "parallel", spy)
+
+    def backward(dy, x, w, threads):
+        n = x.shape[1]
+        _, mean, rstd = nn.layer_norm_forward(x, n, w)
+        _, rr = nn.rms_norm_forward(x, n, w)
+        with monkeypatch.context() as mp:
+            if not threads:
+                mp.setattr(common, "SERIAL_BELOW", 1 << 62)
+            with background.synchronous():
+                return nn.layer_norm_backward(dy, x, mean, rstd, n, w) + nn.rms_norm_backward(dy, x, rr, n, w)
+
+    assert common.n_chunks(8, 4096) == 1 and common.n_chunks(16, 4096) == 2 and common.n_chunks(64, 4096) == 4
+    assert common.n_chunks(16, 8192) == 2 and common.n_chunks(3, 40000) == 2 and common.n_chunks(4, 32768) == 2
+    assert common.n_chunks(32, 768) == 2 and common.n_chunks(1, 10 ** 6) == 1 and common.n_chunks(4096, 8) == 64
+    for m, n, shared in ((8, 4096, 0), (16, 4096, 2), (32, 8192, 4), (3, 40000, 2)):
+        x, dy = (rng.standard_normal((m, n)).astype(np.float32) for _ in range(2))
+        w = rng.uniform(0.5, 1.5, n).astype(np.float32)
+        tasks.clear()
+        got, want = backward(dy, x, w, True), backward(dy, x, w, False)
+        assert [t for k, t in tasks if k is not ln_cpu._forward] == ([shared] * 2 if shared else []), (m, n, tasks)
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+    tasks.clear()
+    x = rng.standard_normal((1, 40000)).astype(np.float32)  # one row over SERIAL_BELOW: one block
+    with background.synchronous():
+        nn.layer_norm(x, 40000)
+        nn.layer_norm(x.reshape(2, 20000), 20000)  # two rows: two blocks
+    assert [t for k, t in tasks] == [2], tasks
+
+
 def test_a_row_function_compiles_no_rare_path():
     """A row function's compile leaves out what its rows rarely or never need: the float64
     rescaling of rows whose sums overflowed (a variant of the row function compiled

@@ -13,7 +13,7 @@ the row function's module.
 
 An entry of a backward (a row function with dweight partials, ``common.in_partials``)
 takes the addresses of dweight (and dbias) instead of the partials, and their count
-(the launcher's ``n_chunks(m)``): it makes the partial rows itself and sums them in
+(the launcher's ``n_chunks(m, n)``): it makes the partial rows itself and sums them in
 NumPy's order (``ndarray.sum(axis=0)``: from 0, row after row), as the launcher does.
 
 The caller owns every check: C-contiguous arrays of these dtypes and shapes, alive for
@@ -56,7 +56,7 @@ def at(typingctx, address, dtype):
 def parameters(rows, dropped=()):
     """The arguments of ``rows``' entry, in order: its own (a partial replaced by its sum,
     ``stream`` and the ``dropped`` outputs left out), then the sizes: ``m``, ``n`` and, for
-    a row function with partials, ``blocks`` (``common.n_chunks(m)``, the launcher's count)."""
+    a row function with partials, ``blocks`` (``common.n_chunks(m, n)``, the launcher's count)."""
     own = list(inspect.signature(rows.py_func).parameters)[:-2]
     names = [PARTIALS.get(p, p) for p in own if p != "stream" and p not in dropped]
     return names + ["m", "n"] + (["blocks"] if set(own) & set(PARTIALS) else [])

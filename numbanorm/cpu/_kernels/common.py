@@ -167,19 +167,27 @@ def _widen_into(
         dst[j] = widen(src[j])
 
 
-def n_chunks(rows):
-    """How many row blocks the backward splits into for its dweight/dbias partials.
+# A backward's smallest block of rows longer than 4096, and its smallest call of two blocks,
+# in elements (n_chunks): blocks of fewer such rows cost more than they shared (CPU design log)
+BLOCK_ELEMENTS = 65536
 
-    Depends on the row count alone, never on the thread count, so the summation
+
+def n_chunks(rows, n):
+    """How many row blocks the backward splits ``rows`` rows of ``n`` into for its
+    dweight/dbias partials.
+
+    Depends on the shape alone, never on the thread count, so the summation
     order of dweight/dbias (and so every bit of them) is the same with any
     ``NUMBA_NUM_THREADS`` on one machine (another CPU may get other vector code from
     LLVM, hence other bits).  At least 64 blocks keeps up to 64 threads busy; at most
     256 rows per block keeps each float32 partial sum short (its error grows with
-    the number of rows summed serially); at least 16 rows per block keeps the
-    partials few for small inputs, whose zeroing and summing would cost more than
-    their rows.
+    the number of rows summed serially); at least 16 rows per block, or as few long
+    rows as hold ``BLOCK_ELEMENTS``, keeps the partials few for small inputs, whose
+    zeroing and summing would cost more than their rows; and a call of that many
+    elements or more is two blocks at least, for two threads to share.
     """
-    return min(rows, max(64, -(-rows // 256)), max(1, rows // 16))
+    least = 2 if rows * n >= BLOCK_ELEMENTS else 1
+    return min(rows, max(64, -(-rows // 256)), max(least, rows // min(16, -(-BLOCK_ELEMENTS // n))))
 
 
 def row_block(rows):
@@ -409,7 +417,7 @@ def _run(kernel, size, args, optional):
     """What ``kernel`` returns for ``args`` (launch), or None where ``optional`` and its
     parallel kernel or row function is not compiled yet (handed to ``background``)."""
     later = None
-    if size >= SERIAL_BELOW and _parallel_ok and _pool.acquire(blocking=False):
+    if size >= SERIAL_BELOW and args[0] < kernel._count(args[1:]) and _parallel_ok and _pool.acquire(blocking=False):
         try:
             return kernel.parallel(*args)
         except background.NotCompiled as e:

@@ -281,7 +281,7 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, ds=None):
         dweight[:] = 0
         dbias[:] = 0
         return
-    B = n_chunks(M)
+    B = n_chunks(M, N)
     dw_part = np.empty((B, N), acc)
     db_part = np.empty((B, N), acc)
     launch(_backward, x.size, 1, kernel_view(dy), kernel_view(x), mean, rstd,

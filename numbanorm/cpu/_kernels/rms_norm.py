@@ -206,7 +206,7 @@ def backward(dy, x, rstd, weight, dx, dweight, ds=None):
     if M == 0:
         dweight[:] = 0
         return
-    B = n_chunks(M)
+    B = n_chunks(M, N)
     dw_part = np.empty((B, N), acc)
     launch(_backward, x.size, 1, kernel_view(dy), kernel_view(x), rstd, param(weight, acc),
            kernel_view(ds), kernel_view(dx), dw_part, stream_apart(dx, dy, x, ds))
