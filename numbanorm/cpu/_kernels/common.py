@@ -389,9 +389,10 @@ _parallel_ok = True
 
 def launch(kernel, size, *args):
     """``kernel``'s parallel kernel on ``args`` on Numba's threads, or its row function over
-    all the items on the calling thread: for ``size`` elements too few to share, in a
-    forked child, while another thread has the pool, or while the parallel kernel
-    is not compiled yet (it is then compiled on a thread of its own: ``background``).
+    all the items on the calling thread: for ``size`` elements too few to share, items
+    that make one block (the pool's wake-up for one thread's work), in a forked child,
+    while another thread has the pool, or while the parallel kernel is not compiled yet
+    (it is then compiled on a thread of its own: ``background``).
     Both give the same bits (:class:`Kernel`).  A call that streams its output takes
     the STREAMING variant once it is compiled, the plain row function (the same bits)
     until then.  The compiles handed to the compile thread meanwhile start as it returns
@@ -417,6 +418,7 @@ def _run(kernel, size, args, optional):
     """What ``kernel`` returns for ``args`` (launch), or None where ``optional`` and its
     parallel kernel or row function is not compiled yet (handed to ``background``)."""
     later = None
+    # (args[0], the block, under the item count: two blocks at least, else one thread does it all)
     if size >= SERIAL_BELOW and args[0] < kernel._count(args[1:]) and _parallel_ok and _pool.acquire(blocking=False):
         try:
             return kernel.parallel(*args)
