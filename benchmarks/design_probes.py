@@ -61,6 +61,7 @@ kernels called with different arguments.
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -790,7 +791,19 @@ def backward_blocks(rounds, rule, inner=40, shapes=BLOCK_SHAPES):
         calls["layer_norm " + key] = lambda a=(dy, x, mean, rstd, N, w): numbanorm.layer_norm_backward(*a)
         calls["rms_norm " + key] = lambda a=(dy, x, rr, N, w): numbanorm.rms_norm_backward(*a)
         blocks[key] = common.n_chunks(M, N)
+    src = rng.standard_normal(1 << 18, dtype=np.float32)  # 1 MiB, in cache: the threads' pace, no memory's
+    dst = np.empty_like(src)
+    calls["copy_threads"] = lambda: measure.parallel_copy(dst, src)
+    calls["copy"] = lambda: np.copyto(dst, src)
     t = timed_rounds(calls, rounds, inner)
+    pace = float(np.median(t.pop("copy_threads") / t.pop("copy")))
+    del calls["copy_threads"], calls["copy"]
+    faults = {}  # the page faults of a call, after the timed rounds (the allocator's state)
+    for k, call in calls.items():
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(inner):
+            call()
+        faults[k] = round((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / inner, 1)
     M, N = 8, 4096  # a one-block backward (n_chunks), over common.SERIAL_BELOW
     x = rng.standard_normal((M, N), dtype=np.float32)
     w = rng.uniform(0.5, 1.5, N).astype(np.float32)
@@ -802,6 +815,7 @@ def backward_blocks(rounds, rule, inner=40, shapes=BLOCK_SHAPES):
     one = timed_rounds({"calling_thread": lambda: ln._backward.rows(*args, 0, 1),
                         "pool": lambda: ln._backward.parallel(1, *args)}, rounds, inner)
     return {"rule": rule, "blocks": blocks, "us": {k: round(float(np.median(v)) * 1e6, 2) for k, v in t.items()},
+            "page_faults": faults, "copy_threads_over_one": round(pace, 3),
             "one_block": {"shape": [M, N], "pool_over_calling_thread":
                           round(float(np.median(one["pool"] / one["calling_thread"])), 3)}}
 
