@@ -920,7 +920,8 @@ def test_threads_share_a_call_only_in_more_than_one_block(monkeypatch, rng):
     work plus the pool's wake-up), and a backward of a few long rows is cut into
     blocks to share (``n_chunks``: it was one block below 32 rows, whatever their
     length; now 16 rows a block or fewer rows longer than 4096, and a call of 65536
-    elements two blocks at least).  Each case's outputs are those of the calling thread, bit for bit."""
+    elements two blocks at least).  Each case's outputs are the calling thread's, bit
+    for bit."""
     tasks = []
     for kernel in (ln_cpu._backward, rms_cpu._backward, ln_cpu._forward):
         def spy(block, *args, kernel=kernel, parallel=kernel.parallel):
