@@ -248,7 +248,9 @@ def rows(x_shape, normalized_shape):
     nshape = _as_shape(normalized_shape)
     k = len(nshape)
     x_shape = tuple(x_shape)
-    if k == 0 or k > len(x_shape) or x_shape[len(x_shape) - k :] != nshape:
+    if k == 0:  # (() matches any x's zero trailing dimensions: torch refuses it too)
+        raise ValueError(f"normalized_shape must have at least one dimension, got () for x of shape {x_shape}")
+    if k > len(x_shape) or x_shape[len(x_shape) - k :] != nshape:
         raise ValueError(
             f"normalized_shape {nshape} does not match the trailing dimensions of "
             f"x of shape {x_shape}"

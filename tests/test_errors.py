@@ -33,6 +33,16 @@ def test_normalized_shape_must_match_trailing_dims(ns):
         nn.rms_norm_forward(X, ns)
 
 
+@pytest.mark.parametrize("x", [X, np.float32(1.0)])
+def test_an_empty_normalized_shape_is_refused_as_empty(x):
+    """torch refuses normalized_shape () too; the message said it did not match x's
+    trailing dimensions, which () always matches."""
+    for call in (lambda: nn.layer_norm(x, ()), lambda: nn.rms_norm_forward(x, []),
+                 lambda: nn.add_layer_norm(x, x, ())):
+        with pytest.raises(ValueError, match=r"at least one dimension, got \(\)"):
+            call()
+
+
 def test_normalized_shape_of_wrong_type():
     with pytest.raises(TypeError):
         nn.layer_norm(X, "4")
