@@ -89,10 +89,10 @@ def layer_norm(
         ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
         tuple of ints; host and device arrays mixed in one call.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` or ``bias`` of the wrong shape; ``out`` not of ``x``'s shape and
-        dtype; ``eps`` negative, NaN or infinite in the accumulation dtype; a zero-sized
-        normalized shape.
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` or ``bias`` of the wrong shape; ``out`` not of ``x``'s shape
+        and dtype; ``eps`` negative, NaN or infinite in the accumulation dtype; a
+        zero-sized normalized shape.
     """
 @overload
 def layer_norm(
@@ -154,9 +154,9 @@ def layer_norm_forward(
         ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
         tuple of ints; host and device arrays mixed in one call.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` or ``bias`` of the wrong shape; ``eps`` negative, NaN or infinite in
-        the accumulation dtype; a zero-sized normalized shape.
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` or ``bias`` of the wrong shape; ``eps`` negative, NaN or
+        infinite in the accumulation dtype; a zero-sized normalized shape.
     """
 @overload
 def layer_norm_forward(
@@ -278,10 +278,10 @@ def rms_norm(
         ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
         tuple of ints; host and device arrays mixed in one call.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` of the wrong shape; ``out`` not of ``x``'s shape and dtype; ``eps``
-        negative, NaN or infinite in the accumulation dtype; a zero-sized normalized
-        shape.
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` of the wrong shape; ``out`` not of ``x``'s shape and dtype;
+        ``eps`` negative, NaN or infinite in the accumulation dtype; a zero-sized
+        normalized shape.
     """
 @overload
 def rms_norm(
@@ -335,8 +335,8 @@ def rms_norm_forward(
         ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
         tuple of ints; host and device arrays mixed in one call.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` of the wrong shape; ``eps`` negative, NaN or infinite in the
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` of the wrong shape; ``eps`` negative, NaN or infinite in the
         accumulation dtype; a zero-sized normalized shape.
     """
 @overload
@@ -641,10 +641,10 @@ def add_layer_norm(
         ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
         tuple of ints; host and device arrays mixed in one call.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` or ``bias`` of the wrong shape; ``residual`` not of ``x``'s shape and
-        dtype; ``eps`` negative, NaN or infinite in the accumulation dtype; a zero-sized
-        normalized shape.
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` or ``bias`` of the wrong shape; ``residual`` not of ``x``'s
+        shape and dtype; ``eps`` negative, NaN or infinite in the accumulation dtype; a
+        zero-sized normalized shape.
     """
 @overload
 def add_layer_norm(
@@ -712,10 +712,10 @@ def add_layer_norm_forward(
         ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
         tuple of ints; host and device arrays mixed in one call.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` or ``bias`` of the wrong shape; ``residual`` not of ``x``'s shape and
-        dtype; ``eps`` negative, NaN or infinite in the accumulation dtype; a zero-sized
-        normalized shape.
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` or ``bias`` of the wrong shape; ``residual`` not of ``x``'s
+        shape and dtype; ``eps`` negative, NaN or infinite in the accumulation dtype; a
+        zero-sized normalized shape.
     """
 @overload
 def add_layer_norm_forward(
@@ -845,9 +845,9 @@ def add_rms_norm(
         ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
         tuple of ints; host and device arrays mixed in one call.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` of the wrong shape; ``residual`` not of ``x``'s shape and dtype;
-        ``eps`` negative, NaN or infinite in the accumulation dtype; a zero-sized
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` of the wrong shape; ``residual`` not of ``x``'s shape and
+        dtype; ``eps`` negative, NaN or infinite in the accumulation dtype; a zero-sized
         normalized shape.
     """
 @overload
@@ -908,9 +908,9 @@ def add_rms_norm_forward(
         ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
         tuple of ints; host and device arrays mixed in one call.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` of the wrong shape; ``residual`` not of ``x``'s shape and dtype;
-        ``eps`` negative, NaN or infinite in the accumulation dtype; a zero-sized
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` of the wrong shape; ``residual`` not of ``x``'s shape and
+        dtype; ``eps`` negative, NaN or infinite in the accumulation dtype; a zero-sized
         normalized shape.
     """
 @overload

@@ -64,9 +64,9 @@ def layer_norm(
         ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
         tuple of ints; host and device arrays mixed in one call; ``out`` given.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` or ``bias`` of the wrong shape; ``eps`` negative, NaN or infinite in
-        the accumulation dtype; a zero-sized normalized shape.
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` or ``bias`` of the wrong shape; ``eps`` negative, NaN or
+        infinite in the accumulation dtype; a zero-sized normalized shape.
     """
 
 def layer_norm_forward(
@@ -117,9 +117,9 @@ def layer_norm_forward(
         ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
         tuple of ints; host and device arrays mixed in one call.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` or ``bias`` of the wrong shape; ``eps`` negative, NaN or infinite in
-        the accumulation dtype; a zero-sized normalized shape.
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` or ``bias`` of the wrong shape; ``eps`` negative, NaN or
+        infinite in the accumulation dtype; a zero-sized normalized shape.
     """
 
 def layer_norm_backward(
@@ -221,8 +221,8 @@ def rms_norm(
         ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
         tuple of ints; host and device arrays mixed in one call; ``out`` given.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` of the wrong shape; ``eps`` negative, NaN or infinite in the
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` of the wrong shape; ``eps`` negative, NaN or infinite in the
         accumulation dtype; a zero-sized normalized shape.
     """
 
@@ -267,8 +267,8 @@ def rms_norm_forward(
         ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
         tuple of ints; host and device arrays mixed in one call.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` of the wrong shape; ``eps`` negative, NaN or infinite in the
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` of the wrong shape; ``eps`` negative, NaN or infinite in the
         accumulation dtype; a zero-sized normalized shape.
     """
 

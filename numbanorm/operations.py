@@ -355,7 +355,7 @@ def _raises(op, kind, fills_out):
         types.append("``eps`` that is not a real number")
         if op.layout == "rows":
             types.append("``normalized_shape`` that is not an int or a tuple of ints")
-            values = ["``normalized_shape`` that does not match the trailing dimensions of ``x``"]
+            values = ["``normalized_shape`` that is empty or does not match the trailing dimensions of ``x``"]
         else:
             types.append("``num_groups`` that is not an int")
             values = ["``x`` of fewer than 2 dimensions", "``num_groups`` not positive or not dividing ``C``"]

@@ -87,9 +87,9 @@ def layer_norm(
         tuple of ints; host and device arrays mixed in one call; an array argument that
         is not a ``torch.Tensor``.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``input``;
-        ``weight`` or ``bias`` of the wrong shape; ``eps`` negative, NaN or infinite in
-        the accumulation dtype; a zero-sized normalized shape.
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``input``; ``weight`` or ``bias`` of the wrong shape; ``eps`` negative, NaN or
+        infinite in the accumulation dtype; a zero-sized normalized shape.
     """
 
 def rms_norm(
@@ -133,9 +133,9 @@ def rms_norm(
         tuple of ints; host and device arrays mixed in one call; an array argument that
         is not a ``torch.Tensor``.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``input``;
-        ``weight`` of the wrong shape; ``eps`` negative, NaN or infinite in the
-        accumulation dtype; a zero-sized normalized shape.
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``input``; ``weight`` of the wrong shape; ``eps`` negative, NaN or infinite in
+        the accumulation dtype; a zero-sized normalized shape.
     """
 
 def group_norm(
@@ -239,10 +239,10 @@ def add_layer_norm(
         tuple of ints; host and device arrays mixed in one call; an array argument that
         is not a ``torch.Tensor``.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` or ``bias`` of the wrong shape; ``residual`` not of ``x``'s shape and
-        dtype; ``eps`` negative, NaN or infinite in the accumulation dtype; a zero-sized
-        normalized shape.
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` or ``bias`` of the wrong shape; ``residual`` not of ``x``'s
+        shape and dtype; ``eps`` negative, NaN or infinite in the accumulation dtype; a
+        zero-sized normalized shape.
     """
 
 def add_rms_norm(
@@ -293,8 +293,8 @@ def add_rms_norm(
         tuple of ints; host and device arrays mixed in one call; an array argument that
         is not a ``torch.Tensor``.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` of the wrong shape; ``residual`` not of ``x``'s shape and dtype;
-        ``eps`` negative, NaN or infinite in the accumulation dtype; a zero-sized
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` of the wrong shape; ``residual`` not of ``x``'s shape and
+        dtype; ``eps`` negative, NaN or infinite in the accumulation dtype; a zero-sized
         normalized shape.
     """

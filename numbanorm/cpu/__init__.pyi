@@ -70,10 +70,10 @@ def layer_norm(
         ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
         tuple of ints; host and device arrays mixed in one call.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` or ``bias`` of the wrong shape; ``out`` not of ``x``'s shape and
-        dtype; ``eps`` negative, NaN or infinite in the accumulation dtype; a zero-sized
-        normalized shape.
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` or ``bias`` of the wrong shape; ``out`` not of ``x``'s shape
+        and dtype; ``eps`` negative, NaN or infinite in the accumulation dtype; a
+        zero-sized normalized shape.
     """
 
 def layer_norm_forward(
@@ -124,9 +124,9 @@ def layer_norm_forward(
         ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
         tuple of ints; host and device arrays mixed in one call.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` or ``bias`` of the wrong shape; ``eps`` negative, NaN or infinite in
-        the accumulation dtype; a zero-sized normalized shape.
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` or ``bias`` of the wrong shape; ``eps`` negative, NaN or
+        infinite in the accumulation dtype; a zero-sized normalized shape.
     """
 
 def layer_norm_backward(
@@ -229,10 +229,10 @@ def rms_norm(
         ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
         tuple of ints; host and device arrays mixed in one call.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` of the wrong shape; ``out`` not of ``x``'s shape and dtype; ``eps``
-        negative, NaN or infinite in the accumulation dtype; a zero-sized normalized
-        shape.
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` of the wrong shape; ``out`` not of ``x``'s shape and dtype;
+        ``eps`` negative, NaN or infinite in the accumulation dtype; a zero-sized
+        normalized shape.
     """
 
 def rms_norm_forward(
@@ -276,8 +276,8 @@ def rms_norm_forward(
         ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
         tuple of ints; host and device arrays mixed in one call.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` of the wrong shape; ``eps`` negative, NaN or infinite in the
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` of the wrong shape; ``eps`` negative, NaN or infinite in the
         accumulation dtype; a zero-sized normalized shape.
     """
 
@@ -536,10 +536,10 @@ def add_layer_norm(
         ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
         tuple of ints; host and device arrays mixed in one call.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` or ``bias`` of the wrong shape; ``residual`` not of ``x``'s shape and
-        dtype; ``eps`` negative, NaN or infinite in the accumulation dtype; a zero-sized
-        normalized shape.
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` or ``bias`` of the wrong shape; ``residual`` not of ``x``'s
+        shape and dtype; ``eps`` negative, NaN or infinite in the accumulation dtype; a
+        zero-sized normalized shape.
     """
 
 def add_layer_norm_forward(
@@ -597,10 +597,10 @@ def add_layer_norm_forward(
         ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
         tuple of ints; host and device arrays mixed in one call.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` or ``bias`` of the wrong shape; ``residual`` not of ``x``'s shape and
-        dtype; ``eps`` negative, NaN or infinite in the accumulation dtype; a zero-sized
-        normalized shape.
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` or ``bias`` of the wrong shape; ``residual`` not of ``x``'s
+        shape and dtype; ``eps`` negative, NaN or infinite in the accumulation dtype; a
+        zero-sized normalized shape.
     """
 
 def add_layer_norm_backward(
@@ -709,9 +709,9 @@ def add_rms_norm(
         ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
         tuple of ints; host and device arrays mixed in one call.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` of the wrong shape; ``residual`` not of ``x``'s shape and dtype;
-        ``eps`` negative, NaN or infinite in the accumulation dtype; a zero-sized
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` of the wrong shape; ``residual`` not of ``x``'s shape and
+        dtype; ``eps`` negative, NaN or infinite in the accumulation dtype; a zero-sized
         normalized shape.
     """
 
@@ -763,9 +763,9 @@ def add_rms_norm_forward(
         ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
         tuple of ints; host and device arrays mixed in one call.
     ValueError
-        ``normalized_shape`` that does not match the trailing dimensions of ``x``;
-        ``weight`` of the wrong shape; ``residual`` not of ``x``'s shape and dtype;
-        ``eps`` negative, NaN or infinite in the accumulation dtype; a zero-sized
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``weight`` of the wrong shape; ``residual`` not of ``x``'s shape and
+        dtype; ``eps`` negative, NaN or infinite in the accumulation dtype; a zero-sized
         normalized shape.
     """
 
