@@ -217,7 +217,7 @@ class Calls:
             saved = saved[:-2] if stacked else saved
             hit = [f"ctx.save_for_backward({', '.join(saved)})",
                    *(["ctx.stats = stats", "spare.append(stats)"] if stacked else []),
-                   "ctx.normalized_shape = normalized_shape",
+                   "ctx.normalized_shape = normalized_shape", "ctx.eps = eps",
                    *(["ctx.set_materialize_grads(False)"] if "s" in saved else []),
                    f"return {returned if k == len(self.made) else ', '.join(self.made[:k])}"]
             miss = [f"output = FULL(key, {args})", f"SETUP(ctx, {args}, output, False)",

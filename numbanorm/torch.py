@@ -29,8 +29,9 @@ a graph (``_recording``).  How tensors cross:
 
 Gradients for ``weight``/``bias`` are returned only where they require grad
 (``ctx.needs_input_grad``); the kernels compute them in the same pass as dx
-either way.  The backward operators have no autograd formula: double backward
-raises.
+either way.  A backward that records its own graph (``create_graph=True``: a second
+derivative) is PyTorch's functions on the saved input, differentiated by autograd
+(``_differentiable``); the kernels have no derivative of their own.
 
 The modules subclass their ``torch.nn`` namesakes and replace only ``forward``,
 so constructor arguments (``device``, ``dtype`` included), parameter names,
@@ -50,7 +51,6 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 import numbanorm as _numbanorm  # the top-level functions, dispatching on the arrays' side
 from numbanorm import _torch_addressed as _addressed
@@ -266,6 +266,7 @@ def _register_autograd(op, forward):
     records a graph uses too (:func:`_recording`)."""
     k = len(op.plain_outputs)
     si = op.forward_roles.index("normalized_shape") if op.layout == "rows" else None
+    ei = op.forward_roles.index("eps")
     # each saved role's place: (1, its index) among the outputs, else (0, among the inputs)
     where = [(1, op.forward_outputs.index(r)) if r in op.forward_outputs else (0, op.forward_roles.index(r))
              for r in _saved(op)]
@@ -276,6 +277,7 @@ def _register_autograd(op, forward):
             ctx.mark_non_differentiable(*stats)
         ctx.save_for_backward(*((inputs, output)[side][i] for side, i in where))
         ctx.normalized_shape = None if si is None else inputs[si]
+        ctx.eps = inputs[ei]
         if op.fused:
             ctx.set_materialize_grads(False)  # an unused y or s sends None, not zeros
 
@@ -289,6 +291,8 @@ def _register_autograd(op, forward):
             stats = ctx.stats.unbind()
         if op.fused and grads[0] is None:  # only s was used downstream: y's norm contributes nothing
             got = (grads[1],)
+        elif torch.is_grad_enabled():  # create_graph=True: a graph of this backward is recorded
+            got = _differentiable(op, ctx, grads, x, weight, stats)
         else:
             values = {"dy": grads[0], "ds": grads[1] if op.fused else None, _normalized(op): x, "weight": weight,
                       "normalized_shape": ctx.normalized_shape, **dict(zip(op.stats, stats))}
@@ -298,6 +302,33 @@ def _register_autograd(op, forward):
 
     forward.register_autograd(grad, setup_context=setup_context)
     return setup_context, grad
+
+
+def _differentiable(op, ctx, grads, z, weight, stats):
+    """``(dz, dweight[, dbias])`` of a backward whose own graph autograd records
+    (``create_graph=True``: a second derivative, a gradient penalty): the forward again as
+    PyTorch's functions on the saved input, differentiated by autograd, which can
+    differentiate that again.  Not the kernels: they have no derivative of their own."""
+    dy, base = grads[0], op.name.removeprefix("add_")
+    eps = torch.finfo(_acc(z)).eps if ctx.eps is None else ctx.eps  # (numbanorm's default)
+    with torch.enable_grad():
+        if base == "group_norm":  # (its groups: the statistics' second dimension)
+            y = torch.nn.functional.group_norm(z, stats[0].shape[1], weight, None, eps)
+        elif base == "rms_norm":
+            y = torch.nn.functional.rms_norm(z, ctx.normalized_shape, weight, eps)
+        else:
+            y = torch.nn.functional.layer_norm(z, ctx.normalized_shape, weight, None, eps)
+        wanted = [t for t in (z, weight) if t is not None and t.requires_grad]
+        found = torch.autograd.grad(y, wanted, dy, create_graph=True, allow_unused=True) if wanted else ()
+    found = {id(t): g for t, g in zip(wanted, found)}
+    dz, dw = found.get(id(z)), found.get(id(weight))
+    if op.fused and grads[1] is not None:  # s's own gradient, added as the kernels add ds
+        dz = grads[1] if dz is None else dz + grads[1]
+    if "bias" not in op.params:
+        return dz, dw
+    kept = 1 if base == "group_norm" else len(ctx.normalized_shape)  # bias's dimensions in dy
+    summed = [d for d in range(dy.dim()) if (d != 1 if base == "group_norm" else d < dy.dim() - kept)]
+    return dz, dw, dy.sum(summed)
 
 
 def _recording(op, setup_context, grad):
@@ -324,7 +355,7 @@ def _recording(op, setup_context, grad):
     looked_up = {a: base[a] for a in ("setup_context", "clear_saved_tensors_on_access", "boxed_grads_call")
                  if a in base}
     function = type(f"{op.name}_graph", (torch.autograd.Function,),
-                    {"forward": staticmethod(forward), "backward": staticmethod(once_differentiable(grad)),
+                    {"forward": staticmethod(forward), "backward": staticmethod(grad),
                      "__module__": __name__, **looked_up})
     try:  # the C apply: Function.apply's Python checks are for functorch's wrappers, which go to the operator
         return torch._C._FunctionBase.__dict__["apply"].__get__(None, function)
@@ -409,9 +440,9 @@ def _records(args):
 
 def _backward(op, args):
     """``op``'s backward operator on ``args`` (its schema's order), or, where :func:`_direct`
-    allows and no graph of it is recorded (a double backward), the operator's
-    implementation itself."""
-    if _direct(args) and not _records(args):
+    allows, the operator's implementation itself.  (A backward that records a graph of
+    itself does not come here: :func:`_differentiable`.)"""
+    if _direct(args):
         return _IMPLEMENTATIONS[op.name, "backward"](*args)
     return _OPERATORS[op.name][1](*args)
 

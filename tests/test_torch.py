@@ -318,11 +318,41 @@ def test_errors_cross_unchanged():
         nt.group_norm(torch.randn(2, 6, 3), 4)
 
 
-def test_double_backward_raises():
-    x = t64(3, 8)
-    (gx,) = torch.autograd.grad(nt.layer_norm(x, 8).pow(3).sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError):
-        gx.sum().backward()
+SECOND = {  # each operation as a function of its differentiable arguments, float64
+    "layer_norm": (lambda x, r, w, b: nt.layer_norm(x, (8,), w, b), True),
+    "rms_norm": (lambda x, r, w, b: nt.rms_norm(x, (8,), w), False),
+    "rms_norm eps None": (lambda x, r, w, b: nt.rms_norm(x, (8,), w, None), False),
+    "group_norm": (lambda x, r, w, b: nt.group_norm(x.reshape(3, 4, 2), 2, w[:4], b[:4]), True),
+    "add_layer_norm": (lambda x, r, w, b: nt.add_layer_norm(x, r, 8, w, b), True),
+    "add_rms_norm": (lambda x, r, w, b: nt.add_rms_norm(x, r, 8, w), False),
+}
+
+
+@pytest.mark.parametrize("name", SECOND)
+def test_second_derivatives(name):
+    """A backward that records its own graph (create_graph=True) is differentiable again:
+    gradgradcheck, every operation (it raised: the backward was once_differentiable)."""
+    f, bias = SECOND[name]
+    x, r, w, b = t64(3, 8), t64(3, 8, seed=2), t64(8, seed=3, low=0.5), t64(8, seed=4)
+    args = (x, r, w, b) if bias else (x, r, w)
+    call = (lambda x, r, w, b: f(x, r, w, b)) if bias else (lambda x, r, w: f(x, r, w, None))
+    assert torch.autograd.gradgradcheck(call, args)
+
+
+@pytest.mark.parametrize("shape", [(3, 8), (1, 16)])  # (1, 16): a small call by its plan, recorded
+def test_a_gradient_penalty_matches_torchs(shape):
+    """d/dx of |d(sum y^3)/dx|^2 through LayerNorm, as a WGAN-GP or a Hessian-vector product
+    takes it, against torch's own LayerNorm; repeated, so that later calls run by their plan."""
+    n = shape[1]
+    w, b = t64(n, seed=3, low=0.5), t64(n, seed=4)
+    got = []
+    for fn in (nt.layer_norm, F.layer_norm, nt.layer_norm):
+        x = t64(*shape)
+        (gx,) = torch.autograd.grad(fn(x, (n,), w, b).pow(3).sum(), x, create_graph=True)
+        gx.pow(2).sum().backward()
+        got.append(x.grad)
+    torch.testing.assert_close(got[0], got[1], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(got[2], got[1], rtol=1e-10, atol=1e-12)
 
 
 def test_non_tensor_arguments_are_type_errors():
