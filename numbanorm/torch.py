@@ -30,8 +30,14 @@ a graph (``_recording``).  How tensors cross:
 Gradients for ``weight``/``bias`` are returned only where they require grad
 (``ctx.needs_input_grad``); the kernels compute them in the same pass as dx
 either way.  A backward that records its own graph (``create_graph=True``: a second
-derivative) is PyTorch's functions on the saved input, differentiated by autograd
-(``_differentiable``); the kernels have no derivative of their own.
+derivative) is the backward's formula in PyTorch's functions on the saved input, which
+autograd differentiates again (``_differentiable``); the kernels have no derivative of
+their own.  Under ``torch.func``'s transforms (``grad``, ``vjp``, ``jacrev``, ``jvp``,
+``jacfwd``, ``hessian``, ``vmap``, ``functional_call``) and forward-mode AD, a call runs the
+forward operator inside an ``autograd.Function`` that they take (``_transformable``): a
+forward derivative of its own (``_tangent``), vmap rules that fold the mapped dimension
+into the rows (``_register_vmap``), and the kernels' backward wherever no transform
+differentiates it again (``_graph_needed``).
 
 The modules subclass their ``torch.nn`` namesakes and replace only ``forward``,
 so constructor arguments (``device``, ``dtype`` included), parameter names,
@@ -289,14 +295,20 @@ def _register_autograd(op, forward):
         x, weight, *stats = ctx.saved_tensors
         if len(stats) < len(op.stats):  # a recorded call by its plan made both in one tensor
             stats = ctx.stats.unbind()
+        recording = torch.is_grad_enabled()
         if op.fused and grads[0] is None:  # only s was used downstream: y's norm contributes nothing
             got = (grads[1],)
-        elif torch.is_grad_enabled():  # create_graph=True: a graph of this backward is recorded
+        elif recording and _graph_needed(x, weight, *grads):
             got = _differentiable(op, ctx, grads, x, weight, stats)
         else:
             values = {"dy": grads[0], "ds": grads[1] if op.fused else None, _normalized(op): x, "weight": weight,
                       "normalized_shape": ctx.normalized_shape, **dict(zip(op.stats, stats))}
-            got = _backward(op, [values[r] for r in op.backward_roles])
+            args = [values[r] for r in op.backward_roles]
+            if recording:  # a graph of nothing: the operator outside autograd (torch.func's wrappers too)
+                with torch.no_grad():
+                    got = _backward(op, args)
+            else:
+                got = _backward(op, args)
         return tuple(None if i is None or not need or i >= len(got) else got[i]
                      for i, need in zip(source, ctx.needs_input_grad))
 
@@ -304,31 +316,93 @@ def _register_autograd(op, forward):
     return setup_context, grad
 
 
+def _graph_needed(*tensors):
+    """Whether a backward that runs in grad mode must record a graph of itself: in eager
+    mode (``create_graph=True``), where one of its ``tensors`` needs a gradient; under
+    torch.func, which asks every backward for a graph, where a transform outside this one
+    differentiates (``grad``, ``jvp``: a second derivative), or plain autograd does (a
+    tensor needs a gradient under every transform's wrapper).  Elsewhere the kernels: a
+    ``torch.func.grad`` or a per-sample ``vmap(grad)`` takes a first derivative from them."""
+    stack = _INTERPRETERS() if _INTERPRETERS is not None else None
+    if stack:
+        if any(i.key() in _DIFFERENTIATING for i in stack[:-1]):
+            return True
+        unwrapped = []
+        for t in tensors:
+            while t is not None and _WRAPPED(t):
+                t = _UNWRAPPED(t)
+            unwrapped.append(t)
+        tensors = unwrapped
+    for t in tensors:
+        if t is not None and t.requires_grad:
+            return True
+    return False
+
+
+def _functorch_stack():
+    """``(interpreter stack, is wrapped, unwrapped, differentiating kinds)`` of torch.func,
+    from torch's private API, or Nones where this torch lacks one (every backward in grad
+    mode then records a graph)."""
+    try:
+        ft = torch._C._functorch
+        return (ft.get_interpreter_stack, ft.is_functorch_wrapped_tensor, ft.get_unwrapped,
+                (ft.TransformType.Grad, ft.TransformType.Jvp))
+    except AttributeError:
+        return None, None, None, ()
+
+
+_INTERPRETERS, _WRAPPED, _UNWRAPPED, _DIFFERENTIATING = _functorch_stack()
+
+
 def _differentiable(op, ctx, grads, z, weight, stats):
     """``(dz, dweight[, dbias])`` of a backward whose own graph autograd records
-    (``create_graph=True``: a second derivative, a gradient penalty): the forward again as
-    PyTorch's functions on the saved input, differentiated by autograd, which can
-    differentiate that again.  Not the kernels: they have no derivative of their own."""
+    (``create_graph=True``: a second derivative, a gradient penalty; torch.func's
+    transforms): the backward's formula written in PyTorch's functions, the statistics
+    taken again from the saved input so that they too are functions of it, which autograd
+    and every transform can differentiate again.  Not the kernels: they have no derivative
+    of their own.  With ``wdy = weight * dy`` and ``xhat`` as :func:`_tangent`'s,
+    ``dz = rstd * (wdy - mean(wdy) - xhat * mean(wdy * xhat))`` (RMSNorm without the
+    ``mean(wdy)``), ``dweight = sum(dy * xhat)``, ``dbias = sum(dy)``."""
     dy, base = grads[0], op.name.removeprefix("add_")
-    eps = torch.finfo(_acc(z)).eps if ctx.eps is None else ctx.eps  # (numbanorm's default)
-    with torch.enable_grad():
-        if base == "group_norm":  # (its groups: the statistics' second dimension)
-            y = torch.nn.functional.group_norm(z, stats[0].shape[1], weight, None, eps)
-        elif base == "rms_norm":
-            y = torch.nn.functional.rms_norm(z, ctx.normalized_shape, weight, eps)
-        else:
-            y = torch.nn.functional.layer_norm(z, ctx.normalized_shape, weight, None, eps)
-        wanted = [t for t in (z, weight) if t is not None and t.requires_grad]
-        found = torch.autograd.grad(y, wanted, dy, create_graph=True, allow_unused=True) if wanted else ()
-    found = {id(t): g for t, g in zip(wanted, found)}
-    dz, dw = found.get(id(z)), found.get(id(weight))
+    acc = _acc(z)
+    eps = torch.finfo(acc).eps if ctx.eps is None else ctx.eps  # (numbanorm's default)
+    zs, dys, ps, dims, summed = _grouped(z, dy.to(acc), ctx.normalized_shape, stats)
+    if base == "rms_norm":
+        rstd = torch.rsqrt((zs * zs).mean(dims, keepdim=True) + eps)
+        xhat = zs * rstd
+    else:
+        centred = zs - zs.mean(dims, keepdim=True)
+        rstd = torch.rsqrt((centred * centred).mean(dims, keepdim=True) + eps)
+        xhat = centred * rstd
+    wdy = dys if weight is None else (dys.reshape(z.shape) * weight.to(acc).reshape(ps)).reshape(zs.shape)
+    inner = wdy - xhat * (wdy * xhat).mean(dims, keepdim=True)
+    if base != "rms_norm":
+        inner = inner - wdy.mean(dims, keepdim=True)
+    dz = (rstd * inner).reshape(z.shape).to(z.dtype)
     if op.fused and grads[1] is not None:  # s's own gradient, added as the kernels add ds
-        dz = grads[1] if dz is None else dz + grads[1]
+        dz = dz + grads[1]
+    dys = dys.reshape(z.shape)
+    total = (lambda t: t.sum(summed)) if summed else (lambda t: t)  # (sum over no dimension: sum([]) sums all)
+    dw = total(dys * xhat.reshape(z.shape)).to(z.dtype if weight is None else weight.dtype)
     if "bias" not in op.params:
         return dz, dw
-    kept = 1 if base == "group_norm" else len(ctx.normalized_shape)  # bias's dimensions in dy
-    summed = [d for d in range(dy.dim()) if (d != 1 if base == "group_norm" else d < dy.dim() - kept)]
-    return dz, dw, dy.sum(summed)
+    return dz, dw, total(dys).to(dy.dtype)
+
+
+def _grouped(z, t, normalized_shape, stats):
+    """``(zs, ts, ps, dims, summed)``: ``z`` in the accumulation dtype and ``t`` (of z's
+    shape) as the normalized elements lie, the shape a parameter broadcasts to against z,
+    the dimensions of zs that are normalized over, and those of z a parameter's gradient
+    sums over.  Rows: z's own shape, its trailing ``normalized_shape``; groups (N, C, *):
+    (N, G, C/G * spatial), the statistics' (N, G) saying G."""
+    zs = z.to(_acc(z))
+    if normalized_shape is None:
+        n, groups = stats[0].shape
+        ps = (1, z.shape[1]) + (1,) * (z.dim() - 2)
+        return zs.reshape(n, groups, -1), t.reshape(n, groups, -1), ps, (2,), [d for d in range(z.dim()) if d != 1]
+    k = len(normalized_shape)
+    ps = (1,) * (z.dim() - k) + tuple(normalized_shape)
+    return zs, t, ps, tuple(range(z.dim() - k, z.dim())), list(range(z.dim() - k))
 
 
 def _recording(op, setup_context, grad):
@@ -363,6 +437,133 @@ def _recording(op, setup_context, grad):
         return function.apply
 
 
+def _tangent(op, ctx, tangents):
+    """The forward-mode derivative of ``op``'s forward (``jvp``): the tangent of each output
+    from the tangents of the inputs (None where an input has none), in PyTorch's functions
+    on the saved input and statistics, in the accumulation dtype.  With
+    ``xhat = (z - mean) * rstd`` (RMSNorm: ``z * rstd``) over the normalized elements,
+    ``d xhat = rstd * (dz - mean(dz) - xhat * mean(xhat * dz))`` (RMSNorm without the
+    ``mean(dz)``), and ``dy = d xhat * weight + xhat * dweight + dbias``."""
+    given = dict(zip(op.forward_roles, tangents))
+    z, weight, *stats = ctx.saved_tensors  # (save_for_forward's, in a jvp)
+    dz = given["x"]
+    if op.fused:  # s = x + residual
+        dz = given["residual"] if dz is None else dz if given["residual"] is None else dz + given["residual"]
+    acc = _acc(z)
+    zs, dzs, ps, dims, _ = _grouped(z, (z.new_zeros(()) if dz is None else dz).to(acc).expand(z.shape),
+                                    ctx.normalized_shape, stats)
+    if op.layout == "groups":
+        stats = [t.unsqueeze(-1) for t in stats]
+    rstd = stats[-1]
+    xhat = (zs - stats[0]) * rstd if len(stats) == 2 else zs * rstd
+    dy = None
+    if dz is not None:
+        centred = dzs - dzs.mean(dims, keepdim=True) if len(stats) == 2 else dzs
+        dy = (rstd * (centred - xhat * (xhat * dzs).mean(dims, keepdim=True))).reshape(z.shape)
+        if weight is not None:
+            dy = dy * weight.to(acc).reshape(ps)
+    for role, term in (("weight", lambda t: xhat.reshape(z.shape) * t.to(acc).reshape(ps)),
+                       ("bias", lambda t: t.to(acc).reshape(ps).expand(z.shape))):
+        if given.get(role) is not None:
+            dy = term(given[role]) if dy is None else dy + term(given[role])
+    dy = None if dy is None else dy.to(z.dtype)
+    return ((dy, dz) if op.fused else (dy,)) + (None,) * len(op.stats)
+
+
+def _transformable(op, forward_operator, setup_context, grad):
+    """``apply(*args)``: ``op``'s forward operator as an ``autograd.Function`` that
+    torch.func's transforms take (``grad``, ``vjp``, ``jacrev``, ``jvp``, ``jacfwd``,
+    ``hessian``, ``vmap`` of any of them) and forward-mode AD (``torch.autograd.forward_ad``):
+    the operator's own autograd formula cannot be transformed (PyTorch's custom operators
+    register it without ``setup_context``) and has no forward derivative.  Its vmap rule is
+    generated from these functions, whose operator calls meet the operators' own vmap rules
+    (:func:`_register_vmap`).  The backward is the operator's formula
+    (:func:`_register_autograd`): the kernels, or PyTorch's functions where a transform
+    differentiates it again (:func:`_graph_needed`); the forward derivative, :func:`_tangent`."""
+    stats = len(op.stats)
+
+    def forward(*args):
+        return forward_operator(*args)
+
+    def setup(ctx, inputs, output):
+        setup_context(ctx, inputs, output)
+        z = output[1] if op.fused else inputs[0]
+        ctx.save_for_forward(z, inputs[op.forward_roles.index("weight")], *output[len(output) - stats:])
+
+    def jvp(ctx, *tangents):
+        return _tangent(op, ctx, tangents)
+
+    function = type(f"{op.name}_transformable", (torch.autograd.Function,),
+                    {"forward": staticmethod(forward), "setup_context": staticmethod(setup),
+                     "backward": staticmethod(grad), "jvp": staticmethod(jvp), "generate_vmap_rule": True,
+                     "__module__": __name__})
+    return function.apply
+
+
+def _register_vmap(op, forward, backward):
+    """``torch.func.vmap`` rules for ``op``'s operators: the mapped dimension folded into the
+    rows (a row norm's leading dimensions; GroupNorm's samples), one call for the whole
+    batch.  The backward's parameter gradients are per sample under vmap while the operator
+    sums them over all its rows, so the rule takes dx from the operator and each sample's
+    ``dweight = sum(dy * xhat)`` and ``dbias = sum(dy)`` with PyTorch's reductions, on the
+    saved statistics.  Parameters that are themselves mapped (an ensemble's) take one call
+    a sample."""
+    rows_in = {"forward": ("x", "residual"), "backward": ("dy", "ds", _normalized(op), *op.stats)}
+    groups = op.layout == "groups"
+
+    def rule(kind, operator, roles):
+        def vmap_rule(info, in_dims, *args):
+            size = info.batch_size
+            dims = dict(zip(roles, in_dims))
+            if any(dims.get(r) is not None for r in op.params):
+                return _per_sample(operator, args, in_dims, size)
+            given = dict(zip(roles, args))
+            for r in rows_in[kind]:  # each at dimension 0, of the batch's size
+                t = given.get(r)
+                if t is not None:
+                    t = t.unsqueeze(0).expand(size, *t.shape) if dims[r] is None else t.movedim(dims[r], 0)
+                    given[r] = t.reshape(-1, *t.shape[2:]) if groups else t  # (B, N, ...) -> (B * N, ...)
+            out = operator(*(given[r] for r in roles))
+            if kind == "backward":
+                out = (out[0], *_sample_param_grads(op, given, out, size))
+            if groups:  # back to (B, N, ...): the outputs of a sample's shape
+                out = tuple(t.reshape(size, -1, *t.shape[1:]) if k == 0 or kind == "forward" else t
+                            for k, t in enumerate(out))
+            return tuple(out), (0,) * len(out)
+        return vmap_rule
+
+    torch.library.register_vmap(forward, rule("forward", forward, op.forward_roles))
+    torch.library.register_vmap(backward, rule("backward", backward, op.backward_roles))
+
+
+def _per_sample(operator, args, in_dims, size):
+    """A vmap rule's last resort: the operator on each sample, its outputs stacked."""
+    outs = [operator(*(a.select(d, i) if isinstance(a, torch.Tensor) and d is not None else a
+                       for a, d in zip(args, in_dims))) for i in range(size)]
+    return tuple(torch.stack(ts) for ts in zip(*outs)), (0,) * len(outs[0])
+
+
+def _sample_param_grads(op, given, out, size):
+    """Each sample's ``(dweight[, dbias])`` of a vmapped backward (``_register_vmap``), its
+    batch at dimension 0 of ``given``'s row tensors (GroupNorm's folded into its samples),
+    in the dtype of the operator's own."""
+    z, dy = given[_normalized(op)], given["dy"]
+    stats = [given[r] for r in op.stats]
+    shape = given.get("normalized_shape")
+    zs, dys, _, _, _ = _grouped(z, dy.to(_acc(z)), shape, stats)
+    if op.layout == "groups":
+        stats = [t.unsqueeze(-1) for t in stats]
+    xhat = (zs - stats[0]) * stats[-1] if len(stats) == 2 else zs * stats[-1]
+    # each sample's elements of one parameter in a dimension: (B, rows, *normalized_shape)
+    # or (B, N, C, spatial), summed over the others
+    split, by = ((size, -1, *shape), 1) if shape is not None else ((size, -1, z.shape[1], z[0, 0].numel()), (1, 3))
+    dys = dys.reshape(split)
+    grads = [(dys * xhat.reshape(split)).sum(by).to(out[1].dtype)]
+    if len(out) > 2:
+        grads.append(dys.sum(by).to(out[2].dtype))
+    return grads
+
+
 def _operators(op):
     """``(forward, backward)`` custom operators of ``op``, ``torch.ops.numbanorm.<name>_forward`` and so on."""
     made = []
@@ -375,12 +576,16 @@ def _operators(op):
                                          mutates_args=(), schema=_schema(op, roles, outputs))
         custom.register_fake(fake)
         made.append(custom)
-    _RECORDING[op.name] = _recording(op, *_register_autograd(op, made[0]))
+    formula = _register_autograd(op, made[0])
+    _RECORDING[op.name] = _recording(op, *formula)
+    _TRANSFORMABLE[op.name] = _transformable(op, made[0], *formula)
+    _register_vmap(op, *made)
     return tuple(made)
 
 
 _IMPLEMENTATIONS = {}  # (name, kind) -> the operator's implementation, which _direct calls may run
 _RECORDING = {}  # name -> the apply of the forward as an autograd.Function (_recording)
+_TRANSFORMABLE = {}  # name -> the apply of the forward operator as torch.func takes it (_transformable)
 _OPERATORS = {op.name: _operators(op) for op in OPERATIONS}
 
 
@@ -388,6 +593,7 @@ def _plain_eager_checks():
     """The checks of :func:`_direct` that read torch's private state, or None where this
     torch lacks one of them (every call then goes through its operator)."""
     try:
+        torch.autograd.forward_ad._current_level  # (_FORWARD_AD's, read on every call)
         return (torch._C._len_torch_function_stack, torch._C._len_torch_dispatch_stack,
                 torch._C._autograd._profiler_enabled, torch._C._functorch.is_functorch_wrapped_tensor,
                 torch._C._are_functorch_transforms_active)
@@ -397,6 +603,7 @@ def _plain_eager_checks():
 
 _CHECKS = _plain_eager_checks()
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_FORWARD_AD = torch.autograd.forward_ad  # its _current_level: -1 outside every dual_level
 
 
 def _watched():
@@ -404,7 +611,24 @@ def _watched():
     if _CHECKS is None or torch.compiler.is_compiling():
         return True
     function_modes, dispatch_modes, profiling, _, transforms = _CHECKS
-    return bool(function_modes() or dispatch_modes() or profiling() or transforms())
+    return bool(function_modes() or dispatch_modes() or profiling() or transforms()
+                or _FORWARD_AD._current_level >= 0)
+
+
+def _transformed(args):
+    """Whether a call runs under one of torch.func's transforms, on a tensor one of them
+    wrapped, or where forward-mode AD may have given a tensor a tangent: the calls that
+    :func:`_transformable`'s Function takes, which the operator's own autograd cannot
+    (``torch.compile`` traces the operator, as before)."""
+    if _CHECKS is None or torch.compiler.is_compiling():
+        return False
+    if _CHECKS[4]() or _FORWARD_AD._current_level >= 0:
+        return True
+    wrapped = _CHECKS[3]
+    for a in args:
+        if isinstance(a, torch.Tensor) and wrapped(a):
+            return True
+    return False
 
 
 def _direct(args):
@@ -473,7 +697,7 @@ def _general(op, args):
     args = op.args("forward", given)
     n = len(op.plain_outputs)
     if not _direct(args):
-        results = _OPERATORS[op.name][0](*args)
+        results = (_TRANSFORMABLE[op.name] if _transformed(args) else _OPERATORS[op.name][0])(*args)
     elif _records(args):
         return _RECORDING[op.name](*args)
     else:  # no graph to record: the plain function, without the statistics
@@ -509,12 +733,14 @@ def _functional_of(op):
         sizes = [f"if type({size}) is not int:", f"    {general}"]
     # _watched(), written out: a frame less on every call
     watched = ("True" if _CHECKS is None
-               else "IS_COMPILING() or FUNCTION_MODES() or DISPATCH_MODES() or PROFILING() or TRANSFORMS()")
+               else "IS_COMPILING() or FUNCTION_MODES() or DISPATCH_MODES() or PROFILING() or TRANSFORMS()"
+                    " or FORWARD_AD._current_level >= 0")
     body = [f"if ({watched}", f"        or {plain}", f"        or {eps}):", f"    {general}", *sizes,
             f"if ({grads}) and GRAD_ENABLED():", f"    return RECORD({names})", f"return PLAIN_CALL({names})"]
     function_modes, dispatch_modes, profiling, _, transforms = _CHECKS or (None,) * 5
     env = {"IS_COMPILING": torch.compiler.is_compiling, "FUNCTION_MODES": function_modes,
            "DISPATCH_MODES": dispatch_modes, "PROFILING": profiling, "TRANSFORMS": transforms,
+           "FORWARD_AD": _FORWARD_AD,
            "PLAIN": _PLAIN, "GENERAL": _general, "OP": op, "INTS": _ints, "GRAD_ENABLED": torch.is_grad_enabled,
            "RECORD": _RECORDING[op.name], "PLAIN_CALL": _IMPLEMENTATIONS[op.name, "plain"]}
     fn = generate(op.name, inspect.Signature(params), body, env, op.doc("plain", "torch"), __name__)

@@ -1,5 +1,6 @@
 """numbanorm.torch: gradcheck, drop-in modules in real models, state_dict, memory sharing."""
 
+import contextlib
 import copy
 from fractions import Fraction
 
@@ -580,6 +581,164 @@ def test_replace_norms_shares_parameters():
     for n, p in model.named_parameters():
         assert p is params[n]
     assert isinstance(nt.replace_norms(torch.nn.GroupNorm(2, 4)), nt.GroupNorm)
+
+
+# ------------------------------------------------------------ torch.func, forward-mode AD
+
+# each operation, ours and torch's, as a function of (x, weight, bias), float64; the fused
+# ones return y + s, their residual a function of x (so that vmap maps it with x)
+FUNC = {
+    "layer_norm": (lambda x, w, b: nt.layer_norm(x, (8,), w, b), lambda x, w, b: F.layer_norm(x, (8,), w, b),
+                   (3, 4, 8), (8,)),
+    "layer_norm 2-D": (lambda x, w, b: nt.layer_norm(x, (4, 8), w, b), lambda x, w, b: F.layer_norm(x, (4, 8), w, b),
+                       (3, 4, 8), (4, 8)),
+    "layer_norm of one row": (lambda x, w, b: nt.layer_norm(x, (8,), w, b),
+                              lambda x, w, b: F.layer_norm(x, (8,), w, b), (8,), (8,)),
+    "rms_norm": (lambda x, w, b: nt.rms_norm(x, (8,), w, 1e-6), lambda x, w, b: F.rms_norm(x, (8,), w, 1e-6),
+                 (3, 4, 8), (8,)),
+    "group_norm": (lambda x, w, b: nt.group_norm(x, 3, w, b), lambda x, w, b: F.group_norm(x, 3, w, b),
+                   (2, 6, 3, 5), (6,)),
+    "add_layer_norm": (lambda x, w, b: sum(nt.add_layer_norm(x, x.sin(), (8,), w, b)),
+                       lambda x, w, b: F.layer_norm(x + x.sin(), (8,), w, b) + (x + x.sin()), (3, 4, 8), (8,)),
+    "add_rms_norm": (lambda x, w, b: sum(nt.add_rms_norm(x, x.cos(), (8,), w)),
+                     lambda x, w, b: F.rms_norm(x + x.cos(), (8,), w, torch.finfo(x.dtype).eps) + (x + x.cos()),
+                     (3, 4, 8), (8,)),
+}
+func = torch.func
+
+
+@contextlib.contextmanager
+def batching_rules_only():
+    """vmap without its per-sample fallback: an operator with no batching rule raises
+    (the fallback gives the same values, one call a sample, and its warning is off by default)."""
+    torch._C._functorch._set_vmap_fallback_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._functorch._set_vmap_fallback_enabled(True)
+
+
+def _scalar(f):
+    return lambda *a: f(*a).sin().sum()
+
+
+TRANSFORMS = {  # name -> (transform of f, given the arguments (x, w, b))
+    "grad": lambda f, x, w, b: func.grad(_scalar(f), argnums=(0, 1, 2))(x, w, b),
+    "grad of grad": lambda f, x, w, b: func.grad(lambda x: func.grad(_scalar(f))(x, w, b).pow(2).sum())(x),
+    "vjp": lambda f, x, w, b: func.vjp(f, x, w, b)[1](torch.ones_like(f(x, w, b)) / 3),
+    "jacrev": lambda f, x, w, b: func.jacrev(f, argnums=(0, 1, 2))(x, w, b),
+    "jvp": lambda f, x, w, b: func.jvp(f, (x, w, b), (x.cos(), w.sin(), b.cos())),
+    "jacfwd": lambda f, x, w, b: func.jacfwd(f, argnums=(0, 1, 2))(x, w, b),
+    "hessian": lambda f, x, w, b: func.hessian(_scalar(f), argnums=(0, 1))(x, w, b),
+    "vmap": lambda f, x, w, b: func.vmap(f, in_dims=(0, None, None))(torch.stack([x, 2 * x + 1]), w, b),
+    "vmap at dimension 1": lambda f, x, w, b: func.vmap(f, in_dims=(1, None, None))(
+        torch.stack([x, 2 * x + 1], 1), w, b),
+    "per-sample grad": lambda f, x, w, b: func.vmap(func.grad(_scalar(f), argnums=(0, 1, 2)),
+                                                    in_dims=(0, None, None))(torch.stack([x, 2 * x + 1]), w, b),
+    "grad of vmap": lambda f, x, w, b: func.grad(lambda x, w, b: func.vmap(f, in_dims=(0, None, None))(x, w, b)
+                                                 .sin().sum(), argnums=(0, 1, 2))(torch.stack([x, 2 * x + 1]), w, b),
+    "vmap of weights": lambda f, x, w, b: func.vmap(f, in_dims=(None, 0, 0))(x, torch.stack([w, w.cos()]),
+                                                                             torch.stack([b, b.sin()])),
+}
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS)
+@pytest.mark.parametrize("name", FUNC)
+def test_torch_func_transforms_match_torchs(name, transform):
+    """torch.func's transforms through every operation, against the same transform of
+    torch's functions.  grad, vjp, jacrev and hessian raised (PyTorch's custom operators
+    register their autograd without setup_context, which torch.func needs); jvp and
+    jacfwd raised (no forward derivative); vmap warned and ran one call a sample."""
+    ours, theirs, shape, pshape = FUNC[name]
+    x = t64(*shape, requires_grad=False)
+    w, b = t64(*pshape, seed=3, low=0.5, requires_grad=False), t64(*pshape, seed=4, requires_grad=False)
+    with batching_rules_only():
+        got = TRANSFORMS[transform](ours, x, w, b)
+    if transform == "hessian":
+        # eager autograd's, one row at a time: torch.func.hessian of torch's own layer_norm
+        # (torch 2.13) has an x-weight block that finite differences disagree with
+        want = torch.autograd.functional.hessian(lambda x, w: _scalar(theirs)(x, w, b), (x, w))
+    else:
+        want = TRANSFORMS[transform](theirs, x, w, b)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", FUNC)
+def test_forward_mode_ad(name):
+    """torch.autograd.forward_ad's dual tensors: the tangent of y, with tangents on x,
+    weight and bias; a call on dual tensors dropped the tangent without a word (y had
+    none) and now matches torch's."""
+    fwad = torch.autograd.forward_ad
+    ours, theirs, shape, pshape = FUNC[name]
+    x = t64(*shape, requires_grad=False)
+    w, b = t64(*pshape, seed=3, low=0.5, requires_grad=False), t64(*pshape, seed=4, requires_grad=False)
+    tangents = (x.cos(), w.sin(), b.cos())
+    got = []
+    for fn in (ours, theirs):
+        with fwad.dual_level():
+            y = fn(*(fwad.make_dual(a, t) for a, t in zip((x, w, b), tangents)))
+            got.append(fwad.unpack_dual(y))
+    torch.testing.assert_close(got[0].primal, got[1].primal, rtol=1e-12, atol=1e-12)
+    assert got[0].tangent is not None
+    torch.testing.assert_close(got[0].tangent, got[1].tangent, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "group_norm", "add_layer_norm"])
+def test_vmap_is_one_call_of_the_samples_rows(name, dtype):
+    """vmap folds the mapped dimension into the rows, one kernel call for the batch: y and,
+    through a per-sample gradient (the kernels' backward: nothing differentiates it again),
+    dx are to the bit those of calling each sample alone; each sample's dweight and dbias
+    (PyTorch's sums on the saved statistics) within the dtype's tolerance of its own call's."""
+    ours, _, shape, pshape = FUNC[name]
+    xs = torch.stack([t64(*shape, seed=s, requires_grad=False) for s in range(3)]).to(dtype)
+    w, b = t64(*pshape, seed=3, low=0.5, requires_grad=False).to(dtype), t64(*pshape, seed=4, requires_grad=False)
+    b = b.to(dtype)
+    grads = func.vmap(func.grad(lambda x, w, b: ours(x, w, b).float().sin().sum(), argnums=(0, 1, 2)),
+                      in_dims=(0, None, None))
+    with batching_rules_only():
+        y = func.vmap(ours, in_dims=(0, None, None))(xs, w, b)
+        dx, dw, db = grads(xs, w, b)
+    tol = TOL[np.float32] if dtype == torch.float32 else 1e-2
+    for i, x in enumerate(xs):
+        assert torch.equal(y[i], ours(x, w, b))
+        one = [t.requires_grad_() for t in (x.clone(), w.clone(), b.clone())]
+        ours(*one).float().sin().sum().backward()
+        if name != "add_layer_norm":  # (its dx carries the residual's sin, taken by PyTorch under vmap)
+            assert torch.equal(dx[i], one[0].grad)
+        torch.testing.assert_close(dw[i], one[1].grad, rtol=tol, atol=tol)
+        if one[2].grad is not None:  # (RMSNorm has no bias: torch.func gives zeros, autograd None)
+            torch.testing.assert_close(db[i], one[2].grad, rtol=tol, atol=tol)
+
+
+def test_per_sample_gradients_of_a_model():
+    """Per-sample gradients of every parameter of a model whose norms replace_norms swapped,
+    by torch.func.functional_call under vmap(grad), as torch's tutorial computes them,
+    against the same model with torch's norms."""
+    torch.manual_seed(0)
+    ref = Block(16, torch.float64)
+    _perturb(ref)
+    ours = nt.replace_norms(copy.deepcopy(ref))
+    x, target = torch.randn(4, 5, 16, dtype=torch.float64), torch.randn(4, 5, 16, dtype=torch.float64)
+    got = []
+    for model in (ours, ref):
+        params = {k: v.detach() for k, v in model.named_parameters()}
+
+        def loss(params, x, target, model=model):
+            y = func.functional_call(model, params, (x.unsqueeze(0),))
+            return (y.squeeze(0) - target).pow(2).mean()
+
+        got.append(func.vmap(func.grad(loss), in_dims=(None, 0, 0))(params, x, target))
+    for k in got[1]:
+        torch.testing.assert_close(got[0][k], got[1][k], rtol=1e-9, atol=1e-12, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_a_second_derivative_of_a_single_row():
+    """create_graph=True through a 1-D input (its normalized dimensions are all it has):
+    dbias came out summed to a scalar (sum over an empty list of dimensions sums all), and
+    autograd refused it."""
+    x, w, b = t64(8), t64(8, seed=3, low=0.5), t64(8, seed=4)
+    assert torch.autograd.gradgradcheck(lambda x, w, b: nt.layer_norm(x, (8,), w, b), (x, w, b))
 
 
 # ------------------------------------------------------------ GPU (real hardware only)
