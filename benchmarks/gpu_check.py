@@ -1563,7 +1563,30 @@ def cuda_graph(warm_only=False):
     except Exception as e:  # the forward's result stands; the step's failure is reported
         res["train_step_captured"] = False
         res["train_step_error"] = f"{type(e).__name__}: {e}"[:400]
+    # per-sample gradients by torch.func (vmap of grad of functional_call), not captured:
+    # numbanorm's vmap rules and backward on CUDA tensors, against the eager model's
+    try:
+        res["per_sample_grad_max_abs_diff"] = per_sample_grad_diff(model, eager, torch.randn(4, 64, d, device="cuda"))
+    except Exception as e:
+        res["per_sample_grad_error"] = f"{type(e).__name__}: {e}"[:400]
     return res
+
+
+def per_sample_grad_diff(model, eager, xs):
+    """The largest difference between two models' per-sample gradients of every parameter
+    (``torch.func.vmap(torch.func.grad(...))`` over the first dimension of ``xs``)."""
+    import torch
+
+    func = torch.func
+    got = []
+    for m in (model, eager):
+        params = {k: v.detach() for k, v in m.named_parameters()}
+
+        def loss(params, x, m=m):
+            return func.functional_call(m, params, (x[None],)).square().mean()
+
+        got.append(func.vmap(func.grad(loss), in_dims=(None, 0))(params, xs))
+    return max(float((got[0][k] - got[1][k]).abs().max()) for k in got[1])
 
 
 # ---------------------------------------------------------------- CPU scaling

@@ -521,7 +521,8 @@ def _register_vmap(op, forward, backward):
             for r in rows_in[kind]:  # each at dimension 0, of the batch's size
                 t = given.get(r)
                 if t is not None:
-                    t = t.unsqueeze(0).expand(size, *t.shape) if dims[r] is None else t.movedim(dims[r], 0)
+                    # (an unmapped one repeated, in memory of its own: the kernels read rows, not strides of 0)
+                    t = t.expand(size, *t.shape).contiguous() if dims[r] is None else t.movedim(dims[r], 0)
                     given[r] = t.reshape(-1, *t.shape[2:]) if groups else t  # (B, N, ...) -> (B * N, ...)
             out = operator(*(given[r] for r in roles))
             if kind == "backward":

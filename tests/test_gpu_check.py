@@ -345,6 +345,25 @@ def test_cpu_scaling_times_the_kernel_against_the_threaded_copy():
     assert all(r["ms"] > 0 and r["copy_ms"] > 0 and r["threads"] == 1 for r in rows)
 
 
+def test_per_sample_gradients_of_the_graph_sections_model():
+    """The graph section's per-sample gradients (torch.func), on CPU tensors: numbanorm's norms
+    against torch's give the same gradients; a model with other weights does not."""
+    torch = pytest.importorskip("torch")
+    import copy
+
+    import numbanorm.torch as nt
+
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 8),
+                                torch.nn.RMSNorm(8))
+    xs = torch.randn(3, 5, 8)
+    assert G.per_sample_grad_diff(nt.replace_norms(copy.deepcopy(eager)), eager, xs) < 1e-5
+    other = copy.deepcopy(eager)
+    with torch.no_grad():
+        other[1].weight.mul_(2)
+    assert G.per_sample_grad_diff(nt.replace_norms(other), eager, xs) > 1e-3
+
+
 def test_sanitizer_summaries_are_read_for_every_tool():
     """racecheck ends its log with a summary of its own, which the H200 run read as no
     summary at all (errors None for 53 clean cases)."""
