@@ -277,11 +277,19 @@ def _register_autograd(op, forward):
     where = [(1, op.forward_outputs.index(r)) if r in op.forward_outputs else (0, op.forward_roles.index(r))
              for r in _saved(op)]
 
+    # the recording Function's calls by their plan keep LayerNorm's two statistics on ctx, not
+    # saved (_torch_addressed); its other calls do too, so that every call saves the same
+    # tensors (activation checkpointing recomputes a forward and counts them)
+    kept = len(op.stats) if len(op.stats) == 2 and _addressed.covers(op) else 0
+
     def setup_context(ctx, inputs, output, outputs_stats=True):
         stats = output[k:]
+        saved = [(inputs, output)[side][i] for side, i in where]
         if outputs_stats:  # (the recording Function's outputs are the plain function's: _recording)
             ctx.mark_non_differentiable(*stats)
-        ctx.save_for_backward(*((inputs, output)[side][i] for side, i in where))
+        elif kept:
+            saved, ctx.stats = saved[:-kept], tuple(saved[-kept:])
+        ctx.save_for_backward(*saved)
         ctx.normalized_shape = None if si is None else inputs[si]
         ctx.eps = inputs[ei]
         if op.fused:
@@ -293,8 +301,8 @@ def _register_autograd(op, forward):
 
     def grad(ctx, *grads):
         x, weight, *stats = ctx.saved_tensors
-        if len(stats) < len(op.stats):  # a recorded call by its plan made both in one tensor
-            stats = ctx.stats.unbind()
+        if len(stats) < len(op.stats):  # kept on ctx: one tensor where a call by its plan made both
+            stats = ctx.stats if type(ctx.stats) is tuple else ctx.stats.unbind()
         recording = torch.is_grad_enabled()
         if op.fused and grads[0] is None:  # only s was used downstream: y's norm contributes nothing
             got = (grads[1],)

@@ -573,6 +573,31 @@ def test_models_with_swapped_norms(dtype, make, shape):
         torch.testing.assert_close(p.grad, q.grad, **close, msg=lambda m, n=n: f"{n}: {m}")
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+@pytest.mark.parametrize("shape", [(4, 7, 32), (40, 40, 32)], ids=["small calls", "large calls"])
+def test_activation_checkpointing(shape, reentrant):
+    """torch.utils.checkpoint around a block of swapped norms, three steps (a first call, then
+    calls by their plan): the gradients are torch's.  Without reentrance, checkpointing counts
+    the tensors a forward saves and its recomputation saves again; a LayerNorm's first call
+    saved its statistics and its calls by plan kept them on ctx, and the first step raised."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    ref = Block(32, torch.float64)
+    _perturb(ref)
+    ours = nt.replace_norms(copy.deepcopy(ref))
+    for step in range(3):
+        x = torch.randn(*shape, dtype=torch.float64)
+        got = []
+        for model in (ours, ref):
+            model.zero_grad()
+            xx = x.clone().requires_grad_()
+            checkpoint(model, xx, use_reentrant=reentrant).pow(2).sum().backward()
+            got.append([xx.grad, *(p.grad for p in model.parameters())])
+        for a, b in zip(*got):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
 def test_replace_norms_shares_parameters():
     model = Block(8, torch.float32)
     params = {n: p for n, p in model.named_parameters()}
