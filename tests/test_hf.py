@@ -89,6 +89,30 @@ def test_every_norm_replaced_same_outputs_and_gradients(name):
     same_outputs_and_gradients(ours, ours, ref)
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_gradient_checkpointing(name, reentrant):
+    """transformers' gradient checkpointing (``gradient_checkpointing_enable``, in train mode)
+    over swapped norms, two steps: the same gradients as the model's own norms.  Without
+    reentrance the first step raised (see test_torch's test_activation_checkpointing)."""
+    ref = tiny(name)
+    ours = nt.replace_norms(copy.deepcopy(ref))
+    for m in (ours, ref):
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        m.train()  # (checkpointing is for training), without dropout: the same arithmetic in both
+        m.config.use_cache = False
+        for d in m.modules():
+            if isinstance(d, torch.nn.Dropout):
+                d.p = 0.0
+    for step in range(2):
+        for m in (ours, ref):
+            m.zero_grad()
+            output(m, ids(seed=step)).square().mean().backward()
+        for (n, p), (_, q) in zip(ours.named_parameters(), ref.named_parameters()):
+            if q.grad is not None or p.grad is not None:
+                assert_close(p.grad, q.grad, 10 * F32, n)
+
+
 def same_outputs_and_gradients(run, ours, ref):
     """``run`` (``ours`` or a compiled ``ours``) against ``ref``: logits and every parameter's gradient."""
     x = ids()
