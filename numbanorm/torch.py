@@ -984,8 +984,35 @@ def _eps_attr(m):
 
 
 def _plan(m):
-    """``(new class, how)`` for a childless module, ``(None, why not)`` for a norm left alone, or None."""
+    """``(new class, how)`` for a childless module or a parametrized torch norm, ``(None, why
+    not)`` for a norm left alone, or None."""
     cls = type(m)
+    if _parametrized(m):  # torch's parametrize made cls, a subclass of the module's own class
+        inner, how = _plan_class(m, cls.__bases__[0])
+        return (None, how) if inner is None else (_parametrized_class(inner, cls), f"{how}, parametrized")
+    return _plan_class(m, cls)
+
+
+def _parametrized(m):
+    """Whether ``m`` is a torch norm with parametrized tensors (``torch.nn.utils.parametrize``),
+    whose parametrizations are its children."""
+    return isinstance(m, tuple(_SWAPS)) and torch.nn.utils.parametrize.is_parametrized(m)
+
+
+def _parametrized_class(inner, cls):
+    """The class ``cls`` that torch's parametrize made (its parametrized tensors as properties
+    over the original class) made over ``inner`` instead, so that removing the last
+    parametrization (which sets the class to the first base) leaves ``inner``; pickled as
+    parametrize's own modules are (its ``__getstate__``: they are not)."""
+    key = (inner, cls)
+    if key not in _GENERATED:
+        body = {k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")}
+        _GENERATED[key] = type(cls.__name__, (inner,), {**body, "__reduce_ex__": object.__reduce_ex__})
+    return _GENERATED[key]
+
+
+def _plan_class(m, cls):
+    """:func:`_plan` for a module ``m`` of class ``cls`` (parametrize's aside)."""
     if cls in _SWAPS:
         return _SWAPS[cls], f"numbanorm.torch.{cls.__name__}"
     for base, ours in _SWAPS.items():
@@ -1013,7 +1040,8 @@ def replace_norms(module, strict=False, *, report=False):
     """Swap the norms in ``module`` for numbanorm's, in place; returns ``module``.
 
     Replaced: ``torch.nn`` LayerNorm/RMSNorm/GroupNorm (and subclasses that keep
-    torch's forward), and any childless module with a 1-D ``weight`` and a
+    torch's forward; parametrized ones, ``torch.nn.utils.parametrize``, keep their
+    parametrizations), and any childless module with a 1-D ``weight`` and a
     ``variance_epsilon`` or ``eps`` whose forward is one of the RMSNorm forms of
     Hugging Face ``transformers`` (Llama, Mistral, Qwen, Phi-3, Gemma's ``1 +
     weight``, T5's, OLMo-2's), found by running that forward on a small probe
@@ -1039,7 +1067,7 @@ def replace_norms(module, strict=False, *, report=False):
             return memo[id(m)]
         new = None
         if not isinstance(m, _OURS):
-            if any(True for _ in m.children()):
+            if any(True for _ in m.children()) and not _parametrized(m):
                 for name, child in m.named_children():
                     new_child = visit(child, f"{path}.{name}" if path else name)
                     if new_child is not None:

@@ -598,6 +598,44 @@ def test_activation_checkpointing(shape, reentrant):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+class _Positive(torch.nn.Module):
+    def forward(self, w):
+        return w.abs() + 0.5
+
+
+@pytest.mark.parametrize("make,shape", [(lambda: torch.nn.LayerNorm(8, dtype=torch.float64), (3, 8)),
+                                        (lambda: torch.nn.RMSNorm(8, dtype=torch.float64), (3, 8)),
+                                        (lambda: torch.nn.GroupNorm(2, 4, dtype=torch.float64), (3, 4, 5))],
+                         ids=["LayerNorm", "RMSNorm", "GroupNorm"])
+def test_parametrized_norms_are_replaced(make, shape):
+    """A norm whose weight torch.nn.utils.parametrize computes (its parametrizations are its
+    children) was skipped without a word: neither replaced nor reported.  Now replaced: the
+    same outputs and gradients (to the parametrization's original too), the same
+    state_dict, deepcopy, and removing the parametrization leaves numbanorm's class."""
+    parametrize = torch.nn.utils.parametrize
+    torch.manual_seed(0)
+    ref = make()
+    parametrize.register_parametrization(ref, "weight", _Positive())
+    model = torch.nn.Sequential(copy.deepcopy(ref))
+    ours, report = nt.replace_norms(model, report=True)
+    norm = ours[0]
+    assert [r[0] for r in report.replaced] == ["0"] and report.left_alone == []
+    assert isinstance(norm, (nt.LayerNorm, nt.RMSNorm, nt.GroupNorm)) and parametrize.is_parametrized(norm)
+    assert isinstance(norm, type(ref).__bases__[0])
+    x = t64(*shape)
+    for m in (norm, copy.deepcopy(norm)):
+        torch.testing.assert_close(m(x), ref(x))
+    g = t64(*shape, seed=7, requires_grad=False)
+    got = torch.autograd.grad((norm(x) * g).sum(), [x, *norm.parameters()])
+    want = torch.autograd.grad((ref(x) * g).sum(), [x, *ref.parameters()])
+    for u, v in zip(got, want):
+        torch.testing.assert_close(u, v)
+    assert list(norm.state_dict()) == list(ref.state_dict())
+    parametrize.remove_parametrizations(norm, "weight")
+    assert type(norm) in (nt.LayerNorm, nt.RMSNorm, nt.GroupNorm)
+    torch.testing.assert_close(norm(x), ref(x))
+
+
 def test_replace_norms_shares_parameters():
     model = Block(8, torch.float32)
     params = {n: p for n, p in model.named_parameters()}
