@@ -631,8 +631,13 @@ def _transformed(args):
     (``torch.compile`` traces the operator, as before)."""
     if _CHECKS is None or torch.compiler.is_compiling():
         return False
-    if _CHECKS[4]() or _FORWARD_AD._current_level >= 0:
+    if _FORWARD_AD._current_level >= 0:
         return True
+    if _CHECKS[4]():
+        # vmap alone, with no gradient to record: the operator and its vmap rule, without
+        # the Function's generated rule around them (which doubled a (32, 128, 768) forward)
+        stack = _INTERPRETERS() if _INTERPRETERS is not None else None
+        return not stack or any(i.key() in _DIFFERENTIATING for i in stack) or _records(args)
     wrapped = _CHECKS[3]
     for a in args:
         if isinstance(a, torch.Tensor) and wrapped(a):

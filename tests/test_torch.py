@@ -774,6 +774,22 @@ def test_vmap_is_one_call_of_the_samples_rows(name, dtype):
             torch.testing.assert_close(db[i], one[2].grad, rtol=tol, atol=tol)
 
 
+def test_vmap_alone_calls_the_operator(monkeypatch):
+    """vmap with no gradient to record runs the operator and its vmap rule, without the
+    Function whose generated rule doubled a (32, 128, 768) forward's time; under grad, the
+    Function (the operator's autograd cannot be transformed)."""
+    calls = []
+    function = nt._TRANSFORMABLE["layer_norm"]
+    monkeypatch.setitem(nt._TRANSFORMABLE, "layer_norm", lambda *a: calls.append(1) or function(*a))
+    xs, w = torch.randn(3, 4, 8), torch.rand(8) + 0.5
+    with batching_rules_only():
+        y = func.vmap(lambda x: nt.layer_norm(x, (8,), w))(xs)
+        assert calls == []
+        torch.testing.assert_close(y, F.layer_norm(xs, (8,), w))
+        func.vmap(func.grad(lambda x: nt.layer_norm(x, (8,), w).sum()))(xs)
+    assert calls == [1]
+
+
 def test_per_sample_gradients_of_a_model():
     """Per-sample gradients of every parameter of a model whose norms replace_norms swapped,
     by torch.func.functional_call under vmap(grad), as torch's tutorial computes them,
