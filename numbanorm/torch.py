@@ -413,6 +413,16 @@ def _grouped(z, t, normalized_shape, stats):
     return zs, t, ps, tuple(range(z.dim() - k, z.dim())), list(range(z.dim() - k))
 
 
+def _saved_xhat(op, zs, stats):
+    """``(xhat, rstd)`` of ``zs`` (laid out by :func:`_grouped`) from the saved statistics:
+    ``(zs - mean) * rstd``, RMSNorm's ``zs * rstd``; GroupNorm's (N, G) broadcast over
+    each group's elements."""
+    if op.layout == "groups":
+        stats = [t.unsqueeze(-1) for t in stats]
+    rstd = stats[-1]
+    return ((zs - stats[0]) * rstd if len(stats) == 2 else zs * rstd), rstd
+
+
 def _recording(op, setup_context, grad):
     """``apply(*args)``: ``op``'s forward in an eager call that records an autograd graph,
     as an ``autograd.Function`` around the forward operator's implementation, with the
@@ -458,14 +468,11 @@ def _tangent(op, ctx, tangents):
     if op.fused:  # s = x + residual
         dz = given["residual"] if dz is None else dz if given["residual"] is None else dz + given["residual"]
     acc = _acc(z)
-    zs, dzs, ps, dims, _ = _grouped(z, (z.new_zeros(()) if dz is None else dz).to(acc).expand(z.shape),
-                                    ctx.normalized_shape, stats)
-    if op.layout == "groups":
-        stats = [t.unsqueeze(-1) for t in stats]
-    rstd = stats[-1]
-    xhat = (zs - stats[0]) * rstd if len(stats) == 2 else zs * rstd
+    zs, dzs, ps, dims, _ = _grouped(z, z if dz is None else dz, ctx.normalized_shape, stats)  # (dzs: dz's)
+    xhat, rstd = _saved_xhat(op, zs, stats)
     dy = None
     if dz is not None:
+        dzs = dzs.to(acc)
         centred = dzs - dzs.mean(dims, keepdim=True) if len(stats) == 2 else dzs
         dy = (rstd * (centred - xhat * (xhat * dzs).mean(dims, keepdim=True))).reshape(z.shape)
         if weight is not None:
@@ -560,9 +567,7 @@ def _sample_param_grads(op, given, out, size):
     stats = [given[r] for r in op.stats]
     shape = given.get("normalized_shape")
     zs, dys, _, _, _ = _grouped(z, dy.to(_acc(z)), shape, stats)
-    if op.layout == "groups":
-        stats = [t.unsqueeze(-1) for t in stats]
-    xhat = (zs - stats[0]) * stats[-1] if len(stats) == 2 else zs * stats[-1]
+    xhat, _ = _saved_xhat(op, zs, stats)
     # each sample's elements of one parameter in a dimension: (B, rows, *normalized_shape)
     # or (B, N, C, spatial), summed over the others
     split, by = ((size, -1, *shape), 1) if shape is not None else ((size, -1, z.shape[1], z[0, 0].numel()), (1, 3))
