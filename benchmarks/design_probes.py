@@ -50,6 +50,10 @@ kernels called with different arguments.
 - fresh_dx: a large GroupNorm and InstanceNorm backward into a mapped ``dx`` and allocating
   it (in huge pages and in 4 KiB pages), beside PyTorch's autograd backward and the threaded
   copy, in ``--processes`` fresh processes, every round kept (needs torch).
+- channels_last: GroupNorm on ``torch.channels_last`` float32 tensors, forward and backward,
+  through numbanorm.torch (its channels-last kernels) and ``torch.nn.functional``, beside both on
+  the C-contiguous copy, the copy to C order and back a call in that order cost before, and
+  the threaded copy (needs torch).
 - backward_blocks: the LayerNorm and RMSNorm backward of a few long rows with the row blocks
   each smallest block of long rows gives (``common.BLOCK_ELEMENTS``), each in processes of
   its own, alternated ``--processes`` times; and a one-block call's kernel on the pool
@@ -882,6 +886,55 @@ def group_passes(rounds, inner=20, shape=(8, 64, 64, 64), groups=8):
             "torch_threads": numba.get_num_threads()}
 
 
+def channels_last(rounds, shapes=(((8, 256, 64, 64), 32), ((32, 256, 32, 32), 32), ((8, 64, 64, 64), 8),
+                                  ((2, 512, 32, 32), 32))):
+    """GroupNorm on torch.channels_last float32 tensors, forward (no grad) and backward (dx,
+    dweight, dbias of sum(y * g)), through numbanorm.torch and torch.nn.functional; beside them
+    numbanorm.torch on the C-contiguous copy (the same values), the copy in C order and back
+    that a call in that order adds (``copied``: what a channels-last call cost before its
+    kernels), and the threaded copy of x's bytes; milliseconds, medians over rounds, and each
+    over torch's channels-last time, round-robin in one process."""
+    import torch
+
+    import numbanorm.torch as nt
+    F = _torch_functional()
+    out = []
+    for shape, groups in shapes:
+        g = torch.Generator().manual_seed(7)
+        xc = torch.randn(shape, generator=g)
+        xl = xc.to(memory_format=torch.channels_last)
+        w, b = torch.rand(shape[1], generator=g) + 0.5, torch.randn(shape[1], generator=g)
+        dyl = torch.randn(shape, generator=g).to(memory_format=torch.channels_last)
+        y = np.empty(xc.numel(), np.float32)
+        flat = xc.numpy().reshape(-1)
+        graphs = {}
+        for name, f, x in (("numbanorm", nt.group_norm, xl), ("torch", F.group_norm, xl),
+                           ("numbanorm_contiguous", nt.group_norm, xc), ("torch_contiguous", F.group_norm, xc)):
+            xg, wg, bg = (a.detach().clone().requires_grad_() for a in (x, w, b))
+            graphs[name] = (f(xg, groups, wg, bg), (xg, wg, bg))
+
+        def back(name):
+            yg, inputs = graphs[name]
+            return lambda: torch.autograd.grad(yg, inputs, dyl, retain_graph=True)
+
+        t = timed_rounds({
+            "copy_threads": lambda: measure.parallel_copy(y, flat),
+            "forward_numbanorm": lambda: nt.group_norm(xl, groups, w, b),
+            "forward_torch": lambda: F.group_norm(xl, groups, w, b),
+            "forward_copied": lambda: nt.group_norm(xl.contiguous(), groups, w, b).to(
+                memory_format=torch.channels_last),
+            "forward_numbanorm_contiguous": lambda: nt.group_norm(xc, groups, w, b),
+            "forward_torch_contiguous": lambda: F.group_norm(xc, groups, w, b),
+            **{f"backward_{k}": back(k) for k in graphs},
+        }, rounds)
+        med = {k: float(np.median(v)) for k, v in t.items()}
+        out.append({"shape": list(shape), "groups": groups, "dtype": "float32",
+                    "ms": {k: round(v * 1e3, 3) for k, v in med.items()},
+                    "over_torch": {k: round(float(np.median(t[k] / t[f"{k.split('_')[0]}_torch"])), 3)
+                                   for k in t if k.split("_")[0] in ("forward", "backward")}})
+    return {"rounds": rounds, "torch_threads": numba.get_num_threads(), "cases": out}
+
+
 PROBES = {
     "streaming": lambda q: streaming(30 // q, 60 // q),
     "backward_streaming": lambda q: backward_streaming(20 // q),
@@ -896,6 +949,7 @@ PROBES = {
     "row_groups": lambda q: row_groups(15 // q),
     "fresh_output": lambda q: fresh_output(15 // q),
     "group_passes": lambda q: group_passes(31 // q),
+    "channels_last": lambda q: channels_last(21 // q),
     "fresh_dx": None,  # (main: its --processes)
     "backward_blocks": None,  # (main: its --processes)
 }

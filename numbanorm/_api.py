@@ -72,11 +72,21 @@ class Backend(Protocol):
     def launch(self, ctx: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``launcher(*args, **kwargs)`` in ``ctx``."""
 
-    def contiguous(self, ctx: Any, a: Any, shape: tuple) -> Any:
-        """C-contiguous array of ``shape`` with a's values."""
+    def order_of(self, a: Any) -> str:
+        """The memory order in which the backend's GroupNorm launchers take ``a`` (a GroupNorm
+        call's x, (N, C, *spatial)), and every other array of the call with it: ``"last"``
+        where ``a`` has 4 or 5 dimensions in channels-last order and the backend has kernels
+        for that order (its outputs then come back in it, as torch.nn.functional.group_norm's
+        do on the CPU), else ``"C"``."""
 
-    def empty(self, ctx: Any, shape: tuple, dtype: Any) -> Any:
-        """An uninitialised array."""
+    def contiguous(self, ctx: Any, a: Any, shape: tuple, order: str = "C") -> Any:
+        """An array of ``shape`` with a's values, C-contiguous; or in ``order`` ``"last"`` (an
+        ``order`` this backend's ``order_of`` gave), ``shape`` (N, C, S) in channels-last order.
+        A copy only where ``a`` is not in that order already."""
+
+    def empty(self, ctx: Any, shape: tuple, dtype: Any, order: str = "C") -> Any:
+        """An uninitialised array of ``shape``, C-contiguous, or in ``order`` ``"last"`` (as
+        ``contiguous``) one of ``shape`` (N, C, *spatial) in channels-last order."""
 
     def unkept(self, ctx: Any, shape: tuple, dtype: Any) -> Any:
         """What a forward launcher gets for statistics the call does not return (a plain
@@ -84,9 +94,10 @@ class Backend(Protocol):
         dtype over no memory, into which the kernels store nothing (CUDA: nothing to
         allocate)."""
 
-    def out_view(self, out: Any, shape: tuple, reads: list) -> Any:
+    def out_view(self, out: Any, shape: tuple, reads: list, order: str = "C") -> Any:
         """``out`` seen as ``shape`` if the launcher can write it directly, else None (the
-        result is then computed apart and copied in): it must be C-contiguous, and where
+        result is then computed apart and copied in): it must be in ``order`` (as
+        ``contiguous``; ``"C"``: C-contiguous), and where
         the backend's launchers do not handle it, overlap none of ``reads`` (the inputs,
         x first; None for an absent one) but x itself."""
 
@@ -323,12 +334,14 @@ class Frontend:
                 self.plans.begin(key)
             acc = V.acc_dtype(c.dtype)
             out, out_native = c.given["out"], a.get("out")
-            y, copy_back = self._output(ctx, out_native, p.flat, c.dtype, [a[r] for r in op.forward_arrays])
+            order = backend.order_of(x) if op.layout == "groups" else "C"
+            y, copy_back = self._output(ctx, out_native, p.flat, c.dtype, [a[r] for r in op.forward_arrays], order,
+                                        x.shape)
             s = backend.empty(ctx, p.flat, c.dtype) if op.fused else None
             made = backend.empty if stats else backend.unkept
             kept = [made(ctx, p.stats, acc) for _ in op.stats]
             if p.flat[0]:
-                inputs = [backend.contiguous(ctx, x, p.flat)]
+                inputs = [backend.contiguous(ctx, x, p.flat, order)]
                 if op.fused:
                     inputs.append(backend.contiguous(ctx, a["residual"], p.flat))
                 for r in op.params:
@@ -353,12 +366,13 @@ class Frontend:
             if key is not None:
                 self.plans.begin(key)
             acc = V.acc_dtype(xdt)
-            dx = backend.empty(ctx, p.flat, xdt)
+            order = backend.order_of(x) if op.layout == "groups" else "C"
+            dx = self._empty(ctx, p.flat, xdt, order, x.shape)
             grads = [backend.empty(ctx, (p.width,), self._grads_in(a["weight"], xdt, acc))
                      for _ in op.backward_outputs[1:]]  # dweight[, dbias]
             backend.launch(
                 ctx, self.launchers[op.name][1],
-                self._rows_like(ctx, a["dy"], p.flat, xdt), backend.contiguous(ctx, x, p.flat),
+                self._rows_like(ctx, a["dy"], p.flat, xdt, order), backend.contiguous(ctx, x, p.flat, order),
                 *[self._stat(ctx, a[r], p.stats, acc) for r in op.stats],
                 self._param(ctx, a["weight"], p.width), dx, *grads,
                 **({"ds": self._rows_or_none(ctx, a["ds"], p.flat, xdt)} if op.fused else {}))
@@ -379,15 +393,23 @@ class Frontend:
         native = self.backend.native
         return {r: native(r, given[r]) for r in roles}
 
-    def _output(self, ctx, out_native, flat_shape, dtype, reads):
+    def _output(self, ctx, out_native, flat_shape, dtype, reads, order, shape):
         """``(y, copy_back)``: the array a launcher fills, ``out`` itself when it can;
-        ``reads``: the inputs the launcher reads."""
+        ``reads``: the inputs the launcher reads; ``order``, ``shape``: as ``_empty``."""
         if out_native is not None:
-            view = self.backend.out_view(out_native, flat_shape, reads)
+            view = self.backend.out_view(out_native, flat_shape, reads, order)
             if view is not None:
                 return view, False
-            return self.backend.empty(ctx, flat_shape, dtype), True
-        return self.backend.empty(ctx, flat_shape, dtype), False
+            return self._empty(ctx, flat_shape, dtype, order, shape), True
+        return self._empty(ctx, flat_shape, dtype, order, shape), False
+
+    def _empty(self, ctx, flat_shape, dtype, order, shape):
+        """An output as the launcher sees it (``flat_shape``), in ``order``: a channels-last
+        one made in the caller's ``shape`` (its strides are then those of torch's
+        channels_last), seen as ``flat_shape``."""
+        if order == "C":
+            return self.backend.empty(ctx, flat_shape, dtype)
+        return self.backend.empty(ctx, shape, dtype, order).reshape(flat_shape)
 
     def _result(self, ctx, y, copy_back, out, out_native, shape, like):
         if out is None:
@@ -399,9 +421,9 @@ class Frontend:
     def _param(self, ctx, a, n):
         return None if a is None else self.backend.contiguous(ctx, a, (n,))
 
-    def _rows_like(self, ctx, a, shape, dtype):
-        """``dy``/``ds`` flattened and in x's dtype (the kernels read both as x's type)."""
-        return self.backend.contiguous(ctx, self.backend.cast(ctx, a, dtype), shape)
+    def _rows_like(self, ctx, a, shape, dtype, order="C"):
+        """``dy``/``ds`` flattened, in x's dtype (the kernels read both as x's type) and order."""
+        return self.backend.contiguous(ctx, self.backend.cast(ctx, a, dtype), shape, order)
 
     def _rows_or_none(self, ctx, a, shape, dtype):
         return None if a is None else self._rows_like(ctx, a, shape, dtype)

@@ -262,7 +262,7 @@ FUNCTIONS = tuple(f for op in OPERATIONS for f in op.functions)
 # type becomes the level's array type (``LEVELS``).
 ROLES = {
     "x": ("array", "The input{x_layout}: float16, float32, float64 or bfloat16. The backward "
-                   "takes the forward's."),
+                   "takes the forward's.{x_order}"),
     "residual": ("array", "The residual branch, added to ``x`` before the norm (``s = x + residual``): "
                           "``x``'s shape and dtype."),
     "normalized_shape": ("int or tuple of int", "The trailing dimensions of ``x`` normalized together, "
@@ -325,6 +325,10 @@ def _doc_fields(op):
         "x_layout": ("; its trailing ``normalized_shape`` dimensions are normalized together" if rows else
                      " of shape ``(N, C, *spatial)``; each group of ``C // num_groups`` channels is "
                      "normalized together with the spatial dimensions, per sample"),
+        "x_order": ("" if rows else
+                    " A host ``x`` of 4 or 5 dimensions in channels-last order (laid out as ``(N, *spatial, "
+                    "C)``: torch's ``channels_last``) is read in that order, and ``y`` and ``dx`` come back "
+                    "in it, as ``torch.nn.functional.group_norm``'s do on the CPU."),
         "unit": "row" if rows else "(sample, group)",
         "param_shape": "``normalized_shape``" if rows else "``(C,)``",
         "stat_shape": ("``x.shape[:-k] + (1,) * k`` with ``k = len(normalized_shape)`` (keep-dims)" if rows

@@ -164,8 +164,8 @@ def _groups(num_groups):
 # (``numbanorm.operations``), made from its row.  The implementations call
 # numbanorm's public functions and are the only place a tensor becomes a NumPy
 # array; the fake implementations give torch.compile the outputs' shapes and
-# dtypes as numbanorm's frontend makes them (fresh contiguous outputs in x's
-# dtype; statistics in the accumulation dtype; dweight/dbias in the weight's
+# dtypes as numbanorm's frontend makes them (fresh outputs in x's dtype, contiguous or
+# in x's channels-last order: ``_like``; statistics in the accumulation dtype; dweight/dbias in the weight's
 # dtype, or x's without a weight).
 
 # schema types of the roles that are not plain tensors (int lists are SymInt[]
@@ -242,10 +242,21 @@ def _fake_forward(op):
             stat = tuple(x.shape[:x.dim() - k]) + (1,) * k
         else:
             stat = (x.shape[0], given["num_groups"])
-        return (*(x.new_empty(x.shape) for _ in op.plain_outputs),
+        return (*(_like(op, x) for _ in op.plain_outputs),
                 *(x.new_empty(stat, dtype=_acc(x)) for _ in op.stats))
 
     return fake
+
+
+def _like(op, x):
+    """An output of x's shape and dtype as numbanorm's frontend makes it: in channels-last
+    order where the CPU backend takes x in it (``numbanorm.cpu._backend.order_of``: GroupNorm,
+    4 or 5 dimensions, channels-last and not contiguous; torch's CPU group_norm keeps it too),
+    else contiguous."""
+    if (op.layout == "groups" and x.device.type == "cpu" and x.dim() in (4, 5) and not x.is_contiguous()
+            and x.movedim(1, -1).is_contiguous()):
+        return x.new_empty((x.shape[0], *x.shape[2:], x.shape[1])).movedim(-1, 1)
+    return x.new_empty(x.shape)
 
 
 def _fake_backward(op):
@@ -254,7 +265,7 @@ def _fake_backward(op):
         x, weight = given[_normalized(op)], given["weight"]
         shape = tuple(given["normalized_shape"]) if op.layout == "rows" else (x.shape[1],)
         dtype = weight.dtype if weight is not None else x.dtype
-        return (x.new_empty(x.shape), *(x.new_empty(shape, dtype=dtype) for _ in op.backward_outputs[1:]))
+        return (_like(op, x), *(x.new_empty(shape, dtype=dtype) for _ in op.backward_outputs[1:]))
 
     return fake
 

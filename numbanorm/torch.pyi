@@ -158,7 +158,10 @@ def group_norm(
     input : Tensor
         The input of shape ``(N, C, *spatial)``; each group of ``C // num_groups``
         channels is normalized together with the spatial dimensions, per sample:
-        float16, float32, float64 or bfloat16. The backward takes the forward's.
+        float16, float32, float64 or bfloat16. The backward takes the forward's. A host
+        ``input`` of 4 or 5 dimensions in channels-last order (laid out as ``(N,
+        *spatial, C)``: torch's ``channels_last``) is read in that order, and ``y`` and
+        ``dx`` come back in it, as ``torch.nn.functional.group_norm``'s do on the CPU.
     num_groups : int
         The number of groups the ``C`` channels are split into; it divides ``C``.
         ``num_groups == C`` is instance normalization, ``1`` a layer normalization over

@@ -131,6 +131,44 @@ def test_group_norm(impl, impl_name, rng, dtype, affine):
         assert_close(db, dbr, dtype, "dbias")
 
 
+# GroupNorm's x in channels-last order, (N, C, *spatial) laid out as (N, *spatial, C): the CPU
+# has kernels for it and returns y and dx in it (torch's CPU rule), the GPU copies it.  Blocks
+# of positions whole and cut short (cpu group_norm.POSITIONS, 4 a step), 4 and 5 dimensions
+LAST_CASES = [((2, 6, 4, 5), 3), ((3, 8, 16, 17), 4), ((1, 12, 3, 4, 5), 12), ((2, 4, 301, 3), 1)]
+SIM_LAST_CASES = [((2, 6, 4, 5), 3), ((1, 4, 2, 2, 3), 2)]
+
+
+def channels_last(a):
+    """``a`` (N, C, *spatial) with the same values, laid out in channels-last order."""
+    return np.moveaxis(np.ascontiguousarray(np.moveaxis(a, 1, -1)), -1, 1)
+
+
+def in_channels_last_order(a):
+    """Whether ``a`` (N, C, *spatial) is laid out as (N, *spatial, C) (a size-1 dimension's
+    stride aside, as NumPy's and torch's contiguity flags have it)."""
+    return np.moveaxis(a, 1, -1).flags.c_contiguous
+
+
+@BY_AFFINE
+def test_group_norm_channels_last(impl, impl_name, rng, dtype, affine):
+    for shape, g in SIM_LAST_CASES if impl_name == "cuda" and SIMULATED else LAST_CASES:
+        x = channels_last(inputs(rng, shape, dtype))
+        w, b = params(rng, (shape[1],), affine, dtype)
+        y, mean, rstd = impl.group_norm_forward(x, g, w, b, 1e-5)
+        yr, mr, rr = ORACLE.group_norm_forward(x, g, w, b, 1e-5)
+        assert_close(to_host(y), yr, dtype, f"y {shape} G={g}")
+        assert_close(to_host(mean), mr, np.float32 if dtype == np.float16 else dtype, "mean")
+        assert_close(to_host(rstd), rr, np.float32 if dtype == np.float16 else dtype, "rstd")
+        dy = inputs(rng, shape, dtype)  # C-contiguous: the call takes it in x's order
+        dx, dw, db = impl.group_norm_backward(dy, x, mean, rstd, w)
+        dxr, dwr, dbr = ORACLE.group_norm_backward(dy, x, mr, rr, w)
+        assert_close(to_host(dx), dxr, dtype, f"dx {shape} G={g}")
+        assert_close(to_host(dw), dwr, dtype, "dweight")
+        assert_close(to_host(db), dbr, dtype, "dbias")
+        if impl_name == "cpu":
+            assert in_channels_last_order(y) and in_channels_last_order(dx), (shape, y.strides, dx.strides)
+
+
 @pytest.mark.parametrize("pdtype", [np.float32, np.float64])
 def test_parameters_of_another_dtype(impl, rng, pdtype):
     """float32 parameters with float16 activations: outputs take x's dtype, grads the weight's."""

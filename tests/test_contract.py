@@ -116,6 +116,92 @@ def test_nan_and_inf_stay_in_their_row(impl, rng, bad):
     assert not np.all(np.isfinite(yg[1, 1]))
 
 
+def _channels_last(a):
+    return np.moveaxis(np.ascontiguousarray(np.moveaxis(a, 1, -1)), -1, 1)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_channels_last_group_norm_keeps_nan_in_its_group_and_inputs_untouched(rng, bad):
+    """The CPU's channels-last kernels (a group's elements spread over every position): a NaN
+    or an Inf in one (sample, group) leaves every other one's results as they were."""
+    x = _channels_last(rng.standard_normal((3, 8, 5, 7)).astype(np.float32))
+    dy = _channels_last(rng.standard_normal(x.shape).astype(np.float32))
+    w, b = rng.uniform(0.5, 1.5, 8).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    clean = [*nn.group_norm_forward(x, 4, w, b)]
+    clean += nn.group_norm_backward(dy, x, clean[1], clean[2], w)[:1]
+    dirty_x = x.copy(order="K")
+    dirty_x[1, 2, 3, 4] = bad  # sample 1, group 1 (channels 2-3)
+    copies = [a.copy(order="K") for a in (dirty_x, dy, w, b)]
+    dirty = [*nn.group_norm_forward(dirty_x, 4, w, b)]
+    dirty += nn.group_norm_backward(dy, dirty_x, dirty[1], dirty[2], w)[:1]
+    for a, c in zip((dirty_x, dy, w, b), copies):
+        np.testing.assert_array_equal(a, c)
+    keep = np.ones((3, 4), bool)
+    keep[1, 1] = False
+    for k in (1, 2):
+        np.testing.assert_array_equal(dirty[k][keep], clean[k][keep])
+    for k in (0, 3):
+        by_group = [a.reshape(3, 4, 2, 35)[keep] for a in (dirty[k], clean[k])]
+        np.testing.assert_array_equal(*by_group)
+        assert not np.isfinite(dirty[k].reshape(3, 4, 2, 35)[1, 1]).any()
+
+
+def test_channels_last_group_norm_out(rng):
+    """out= in x's channels-last order is written directly, as is out=x; any other out= gets
+    the same values through a copy."""
+    x = _channels_last(rng.standard_normal((2, 6, 4, 9)).astype(np.float32))
+    w = rng.uniform(0.5, 1.5, 6).astype(np.float32)
+    y = nn.group_norm(x, 3, w)
+    last = np.empty_like(x)  # (empty_like keeps the order)
+    assert nn.group_norm(x, 3, w, out=last) is last
+    np.testing.assert_array_equal(last, y)
+    for out in (np.empty(x.shape, np.float32), np.empty((2, 9, 6, 4), np.float32).transpose(0, 2, 3, 1)):
+        nn.group_norm(x, 3, w, out=out)
+        np.testing.assert_array_equal(out, y)
+    inplace = x.copy(order="K")
+    nn.group_norm(inplace, 3, w, out=inplace)
+    np.testing.assert_array_equal(inplace, y)
+
+
+def test_channels_last_group_norm_same_bits_a_sample_at_a_time(monkeypatch, rng):
+    """Large inputs go a few samples a call (group_norm.samples_at_once): the same bits as all at once."""
+    from numbanorm.cpu._kernels import group_norm
+    x = _channels_last(rng.standard_normal((5, 6, 3, 7)).astype(np.float32))
+    dy = _channels_last(rng.standard_normal(x.shape).astype(np.float32))
+    w = rng.standard_normal(6).astype(np.float32)
+
+    def calls():
+        y, m, r = nn.group_norm_forward(x, 3, w, w)
+        return y, m, r, *nn.group_norm_backward(dy, x, m, r, w)
+
+    together = calls()
+    monkeypatch.setattr(group_norm, "CACHE_BYTES", 1)
+    assert group_norm.samples_at_once(x, 2) == 1
+    for a, c in zip(calls(), together):
+        np.testing.assert_array_equal(a, c)
+
+
+@pytest.mark.parallel_kernels
+def test_channels_last_group_norm_bit_identical_for_any_thread_count(rng):
+    """The statistics' per-block partial sums are added in one order whatever ran the blocks."""
+    from numbanorm.cpu._kernels import background
+    x = _channels_last(rng.standard_normal((2, 32, 33, 35)).astype(np.float32))
+    dy = _channels_last(rng.standard_normal(x.shape).astype(np.float32))
+    w = rng.standard_normal(32).astype(np.float32)
+    before = numba.get_num_threads()
+    try:
+        results = []
+        for t in sorted({1, before}):
+            numba.set_num_threads(t)
+            with background.synchronous():
+                y, m, r = nn.group_norm_forward(x, 8, w)
+                results.append((y, m, r, *nn.group_norm_backward(dy, x, m, r, w)))
+    finally:
+        numba.set_num_threads(before)
+    for a, c in zip(results[0], results[-1]):
+        np.testing.assert_array_equal(a, c)
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_the_oracle_keeps_nan_and_inf_in_their_row_silently(rng, bad):
     """As the kernels do, and with no RuntimeWarning from NumPy's arithmetic on the bad

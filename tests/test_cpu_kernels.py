@@ -906,6 +906,9 @@ def test_a_row_function_is_one_compiled_function_for_both_paths():
             nn.rms_norm_backward(a, a, rstd, 128)
             _, mean, rstd = nn.group_norm_forward(a.reshape(-1, 8, 16), 4)
             nn.group_norm_backward(a.reshape(-1, 8, 16), a.reshape(-1, 8, 16), mean, rstd)
+            last = np.moveaxis(a.reshape(-1, 4, 4, 8), -1, 1)  # (N, 8, 4, 4) in channels-last order
+            _, mean, rstd = nn.group_norm_forward(last, 4)
+            nn.group_norm_backward(last, last, mean, rstd)
     for module in (ln_cpu, rms_cpu, gn_cpu):
         for kernel in (k for k in vars(module).values() if isinstance(k, common.Kernel)):
             assert kernel.rows.signatures and kernel.parallel.signatures

@@ -91,6 +91,23 @@ def test_group_norm_gradients(impl, rng, shape, groups):
     check(db, numeric_grad(loss, b))
 
 
+def test_group_norm_gradients_in_channels_last_order(impl, rng):
+    """x (N, C, H, W) laid out as (N, H, W, C): the CPU's channels-last kernels."""
+    xl = rng.standard_normal((2, 3, 2, 4))  # perturbed in place (numeric_grad): x is a view of it
+    x = np.moveaxis(xl, -1, 1)
+    w, b = rng.uniform(0.5, 1.5, 4), rng.standard_normal(4)
+    g = rng.standard_normal(x.shape)
+
+    def loss():
+        return float(np.sum(to_host(impl.group_norm(x, 2, w, b)) * g))
+
+    _, mean, rstd = impl.group_norm_forward(x, 2, w, b)
+    dx, dw, db = map(to_host, impl.group_norm_backward(g, x, mean, rstd, w))
+    check(np.moveaxis(dx, 1, -1), numeric_grad(loss, xl))
+    check(dw, numeric_grad(loss, w))
+    check(db, numeric_grad(loss, b))
+
+
 def test_gradients_without_weight_are_those_of_unit_weight(impl, rng):
     x = rng.standard_normal((4, 6))
     g = rng.standard_normal((4, 6))

@@ -169,6 +169,22 @@ def test_huge_finite_rows_forward(dt):
         np.testing.assert_array_equal(got[0][2], np.asarray(got[0])[2])
 
 
+def test_huge_groups_in_channels_last_order():
+    """A group whose float32 sums overflow on finite values, in channels-last order: the call
+    goes to the groups' kernels, which rescale it (the bits of its C-contiguous copy's call)."""
+    x = _huge_rows(np.float32).reshape(5, 3, 11)[:, :, :10].reshape(5, 3, 2, 5)
+    x = np.moveaxis(np.ascontiguousarray(np.moveaxis(x, 1, -1)), -1, 1)
+    dy = np.random.default_rng(5).standard_normal(x.shape).astype(np.float32)
+    w = np.linspace(0.5, 1.5, 3).astype(np.float32)
+    got = nn.group_norm_forward(x, 1, w, w)
+    want = nn.group_norm_forward(np.ascontiguousarray(x), 1, w, w)
+    for g, r in zip(got, want):
+        assert np.isfinite(g).all()
+        np.testing.assert_array_equal(g, r)
+    np.testing.assert_array_equal(nn.group_norm_backward(dy, x, *got[1:], w)[0],
+                                  nn.group_norm_backward(dy, np.ascontiguousarray(x), *want[1:], w)[0])
+
+
 @pytest.mark.parametrize("dt", [np.float32, pytest.param(np.float64, marks=EXHAUSTIVE)])
 def test_huge_rows_leave_others_alone(dt):
     x = _huge_rows(dt)

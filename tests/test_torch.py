@@ -384,6 +384,34 @@ def test_a_call_gets_one_answer_on_every_path(call):
     assert len(answers) == 1, answers
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape", [(2, 8, 5, 6), (2, 8, 3, 4, 5), (1, 8, 5, 6)], ids=["4d", "5d", "one-sample"])
+def test_group_norm_keeps_channels_last(shape, dtype):
+    """A channels_last x stays channels_last through GroupNorm on the CPU, forward and backward,
+    as in torch.nn.functional.group_norm: the CPU kernels take it in that order (no copy).  The
+    operators' fake outputs have the real ones' strides (opcheck), so a compiled call agrees."""
+    fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+    x = torch.randn(shape).to(dtype=dtype, memory_format=fmt).requires_grad_()
+    w, b = (torch.randn(8, dtype=dtype, requires_grad=True) for _ in range(2))
+    y, yt = nt.group_norm(x, 4, w, b), F.group_norm(x, 4, w, b)
+    assert y.is_contiguous(memory_format=fmt) and yt.is_contiguous(memory_format=fmt)
+    torch.testing.assert_close(y, yt)
+    g = torch.randn(shape, dtype=dtype)
+    got, want = torch.autograd.grad(y, (x, w, b), g), torch.autograd.grad(yt, (x, w, b), g)
+    assert got[0].is_contiguous(memory_format=fmt)
+    for a, c in zip(got, want):
+        torch.testing.assert_close(a, c, **({} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}))
+    ops, xd, wd, bd = torch.ops.numbanorm, x.detach(), w.detach(), b.detach()
+    torch.library.opcheck(ops.group_norm_forward, (x, 4, w, b, 1e-5))
+    _, mean, rstd = ops.group_norm_forward(xd, 4, wd, bd, 1e-5)
+    torch.library.opcheck(ops.group_norm_backward, (g, xd, mean, rstd, wd))
+    f = torch.compile(lambda x, w, b: nt.group_norm(x, 4, w, b) * 2, fullgraph=True)
+    yc = f(x, w, b)
+    assert yc.is_contiguous(memory_format=fmt)
+    torch.testing.assert_close(yc, 2 * y, rtol=0, atol=0)
+    torch.testing.assert_close(torch.autograd.grad(yc, (x, w, b), g), tuple(2 * a for a in got), rtol=0, atol=0)
+
+
 # ------------------------------------------------------------ custom operators, torch.compile
 
 def _opcheck_cases(xdt, wdt):

@@ -348,7 +348,10 @@ def group_norm(
     x : array
         The input of shape ``(N, C, *spatial)``; each group of ``C // num_groups``
         channels is normalized together with the spatial dimensions, per sample:
-        float16, float32, float64 or bfloat16. The backward takes the forward's.
+        float16, float32, float64 or bfloat16. The backward takes the forward's. A host
+        ``x`` of 4 or 5 dimensions in channels-last order (laid out as ``(N, *spatial,
+        C)``: torch's ``channels_last``) is read in that order, and ``y`` and ``dx``
+        come back in it, as ``torch.nn.functional.group_norm``'s do on the CPU.
     num_groups : int
         The number of groups the ``C`` channels are split into; it divides ``C``.
         ``num_groups == C`` is instance normalization, ``1`` a layer normalization over
@@ -400,7 +403,10 @@ def group_norm_forward(
     x : array
         The input of shape ``(N, C, *spatial)``; each group of ``C // num_groups``
         channels is normalized together with the spatial dimensions, per sample:
-        float16, float32, float64 or bfloat16. The backward takes the forward's.
+        float16, float32, float64 or bfloat16. The backward takes the forward's. A host
+        ``x`` of 4 or 5 dimensions in channels-last order (laid out as ``(N, *spatial,
+        C)``: torch's ``channels_last``) is read in that order, and ``y`` and ``dx``
+        come back in it, as ``torch.nn.functional.group_norm``'s do on the CPU.
     num_groups : int
         The number of groups the ``C`` channels are split into; it divides ``C``.
         ``num_groups == C`` is instance normalization, ``1`` a layer normalization over
@@ -457,7 +463,10 @@ def group_norm_backward(
     x : array
         The input of shape ``(N, C, *spatial)``; each group of ``C // num_groups``
         channels is normalized together with the spatial dimensions, per sample:
-        float16, float32, float64 or bfloat16. The backward takes the forward's.
+        float16, float32, float64 or bfloat16. The backward takes the forward's. A host
+        ``x`` of 4 or 5 dimensions in channels-last order (laid out as ``(N, *spatial,
+        C)``: torch's ``channels_last``) is read in that order, and ``y`` and ``dx``
+        come back in it, as ``torch.nn.functional.group_norm``'s do on the CPU.
     mean : array
         The mean of each (sample, group), of shape ``(N, num_groups)``, in float32
         (float64 for float64 inputs): the forward returns it and the backward takes it.

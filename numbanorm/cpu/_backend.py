@@ -44,22 +44,36 @@ def launch(ctx, launcher, *args, **kwargs):
     return launcher(*args, **kwargs)
 
 
-def contiguous(ctx, a, shape):
-    return np.ascontiguousarray(a).reshape(shape)
+def order_of(a):
+    if a.ndim in (4, 5) and not a.flags.c_contiguous and np.moveaxis(a, 1, -1).flags.c_contiguous:
+        return "last"  # (one channel or one position: C-contiguous too, and "C")
+    return "C"
 
 
-def empty(ctx, shape, dtype):
-    return np.empty(shape, dtype)
+def contiguous(ctx, a, shape, order="C"):
+    if order == "C":
+        return np.ascontiguousarray(a).reshape(shape)
+    n, c, s = shape
+    return np.ascontiguousarray(np.moveaxis(a, 1, -1)).reshape(n, s, c).transpose(0, 2, 1)
 
 
-unkept = empty  # (the kernels store a row's statistics where they are computed: no branch for them)
+def empty(ctx, shape, dtype, order="C"):
+    if order == "C":
+        return np.empty(shape, dtype)
+    return np.moveaxis(np.empty((shape[0], *shape[2:], shape[1]), dtype), -1, 1)
 
 
-def out_view(out, shape, reads):
+def unkept(ctx, shape, dtype):
+    return np.empty(shape, dtype)  # (the kernels store a row's statistics where they are computed: no branch)
+
+
+def out_view(out, shape, reads, order="C"):
     # (an out= overlapping an input is the launchers' to handle: cpu/_kernels/common.py)
     if not out.flags.writeable:
         raise ValueError("`out` is read-only")
-    return out.reshape(shape) if out.flags.c_contiguous else None
+    if order == "C":
+        return out.reshape(shape) if out.flags.c_contiguous else None
+    return contiguous(None, out, shape, order) if order_of(out) == order else None
 
 
 def copy_into(ctx, dst, src):

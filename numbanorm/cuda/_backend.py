@@ -254,7 +254,11 @@ def to_host(a):
     return a.copy_to_host()
 
 
-def contiguous(ctx, a, shape):
+def order_of(a):
+    return "C"  # (no channels-last kernels here; torch's CUDA group_norm returns contiguous outputs too)
+
+
+def contiguous(ctx, a, shape, order="C"):  # (order: "C", the only one order_of gives)
     if type(a) is np.ndarray:
         C.unrecordable()
         return to_device(np.ascontiguousarray(a).reshape(shape), stream=ctx.stream)
@@ -266,7 +270,7 @@ def contiguous(ctx, a, shape):
     return a if a.shape == shape else a.reshape(shape)
 
 
-def empty(ctx, shape, dtype):
+def empty(ctx, shape, dtype, order="C"):  # (order: as contiguous)
     shape = tuple(map(int, shape))
     if ctx.lib is None:
         return C.device_empty(shape, dtype)
@@ -333,7 +337,7 @@ class _Numba:
 _LIBRARIES = {"torch": _Torch, "cupy": _Cupy, None: _Numba}
 
 
-def out_view(out, shape, reads):
+def out_view(out, shape, reads, order="C"):  # (order: as contiguous)
     if type(out) is np.ndarray:  # a host `out`: filled from a device result by copy_into
         if not out.flags.writeable:
             raise ValueError("`out` is read-only")

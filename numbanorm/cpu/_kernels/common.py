@@ -316,11 +316,12 @@ class Kernel:
             rescaling(*args, i, i + 1)
 
 
-# The two parallel loops every CPU kernel is, around a row function ROWS that does all the
+# The parallel loops every CPU kernel is, around a row function ROWS that does all the
 # arithmetic of its items lo:hi (its own arguments first, the bounds last), told apart by
 # the argument that counts the items: a statistic a row (or group) for a loop over rows,
-# a partial row for a loop over row blocks
-_COUNTS = {"rstd": "size", "dw_part": "shape[0]"}
+# a partial row for a loop over row blocks, a row of the block table for a loop over spans
+# of positions (channels-last GroupNorm)
+_COUNTS = {"rstd": "size", "dw_part": "shape[0]", "blocks": "shape[0]"}
 
 
 def _parallel_kernel(rows, counted, dispatcher=None):
@@ -374,6 +375,13 @@ def in_partials(rows):
     ``dw_part.shape[0]`` blocks (:func:`n_chunks`) of ``args``' rows, one block a task on
     Numba's threads; block ``k`` writes row ``k`` of its dweight/dbias partials."""
     return Kernel(rows, "dw_part", None)
+
+
+def in_spans(rows):
+    """The :class:`Kernel` that runs ``rows(*args, lo, hi)`` over blocks ``lo:hi`` of the
+    ``blocks.shape[0]`` rows of its block table (each a sample and a span of its positions:
+    ``group_norm.last_blocks``), one block a task on Numba's threads."""
+    return Kernel(rows, "blocks", None)
 
 
 # Held while a parallel kernel runs.  The workqueue layer aborts the process when

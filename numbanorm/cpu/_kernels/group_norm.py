@@ -11,12 +11,12 @@ contiguous in memory, so each (sample, group) is a "row" for the statistics:
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import (FASTMATH, RESCALE, STREAMING, acc_of, finish, in_blocks, launch, param, row_block,
-                     scratch_for, wide_vectors)
+from .common import (FASTMATH, RESCALE, STREAMING, acc_of, empty_row, finish, in_blocks, in_spans, launch, param,
+                     row_block, scratch_for, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
-from .memory import ahead_chunk, ask_ahead, put_streaming, store_fence, stream_apart, stream_span
+from .memory import CACHE_BYTES, ahead_chunk, ask_ahead, put_streaming, store_fence, stream_apart, stream_span
 from .rescale import rescue_row, scaled_backward_row
-from .stats import overflowed, row_is_finite, row_stats
+from .stats import SHIFT_SAMPLE, overflowed, row_is_finite, row_stats
 from .sums import gradient_sums
 
 
@@ -302,6 +302,173 @@ def dx_span(
             dx[i, j] = v
 
 
+# ---------------------------------------------------------------- channels-last order
+#
+# x (N, C, *spatial) in channels-last order (torch's channels_last, channels_last_3d) is
+# (N, S, C) in memory: a group's elements lie in every position's run of C, so no group is
+# a row.  Each kernel goes over blocks of positions of one sample (last_blocks), all the
+# channels of a position in one vector loop, each channel's sums in its own accumulator: the
+# statistics from per-block partial sums added in a fixed order (any thread count, the same
+# bits), then a write pass with each channel's constants.
+
+# Positions a block sums per channel in the accumulation dtype before its float64 partial:
+# as long as a float32 lane of the rows' blocked sums (sums.SUM_BLOCK over 16 lanes)
+POSITIONS = 256
+
+
+def last_blocks(N, S):
+    """(K, 3) int64: each block's sample, first position and one past its last."""
+    nb = -(-S // POSITIONS)
+    q = np.arange(N * nb, dtype=np.int64)
+    start = q % nb * POSITIONS
+    return np.stack([q // nb, start, np.minimum(start + POSITIONS, S)], axis=1)
+
+
+@njit(cache=True, fastmath={"contract"}, nogil=True)
+def last_sums(
+    x,       # (N, S, C) input in channels-last order, float32/float64, or 16-bit floats as integer bits
+    shift,   # (N, C) each channel's shift (its group's), accumulation dtype
+    parts,   # (K, 2, C) output: each block's sum(d) and sum(d * d) per channel, d = x - shift, float64
+    blocks,  # (K, 3) each block's sample, first position, one past its last (last_blocks)
+    lo,      # scalar: first block
+    hi,      # scalar: one past the last
+):
+    """Blocks ``lo:hi`` of the forward's sums, each channel's in a fixed order of its
+    positions (no 'reassoc': the vector loop runs over channels, so it changes no order)."""
+    wide_vectors(x)
+    C = x.shape[2]
+    zero = shift.dtype.type(0)
+    s1 = empty_row(C, shift)
+    s2 = empty_row(C, shift)
+    for q in range(lo, hi):
+        n = blocks[q, 0]
+        for c in range(C):
+            s1[c] = zero
+            s2[c] = zero
+        lo_s, e = blocks[q, 1], blocks[q, 2]
+        t = lo_s + (e - lo_s) // 4 * 4
+        for s in range(lo_s, t, 4):  # four positions a step: a quarter of the accumulators' stores
+            for c in range(C):
+                j = np.uint64(c)  # unsigned, as in spans.normalize_span
+                k = shift[n, j]
+                d0 = widen(x[n, s, j]) - k
+                d1 = widen(x[n, s + 1, j]) - k
+                d2 = widen(x[n, s + 2, j]) - k
+                d3 = widen(x[n, s + 3, j]) - k
+                s1[j] += (d0 + d1) + (d2 + d3)
+                s2[j] += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3)
+        for s in range(t, e):
+            for c in range(C):
+                j = np.uint64(c)
+                d = widen(x[n, s, j]) - shift[n, j]
+                s1[j] += d
+                s2[j] += d * d
+        for c in range(C):
+            parts[q, 0, c] = s1[c]
+            parts[q, 1, c] = s2[c]
+    return 0
+
+
+@njit(cache=True, fastmath={"contract"}, nogil=True)
+def last_write(
+    x,       # (N, S, C) input in channels-last order
+    mu,      # (N, C) each channel's group mean, first pass, accumulation dtype
+    corr,    # (N, C) its correction, mean = mu + corr
+    a,       # (N, C) rstd * weight[c]
+    bc,      # (C,) bias, accumulation dtype (zeros without a bias)
+    y,       # (N, S, C) output in channels-last order, x's dtype
+    blocks,  # (K, 3) as last_sums
+    lo,      # scalar: first block
+    hi,      # scalar: one past the last
+):
+    """Blocks ``lo:hi`` of the forward's y, as scale_shift_span writes a channel."""
+    wide_vectors(x)
+    C = x.shape[2]
+    for q in range(lo, hi):
+        n = blocks[q, 0]
+        lo_s, e = blocks[q, 1], blocks[q, 2]
+        t = lo_s + (e - lo_s) // 4 * 4
+        for s in range(lo_s, t, 4):  # four positions a step, as last_sums: a channel's constants loaded once
+            for c in range(C):
+                j = np.uint64(c)
+                m, k, f, g = mu[n, j], corr[n, j], a[n, j], bc[j]
+                y[n, s, j] = narrow(((widen(x[n, s, j]) - m) - k) * f + g, y)
+                y[n, s + 1, j] = narrow(((widen(x[n, s + 1, j]) - m) - k) * f + g, y)
+                y[n, s + 2, j] = narrow(((widen(x[n, s + 2, j]) - m) - k) * f + g, y)
+                y[n, s + 3, j] = narrow(((widen(x[n, s + 3, j]) - m) - k) * f + g, y)
+        for s in range(t, e):
+            for c in range(C):
+                j = np.uint64(c)
+                y[n, s, j] = narrow(((widen(x[n, s, j]) - mu[n, j]) - corr[n, j]) * a[n, j] + bc[j], y)
+    return 0
+
+
+@njit(cache=True, nogil=True)  # (as backward_groups)
+def last_gradient_sums(
+    dy,      # (N, S, C) gradient of y in channels-last order
+    x,       # (N, S, C) forward input in channels-last order
+    mu,      # (N, C) each channel's saved group mean
+    parts,   # (K, 3, C) output: each block's sum(dy * (x - mu)), sum(dy), sum(x - mu) per channel, float64
+    blocks,  # (K, 3) as last_sums
+    lo,      # scalar: first block
+    hi,      # scalar: one past the last
+):
+    """Blocks ``lo:hi`` of the backward's per-channel sums (channel_sums's, per block)."""
+    wide_vectors(dy)
+    C = x.shape[2]
+    zero = mu.dtype.type(0)
+    s1 = empty_row(C, mu)
+    s2 = empty_row(C, mu)
+    s3 = empty_row(C, mu)
+    for q in range(lo, hi):
+        n = blocks[q, 0]
+        for c in range(C):
+            s1[c] = zero
+            s2[c] = zero
+            s3[c] = zero
+        for s in range(blocks[q, 1], blocks[q, 2]):
+            for c in range(C):
+                j = np.uint64(c)
+                d = widen(x[n, s, j]) - mu[n, j]
+                g = widen(dy[n, s, j])
+                s1[j] += g * d
+                s2[j] += g
+                s3[j] += d
+        for c in range(C):
+            parts[q, 0, c] = s1[c]
+            parts[q, 1, c] = s2[c]
+            parts[q, 2, c] = s3[c]
+    return 0
+
+
+@njit(cache=True, nogil=True)  # (no 'contract': as dx_channels)
+def last_dx(
+    dy,      # (N, S, C) gradient of y in channels-last order
+    x,       # (N, S, C) forward input in channels-last order
+    mu,      # (N, C) each channel's saved group mean
+    corr,    # (N, C) its correction, mean(x - mu) over the group
+    r,       # (N, C) the group's rstd
+    wc,      # (C,) weight, accumulation dtype (ones without a weight)
+    c1,      # (N, C) the group's mean(xhat * wdy)
+    c2,      # (N, C) the group's mean(wdy)
+    dx,      # (N, S, C) output in channels-last order
+    blocks,  # (K, 3) as last_sums
+    lo,      # scalar: first block
+    hi,      # scalar: one past the last
+):
+    """Blocks ``lo:hi`` of dx, as dx_span writes a channel."""
+    wide_vectors(dy)
+    C = x.shape[2]
+    for q in range(lo, hi):
+        n = blocks[q, 0]
+        for s in range(blocks[q, 1], blocks[q, 2]):
+            for c in range(C):
+                j = np.uint64(c)
+                xhat = ((widen(x[n, s, j]) - mu[n, j]) - corr[n, j]) * r[n, j]
+                dx[n, s, j] = narrow((widen(dy[n, s, j]) * wc[j] - (xhat * c1[n, j] + c2[n, j])) * r[n, j], dx)
+    return 0
+
+
 def _views(a, mean):
     """``a`` (N, C, S) as the kernels read it, twice: a (sample, group) a row and a
     channel a row.  Explicit shapes: a batch of N = 0 does not reshape with -1."""
@@ -312,7 +479,11 @@ def _views(a, mean):
 
 
 def forward(x, weight, bias, eps, y, mean, rstd):
-    """Fill ``y`` (N, C, S) and ``mean``/``rstd`` (N, G) for group norm."""
+    """Fill ``y`` (N, C, S) and ``mean``/``rstd`` (N, G) for group norm; x and y both
+    C-contiguous, or both in channels-last order (``last``)."""
+    if last(x):
+        _forward_last(x, weight, bias, eps, y, mean, rstd)
+        return
     acc = acc_of(x.dtype)
     ys = scratch_for(y, x, weight, bias)
     stream = ys is y and stream_apart(y, x)  # never in place (memory.stream_apart says why)
@@ -324,7 +495,11 @@ def forward(x, weight, bias, eps, y, mean, rstd):
 
 
 def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
-    """Fill ``dx`` (N, C, S) and ``dweight``/``dbias`` (C,) in the accumulation dtype."""
+    """Fill ``dx`` (N, C, S) and ``dweight``/``dbias`` (C,) in the accumulation dtype; dy, x
+    and dx all C-contiguous, or all in channels-last order (``last``)."""
+    if last(x):
+        _backward_last(dy, x, mean, rstd, weight, dx, dweight, dbias)
+        return
     N, C, S = x.shape
     acc = acc_of(x.dtype)
     dw_part = np.empty((N, C), acc)
@@ -337,6 +512,149 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
     db_part.sum(axis=0, out=dbias)
 
 
+def last(a):
+    """Whether ``a`` (N, C, S) is in channels-last order: (N, S, C) in memory, and not
+    C-contiguous as well (one channel, or one position, is both: the rows' kernels take it)."""
+    return not a.flags.c_contiguous and a.transpose(0, 2, 1).flags.c_contiguous
+
+
+def _forward_last(x, weight, bias, eps, y, mean, rstd):
+    """``forward`` of x and y in channels-last order (last_sums, last_write), a few samples a
+    call (``samples_at_once``)."""
+    acc = acc_of(x.dtype)
+    w, b = param(weight, acc), param(bias, acc)
+    ys = scratch_for(y, x, weight, bias)
+    per = samples_at_once(x, 2)
+    for n in range(0, x.shape[0], per):
+        k = slice(n, n + per)
+        if not _forward_samples(x[k], w, b, acc.type(eps), ys[k], mean[k], rstd[k]):
+            # sums out of range on finite inputs: the groups' kernels rescue them
+            yc = np.empty(x[k].shape, x.dtype)
+            forward(np.ascontiguousarray(x[k]), weight, bias, eps, yc, mean[k], rstd[k])
+            np.copyto(ys[k], yc)
+    finish(ys, y)
+
+
+def samples_at_once(x, arrays):
+    """How many samples of x (N, C, S) the channels-last kernels take a call: as many as
+    ``arrays`` such arrays keep in the cache counted on (memory.CACHE_BYTES), so that a
+    second pass finds them where the first left them, and one at least."""
+    return max(1, CACHE_BYTES // max(1, arrays * x[0].nbytes))
+
+
+def _forward_samples(x, w, b, eps, y, mean, rstd):
+    """``_forward_last`` of a few samples, weight and bias in the accumulation dtype (or None);
+    False, writing nothing, where a group's sums left the range on finite inputs."""
+    N, C, S = x.shape
+    Cg = C // mean.shape[1]
+    blocks = last_blocks(N, S)
+    xl = kernel_view(x).transpose(0, 2, 1)
+    mu, corr, r = _last_stats(x, xl, blocks, mean.shape, eps.dtype, eps)
+    if mu is None:
+        return False
+    mean[...] = mu + corr
+    rstd[...] = r
+    a = np.repeat(r, Cg, axis=1)
+    if w is not None:
+        a *= w
+    launch(_last_write, x.size, 1, xl, np.repeat(mu, Cg, axis=1), np.repeat(corr, Cg, axis=1), a,
+           b if b is not None else np.zeros(C, eps.dtype), kernel_view(y).transpose(0, 2, 1), blocks)
+    return True
+
+
+def _last_stats(x, xl, blocks, shape, acc, eps):
+    """``(mu, corr, rstd)``, each (N, G) in ``acc``, of x (N, C, S) in channels-last order
+    (its kernel view ``xl``, (N, S, C)), as stats.row_stats takes a row's: one pass over
+    the deviations from each group's shift where it can be trusted, a second from the
+    first's mean where not; or Nones where a group's sums left the range on finite inputs."""
+    N, G = shape
+    C, S = x.shape[1:]
+    Cg = C // G
+    L = Cg * S
+    # each group's shift: the mean of its first elements (stats.shift), in its first channel
+    with np.errstate(all="ignore"):
+        mu = x.reshape(N, G, Cg, S)[:, :, 0, :SHIFT_SAMPLE].astype(np.float64).mean(axis=-1).astype(acc)
+    parts = np.empty((blocks.shape[0], 2, C))
+    for attempt in range(2):
+        launch(_last_sums, x.size, 1, xl, np.repeat(mu, Cg, axis=1), parts, blocks)
+        with np.errstate(all="ignore"):
+            # a fixed order of addition whatever ran the blocks: the same bits on any thread count
+            s1, s2 = parts.reshape(N, -1, 2, G, Cg).sum(axis=(1, 4)).transpose(1, 0, 2)
+            m1, ms = s1 / L, s2 / L
+            ok = np.isfinite(ms) & (m1 * m1 <= 0.5 * ms)  # stats.one_pass_ok
+            if attempt == 1 or ok.all():
+                break
+            mu = np.where(ok, mu, (mu + m1).astype(acc))  # (the other groups' sums come out the same)
+    with np.errstate(all="ignore"):
+        var = np.maximum(ms - m1 * m1, 0.0)  # (a NaN stays NaN)
+        r = acc.type(1) / np.sqrt(var.astype(acc) + eps)
+        out = ~(np.isfinite(mu) & np.isfinite(r) & (r > 0))  # stats.overflowed
+    if out.any() and _finite_group(x.reshape(N, G, Cg, S), out):
+        return None, None, None
+    return mu, m1.astype(acc), r
+
+
+def _finite_group(xg, marked):
+    """Whether any group of ``xg`` (N, G, Cg, S) that ``marked`` (N, G) marks holds only finite values."""
+    return any(np.isfinite(xg[n, g].astype(np.float32)).all() for n, g in zip(*np.nonzero(marked)))
+
+
+def _backward_last(dy, x, mean, rstd, weight, dx, dweight, dbias):
+    """``backward`` of dy, x and dx in channels-last order (last_gradient_sums, last_dx), a few
+    samples a call (``samples_at_once``), with backward_groups's per-group constants."""
+    acc = acc_of(x.dtype)
+    w = param(weight, acc) if weight is not None else np.ones(x.shape[1], acc)
+    per = samples_at_once(x, 3)
+    sums = []
+    for n in range(0, x.shape[0], per):
+        k = slice(n, n + per)
+        got = _backward_samples(dy[k], x[k], mean[k], rstd[k], w, dx[k])
+        if got is None:  # sums out of range on finite inputs: the groups' kernels rescue them
+            dxc, dwk, dbk = np.empty(x[k].shape, x.dtype), np.empty_like(dweight), np.empty_like(dbias)
+            backward(np.ascontiguousarray(dy[k]), np.ascontiguousarray(x[k]), mean[k], rstd[k], weight, dxc,
+                     dwk, dbk)
+            np.copyto(dx[k], dxc)
+            got = dwk[None], dbk[None]  # (their samples' sums, as one)
+        sums.append(got)
+    # samples in order, as backward's
+    np.concatenate([d for d, _ in sums]).sum(axis=0, out=dweight)
+    np.concatenate([d for _, d in sums]).sum(axis=0, out=dbias)
+
+
+def _backward_samples(dy, x, mean, rstd, w, dx):
+    """``_backward_last`` of a few samples, the weight in the accumulation dtype: their
+    ``(sum(dy * xhat), sum(dy))``, each (samples, C); None, writing nothing, where a group's
+    sums left the range on finite inputs."""
+    N, C, S = x.shape
+    G = mean.shape[1]
+    Cg = C // G
+    acc = w.dtype
+    inv_n = acc.type(1) / acc.type(Cg * S)
+    blocks = last_blocks(N, S)
+    dyl, xl, dxl = (kernel_view(a).transpose(0, 2, 1) for a in (dy, x, dx))
+    mu = np.repeat(mean, Cg, axis=1)
+    parts = np.empty((blocks.shape[0], 3, C))
+    launch(_last_gradient_sums, x.size, 1, dyl, xl, mu, parts, blocks)
+    with np.errstate(all="ignore"):
+        sums = parts.reshape(N, -1, 3, C).sum(axis=1)  # a fixed order, as _last_stats's
+        A, B = sums[:, 0].astype(acc), sums[:, 1].astype(acc)
+        corr = sums[:, 2].reshape(N, G, Cg).sum(axis=-1).astype(acc) * inv_n
+        r = np.repeat(rstd, Cg, axis=1)
+        dyx = r * (A - np.repeat(corr, Cg, axis=1) * B)  # sum(dy * xhat) per (sample, channel)
+        c1 = (w * dyx).reshape(N, G, Cg).sum(axis=-1) * inv_n
+        c2 = (w * B).reshape(N, G, Cg).sum(axis=-1) * inv_n
+        out = ~(np.isfinite(corr) & np.isfinite(c1) & np.isfinite(c2))
+    if out.any() and _finite_group(x.reshape(N, G, Cg, S), out) and _finite_group(dy.reshape(N, G, Cg, S), out):
+        return None
+    launch(_last_dx, x.size, 1, dyl, xl, mu, np.repeat(corr, Cg, axis=1), r, w, np.repeat(c1, Cg, axis=1),
+           np.repeat(c2, Cg, axis=1), dxl, blocks)
+    return dyx, B
+
 # The row functions with their parallel kernels over blocks of groups (common.launch)
 _forward = in_blocks(forward_groups)
 _backward = in_blocks(backward_groups, marks=None)
+# and over blocks of positions, in channels-last order
+_last_sums = in_spans(last_sums)
+_last_write = in_spans(last_write)
+_last_gradient_sums = in_spans(last_gradient_sums)
+_last_dx = in_spans(last_dx)
