@@ -243,6 +243,27 @@ def test_large_common_offset(impl, rng):
         assert_close(to_host(got), want, np.float32)
 
 
+@pytest.mark.parametrize("first", [1e4, 0.0], ids=["first-channel-apart", "common-offset"])
+def test_channels_last_group_norm_offsets(monkeypatch, rng, first):
+    """The CPU's channels-last statistics as exact as the rows': at a common offset of 1e4
+    (std 1e-2), and with each group's first channel, whose first positions are its shift,
+    1e4 from the others (its groups summed again from their first mean, as a row is)."""
+    from numbanorm.cpu._kernels import group_norm
+    passes, statistics = [], group_norm.last_statistics
+    monkeypatch.setattr(group_norm, "last_statistics", lambda *a: passes.append(a[-1]) or statistics(*a))
+    x = (1e4 + 1e-2 * rng.standard_normal((2, 5, 7, 8))).astype(np.float32)
+    x[..., ::4] -= np.float32(first)  # channels 0 and 4, the groups' first ones, apart
+    x = _channels_last(np.moveaxis(x, -1, 1))
+    w = rng.uniform(0.5, 1.5, 8).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    y, m, r = nn.group_norm_forward(x, 2, w, w)
+    yr, mr, rr = ORACLE.group_norm_forward(x, 2, w, w)
+    for got, want in zip((y, m, r, *nn.group_norm_backward(dy, x, m, r, w)),
+                         (yr, mr, rr, *ORACLE.group_norm_backward(dy, x, mr, rr, w))):
+        assert_close(got, want, np.float32)
+    assert passes == ([False, True] if first else [False])
+
+
 def test_out_is_filled_and_returned(rng):
     x = rng.standard_normal((6, 10)).astype(np.float32)
     for out in (np.empty_like(x), np.empty((10, 6), np.float32).T):   # C-contiguous and strided

@@ -8,15 +8,17 @@ contiguous in memory, so each (sample, group) is a "row" for the statistics:
     y[n, c, :] = (x[n, c, :] - mean) * rstd * weight[c] + bias[c]
 """
 
+import functools
+
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import (FASTMATH, RESCALE, STREAMING, acc_of, empty_row, finish, in_blocks, in_spans, launch, param,
-                     row_block, scratch_for, wide_vectors)
+from .common import (FASTMATH, RESCALE, STREAMING, acc_of, empty_row, finish, in_blocks, in_spans, launch, least,
+                     param, row_block, scratch_for, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
 from .memory import CACHE_BYTES, ahead_chunk, ask_ahead, put_streaming, store_fence, stream_apart, stream_span
 from .rescale import rescue_row, scaled_backward_row
-from .stats import SHIFT_SAMPLE, overflowed, row_is_finite, row_stats
+from .stats import SHIFT_SAMPLE, one_pass_ok, overflowed, row_is_finite, row_stats
 from .sums import gradient_sums
 
 
@@ -316,18 +318,52 @@ def dx_span(
 POSITIONS = 256
 
 
+@functools.lru_cache(maxsize=64)
 def last_blocks(N, S):
-    """(K, 3) int64: each block's sample, first position and one past its last."""
+    """(K, 3) int64, read only: each block's sample, first position and one past its last."""
     nb = -(-S // POSITIONS)
     q = np.arange(N * nb, dtype=np.int64)
     start = q % nb * POSITIONS
-    return np.stack([q // nb, start, np.minimum(start + POSITIONS, S)], axis=1)
+    blocks = np.stack([q // nb, start, np.minimum(start + POSITIONS, S)], axis=1)
+    blocks.flags.writeable = False
+    return blocks
+
+
+@njit(cache=True, nogil=True, inline="always")
+def by_channel(
+    v,      # (N, G) a statistic or constant of each (sample, group)
+    n,      # scalar: the sample
+    out,    # (C,) output: its group's value for each channel of sample n
+):
+    Cg = out.shape[0] // v.shape[1]
+    for g in range(v.shape[1]):
+        vg = v[n, g]
+        for c in range(g * Cg, (g + 1) * Cg):
+            out[c] = vg
+
+
+@njit(cache=True, nogil=True)
+def last_shift(
+    x,       # (N, S, C) input in channels-last order, float32/float64, or 16-bit floats as integer bits
+    shift,   # (N, G) output: each group's shift, accumulation dtype
+):
+    """Each group's shift (stats.shift): the mean of its first channel's first positions."""
+    N, S, C = x.shape
+    G = shift.shape[1]
+    m = least(S, SHIFT_SAMPLE)
+    zero = shift.dtype.type(0)
+    for n in range(N):
+        for g in range(G):
+            total = 0.0  # float64, as stats.shift
+            for s in range(m):
+                total += widen(x[n, s, g * (C // G)])
+            shift[n, g] = like(total / m, zero)
 
 
 @njit(cache=True, fastmath={"contract"}, nogil=True)
 def last_sums(
-    x,       # (N, S, C) input in channels-last order, float32/float64, or 16-bit floats as integer bits
-    shift,   # (N, C) each channel's shift (its group's), accumulation dtype
+    x,       # (N, S, C) input in channels-last order
+    shift,   # (N, G) each group's shift, accumulation dtype
     parts,   # (K, 2, C) output: each block's sum(d) and sum(d * d) per channel, d = x - shift, float64
     blocks,  # (K, 3) each block's sample, first position, one past its last (last_blocks)
     lo,      # scalar: first block
@@ -338,29 +374,27 @@ def last_sums(
     wide_vectors(x)
     C = x.shape[2]
     zero = shift.dtype.type(0)
-    s1 = empty_row(C, shift)
-    s2 = empty_row(C, shift)
+    k, s1, s2 = empty_row(C, shift), empty_row(C, shift), empty_row(C, shift)
     for q in range(lo, hi):
-        n = blocks[q, 0]
+        n, a, e = blocks[q, 0], blocks[q, 1], blocks[q, 2]
+        by_channel(shift, n, k)
         for c in range(C):
             s1[c] = zero
             s2[c] = zero
-        lo_s, e = blocks[q, 1], blocks[q, 2]
-        t = lo_s + (e - lo_s) // 4 * 4
-        for s in range(lo_s, t, 4):  # four positions a step: a quarter of the accumulators' stores
+        t = a + (e - a) // 4 * 4
+        for s in range(a, t, 4):  # four positions a step: a quarter of the accumulators' stores
             for c in range(C):
                 j = np.uint64(c)  # unsigned, as in spans.normalize_span
-                k = shift[n, j]
-                d0 = widen(x[n, s, j]) - k
-                d1 = widen(x[n, s + 1, j]) - k
-                d2 = widen(x[n, s + 2, j]) - k
-                d3 = widen(x[n, s + 3, j]) - k
+                d0 = widen(x[n, s, j]) - k[j]
+                d1 = widen(x[n, s + 1, j]) - k[j]
+                d2 = widen(x[n, s + 2, j]) - k[j]
+                d3 = widen(x[n, s + 3, j]) - k[j]
                 s1[j] += (d0 + d1) + (d2 + d3)
                 s2[j] += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3)
         for s in range(t, e):
             for c in range(C):
                 j = np.uint64(c)
-                d = widen(x[n, s, j]) - shift[n, j]
+                d = widen(x[n, s, j]) - k[j]
                 s1[j] += d
                 s2[j] += d * d
         for c in range(C):
@@ -369,37 +403,86 @@ def last_sums(
     return 0
 
 
+@njit(cache=True, nogil=True)
+def last_statistics(
+    parts,   # (K, 2, C) the blocks' sums (last_sums), float64
+    shift,   # (N, G) each group's shift; where one pass cannot be trusted, replaced by its first mean
+    corr,    # (N, G) output: mean(x - shift), accumulation dtype
+    rstd,    # (N, G) output: 1/sqrt(var + eps)
+    eps,     # scalar, accumulation dtype
+    S,       # scalar: positions a sample
+    final,   # scalar bool: the second pass, whose sums every group takes
+):
+    """Each group's statistics from its blocks' and channels' sums, added in one order, as
+    stats.row_stats takes a row's; returns ``(groups to sum again from their moved shift,
+    groups whose sums left the range)`` (their rstd 0: stats.overflowed)."""
+    K, _, C = parts.shape
+    N, G = shift.shape
+    Cg, per = C // G, K // N
+    zero, one = rstd.dtype.type(0), rstd.dtype.type(1)
+    again = out = 0
+    for n in range(N):
+        for g in range(G):
+            s1 = s2 = 0.0
+            for q in range(n * per, (n + 1) * per):
+                for c in range(g * Cg, (g + 1) * Cg):
+                    s1 += parts[q, 0, c]
+                    s2 += parts[q, 1, c]
+            m1, ms = s1 / (Cg * S), s2 / (Cg * S)
+            if not final and not one_pass_ok(m1, ms):
+                shift[n, g] = like(shift[n, g] + m1, zero)
+                again += 1
+                continue
+            var = ms - m1 * m1
+            if var < 0.0:  # (a NaN stays NaN)
+                var = 0.0
+            corr[n, g] = like(m1, zero)
+            rstd[n, g] = one / np.sqrt(like(var, zero) + eps)
+            if overflowed(shift[n, g], rstd[n, g]):
+                out += 1
+    return again, out
+
+
 @njit(cache=True, fastmath={"contract"}, nogil=True)
 def last_write(
     x,       # (N, S, C) input in channels-last order
-    mu,      # (N, C) each channel's group mean, first pass, accumulation dtype
-    corr,    # (N, C) its correction, mean = mu + corr
-    a,       # (N, C) rstd * weight[c]
-    bc,      # (C,) bias, accumulation dtype (zeros without a bias)
+    shift,   # (N, G) each group's shift (the mean's first part)
+    corr,    # (N, G) its correction, mean = shift + corr
+    rstd,    # (N, G) each group's rstd
+    w,       # (C,) weight in the accumulation dtype, or None
+    b,       # (C,) bias in the accumulation dtype, or None
     y,       # (N, S, C) output in channels-last order, x's dtype
     blocks,  # (K, 3) as last_sums
     lo,      # scalar: first block
     hi,      # scalar: one past the last
 ):
-    """Blocks ``lo:hi`` of the forward's y, as scale_shift_span writes a channel."""
+    """Blocks ``lo:hi`` of the forward's y, as scale_shift_span writes a channel, each
+    channel's constants laid out once a block."""
     wide_vectors(x)
     C = x.shape[2]
+    m, k, f, bc = empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd)
     for q in range(lo, hi):
-        n = blocks[q, 0]
-        lo_s, e = blocks[q, 1], blocks[q, 2]
-        t = lo_s + (e - lo_s) // 4 * 4
-        for s in range(lo_s, t, 4):  # four positions a step, as last_sums: a channel's constants loaded once
+        n, a, e = blocks[q, 0], blocks[q, 1], blocks[q, 2]
+        by_channel(shift, n, m)
+        by_channel(corr, n, k)
+        by_channel(rstd, n, f)
+        for c in range(C):
+            if w is not None:
+                f[c] *= w[c]
+            bc[c] = b[c] if b is not None else rstd.dtype.type(0)
+        t = a + (e - a) // 4 * 4
+        for s in range(a, t, 4):  # four positions a step, as last_sums: the constants loaded once
             for c in range(C):
                 j = np.uint64(c)
-                m, k, f, g = mu[n, j], corr[n, j], a[n, j], bc[j]
-                y[n, s, j] = narrow(((widen(x[n, s, j]) - m) - k) * f + g, y)
-                y[n, s + 1, j] = narrow(((widen(x[n, s + 1, j]) - m) - k) * f + g, y)
-                y[n, s + 2, j] = narrow(((widen(x[n, s + 2, j]) - m) - k) * f + g, y)
-                y[n, s + 3, j] = narrow(((widen(x[n, s + 3, j]) - m) - k) * f + g, y)
+                mj, kj, fj, bj = m[j], k[j], f[j], bc[j]
+                y[n, s, j] = narrow(((widen(x[n, s, j]) - mj) - kj) * fj + bj, y)
+                y[n, s + 1, j] = narrow(((widen(x[n, s + 1, j]) - mj) - kj) * fj + bj, y)
+                y[n, s + 2, j] = narrow(((widen(x[n, s + 2, j]) - mj) - kj) * fj + bj, y)
+                y[n, s + 3, j] = narrow(((widen(x[n, s + 3, j]) - mj) - kj) * fj + bj, y)
         for s in range(t, e):
             for c in range(C):
                 j = np.uint64(c)
-                y[n, s, j] = narrow(((widen(x[n, s, j]) - mu[n, j]) - corr[n, j]) * a[n, j] + bc[j], y)
+                y[n, s, j] = narrow(((widen(x[n, s, j]) - m[j]) - k[j]) * f[j] + bc[j], y)
     return 0
 
 
@@ -407,8 +490,8 @@ def last_write(
 def last_gradient_sums(
     dy,      # (N, S, C) gradient of y in channels-last order
     x,       # (N, S, C) forward input in channels-last order
-    mu,      # (N, C) each channel's saved group mean
-    parts,   # (K, 3, C) output: each block's sum(dy * (x - mu)), sum(dy), sum(x - mu) per channel, float64
+    mean,    # (N, G) saved mean
+    parts,   # (K, 3, C) output: each block's sum(dy * (x - mean)), sum(dy), sum(x - mean) per channel, float64
     blocks,  # (K, 3) as last_sums
     lo,      # scalar: first block
     hi,      # scalar: one past the last
@@ -416,12 +499,11 @@ def last_gradient_sums(
     """Blocks ``lo:hi`` of the backward's per-channel sums (channel_sums's, per block)."""
     wide_vectors(dy)
     C = x.shape[2]
-    zero = mu.dtype.type(0)
-    s1 = empty_row(C, mu)
-    s2 = empty_row(C, mu)
-    s3 = empty_row(C, mu)
+    zero = mean.dtype.type(0)
+    mu, s1, s2, s3 = empty_row(C, mean), empty_row(C, mean), empty_row(C, mean), empty_row(C, mean)
     for q in range(lo, hi):
         n = blocks[q, 0]
+        by_channel(mean, n, mu)
         for c in range(C):
             s1[c] = zero
             s2[c] = zero
@@ -429,7 +511,7 @@ def last_gradient_sums(
         for s in range(blocks[q, 1], blocks[q, 2]):
             for c in range(C):
                 j = np.uint64(c)
-                d = widen(x[n, s, j]) - mu[n, j]
+                d = widen(x[n, s, j]) - mu[j]
                 g = widen(dy[n, s, j])
                 s1[j] += g * d
                 s2[j] += g
@@ -441,33 +523,88 @@ def last_gradient_sums(
     return 0
 
 
+@njit(cache=True, nogil=True)  # (no fastmath: backward_groups's arithmetic)
+def last_gradient_constants(
+    parts,   # (K, 3, C) the blocks' sums (last_gradient_sums), float64
+    rstd,    # (N, G) saved rstd
+    w,       # (C,) weight in the accumulation dtype, or None (ones)
+    S,       # scalar: positions a sample
+    corr,    # (N, G) output: mean(x - mean) over the group, accumulation dtype
+    c1,      # (N, G) output: mean(xhat * wdy) over the group
+    c2,      # (N, G) output: mean(wdy) over the group
+    dw_part, # (N, C) output: each sample's sum(dy * xhat) per channel
+    db_part, # (N, C) output: each sample's sum(dy) per channel
+):
+    """backward_groups's per-group constants and per-sample partials, from the blocks' sums
+    added in one order; returns how many groups' constants left the range."""
+    K, _, C = parts.shape
+    N, G = rstd.shape
+    Cg, per = C // G, K // N
+    zero, one = rstd.dtype.type(0), rstd.dtype.type(1)
+    inv_n = one / rstd.dtype.type(Cg * S)
+    out = 0
+    for n in range(N):
+        for g in range(G):
+            dsum = 0.0  # float64 over the group's channels, as backward_groups's
+            for c in range(g * Cg, (g + 1) * Cg):
+                a = dys = 0.0
+                for q in range(n * per, (n + 1) * per):
+                    a += parts[q, 0, c]
+                    dys += parts[q, 1, c]
+                    dsum += parts[q, 2, c]
+                dw_part[n, c] = like(a, zero)
+                db_part[n, c] = like(dys, zero)
+            k = like(dsum, zero) * inv_n
+            r = rstd[n, g]
+            s1 = s2 = zero
+            for c in range(g * Cg, (g + 1) * Cg):
+                dyx = r * (dw_part[n, c] - k * db_part[n, c])  # sum(dy * xhat) over the channel
+                dw_part[n, c] = dyx
+                wc = w[c] if w is not None else one
+                s1 += wc * dyx
+                s2 += wc * db_part[n, c]
+            corr[n, g], c1[n, g], c2[n, g] = k, s1 * inv_n, s2 * inv_n
+            if not (np.isfinite(k) and np.isfinite(c1[n, g]) and np.isfinite(c2[n, g])):
+                out += 1
+    return out
+
+
 @njit(cache=True, nogil=True)  # (no 'contract': as dx_channels)
 def last_dx(
     dy,      # (N, S, C) gradient of y in channels-last order
     x,       # (N, S, C) forward input in channels-last order
-    mu,      # (N, C) each channel's saved group mean
-    corr,    # (N, C) its correction, mean(x - mu) over the group
-    r,       # (N, C) the group's rstd
-    wc,      # (C,) weight, accumulation dtype (ones without a weight)
-    c1,      # (N, C) the group's mean(xhat * wdy)
-    c2,      # (N, C) the group's mean(wdy)
+    mean,    # (N, G) saved mean
+    corr,    # (N, G) its correction, mean(x - mean) over the group
+    rstd,    # (N, G) saved rstd
+    w,       # (C,) weight in the accumulation dtype, or None (ones)
+    c1,      # (N, G) mean(xhat * wdy) over the group
+    c2,      # (N, G) mean(wdy) over the group
     dx,      # (N, S, C) output in channels-last order
     blocks,  # (K, 3) as last_sums
     lo,      # scalar: first block
     hi,      # scalar: one past the last
 ):
-    """Blocks ``lo:hi`` of dx, as dx_span writes a channel."""
+    """Blocks ``lo:hi`` of dx, as dx_span writes a channel, each channel's constants laid
+    out once a block."""
     wide_vectors(dy)
     C = x.shape[2]
+    mu, k, r, wc, a1, a2 = (empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd),
+                            empty_row(C, rstd), empty_row(C, rstd))
     for q in range(lo, hi):
         n = blocks[q, 0]
+        by_channel(mean, n, mu)
+        by_channel(corr, n, k)
+        by_channel(rstd, n, r)
+        by_channel(c1, n, a1)
+        by_channel(c2, n, a2)
+        for c in range(C):
+            wc[c] = w[c] if w is not None else rstd.dtype.type(1)
         for s in range(blocks[q, 1], blocks[q, 2]):
             for c in range(C):
                 j = np.uint64(c)
-                xhat = ((widen(x[n, s, j]) - mu[n, j]) - corr[n, j]) * r[n, j]
-                dx[n, s, j] = narrow((widen(dy[n, s, j]) * wc[j] - (xhat * c1[n, j] + c2[n, j])) * r[n, j], dx)
+                xhat = ((widen(x[n, s, j]) - mu[j]) - k[j]) * r[j]
+                dx[n, s, j] = narrow((widen(dy[n, s, j]) * wc[j] - (xhat * a1[j] + a2[j])) * r[j], dx)
     return 0
-
 
 def _views(a, mean):
     """``a`` (N, C, S) as the kernels read it, twice: a (sample, group) a row and a
@@ -514,13 +651,19 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
 
 def last(a):
     """Whether ``a`` (N, C, S) is in channels-last order: (N, S, C) in memory, and not
-    C-contiguous as well (one channel, or one position, is both: the rows' kernels take it)."""
+    C-contiguous as well (one channel, or one position, is both: the groups' kernels take it)."""
     return not a.flags.c_contiguous and a.transpose(0, 2, 1).flags.c_contiguous
 
 
+def samples_at_once(x, arrays):
+    """How many samples of x (N, C, S) the channels-last kernels take a call: as many as
+    ``arrays`` such arrays keep in the cache counted on (memory.CACHE_BYTES), so that a
+    second pass finds them where the first left them, and one at least."""
+    return max(1, CACHE_BYTES // max(1, arrays * x[0].nbytes))
+
+
 def _forward_last(x, weight, bias, eps, y, mean, rstd):
-    """``forward`` of x and y in channels-last order (last_sums, last_write), a few samples a
-    call (``samples_at_once``)."""
+    """``forward`` of x and y in channels-last order, a few samples a call (``samples_at_once``)."""
     acc = acc_of(x.dtype)
     w, b = param(weight, acc), param(bias, acc)
     ys = scratch_for(y, x, weight, bias)
@@ -535,77 +678,40 @@ def _forward_last(x, weight, bias, eps, y, mean, rstd):
     finish(ys, y)
 
 
-def samples_at_once(x, arrays):
-    """How many samples of x (N, C, S) the channels-last kernels take a call: as many as
-    ``arrays`` such arrays keep in the cache counted on (memory.CACHE_BYTES), so that a
-    second pass finds them where the first left them, and one at least."""
-    return max(1, CACHE_BYTES // max(1, arrays * x[0].nbytes))
-
-
 def _forward_samples(x, w, b, eps, y, mean, rstd):
-    """``_forward_last`` of a few samples, weight and bias in the accumulation dtype (or None);
-    False, writing nothing, where a group's sums left the range on finite inputs."""
+    """``_forward_last`` of a few samples, weight and bias in the accumulation dtype (or None):
+    last_shift, last_sums (twice where a group's shift cannot be trusted), last_statistics,
+    last_write; False, writing nothing, where a group's sums left the range on finite inputs."""
     N, C, S = x.shape
-    Cg = C // mean.shape[1]
     blocks = last_blocks(N, S)
     xl = kernel_view(x).transpose(0, 2, 1)
-    mu, corr, r = _last_stats(x, xl, blocks, mean.shape, eps.dtype, eps)
-    if mu is None:
+    shift, corr = np.empty(mean.shape, eps.dtype), np.empty(mean.shape, eps.dtype)
+    last_shift(xl, shift)
+    parts = np.empty((blocks.shape[0], 2, C))
+    for final in (False, True):
+        launch(_last_sums, x.size, 1, xl, shift, parts, blocks)
+        again, out = last_statistics(parts, shift, corr, rstd, eps, S, final)
+        if not again:
+            break
+    if out and _finite_group(x, ~(np.isfinite(shift) & np.isfinite(rstd) & (rstd > 0))):
         return False
-    mean[...] = mu + corr
-    rstd[...] = r
-    a = np.repeat(r, Cg, axis=1)
-    if w is not None:
-        a *= w
-    launch(_last_write, x.size, 1, xl, np.repeat(mu, Cg, axis=1), np.repeat(corr, Cg, axis=1), a,
-           b if b is not None else np.zeros(C, eps.dtype), kernel_view(y).transpose(0, 2, 1), blocks)
+    np.add(shift, corr, out=mean)
+    launch(_last_write, x.size, 1, xl, shift, corr, rstd, w, b, kernel_view(y).transpose(0, 2, 1), blocks)
     return True
 
 
-def _last_stats(x, xl, blocks, shape, acc, eps):
-    """``(mu, corr, rstd)``, each (N, G) in ``acc``, of x (N, C, S) in channels-last order
-    (its kernel view ``xl``, (N, S, C)), as stats.row_stats takes a row's: one pass over
-    the deviations from each group's shift where it can be trusted, a second from the
-    first's mean where not; or Nones where a group's sums left the range on finite inputs."""
-    N, G = shape
-    C, S = x.shape[1:]
-    Cg = C // G
-    L = Cg * S
-    # each group's shift: the mean of its first elements (stats.shift), in its first channel
-    with np.errstate(all="ignore"):
-        mu = x.reshape(N, G, Cg, S)[:, :, 0, :SHIFT_SAMPLE].astype(np.float64).mean(axis=-1).astype(acc)
-    parts = np.empty((blocks.shape[0], 2, C))
-    for attempt in range(2):
-        launch(_last_sums, x.size, 1, xl, np.repeat(mu, Cg, axis=1), parts, blocks)
-        with np.errstate(all="ignore"):
-            # a fixed order of addition whatever ran the blocks: the same bits on any thread count
-            s1, s2 = parts.reshape(N, -1, 2, G, Cg).sum(axis=(1, 4)).transpose(1, 0, 2)
-            m1, ms = s1 / L, s2 / L
-            ok = np.isfinite(ms) & (m1 * m1 <= 0.5 * ms)  # stats.one_pass_ok
-            if attempt == 1 or ok.all():
-                break
-            mu = np.where(ok, mu, (mu + m1).astype(acc))  # (the other groups' sums come out the same)
-    with np.errstate(all="ignore"):
-        var = np.maximum(ms - m1 * m1, 0.0)  # (a NaN stays NaN)
-        r = acc.type(1) / np.sqrt(var.astype(acc) + eps)
-        out = ~(np.isfinite(mu) & np.isfinite(r) & (r > 0))  # stats.overflowed
-    if out.any() and _finite_group(x.reshape(N, G, Cg, S), out):
-        return None, None, None
-    return mu, m1.astype(acc), r
-
-
-def _finite_group(xg, marked):
-    """Whether any group of ``xg`` (N, G, Cg, S) that ``marked`` (N, G) marks holds only finite values."""
+def _finite_group(x, marked):
+    """Whether any group of x (N, C, S) that ``marked`` (N, G) marks holds only finite values."""
+    xg = x.reshape(x.shape[0], marked.shape[1], -1, x.shape[2])
     return any(np.isfinite(xg[n, g].astype(np.float32)).all() for n, g in zip(*np.nonzero(marked)))
 
 
 def _backward_last(dy, x, mean, rstd, weight, dx, dweight, dbias):
-    """``backward`` of dy, x and dx in channels-last order (last_gradient_sums, last_dx), a few
-    samples a call (``samples_at_once``), with backward_groups's per-group constants."""
+    """``backward`` of dy, x and dx in channels-last order, a few samples a call (``samples_at_once``)."""
     acc = acc_of(x.dtype)
-    w = param(weight, acc) if weight is not None else np.ones(x.shape[1], acc)
+    w = param(weight, acc)
     per = samples_at_once(x, 3)
-    sums = []
+    partials = []
     for n in range(0, x.shape[0], per):
         k = slice(n, n + per)
         got = _backward_samples(dy[k], x[k], mean[k], rstd[k], w, dx[k])
@@ -615,40 +721,30 @@ def _backward_last(dy, x, mean, rstd, weight, dx, dweight, dbias):
                      dwk, dbk)
             np.copyto(dx[k], dxc)
             got = dwk[None], dbk[None]  # (their samples' sums, as one)
-        sums.append(got)
+        partials.append(got)
     # samples in order, as backward's
-    np.concatenate([d for d, _ in sums]).sum(axis=0, out=dweight)
-    np.concatenate([d for _, d in sums]).sum(axis=0, out=dbias)
+    np.concatenate([d for d, _ in partials]).sum(axis=0, out=dweight)
+    np.concatenate([d for _, d in partials]).sum(axis=0, out=dbias)
 
 
 def _backward_samples(dy, x, mean, rstd, w, dx):
-    """``_backward_last`` of a few samples, the weight in the accumulation dtype: their
-    ``(sum(dy * xhat), sum(dy))``, each (samples, C); None, writing nothing, where a group's
-    sums left the range on finite inputs."""
+    """``_backward_last`` of a few samples, the weight in the accumulation dtype (or None):
+    last_gradient_sums, last_gradient_constants, last_dx; their dweight and dbias partials,
+    each (samples, C), or None, writing nothing, where a group's sums left the range on
+    finite inputs."""
     N, C, S = x.shape
-    G = mean.shape[1]
-    Cg = C // G
-    acc = w.dtype
-    inv_n = acc.type(1) / acc.type(Cg * S)
     blocks = last_blocks(N, S)
     dyl, xl, dxl = (kernel_view(a).transpose(0, 2, 1) for a in (dy, x, dx))
-    mu = np.repeat(mean, Cg, axis=1)
     parts = np.empty((blocks.shape[0], 3, C))
-    launch(_last_gradient_sums, x.size, 1, dyl, xl, mu, parts, blocks)
-    with np.errstate(all="ignore"):
-        sums = parts.reshape(N, -1, 3, C).sum(axis=1)  # a fixed order, as _last_stats's
-        A, B = sums[:, 0].astype(acc), sums[:, 1].astype(acc)
-        corr = sums[:, 2].reshape(N, G, Cg).sum(axis=-1).astype(acc) * inv_n
-        r = np.repeat(rstd, Cg, axis=1)
-        dyx = r * (A - np.repeat(corr, Cg, axis=1) * B)  # sum(dy * xhat) per (sample, channel)
-        c1 = (w * dyx).reshape(N, G, Cg).sum(axis=-1) * inv_n
-        c2 = (w * B).reshape(N, G, Cg).sum(axis=-1) * inv_n
-        out = ~(np.isfinite(corr) & np.isfinite(c1) & np.isfinite(c2))
-    if out.any() and _finite_group(x.reshape(N, G, Cg, S), out) and _finite_group(dy.reshape(N, G, Cg, S), out):
-        return None
-    launch(_last_dx, x.size, 1, dyl, xl, mu, np.repeat(corr, Cg, axis=1), r, w, np.repeat(c1, Cg, axis=1),
-           np.repeat(c2, Cg, axis=1), dxl, blocks)
-    return dyx, B
+    launch(_last_gradient_sums, x.size, 1, dyl, xl, mean, parts, blocks)
+    corr, c1, c2 = (np.empty(mean.shape, rstd.dtype) for _ in range(3))
+    dw_part, db_part = np.empty((N, C), rstd.dtype), np.empty((N, C), rstd.dtype)
+    if last_gradient_constants(parts, rstd, w, S, corr, c1, c2, dw_part, db_part):
+        marked = ~(np.isfinite(corr) & np.isfinite(c1) & np.isfinite(c2))
+        if _finite_group(x, marked) and _finite_group(dy, marked):
+            return None
+    launch(_last_dx, x.size, 1, dyl, xl, mean, corr, rstd, w, c1, c2, dxl, blocks)
+    return dw_part, db_part
 
 # The row functions with their parallel kernels over blocks of groups (common.launch)
 _forward = in_blocks(forward_groups)
