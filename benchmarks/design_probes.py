@@ -889,8 +889,9 @@ def group_passes(rounds, inner=20, shape=(8, 64, 64, 64), groups=8):
 def channels_last(rounds, shapes=(((8, 256, 64, 64), 32), ((32, 256, 32, 32), 32), ((8, 64, 64, 64), 8),
                                   ((2, 512, 32, 32), 32))):
     """GroupNorm on torch.channels_last float32 tensors, forward (no grad) and backward (dx,
-    dweight, dbias of sum(y * g)), through numbanorm.torch and torch.nn.functional; beside them
-    numbanorm.torch on the C-contiguous copy (the same values), the copy in C order and back
+    dweight, dbias of sum(y * g)), through numbanorm.torch and torch.nn.functional, and
+    numbanorm's forward into an ``out=`` in x's order (no fresh output); beside them both on
+    the C-contiguous copy (the same values, dy C-contiguous too), the copy in C order and back
     that a call in that order adds (``copied``: what a channels-last call cost before its
     kernels), and the threaded copy of x's bytes; milliseconds, medians over rounds, and each
     over torch's channels-last time, round-robin in one process."""
@@ -907,19 +908,24 @@ def channels_last(rounds, shapes=(((8, 256, 64, 64), 32), ((32, 256, 32, 32), 32
         dyl = torch.randn(shape, generator=g).to(memory_format=torch.channels_last)
         y = np.empty(xc.numel(), np.float32)
         flat = xc.numpy().reshape(-1)
+        dyc = dyl.contiguous()
+        xn, wn, bn = xl.numpy(), w.numpy(), b.numpy()
+        yn = np.empty_like(xn)  # (in x's order: empty_like keeps it)
         graphs = {}
-        for name, f, x in (("numbanorm", nt.group_norm, xl), ("torch", F.group_norm, xl),
-                           ("numbanorm_contiguous", nt.group_norm, xc), ("torch_contiguous", F.group_norm, xc)):
+        for name, f, x, dy in (("numbanorm", nt.group_norm, xl, dyl), ("torch", F.group_norm, xl, dyl),
+                               ("numbanorm_contiguous", nt.group_norm, xc, dyc),
+                               ("torch_contiguous", F.group_norm, xc, dyc)):
             xg, wg, bg = (a.detach().clone().requires_grad_() for a in (x, w, b))
-            graphs[name] = (f(xg, groups, wg, bg), (xg, wg, bg))
+            graphs[name] = (f(xg, groups, wg, bg), (xg, wg, bg), dy)
 
         def back(name):
-            yg, inputs = graphs[name]
-            return lambda: torch.autograd.grad(yg, inputs, dyl, retain_graph=True)
+            yg, inputs, dy = graphs[name]
+            return lambda: torch.autograd.grad(yg, inputs, dy, retain_graph=True)
 
         t = timed_rounds({
             "copy_threads": lambda: measure.parallel_copy(y, flat),
             "forward_numbanorm": lambda: nt.group_norm(xl, groups, w, b),
+            "forward_numbanorm_out": lambda: numbanorm.group_norm(xn, groups, wn, bn, out=yn),
             "forward_torch": lambda: F.group_norm(xl, groups, w, b),
             "forward_copied": lambda: nt.group_norm(xl.contiguous(), groups, w, b).to(
                 memory_format=torch.channels_last),

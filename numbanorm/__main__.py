@@ -325,7 +325,8 @@ def bench(threads=None, repeats=None, budget=0.3, dtypes=("float32",), impls=Non
 
 COMPILE_DTYPES = ("float32", "bfloat16", "float16", "float64")
 # The calls that compile each operation: enough elements for the parallel kernel
-# (cpu._kernels.common.SERIAL_BELOW), then a small call (its row function on this thread)
+# (cpu._kernels.common.SERIAL_BELOW), then a small call (its row function on this thread);
+# groups in channels-last order too, which have kernels of their own
 COMPILE_SHAPES = {"rows": (((64, 768), (2, 768)), None), "groups": (((4, 32, 16, 16), (1, 32, 4, 4)), 8)}
 
 
@@ -374,6 +375,9 @@ def compile_cpu(dtypes=("float32",), everything=False, show_progress=True, out=N
             for role, pdt in params.items():
                 values[role] = None if pdt is None else values[role].astype(measure.host_dtype(pdt))
             calls.append(values)
+            if op.layout == "groups":  # and in channels-last order, which has kernels of its own
+                calls.append({k: (np.moveaxis(np.ascontiguousarray(np.moveaxis(v, 1, -1)), -1, 1)
+                                  if k in ("x", "dy") else v) for k, v in values.items()})
         for direction in ("forward", "backward"):
             bar.set_postfix_str(f"{op.name} {direction} {dt}, {label}")
             t0 = time.perf_counter()

@@ -44,8 +44,13 @@ def launch(ctx, launcher, *args, **kwargs):
     return launcher(*args, **kwargs)
 
 
+# (N, C, *spatial) <-> (N, *spatial, C) by ndim: transpose's axes (np.moveaxis took 8 us a call)
+_TO_LAST = {3: (0, 2, 1), 4: (0, 2, 3, 1), 5: (0, 2, 3, 4, 1)}
+_FROM_LAST = {3: (0, 2, 1), 4: (0, 3, 1, 2), 5: (0, 4, 1, 2, 3)}
+
+
 def order_of(a):
-    if a.ndim in (4, 5) and not a.flags.c_contiguous and np.moveaxis(a, 1, -1).flags.c_contiguous:
+    if a.ndim in (4, 5) and not a.flags.c_contiguous and a.transpose(_TO_LAST[a.ndim]).flags.c_contiguous:
         return "last"  # (one channel or one position: C-contiguous too, and "C")
     return "C"
 
@@ -54,13 +59,13 @@ def contiguous(ctx, a, shape, order="C"):
     if order == "C":
         return np.ascontiguousarray(a).reshape(shape)
     n, c, s = shape
-    return np.ascontiguousarray(np.moveaxis(a, 1, -1)).reshape(n, s, c).transpose(0, 2, 1)
+    return np.ascontiguousarray(a.transpose(_TO_LAST[a.ndim])).reshape(n, s, c).transpose(0, 2, 1)
 
 
 def empty(ctx, shape, dtype, order="C"):
     if order == "C":
         return np.empty(shape, dtype)
-    return np.moveaxis(np.empty((shape[0], *shape[2:], shape[1]), dtype), -1, 1)
+    return np.empty((shape[0], *shape[2:], shape[1]), dtype).transpose(_FROM_LAST[len(shape)])
 
 
 def unkept(ctx, shape, dtype):
