@@ -50,18 +50,24 @@ def test_deterministic_run_to_run(impl, rng):
 def test_cpu_backward_bit_identical_for_any_thread_count(rng):
     """dweight/dbias partials are split by rows, never by threads (on Numba's threads: the
     parallel kernel compiled by the first call)."""
-    from numbanorm.cpu._kernels import background
     x = rng.standard_normal((1000, 96)).astype(np.float32)
     dy = rng.standard_normal((1000, 96)).astype(np.float32)
     w = rng.standard_normal(96).astype(np.float32)
     _, m, r = nn.layer_norm_forward(x, 96, w)
+    _same_bits_on_one_thread_and_all(lambda: nn.layer_norm_backward(dy, x, m, r, 96, w))
+
+
+def _same_bits_on_one_thread_and_all(call):
+    """``call()``'s arrays on one of Numba's threads and on all of them (each call's parallel
+    kernel compiled in it), bit for bit."""
+    from numbanorm.cpu._kernels import background
     before = numba.get_num_threads()
     try:
         results = []
         for t in sorted({1, before}):
             numba.set_num_threads(t)
             with background.synchronous():
-                results.append(nn.layer_norm_backward(dy, x, m, r, 96, w))
+                results.append(call())
     finally:
         numba.set_num_threads(before)
     for a, c in zip(results[0], results[-1]):
@@ -184,22 +190,15 @@ def test_channels_last_group_norm_same_bits_a_sample_at_a_time(monkeypatch, rng)
 @pytest.mark.parallel_kernels
 def test_channels_last_group_norm_bit_identical_for_any_thread_count(rng):
     """The statistics' per-block partial sums are added in one order whatever ran the blocks."""
-    from numbanorm.cpu._kernels import background
     x = _channels_last(rng.standard_normal((2, 32, 33, 35)).astype(np.float32))
     dy = _channels_last(rng.standard_normal(x.shape).astype(np.float32))
     w = rng.standard_normal(32).astype(np.float32)
-    before = numba.get_num_threads()
-    try:
-        results = []
-        for t in sorted({1, before}):
-            numba.set_num_threads(t)
-            with background.synchronous():
-                y, m, r = nn.group_norm_forward(x, 8, w)
-                results.append((y, m, r, *nn.group_norm_backward(dy, x, m, r, w)))
-    finally:
-        numba.set_num_threads(before)
-    for a, c in zip(results[0], results[-1]):
-        np.testing.assert_array_equal(a, c)
+
+    def calls():
+        y, m, r = nn.group_norm_forward(x, 8, w)
+        return y, m, r, *nn.group_norm_backward(dy, x, m, r, w)
+
+    _same_bits_on_one_thread_and_all(calls)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
