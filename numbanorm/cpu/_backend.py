@@ -45,8 +45,8 @@ def launch(ctx, launcher, *args, **kwargs):
 
 
 # (N, C, *spatial) <-> (N, *spatial, C) by ndim: transpose's axes (np.moveaxis took 8 us a call)
-_TO_LAST = {3: (0, 2, 1), 4: (0, 2, 3, 1), 5: (0, 2, 3, 4, 1)}
-_FROM_LAST = {3: (0, 2, 1), 4: (0, 3, 1, 2), 5: (0, 4, 1, 2, 3)}
+_TO_LAST = {4: (0, 2, 3, 1), 5: (0, 2, 3, 4, 1)}
+_FROM_LAST = {4: (0, 3, 1, 2), 5: (0, 4, 1, 2, 3)}
 
 
 def order_of(a):

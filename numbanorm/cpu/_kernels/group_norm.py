@@ -6,6 +6,9 @@ contiguous in memory, so each (sample, group) is a "row" for the statistics:
 
     mean, rstd over x[n, g*Cg:(g+1)*Cg, :]      (as a LayerNorm row's: one pass, shifted)
     y[n, c, :] = (x[n, c, :] - mean) * rstd * weight[c] + bias[c]
+
+x in channels-last order, (N, S, C) in memory, has kernels of its own over blocks of
+positions (the section "channels-last order" below); the launchers choose by x's strides.
 """
 
 import functools
