@@ -60,6 +60,14 @@ def test_gradcheck_group_norm(which, shape, groups):
     assert torch.autograd.gradcheck(lambda x, w, b: nt.group_norm(x, groups, w, b), (x, w, b))
 
 
+def test_gradcheck_group_norm_channels_last():
+    """The CPU's channels-last kernels, and the second derivative's formula on their outputs."""
+    x = t64(2, 4, 3, 5).detach().to(memory_format=torch.channels_last).requires_grad_()
+    w, b = affine((4,), "both")
+    f = lambda x, w, b: nt.group_norm(x, 2, w, b)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (x, w, b)) and torch.autograd.gradgradcheck(f, (x, w, b))
+
+
 @pytest.mark.parametrize("which", AFFINE)
 def test_gradcheck_add_layer_norm(which):
     x, r = t64(3, 9), t64(3, 9, seed=5)
