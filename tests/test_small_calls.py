@@ -143,16 +143,20 @@ def test_a_replayed_out_call_apart_from_its_inputs_goes_straight_to_the_kernel(d
     np.testing.assert_array_equal(buf.view(np.uint8), want.view(np.uint8))
 
 
+@pytest.mark.parametrize("order", ["C", "last"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
-def test_a_repeated_group_norm_takes_the_small_call_path_with_the_full_paths_bits(dtype):
+def test_a_repeated_group_norm_takes_the_small_call_path_with_the_full_paths_bits(dtype, order):
     """GroupNorm's frontend took 22 of a 29 us (1, 8, 4, 4) call; a call seen before goes
-    to the launcher, with the full path's bits, and what differs is validated again."""
+    to the launcher, with the full path's bits, and what differs is validated again; x in C
+    order or in channels-last order (its outputs too)."""
     from numbanorm.cpu import _backend
     from numbanorm.measure import host_dtype
 
     dt = host_dtype(dtype)
     rng = np.random.default_rng(8)
     x = rng.standard_normal((2, 6, 5, 3)).astype(dt)
+    if order == "last":
+        x = np.moveaxis(np.ascontiguousarray(np.moveaxis(x, 1, -1)), -1, 1)
     x[1, 2, 0, 1] = np.nan  # stays in its (sample, group)
     w = rng.standard_normal(6).astype(dt)
     b32 = rng.standard_normal(6).astype(np.float32)
@@ -161,19 +165,20 @@ def test_a_repeated_group_norm_takes_the_small_call_path_with_the_full_paths_bit
 
     def same(got, want):
         for a, b in zip(got, want):
-            assert a.dtype == b.dtype and a.shape == b.shape
-            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+            assert a.dtype == b.dtype and a.shape == b.shape and a.strides == b.strides
+            np.testing.assert_array_equal(*(np.ascontiguousarray(c).view(np.uint8) for c in (a, b)))
 
     small._plans.clear()
-    want = [a.copy() for a in nn.group_norm_forward(x, 3)]  # the full path, which learns it
+    want = [a.copy(order="K") for a in nn.group_norm_forward(x, 3)]  # the full path, which learns it
+    assert _backend.order_of(want[0]) == order
     assert small.shortcut(("group_norm", "forward"))(x, 3, None, None, 1e-5) is not None  # (eps as the public default)
     same(nn.group_norm_forward(x, 3), want)
     y = np.asarray(want[0], np.float64)
     assert np.isnan(y[1, 2:4]).all() and not np.isnan(y[0]).any() and not np.isnan(y[1, :2]).any()
 
     small._plans.clear()
-    want = nn.group_norm(x, 3, w, b32, 1e-4).copy()
-    out = np.empty_like(x)
+    want = nn.group_norm(x, 3, w, b32, 1e-4).copy(order="K")
+    out = np.empty_like(x)  # (x's order)
     assert nn.group_norm(x, 3, w, b32, 1e-4, out=out) is out  # learned as another key
     for got in (nn.group_norm(x, 3, w, b32, 1e-4), nn.group_norm(x, 3, w, b32, 1e-4, out=out), out):
         same((got,), (want,))
@@ -181,7 +186,7 @@ def test_a_repeated_group_norm_takes_the_small_call_path_with_the_full_paths_bit
     out.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
         nn.group_norm(x, 3, w, b32, 1e-4, out=out)
-    xc = x.copy()  # in place, on a key seen before (as out=): the launcher sees that out is x
+    xc = x.copy(order="K")  # in place, on a key seen before (as out=): the launcher sees that out is x
     nn.group_norm(xc, 3, w, b32, 1e-4, out=xc)
     same((xc,), (want,))
     w[0] = w[0] * 2  # contents changed in place: seen by the replay
@@ -189,7 +194,7 @@ def test_a_repeated_group_norm_takes_the_small_call_path_with_the_full_paths_bit
     w[0] = w[0] / 2
     with pytest.raises(ValueError, match="num_groups"):
         nn.group_norm(x, 4, w, b32, 1e-4)  # another key: validated
-    np.testing.assert_array_equal(x.view(np.uint8), before.view(np.uint8))
+    np.testing.assert_array_equal(np.ascontiguousarray(x).view(np.uint8), before.view(np.uint8))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])

@@ -112,6 +112,7 @@ class GroupsForward(NamedTuple):
     flat: tuple             # (N, C, spatial)
     stats: tuple            # (N, num_groups)
     eps: Any                # eps as validated, in the accumulation dtype
+    order: str              # x's (and out='s) memory order, as order_of gave it: "C" or "last"
 
 
 class Backward(NamedTuple):
@@ -216,14 +217,16 @@ def _learn_forward(name, c, acc):
     than a plan repeats (a copy of x, of out, of the weights)."""
     g, (rows, *_) = c.given, c.problem.flat
     x, out, weight, bias = g["x"], g["out"], g["weight"], g.get("bias")
-    if rows == 0 or not x.flags.c_contiguous:
+    order = order_of(x) if name == "group_norm" else "C"
+    if rows == 0 or order == "C" and not x.flags.c_contiguous:
         return None
-    if out is not None and not (out.flags.c_contiguous and out.shape == x.shape and out.dtype == x.dtype):
+    if out is not None and not (out.shape == x.shape and out.dtype == x.dtype and
+                                (out.flags.c_contiguous if order == "C" else order_of(out) == order)):
         return None  # the full path wrote it through a copy
     if any(a is not None and (a.ndim != 1 or not a.flags.c_contiguous) for a in (weight, bias)):
         return None  # the full path flattens it
     if name == "group_norm":  # the launcher converts the weights
-        return GroupsForward(c.problem.flat, c.problem.stats, acc.type(c.eps))
+        return GroupsForward(c.problem.flat, c.problem.stats, acc.type(c.eps), order)
     direct = all(a is None or a.dtype in (acc, x.dtype) for a in (weight, bias))
     n = x.size // rows
     return RowsForward(rows, n, c.problem.kept, acc, acc.type(c.eps), layer_norm.row_block(rows), direct,
@@ -333,9 +336,10 @@ def _group_norm(plan, args, plain=False):
     x, _, weight, bias, _, out = args
     if out is not None and not out.flags.writeable:
         return None  # (the full path says why a read-only out= is refused)
-    y = np.empty(x.shape, x.dtype) if out is None else out
+    y = empty(None, x.shape, x.dtype, plan.order) if out is None else out
     mean, rstd = np.empty(plan.stats, plan.eps.dtype), np.empty(plan.stats, plan.eps.dtype)
-    group_norm.forward(x.reshape(plan.flat), weight, bias, plan.eps, y.reshape(plan.flat), mean, rstd)
+    x3, y3 = (contiguous(None, a, plan.flat, plan.order) for a in (x, y))  # (views: the key holds the strides)
+    group_norm.forward(x3, weight, bias, plan.eps, y3, mean, rstd)
     return (y,) if plain else (y, mean, rstd)
 
 
