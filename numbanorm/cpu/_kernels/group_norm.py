@@ -338,6 +338,7 @@ def by_channel(
     n,      # scalar: the sample
     out,    # (C,) output: its group's value for each channel of sample n
 ):
+    """Sample ``n``'s values of ``v`` laid out by channel (a block's constants, once a block)."""
     Cg = out.shape[0] // v.shape[1]
     for g in range(v.shape[1]):
         vg = v[n, g]
@@ -418,7 +419,7 @@ def last_statistics(
 ):
     """Each group's statistics from its blocks' and channels' sums, added in one order, as
     stats.row_stats takes a row's; returns ``(groups to sum again from their moved shift,
-    groups whose sums left the range)`` (their rstd 0: stats.overflowed)."""
+    groups whose sums left the range)`` (stats.overflowed)."""
     K, _, C = parts.shape
     N, G = shift.shape
     Cg, per = C // G, K // N
