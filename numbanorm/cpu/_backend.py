@@ -44,7 +44,8 @@ def launch(ctx, launcher, *args, **kwargs):
     return launcher(*args, **kwargs)
 
 
-# (N, C, *spatial) <-> (N, *spatial, C) by ndim: transpose's axes (np.moveaxis took 8 us a call)
+# (N, C, *spatial) <-> (N, *spatial, C) by ndim: transpose's axes (np.moveaxis checks its axes
+# on every call, a share of a small call's time)
 _TO_LAST = {4: (0, 2, 3, 1), 5: (0, 2, 3, 4, 1)}
 _FROM_LAST = {4: (0, 3, 1, 2), 5: (0, 4, 1, 2, 3)}
 
