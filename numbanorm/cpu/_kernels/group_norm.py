@@ -413,18 +413,19 @@ def last_statistics(
     shift,   # (N, G) each group's shift; where one pass cannot be trusted, replaced by its first mean
     corr,    # (N, G) output: mean(x - shift), accumulation dtype
     rstd,    # (N, G) output: 1/sqrt(var + eps)
+    marked,  # (N, G) output, bool: the group's sums left the range (stats.overflowed)
     eps,     # scalar, accumulation dtype
     S,       # scalar: positions a sample
     final,   # scalar bool: the second pass, whose sums every group takes
 ):
     """Each group's statistics from its blocks' and channels' sums, added in one order, as
-    stats.row_stats takes a row's; returns ``(groups to sum again from their moved shift,
-    groups whose sums left the range)`` (stats.overflowed)."""
+    stats.row_stats takes a row's; returns how many groups to sum again from their moved
+    shift (their ``marked`` is the next pass's)."""
     K, _, C = parts.shape
     N, G = shift.shape
     Cg, per = C // G, K // N
     zero, one = rstd.dtype.type(0), rstd.dtype.type(1)
-    again = out = 0
+    again = 0
     for n in range(N):
         for g in range(G):
             s1 = s2 = 0.0
@@ -442,9 +443,8 @@ def last_statistics(
                 var = 0.0
             corr[n, g] = like(m1, zero)
             rstd[n, g] = one / np.sqrt(like(var, zero) + eps)
-            if overflowed(shift[n, g], rstd[n, g]):
-                out += 1
-    return again, out
+            marked[n, g] = overflowed(shift[n, g], rstd[n, g])
+    return again
 
 
 @njit(cache=True, fastmath={"contract"}, nogil=True)
@@ -538,15 +538,15 @@ def last_gradient_constants(
     c2,      # (N, G) output: mean(wdy) over the group
     dw_part, # (N, C) output: each sample's sum(dy * xhat) per channel
     db_part, # (N, C) output: each sample's sum(dy) per channel
+    marked,  # (N, G) output, bool: the group's constants left the range
 ):
     """backward_groups's per-group constants and per-sample partials, from the blocks' sums
-    added in one order; returns how many groups' constants left the range."""
+    added in one order."""
     K, _, C = parts.shape
     N, G = rstd.shape
     Cg, per = C // G, K // N
     zero, one = rstd.dtype.type(0), rstd.dtype.type(1)
     inv_n = one / rstd.dtype.type(Cg * S)
-    out = 0
     for n in range(N):
         for g in range(G):
             dsum = 0.0  # float64 over the group's channels, as backward_groups's
@@ -568,9 +568,7 @@ def last_gradient_constants(
                 s1 += wc * dyx
                 s2 += wc * db_part[n, c]
             corr[n, g], c1[n, g], c2[n, g] = k, s1 * inv_n, s2 * inv_n
-            if not (np.isfinite(k) and np.isfinite(c1[n, g]) and np.isfinite(c2[n, g])):
-                out += 1
-    return out
+            marked[n, g] = not (np.isfinite(k) and np.isfinite(c1[n, g]) and np.isfinite(c2[n, g]))
 
 
 @njit(cache=True, nogil=True)  # (no 'contract': as dx_channels)
@@ -690,14 +688,14 @@ def _forward_samples(x, w, b, eps, y, mean, rstd):
     blocks = last_blocks(N, S)
     xl = kernel_view(x).transpose(0, 2, 1)
     shift, corr = np.empty(mean.shape, eps.dtype), np.empty(mean.shape, eps.dtype)
+    marked = np.empty(mean.shape, np.bool_)
     last_shift(xl, shift)
     parts = np.empty((blocks.shape[0], 2, C))
     for final in (False, True):
         launch(_last_sums, x.size, 1, xl, shift, parts, blocks)
-        again, out = last_statistics(parts, shift, corr, rstd, eps, S, final)
-        if not again:
+        if not last_statistics(parts, shift, corr, rstd, marked, eps, S, final):
             break
-    if out and _finite_group(x, ~(np.isfinite(shift) & np.isfinite(rstd) & (rstd > 0))):
+    if marked.any() and _finite_group(x, marked):
         return False
     np.add(shift, corr, out=mean)
     launch(_last_write, x.size, 1, xl, shift, corr, rstd, w, b, kernel_view(y).transpose(0, 2, 1), blocks)
@@ -743,10 +741,10 @@ def _backward_samples(dy, x, mean, rstd, w, dx):
     launch(_last_gradient_sums, x.size, 1, dyl, xl, mean, parts, blocks)
     corr, c1, c2 = (np.empty(mean.shape, rstd.dtype) for _ in range(3))
     dw_part, db_part = np.empty((N, C), rstd.dtype), np.empty((N, C), rstd.dtype)
-    if last_gradient_constants(parts, rstd, w, S, corr, c1, c2, dw_part, db_part):
-        marked = ~(np.isfinite(corr) & np.isfinite(c1) & np.isfinite(c2))
-        if _finite_group(x, marked) and _finite_group(dy, marked):
-            return None
+    marked = np.empty(mean.shape, np.bool_)
+    last_gradient_constants(parts, rstd, w, S, corr, c1, c2, dw_part, db_part, marked)
+    if marked.any() and _finite_group(x, marked) and _finite_group(dy, marked):
+        return None
     launch(_last_dx, x.size, 1, dyl, xl, mean, corr, rstd, w, c1, c2, dxl, blocks)
     return dw_part, db_part
 
