@@ -42,6 +42,12 @@ def assert_close(actual, expected, dtype, what=""):
     np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol * scale, err_msg=what)
 
 
+def channels_last(a):
+    """``a`` (N, C, *spatial) with the same values, laid out in channels-last order,
+    (N, *spatial, C): torch's channels_last, which GroupNorm takes as it is on the CPU."""
+    return np.moveaxis(np.ascontiguousarray(np.moveaxis(a, 1, -1)), -1, 1)
+
+
 def impl_params(gpu_marks=()):
     """pytest params over the kernels, the GPU ones marked as simulated (and ``gpu_marks``)."""
     out = []

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from _marks import EXHAUSTIVE
 
-from conftest import DTYPES, ORACLE, SIMULATED, assert_close, to_host
+from conftest import DTYPES, ORACLE, SIMULATED, assert_close, channels_last, to_host
 
 # (x shape, number of trailing dims normalized): 1x1, 1x1023, a row count that is
 # not a multiple of any block size, rows of 4099 (prime-ish, > 4096), 1-3 dims, a
@@ -136,11 +136,6 @@ def test_group_norm(impl, impl_name, rng, dtype, affine):
 # of positions whole and cut short (cpu group_norm.POSITIONS, 4 a step), 4 and 5 dimensions
 LAST_CASES = [((2, 6, 4, 5), 3), ((3, 8, 16, 17), 4), ((1, 12, 3, 4, 5), 12), ((2, 4, 301, 3), 1)]
 SIM_LAST_CASES = [((2, 6, 4, 5), 3), ((1, 4, 2, 2, 3), 2)]
-
-
-def channels_last(a):
-    """``a`` (N, C, *spatial) with the same values, laid out in channels-last order."""
-    return np.moveaxis(np.ascontiguousarray(np.moveaxis(a, 1, -1)), -1, 1)
 
 
 def in_channels_last_order(a):

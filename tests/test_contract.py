@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import numbanorm as nn
-from conftest import ORACLE, assert_close, to_host
+from conftest import ORACLE, assert_close, channels_last, to_host
 from numbanorm.operations import OPERATIONS
 
 
@@ -122,16 +122,12 @@ def test_nan_and_inf_stay_in_their_row(impl, rng, bad):
     assert not np.all(np.isfinite(yg[1, 1]))
 
 
-def _channels_last(a):
-    return np.moveaxis(np.ascontiguousarray(np.moveaxis(a, 1, -1)), -1, 1)
-
-
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_channels_last_group_norm_keeps_nan_in_its_group_and_inputs_untouched(rng, bad):
     """The CPU's channels-last kernels (a group's elements spread over every position): a NaN
     or an Inf in one (sample, group) leaves every other one's results as they were."""
-    x = _channels_last(rng.standard_normal((3, 8, 5, 7)).astype(np.float32))
-    dy = _channels_last(rng.standard_normal(x.shape).astype(np.float32))
+    x = channels_last(rng.standard_normal((3, 8, 5, 7)).astype(np.float32))
+    dy = channels_last(rng.standard_normal(x.shape).astype(np.float32))
     w, b = rng.uniform(0.5, 1.5, 8).astype(np.float32), rng.standard_normal(8).astype(np.float32)
     clean = [*nn.group_norm_forward(x, 4, w, b)]
     clean += nn.group_norm_backward(dy, x, clean[1], clean[2], w)[:1]
@@ -155,7 +151,7 @@ def test_channels_last_group_norm_keeps_nan_in_its_group_and_inputs_untouched(rn
 def test_channels_last_group_norm_out(rng):
     """out= in x's channels-last order is written directly, as is out=x; any other out= gets
     the same values through a copy."""
-    x = _channels_last(rng.standard_normal((2, 6, 4, 9)).astype(np.float32))
+    x = channels_last(rng.standard_normal((2, 6, 4, 9)).astype(np.float32))
     w = rng.uniform(0.5, 1.5, 6).astype(np.float32)
     y = nn.group_norm(x, 3, w)
     last = np.empty_like(x)  # (empty_like keeps the order)
@@ -172,8 +168,8 @@ def test_channels_last_group_norm_out(rng):
 def test_channels_last_group_norm_same_bits_a_sample_at_a_time(monkeypatch, rng):
     """Large inputs go a few samples a call (group_norm.samples_at_once): the same bits as all at once."""
     from numbanorm.cpu._kernels import group_norm
-    x = _channels_last(rng.standard_normal((5, 6, 3, 7)).astype(np.float32))
-    dy = _channels_last(rng.standard_normal(x.shape).astype(np.float32))
+    x = channels_last(rng.standard_normal((5, 6, 3, 7)).astype(np.float32))
+    dy = channels_last(rng.standard_normal(x.shape).astype(np.float32))
     w = rng.standard_normal(6).astype(np.float32)
 
     def calls():
@@ -190,8 +186,8 @@ def test_channels_last_group_norm_same_bits_a_sample_at_a_time(monkeypatch, rng)
 @pytest.mark.parallel_kernels
 def test_channels_last_group_norm_bit_identical_for_any_thread_count(rng):
     """The statistics' per-block partial sums are added in one order whatever ran the blocks."""
-    x = _channels_last(rng.standard_normal((2, 32, 33, 35)).astype(np.float32))
-    dy = _channels_last(rng.standard_normal(x.shape).astype(np.float32))
+    x = channels_last(rng.standard_normal((2, 32, 33, 35)).astype(np.float32))
+    dy = channels_last(rng.standard_normal(x.shape).astype(np.float32))
     w = rng.standard_normal(32).astype(np.float32)
 
     def calls():
@@ -252,7 +248,7 @@ def test_channels_last_group_norm_offsets(monkeypatch, rng, first):
     monkeypatch.setattr(group_norm, "last_statistics", lambda *a: passes.append(a[-1]) or statistics(*a))
     x = (1e4 + 1e-2 * rng.standard_normal((2, 5, 7, 8))).astype(np.float32)
     x[..., ::4] -= np.float32(first)  # channels 0 and 4, the groups' first ones, apart
-    x = _channels_last(np.moveaxis(x, -1, 1))
+    x = channels_last(np.moveaxis(x, -1, 1))
     w = rng.uniform(0.5, 1.5, 8).astype(np.float32)
     dy = rng.standard_normal(x.shape).astype(np.float32)
     y, m, r = nn.group_norm_forward(x, 2, w, w)
