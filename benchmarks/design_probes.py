@@ -890,11 +890,14 @@ def channels_last(rounds, shapes=(((8, 256, 64, 64), 32), ((32, 256, 32, 32), 32
                                   ((2, 512, 32, 32), 32))):
     """GroupNorm on torch.channels_last float32 tensors, forward (no grad) and backward (dx,
     dweight, dbias of sum(y * g)), through numbanorm.torch and torch.nn.functional, and
-    numbanorm's forward into an ``out=`` in x's order (no fresh output); beside them both on
-    the C-contiguous copy (the same values, dy C-contiguous too), the copy in C order and back
-    that a call in that order adds (``copied``: what a channels-last call cost before its
-    kernels), and the threaded copy of x's bytes; milliseconds, medians over rounds, and each
-    over torch's channels-last time, round-robin in one process."""
+    numbanorm's forward into an ``out=`` in x's order (no fresh output), and the same by the
+    in-cache path whatever the size (``out_in_cache_path``: the four rows of a step read
+    interleaved, y by ordinary stores, as every size before ``last_sums``' ``far`` and
+    ``last_write``'s streaming stores); beside them both on the C-contiguous copy (the same
+    values, dy C-contiguous too), the copy in C order and back that a call in that order adds
+    (``copied``: what a channels-last call cost before its kernels), and the threaded copy of
+    x's bytes; milliseconds, medians over rounds, each over torch's channels-last time and the
+    forwards into ``out=`` over the threaded copy too, round-robin in one process."""
     import torch
 
     import numbanorm.torch as nt
@@ -926,6 +929,8 @@ def channels_last(rounds, shapes=(((8, 256, 64, 64), 32), ((32, 256, 32, 32), 32
             "copy_threads": lambda: measure.parallel_copy(y, flat),
             "forward_numbanorm": lambda: nt.group_norm(xl, groups, w, b),
             "forward_numbanorm_out": lambda: numbanorm.group_norm(xn, groups, wn, bn, out=yn),
+            "forward_numbanorm_out_in_cache_path": lambda: _in_cache_path(
+                numbanorm.group_norm, xn, groups, wn, bn, out=yn),
             "forward_torch": lambda: F.group_norm(xl, groups, w, b),
             "forward_copied": lambda: nt.group_norm(xl.contiguous(), groups, w, b).to(
                 memory_format=torch.channels_last),
@@ -937,8 +942,24 @@ def channels_last(rounds, shapes=(((8, 256, 64, 64), 32), ((32, 256, 32, 32), 32
         out.append({"shape": list(shape), "groups": groups, "dtype": "float32",
                     "ms": {k: round(v * 1e3, 3) for k, v in med.items()},
                     "over_torch": {k: round(float(np.median(t[k] / t[f"{k.split('_')[0]}_torch"])), 3)
-                                   for k in t if k.split("_")[0] in ("forward", "backward")}})
-    return {"rounds": rounds, "torch_threads": numba.get_num_threads(), "cases": out}
+                                   for k in t if k.split("_")[0] in ("forward", "backward")},
+                    "over_copy": {k: round(float(np.median(t[k] / t["copy_threads"])), 3)
+                                  for k in t if k.startswith("forward_numbanorm_out")},
+                    "far": bool(memory.should_stream(xn))})
+    return {"rounds": rounds, "torch_threads": numba.get_num_threads(),
+            "stream_min_bytes": memory.STREAM_MIN_BYTES, "cases": out}
+
+
+def _in_cache_path(f, *args, **kwargs):
+    """``f(*args, **kwargs)``, a GroupNorm, with no output streamed and no input taken as too
+    large for the cache (memory.STREAM_MIN_BYTES out of reach: its launcher reads it at each
+    call, a plan's call too)."""
+    saved = memory.STREAM_MIN_BYTES
+    memory.STREAM_MIN_BYTES = 1 << 62
+    try:
+        return f(*args, **kwargs)
+    finally:
+        memory.STREAM_MIN_BYTES = saved
 
 
 PROBES = {

@@ -15,7 +15,7 @@ import pytest
 
 import numbanorm as nn
 from _marks import first_then_exhaustive
-from conftest import ORACLE, assert_close, unstreamed
+from conftest import ORACLE, assert_close, channels_last, unstreamed
 
 stream = importlib.import_module("numbanorm.cpu._kernels.memory")
 ln_cpu = importlib.import_module("numbanorm.cpu._kernels.layer_norm")
@@ -264,6 +264,68 @@ def test_a_streamed_backward_compiles_to_non_temporal_vector_stores(module, dtyp
     fresh = njit(**options)(write)  # not cached: inspectable
     x = np.zeros((1, 256), dtype)
     fresh(x, x, np.ones(256, np.float32), np.empty_like(x), np.zeros(256, np.float32))
+    asm = fresh.inspect_asm(fresh.signatures[0])
+    assert re.search(r"\bv?movnt(?:dq|ps|pd)\s", asm), "no non-temporal vector store"
+
+
+@pytest.mark.parametrize("dtype", first_then_exhaustive(["float32", "float16", "bfloat16", "float64"]))
+@pytest.mark.parametrize("shape, groups", [((2, 32, 9, 7), 4), ((3, 40, 3, 11), 8), ((2, 6, 5, 5), 3),
+                                           ((1, 64, 4, 2, 3), 16)], ids=str)
+@pytest.mark.parametrize("offset", first_then_exhaustive([0, 4, 2, 36], keep=2))
+def test_streamed_channels_last_group_norm_equals_ordinary_stores(stream_everything, monkeypatch, rng, dtype,
+                                                                  shape, groups, offset):
+    """An x too large for the cache, in channels-last order: its sums read each step's four
+    rows one after another (last_sums' ``far``) and y streams each position's whole lines
+    (last_write), with the bits (y, mean, rstd) of the in-cache path, into a fresh y and an
+    out= starting anywhere in a line (rows of 40 floats start at every 32-byte phase; rows
+    of 6 hold no whole line; offsets off the item size stream nothing), and in place (read
+    far, written by ordinary stores)."""
+    from numbanorm.measure import host_dtype
+    flags = []
+    real = gn_cpu.launch
+    monkeypatch.setattr(gn_cpu, "launch", lambda k, size, *a: (
+        flags.append((k.rows.py_func.__name__, a[-2])) if k in (gn_cpu._last_sums, gn_cpu._last_write)
+        else None) or real(k, size, *a))
+    bits = lambda a: np.ascontiguousarray(a).view(np.uint8)  # noqa: E731
+    dt = host_dtype(dtype)
+    x = channels_last((rng.standard_normal(shape) * 3 + 1).astype(dt))
+    w, b = _affine(rng, shape[1], dt, "both")
+    want = unstreamed(nn.group_norm_forward, x, groups, w, b)
+    flags.clear()
+    got = nn.group_norm_forward(x, groups, w, b)
+    assert flags == [("last_sums", True), ("last_write", True)]
+    for g, e in zip(got, want):
+        np.testing.assert_array_equal(bits(g), bits(e))
+    raw = np.zeros(x.nbytes + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    out = np.moveaxis(raw[start : start + x.nbytes].view(dt).reshape(shape[0], *shape[2:], shape[1]), -1, 1)
+    assert nn.group_norm(x, groups, w, b, out=out) is out
+    np.testing.assert_array_equal(bits(out), bits(want[0]))
+    assert not raw[:start].any() and not raw[start + x.nbytes :].any()
+    xc = x.copy(order="K")
+    flags.clear()
+    nn.group_norm(xc, groups, w, b, out=xc)
+    assert flags == [("last_sums", True), ("last_write", False)]
+    np.testing.assert_array_equal(bits(xc), bits(want[0]))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 instruction names")
+@pytest.mark.parametrize("dtype", [np.float32, np.uint16, np.int16], ids=["float32", "float16", "bfloat16"])
+def test_a_streamed_channels_last_position_compiles_to_non_temporal_vector_stores(dtype):
+    """last_write's streamed position (last_span) keeps put_streaming's mark in its vector
+    stores, as the rows' writers (test_a_streamed_forward_compiles_to_non_temporal_vector_stores)."""
+    import re
+    from numba import njit
+
+    def write(x, k, y):
+        common.wide_vectors(x)  # as last_write
+        lo, hi = stream.stream_span(y, 0)
+        gn_cpu.last_span(x, 0, 0, k, k, k, k, y, 0, lo, hi, True)
+    options = {k: v for k, v in gn_cpu.last_write.targetoptions.items() if k not in ("cache", "nopython")}
+    fresh = njit(**options)(write)  # not cached: inspectable
+    x = np.zeros((1, 1, 256), dtype)
+    fresh(x, np.ones(256, np.float32), np.empty((1, 256), dtype))
     asm = fresh.inspect_asm(fresh.signatures[0])
     assert re.search(r"\bv?movnt(?:dq|ps|pd)\s", asm), "no non-temporal vector store"
 

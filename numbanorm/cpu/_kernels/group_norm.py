@@ -19,7 +19,8 @@ from .cache import njit  # numba.njit with a cache keyed on this package's sourc
 from .common import (FASTMATH, RESCALE, STREAMING, acc_of, empty_row, finish, in_blocks, in_spans, launch, least,
                      param, row_block, scratch_for, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
-from .memory import CACHE_BYTES, ahead_chunk, ask_ahead, put_streaming, store_fence, stream_apart, stream_span
+from .memory import (CACHE_BYTES, ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_apart,
+                     stream_span)
 from .rescale import rescue_row, scaled_backward_row
 from .stats import SHIFT_SAMPLE, one_pass_ok, overflowed, row_is_finite, row_stats
 from .sums import gradient_sums
@@ -369,16 +370,24 @@ def last_sums(
     x,       # (N, S, C) input in channels-last order
     shift,   # (N, G) each group's shift, accumulation dtype
     parts,   # (K, 2, C) output: each block's sum(d) and sum(d * d) per channel, d = x - shift, float64
+    far,     # scalar bool: x larger than the cache, read from memory (the rows one after another)
     blocks,  # (K, 3) each block's sample, first position, one past its last (last_blocks)
     lo,      # scalar: first block
     hi,      # scalar: one past the last
 ):
     """Blocks ``lo:hi`` of the forward's sums, each channel's in a fixed order of its
-    positions (no 'reassoc': the vector loop runs over channels, so it changes no order)."""
+    positions (no 'reassoc': the vector loop runs over channels, so it changes no order).
+
+    Four positions a step, so that each channel's accumulators are loaded and stored once
+    for four elements: (d0 + d1) + (d2 + d3).  Read from memory, the four rows are read one
+    after another, the pairs kept in u, u2 and v, the same operations in the same order
+    (the same bits); read interleaved, four rows from memory took up to twice as long, and
+    in cache the extra loops cost a third (the CPU design log)."""
     wide_vectors(x)
     C = x.shape[2]
     zero = shift.dtype.type(0)
     k, s1, s2 = empty_row(C, shift), empty_row(C, shift), empty_row(C, shift)
+    u, u2, v = empty_row(C, shift), empty_row(C, shift), empty_row(C, shift)
     for q in range(lo, hi):
         n, a, e = blocks[q, 0], blocks[q, 1], blocks[q, 2]
         by_channel(shift, n, k)
@@ -386,9 +395,27 @@ def last_sums(
             s1[c] = zero
             s2[c] = zero
         t = a + (e - a) // 4 * 4
-        for s in range(a, t, 4):  # four positions a step: a quarter of the accumulators' stores
+        for s in range(a, t, 4):
+            if far:
+                for c in range(C):
+                    j = np.uint64(c)  # unsigned, as in spans.normalize_span
+                    u[j] = widen(x[n, s, j]) - k[j]
+                for c in range(C):
+                    j = np.uint64(c)
+                    d0, d1 = u[j], widen(x[n, s + 1, j]) - k[j]
+                    u[j] = d0 + d1
+                    u2[j] = d0 * d0 + d1 * d1
+                for c in range(C):
+                    j = np.uint64(c)
+                    v[j] = widen(x[n, s + 2, j]) - k[j]
+                for c in range(C):
+                    j = np.uint64(c)
+                    d2, d3 = v[j], widen(x[n, s + 3, j]) - k[j]
+                    s1[j] += u[j] + (d2 + d3)
+                    s2[j] += u2[j] + (d2 * d2 + d3 * d3)
+                continue
             for c in range(C):
-                j = np.uint64(c)  # unsigned, as in spans.normalize_span
+                j = np.uint64(c)
                 d0 = widen(x[n, s, j]) - k[j]
                 d1 = widen(x[n, s + 1, j]) - k[j]
                 d2 = widen(x[n, s + 2, j]) - k[j]
@@ -455,7 +482,8 @@ def last_write(
     rstd,    # (N, G) each group's rstd
     w,       # (C,) weight in the accumulation dtype, or None
     b,       # (C,) bias in the accumulation dtype, or None
-    y,       # (N, S, C) output in channels-last order, x's dtype
+    y,       # (N * S, C) output in channels-last order, a position a row, x's dtype
+    stream,  # scalar bool: write y with streaming stores (memory), never where y is x
     blocks,  # (K, 3) as last_sums
     lo,      # scalar: first block
     hi,      # scalar: one past the last
@@ -463,7 +491,7 @@ def last_write(
     """Blocks ``lo:hi`` of the forward's y, as scale_shift_span writes a channel, each
     channel's constants laid out once a block."""
     wide_vectors(x)
-    C = x.shape[2]
+    S, C = x.shape[1], x.shape[2]
     m, k, f, bc = empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd)
     for q in range(lo, hi):
         n, a, e = blocks[q, 0], blocks[q, 1], blocks[q, 2]
@@ -474,20 +502,57 @@ def last_write(
             if w is not None:
                 f[c] *= w[c]
             bc[c] = b[c] if b is not None else rstd.dtype.type(0)
+        if STREAMING and stream:
+            # a position at a time: its row's whole lines streamed, the parts of lines at
+            # its ends (shared with the rows beside it) by ordinary stores
+            for s in range(a, e):
+                p = n * S + s
+                s0, s1 = stream_span(y, p)
+                last_span(x, n, s, m, k, f, bc, y, p, 0, s0, False)
+                last_span(x, n, s, m, k, f, bc, y, p, s0, s1, True)
+                last_span(x, n, s, m, k, f, bc, y, p, s1, C, False)
+            continue
         t = a + (e - a) // 4 * 4
+        p = n * S
         for s in range(a, t, 4):  # four positions a step, as last_sums: the constants loaded once
             for c in range(C):
                 j = np.uint64(c)
                 mj, kj, fj, bj = m[j], k[j], f[j], bc[j]
-                y[n, s, j] = narrow(((widen(x[n, s, j]) - mj) - kj) * fj + bj, y)
-                y[n, s + 1, j] = narrow(((widen(x[n, s + 1, j]) - mj) - kj) * fj + bj, y)
-                y[n, s + 2, j] = narrow(((widen(x[n, s + 2, j]) - mj) - kj) * fj + bj, y)
-                y[n, s + 3, j] = narrow(((widen(x[n, s + 3, j]) - mj) - kj) * fj + bj, y)
+                y[p + s, j] = narrow(((widen(x[n, s, j]) - mj) - kj) * fj + bj, y)
+                y[p + s + 1, j] = narrow(((widen(x[n, s + 1, j]) - mj) - kj) * fj + bj, y)
+                y[p + s + 2, j] = narrow(((widen(x[n, s + 2, j]) - mj) - kj) * fj + bj, y)
+                y[p + s + 3, j] = narrow(((widen(x[n, s + 3, j]) - mj) - kj) * fj + bj, y)
         for s in range(t, e):
-            for c in range(C):
-                j = np.uint64(c)
-                y[n, s, j] = narrow(((widen(x[n, s, j]) - m[j]) - k[j]) * f[j] + bc[j], y)
+            last_span(x, n, s, m, k, f, bc, y, p + s, 0, C, False)
+    if STREAMING and stream:
+        store_fence()
     return 0
+
+
+@njit(cache=True, fastmath={"contract"}, nogil=True, inline="always")
+def last_span(
+    x,      # (N, S, C) input in channels-last order
+    n,      # scalar: the sample
+    s,      # scalar: the position
+    m,      # (C,) each channel's shift
+    k,      # (C,) its correction
+    f,      # (C,) rstd * weight
+    bc,     # (C,) bias
+    y,      # (N * S, C) output, a position a row
+    p,      # scalar: the position's row of y
+    lo,     # scalar: first channel of the span
+    hi,     # scalar: one past its last
+    nt,     # constant bool: streaming stores (a span from memory.stream_span)
+):
+    """Channels ``lo:hi`` of position ``s`` of sample ``n``, normalized, into ``y[p]``;
+    a streamed span and a plain one compute the same operations (scale_shift_span)."""
+    for c in range(lo, hi):
+        j = np.uint64(c)
+        v = narrow(((widen(x[n, s, j]) - m[j]) - k[j]) * f[j] + bc[j], y)
+        if nt:
+            put_streaming(y, p, j, v)
+        else:
+            y[p, j] = v
 
 
 @njit(cache=True, nogil=True)  # (as backward_groups)
@@ -608,6 +673,7 @@ def last_dx(
                 dx[n, s, j] = narrow((widen(dy[n, s, j]) * wc[j] - (xhat * a1[j] + a2[j])) * r[j], dx)
     return 0
 
+
 def _views(a, mean):
     """``a`` (N, C, S) as the kernels read it, twice: a (sample, group) a row and a
     channel a row.  Explicit shapes: a batch of N = 0 does not reshape with -1."""
@@ -657,6 +723,14 @@ def last(a):
     return not a.flags.c_contiguous and a.transpose(0, 2, 1).flags.c_contiguous
 
 
+def positions(a):
+    """``a`` (N, C, S) in channels-last order as last_write writes it: (N * S, C),
+    a position a row (a view: the transpose is C-contiguous), so that a position's whole
+    lines are a row's (memory.stream_span)."""
+    N, C, S = a.shape
+    return kernel_view(a).transpose(0, 2, 1).reshape(N * S, C)
+
+
 def samples_at_once(x, arrays):
     """How many samples of x (N, C, S) the channels-last kernels take a call: as many as
     ``arrays`` such arrays keep in the cache counted on (memory.CACHE_BYTES), so that a
@@ -669,10 +743,12 @@ def _forward_last(x, weight, bias, eps, y, mean, rstd):
     acc = acc_of(x.dtype)
     w, b = param(weight, acc), param(bias, acc)
     ys = scratch_for(y, x, weight, bias)
+    far = should_stream(x)  # too large for the cache: read from memory
+    stream = ys is y and stream_apart(y, x)  # by the whole y, as forward's
     per = samples_at_once(x, 2)
     for n in range(0, x.shape[0], per):
         k = slice(n, n + per)
-        if not _forward_samples(x[k], w, b, acc.type(eps), ys[k], mean[k], rstd[k]):
+        if not _forward_samples(x[k], w, b, acc.type(eps), ys[k], mean[k], rstd[k], far, stream):
             # sums out of range on finite inputs: the groups' kernels rescue them
             yc = np.empty(x[k].shape, x.dtype)
             forward(np.ascontiguousarray(x[k]), weight, bias, eps, yc, mean[k], rstd[k])
@@ -680,7 +756,7 @@ def _forward_last(x, weight, bias, eps, y, mean, rstd):
     finish(ys, y)
 
 
-def _forward_samples(x, w, b, eps, y, mean, rstd):
+def _forward_samples(x, w, b, eps, y, mean, rstd, far, stream):
     """``_forward_last`` of a few samples, weight and bias in the accumulation dtype (or None):
     last_shift, last_sums (twice where a group's shift cannot be trusted), last_statistics,
     last_write; False, writing nothing, where a group's sums left the range on finite inputs."""
@@ -692,13 +768,13 @@ def _forward_samples(x, w, b, eps, y, mean, rstd):
     last_shift(xl, shift)
     parts = np.empty((blocks.shape[0], 2, C))
     for final in (False, True):
-        launch(_last_sums, x.size, 1, xl, shift, parts, blocks)
+        launch(_last_sums, x.size, 1, xl, shift, parts, far, blocks)
         if not last_statistics(parts, shift, corr, rstd, marked, eps, S, final):
             break
     if marked.any() and _finite_group(x, marked):
         return False
     np.add(shift, corr, out=mean)
-    launch(_last_write, x.size, 1, xl, shift, corr, rstd, w, b, kernel_view(y).transpose(0, 2, 1), blocks)
+    launch(_last_write, x.size, 1, xl, shift, corr, rstd, w, b, positions(y), stream, blocks)
     return True
 
 
