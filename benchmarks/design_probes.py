@@ -89,14 +89,18 @@ from .harness import git_state, in_child, link_checkout, metadata
 OUT = Path(__file__).parent / "results" / "design-probes.json"
 
 
-def timed_rounds(variants, rounds, inner=1):
-    """``{name: array of per-round times}``; each round calls every variant ``inner`` times in a row."""
+def timed_rounds(variants, rounds, inner=1, warm=False):
+    """``{name: array of per-round times}``; each round calls every variant ``inner`` times in a
+    row, once more untimed before them where ``warm`` (each then finds its own arrays where its
+    last call left them, not where the variant before it in the round left the cache)."""
     for f in variants.values():
         f()  # compile, fault in, warm up
     background.wait()  # the parallel kernels those calls handed to the compile thread
     times = {k: [] for k in variants}
     for _ in range(rounds):
         for k, f in variants.items():
+            if warm:
+                f()
             t0 = time.perf_counter()
             for _ in range(inner):
                 f()
@@ -897,7 +901,10 @@ def channels_last(rounds, shapes=(((8, 256, 64, 64), 32), ((32, 256, 32, 32), 32
     values, dy C-contiguous too), the copy in C order and back that a call in that order adds
     (``copied``: what a channels-last call cost before its kernels), and the threaded copy of
     x's bytes; milliseconds, medians over rounds, each over torch's channels-last time and the
-    forwards into ``out=`` over the threaded copy too, round-robin in one process."""
+    forwards into ``out=`` over the threaded copy too, round-robin in one process, each call
+    timed right after an untimed one of its own (``warm``: in a round each variant would find
+    x where the one before it left the cache, and at the small shapes the same call took up to
+    1.5x as long after another variant on other arrays as after one on its own)."""
     import torch
 
     import numbanorm.torch as nt
@@ -937,7 +944,7 @@ def channels_last(rounds, shapes=(((8, 256, 64, 64), 32), ((32, 256, 32, 32), 32
             "forward_numbanorm_contiguous": lambda: nt.group_norm(xc, groups, w, b),
             "forward_torch_contiguous": lambda: F.group_norm(xc, groups, w, b),
             **{f"backward_{k}": back(k) for k in graphs},
-        }, rounds)
+        }, rounds, inner=3, warm=True)
         med = {k: float(np.median(v)) for k, v in t.items()}
         out.append({"shape": list(shape), "groups": groups, "dtype": "float32",
                     "ms": {k: round(v * 1e3, 3) for k, v in med.items()},
@@ -976,7 +983,7 @@ PROBES = {
     "row_groups": lambda q: row_groups(15 // q),
     "fresh_output": lambda q: fresh_output(15 // q),
     "group_passes": lambda q: group_passes(31 // q),
-    "channels_last": lambda q: channels_last(21 // q),
+    "channels_last": lambda q: channels_last(31 // q),
     "fresh_dx": None,  # (main: its --processes)
     "backward_blocks": None,  # (main: its --processes)
 }
