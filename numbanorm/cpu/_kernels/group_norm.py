@@ -382,7 +382,7 @@ def last_sums(
     for four elements: (d0 + d1) + (d2 + d3).  Read from memory, the four rows are read one
     after another, the pairs kept in u, u2 and v, the same operations in the same order
     (the same bits); read interleaved, four rows from memory took up to twice as long, and
-    in cache the extra loops cost a third (the CPU design log)."""
+    in cache the extra loops cost a third to a half (the CPU design log)."""
     wide_vectors(x)
     C = x.shape[2]
     zero = shift.dtype.type(0)
