@@ -896,8 +896,8 @@ def channels_last(rounds, shapes=(((8, 256, 64, 64), 32), ((32, 256, 32, 32), 32
     dweight, dbias of sum(y * g)), through numbanorm.torch and torch.nn.functional, and
     numbanorm's forward into an ``out=`` in x's order (no fresh output), and the same by the
     in-cache path whatever the size (``out_in_cache_path``: the four rows of a step read
-    interleaved, y by ordinary stores, as every size before ``last_sums``' ``far`` and
-    ``last_write``'s streaming stores); beside them both on the C-contiguous copy (the same
+    interleaved, y by ordinary stores, as every size before the STREAMING variants of
+    ``last_sums`` and ``last_write``); beside them both on the C-contiguous copy (the same
     values, dy C-contiguous too), the copy in C order and back that a call in that order adds
     (``copied``: what a channels-last call cost before its kernels), and the threaded copy of
     x's bytes; milliseconds, medians over rounds, each over torch's channels-last time and the

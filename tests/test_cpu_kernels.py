@@ -275,11 +275,11 @@ def test_a_streamed_backward_compiles_to_non_temporal_vector_stores(module, dtyp
 def test_streamed_channels_last_group_norm_equals_ordinary_stores(stream_everything, monkeypatch, rng, dtype,
                                                                   shape, groups, offset):
     """An x too large for the cache, in channels-last order: its sums read each step's four
-    rows one after another (last_sums' ``far``) and y streams each position's whole lines
+    rows one after another (last_sums' STREAMING variant) and y streams each position's whole lines
     (last_write), with the bits (y, mean, rstd) of the in-cache path, into a fresh y and an
     out= starting anywhere in a line (rows of 40 channels start at several places in a
     line, rows of 6 hold no whole line, offsets off the item size stream nothing), and in
-    place (read far, written by ordinary stores)."""
+    place (its sums' rows read one after another, y written by ordinary stores)."""
     from numbanorm.measure import host_dtype
     flags = []
     real = gn_cpu.launch

@@ -370,7 +370,7 @@ def last_sums(
     x,       # (N, S, C) input in channels-last order
     shift,   # (N, G) each group's shift, accumulation dtype
     parts,   # (K, 2, C) output: each block's sum(d) and sum(d * d) per channel, d = x - shift, float64
-    far,     # scalar bool: x larger than the cache, read from memory (the rows one after another)
+    stream,  # scalar bool: x past the streaming threshold, read from memory (the rows one after another)
     blocks,  # (K, 3) each block's sample, first position, one past its last (last_blocks)
     lo,      # scalar: first block
     hi,      # scalar: one past the last
@@ -379,10 +379,12 @@ def last_sums(
     positions (no 'reassoc': the vector loop runs over channels, so it changes no order).
 
     Four positions a step, so that each channel's accumulators are loaded and stored once
-    for four elements: (d0 + d1) + (d2 + d3).  Read from memory, the four rows are read one
-    after another, the pairs kept in u, u2 and v, the same operations in the same order
-    (the same bits); read interleaved, four rows from memory took up to twice as long, and
-    in cache the extra loops cost a third to a half (the CPU design log)."""
+    for four elements: (d0 + d1) + (d2 + d3).  Read from memory (the STREAMING variant, where
+    ``stream``), the four rows are read one after another, the pairs kept in u, u2 and v, the
+    same operations in the same order (the same bits); read interleaved, four rows from memory
+    took up to twice as long, and in cache the extra loops cost a third to a half (the CPU
+    design log).  A variant of its own, compiled on the compile thread as the streamed
+    writers are, so that a first call in cache does not compile those loops."""
     wide_vectors(x)
     C = x.shape[2]
     zero = shift.dtype.type(0)
@@ -396,7 +398,7 @@ def last_sums(
             s2[c] = zero
         t = a + (e - a) // 4 * 4
         for s in range(a, t, 4):
-            if far:
+            if STREAMING and stream:
                 for c in range(C):
                     j = np.uint64(c)  # unsigned, as in spans.normalize_span
                     u[j] = widen(x[n, s, j]) - k[j]
@@ -743,7 +745,7 @@ def _forward_last(x, weight, bias, eps, y, mean, rstd):
     acc = acc_of(x.dtype)
     w, b = param(weight, acc), param(bias, acc)
     ys = scratch_for(y, x, weight, bias)
-    far = should_stream(x)  # too large for the cache: read from memory
+    far = should_stream(x)  # too large for the cache: read from memory (last_sums' stream)
     stream = ys is y and stream_apart(y, x)  # by the whole y, as forward's
     per = samples_at_once(x, 2)
     for n in range(0, x.shape[0], per):
