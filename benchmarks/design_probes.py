@@ -957,6 +957,27 @@ def channels_last(rounds, shapes=(((8, 256, 64, 64), 32), ((32, 256, 32, 32), 32
             "stream_min_bytes": memory.STREAM_MIN_BYTES, "cases": out}
 
 
+def channels_last_spread(processes, rounds, shapes=None):
+    """:func:`channels_last` (its ``shapes`` where given) in ``processes`` fresh processes, on
+    this one's thread count: on this VM one run's ratios at the small shapes moved by up to
+    1.8x between runs an hour apart.  Each case's ``ms``, ``over_torch`` and ``over_copy`` are
+    the medians over the processes, ``spread[field]`` their [min, max]; ``processes``: every
+    run whole."""
+    call = f"channels_last({rounds})" if shapes is None else f"channels_last({rounds}, {shapes!r})"
+    runs = [in_child(_child_code(call)) for _ in range(processes)]
+    cases = []
+    for i, case in enumerate(runs[0]["cases"]):
+        every = [run["cases"][i] for run in runs]
+        merged = dict(case, spread={})
+        for field in ("ms", "over_torch", "over_copy"):
+            merged[field] = {k: round(float(np.median([c[field][k] for c in every])), 3) for k in case[field]}
+            if field != "ms":
+                merged["spread"][field] = {k: [min(c[field][k] for c in every), max(c[field][k] for c in every)]
+                                           for k in case[field]}
+        cases.append(merged)
+    return dict(runs[0], cases=cases, processes=runs)
+
+
 def _in_cache_path(f, *args, **kwargs):
     """``f(*args, **kwargs)``, a GroupNorm, with no output streamed and no input taken as too
     large for the cache (memory.STREAM_MIN_BYTES out of reach: its launcher reads it at each
@@ -983,7 +1004,7 @@ PROBES = {
     "row_groups": lambda q: row_groups(15 // q),
     "fresh_output": lambda q: fresh_output(15 // q),
     "group_passes": lambda q: group_passes(31 // q),
-    "channels_last": lambda q: channels_last(31 // q),
+    "channels_last": None,  # (main: its --processes)
     "fresh_dx": None,  # (main: its --processes)
     "backward_blocks": None,  # (main: its --processes)
 }
@@ -999,11 +1020,12 @@ def main(argv=None):
     p.add_argument("--baseline", help="row_costs_spread: another checkout (a git worktree) whose numbanorm "
                                       "runs alternated with this one's, for a change's before and after")
     p.add_argument("--processes", type=int, default=8,
-                   help="row_costs_spread: processes a side (8); fresh_dx, backward_blocks: processes")
+                   help="row_costs_spread: processes a side (8); fresh_dx, backward_blocks, channels_last: processes")
     a = p.parse_args(argv)
     PROBES["row_costs_spread"] = lambda q: row_costs_spread(max(1, a.processes // q), 15 // q, a.baseline)
     PROBES["fresh_dx"] = lambda q: fresh_dx_spread(max(1, a.processes // q), 20 // q)
     PROBES["backward_blocks"] = lambda q: backward_blocks_spread(max(1, a.processes // q), 15 // q)
+    PROBES["channels_last"] = lambda q: channels_last_spread(max(1, a.processes // q), 31 // q)
     numba.set_num_threads(a.threads)
     q = 4 if a.quick else 1
     load_before = list(os.getloadavg())

@@ -1110,6 +1110,25 @@ def test_design_probes_call_the_kernels_with_their_current_arguments():
 
 
 @pytest.mark.slow
+def test_the_channels_last_probe_merges_its_processes():
+    """design_probes.channels_last_spread (the CPU design log's channels-last table): each
+    ratio the median of the processes', with its range, and every process kept."""
+    pytest.importorskip("torch")
+    from benchmarks import design_probes
+
+    got = design_probes.channels_last_spread(2, 1, shapes=(((2, 8, 4, 4), 4),))
+    assert len(got["processes"]) == 2 and len(got["cases"]) == 1
+    case = got["cases"][0]
+    assert case["shape"] == [2, 8, 4, 4] and not case["far"]
+    for field in ("over_torch", "over_copy"):
+        for k, v in case[field].items():
+            lo, hi = case["spread"][field][k]
+            assert 0 < lo <= v <= hi, (field, k)
+            assert sorted(run["cases"][0][field][k] for run in got["processes"]) == [lo, hi]
+    assert set(case["over_copy"]) == {"forward_numbanorm_out", "forward_numbanorm_out_in_cache_path"}
+
+
+@pytest.mark.slow
 def test_the_row_costs_spread_alternates_with_a_baseline_checkout():
     """row_costs_spread in fresh processes, each alternated with one whose numbanorm is a
     baseline checkout's (here this one, linked in: the mechanism, not a second commit)."""
