@@ -51,9 +51,10 @@ kernels called with different arguments.
   it (in huge pages and in 4 KiB pages), beside PyTorch's autograd backward and the threaded
   copy, in ``--processes`` fresh processes, every round kept (needs torch).
 - channels_last: GroupNorm on ``torch.channels_last`` float32 tensors, forward and backward,
-  through numbanorm.torch (its channels-last kernels) and ``torch.nn.functional``, beside both on
-  the C-contiguous copy, the copy to C order and back a call in that order cost before, and
-  the threaded copy (needs torch).
+  through numbanorm.torch (its channels-last kernels) and ``torch.nn.functional``, the
+  forward into ``out=`` with and without the paths past the streaming threshold, beside both
+  on the C-contiguous copy, the copy to C order and back a call in that order cost before, and
+  the threaded copy, each call timed warm, in ``--processes`` fresh processes (needs torch).
 - backward_blocks: the LayerNorm and RMSNorm backward of a few long rows with the row blocks
   each smallest block of long rows gives (``common.BLOCK_ELEMENTS``), each in processes of
   its own, alternated ``--processes`` times; and a one-block call's kernel on the pool
@@ -901,8 +902,8 @@ def channels_last(rounds, shapes=(((8, 256, 64, 64), 32), ((32, 256, 32, 32), 32
     values, dy C-contiguous too), the copy in C order and back that a call in that order adds
     (``copied``: what a channels-last call cost before its kernels), and the threaded copy of
     x's bytes; milliseconds, medians over rounds, each over torch's channels-last time and the
-    forwards into ``out=`` over the threaded copy too, round-robin in one process, each call
-    timed right after an untimed one of its own (``warm``: in a round each variant would find
+    forwards into ``out=`` over the threaded copy too, round-robin in one process, three calls
+    a sample right after an untimed one of their own (``warm``: in a round each variant would find
     x where the one before it left the cache, and at the small shapes the same call took up to
     1.5x as long after another variant on other arrays as after one on its own)."""
     import torch
@@ -960,7 +961,7 @@ def channels_last(rounds, shapes=(((8, 256, 64, 64), 32), ((32, 256, 32, 32), 32
 def channels_last_spread(processes, rounds, shapes=None):
     """:func:`channels_last` (its ``shapes`` where given) in ``processes`` fresh processes, on
     this one's thread count: on this VM one run's ratios at the small shapes moved by up to
-    1.8x between runs an hour apart.  Each case's ``ms``, ``over_torch`` and ``over_copy`` are
+    1.8x between runs minutes apart.  Each case's ``ms``, ``over_torch`` and ``over_copy`` are
     the medians over the processes, ``spread[field]`` their [min, max]; ``processes``: every
     run whole."""
     call = f"channels_last({rounds})" if shapes is None else f"channels_last({rounds}, {shapes!r})"
