@@ -389,7 +389,8 @@ def last_sums(
     C = x.shape[2]
     zero = shift.dtype.type(0)
     k, s1, s2 = empty_row(C, shift), empty_row(C, shift), empty_row(C, shift)
-    u, u2, v = empty_row(C, shift), empty_row(C, shift), empty_row(C, shift)
+    if STREAMING:  # (the plain variant allocates no rows it does not read)
+        u, u2, v = empty_row(C, shift), empty_row(C, shift), empty_row(C, shift)
     for q in range(lo, hi):
         n, a, e = blocks[q, 0], blocks[q, 1], blocks[q, 2]
         by_channel(shift, n, k)
