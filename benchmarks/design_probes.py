@@ -109,6 +109,12 @@ def timed_rounds(variants, rounds, inner=1, warm=False):
     return {k: np.array(v) for k, v in times.items()}
 
 
+def significant(v, digits=4):
+    """``v`` to ``digits`` significant digits: a ratio of times far apart (a one-round run of
+    a tiny case) kept, where rounding to decimals made it 0."""
+    return float(f"{v:.{digits}g}")
+
+
 def round_robin(variants, rounds, base, inner=1):
     """``{name: median over rounds of t(name) / t(base)}`` and the per-round minimum times.
 
@@ -901,8 +907,11 @@ def channels_last(rounds, shapes=(((8, 256, 64, 64), 32), ((32, 256, 32, 32), 32
     ``last_sums`` and ``last_write``); beside them both on the C-contiguous copy (the same
     values, dy C-contiguous too), the copy in C order and back that a call in that order adds
     (``copied``: what a channels-last call cost before its kernels), and the threaded copy of
-    x's bytes; milliseconds, medians over rounds, each over torch's channels-last time and the
-    forwards into ``out=`` over the threaded copy too, round-robin in one process, three calls
+    x's bytes; the backward's launcher into a ``dx`` whose pages are touched (``_mapped``: no
+    fresh dx, whose first touch a public call pays as torch's does), in x's order and on the
+    C-contiguous copy; milliseconds, medians over rounds, each over torch's channels-last time,
+    the forwards into ``out=`` over the threaded copy of x's bytes and the mapped backwards over
+    that of x's and dy's (the targets' backward floor) too, round-robin in one process, three calls
     a sample right after an untimed one of their own (``warm``: in a round each variant would find
     x where the one before it left the cache, and at the small shapes the same call took up to
     1.5x as long after another variant on other arrays as after one on its own)."""
@@ -922,6 +931,14 @@ def channels_last(rounds, shapes=(((8, 256, 64, 64), 32), ((32, 256, 32, 32), 32
         dyc = dyl.contiguous()
         xn, wn, bn = xl.numpy(), w.numpy(), b.numpy()
         yn = np.empty_like(xn)  # (in x's order: empty_like keeps it)
+        _, mean, rstd = numbanorm.group_norm_forward(xn, groups, wn, bn)
+        dw, db = np.empty_like(wn), np.empty_like(wn)
+        mapped = {}  # the launcher's arguments, (N, C, S) views, dx of every page touched
+        for name, xa, dya in (("", xn, dyl.numpy()), ("_contiguous", xc.numpy(), dyc.numpy())):
+            x3, dy3, dx3 = (a.reshape(shape[0], shape[1], -1) for a in (xa, dya, np.full_like(xa, 1.0)))
+            assert np.shares_memory(x3, xa) and gn.last(x3) == (name == "")  # views, in the order meant
+            mapped[name] = (dy3, x3, mean, rstd, wn, dx3, dw, db)
+        dy_flat, y2 = dyc.numpy().reshape(-1), np.empty(xc.numel(), np.float32)
         graphs = {}
         for name, f, x, dy in (("numbanorm", nt.group_norm, xl, dyl), ("torch", F.group_norm, xl, dyl),
                                ("numbanorm_contiguous", nt.group_norm, xc, dyc),
@@ -945,14 +962,20 @@ def channels_last(rounds, shapes=(((8, 256, 64, 64), 32), ((32, 256, 32, 32), 32
             "forward_numbanorm_contiguous": lambda: nt.group_norm(xc, groups, w, b),
             "forward_torch_contiguous": lambda: F.group_norm(xc, groups, w, b),
             **{f"backward_{k}": back(k) for k in graphs},
+            "copy_threads_dy": lambda: measure.parallel_copy(y2, dy_flat),
+            "backward_numbanorm_mapped": lambda: gn.backward(*mapped[""]),
+            "backward_numbanorm_contiguous_mapped": lambda: gn.backward(*mapped["_contiguous"]),
         }, rounds, inner=3, warm=True)
+        copies = t["copy_threads"] + t["copy_threads_dy"]  # x's and dy's bytes, each round
         med = {k: float(np.median(v)) for k, v in t.items()}
         out.append({"shape": list(shape), "groups": groups, "dtype": "float32",
-                    "ms": {k: round(v * 1e3, 3) for k, v in med.items()},
-                    "over_torch": {k: round(float(np.median(t[k] / t[f"{k.split('_')[0]}_torch"])), 3)
+                    "ms": {k: significant(v * 1e3) for k, v in med.items()},
+                    "over_torch": {k: significant(np.median(t[k] / t[f"{k.split('_')[0]}_torch"]))
                                    for k in t if k.split("_")[0] in ("forward", "backward")},
-                    "over_copy": {k: round(float(np.median(t[k] / t["copy_threads"])), 3)
-                                  for k in t if k.startswith("forward_numbanorm_out")},
+                    "over_copy": {**{k: significant(np.median(t[k] / t["copy_threads"]))
+                                     for k in t if k.startswith("forward_numbanorm_out")},
+                                  **{k: significant(np.median(t[k] / copies))
+                                     for k in t if k.endswith("_mapped")}},
                     "far": bool(memory.should_stream(xn))})
     return {"rounds": rounds, "torch_threads": numba.get_num_threads(),
             "stream_min_bytes": memory.STREAM_MIN_BYTES, "cases": out}
@@ -971,7 +994,7 @@ def channels_last_spread(processes, rounds, shapes=None):
         every = [run["cases"][i] for run in runs]
         merged = dict(case, spread={})
         for field in ("ms", "over_torch", "over_copy"):
-            merged[field] = {k: round(float(np.median([c[field][k] for c in every])), 3) for k in case[field]}
+            merged[field] = {k: significant(np.median([c[field][k] for c in every])) for k in case[field]}
             if field != "ms":
                 merged["spread"][field] = {k: [min(c[field][k] for c in every), max(c[field][k] for c in every)]
                                            for k in case[field]}
