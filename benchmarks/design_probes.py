@@ -52,9 +52,10 @@ kernels called with different arguments.
   copy, in ``--processes`` fresh processes, every round kept (needs torch).
 - channels_last: GroupNorm on ``torch.channels_last`` float32 tensors, forward and backward,
   through numbanorm.torch (its channels-last kernels) and ``torch.nn.functional``, the
-  forward into ``out=`` with and without the paths past the streaming threshold, beside both
-  on the C-contiguous copy, the copy to C order and back a call in that order cost before, and
-  the threaded copy, each call timed warm, in ``--processes`` fresh processes (needs torch).
+  forward into ``out=`` with and without the paths past the streaming threshold, the
+  backward's launcher into a touched ``dx``, beside both on the C-contiguous copy, the copy to
+  C order and back a call in that order cost before, and the threaded copies of x and dy, each
+  call timed warm, in ``--processes`` fresh processes (needs torch).
 - backward_blocks: the LayerNorm and RMSNorm backward of a few long rows with the row blocks
   each smallest block of long rows gives (``common.BLOCK_ELEMENTS``), each in processes of
   its own, alternated ``--processes`` times; and a one-block call's kernel on the pool
@@ -938,7 +939,7 @@ def channels_last(rounds, shapes=(((8, 256, 64, 64), 32), ((32, 256, 32, 32), 32
             x3, dy3, dx3 = (a.reshape(shape[0], shape[1], -1) for a in (xa, dya, np.full_like(xa, 1.0)))
             assert np.shares_memory(x3, xa) and gn.last(x3) == (name == "")  # views, in the order meant
             mapped[name] = (dy3, x3, mean, rstd, wn, dx3, dw, db)
-        dy_flat, y2 = dyc.numpy().reshape(-1), np.empty(xc.numel(), np.float32)
+        dy_flat = dyc.numpy().reshape(-1)
         graphs = {}
         for name, f, x, dy in (("numbanorm", nt.group_norm, xl, dyl), ("torch", F.group_norm, xl, dyl),
                                ("numbanorm_contiguous", nt.group_norm, xc, dyc),
@@ -962,7 +963,7 @@ def channels_last(rounds, shapes=(((8, 256, 64, 64), 32), ((32, 256, 32, 32), 32
             "forward_numbanorm_contiguous": lambda: nt.group_norm(xc, groups, w, b),
             "forward_torch_contiguous": lambda: F.group_norm(xc, groups, w, b),
             **{f"backward_{k}": back(k) for k in graphs},
-            "copy_threads_dy": lambda: measure.parallel_copy(y2, dy_flat),
+            "copy_threads_dy": lambda: measure.parallel_copy(y, dy_flat),  # (y: scratch, as for x's)
             "backward_numbanorm_mapped": lambda: gn.backward(*mapped[""]),
             "backward_numbanorm_contiguous_mapped": lambda: gn.backward(*mapped["_contiguous"]),
         }, rounds, inner=3, warm=True)
