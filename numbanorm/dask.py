@@ -74,10 +74,11 @@ def _meta_side(**arrays):
 
 
 def _single(a, chunks=None):
-    """A small parameter in one chunk (or ``chunks``); None stays None."""
+    """A small parameter in one chunk (or in ``chunks``, its one axis's); None stays None."""
     if a is None:
         return None
-    return a.rechunk(-1 if chunks is None else chunks)
+    # (chunks,): a bare tuple of a 1-D array's chunk sizes reads as one size per axis
+    return a.rechunk(-1 if chunks is None else (chunks,))
 
 
 def _acc_param(a, xdt):

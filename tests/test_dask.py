@@ -45,8 +45,10 @@ ROW_CASES = [
     ((3, 4, 5, 6), 1, (2, 3, 5, 4)),
     ((11, 30), 1, -1),
 ]
-# (shape, groups, chunks): channels split inside groups, spatial axes chunked, instance norm
+# (shape, groups, chunks): channels split inside groups, spatial axes chunked, instance norm,
+# channel chunks of unequal sizes on group boundaries (the weight's chunks follow them)
 GROUP_CASES = [
+    ((2, 6, 3), 3, (2, (1, 4, 1), 3)),
     ((7, 12, 5, 4), 4, (3, 5, 2, 4)),
     ((5, 8, 33), 8, (2, 3, 10)),
     ((6, 6, 9), 1, (4, 2, 9)),
