@@ -233,11 +233,11 @@ def integer(name, value):
 
 
 def _as_shape(normalized_shape):
-    if isinstance(normalized_shape, (int, np.integer)):
-        return (operator.index(normalized_shape),)
     try:
-        return tuple(operator.index(d) for d in normalized_shape)
-    except TypeError:
+        if isinstance(normalized_shape, (int, np.integer)):
+            return (integer("normalized_shape", normalized_shape),)
+        return tuple(integer("normalized_shape", d) for d in normalized_shape)
+    except TypeError:  # (a bool too: operator.index takes True as 1, torch refuses it)
         raise TypeError(
             f"`normalized_shape` must be an int or a tuple of ints, got {normalized_shape!r}"
         ) from None

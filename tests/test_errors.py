@@ -43,9 +43,16 @@ def test_an_empty_normalized_shape_is_refused_as_empty(x):
             call()
 
 
-def test_normalized_shape_of_wrong_type():
-    with pytest.raises(TypeError):
-        nn.layer_norm(X, "4")
+@pytest.mark.parametrize("ns", ["4", True, np.bool_(True), (True,), 4.0])
+def test_normalized_shape_of_wrong_type(ns):
+    """A bool is no length (torch refuses True; operator.index took it as 1)."""
+    x = X[..., :1]
+    with pytest.raises(TypeError, match="normalized_shape"):
+        nn.layer_norm(x, ns)
+    with pytest.raises(TypeError, match="normalized_shape"):
+        nn.rms_norm(x, ns)
+    with pytest.raises(TypeError, match="normalized_shape"):
+        nn.LayerNorm(ns)
 
 
 @pytest.mark.parametrize("wshape", [(3,), (1, 4), (4, 1), ()])
