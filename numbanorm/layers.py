@@ -29,6 +29,13 @@ def _saved(x):
     return np.array(x, copy=True)
 
 
+def _eps(eps, dtype, allow_none=False):
+    """``eps`` checked in the accumulation dtype of the layer's parameters, kept as given:
+    rounded to float32 it would differ from the functional call's for float64 inputs."""
+    V.check_eps(eps, dtype, allow_none=allow_none)
+    return V.real_eps(eps, allow_none=allow_none)
+
+
 class _Norm:
     _op = None     # the table's row of the layer's operation
     _stats = None  # (private copy of x, *statistics) of the last forward
@@ -73,7 +80,7 @@ class LayerNorm(_Norm):
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, dtype=np.float32):
         self.normalized_shape = V._as_shape(normalized_shape)
         dtype = V.layer_dtype(dtype)
-        self.eps = V.check_eps(eps, dtype)
+        self.eps = _eps(eps, dtype)
         self.elementwise_affine = elementwise_affine
         self.weight = np.ones(self.normalized_shape, dtype) if elementwise_affine else None
         self.bias = np.zeros(self.normalized_shape, dtype) if elementwise_affine and bias else None
@@ -90,7 +97,7 @@ class RMSNorm(_Norm):
     def __init__(self, normalized_shape, eps=None, elementwise_affine=True, dtype=np.float32):
         self.normalized_shape = V._as_shape(normalized_shape)
         dtype = V.layer_dtype(dtype)
-        self.eps = V.check_eps(eps, dtype, allow_none=True)
+        self.eps = _eps(eps, dtype, allow_none=True)
         self.elementwise_affine = elementwise_affine
         self.weight = np.ones(self.normalized_shape, dtype) if elementwise_affine else None
         self.grad_weight = self.grad_bias = None
@@ -110,7 +117,7 @@ class GroupNorm(_Norm):
         self.num_groups = num_groups
         self.num_channels = num_channels
         dtype = V.layer_dtype(dtype)
-        self.eps = V.check_eps(eps, dtype)
+        self.eps = _eps(eps, dtype)
         self.affine = affine
         self.weight = np.ones(num_channels, dtype) if affine else None
         self.bias = np.zeros(num_channels, dtype) if affine else None

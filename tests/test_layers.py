@@ -72,3 +72,23 @@ def test_every_float_dtype_makes_a_layer(name, dtype):
         (1,) if name == "GroupNorm" else ())).astype(dtype)
     y = layer(x)
     assert y.dtype == np.dtype(dtype) and np.isfinite(y.astype(np.float32)).all()
+
+
+_WITH_EPS = {"LayerNorm": lambda eps, dt=np.float32: nn.LayerNorm(8, eps=eps, dtype=dt),
+             "RMSNorm": lambda eps, dt=np.float32: nn.RMSNorm(8, eps=eps, dtype=dt),
+             "GroupNorm": lambda eps, dt=np.float32: nn.GroupNorm(2, 8, eps=eps, dtype=dt)}
+
+
+@pytest.mark.parametrize("name", list(_WITH_EPS))
+def test_a_layer_keeps_eps_as_given(name):
+    """float32 parameters check eps in float32 but keep it as given: a float64 input
+    normalizes with the functional call's eps (it was rounded to float32, 5e-9 off)."""
+    layer = _WITH_EPS[name](1e-6)
+    assert layer.eps == 1e-6 and "eps=1e-06" in repr(layer)
+    x = np.random.default_rng(0).standard_normal((2, 8, 3) if name == "GroupNorm" else (2, 8)) * 1e-3
+    want = {"LayerNorm": lambda: nn.layer_norm(x, 8, layer.weight, layer.bias, 1e-6),
+            "RMSNorm": lambda: nn.rms_norm(x, 8, layer.weight, 1e-6),
+            "GroupNorm": lambda: nn.group_norm(x, 2, layer.weight, layer.bias, 1e-6)}[name]()
+    np.testing.assert_array_equal(layer(x), want)
+    with pytest.raises(ValueError, match="eps"):  # still checked in the parameters' dtype
+        _WITH_EPS[name](1e39, np.float16)
