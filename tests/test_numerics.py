@@ -206,6 +206,34 @@ def test_constant_top_row_and_tiny_row_with_eps_zero():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+_TINY_CALLS = {
+    "layer_norm": lambda x: nn.layer_norm_forward(x, 8, eps=0.0),
+    "rms_norm": lambda x: nn.rms_norm_forward(x, 8, eps=0.0),
+    "group_norm": lambda x: [a.reshape(len(x), -1) for a in nn.group_norm_forward(x.reshape(-1, 2, 4), 1, eps=0.0)],
+    "add_layer_norm": lambda x: [a for k, a in enumerate(nn.add_layer_norm_forward(x, 0 * x, 8, eps=0.0)) if k != 1],
+    "add_rms_norm": lambda x: nn.add_rms_norm_forward(x, 0 * x, 8, eps=0.0)[::2],
+}
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("name", [n if n == "layer_norm" else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in _TINY_CALLS])
+def test_tiny_rows_with_eps_zero_are_the_unit_rows_scaled(name, dt):
+    """With eps = 0 a normalization does not see a row's scale: a finite row of magnitude
+    1e-19 to 1e-36 (float32) or 1e-150 to 1e-300 (float64), whose sum of squares is
+    subnormal or 0, gives the unit row's y and s times its rstd.  (float64 1e-162 was
+    Inf, float32 1e-22 0.6% off: the variance's lost bits went unnoticed, or the rescued
+    row's variance underflowed again on its way back to the row's scale.)"""
+    unit = np.array([[1, 2, 3, 4, -2.5, 0.5, 7, 1.25], [0.5, -1, 2, 3, 4, 5, 6, 8]], dt)
+    y1, *_, r1 = _TINY_CALLS[name](unit)
+    ulp = float(np.finfo(dt).eps)
+    for s in ((2.0 ** -63, 1e-22, 1e-30, 1e-36) if dt == np.float32 else (1e-150, 1e-162, 1e-170, 1e-300)):
+        x = (unit * s).astype(dt)
+        y, *_, r = _TINY_CALLS[name](x)
+        np.testing.assert_allclose(y, y1, rtol=0, atol=4 * ulp * np.abs(y1).max(), err_msg=f"{name} {s}")
+        np.testing.assert_allclose(r * dt(s), r1, rtol=4 * ulp, err_msg=f"{name} {s}")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
 def test_huge_finite_rows_backward(dt):

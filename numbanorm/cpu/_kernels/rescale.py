@@ -1,7 +1,8 @@
-"""Rows whose float sums overflowed: normalized again in float64, on the row scaled by a
-power of two (exact).
+"""Rows whose float sums overflowed (or, with eps = 0, underflowed): normalized again in
+float64, on the row scaled by a power of two (exact).
 
-Rare (a row of magnitude ~1e19 in float32, ~1e154 in float64), so a row function does
+Rare (a row of magnitude ~1e19 in float32, ~1e154 in float64; with eps = 0, ~1e-19 and
+~1e-154), so a row function does
 not compile these: it leaves such a row to a variant of itself compiled with
 ``common.RESCALE`` set, which calls them (``common.Kernel.rescue``).
 """
@@ -72,6 +73,27 @@ def row_scale(
     return math.frexp(amax)[1]
 
 
+# float64's smallest normal number: a variance under it has lost bits
+_TINY = float(np.finfo(np.float64).tiny)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def rstd_of(
+    var_s,  # scalar: a row's variance (RMSNorm: mean square) on the row scaled by 2**-e, float64
+    e,      # scalar: that scale's exponent (row_scale)
+    eps,    # scalar
+):
+    """``(r, r_s)``: the row's rstd ``1 / sqrt(var + eps)``, and 0, where ``var + eps`` is
+    in float64's range at the row's own scale; else that rstd and the one of the scaled
+    row (nonzero), which then normalizes it: back at the row's own scale a huge row's
+    variance overflows and a tiny one's (eps = 0) underflows."""
+    var = math.ldexp(var_s, 2 * e)
+    if np.isfinite(var) and var + eps >= _TINY:
+        return 1.0 / math.sqrt(var + eps), 0.0
+    r_s = 1.0 / math.sqrt(var_s + math.ldexp(np.float64(eps), -2 * e))
+    return math.ldexp(r_s, -e), r_s
+
+
 @njit(cache=True, nogil=True)
 def scaled_row(
     x,      # (M, L) rows, all elements finite
@@ -84,11 +106,12 @@ def scaled_row(
     out,    # (K, L) where the normalized row goes
     o,      # scalar: the row of `out`
 ):
-    """Normalize a finite row whose float sums overflowed, in float64 on the row
-    scaled by a power of two (exact), and return its ``(mean, rstd)``.
+    """Normalize a finite row whose float sums overflowed (or underflowed), in float64 on
+    the row scaled by a power of two (exact), and return its ``(mean, rstd)``: rstd at
+    the row's own scale may be Inf (a float32 row under ~1e-38), y is exact anyway.
 
-    Rare (a row of magnitude ~1e19 in float32, ~1e154 in float64), so it is apart
-    from the kernels' fast loops and costs them nothing: see their callers.
+    Rare (the module's magnitudes), so it is apart from the kernels' fast loops and
+    costs them nothing: see their callers.
     """
     n = x.shape[1]
     e = row_scale(x, i)
@@ -104,22 +127,17 @@ def scaled_row(
         sq += d * d
     corr = dsum / n
     var_s = max(sq / n - corr * corr, 0.0)
-    var = math.ldexp(var_s, 2 * e)
-    big = not np.isfinite(var)  # only float64 rows near the float64 limit
-    if big:
-        r = 1.0 / math.sqrt(var_s)  # eps is below half an ulp of var
-    else:
-        r = 1.0 / math.sqrt(var + eps)
+    r, r_s = rstd_of(var_s, e, eps)
     for j in range(n):
         dev = (math.ldexp(np.float64(widen(x[i, j])), -e) - mu) - corr
-        v = dev * r if big else math.ldexp(dev, e) * r
+        v = dev * r_s if r_s > 0 else math.ldexp(dev, e) * r
         c = w0 + j // per
         if w is not None:
             v = v * widen(w[c])
         if b is not None:
             v = v + widen(b[c])
         out[o, j] = narrow(v, out)
-    return math.ldexp(mu + corr, e), (math.ldexp(r, -e) if big else r)
+    return math.ldexp(mu + corr, e), r
 
 
 @njit(cache=True, nogil=True)
@@ -131,8 +149,8 @@ def scaled_rms_row(
     out,    # (K, N) where the scaled row goes
     o,      # scalar: the row of `out`
 ):
-    """RMSNorm of a finite row whose sum of squares overflowed (or underflowed to 0
-    with eps = 0), in float64 on the row scaled by a power of two; returns its rstd
+    """RMSNorm of a finite row whose sum of squares overflowed (or underflowed, with
+    eps = 0), in float64 on the row scaled by a power of two; returns its rstd
     (as scaled_row)."""
     n = x.shape[1]
     e = row_scale(x, i)
@@ -140,17 +158,14 @@ def scaled_rms_row(
     for j in range(n):
         v = math.ldexp(np.float64(widen(x[i, j])), -e)
         sq += v * v
-    ms_s = sq / n
-    ms = math.ldexp(ms_s, 2 * e)
-    big = not np.isfinite(ms)
-    r = 1.0 / math.sqrt(ms_s) if big else 1.0 / math.sqrt(ms + eps)
+    r, r_s = rstd_of(sq / n, e, eps)
     for j in range(n):
         v = np.float64(widen(x[i, j]))
-        v = math.ldexp(v, -e) * r if big else v * r
+        v = math.ldexp(v, -e) * r_s if r_s > 0 else v * r
         if w is not None:
             v = v * widen(w[j])  # 16-bit weights of a small call too (cpu._backend.Plans)
         out[o, j] = narrow(v, out)
-    return math.ldexp(r, -e) if big else r
+    return r
 
 
 @njit(cache=True, nogil=True)

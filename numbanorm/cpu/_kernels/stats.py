@@ -106,9 +106,10 @@ def overflowed(
     r,      # scalar: its rstd, 1/sqrt(var + eps)
 ):
     """Whether a row's sums left the floating-point range: a sum that overflowed to
-    Inf (r = 0), or a variance that underflowed to 0 with eps = 0 (r = Inf).  For
-    a row with NaN or Inf inputs the caller's row_is_finite says no."""
-    return not (np.isfinite(mu) and np.isfinite(r) and r > 0)
+    Inf (r = 0), or a variance that underflowed (eps = 0 or tinier) to 0 (r = Inf) or
+    to a subnormal, whose lost bits r * r overflowing tells.  For a row with NaN or Inf
+    inputs the caller's row_is_finite says no."""
+    return not (np.isfinite(mu) and np.isfinite(r) and r > 0 and np.isfinite(r * r))
 
 
 @njit(cache=True, nogil=True, inline="always")
