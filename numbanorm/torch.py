@@ -123,12 +123,16 @@ def _tensors(results):
 
 
 def _check_tensors(fn, **args):
-    """``TypeError`` for an argument that is neither a tensor nor None (before any operator runs)."""
+    """``TypeError`` for an argument that is neither a tensor nor None, or is a nested tensor
+    (before any operator runs)."""
     for name, a in args.items():
         if a is not None and not isinstance(a, torch.Tensor):
             kind = type(a).__name__ if type(a).__module__ == "builtins" else f"{type(a).__module__}.{type(a).__name__}"
             raise TypeError(f"`{name}` is a {kind}: numbanorm.torch.{fn} "
                             f"takes torch tensors (numbanorm.{fn} takes NumPy and CUDA arrays)")
+        if a is not None and a.is_nested:
+            raise TypeError(f"`{name}` is a nested tensor: numbanorm.torch.{fn} does not support nested tensors "
+                            "(pad them into one tensor, or call it on each component)")
 
 
 def _shape(normalized_shape):
@@ -194,7 +198,8 @@ def _implementation(op, kind, roles):
     views, ``normalized_shape`` as a tuple (a list, the schema's, cannot key the CPU
     backend's replay of a call seen before: every call took the full path).  A call the
     CPU backend has seen before goes to its shortcut (``cpu._backend.Plans``) without numbanorm's
-    dispatch, which is the shortcut's own first step there too: the same bits."""
+    dispatch, which is the shortcut's own first step there too: the same bits.  Meta tensors
+    get the fake implementation's outputs, as torch.nn's functions give meta outputs."""
     name = op.function(kind)
     arrays = tuple(i for i, r in enumerate(roles) if r in ARRAY_ROLES)
     shape = roles.index("normalized_shape") if "normalized_shape" in roles else None
@@ -202,9 +207,13 @@ def _implementation(op, kind, roles):
     n = len(op.plain_outputs) if kind == "plain" else None
     optional = tuple(r for r in roles if _SCHEMA_TYPES.get(r) == "Tensor?")
     small = _addressed.Calls(op, kind, roles, optional) if _addressed.covers(op) else None
+    fake = (_fake_backward if kind == "backward" else _fake_forward)(op)
 
     def full(key, given):
         """The call without a plan (``key``: its small-call key, learnt from it, or None)."""
+        if given[0].is_meta:
+            got = fake(*given)
+            return got[0] if n == 1 else got[:n] if n else got
         args = list(given)
         for i in arrays:
             args[i] = _arr(args[i])
@@ -621,7 +630,7 @@ def _plain_eager_checks():
         torch.autograd.forward_ad._current_level  # (_FORWARD_AD's, read on every call)
         return (torch._C._len_torch_function_stack, torch._C._len_torch_dispatch_stack,
                 torch._C._autograd._profiler_enabled, torch._C._functorch.is_functorch_wrapped_tensor,
-                torch._C._are_functorch_transforms_active)
+                torch._C._are_functorch_transforms_active, torch._C._is_tracing)
     except AttributeError:
         return None
 
@@ -635,8 +644,8 @@ def _watched():
     """Whether every call now goes through its operator: see :func:`_direct`."""
     if _CHECKS is None or torch.compiler.is_compiling():
         return True
-    function_modes, dispatch_modes, profiling, _, transforms = _CHECKS
-    return bool(function_modes() or dispatch_modes() or profiling() or transforms()
+    function_modes, dispatch_modes, profiling, _, transforms, tracing = _CHECKS
+    return bool(function_modes() or dispatch_modes() or profiling() or transforms() or tracing()
                 or _FORWARD_AD._current_level >= 0)
 
 
@@ -672,7 +681,8 @@ def _direct(args):
     ``torch.compile`` tracing, a tensor subclass or functorch wrapper (``vmap``), and
     a call that something watches for operators: an active torch function or dispatch
     mode (``with torch.device(...)``, FlopCounterMode) or torch's profiler, whose
-    tables should show numbanorm's operators as they always did.
+    tables should show numbanorm's operators as they always did, and ``torch.jit.trace``,
+    which records operators: a call without one would be traced as a constant output.
     """
     if _watched():
         return False
@@ -717,6 +727,9 @@ def _general(op, args):
     arguments, then the operator, the recording Function or the plain implementation, as
     :func:`_direct` and :func:`_records` decide."""
     given = dict(zip(op.forward_roles, args))
+    others = [given[r] for r in op.forward_arrays if given[r] is not None and not isinstance(given[r], Tensor)]
+    if others and torch.overrides.has_torch_function(others):  # torch.fx's Proxy: traced as a call of this function
+        return torch.overrides.handle_torch_function(_FUNCTIONS[op.name], others, *args)
     _check_tensors(op.name, **{_input_name(op, r): given[r] for r in op.forward_arrays})
     if op.layout == "rows":
         given["normalized_shape"] = _shape(given["normalized_shape"])
@@ -749,8 +762,9 @@ def _functional_of(op):
     tensors = [_input_name(op, r) for r in op.forward_arrays]
     size = "normalized_shape" if op.layout == "rows" else "num_groups"
     pairs = list(zip(tensors, op.forward_arrays))
+    # (a nested input's refusal is GENERAL's; a nested tensor is of a plain type when strided)
     plain = " or ".join(f"{t} is not None and type({t}) not in PLAIN" if r in op.params
-                        else f"type({t}) not in PLAIN" for t, r in pairs)
+                        else f"type({t}) not in PLAIN or {t}.is_nested" for t, r in pairs)
     grads = " or ".join(f"{t} is not None and {t}.requires_grad" if r in op.params
                         else f"{t}.requires_grad" for t, r in pairs)
     eps = "type(eps) is not float" + (" and eps is not None" if op.eps is None else "")
@@ -764,12 +778,12 @@ def _functional_of(op):
     # _watched(), written out: a frame less on every call
     watched = ("True" if _CHECKS is None
                else "IS_COMPILING() or FUNCTION_MODES() or DISPATCH_MODES() or PROFILING() or TRANSFORMS()"
-                    " or FORWARD_AD._current_level >= 0")
+                    " or TRACING() or FORWARD_AD._current_level >= 0")
     body = [f"if ({watched}", f"        or {plain}", f"        or {eps}):", f"    {general}", *sizes,
             f"if ({grads}) and GRAD_ENABLED():", f"    return RECORD({names})", f"return PLAIN_CALL({names})"]
-    function_modes, dispatch_modes, profiling, _, transforms = _CHECKS or (None,) * 5
+    function_modes, dispatch_modes, profiling, _, transforms, tracing = _CHECKS or (None,) * 6
     env = {"IS_COMPILING": torch.compiler.is_compiling, "FUNCTION_MODES": function_modes,
-           "DISPATCH_MODES": dispatch_modes, "PROFILING": profiling, "TRANSFORMS": transforms,
+           "DISPATCH_MODES": dispatch_modes, "PROFILING": profiling, "TRANSFORMS": transforms, "TRACING": tracing,
            "FORWARD_AD": _FORWARD_AD,
            "PLAIN": _PLAIN, "GENERAL": _general, "OP": op, "INTS": _ints, "GRAD_ENABLED": torch.is_grad_enabled,
            "RECORD": _RECORDING[op.name], "PLAIN_CALL": _IMPLEMENTATIONS[op.name, "plain"]}
@@ -815,9 +829,9 @@ class RMSNorm(_TableModule, torch.nn.RMSNorm):
 
     _op = BY_NAME["rms_norm"]
 
-    def forward(self, input):  # (as LayerNorm.forward)
-        """``rms_norm(input, self.normalized_shape, self.weight, self.eps)``."""
-        return rms_norm(input, self.normalized_shape, self.weight, self.eps)
+    def forward(self, x):  # (as LayerNorm.forward; x, torch.nn.RMSNorm's name for it)
+        """``rms_norm(x, self.normalized_shape, self.weight, self.eps)``."""
+        return rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
 
 class GroupNorm(_TableModule, torch.nn.GroupNorm):
@@ -895,13 +909,15 @@ def _probe(module, eps_attr):
     """``(form, None)``: the RMSNorm form ``module.forward`` computes, or ``(None, why not)``.
 
     Runs the module's own forward (hooks bypassed, on a shallow copy holding a
-    probe weight) on rows with a non-zero mean (a LayerNorm fails), rows small
+    probe weight, on the weight's device: the CPU for a module on the meta device,
+    whose tensors have no values) on rows with a non-zero mean (a LayerNorm fails), rows small
     enough for eps to matter and a large one, in each of ``_PROBE_DTYPES``, and
     keeps the forms that agree within 8 ulps of the output dtype (float32's for
     float64 outputs: the classes compute in float32) with the same output dtype;
     of those, the closest (the ``transformers`` classes match one bit for bit).
     """
     weight = module.weight
+    device = "cpu" if weight.is_meta else weight.device
     n = weight.shape[0]
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, n, generator=g, dtype=torch.float64) + 0.5
@@ -911,7 +927,7 @@ def _probe(module, eps_attr):
     eps = getattr(module, eps_attr)
     errors = {_HFForm(eps_attr, offset, cast): 0.0 for offset in (0, 1) for cast in _CASTS}
     for xdt, wdt in _PROBE_DTYPES:
-        xi, wi = x.to(weight.device, xdt), w.to(weight.device, wdt)
+        xi, wi = x.to(device, xdt), w.to(device, wdt)
         probe = object.__new__(type(module))
         probe.__dict__.update(module.__dict__)
         probe.__dict__["_parameters"] = {"weight": wi}
@@ -1089,7 +1105,9 @@ def replace_norms(module, strict=False, *, report=False):
         new = None
         if not isinstance(m, _OURS):
             if any(True for _ in m.children()) and not _parametrized(m):
-                for name, child in m.named_children():
+                for name, child in m._modules.items():  # (named_children() names a module once: its first name)
+                    if child is None:
+                        continue
                     new_child = visit(child, f"{path}.{name}" if path else name)
                     if new_child is not None:
                         edits.append((m, name, new_child))

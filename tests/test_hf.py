@@ -223,6 +223,27 @@ def test_each_form_matches_its_class(cls_path, xdt, wdt):
             assert_close(a, b, 10 * F32, what)
 
 
+def test_a_model_on_the_meta_device_is_replaced_as_on_the_cpu():
+    """A model built on the meta device (its weights loaded later) has its RMSNorms recognised
+    as on the CPU (the probe runs on CPU stand-ins: meta tensors have no values), and once
+    materialized they compute what the CPU model's do."""
+    config = T.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    with torch.device("meta"):
+        meta = T.LlamaModel(config)
+    cpu = T.LlamaModel(config)
+    _, got = nt.replace_norms(meta, report=True)
+    _, want = nt.replace_norms(cpu, report=True)
+    assert got == want and len(got.replaced) == 3 and got.left_alone == [], str(got)
+    y = meta.norm(torch.empty(2, 5, 32, device="meta"))
+    assert y.is_meta and y.shape == (2, 5, 32)
+    meta.to_empty(device="cpu")
+    meta.load_state_dict(cpu.state_dict())
+    x = torch.randn(2, 5, 32)
+    for path, _, _ in got.replaced:
+        torch.testing.assert_close(meta.get_submodule(path)(x), cpu.get_submodule(path)(x), rtol=0, atol=0)
+
+
 def test_left_alone_with_reasons_and_strict():
     from transformers.models.cohere.modeling_cohere import CohereLayerNorm
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNormGated

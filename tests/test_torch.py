@@ -2,6 +2,8 @@
 
 import contextlib
 import copy
+import inspect
+import warnings
 from fractions import Fraction
 
 import numpy as np
@@ -315,6 +317,98 @@ def test_modes_and_functorch_see_the_operator():
     assert seen == [False] and nt._direct((x,))
 
 
+# a call of each function and module as torch.jit.trace takes it, on x of shape (3, 8)
+TRACED = {
+    "LayerNorm in eval mode": nt.LayerNorm(8).eval(),
+    "RMSNorm without affine": nt.RMSNorm(8, elementwise_affine=False),
+    "layer_norm": lambda x: nt.layer_norm(x, 8),
+    "rms_norm": lambda x: nt.rms_norm(x, 8),
+    "group_norm": lambda x: nt.group_norm(x.reshape(3, 4, 2), 2),
+    "add_layer_norm": lambda x: nt.add_layer_norm(x, x.flip(0), 8),
+    "add_rms_norm": lambda x: nt.add_rms_norm(x, x.flip(0), 8),
+}
+
+
+@pytest.mark.parametrize("name", list(TRACED))
+def test_jit_trace_records_the_operators(name):
+    """torch.jit.trace records the operators, not the tensors a call without them returned
+    (a constant: the traced function's output whatever its input) where no graph is recorded."""
+    f = TRACED[name]
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # (torch.jit's)
+        warnings.simplefilter("error", torch.jit.TracerWarning)  # (a tensor crossing to NumPy warns)
+        traced = torch.jit.trace(f, torch.randn(3, 8), check_trace=False)
+        x = torch.randn(3, 8)
+        got, want = traced(x), f(x)
+    assert "numbanorm::" in str(traced.graph)
+    for a, e in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
+
+
+def test_fx_and_fake_tensors_trace_the_calls():
+    """torch.fx's symbolic tracing records a call of numbanorm's function (which its graph
+    module calls again); under FakeTensorMode the operators' fake implementations answer."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    m = nt.LayerNorm(8)
+    fused = lambda x, r: nt.add_rms_norm(x, r, 8)[1] * 2  # noqa: E731
+    for f, args in ((m, (torch.randn(3, 8),)), (fused, (torch.randn(3, 8), torch.randn(3, 8)))):
+        gm = torch.fx.symbolic_trace(f)
+        assert any(n.op == "call_function" and n.target in (nt.layer_norm, nt.add_rms_norm) for n in gm.graph.nodes)
+        torch.testing.assert_close(gm(*args), f(*args), rtol=0, atol=0)
+    with FakeTensorMode():
+        x = torch.randn(3, 8)
+        for y in (nt.LayerNorm(8)(x), nt.rms_norm(x, 8), nt.add_layer_norm(x, x, 8)[0]):
+            assert type(y).__name__ == "FakeTensor" and y.shape == x.shape
+
+
+@pytest.mark.parametrize("op", [pytest.param(op, id=op.name) for op in nt.OPERATIONS])
+def test_meta_tensors_in_meta_tensors_out(op):
+    """As torch.nn's: meta tensors give meta outputs and gradients of the right shapes and
+    dtypes (the operators' fake implementations), the functions and the modules alike."""
+    groups = op.layout == "groups"
+    shape = (4, 6, 5) if groups else (4, 2, 6)
+
+    def meta(*s, dtype=torch.float16):
+        return torch.empty(*s, device="meta", dtype=dtype).requires_grad_()
+
+    values = {"x": meta(*shape), "residual": meta(*shape), op.shape_role: 3 if groups else [6],
+              "weight": meta(6, dtype=torch.float32), "bias": meta(6, dtype=torch.float32), "eps": op.eps}
+    args = [values[r] for r in op.forward_roles]
+    fn = getattr(nt, op.name)
+    with torch.no_grad():
+        plain = fn(*args)
+    out = fn(*args)
+    plain, out = ((o if isinstance(o, tuple) else (o,)) for o in (plain, out))
+    for y in (*plain, *out):
+        assert y.is_meta and y.shape == shape and y.dtype == torch.float16
+    leaves = [a for a in args if isinstance(a, torch.Tensor)]
+    grads = torch.autograd.grad(out, leaves, [torch.ones_like(y) for y in out])
+    for g, a in zip(grads, leaves):
+        assert g.is_meta and g.shape == a.shape and g.dtype == a.dtype
+    module = {"layer_norm": lambda: nt.LayerNorm(6, device="meta"), "rms_norm": lambda: nt.RMSNorm(6, device="meta"),
+              "group_norm": lambda: nt.GroupNorm(3, 6, device="meta")}.get(op.name)
+    if module is not None:
+        y = module()(torch.empty(*shape, device="meta"))
+        assert y.is_meta and y.shape == shape and y.requires_grad
+
+
+def test_nested_tensors_are_type_errors(monkeypatch):
+    """Nested tensors, strided or jagged, get a TypeError that says so before anything runs."""
+    pieces = [torch.randn(2, 5), torch.randn(3, 5)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (the strided layout's "prototype" warning)
+        nested = [torch.nested.nested_tensor(pieces), torch.nested.nested_tensor(pieces, layout=torch.jagged)]
+    _operator_refused(monkeypatch)
+    monkeypatch.setattr(nt, "_arr", None)  # nothing crosses to NumPy either
+    w, b = torch.nn.Parameter(torch.ones(5)), torch.zeros(5)
+    for x in nested:
+        for call in (lambda: nt.layer_norm(x, (5,), w, b), lambda: nt.LayerNorm(5)(x), lambda: nt.rms_norm(x, 5),
+                     lambda: nt.group_norm(x, 1), lambda: nt.add_rms_norm(torch.randn(2, 5), x, 5)):
+            with pytest.raises(TypeError, match="`(input|residual)` is a nested tensor"):
+                call()
+
+
 def test_errors_cross_unchanged():
     x = torch.randn(3, 8)
     with pytest.raises(ValueError, match="normalized_shape"):
@@ -531,6 +625,9 @@ def test_modules_are_their_namesakes(ours, theirs, args, kwargs):
     ya, yr = a(x), ref(x)
     torch.testing.assert_close(ya, yr)
     torch.testing.assert_close(ref2(x), yr)
+    name = list(inspect.signature(theirs.forward).parameters)[1]  # torch's name for the input: by keyword too
+    assert list(inspect.signature(ours.forward).parameters) == ["self", name]
+    torch.testing.assert_close(a(**{name: x}), ya, rtol=0, atol=0)
     g = t64(2, 4, 6, seed=7, requires_grad=False)
     ga = torch.autograd.grad((ya * g).sum(), [x, *a.parameters()])
     gr = torch.autograd.grad((yr * g).sum(), [x, *ref.parameters()])
@@ -680,6 +777,18 @@ def test_replace_norms_shares_parameters():
     for n, p in model.named_parameters():
         assert p is params[n]
     assert isinstance(nt.replace_norms(torch.nn.GroupNorm(2, 4)), nt.GroupNorm)
+
+
+def test_a_norm_under_two_names_is_replaced_under_both():
+    """A norm a parent holds under two names (as a norm two parents share) is one numbanorm
+    module under each, reported once."""
+    model = torch.nn.Module()
+    model.a = torch.nn.LayerNorm(8)
+    model.b = model.a
+    model.c = torch.nn.Sequential(model.a)
+    _, report = nt.replace_norms(model, report=True)
+    assert isinstance(model.a, nt.LayerNorm) and model.b is model.a and model.c[0] is model.a
+    assert [p for p, _, _ in report.replaced] == ["a"]
 
 
 # ------------------------------------------------------------ torch.func, forward-mode AD
