@@ -2,9 +2,8 @@
 float64, on the row scaled by a power of two (exact).
 
 Rare (a row of magnitude ~1e19 in float32, ~1e154 in float64; with eps = 0, ~1e-19 and
-~1e-154), so a row function does
-not compile these: it leaves such a row to a variant of itself compiled with
-``common.RESCALE`` set, which calls them (``common.Kernel.rescue``).
+~1e-154), so a row function does not compile these: it leaves such a row to a variant of
+itself compiled with ``common.RESCALE`` set, which calls them (``common.Kernel.rescue``).
 """
 
 import math
