@@ -221,9 +221,10 @@ _TINY_CALLS = {
 def test_tiny_rows_with_eps_zero_are_the_unit_rows_scaled(name, dt):
     """With eps = 0 a normalization does not see a row's scale: a finite row of magnitude
     1e-19 to 1e-36 (float32) or 1e-150 to 1e-300 (float64), whose sum of squares is
-    subnormal or 0, gives the unit row's y and s times its rstd.  (float64 1e-162 was
-    Inf, float32 1e-22 0.6% off: the variance's lost bits went unnoticed, or the rescued
-    row's variance underflowed again on its way back to the row's scale.)"""
+    subnormal or 0, gives the unit row's y, and its rstd times its scale is the unit
+    row's.  (float64 1e-162 was Inf, float32 1e-22 0.6% off: the variance's lost bits
+    went unnoticed, or the rescued row's variance underflowed again on its way back to
+    the row's scale.)"""
     unit = np.array([[1, 2, 3, 4, -2.5, 0.5, 7, 1.25], [0.5, -1, 2, 3, 4, 5, 6, 8]], dt)
     y1, *_, r1 = _TINY_CALLS[name](unit)
     ulp = float(np.finfo(dt).eps)
