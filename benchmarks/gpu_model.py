@@ -50,6 +50,12 @@ rows.  One iteration of it is one row for the warp's row group, and
   threads per row); a loop over the warp partials of a block reduction (shared
   loads only) makes threads per row / 32 - 1 source iterations, and its unroll
   factor is its shared loads / their distinct offsets (one per value reduced);
+* a loop inside a vote's rare branch is not the row loop (a pass after the rows over
+  those a vote found out of range, ``stats.rescue_fns``), and is left out like the
+  fallback;
+* the out-of-line code of a collective ptxas cannot prove converged (what ``BRA.DIV``
+  jumps to, after the kernel's body, and which jumps back into it) is no loop and is
+  not counted: the warp reaches those collectives converged, after a vote;
 * nested word loops (GroupNorm's long rows: its channels, then their words):
   the inner one takes the trips, the outer counts once;
 * peeled remainder copies outside an unrolled loop and conditional blocks both
@@ -271,10 +277,23 @@ class Sass:
         self.index_of = dict(labels)
         self.label_idx = set(labels.values())
         n = len(self.ins)
+        # the out-of-line code of a collective (shuffle, vote) that ptxas cannot prove the
+        # warp converged at: BRA.DIV jumps there when the warp is divergent (never, where
+        # every branch around it is a vote's) and it jumps back into the body, to the
+        # instruction after the collective, with a branch that closes no loop
+        handler = [False] * n
+        for i in self.ins:
+            t = self.index_of.get(_target(i)) if i.op.startswith("BRA.DIV") else None
+            j = t
+            while j is not None and j < n and not (self.ins[j].op == "BRA" and not self.ins[j].pred):
+                handler[j] = True
+                j += 1
+            if j is not None and j < n:
+                handler[j] = True
         # loops: a branch back to an earlier (or the same) instruction
         self.loops = []
         for k, i in enumerate(self.ins):
-            if i.op.startswith("BRA"):
+            if i.op.startswith("BRA") and not handler[k]:
                 t = self.index_of.get(_target(i))
                 if t is not None and t <= k:
                     self.loops.append((t, k))
@@ -282,7 +301,7 @@ class Sass:
         starts = sorted({0, *labels.values(), *(k + 1 for k, i in enumerate(self.ins)
                                                 if i.op.split(".")[0] in ("BRA", "EXIT", "RET"))})
         starts = [s for s in starts if s < n] + [n]
-        self.cold = [False] * n
+        self.cold = list(handler)
         for a, b in zip(starts, starts[1:]):
             if any(self.ins[k].op.startswith("CALL") for k in range(a, b)):
                 for k in range(a, b):
@@ -294,6 +313,13 @@ class Sass:
             if i.op.startswith(("BAR.RED.OR", "VOTE.ANY")):
                 bra = next((j for j in range(k + 1, n) if self.ins[j].op.split(".")[0] in ("BRA", "EXIT", "BAR")
                             or j in self.label_idx), None)
+                if bra is not None and self.ins[bra].op == "EXIT" and self.ins[bra].pred:
+                    # the vote ends the kernel where it fails: what follows, to the next
+                    # exit, runs where it passes (a pass after the rows)
+                    end = next((j for j in range(bra + 1, n) if self.ins[j].op == "EXIT" and not self.ins[j].pred), n)
+                    for j in range(bra + 1, end):
+                        self.rare[j] = True
+                    continue
                 if bra is None or self.ins[bra].op != "BRA" or not self.ins[bra].pred:
                     continue
                 t = self.index_of.get(_target(self.ins[bra]))
@@ -305,7 +331,9 @@ class Sass:
         """(first, last) instruction of the row loop, or None: of the outermost loops
         with a global access, the longest (a prologue may loop too, e.g. zeroing the
         long-row path's partial sums)."""
-        found = [L for L in self.loops if self.global_accesses(*L)]
+        # (not a loop in a vote's rare branch: a kernel's pass over its rows again, after
+        # them, for the rows a vote found out of range)
+        found = [L for L in self.loops if self.global_accesses(*L) and not self.rare[L[0]]]
         outer = [L for L in found if not any(o != L and o[0] <= L[0] and L[1] <= o[1] for o in found)]
         return max(outer, key=lambda L: L[1] - L[0], default=None)
 

@@ -121,6 +121,52 @@ def test_the_fallback_after_a_vote_is_counted_apart():
     assert plain.count(0, 9, lambda loop: 1.0) == 10     # any other conditional block counts in full
 
 
+# the rows whose statistics left the range: a pass over the rows again after the row loop,
+# where a vote of the block found one (the kernel exits where it finds none), and a
+# shuffle in it that ptxas could not prove converged, whose out-of-line copy after the
+# body jumps back into it
+PASS_AFTER_THE_ROWS = """
+.L_x_0:
+        /*0000*/                   LDG.E.64 R4, desc[UR4][R2.64] ;
+        /*0010*/                   FADD R6, R4, R5 ;
+        /*0020*/                   STG.E.64 desc[UR4][R8.64], R6 ;
+        /*0030*/               @P1 BRA `(.L_x_0) ;
+        /*0040*/                   BAR.RED.OR.DEFER_BLOCKING 0x0, P0 ;
+        /*0050*/                   B2R.RESULT RZ, P0 ;
+        /*0060*/              @!P0 EXIT ;
+.L_x_1:
+        /*0070*/                   LDG.E.64 R4, desc[UR4][R2.64] ;
+        /*0080*/                   FADD R6, R4, R5 ;
+        /*0090*/                   FMUL R6, R6, R7 ;
+        /*00a0*/                   BRA.DIV UR4, `(.L_x_3) ;
+        /*00b0*/                   SHFL.BFLY PT, R9, R6, 0x1, 0x1f ;
+.L_x_2:
+        /*00c0*/                   FADD R6, R6, R9 ;
+        /*00d0*/                   STG.E.64 desc[UR4][R8.64], R6 ;
+        /*00e0*/               @P1 BRA `(.L_x_1) ;
+        /*00f0*/                   EXIT ;
+.L_x_3:
+        /*0100*/                   WARPSYNC.COLLECTIVE R10, `(.L_x_4) ;
+        /*0110*/                   SHFL.BFLY P0, R9, R6, R11, R12 ;
+        /*0120*/                   ENDCOLLECTIVE ;
+.L_x_4:
+        /*0130*/                   BRA `(.L_x_2) ;
+"""
+
+
+def test_a_pass_after_the_rows_and_a_collectives_copy_are_not_the_row_loop():
+    """The pass after the rows (what a vote's exit skips) is rare, so not the row loop
+    however long it is; the out-of-line copy of a shuffle (BRA.DIV's target) jumps back
+    into the body without closing a loop, and counts as cold.  (Before: that jump made a
+    loop from the middle of the pass to the end, longer than the row loop, and the
+    model found no row loads in flight.)"""
+    s = G.Sass(PASS_AFTER_THE_ROWS)
+    assert sorted(s.loops) == [(0, 3), (7, 14)]
+    assert s.row_loop() == (0, 3)
+    assert [k for k in range(len(s.ins)) if s.rare[k]] == list(range(7, 15))
+    assert [k for k in range(len(s.ins)) if s.cold[k]] == [16, 17, 18, 19]
+
+
 OFFSETS_FROM_ONE_BASE = """
 .L_x_0:
         /*0000*/                   IADD3 R8, P2, R17, 0x20, RZ ;
