@@ -143,7 +143,7 @@ def _cases():
                        (R2, X1, X1, A, i64, i64, R2, A1, A1), gcfg.block, wide)
                 ccfg = C.row_config(4 * 320, n, wide, vec)
                 yield (f"group_norm.channel_sums {dt.name} S={n} vec={vec}", GN._channel_sums_kernel(dt, ccfg.code),
-                       (R2, R2, A1, i64, A2), ccfg.block, wide)
+                       (R2, R2, A1, A1, i64, A2), ccfg.block, wide)
                 yield (f"group_norm.dx {dt.name} S={n} vec={vec}", GN._dx_kernel(dt, dt, ccfg.code),
                        (R2, R2, A1, A1, X1, i64, A2, R2), ccfg.block, wide)
         yield (f"cast float32->{dt.name}", C._cast_kernel(np.dtype(np.float32), dt),

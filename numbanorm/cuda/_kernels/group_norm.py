@@ -12,7 +12,9 @@ does not -- in typical convolutional nets L is tens of thousands and one block w
 on each group, which is copied to shared memory as it is first read where it fits,
 so that its second and third passes do not read global memory again.
 
-    mean, rstd over x[n, g*Cg:(g+1)*Cg, :]      (corrected two-pass)
+    mean, rstd over x[n, g*Cg:(g+1)*Cg, :]      (corrected two-pass; a group whose
+                                                 statistics leave the range again on
+                                                 the group scaled, ``stats.rescue_fns``)
     y[n, c, :] = ((x[n, c, :] - mean) - corr) * (rstd * weight[c]) + bias[c]
 
 never ``x * a + (bias - mean * a)``: folding the mean into the offset cancels
@@ -20,14 +22,16 @@ catastrophically when |mean| >> std.
 
 Backward, in three kernels (the dx of a group needs sums over all its channels):
 
-1. per (n, c) row of S elements: A = sum(dy * (x - mean)), B = sum(dy) and
-   D = sum(x - mean);
+1. per (n, c) row of S elements: A = sum(dy * (x - mean)) * rstd, B = sum(dy) and
+   D = sum(x - mean) * rstd (in rstd's units: a group's sums are summed over its
+   channels, and a row whose sums of x - mean overflowed is summed again with
+   (x - mean) * rstd, ``stats.rescue_fns``' counterpart);
 2. per (n, c) row, from its group's Cg rows of sums (one 3-value reduction):
-   corr = sum(D) / L corrects the saved float32 mean's rounding (as in
-   ``layer_norm``), dyx = rstd * (A - corr * B) = sum(dy * xhat) is this row's
+   cr = sum(D) / L = corr * rstd corrects the saved float32 mean's rounding (as in
+   ``layer_norm``), dyx = A - cr * B = sum(dy * xhat) is this row's
    dweight partial, c1 = sum(weight * dyx) / L, c2 = sum(weight * B) / L, and
    dx = (weight * dy - (xhat * c1 + c2)) * rstd with xhat = ((x - mean) - corr) * rstd,
-   evaluated as (weight * dy - ((x - mean) * rstd * c1 + (c2 - corr * rstd * c1))) * rstd;
+   evaluated as (weight * dy - ((x - mean) * rstd * c1 + (c2 - cr * c1))) * rstd;
 3. dweight/dbias = the fixed-order column sums of dyx/B over the samples.
 
 x and dy are read twice (kernels 1 and 2): five passes over memory where three
@@ -37,13 +41,14 @@ all its words of x and dy before it uses any.
 """
 
 import functools
+import math
 
 import numpy as np
 from numba import cuda
 
 from . import common as C
 from . import stats
-from .reduce import group_sums_fn, slots
+from .reduce import group_sum2, group_sums_fn, slots
 
 
 def _consts(xdt, code):
@@ -65,9 +70,82 @@ def _forward_kernel(xdt, wdt, bdt, code):
 
 
 @functools.lru_cache(maxsize=None)
+def _redo_fn(xdt, wdt, bdt, code, staged=False):
+    """``redo(src, yr, w, b, mean, rstd, row, c0, chw, Cg, out, t, NW, inv_n, eps, scratch, it,
+    tid)`` -> ``it``: a group whose statistics left the range (``out``: its
+    ``stats.rescue_fns`` code) normalized again after the vote, over what was written:
+    its statistics on the group scaled by a power of two s, stored as its own, and y =
+    ((x * s - mu) - corr) * (rstd * weight) + bias from ``src`` (x, or its shared copy,
+    ``staged``), each word by the thread that wrote it: the registers path's words t +
+    k * tpr (channel ``chw[k]``), the loop path's channel by channel (``code.loop``).
+    Every thread that voted calls it; a group not ``out`` sums nothing, writes nothing."""
+    ACC, KW, WPT, _ = _consts(xdt, code)
+    TPR, V, LOOP = code.tpr, code.vec, code.loop
+    has_w, has_b = wdt is not None, bdt is not None
+    LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
+    LB = C.load_fn(xdt if bdt is None else bdt, ACC.name)
+    STOREW = C.word_fns(xdt, ACC.name, V)[1]
+    READW = stats.stage_fns(xdt, ACC.name, V)[2] if staged else C.word_fns(xdt, ACC.name, V)[0]
+    RESCUE = stats.rescue_fns(xdt, TPR, V, staged, squares=False)[1]
+
+    @cuda.jit(device=True)
+    def word(src, yr, w, b, q, c, mu, corr, rs, sc, xs, tmp):
+        a = rs * LW(w[c]) if has_w else rs
+        bc = LB(b[c]) if has_b else ACC(0)
+        READW(src, q, xs, 0)
+        for v in range(V):
+            tmp[v] = ((xs[v] * sc - mu) - corr) * a + bc
+        STOREW(yr, q, tmp, 0)
+
+    @cuda.jit(device=True)
+    def redo(src, yr, w, b, mean, rstd, row, c0, chw, Cg, out, t, NW, inv_n, eps, scratch, it, tid):  # (word's)
+        mu, corr, rs, own_rstd, sc, it = RESCUE(src, out, t, NW, inv_n, eps, scratch, it, tid)
+        if out != 0:
+            if t == 0 and row < rstd.shape[0]:
+                mean[row] = (mu + corr) / sc
+                rstd[row] = own_rstd
+            xs = cuda.local.array(V, ACC)
+            tmp = cuda.local.array(V, ACC)
+            if LOOP:
+                SW = NW // Cg                 # words per channel
+                for cc in range(Cg):
+                    for qs in range(t, SW, TPR):
+                        word(src, yr, w, b, cc * SW + qs, c0 + cc, mu, corr, rs, sc, xs, tmp)
+            else:
+                for k in range(WPT):
+                    if t + k * TPR < NW:
+                        word(src, yr, w, b, t + k * TPR, c0 + chw[k], mu, corr, rs, sc, xs, tmp)
+        return it
+
+    return redo
+
+
+@functools.lru_cache(maxsize=None)
+def _post_fn(xdt, wdt, bdt, code):
+    """``post(x, w, b, y, mean, rstd, row, chw, Cg, G, eps, scratch, it, tid)`` -> ``it``: the
+    registers path's pass after its groups, in a block where one left the range: ``row``'s
+    statistics again from memory, and where they are out of range (``stats.rescue_fns``'
+    ``recheck``), the group redone (``_redo_fn``); every thread of the block calls it for
+    each of its row group's rows, one at a time."""
+    RECHECK = stats.rescue_fns(xdt, code.tpr, code.vec, squares=False)[2]
+    REDO = _redo_fn(xdt, wdt, bdt, code)
+    GEOMETRY = stats.geometry_fn(xdt, code)
+
+    @cuda.jit(device=True)
+    def post(x, w, b, y, mean, rstd, row, chw, Cg, G, eps, scratch, it, tid):  # (REDO's)
+        M, NW, t, inv_n = GEOMETRY(x, tid)
+        u = min(row, M - 1)
+        out, it = RECHECK(x[u], row < M, t, NW, inv_n, eps, scratch, it, tid)
+        return REDO(x[u], y[u], w, b, mean, rstd, u, (u % G) * Cg, chw, Cg, out, t, NW, inv_n, eps, scratch, it, tid)
+
+    return post
+
+
+@functools.lru_cache(maxsize=None)
 def _group_rows_fn(xdt, wdt, bdt, code, rows):
     """``group_rows(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, scratch,
-    tid)``: ``rows`` (1-3) (sample, group) rows ``row, row + step, ...`` (``grp``: their groups
+    tid)`` -> ``bad`` (a group out of range, ``_post_fn``): ``rows`` (1-3) (sample, group)
+    rows ``row, row + step, ...`` (``grp``: their groups
     within the sample, a (rows,) local array) of a row group held
     in registers, from their fetched words: the corrected two-pass statistics of all of
     them in two group reductions (the sums, then the deviations from their means), then
@@ -85,9 +163,10 @@ def _group_rows_fn(xdt, wdt, bdt, code, rows):
     DEVIATIONS = stats.deviation_sums_fn(xdt, TPR, VPT, V, False, keep=True)  # xs: x - mean
     RSTD = stats.rstd_fn(ACC.name)
     MEANS, SPREADS = group_sums_fn(NV), group_sums_fn(NW2)
+    OUT = stats.rescue_fns(xdt, TPR, V, squares=False)[0]
 
     @cuda.jit(device=True)
-    def finish(y, w, b, mean, rstd, row, ds, grp, chw, Cg, mu, corr, r, t, NW):
+    def finish(y, w, b, mean, rstd, row, ds, grp, chw, Cg, mu, corr, r, t, NW):  # -> it left the range
         if row < y.shape[0]:
             if t == 0 and row < rstd.shape[0]:  # (a plain call's statistics: unkept, (0,), none stored)
                 mean[row] = mu + corr
@@ -103,6 +182,8 @@ def _group_rows_fn(xdt, wdt, bdt, code, rows):
                     for v in range(V):
                         tmp[v] = (ds[k * V + v] - corr) * a + bc  # ((x - mu) - corr) * a + b
                     STOREW(y[row], q, tmp, 0)
+            return OUT(r, True) != 0
+        return False
 
     @cuda.jit(device=True)
     def group_rows(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, scratch, tid):  # (kernel's)
@@ -128,14 +209,17 @@ def _group_rows_fn(xdt, wdt, bdt, code, rows):
         if rows > 2:
             v[4], v[5] = DEVIATIONS(x[0], xs2, row + 2 * step < M, t, NW, m2)
         SPREADS(v, scratch, 1, tid, TPR)
-        finish(y, w, b, mean, rstd, row, xs0, grp[0], chw, Cg, m0, v[0] * inv_n,
-               RSTD(v[0] * inv_n, v[1], inv_n, eps), t, NW)
+        # groups whose statistics left the range: the kernel redoes them after its rows
+        # (``_post_fn``), from memory
+        bad = finish(y, w, b, mean, rstd, row, xs0, grp[0], chw, Cg, m0, v[0] * inv_n,
+                     RSTD(v[0] * inv_n, v[1], inv_n, eps), t, NW)
         if rows > 1:
-            finish(y, w, b, mean, rstd, row + step, xs1, grp[1], chw, Cg, m1, v[2] * inv_n,
-                   RSTD(v[2] * inv_n, v[3], inv_n, eps), t, NW)
+            bad |= finish(y, w, b, mean, rstd, row + step, xs1, grp[1], chw, Cg, m1, v[2] * inv_n,
+                          RSTD(v[2] * inv_n, v[3], inv_n, eps), t, NW)
         if rows > 2:
-            finish(y, w, b, mean, rstd, row + 2 * step, xs2, grp[2], chw, Cg, m2, v[4] * inv_n,
-                   RSTD(v[4] * inv_n, v[5], inv_n, eps), t, NW)
+            bad |= finish(y, w, b, mean, rstd, row + 2 * step, xs2, grp[2], chw, Cg, m2, v[4] * inv_n,
+                          RSTD(v[4] * inv_n, v[5], inv_n, eps), t, NW)
+        return bad
 
     return group_rows
 
@@ -150,6 +234,8 @@ def _forward_held(xdt, wdt, bdt, code):
     I32, U32 = cuda.int32, cuda.uint32
     FETCH = stats.fetch_rows_fn(xdt, code, 1, D)
     ROWS = _group_rows_fn(xdt, wdt, bdt, code, D)
+    POST = _post_fn(xdt, wdt, bdt, code)
+    RESCUED = stats.can_leave_range(xdt)
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)  # the row mapping's 16 elements per thread
     def forward(
@@ -180,6 +266,7 @@ def _forward_held(xdt, wdt, bdt, code):
         grp = cuda.local.array(3, U32)
         grp[0] = U32(cuda.blockIdx.x * R + (tid >> SHIFT)) % G32
         by_step, by_batch = U32(step) % G32, U32(step * D) % G32
+        bad = False
         for base in range(cuda.blockIdx.x * R, x.shape[0], step * D):
             row = base + (tid >> SHIFT)
             FETCH(x, x, x, row, step, raw0, raw1, raw2, t, NW)
@@ -187,10 +274,15 @@ def _forward_held(xdt, wdt, bdt, code):
                 grp[d] = grp[d - 1] + by_step
                 if grp[d] >= G32:
                     grp[d] -= G32
-            ROWS(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, scratch, tid)
+            bad |= ROWS(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, scratch, tid)
             grp[0] += by_batch
             if grp[0] >= G32:
                 grp[0] -= G32
+        # the block's groups again where one of them left the range (``_post_fn``): rare
+        if RESCUED and cuda.syncthreads_or(U32(bad)) != 0:
+            it = 0  # (the last reduction's buffer was 1, SPREADS')
+            for base in range(cuda.blockIdx.x * R, x.shape[0], step):
+                it = POST(x, w, b, y, mean, rstd, base + (tid >> SHIFT), chw, Cg, G, eps, scratch, it, tid)
 
     return _tag(forward, code, D, D * code.vpt * np.dtype(xdt).itemsize)
 
@@ -210,10 +302,14 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
     READW = stats.stage_fns(xdt, ACC.name, V)[2] if STAGED else C.word_fns(xdt, ACC.name, V)[0]
     ROW_SUM = stats.row_sum_fn(xdt, TPR, V, False, False, STAGED)
     CENTERED = stats.centered_fn(xdt, TPR, V, V, True, STAGED)
+    OUT = stats.rescue_fns(xdt, TPR, V, STAGED, squares=False)[0]
+    VOTE = stats.vote_fn(TPR, code.rows)
+    REDO = _redo_fn(xdt, wdt, bdt, code, STAGED)
+    RESCUED = stats.can_leave_range(xdt)
 
     @cuda.jit(device=True)
     def group_loop_row(x, w, b, y, mean, rstd, row, stage, Cg, G, eps, scratch, tid):  # (the kernel's)
-        M, NW, t, _ = GEOMETRY(x, tid)
+        M, NW, t, inv_n = GEOMETRY(x, tid)
         live = row < M
         rr = min(row, M - 1)
         xr = x[rr]
@@ -225,7 +321,7 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
             # per row, no barrier of the reductions orders them)
             cuda.syncthreads()
         src = stage if STAGED else xr
-        mu, corr, r = CENTERED(src, xs, live, t, NW, total, ACC(1) / ACC(NW * V), eps, scratch, tid)
+        mu, corr, r = CENTERED(src, xs, live, t, NW, total, inv_n, eps, scratch, tid)
         if live and t == 0 and row < rstd.shape[0]:
             mean[row] = mu + corr
             rstd[row] = r
@@ -242,6 +338,10 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
                     for v in range(V):
                         tmp[v] = ((xs[v] - mu) - corr) * a + bc
                     STOREW(yr, q, tmp, 0)
+        out = OUT(r, live)
+        if RESCUED and VOTE(out != 0):  # (a group whose statistics left the range: ``_redo_fn``; after CENTERED's
+            # reductions on buffers 0 and 1, the rescue's on 0 and 1, as the next group's on 0 expects)
+            REDO(src, y[rr], w, b, mean, rstd, rr, (rr % G) * Cg, rstd, Cg, out, t, NW, inv_n, eps, scratch, 0, tid)
         if STAGED:
             cuda.syncthreads()  # every read of this row's copy before the next row's copy
 
@@ -309,19 +409,20 @@ def _advance(pos, src, dst, by, Cg, C_):
 
 
 @functools.lru_cache(maxsize=None)
-def _channel_row_sums_fn(xdt, code):
-    """``sums(xr, dyr, raw, mu, live, t, NW, v, at)``: this thread's sum(dy), sum(dy * (x -
+def _channel_row_sums_fn(xdt, code, scaled=False):
+    """``sums(xr, dyr, raw, mu, r, live, t, NW, v, at)``: this thread's sum(dy), sum(dy * (x -
     mu)), sum(x - mu) over a (sample, channel) row into v[at:at + 3]: from its fetched
-    words (registers path), or loaded word by word."""
+    words (registers path), or loaded word by word.  ``scaled``: the deviations in rstd's
+    units, (x - mu) * r (``r`` unread otherwise), for a group whose sums overflowed."""
     ACC, KW, WPT, _ = _consts(xdt, code)
     TPR, V, LOOP, VPT = code.tpr, code.vec, code.loop, code.vpt
     LOADW = C.word_fns(xdt, ACC.name, V)[0]
     WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
 
     @cuda.jit(device=True)
-    def word_sums(xs, gs, e0, mu, f, v, at):
+    def word_sums(xs, gs, e0, mu, r, f, v, at):
         for e in range(e0, e0 + V):
-            d = xs[e] - mu
+            d = (xs[e] - mu) * r if scaled else xs[e] - mu
             fg = f * gs[e]
             v[at] += fg
             v[at + 1] += fg * d
@@ -333,6 +434,7 @@ def _channel_row_sums_fn(xdt, code):
         dyr,    # (SW,) ... of dy
         raw,    # (slots,) the row's fetched words, x then dy (registers path)
         mu,     # scalar: the group's saved mean
+        r,      # scalar: its saved rstd (scaled), else unread
         live,   # bool: the row exists
         t,      # int: thread within the row group
         NW,     # int: words per row
@@ -348,14 +450,14 @@ def _channel_row_sums_fn(xdt, code):
                 for q in range(t, NW, TPR):
                     LOADW(xr, q, xs, 0)
                     LOADW(dyr, q, gs, 0)
-                    word_sums(xs, gs, 0, mu, ACC(1), v, at)
+                    word_sums(xs, gs, 0, mu, r, ACC(1), v, at)
         else:
             # a word past the row (word 0 again) weighs 0, not a branch around its sums:
             # ptxas moves a load into the only branch that uses it, after the first wait
             for k in range(WPT):
                 WIDEN(raw, k, xs, k * V)
                 WIDEN(raw, WPT + k, gs, k * V)
-                word_sums(xs, gs, k * V, mu, ACC(1) if t + k * TPR < NW else ACC(0), v, at)
+                word_sums(xs, gs, k * V, mu, r, ACC(1) if t + k * TPR < NW else ACC(0), v, at)
 
     return channel_row_sums
 
@@ -371,26 +473,50 @@ def _channel_sums_kernel(xdt, code):
     RAW, RAWN, D = _backward_raw(xdt, code)
     RAWN1, RAWN2, NV = (RAWN if D > 1 else 1), (RAWN if D > 2 else 1), 3 * D
     SUMS = _channel_row_sums_fn(xdt, code)
+    SCALED = _channel_row_sums_fn(xdt, code, scaled=True)
     FETCH = stats.fetch_rows_fn(xdt, code, 2, D)
     GROUP = group_sums_fn(NV)
+    VOTE = stats.vote_fn(TPR, R)
+    RESCUED = stats.can_leave_range(xdt)
     U32 = cuda.uint32
+    INF = ACC(math.inf)
 
     @cuda.jit(device=True)
-    def saved_mean(mean, pos, at):
-        return mean[min(pos[at], U32(mean.shape[0] - 1))]  # group n * G + g, as row = n * C + g * Cg + c
+    def saved(a, pos, at):
+        return a[min(pos[at], U32(a.shape[0] - 1))]  # group n * G + g, as row = n * C + g * Cg + c
 
     @cuda.jit(device=True)
     def row_sums(x, dy, row, raw, mu, t, NW, v, at):
         rr = min(row, x.shape[0] - 1)
-        SUMS(x[rr], dy[rr], raw, mu, row < x.shape[0], t, NW, v, at)
+        SUMS(x[rr], dy[rr], raw, mu, ACC(1), row < x.shape[0], t, NW, v, at)
+
+    @cuda.jit(device=True)
+    def overflowed(v, at, live):
+        return live and not (abs(v[at + 1]) < INF and abs(v[at + 2]) < INF)   # (NaN compares false)
+
+    @cuda.jit(device=True)
+    def rescaled(x, dy, row, raw, mu, r, out, t, NW, v, again, at, scratch, it, tid):  # -> it
+        # the sums of a row whose sums of x - mean overflowed, again with (x - mean) * rstd:
+        # every row of the vote reduces (zeros where not ``out``), only ``out`` rows adopt
+        rr = min(row, x.shape[0] - 1)
+        SCALED(x[rr], dy[rr], raw, mu, r, out, t, NW, again, 0)
+        again[1], again[2] = group_sum2(again[1], again[2], scratch, it & 1, tid, TPR)
+        if out:
+            v[at + 1] = again[1]
+            v[at + 2] = again[2]
+        else:
+            v[at + 1] *= r
+            v[at + 2] *= r
+        return it + 1
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
     def channel_sums(
         dy,     # (N*C, SW) gradient of y, one row of SW words per (sample, channel)
         x,      # (N*C, SW) forward input
         mean,   # (N*G,) saved mean
+        rstd,   # (N*G,) saved rstd
         Cg,     # int: channels per group
-        part,   # (4, N*C) output rows 1-3: sum(dy), sum(dy * (x - mean)), sum(x - mean)
+        part,   # (4, N*C) output rows 1-3: sum(dy), sum(dy * (x - mean)) * rstd, sum(x - mean) * rstd
     ):
         M = x.shape[0]
         NW = x.shape[1] // KW
@@ -401,6 +527,7 @@ def _channel_sums_kernel(xdt, code):
         raw1 = cuda.local.array(RAWN1, RAW)
         raw2 = cuda.local.array(RAWN2, RAW)
         v = cuda.local.array(NV, ACC)
+        again = cuda.local.array(3, ACC)     # a rescaled row's sums
         step = cuda.gridDim.x * R
         pos = cuda.local.array(9, U32)       # each row's group (``_locate``), kept by additions
         by = cuda.local.array(3, U32)
@@ -414,9 +541,11 @@ def _channel_sums_kernel(xdt, code):
             # each row's words and mean loaded before any is used
             if not LOOP:
                 FETCH(x, dy, dy, row, step, raw0, raw1, raw2, t, NW)
-            mu0 = saved_mean(mean, pos, 0)
-            mu1 = saved_mean(mean, pos, 3) if D > 1 else ACC(0)
-            mu2 = saved_mean(mean, pos, 6) if D > 2 else ACC(0)
+            mu0, r0 = saved(mean, pos, 0), saved(rstd, pos, 0)
+            mu1 = saved(mean, pos, 3) if D > 1 else ACC(0)
+            mu2 = saved(mean, pos, 6) if D > 2 else ACC(0)
+            r1 = saved(rstd, pos, 3) if D > 1 else ACC(0)
+            r2 = saved(rstd, pos, 6) if D > 2 else ACC(0)
             _advance(pos, 3 * D - 3, 0, by, Cg, Cg)
             row_sums(x, dy, row, raw0, mu0, t, NW, v, 0)
             if D > 1:
@@ -425,6 +554,24 @@ def _channel_sums_kernel(xdt, code):
                 row_sums(x, dy, row + 2 * step, raw2, mu2, t, NW, v, 6)
             GROUP(v, scratch, it & 1, tid, TPR)
             it += 1
+            o0 = overflowed(v, 0, row < M)
+            o1 = D > 1 and overflowed(v, 3, row + step < M)
+            o2 = D > 2 and overflowed(v, 6, row + 2 * step < M)
+            if RESCUED and VOTE(o0 or o1 or o2):
+                it = rescaled(x, dy, row, raw0, mu0, r0, o0, t, NW, v, again, 0, scratch, it, tid)
+                if D > 1:
+                    it = rescaled(x, dy, row + step, raw1, mu1, r1, o1, t, NW, v, again, 3, scratch, it, tid)
+                if D > 2:
+                    it = rescaled(x, dy, row + 2 * step, raw2, mu2, r2, o2, t, NW, v, again, 6, scratch, it, tid)
+            else:  # in rstd's units: the group's dx kernel sums them over its channels
+                v[1] *= r0
+                v[2] *= r0
+                if D > 1:
+                    v[4] *= r1
+                    v[5] *= r1
+                if D > 2:
+                    v[7] *= r2
+                    v[8] *= r2
             for d in range(D):
                 if t == 0 and row + d * step < M:
                     for i in range(3):
@@ -489,20 +636,20 @@ def _dx_row_fn(xdt, wdt, code):
     def dx_row(x, dy, dx, w, part, row, c, raw, mu, r, inv_n, v, at, t, NW):  # (the kernel's; c: the channel; v: sums)
         if row >= x.shape[0]:
             return
-        swa, swb, sd = v[at], v[at + 1], v[at + 2]
-        corr = sd * inv_n
-        c1 = (swa - corr * swb) * r * inv_n
+        swa, swb, sd = v[at], v[at + 1], v[at + 2]   # (kernel 1's sums of x - mean in rstd's units)
+        cr = sd * inv_n                              # corr * rstd
+        c1 = (swa - cr * swb) * inv_n
         c2 = swb * inv_n
         ur = U32(row)
         if t == 0:  # this row's own slot: no other row group reads it
-            part[0, ur] = r * (part[2, ur] - corr * part[1, ur])
+            part[0, ur] = part[2, ur] - cr * part[1, ur]
         wc = LW(w[c]) if has_w else ACC(1)
         xs = cuda.local.array(V, ACC)
         gs = cuda.local.array(V, ACC)
         # once a row: (x - mu - corr) * rc1 + c2 = (x - mu) * rc1 + c2c, an instruction an
         # element fewer; a group of one element has corr = 0, so c2c = c2 and dx stays exactly 0
         rc1 = r * c1
-        c2c = c2 - corr * rc1
+        c2c = c2 - cr * c1
         if LOOP:
             for q in range(t, NW, TPR):
                 LOADW(x[row], q, xs, 0)
@@ -553,7 +700,7 @@ def _dx_kernel(xdt, wdt, code):
         rstd,   # (N*G,) saved rstd
         w,      # (C,) weight, or a dummy (ones)
         Cg,     # int: channels per group
-        part,   # (4, N*C) rows 1-3 from channel_sums; row 0 output: sum(dy * xhat)
+        part,   # (4, N*C) rows 1-3 from channel_sums (in rstd's units); row 0 output: sum(dy * xhat)
         dx,     # (N*C, SW) output: gradient of x
     ):
         M = x.shape[0]
@@ -621,7 +768,7 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, *, stream=0, empty=N
     G = mean.shape[1]
     acc = C.F64 if x.dtype == C.F64 else C.F32  # dweight/dbias: any float dtype (column_sums)
     # rows: sum(dy * xhat) and sum(dy) (the dweight/dbias partials, summed over
-    # samples at the end), then sum(dy * (x - mean)) and sum(x - mean)
+    # samples at the end), then sum(dy * (x - mean)) and sum(x - mean), times rstd
     part = (empty or C.device_empty)((4, n, c), acc)
     if n:
         xdt = np.dtype(x.dtype)
@@ -630,8 +777,9 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, *, stream=0, empty=N
         xk = C.words(x.reshape(n * c, S), vec)
         dyk = C.words(dy.reshape(n * c, S), vec)
         m1, p1 = mean.reshape(n * G), part.reshape(4, n * c)
-        C.launch(_channel_sums_kernel(xdt, cfg.code), cfg.grid, cfg.block, stream, dyk, xk, m1, c // G, p1)
+        r1 = rstd.reshape(n * G)
+        C.launch(_channel_sums_kernel(xdt, cfg.code), cfg.grid, cfg.block, stream, dyk, xk, m1, r1, c // G, p1)
         C.launch(_dx_kernel(xdt, C.dtype_or_none(weight), cfg.code), cfg.grid, cfg.block, stream, dyk, xk, m1,
-                 rstd.reshape(n * G), C.optional(weight, C.kview(x), 1), c // G, p1,
+                 r1, C.optional(weight, C.kview(x), 1), c // G, p1,
                  C.words(dx.reshape(n * c, S), vec))
     C.column_sums(part[0:2], dweight, dbias, stream)

@@ -17,6 +17,13 @@ LayerNorm (``kind='layer'``):
 RMSNorm (``kind='rms'``): ``rstd = 1 / sqrt(sum(x^2) / N + eps)`` in pass 1,
 ``y = x * rstd * weight``.
 
+A row whose statistics leave the accumulation dtype's range (sums of squares that
+overflow, or var + eps too small to keep its bits: rstd 0, NaN or huge) is redone
+from memory on the row scaled by a power of two (``stats.rescue_fns``, ``_redo_fn``):
+by the long-row kernel after a vote, as the fallback; by the registers path after its
+rows, in the blocks whose vote found one (``_post_fn``), so that its row loop pays only
+for noting it.
+
 The row mapping (a thread group per row, the row in registers where it fits,
 moved in 16- or 8-byte words of ``vec`` elements where the rows allow) is described in
 ``common``; the statistics passes are ``stats`` (shared with GroupNorm), the
@@ -38,8 +45,10 @@ Backward (RMSNorm: mean = corr = 0, c2 = 0, no dbias):
                                 of 1e4: 5% of the std in the contract's
                                 large-offset case), corrected as in the forward
     xhat = (x - mean) * rstd - corr * rstd,  wdy = weight * dy
-    c1 = mean(xhat * wdy) = (mean((x - mean) * wdy) - corr * c2) * rstd
-    c2 = mean(wdy)                                  (one 3-value group reduction)
+    c1 = mean(xhat * wdy) = mean((x - mean) * rstd * wdy) - corr * rstd * c2
+    c2 = mean(wdy)                                  (one 3-value group reduction;
+                                                    sums in rstd's units, which stay in
+                                                    range where those of x - mean do not)
     dx = wdy * rstd - (xhat * c1 * rstd + c2 * rstd)  (+ ds, the fused residual's gradient)
 
     (LayerNorm: corr * rstd, c1 * rstd and c2 * rstd taken once a row, so that xhat is
@@ -63,7 +72,7 @@ from numba import cuda
 from . import common as C
 from . import stats
 from .reduce import group_sum, group_sum2, group_sum3, group_sums_fn, slots
-from .stats import U64
+from .stats import U32, U64
 
 KINDS = ("layer", "rms")
 
@@ -242,10 +251,94 @@ def _store_s_fn(xdt, code):
 
 
 @functools.lru_cache(maxsize=None)
+def _redo_fn(kind, xdt, wdt, bdt, code, staged=False):
+    """``redo(src, yr, w, b, mean, rstd, row, out, t, NW, inv_n, eps, scratch, it, tid)`` ->
+    ``it``: a row whose statistics left the range (``out``: its ``stats.rescue_fns`` code), normalized
+    again after the vote, over what the normalize pass wrote: its statistics on the row
+    scaled by a power of two s (``stats.rescue_fns``), stored as the row's own, and y from
+    ``src`` (x, or s as stored; or its shared copy, ``staged``) as the scaled row
+    normalizes, ((x * s - mu) * rstd - corr * rstd) * weight + bias (RMSNorm: x * s * rstd
+    * weight), where (x - mean) * rstd may leave the range.  Every thread that voted calls
+    it (its reductions); a row not ``out`` sums nothing and writes nothing.  The words
+    are each thread's own (t, t + tpr, ...), as the normalize pass wrote them."""
+    LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
+    TPR, V = code.tpr, code.vec
+    has_w, has_b = wdt is not None, bdt is not None and LAYER
+    LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
+    LB = C.load_fn(xdt if bdt is None else bdt, ACC.name)
+    STOREW = C.word_fns(xdt, ACC.name, V)[1]
+    READW = stats.stage_fns(xdt, ACC.name, V)[2] if staged else C.word_fns(xdt, ACC.name, V)[0]
+    RESCUE = stats.rescue_fns(xdt, TPR, V, staged, squares=not LAYER)[1]
+
+    @cuda.jit(device=True)
+    def redo(
+        src,      # (NW,) words of the row: x, or s when fused (its shared copy when staged)
+        yr,       # (NW,) output words of the row
+        w,        # (N,) weight, or a dummy
+        b,        # (N,) bias, or a dummy
+        mean,     # (M,) per-row mean (LayerNorm), or a dummy
+        rstd,     # (M,) per-row rstd; (0,): none stored
+        row,      # int: the row (valid where ``out``)
+        out,      # uint32: the row's ``stats.rescue_fns`` code (0: in range)
+        t,        # int: thread within the row group
+        NW,       # int: words per row
+        inv_n,    # scalar: 1 / elements per row
+        eps,      # scalar, accumulation dtype
+        scratch,  # (2, >= 2, slots) shared memory of the group sums
+        it,       # int: group reductions so far (the scratch buffer alternates)
+        tid,      # int: thread within the block
+    ):
+        mu, corr, rs, own_rstd, sc, it = RESCUE(src, out, t, NW, inv_n, eps, scratch, it, tid)
+        if out != 0:
+            if t == 0 and row < rstd.shape[0]:
+                if LAYER:
+                    mean[row] = (mu + corr) / sc
+                rstd[row] = own_rstd
+            xs = cuda.local.array(V, ACC)
+            tmp = cuda.local.array(V, ACC)
+            cr = corr * rs
+            for q in range(t, NW, TPR):
+                READW(src, q, xs, 0)
+                for v in range(V):
+                    val = (xs[v] * sc - mu) * rs - cr if LAYER else xs[v] * sc * rs
+                    if has_w:
+                        val *= LW(w[q * V + v])
+                    if has_b:
+                        val += LB(b[q * V + v])
+                    tmp[v] = val
+                STOREW(yr, q, tmp, 0)
+        return it
+
+    return redo
+
+
+@functools.lru_cache(maxsize=None)
+def _post_fn(kind, xdt, wdt, bdt, code, has_r):
+    """``post(x, res, w, b, y, s, mean, rstd, row, eps, scratch, it, tid)`` -> ``it``: the
+    registers path's pass after its rows, in a block where one left the range: ``row``'s
+    statistics again from memory (x, or s as stored), and where they are out of range
+    (``stats.rescue_fns``' ``recheck``), the row redone (``_redo_fn``).  Every thread of
+    the block calls it for each of its row group's rows, one at a time."""
+    RECHECK = stats.rescue_fns(xdt, code.tpr, code.vec, squares=kind == "rms")[2]
+    REDO = _redo_fn(kind, xdt, wdt, bdt, code)
+    GEOMETRY = stats.geometry_fn(xdt, code)
+
+    @cuda.jit(device=True)
+    def post(x, res, w, b, y, s, mean, rstd, row, eps, scratch, it, tid):  # (REDO's)
+        M, NW, t, inv_n = GEOMETRY(x, tid)
+        u = U64(min(row, M - 1))
+        src = s[u] if has_r else x[u]
+        out, it = RECHECK(src, row < M, t, NW, inv_n, eps, scratch, it, tid)
+        return REDO(src, y[u], w, b, mean, rstd, u, out, t, NW, inv_n, eps, scratch, it, tid)
+
+    return post
+
+
+@functools.lru_cache(maxsize=None)
 def _layer_rows_fn(xdt, code, has_r, rows):
     """``layer_rows(x, res, y, s, mean, rstd, row, step, raw0, raw1, raw2, ws, bs, eps, scratch,
-    it, tid)`` -> ``it``: LayerNorm's ``rows`` (1-3) rows ``row, row + step, ...`` of a row
-    group held in registers, from their fetched words: the statistics pass of every row
+    it, tid)`` -> ``(it, bad)`` (a row out of range, ``_post_fn``): LayerNorm's ``rows``
+    (1-3) rows ``row, row + step, ...`` of a row group held in registers, from their fetched words: the statistics pass of every row
     (the shifted sums; fused: s stored), one group reduction for all of them
     (``stats.shift_fns``; the rare fallback's after it), then each row's normalize pass
     and statistics stored.  (Every row's words are used before the reduction's first
@@ -265,6 +358,7 @@ def _layer_rows_fn(xdt, code, has_r, rows):
     NORMALIZE = _normalize_held_fn("layer", xdt, code, has_r, centered=KEPT)
     STORE_S = _store_s_fn(xdt, code)
     WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
+    OUT = stats.rescue_fns(xdt, TPR, V, squares=False)[0]
 
     @cuda.jit(device=True)
     def sums(x, res, row, raw, xs, tmp, t, NW, v, at):
@@ -276,7 +370,7 @@ def _layer_rows_fn(xdt, code, has_r, rows):
         return k
 
     @cuda.jit(device=True)
-    def finish(y, s, mean, rstd, row, raw, xs, ws, bs, st, at, t, NW):
+    def finish(y, s, mean, rstd, row, raw, xs, ws, bs, st, at, t, NW):  # -> the row left the range
         if row < y.shape[0]:
             u = U64(row)  # the index unsigned: no negative-index wraparound
             if has_r:
@@ -286,6 +380,8 @@ def _layer_rows_fn(xdt, code, has_r, rows):
                 rstd[u] = st[at + 2]
             # fused: the row as stored (s), not held widened: two rows of x and the residual fit
             NORMALIZE(y[u], raw if has_r else xs, ws, bs, st[at], st[at + 1], st[at + 2], t, NW)
+            return OUT(st[at + 2], True) != 0
+        return False
 
     @cuda.jit(device=True)
     def fallback(x, raw, xs, live, t, NW, k, m1, bad, inv_n, eps, scratch, it, tid, st, at):
@@ -337,19 +433,21 @@ def _layer_rows_fn(xdt, code, has_r, rows):
             if rows > 2:
                 it = fallback(x, raw2, xs2, row + 2 * step < M, t, NW, k2, v[4] * inv_n, b2, inv_n, eps, scratch,
                               it, tid, st, 6)
-        finish(y, s, mean, rstd, row, raw0, xs0, ws, bs, st, 0, t, NW)
+        # rows whose statistics left the range, rarer still: the kernel redoes them after its
+        # rows (``_post_fn``), from memory, once the registers are free
+        bad = finish(y, s, mean, rstd, row, raw0, xs0, ws, bs, st, 0, t, NW)
         if rows > 1:
-            finish(y, s, mean, rstd, row + step, raw1, xs1, ws, bs, st, 3, t, NW)
+            bad |= finish(y, s, mean, rstd, row + step, raw1, xs1, ws, bs, st, 3, t, NW)
         if rows > 2:
-            finish(y, s, mean, rstd, row + 2 * step, raw2, xs2, ws, bs, st, 6, t, NW)
-        return it
+            bad |= finish(y, s, mean, rstd, row + 2 * step, raw2, xs2, ws, bs, st, 6, t, NW)
+        return it, bad
 
     return layer_rows
 
 
 @functools.lru_cache(maxsize=None)
 def _rms_rows_fn(xdt, code, has_r, rows):
-    """``rms_rows(...)`` (``_layer_rows_fn``'s arguments; mean and bs unread) -> ``it``: RMSNorm's ``rows`` (1-3) rows ``row, row + step, ...`` of a row group held
+    """``rms_rows(...)`` (``_layer_rows_fn``'s arguments; mean and bs unread) -> ``(it, bad)``: RMSNorm's ``rows`` (1-3) rows ``row, row + step, ...`` of a row group held
     in registers, from their fetched words: the sums of squares of all of them, one
     group reduction for all, then each row's rstd, y and rstd stored.  (Every row's words
     are used before the reduction's first barrier, so ptxas issues all their loads
@@ -362,9 +460,10 @@ def _rms_rows_fn(xdt, code, has_r, rows):
     SUMS = stats.held_sums_fn(xdt, TPR, VPT, V, True, has_r)
     NORMALIZE = _normalize_held_fn("rms", xdt, code, has_r)
     STORE_S = _store_s_fn(xdt, code)
+    OUT = stats.rescue_fns(xdt, TPR, V, squares=True)[0]
 
     @cuda.jit(device=True)
-    def finish(y, s, rstd, row, sq, raw, xs, ws, eps, t, NW):
+    def finish(y, s, rstd, row, sq, raw, xs, ws, eps, t, NW):  # -> the row left the range (``layer_rows``')
         M = y.shape[0]
         r = ACC(1) / math.sqrt(sq / ACC(NW * V) + eps)
         if row < M:
@@ -374,6 +473,8 @@ def _rms_rows_fn(xdt, code, has_r, rows):
             if t == 0 and row < rstd.shape[0]:
                 rstd[u] = r
             NORMALIZE(y[u], raw if has_r else xs, ws, ws, ACC(0), ACC(0), r, t, NW)
+            return OUT(r, True) != 0
+        return False
 
     @cuda.jit(device=True)
     def rms_rows(x, res, y, s, mean, rstd, row, step, raw0, raw1, raw2, ws, bs, eps, scratch, it, tid):  # (layer_rows')
@@ -394,12 +495,12 @@ def _rms_rows_fn(xdt, code, has_r, rows):
             q0, q1 = group_sum2(q0, q1, scratch, it & 1, tid, TPR)
         else:
             q0 = group_sum(q0, scratch, it & 1, tid, TPR)
-        finish(y, s, rstd, row, q0, raw0, xs0, ws, eps, t, NW)
+        bad = finish(y, s, rstd, row, q0, raw0, xs0, ws, eps, t, NW)
         if rows > 1:
-            finish(y, s, rstd, row + step, q1, raw1, xs1, ws, eps, t, NW)
+            bad |= finish(y, s, rstd, row + step, q1, raw1, xs1, ws, eps, t, NW)
         if rows > 2:
-            finish(y, s, rstd, row + 2 * step, q2, raw2, xs2, ws, eps, t, NW)
-        return it + 1
+            bad |= finish(y, s, rstd, row + 2 * step, q2, raw2, xs2, ws, eps, t, NW)
+        return it + 1, bad
 
     return rms_rows
 
@@ -415,6 +516,8 @@ def forward_kernel_held(kind, xdt, wdt, bdt, code, has_r):
     PARAMS = _params_fn(xdt, wdt, bdt if LAYER else None, code, LAYER)
     FETCH = stats.fetch_rows_fn(xdt, code, ARRAYS, D)
     ROWS = (_layer_rows_fn if LAYER else _rms_rows_fn)(xdt, code, has_r, D)
+    POST = _post_fn(kind, xdt, wdt, bdt if LAYER else None, code, has_r)
+    RESCUED = stats.can_leave_range(xdt)
     SUMS = 2 * D if LAYER else max(2, D)  # values a group reduction sums at once
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
@@ -448,7 +551,16 @@ def forward_kernel_held(kind, xdt, wdt, bdt, code, has_r):
         for base in range(cuda.blockIdx.x * R, x.shape[0], step * D):
             row = base + g
             FETCH(x, res, res, row, step, raw0, raw1, raw2, t, NW)
-            it = ROWS(x, res, y, s, mean, rstd, row, step, raw0, raw1, raw2, ws, bs, eps, scratch, it, tid)
+            it, out = ROWS(x, res, y, s, mean, rstd, row, step, raw0, raw1, raw2, ws, bs, eps, scratch, it, tid)
+            # a row out of range, noted in bit 30 of the reductions' count (whose parity,
+            # bit 0, picks their buffer): a flag register of its own across the loop made
+            # ptxas issue a row's last load after the first wait (the SASS model)
+            if RESCUED:
+                it |= out << 30
+        # the block's rows again where one of them left the range (``_post_fn``): rare
+        if RESCUED and cuda.syncthreads_or(U32(it >> 30)) != 0:
+            for base in range(cuda.blockIdx.x * R, x.shape[0], step):
+                it = POST(x, res, w, b, y, s, mean, rstd, base + g, eps, scratch, it, tid)
 
     return _tag(forward, code, D, D * ARRAYS * VPT * np.dtype(xdt).itemsize)
 
@@ -472,6 +584,10 @@ def _forward_loop_row_fn(kind, xdt, wdt, bdt, code, has_r):
     ROW_SUM = stats.row_sum_fn(xdt, TPR, V, not LAYER, has_r, STAGED, shifted=LAYER)
     FIRST = stats.first_fn(xdt, V, has_r)
     SHIFTED = stats.shifted_fn(xdt, TPR, V, V, True, STAGED)
+    OUT = stats.rescue_fns(xdt, TPR, V, STAGED, squares=not LAYER)[0]
+    VOTE = stats.vote_fn(TPR, code.rows)
+    REDO = _redo_fn(kind, xdt, wdt, bdt, code, STAGED)
+    RESCUED = stats.can_leave_range(xdt)
 
     @cuda.jit(device=True)
     def forward_loop_row(x, res, w, b, y, s, mean, rstd, row, stage, eps, scratch, it, tid):  # (the kernel's)
@@ -509,6 +625,9 @@ def _forward_loop_row_fn(kind, xdt, wdt, bdt, code, has_r):
                         val += LB(b[q * V + v])
                     tmp[v] = val
                 STOREW(yr, q, tmp, 0)
+        out = OUT(r, live)
+        if RESCUED and VOTE(out != 0):  # (a row whose statistics left the range: ``_redo_fn``)
+            it = REDO(src, y[rr], w, b, mean, rstd, rr, out, t, NW, inv_n, eps, scratch, it, tid)
         return it
 
     return forward_loop_row
@@ -541,13 +660,16 @@ def forward_kernel_loop(kind, xdt, wdt, bdt, code, has_r):
 @functools.lru_cache(maxsize=None)
 def _grad_sums_fn(kind, xdt):
     """``grad_sums(x, wdy, mu, r, acc)``: one element's part of the backward's pass 1, added
-    to acc[0:3]: LayerNorm: d = x - mean, d * wdy and wdy; RMSNorm: x * rstd * wdy into acc[1]."""
-    LAYER = kind == "layer"
+    to acc[0:3]: LayerNorm: d = (x - mean) * rstd, d * wdy and wdy; RMSNorm: x * rstd * wdy
+    into acc[1].  d in rstd's units, as xhat is: the sums of x - mean itself leave float32's
+    range for a row near its largest values, whose rstd brings them back (an instruction an
+    element; float16 rows, which cannot, ``stats.can_leave_range``, sum x - mean)."""
+    LAYER, UNITS = kind == "layer", stats.can_leave_range(xdt)
 
     @cuda.jit(device=True)
     def grad_sums(x, wdy, mu, r, acc):
         if LAYER:
-            d = x - mu
+            d = (x - mu) * r if UNITS else x - mu
             acc[0] += d
             acc[1] += d * wdy
             acc[2] += wdy
@@ -582,7 +704,7 @@ def _grad_dx_fn(kind, has_ds):
 def _backward_sums_fn(kind, xdt, wdt, code):
     """``sums(raw, ws, mu, r, live, t, NW, v, at)``: this thread's part of pass 1 of a row
     held as its fetched words (x, then dy; widened word by word, as they are used):
-    LayerNorm: v[at:at + 3] = the sums of d = x - mean, d * wdy and wdy; RMSNorm:
+    LayerNorm: v[at:at + 3] = the sums of d = (x - mean) * rstd, d * wdy and wdy; RMSNorm:
     v[at] = the sum of x * rstd * wdy (wdy = weight * dy; ``ws``: ``_weights_fn``'s)."""
     LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
     TPR, V = code.tpr, code.vec
@@ -696,15 +818,21 @@ def _backward_rows_fn(kind, xdt, wdt, code, has_ds, rows):
     SUMS = _backward_sums_fn(kind, xdt, wdt, code)
     GROUP = group_sums_fn(NVALS)
     DX = _dx_held_fn(kind, xdt, wdt, code, has_ds)
+    UNITS = stats.can_leave_range(xdt)  # (``_grad_sums_fn``'s d in rstd's units)
 
     @cuda.jit(device=True)
     def finish(dx, ds, row, raw, mu, r, v, at, ws, dwa, dba, t, NW):
         if row < dx.shape[0]:
             inv_n = ACC(1) / ACC(NW * V)
             if LAYER:
-                corr = v[at] * inv_n
                 c2 = v[at + 2] * inv_n
-                c1 = (v[at + 1] * inv_n - corr * c2) * r
+                if UNITS:
+                    cr = v[at] * inv_n   # corr * rstd
+                    c1 = v[at + 1] * inv_n - cr * c2
+                    corr = cr / r
+                else:
+                    corr = v[at] * inv_n
+                    c1 = (v[at + 1] * inv_n - corr * c2) * r
             else:
                 corr = c2 = ACC(0)
                 c1 = v[at] * inv_n
@@ -873,6 +1001,7 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
     COPY, _, GET = stats.stage_fns(xdt, ACC.name, V)
     GRAD_SUMS = _grad_sums_fn(kind, xdt)
     GRAD_DX = _grad_dx_fn(kind, has_ds)
+    UNITS = stats.can_leave_range(xdt)  # (``_grad_sums_fn``'s d in rstd's units)
 
     @cuda.jit(device=True)
     def backward_loop_row(dy, x, ds, dx, mean, rstd, w, dwp, dbp, row, sx, sdy, scratch, it, tid):  # (kernel's)
@@ -904,9 +1033,14 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
         dsum, xw, c2 = acc[0], acc[1], acc[2]
         if LAYER:
             dsum, xw, c2 = group_sum3(dsum, xw, c2, scratch, it & 1, tid, TPR)
-            corr = dsum * inv_n
             c2 *= inv_n
-            c1 = (xw * inv_n - corr * c2) * r
+            if UNITS:
+                cr = dsum * inv_n    # corr * rstd (``_grad_sums_fn``)
+                c1 = xw * inv_n - cr * c2
+                corr = cr / r
+            else:
+                corr = dsum * inv_n
+                c1 = (xw * inv_n - corr * c2) * r
         else:
             corr = ACC(0)
             c1 = group_sum(xw, scratch, it & 1, tid, TPR) * inv_n

@@ -13,7 +13,10 @@ elements (or their squares, RMSNorm; or, ``shifted``, of their deviations from a
 (``deviations_fn``, ``deviation_sums_fn``), whose sum corrects the mean's rounding (the
 corrected two-pass variance), and rstd.  ``shift_fns``/``shifted_fn``: LayerNorm's
 statistics from the shifted sums in one group reduction, with a deviations pass for the
-rows where they are not exact enough.  All take the row mapping's constants (threads per
+rows where they are not exact enough.  ``rescue_fns``: the statistics again, from
+memory, on the row scaled by a power of two, for the rare rows whose sums over- or
+underflowed the accumulation dtype (``vote_fn``: whether the threads that meet in a
+reduction take such a branch).  All take the row mapping's constants (threads per
 row, elements per thread, word width, loop or registers) as closure constants, like the
 kernels that inline them; ``reduce`` does the group sums.
 """
@@ -449,6 +452,24 @@ def centered_fn(xdt, tpr, vpt, vec, loop, staged=False):
 
 
 @functools.lru_cache(maxsize=None)
+def vote_fn(tpr, groups):
+    """``vote(bad)``: whether any row of the threads that share a barrier (row groups wider
+    than a warp, ``groups`` of them a block) or a shuffle (narrower ones) is ``bad``, for a
+    branch whose group reductions all of them must meet (``shift_fns``, ``rescue_fns``)."""
+    BLOCKWIDE = tpr > WARP
+
+    @cuda.jit(device=True)
+    def vote(bad):
+        if BLOCKWIDE and groups > 1:
+            return cuda.syncthreads_or(U32(bad)) != 0
+        # the branch's shuffles meet the warp (its rows, where groups are narrower); the
+        # vote also shows ptxas (and the SASS model) a branch uniform across the warp
+        return cuda.any_sync(_FULL_MASK, bad)
+
+    return vote
+
+
+@functools.lru_cache(maxsize=None)
 def shift_fns(xdt, tpr, vpt, vec, loop, staged=False, *, groups):
     """``(settle, vote, fallback)``: LayerNorm's statistics from the shifted sums of a row
     (``row_sum``/``held_sums_fn``: of d = x - k and d^2, ``k`` from ``first``), reduced:
@@ -469,7 +490,6 @@ def shift_fns(xdt, tpr, vpt, vec, loop, staged=False, *, groups):
     ACC = C.acc_type(xdt)
     DEVIATIONS = deviations_fn(xdt, tpr, vpt, vec, loop, staged)
     RSTD = _rstd_fn(ACC.name)
-    BLOCKWIDE = tpr > WARP
     HALF, INF = ACC(0.5), ACC(math.inf)
 
     @cuda.jit(device=True)
@@ -478,14 +498,6 @@ def shift_fns(xdt, tpr, vpt, vec, loop, staged=False, *, groups):
         st[at + 1] = m1
         st[at + 2] = RSTD(ms - m1 * m1, eps)
         return live and not (m1 * m1 <= HALF * ms and ms < INF)   # (NaN compares false)
-
-    @cuda.jit(device=True)
-    def vote(bad):
-        if BLOCKWIDE and groups > 1:
-            return cuda.syncthreads_or(U32(bad)) != 0
-        # the fallback's shuffles meet the warp (its rows, where groups are narrower); the
-        # vote also shows ptxas (and the SASS model) a branch uniform across the warp
-        return cuda.any_sync(_FULL_MASK, bad)
 
     @cuda.jit(device=True)
     def fallback(
@@ -512,7 +524,7 @@ def shift_fns(xdt, tpr, vpt, vec, loop, staged=False, *, groups):
             st[at + 2] = r
         return it + 1
 
-    return settle, vote, fallback
+    return settle, vote_fn(tpr, groups), fallback
 
 
 @functools.lru_cache(maxsize=None)
@@ -535,3 +547,115 @@ def shifted_fn(xdt, tpr, vpt, vec, loop, staged=False):
         return st[0], st[1], st[2], it
 
     return shifted
+
+
+# A row whose statistics leave the accumulation dtype's range (API.md: every finite input
+# gives a finite, correct output): (RMAX, DOWN, UP).  rstd above RMAX is var + eps below
+# 2^-102 (float32; 2^-970 float64), where the squared deviations have lost bits to
+# underflow; such a row is summed again scaled UP.  rstd 0 or NaN from finite input is a
+# sum that overflowed; scaled DOWN, deviations stay under 2^47 (2^495), their squares'
+# sum under the largest float for rows of up to 2^31 elements.
+_RANGE = {"float32": (2.0 ** 51, 2.0 ** -82, 2.0 ** 100), "float64": (2.0 ** 485, 2.0 ** -530, 2.0 ** 600)}
+
+
+def can_leave_range(xdt):
+    """Whether a row of ``xdt`` can leave its accumulation dtype's range: not float16's,
+    whose squares (at most 65504^2) summed over 2^31 elements stay under float32's largest
+    value and whose smallest are float32 normals; the kernels of float16 rows carry no
+    rescue (``rescue_fns``)."""
+    return np.dtype(xdt) != C.F16
+
+
+@functools.lru_cache(maxsize=None)
+def rescue_fns(xdt, tpr, vec, staged=False, *, squares):
+    """``(out_of_range, rescue, recheck)``, for the rows whose sums left the range
+    (``_RANGE``; the CPU's counterpart is ``cpu/_kernels/rescale``).
+
+    ``out_of_range(r, live)`` -> a uint32 code: 0 where rstd ``r`` of a live row is in
+    range, 1 where it is 0 or NaN (the sums overflowed; Inf or NaN input too, which stays
+    NaN through the rescue), 2 where it is above RMAX (they underflowed).
+    ``rescue(src, out, t, NW, inv_n, eps, scratch, it, tid)`` -> ``(mu, corr, rs, rstd, s,
+    it)``: the statistics of the row x * s, for s a power of two (DOWN or UP, by the code
+    ``out``; 0: a row that sums nothing, whose thread meets the reductions all the same):
+    LayerNorm's corrected two-pass (two group reductions, so that the scratch buffers
+    keep alternating), mean(x * s) = mu + corr; RMSNorm's (``squares``) in one, mu = corr
+    = 0.  rs = 1 / sqrt(var(x * s) + eps * s^2) = rstd / s, so the row's own mean is (mu +
+    corr) / s, its rstd ``rstd``, and y = ((x * s - mu) - corr) * rs: the caller
+    normalizes the scaled row, where (x - mean) * rstd may leave the range.
+    ``recheck(src, live, t, NW, inv_n, eps, scratch, it, tid)`` -> ``(code, it)``: the
+    code of a row's rstd taken again from memory (plainly: RMSNorm's, or LayerNorm's
+    corrected two-pass), for a pass over rows whose codes were not kept.
+    The words are read as the loop path reads them (``src``: the row in global memory,
+    or its shared copy, ``staged``; this thread's words t, t + tpr, ...): by then the
+    registers hold other things, and the rescue is rare."""
+    ACC = C.acc_type(xdt)
+    RMAX, DOWN, UP = _RANGE[ACC.name]
+    LOADW = stage_fns(xdt, ACC.name, vec)[2] if staged else C.word_fns(xdt, ACC.name, vec)[0]
+    RSTD = _rstd_fn(ACC.name)
+    TPR, V = tpr, vec
+
+    @cuda.jit(device=True)
+    def out_of_range(r, live):
+        if not live or (r > ACC(0) and r <= ACC(RMAX)):
+            return U32(0)
+        return U32(2) if r > ACC(RMAX) else U32(1)
+
+    @cuda.jit(device=True)
+    def scaled_sums(src, live, t, NW, s, mu):
+        # this thread's sums of d = x * s - mu and d^2
+        a = ACC(0)
+        b = ACC(0)
+        buf = cuda.local.array(V, ACC)
+        if live:
+            for q in range(t, NW, TPR):
+                LOADW(src, q, buf, 0)
+                for v in range(V):
+                    d = buf[v] * s - mu
+                    a += d
+                    b += d * d
+        return a, b
+
+    @cuda.jit(device=True)
+    def two_pass(src, live, t, NW, s, inv_n, scratch, it, tid):  # (rescue's) -> (mu, corr, var, it)
+        # the statistics of the row x * s: RMSNorm's mean square in one group reduction,
+        # LayerNorm's corrected two-pass in two (the scratch buffers keep alternating)
+        if squares:
+            var = group_sum(scaled_sums(src, live, t, NW, s, ACC(0))[1], scratch, it & 1, tid, TPR) * inv_n
+            return ACC(0), ACC(0), var, it + 1
+        m = group_sum(scaled_sums(src, live, t, NW, s, ACC(0))[0], scratch, it & 1, tid, TPR) * inv_n
+        dsum, sq = scaled_sums(src, live, t, NW, s, m)
+        dsum, sq = group_sum2(dsum, sq, scratch, (it + 1) & 1, tid, TPR)
+        corr = dsum * inv_n
+        return m, corr, sq * inv_n - corr * corr, it + 2
+
+    @cuda.jit(device=True)
+    def rescue(
+        src,      # (NW,) words of the row (x, or s when fused; its shared copy when staged)
+        out,      # uint32: ``out_of_range``'s code for the row
+        t,        # int: thread within the row group
+        NW,       # int: words per row
+        inv_n,    # scalar: 1 / elements per row
+        eps,      # scalar, accumulation dtype
+        scratch,  # (2, >= 2, slots) shared memory of the group sums
+        it,       # int: group reductions so far (the scratch buffer alternates)
+        tid,      # int: thread within the block
+    ):
+        s = ACC(UP) if out == U32(2) else ACC(DOWN)
+        m, corr, var, it = two_pass(src, out != U32(0), t, NW, s, inv_n, scratch, it, tid)
+        rs = RSTD(var, eps * s * s)
+        rstd = rs * s
+        # scaled down, eps * s^2 underflows: where var is in range, rstd from it and eps (a
+        # constant row of huge values: 1 / sqrt(eps), not Inf)
+        unscaled = var / s / s
+        if s < ACC(1) and unscaled < ACC(math.inf):
+            rstd = RSTD(unscaled, eps)
+            rs = rstd / s
+        return m, corr, rs, rstd, s, it
+
+    @cuda.jit(device=True)
+    def recheck(src, live, t, NW, inv_n, eps, scratch, it, tid):  # (rescue's) -> (code, it)
+        # for a pass over rows whose codes were not kept
+        var, it = two_pass(src, live, t, NW, ACC(1), inv_n, scratch, it, tid)[2:]
+        return out_of_range(RSTD(var, eps), live), it
+
+    return out_of_range, rescue, recheck

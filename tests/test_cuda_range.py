@@ -1,0 +1,737 @@
+"""The contract's "every finite input gives a finite, correct output" (API.md, Numerics) for
+the GPU kernels, in the CUDA simulator: no intermediate (a sum, a sum of squares) may leave
+the accumulation dtype's range where the answer itself is representable -- rows at the
+top of the range (``[3e38, -3e38, 1, 2]`` normalizes to about ``[1.414, -1.414, 0, 0]``;
+elements spread over the whole range; a constant row), rows whose squares overflow
+(float32 1e20, float64 1e160), rows whose squares are subnormal or 0 with ``eps=0``
+(float32 1e-22, float64 1e-170), float32 rows of subnormal elements -- on every row
+operation, forward and backward, and GroupNorm, on the rows held in registers and on
+the loop path; and rows holding Inf or NaN still give NaN (what the oracle gives), in
+their own row alone.
+
+The CPU kernels keep this (``test_numerics.py``).  The expected values come from the
+oracle at the row brought to unit scale: with ``s = 2**-k`` (``k`` the exponent of the
+row's largest magnitude), LayerNorm and RMSNorm are scale invariant when eps scales with
+``s**2``, ``LN(x, eps) = LN(x * s, eps * s**2)``, so ``y`` is the scaled row's, ``mean =
+mean_s / s``, ``rstd = rstd_s * s``, and in the backward ``dx = s * dx_s`` while
+``dweight`` and ``dbias`` are unchanged.  ``test_the_expected_values_by_hand`` checks that
+route against values worked out by hand.
+
+Each out-of-range row sits among ordinary rows (ordinary, out-of-range, ordinary) in one
+call, so a test also shows that its neighbours are unaffected.  Row paths
+(``common.row_config``), reached with short rows by shrinking the mapping's knobs
+(``REG_ELEMS``, ``MAX_TPR``, ``MAX_VPT``): ``held`` (4 elements, a thread per row),
+``held_block`` (rows over two warps, whose reductions go through shared memory), ``loop``
+(the loop path: a warp per row, the row staged in shared memory, one block striding over
+the rows), ``loop_unstaged`` (the same, the row re-read from global memory),
+``loop_block`` (the loop path with two warps a row); and ``loop_real``, the loop path at
+its real threshold (float32 rows of 8196 elements, float64 of 4098: 512 threads per row;
+the simulator's slowest, about a second a row, so LayerNorm's float32 row in the default
+set and the rest ``slow``).
+"""
+
+import numpy as np
+import pytest
+
+import numbanorm.cuda as nc
+from conftest import ORACLE, to_host
+
+if not nc.is_available():
+    pytest.skip(f"numbanorm.cuda unavailable: {nc.why_unavailable()}", allow_module_level=True)
+
+from numba import cuda  # noqa: E402
+
+from numbanorm.cuda._kernels import common as C  # noqa: E402
+
+F32, F64 = np.float32, np.float64
+# results on unit-scale outputs: float32 rows are summed in float32, float64 in float64
+TOL = {F32: 1e-5, F64: 1e-12}
+SLOW = [pytest.mark.slow]
+
+# ---------------------------------------------------------------- rows
+
+
+def _ordinary(rng, shape):
+    return rng.standard_normal(shape) * 2 + 0.5
+
+
+def _tiled(values):
+    return lambda rng, n: np.resize(np.array(values, np.float64), n)
+
+
+_TOP32, _TOP64 = float(np.finfo(F32).max) / 2, float(np.finfo(F64).max) / 2
+
+# (dtype, case) -> (the row of n elements, in float64, exactly representable in dtype or
+# rounded to it on the cast; eps: None for each operation's default, or 0)
+CASES = {
+    # the contract's row (tiled over long rows): its squares, and a sum of its elements
+    # in a bad order, overflow float32
+    (F32, "limit"): (_tiled([3e38, -3e38, 1, 2]), None),
+    # elements up to half the float32 range, of both signs: sums of elements overflow
+    (F32, "spread"): (lambda rng, n: rng.uniform(-_TOP32, _TOP32, n), None),
+    # a constant row at the top of the range: mean top, y = bias, rstd 1 / sqrt(eps)
+    (F32, "top"): (lambda rng, n: np.full(n, _TOP32), None),
+    # squares overflow (at 1.8e19), the elements' sums do not
+    (F32, "squares"): (lambda rng, n: rng.standard_normal(n) * 1e20 + 0.5e20, None),
+    # squares subnormal (eps = 0: nothing hides the variance's lost bits)
+    (F32, "tiny"): (lambda rng, n: rng.standard_normal(n) * 1e-22 + 0.5e-22, 0.0),
+    # the elements themselves subnormal: y is representable, rstd (about 1e40) is not
+    (F32, "subnormal"): (lambda rng, n: rng.standard_normal(n) * 1e-40 + 0.5e-40, 0.0),
+    (F64, "limit"): (_tiled([1.5e308, -1.5e308, 1, 2]), None),
+    (F64, "spread"): (lambda rng, n: rng.uniform(-_TOP64, _TOP64, n), None),
+    (F64, "top"): (lambda rng, n: np.full(n, _TOP64), None),
+    (F64, "squares"): (lambda rng, n: rng.standard_normal(n) * 1e160, None),
+    # squares underflow to 0
+    (F64, "tiny"): (lambda rng, n: rng.standard_normal(n) * 1e-170 + 0.5e-170, 0.0),
+}
+
+# the row operations: (the call's statistics) -- names as numbanorm.cuda has them
+OPS = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"]
+
+# ---------------------------------------------------------------- row paths
+
+# The simulator runs a block's threads as Python threads: the paths are reached with short
+# rows by shrinking the mapping's knobs (the same kernels, a fraction of the threads), and
+# ``loop_real`` takes the loop path at its real threshold (about a second a row).
+# The loop path with short rows: threads per row at most 16, two elements each (one for
+# float64), so rows past 32 elements (float64 16) loop, with the warp a loop row takes
+# anyway; one block of a warp strides over every row (ROW_RESIDENT)
+LOOP = {"MAX_TPR": 16, "MAX_VPT": 2, "ROW_RESIDENT": 32}
+# ... with two warps a row (up to 64 threads of two elements, one for float64, aimed at)
+LOOP_BLOCK = {"REG_ELEMS": 2, "MAX_VPT": 2, "MAX_TPR": 64, "ROW_RESIDENT": 64}
+# name -> (knobs, row length by dtype, loop path?, staged?, threads per row at least)
+PATHS = {
+    "held": ({"BLOCK_THREADS": 32}, {F32: 4, F64: 4}, False, False, 1),       # a block of a warp
+    "held_block": ({"REG_ELEMS": 2, "BLOCK_THREADS": 64}, {F32: 68, F64: 36}, False, False, 64),
+    "loop": (LOOP, {F32: 68, F64: 36}, True, True, 32),
+    "loop_unstaged": ({**LOOP, "STAGE_BYTES": 0}, {F32: 68, F64: 36}, True, False, 32),
+    "loop_block": (LOOP_BLOCK, {F32: 132, F64: 132}, True, True, 64),
+    "loop_real": ({}, {F32: 8196, F64: 4098}, True, True, 512),
+}
+
+
+def _path(knobs, path, dt, m):
+    """Set ``path``'s knobs; the row length that takes it, checked on ``row_config``."""
+    kw, lengths, loop, staged, tpr = PATHS[path]
+    knobs(**kw)
+    n = lengths[dt]
+    vec = C.vec_width(n, np.empty(n, dt))
+    cfg = C.row_config(m, n, dt == F64, vec, C.ROW_RESIDENT, np.dtype(dt).itemsize, 1)
+    assert (cfg.loop, cfg.stage > 0, cfg.tpr >= tpr) == (loop, staged, True), (path, cfg)
+    return n
+
+
+def _rows_of(rng, dt, case, n, m=3, at=1):
+    """``m`` ordinary rows of ``n`` elements of ``dt``, row ``at`` the case's; and eps."""
+    make, eps = CASES[dt, case]
+    x = _ordinary(rng, (m, n))
+    x[at] = make(rng, n)
+    x = x.astype(dt)
+    assert np.isfinite(x).all()
+    return x, eps
+
+
+def _exponents(x):
+    """Per row of ``x`` (2-D, finite), ``k`` with its largest magnitude in [0.5, 1) * 2**k."""
+    amax = np.max(np.abs(np.asarray(x, np.float64)), axis=1)
+    return np.frexp(np.where(amax > 0, amax, 1.0))[1]
+
+
+def _scaled_eps(eps, k):
+    eps_s = float(np.ldexp(eps, -2 * int(k)))
+    assert np.isfinite(eps_s)
+    return eps_s
+
+
+# ---------------------------------------------------------------- expected values
+
+def _expected_forward(kind, x, w, b, eps):
+    """The oracle's (y, mean_s, rstd, rstd_s, k) for the rows of ``x`` (2-D, float64
+    values), row by row at unit scale: ``mean = mean_s * 2**k`` (None for RMSNorm),
+    ``rstd`` in the row's units (float64) and ``rstd_s = rstd * 2**k`` at unit scale.  A
+    constant row's LayerNorm is worked out directly (y the bias, mean the value, rstd
+    ``1 / sqrt(eps)``): at the top of float64's range its scaled eps underflows."""
+    k = _exponents(x)
+    n = x.shape[1]
+    ys, means, rstds = [], [], []
+    for i in range(len(x)):
+        xs = np.ldexp(np.asarray(x[i:i + 1], np.float64), -k[i])
+        eps_s = _scaled_eps(eps, k[i])
+        if kind == "layer" and np.ptp(xs) == 0 and eps > 0:
+            y = np.zeros_like(xs) * (1 if w is None else w) + (0 if b is None else b)
+            ys.append(y[0])
+            means.append(xs[0, 0])
+            rstds.append(1 / np.sqrt(eps))
+            continue
+        if kind == "layer":
+            y, m, r = ORACLE.layer_norm_forward(xs, n, w, b, eps_s)
+            means.append(m[0, 0])
+        else:
+            y, r = ORACLE.rms_norm_forward(xs, n, w, eps_s)
+        ys.append(y[0])
+        rstds.append(np.ldexp(r[0, 0], -k[i]))
+    rstd = np.array(rstds)
+    with np.errstate(over="ignore"):  # (rstd_s of float64's top row: only the backward's, which has none)
+        rstd_s = np.ldexp(rstd, k)
+    return np.array(ys), (np.array(means) if kind == "layer" else None), rstd, rstd_s, k
+
+
+def _expected_backward(kind, dy, x, mean_s, rstd_s, k, w):
+    """The oracle's (dx_s, dweight, dbias) at the unit-scale rows (``dx = dx_s * 2**-k``)."""
+    n = x.shape[1]
+    dxs, dw, db = [], 0.0, 0.0
+    for i in range(len(x)):
+        xs = np.ldexp(np.asarray(x[i:i + 1], np.float64), -k[i])
+        if kind == "layer":
+            dx, dwi, dbi = ORACLE.layer_norm_backward(dy[i:i + 1], xs, np.array([[mean_s[i]]]),
+                                                      np.array([[rstd_s[i]]]), n, w)
+            db = db + dbi
+        else:
+            dx, dwi = ORACLE.rms_norm_backward(dy[i:i + 1], xs, np.array([[rstd_s[i]]]), n, w)
+        dxs.append(dx[0])
+        dw = dw + dwi
+    return np.array(dxs), dw, (db if kind == "layer" else None)
+
+
+def _rms_eps(dt, eps):
+    """The eps a call with ``eps`` uses (None: the accumulation dtype's machine epsilon)."""
+    return float(np.finfo(np.float64 if dt == F64 else np.float32).eps) if eps is None else eps
+
+
+def _ln_eps(eps):
+    return 1e-5 if eps is None else eps
+
+
+# ---------------------------------------------------------------- checks
+
+def _show(a):
+    return np.array2string(np.asarray(a, np.float64).ravel()[:6], precision=5, max_line_width=200)
+
+
+class _Check:
+    """Every comparison of a test, the failures reported together (what the kernels gave)."""
+
+    def __init__(self):
+        self.failures = []
+
+    def close(self, what, got, want, tol, atol=None):
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        atol = tol * max(1.0, float(np.max(np.abs(want)))) if atol is None else atol
+        if got.shape != want.shape or not np.allclose(got, want, rtol=tol, atol=atol):
+            err = np.abs(got - want).max() if got.shape == want.shape else "shape"
+            self.failures.append(f"{what}: got {_show(got)}, want {_show(want)} (max |error| {err:.3g})"
+                                 if got.shape == want.shape else f"{what}: shape {got.shape} != {want.shape}")
+
+    def rows(self, what, got, want, tol, labels):
+        """Row by row, each at its own scale (``got``, ``want``: 2-D, unit-scale)."""
+        for i, label in enumerate(labels):
+            self.close(f"{what} row {i} ({label})", got[i], want[i], tol)
+
+    def mean(self, got, mean_s, k, tol, labels):
+        """The mean at the row's scale: its float32 (float64) sum of elements of magnitude
+        2**k is exact to that magnitude's precision, not to the mean's (``[3e38, -3e38, 1,
+        2]``'s mean is 0.75, and 0 or 1.125 after the sum's roundings in another order)."""
+        got = np.ldexp(np.asarray(got, np.float64).reshape(-1), -k)
+        for i, label in enumerate(labels):
+            self.close(f"mean row {i} ({label})", got[i], mean_s[i], tol, atol=tol)
+
+    def rstd(self, got, rstd, dt, tol, labels):
+        """rstd relative, where it is representable in the accumulation dtype (float32 for
+        float32 rows) within ``tol`` (subnormal rstd included, to that point): float32 rows
+        of subnormal elements have an rstd about 1e40, past float32's range, which no
+        kernel can return (not compared; y is)."""
+        fi = np.finfo(np.float64 if dt == F64 else np.float32)
+        got = np.asarray(got, np.float64).reshape(-1)
+        for i, label in enumerate(labels):
+            if not float(fi.smallest_subnormal) / tol <= rstd[i] <= float(fi.max):
+                continue  # the true rstd is outside the accumulation dtype's range
+            self.close(f"rstd row {i} ({label})", got[i], rstd[i], tol, atol=0.0)
+
+    def done(self):
+        assert not self.failures, "\n".join(self.failures)
+
+
+def _dev(a):
+    return None if a is None else cuda.to_device(a)
+
+
+def _host(*arrays):
+    return [to_host(a) for a in arrays]
+
+
+def _labels(m, at, case):
+    return [case if i == at else "ordinary" for i in range(m)]
+
+
+def _params(rng, dt, n, affine, kind):
+    if not affine:
+        return None, None
+    w = rng.uniform(0.5, 1.5, n).astype(dt)
+    return w, (rng.standard_normal(n).astype(dt) if kind == "layer" else None)
+
+
+def _residual(rng, x):
+    """A residual at each row's scale (a hundredth of it): s = x + residual stays finite."""
+    k = _exponents(x)
+    return np.ldexp(rng.standard_normal(x.shape) * 0.01, k[:, None]).astype(x.dtype)
+
+
+def _forward(op, x, res, n, w, b, eps):
+    """The kernels' (y, s, mean, rstd) on device arrays, as host arrays (s, mean None where
+    the operation has none)."""
+    xd, rd, wd, bd = _dev(x), _dev(res), _dev(w), _dev(b)
+    if op == "layer_norm":
+        y, m, r = nc.layer_norm_forward(xd, n, wd, bd, _ln_eps(eps))
+        s = None
+    elif op == "add_layer_norm":
+        y, s, m, r = nc.add_layer_norm_forward(xd, rd, n, wd, bd, _ln_eps(eps))
+    elif op == "rms_norm":
+        (y, r), s, m = nc.rms_norm_forward(xd, n, wd, eps), None, None
+    else:
+        (y, s, r), m = nc.add_rms_norm_forward(xd, rd, n, wd, eps), None
+    return _host(y, s, m, r)
+
+
+def _id(*values):
+    return "-".join(np.dtype(v).name if isinstance(v, type) else str(v) for v in values)
+
+
+def _kind(op):
+    return "layer" if op.endswith("layer_norm") else "rms"
+
+
+# ---------------------------------------------------------------- the route to the expected values
+
+def test_the_expected_values_by_hand():
+    """The unit-scale route (``_expected_forward``, ``_expected_backward``) against values
+    worked out another way: ``[3e38, -3e38, 1, 2]`` (float32) divided by 1e38 in float64
+    and normalized by the formulas, forward and backward; the float64 row ``[1, 2, 3, 4] *
+    1e-170``'s LayerNorm and RMSNorm, which are ``[1, 2, 3, 4]``'s; a constant row at the
+    top of float64's range."""
+    x = np.array([[3e38, -3e38, 1, 2]], F32)
+    u = x.astype(np.float64) / 1e38                    # [3.0000000054977558, -3.00..., 1e-38, 2e-38]
+    mean = 0.75e-38                                    # (x[0] + x[1] is exactly 0)
+    var = ((u - mean) ** 2).mean()                     # 4.5000000164932675
+    y_hand = (u - mean) / np.sqrt(var)                 # eps 1e-5 / 1e76: nothing
+    np.testing.assert_allclose(y_hand[0], [np.sqrt(2), -np.sqrt(2), 0, 0], atol=1e-15)
+    y, mean_s, rstd, rstd_s, k = _expected_forward("layer", x.astype(np.float64), None, None, 1e-5)
+    np.testing.assert_allclose(y, y_hand, rtol=1e-14, atol=1e-15)
+    # the mean to the row's scale: 0.75 exactly, or (the oracle's sum in another order) 1.125
+    assert abs(np.ldexp(mean_s, k)[0] - 0.75) <= 1e-15 * 3e38
+    np.testing.assert_allclose(rstd, 1 / (np.sqrt(var) * 1e38), rtol=1e-12)
+    assert 4.71e-39 < rstd[0] < 4.72e-39 and np.ldexp(rstd_s, -k)[0] == rstd[0]
+    y_rms, _, r, _, _ = _expected_forward("rms", x.astype(np.float64), None, None, 1.2e-7)
+    rms_hand = np.sqrt((u ** 2).mean()) * 1e38
+    np.testing.assert_allclose(r, 1 / rms_hand, rtol=1e-12)
+    np.testing.assert_allclose(y_rms[0], x[0] / rms_hand, rtol=1e-14, atol=1e-15)
+    # backward: dx = (dy - xhat * mean(dy * xhat) - mean(dy)) * rstd at unit scale (d/du), / 1e38
+    dy = np.array([[0.3, -1.2, 0.7, 2.0]])
+    xhat = (u - mean) / np.sqrt(var)
+    dx_u = (dy - xhat * (dy * xhat).mean() - dy.mean()) / np.sqrt(var)
+    dx_s, dw, db = _expected_backward("layer", dy, x.astype(np.float64), mean_s, rstd_s, k, None)
+    np.testing.assert_allclose(np.ldexp(dx_s, -k), dx_u / 1e38, rtol=1e-12)
+    np.testing.assert_allclose(dw, (dy * xhat)[0], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(db, dy[0])
+    # float64 tiny: the unit row's results, rstd 1e170 times the unit row's
+    t = np.array([[1, 2, 3, 4]], F64) * 1e-170
+    y, mean_s, rstd, _, k = _expected_forward("layer", t, None, None, 0.0)
+    np.testing.assert_allclose(y[0], np.array([-1.5, -0.5, 0.5, 1.5]) / np.sqrt(1.25), rtol=1e-14)
+    np.testing.assert_allclose(rstd, 1e170 / np.sqrt(1.25), rtol=1e-14)
+    np.testing.assert_allclose(np.ldexp(mean_s, k), 2.5e-170, rtol=1e-14)
+    y, _, rstd, _, _ = _expected_forward("rms", t, None, None, 0.0)
+    np.testing.assert_allclose(y[0], np.array([1, 2, 3, 4]) / np.sqrt(7.5), rtol=1e-14)
+    np.testing.assert_allclose(rstd, 1e170 / np.sqrt(7.5), rtol=1e-14)
+    # the constant row at the top of float64's range: y the bias, rstd 1 / sqrt(eps)
+    top = np.full((1, 4), _TOP64)
+    y, mean_s, rstd, _, k = _expected_forward("layer", top, None, np.arange(4.0), 1e-5)
+    np.testing.assert_array_equal(y[0], np.arange(4.0))
+    assert np.ldexp(mean_s, k)[0] == _TOP64 and rstd[0] == 1 / np.sqrt(1e-5)
+    np.testing.assert_allclose(ORACLE.layer_norm_forward(top, 4, None, np.arange(4.0))[2], 1 / np.sqrt(1e-5))
+
+
+# ---------------------------------------------------------------- forward
+
+def _forward_cases():
+    """(op, dtype, case, path, affine): on the rows held in a thread and the warp-per-row
+    loop, every case, operation and affine choice; on the other short-row paths every case
+    (held over two warps: the contract's row, squares that overflow or underflow) and
+    operation with parameters (without: slow); at the real loop threshold LayerNorm's
+    float32 row (the other operations and cases slow; not the cases of the other paths'
+    concern: rows spread over the range, the top row, subnormal elements)."""
+    out = []
+    for op in OPS:
+        for (dt, case) in CASES:
+            for path in PATHS:
+                for affine in (True, False):
+                    key = (np.dtype(dt).name, case)
+                    if path in ("held", "loop"):
+                        slow = False
+                    elif path == "held_block":  # (the slowest of the short rows: two warps a row)
+                        slow = not affine or case not in ("limit", "squares", "tiny")
+                    elif path != "loop_real":
+                        slow = not affine
+                    else:
+                        if case in ("spread", "top", "subnormal") or not affine:
+                            continue
+                        slow = (op, key) != ("layer_norm", ("float32", "limit"))
+                    out.append(pytest.param(op, dt, case, path, affine, marks=SLOW if slow else [],
+                                            id=_id(op, dt, case, path, "affine" if affine else "plain")))
+    return out
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("op,dt,case,path,affine", _forward_cases())
+def test_forward_of_a_row_out_of_range(knobs, op, dt, case, path, affine):
+    """A finite row whose sums (of elements, of squares) leave the accumulation dtype's
+    range, between two ordinary rows (before one, at the real loop threshold): y, mean and
+    rstd of every row as the oracle's at unit
+    scale (``mean`` to the row's own scale, ``rstd`` relative where representable), and
+    the fused ``s = x + residual`` exactly."""
+    rng = np.random.default_rng(11)
+    m, at = (2, 0) if path == "loop_real" else (3, 1)  # (the simulator: about a second per long row)
+    n = _path(knobs, path, dt, m)
+    x, eps = _rows_of(rng, dt, case, n, m, at)
+    kind = _kind(op)
+    w, b = _params(rng, dt, n, affine, kind)
+    res = _residual(rng, x) if op.startswith("add_") else None
+    y, s, mean, rstd = _forward(op, x, res, n, w, b, eps)
+    check = _Check()
+    s_want = x.astype(np.float64) if res is None else (x + res).astype(np.float64)  # rounded as stored
+    if res is not None:
+        assert np.isfinite(x + res).all()
+        check.close("s", s, s_want, 0.0, atol=0.0)
+    eps_oracle = _ln_eps(eps) if kind == "layer" else _rms_eps(dt, eps)
+    y_want, mean_s, rstd_want, _, k = _expected_forward(kind, s_want, w, b, eps_oracle)
+    labels = _labels(m, at, case)
+    tol = TOL[dt]
+    check.rows("y", y, y_want, tol, labels)
+    if kind == "layer":
+        check.mean(mean, mean_s, k, tol, labels)
+    check.rstd(rstd, rstd_want, dt, tol, labels)
+    check.done()
+
+
+# ---------------------------------------------------------------- backward
+
+# (dtype, case): the contract's float32 row and the float64 tiny row on every path, the
+# rest held in a thread and on the warp-per-row loop (not the rows that have no backward:
+# spread over the range, which the forward covers, and subnormal, whose rstd is not
+# representable)
+BACKWARD_CASES = [(F32, "limit"), (F64, "tiny"), (F32, "squares"), (F32, "tiny"), (F32, "top"),
+                  (F64, "limit"), (F64, "squares")]
+
+
+def _backward_cases():
+    """(op, dtype, case, path, affine): with a weight, every case held in a thread and on the
+    warp-per-row loop, the contract's float32 row and the float64 tiny row on the other
+    short-row paths (the rest slow); without, those two held in a thread (the rest slow);
+    at the real loop threshold LayerNorm's float32 row (the other operations and the
+    float64 row slow)."""
+    out = []
+    for op in OPS:
+        for (dt, case) in BACKWARD_CASES:
+            main = (dt, case) in BACKWARD_CASES[:2]
+            for path in PATHS:
+                for affine in (True, False):
+                    if path == "held":
+                        slow = not (affine or main)
+                    elif path == "loop":
+                        slow = not affine
+                    elif path != "loop_real":
+                        slow = not (affine and main)
+                    else:
+                        if not (main and affine):
+                            continue
+                        slow = (op, dt) != ("layer_norm", F32)
+                    out.append(pytest.param(op, dt, case, path, affine, marks=SLOW if slow else [],
+                                            id=_id(op, dt, case, path, "weight" if affine else "plain")))
+    return out
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("op,dt,case,path,affine", _backward_cases())
+def test_backward_of_a_row_out_of_range(knobs, op, dt, case, path, affine):
+    """The backward of such a row, given its forward's own statistics, dy ~ N(0, 1) (and,
+    fused, a ds at the row's scale, which the row's dx, of that scale, would otherwise
+    drown): dx of every row as the oracle's at unit scale times the scale, dweight and
+    dbias (sums over the rows, which the scale leaves alone) as the oracle's."""
+    rng = np.random.default_rng(12)
+    m, at = (2, 0) if path == "loop_real" else (3, 1)
+    n = _path(knobs, path, dt, m)
+    x, eps = _rows_of(rng, dt, case, n, m, at)
+    kind = _kind(op)
+    fused = op.startswith("add_")
+    w = rng.uniform(0.5, 1.5, n).astype(dt) if affine else None
+    b = rng.standard_normal(n).astype(dt) if affine and kind == "layer" else None
+    res = _residual(rng, x) if fused else None
+    dy = rng.standard_normal(x.shape).astype(dt)
+    _, s, mean, rstd = _forward(op, x, res, n, w, b, eps)
+    xin = s if fused else x
+    k = _exponents(xin)
+    ds = np.ldexp(rng.standard_normal(x.shape), -k[:, None]).astype(dt) if fused else None
+    dyd, xd, wd, dsd = _dev(dy), _dev(xin), _dev(w), _dev(ds)
+    md, rd = _dev(mean), _dev(rstd)
+    if op == "layer_norm":
+        got = nc.layer_norm_backward(dyd, xd, md, rd, n, wd)
+    elif op == "add_layer_norm":
+        got = nc.add_layer_norm_backward(dyd, dsd, xd, md, rd, n, wd)
+    elif op == "rms_norm":
+        got = (*nc.rms_norm_backward(dyd, xd, rd, n, wd), None)
+    else:
+        got = (*nc.add_rms_norm_backward(dyd, dsd, xd, rd, n, wd), None)
+    dx, dw, db = _host(*got)
+    eps_oracle = _ln_eps(eps) if kind == "layer" else _rms_eps(dt, eps)
+    x64 = np.asarray(xin, np.float64)
+    _, mean_s, _, rstd_s, k = _expected_forward(kind, x64, w, b, eps_oracle)
+    dx_s, dw_want, db_want = _expected_backward(kind, dy.astype(np.float64), x64, mean_s, rstd_s, k, w)
+    if fused:
+        dx_s = dx_s + np.ldexp(ds.astype(np.float64), k[:, None])
+    check = _Check()
+    labels = _labels(m, at, case)
+    tol = TOL[dt]
+    check.rows("dx (at unit scale)", np.ldexp(np.asarray(dx, np.float64), k[:, None]), dx_s, tol, labels)
+    check.close("dweight", dw, dw_want, tol)
+    if kind == "layer":
+        check.close("dbias", db, db_want, tol)
+    check.done()
+
+
+# ---------------------------------------------------------------- GroupNorm
+
+# (N, C, S) with 2 groups: the group of sample 0's channels 2, 3 out of range (sample 0's
+# group 0 at the real threshold); the forward loops on a group's elements (C / 2 * S), the
+# backward on a channel's (S), and takes the same path here
+GN_PATHS = {
+    "held": (PATHS["held"][0], {F32: (2, 4, 4), F64: (2, 4, 4)}, False, False),
+    "loop": (LOOP, {F32: (2, 4, 36), F64: (2, 4, 36)}, True, True),
+    "loop_unstaged": ({**LOOP, "STAGE_BYTES": 0}, {F32: (2, 4, 36), F64: (2, 4, 36)}, True, False),
+    "loop_block": (LOOP_BLOCK, {F32: (2, 4, 132), F64: (2, 4, 132)}, True, True),
+    "loop_real": ({}, {F32: (1, 2, 8196), F64: (1, 2, 4098)}, True, True),
+}
+GN_CASES = [(F32, "limit"), (F64, "tiny"), (F32, "squares"), (F32, "tiny"), (F64, "squares")]
+
+
+def _gn_cases():
+    """(dtype, case, path, affine): every case held and on the warp-per-row loop with
+    parameters, the contract's float32 row and the float64 tiny row on the other paths and
+    without parameters; the real loop threshold slow."""
+    out = []
+    for (dt, case) in GN_CASES:
+        main = (dt, case) in GN_CASES[:2]
+        for path in GN_PATHS:
+            for affine in (True, False):
+                if path == "loop_real" and not (main and affine):
+                    continue
+                slow = path == "loop_real" or not (main or (affine and path in ("held", "loop")))
+                out.append(pytest.param(dt, case, path, affine, marks=SLOW if slow else [],
+                                        id=_id(dt, case, path, "affine" if affine else "plain")))
+    return out
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("dt,case,path,affine", _gn_cases())
+def test_group_norm_with_a_group_out_of_range(knobs, dt, case, path, affine):
+    """GroupNorm, 2 groups, one (sample, group) out of range and the others ordinary:
+    forward (y, mean, rstd) and backward given the forward's statistics (dx, dweight,
+    dbias) against the oracle at each group's unit scale."""
+    kw, shapes, loop, staged = GN_PATHS[path]
+    knobs(**kw)
+    N, Cn, S = shapes[dt]
+    G, Cg = 2, Cn // 2
+    L = Cg * S
+    vec = C.vec_width(S, np.empty(S, dt), max_bytes=8)
+    cfg = C.row_config(N * G, L, dt == F64, vec, C.ROW_RESIDENT, np.dtype(dt).itemsize, 1)
+    assert (cfg.loop, cfg.stage > 0) == (loop, staged), cfg
+    assert C.row_config(N * Cn, S, dt == F64, vec, C.ROW_RESIDENT).loop == loop  # the backward's rows
+    rng = np.random.default_rng(13)
+    at = 1 if N * G > 2 else 0
+    rows, eps = _rows_of(rng, dt, case, L, N * G, at)   # (sample, group) rows
+    x = rows.reshape(N, Cn, S)
+    w = rng.uniform(0.5, 1.5, Cn).astype(dt) if affine else None
+    b = rng.standard_normal(Cn).astype(dt) if affine else None
+    dy = rng.standard_normal(x.shape).astype(dt)
+    eps = _ln_eps(eps)
+    y, mean, rstd = _host(*nc.group_norm_forward(_dev(x), G, _dev(w), _dev(b), eps))
+    dx, dw, db = _host(*nc.group_norm_backward(_dev(dy), _dev(x), _dev(mean), _dev(rstd), _dev(w)))
+    # the oracle group by group at unit scale
+    k = _exponents(rows)
+    y_want, dx_s = np.empty((N * G, L)), np.empty((N * G, L))
+    mean_s, rstd_s = np.empty(N * G), np.empty(N * G)
+    dw_want, db_want = np.zeros(Cn), np.zeros(Cn)
+    for i in range(N * G):
+        j, g = divmod(i, G)
+        ch = slice(g * Cg, (g + 1) * Cg)
+        xs = np.ldexp(x[j:j + 1, ch].astype(np.float64), -k[i])
+        wg, bg = (None, None) if w is None else (w[ch], b[ch])
+        yi, mi, ri = ORACLE.group_norm_forward(xs, 1, wg, bg, _scaled_eps(eps, k[i]))
+        dxi, dwi, dbi = ORACLE.group_norm_backward(dy[j:j + 1, ch], xs, mi, ri, wg)
+        y_want[i], mean_s[i], rstd_s[i], dx_s[i] = yi.ravel(), mi[0, 0], ri[0, 0], dxi.ravel()
+        dw_want[ch] += dwi
+        db_want[ch] += dbi
+    check = _Check()
+    labels = _labels(N * G, at, case)
+    tol = TOL[dt]
+    check.rows("y", y.reshape(N * G, L), y_want, tol, labels)
+    check.mean(mean, mean_s, k, tol, labels)
+    check.rstd(rstd, np.ldexp(rstd_s, -k), dt, tol, labels)
+    check.rows("dx (at unit scale)", np.ldexp(dx.reshape(N * G, L).astype(np.float64), k[:, None]), dx_s, tol,
+               labels)
+    check.close("dweight", dw, dw_want, tol)
+    check.close("dbias", db, db_want, tol)
+    check.done()
+
+
+# ---------------------------------------------------------------- Inf and NaN
+
+def _non_finite_rows(rng, dt, n):
+    """8 rows: ordinary ones, and rows holding Inf or NaN -- among ordinary values, among
+    values whose squares overflow and among values whose squares underflow (so that a
+    rescue of out-of-range rows meets them too)."""
+    big, small = (1e20, 1e-22) if dt == F32 else (1e160, 1e-170)
+    x = _ordinary(rng, (8, n))
+    x[1, 1] = np.inf
+    x[3, 2] = np.nan
+    x[4, :2] = [np.inf, -np.inf]
+    x[5] = rng.standard_normal(n) * big
+    x[5, 3 % n] = -np.inf
+    x[6] = rng.standard_normal(n) * small
+    x[6, 0] = np.nan
+    bad = [1, 3, 4, 5, 6]
+    return x.astype(dt), bad
+
+
+def _nan_cases():
+    out = []
+    for op in OPS + ["group_norm"]:
+        for dt in (F32, F64):
+            for path in ("held", "loop"):
+                out.append(pytest.param(op, dt, path, id=_id(op, dt, path)))
+    return out
+
+
+def _all_outputs(op, x, dy, w, b, eps):
+    """Every output of ``op``'s forward and backward (the backward given the forward's
+    statistics), as host arrays: {name: array}."""
+    n = x.shape[-1]
+    if op == "group_norm":
+        x3, dy3 = x.reshape(len(x) // 2, 4, -1), dy.reshape(len(x) // 2, 4, -1)
+        y, m, r = nc.group_norm_forward(_dev(x3), 2, _dev(w[:4]), _dev(b[:4]), eps)
+        dx, dw, db = nc.group_norm_backward(_dev(dy3), _dev(x3), m, r, _dev(w[:4]))
+        out = dict(y=y, mean=m, rstd=r, dx=dx, dweight=dw, dbias=db)
+        return {k: np.asarray(to_host(v), np.float64).reshape(len(x), -1) if k in ("y", "mean", "rstd", "dx")
+                else to_host(v) for k, v in out.items()}
+    kind = _kind(op)
+    res = np.zeros_like(x) if op.startswith("add_") else None
+    y, s, m, r = _forward(op, x, res, n, w, b if kind == "layer" else None, eps)
+    xin = x if s is None else s
+    args = (_dev(dy), _dev(xin), _dev(m), _dev(r), n, _dev(w)) if kind == "layer" else \
+        (_dev(dy), _dev(xin), _dev(r), n, _dev(w))
+    if op.startswith("add_"):
+        args = args[:1] + (_dev(dy),) + args[1:]
+    back = getattr(nc, op + "_backward")(*args)
+    out = dict(y=y, rstd=r, dx=back[0], dweight=back[1])
+    if kind == "layer":
+        out.update(mean=m, dbias=back[2])
+    return {k: to_host(v) for k, v in out.items()}
+
+
+def _oracle_outputs(op, x, dy, w, b, eps):
+    n = x.shape[-1]
+    if op == "group_norm":
+        x3, dy3 = x.reshape(len(x) // 2, 4, -1), dy.reshape(len(x) // 2, 4, -1)
+        y, m, r = ORACLE.group_norm_forward(x3, 2, w[:4], b[:4], eps)
+        dx, dw, db = ORACLE.group_norm_backward(dy3, x3, m, r, w[:4])
+        return dict(y=y.reshape(len(x), -1), mean=m.reshape(len(x), -1), rstd=r.reshape(len(x), -1),
+                    dx=dx.reshape(len(x), -1), dweight=dw, dbias=db)
+    if _kind(op) == "layer":
+        y, m, r = ORACLE.layer_norm_forward(x, n, w, b, eps)
+        dx, dw, db = ORACLE.layer_norm_backward(dy, x, m, r, n, w)
+        return dict(y=y, mean=m, rstd=r, dx=dx + (dy if op.startswith("add_") else 0), dweight=dw, dbias=db)
+    y, r = ORACLE.rms_norm_forward(x, n, w, eps)
+    dx, dw = ORACLE.rms_norm_backward(dy, x, r, n, w)
+    return dict(y=y, rstd=r, dx=dx + (dy if op.startswith("add_") else 0), dweight=dw)
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("op,dt,path", _nan_cases())
+def test_inf_and_nan_rows_stay_non_finite_and_alone(knobs, op, dt, path):
+    """Rows holding Inf or NaN (among ordinary values, values whose squares overflow, values
+    whose squares underflow; eps = 0) give what the oracle gives -- NaN in y, dx and the
+    statistics (RMSNorm's Inf row: rstd 0, y 0 but NaN at the Inf) -- forward and backward,
+    never finite numbers in their place; every other row's results are bit for bit those
+    of the same call with the non-finite values replaced by 0, and dbias (sums of dy) too."""
+    rng = np.random.default_rng(14)
+    if op == "group_norm":  # (4 samples, 4 channels, 2 groups): 8 (sample, group) rows
+        kw = PATHS["held"][0] if path == "held" else LOOP
+        n = {"held": 4, "loop": 36}[path] * 2   # a group: 2 channels of 4 (36) elements
+    else:
+        kw = PATHS[path][0]
+        n = PATHS[path][1][dt]
+    knobs(**kw)
+    x, bad = _non_finite_rows(rng, dt, n)
+    dy = rng.standard_normal(x.shape).astype(dt)
+    w = rng.uniform(0.5, 1.5, n).astype(dt)
+    b = rng.standard_normal(n).astype(dt)
+    got = _all_outputs(op, x, dy, w, b, 0.0)
+    clean = _all_outputs(op, np.where(np.isfinite(x), x, 0).astype(dt), dy, w, b, 0.0)
+    want = _oracle_outputs(op, x.astype(np.float64), dy.astype(np.float64), w, b, 0.0)
+    good = [i for i in range(len(x)) if i not in bad]
+    failures = []
+    tol = TOL[dt]
+    for name in ("y", "mean", "rstd", "dx"):
+        if name not in want:
+            continue
+        g = np.asarray(got[name], np.float64).reshape(len(x), -1)
+        c = np.asarray(clean[name], np.float64).reshape(len(x), -1)
+        r = np.asarray(want[name], np.float64).reshape(len(x), -1)
+        for i in bad:
+            if name in ("y", "dx"):
+                assert np.isnan(r[i]).any(), (name, i)  # (the oracle: NaN at least where the row holds it)
+            if not (np.array_equal(np.isnan(g[i]), np.isnan(r[i]))
+                    and np.allclose(g[i], r[i], rtol=tol, atol=tol * max(1.0, np.nanmax(np.abs(r[i]), initial=0)),
+                                    equal_nan=True)):
+                failures.append(f"{name} row {i}: got {_show(g[i])}, want {_show(r[i])}")
+        if not np.array_equal(g[good], c[good]):
+            failures.append(f"{name}: the finite rows {good} differ from the call without Inf/NaN")
+    for name in ("dweight", "dbias"):  # column sums over every row: NaN where the oracle's are
+        if name in want:
+            g, r = np.asarray(got[name], np.float64), np.asarray(want[name], np.float64)
+            if not np.allclose(g, r, rtol=tol, atol=tol * max(1.0, np.nanmax(np.abs(r), initial=0)), equal_nan=True):
+                failures.append(f"{name}: got {_show(g)}, want {_show(r)}")
+    if "dbias" in want:
+        if not np.array_equal(got["dbias"], clean["dbias"]):
+            failures.append("dbias (sums of dy alone) differs from the call without Inf/NaN")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("op", OPS)
+def test_float16_rows_at_its_limits_need_no_rescue(op):
+    """The kernels of float16 rows carry no rescue (``stats.can_leave_range``): at float16's
+    largest and smallest magnitudes (eps = 0) the float32 sums stay in range, and every
+    result is the oracle's, forward and backward."""
+    x = np.array([[65504, -65504, 1, 2], [6e-8, 1.2e-7, 1.8e-7, 0], [65504] * 3 + [-65504]], np.float16)
+    n = x.shape[1]
+    kind = _kind(op)
+    y, s, mean, rstd = _forward(op, x, np.zeros_like(x) if op.startswith("add_") else None, n, None, None, 0.0)
+    x64 = x.astype(np.float64)
+    if kind == "layer":
+        y_want, m_want, r_want = ORACLE.layer_norm_forward(x64, n, None, None, 0.0)
+        np.testing.assert_allclose(mean.ravel(), m_want.ravel(), rtol=1e-6, atol=1e-3)
+    else:
+        y_want, r_want = ORACLE.rms_norm_forward(x64, n, None, 0.0)
+    np.testing.assert_allclose(rstd.ravel(), r_want.ravel(), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(y, np.float64), y_want, rtol=2e-3, atol=2e-3)  # (y rounded to float16)
+    # (the tiny row's dx is rstd, about 1e7, times dy: a dy of 1e-3 keeps it in float16)
+    dy = (np.array([[0.3, -1.2, 0.7, 2.0]] * 3) * np.array([[1], [1e-3], [1]])).astype(np.float16)
+    args = (_dev(dy), _dev(x), _dev(mean), _dev(rstd), n) if kind == "layer" else (_dev(dy), _dev(x), _dev(rstd), n)
+    if op.startswith("add_"):
+        args = args[:1] + (_dev(np.zeros_like(dy)),) + args[1:]
+    dx = to_host(getattr(nc, op + "_backward")(*args)[0])
+    if kind == "layer":
+        dx_want = ORACLE.layer_norm_backward(dy.astype(np.float64), x64, mean.astype(np.float64),
+                                             rstd.astype(np.float64), n)[0]
+    else:
+        dx_want = ORACLE.rms_norm_backward(dy.astype(np.float64), x64, rstd.astype(np.float64), n)[0]
+    scale = np.abs(dx_want).max(axis=1, keepdims=True)
+    np.testing.assert_allclose(np.asarray(dx, np.float64) / scale, dx_want / scale, rtol=0, atol=2e-3)
