@@ -251,6 +251,51 @@ def _store_s_fn(xdt, code):
 
 
 @functools.lru_cache(maxsize=None)
+def _normalize_words_fn(kind, xdt, wdt, bdt, code, staged=False):
+    """``normalize(src, yr, w, b, mu, corr, r, sc, t, NW)``: y of a row word by word from
+    ``src`` (its words in global memory, or its shared copy, ``staged``), this thread's
+    words t, t + tpr, ...: ((x * sc - mu) * r - corr * r) * weight + bias (RMSNorm: x *
+    sc * r * weight), weight and bias loaded as used.  ``sc``: 1 but for a row redone at
+    a scale (``_redo_fn``; x * 1 is x, and the compiler knows it)."""
+    LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
+    TPR, V = code.tpr, code.vec
+    has_w, has_b = wdt is not None, bdt is not None and LAYER
+    LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
+    LB = C.load_fn(xdt if bdt is None else bdt, ACC.name)
+    STOREW = C.word_fns(xdt, ACC.name, V)[1]
+    READW = stats.stage_fns(xdt, ACC.name, V)[2] if staged else C.word_fns(xdt, ACC.name, V)[0]
+
+    @cuda.jit(device=True)
+    def normalize(
+        src,    # (NW,) words of the row: x, or s when fused (its shared copy when staged)
+        yr,     # (NW,) output words of the row
+        w,      # (N,) weight, or a dummy
+        b,      # (N,) bias, or a dummy
+        mu,     # scalar: the row's shift (mean = mu + corr), of x * sc
+        corr,   # scalar
+        r,      # scalar: rstd, of x * sc
+        sc,     # scalar: the scale
+        t,      # int: thread within the row group
+        NW,     # int: words per row
+    ):
+        xs = cuda.local.array(V, ACC)
+        tmp = cuda.local.array(V, ACC)
+        cr = corr * r  # (x - mu) * r - cr: one FFMA (the registers path's normalize)
+        for q in range(t, NW, TPR):
+            READW(src, q, xs, 0)
+            for v in range(V):
+                val = (xs[v] * sc - mu) * r - cr if LAYER else xs[v] * sc * r
+                if has_w:
+                    val *= LW(w[q * V + v])
+                if has_b:
+                    val += LB(b[q * V + v])
+                tmp[v] = val
+            STOREW(yr, q, tmp, 0)
+
+    return normalize
+
+
+@functools.lru_cache(maxsize=None)
 def _redo_fn(kind, xdt, wdt, bdt, code, staged=False):
     """``redo(src, yr, w, b, mean, rstd, row, out, t, NW, inv_n, eps, scratch, it, tid)`` ->
     ``it``: a row whose statistics left the range (``out``: its ``stats.rescue_fns`` code), normalized
@@ -261,14 +306,9 @@ def _redo_fn(kind, xdt, wdt, bdt, code, staged=False):
     * weight), where (x - mean) * rstd may leave the range.  Every thread that voted calls
     it (its reductions); a row not ``out`` sums nothing and writes nothing.  The words
     are each thread's own (t, t + tpr, ...), as the normalize pass wrote them."""
-    LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
-    TPR, V = code.tpr, code.vec
-    has_w, has_b = wdt is not None, bdt is not None and LAYER
-    LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
-    LB = C.load_fn(xdt if bdt is None else bdt, ACC.name)
-    STOREW = C.word_fns(xdt, ACC.name, V)[1]
-    READW = stats.stage_fns(xdt, ACC.name, V)[2] if staged else C.word_fns(xdt, ACC.name, V)[0]
-    RESCUE = stats.rescue_fns(xdt, TPR, V, staged, squares=not LAYER)[1]
+    LAYER = kind == "layer"
+    RESCUE = stats.rescue_fns(xdt, code.tpr, code.vec, staged, squares=not LAYER)[1]
+    NORMALIZE = _normalize_words_fn(kind, xdt, wdt, bdt, code, staged)
 
     @cuda.jit(device=True)
     def redo(
@@ -294,19 +334,7 @@ def _redo_fn(kind, xdt, wdt, bdt, code, staged=False):
                 if LAYER:
                     mean[row] = (mu + corr) / sc
                 rstd[row] = own_rstd
-            xs = cuda.local.array(V, ACC)
-            tmp = cuda.local.array(V, ACC)
-            cr = corr * rs
-            for q in range(t, NW, TPR):
-                READW(src, q, xs, 0)
-                for v in range(V):
-                    val = (xs[v] * sc - mu) * rs - cr if LAYER else xs[v] * sc * rs
-                    if has_w:
-                        val *= LW(w[q * V + v])
-                    if has_b:
-                        val += LB(b[q * V + v])
-                    tmp[v] = val
-                STOREW(yr, q, tmp, 0)
+            NORMALIZE(src, yr, w, b, mu, corr, rs, sc, t, NW)
         return it
 
     return redo
@@ -576,11 +604,7 @@ def _forward_loop_row_fn(kind, xdt, wdt, bdt, code, has_r):
     GEOMETRY = stats.geometry_fn(xdt, code)
     LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
     TPR, V, STAGED = code.tpr, code.vec, code.stage
-    has_w, has_b = wdt is not None, bdt is not None and LAYER
-    LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
-    LB = C.load_fn(xdt if bdt is None else bdt, ACC.name)
-    STOREW = C.word_fns(xdt, ACC.name, V)[1]
-    READW = stats.stage_fns(xdt, ACC.name, V)[2] if STAGED else C.word_fns(xdt, ACC.name, V)[0]
+    NORMALIZE = _normalize_words_fn(kind, xdt, wdt, bdt, code, STAGED)
     ROW_SUM = stats.row_sum_fn(xdt, TPR, V, not LAYER, has_r, STAGED, shifted=LAYER)
     FIRST = stats.first_fn(xdt, V, has_r)
     SHIFTED = stats.shifted_fn(xdt, TPR, V, V, True, STAGED)
@@ -613,18 +637,7 @@ def _forward_loop_row_fn(kind, xdt, wdt, bdt, code, has_r):
                 mean[row] = mu + corr
             rstd[row] = r
         if live:
-            yr = y[rr]
-            cr = corr * r  # (x - mu) * r - cr: one FFMA (the registers path's normalize)
-            for q in range(t, NW, TPR):
-                READW(src, q, xs, 0)
-                for v in range(V):
-                    val = (xs[v] - mu) * r - cr if LAYER else xs[v] * r
-                    if has_w:
-                        val *= LW(w[q * V + v])
-                    if has_b:
-                        val += LB(b[q * V + v])
-                    tmp[v] = val
-                STOREW(yr, q, tmp, 0)
+            NORMALIZE(src, y[rr], w, b, mu, corr, r, ACC(1), t, NW)
         out = OUT(r, live)
         if RESCUED and VOTE(out != 0):  # (a row whose statistics left the range: ``_redo_fn``)
             it = REDO(src, y[rr], w, b, mean, rstd, rr, out, t, NW, inv_n, eps, scratch, it, tid)
