@@ -6,8 +6,8 @@ elements spread over the whole range; a constant row), rows whose squares overfl
 (float32 1e20, float64 1e160), rows whose squares are subnormal or 0 with ``eps=0``
 (float32 1e-22, float64 1e-170), float32 rows of subnormal elements -- on every row
 operation, forward and backward, and GroupNorm, on the rows held in registers and on
-the loop path; and rows holding Inf or NaN still give NaN (what the oracle gives), in
-their own row alone.
+the loop path; rows holding Inf or NaN still give NaN (what the oracle gives), in
+their own row alone; and a backward handed rstd = 0 gives that row dx = 0, not NaN.
 
 The CPU kernels keep this (``test_numerics.py``).  The expected values come from the
 oracle at the row brought to unit scale: with ``s = 2**-k`` (``k`` the exponent of the
@@ -735,3 +735,73 @@ def test_float16_rows_at_its_limits_need_no_rescue(op):
         dx_want = ORACLE.rms_norm_backward(dy.astype(np.float64), x64, rstd.astype(np.float64), n)[0]
     scale = np.abs(dx_want).max(axis=1, keepdims=True)
     np.testing.assert_allclose(np.asarray(dx, np.float64) / scale, dx_want / scale, rtol=0, atol=2e-3)
+
+
+def _zero_rstd_cases():
+    out = []
+    for op in OPS + ["group_norm"]:
+        for dt in (F32, F64, "bfloat16"):
+            for path in ("held", "loop"):
+                out.append(pytest.param(op, dt, path, id=_id(op, dt, path)))
+    return out
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("op,dt,path", _zero_rstd_cases())
+def test_backward_given_a_zero_rstd(knobs, op, dt, path):
+    """A backward handed rstd = 0 for a row (which no forward of a finite row returns, but a
+    caller may pass) gives that row dx = 0 (fused: ds), dweight's and dbias' sums as the
+    oracle's, the other rows untouched: no NaN from dividing by that rstd."""
+    if dt == "bfloat16":
+        dt = pytest.importorskip("ml_dtypes").bfloat16
+    rng = np.random.default_rng(15)
+    if op == "group_norm":  # (2 samples, 4 channels, 2 groups): 4 (sample, group) rows
+        kw = PATHS[path][0]
+        n = {"held": 4, "loop": 36}[path] * 2   # a group: 2 channels of 4 (36) elements
+    else:
+        kw = PATHS[path][0]
+        n = PATHS[path][1][F32]
+    knobs(**kw)
+    x = _ordinary(rng, (4, n)).astype(dt)
+    dy = rng.standard_normal(x.shape).astype(dt)
+    w = rng.uniform(0.5, 1.5, n).astype(dt)
+    b = rng.standard_normal(n).astype(dt)
+    got = {}
+    if op == "group_norm":
+        x3, dy3 = x.reshape(2, 4, -1), dy.reshape(2, 4, -1)
+        _, m, r = nc.group_norm_forward(_dev(x3), 2, _dev(w[:4]), _dev(b[:4]))
+        m, r = to_host(m), to_host(r).copy()
+        r[0, 1] = 0
+        back = nc.group_norm_backward(_dev(dy3), _dev(x3), _dev(m), _dev(r), _dev(w[:4]))
+        dx_want, *sums = ORACLE.group_norm_backward(dy3.astype(np.float64), x3.astype(np.float64), m, r,
+                                                     w[:4].astype(np.float64))
+        dx_want = dx_want.reshape(4, -1)
+        zero = 1   # (sample 0, group 1)
+    else:
+        kind = _kind(op)
+        fused = op.startswith("add_")
+        _, s, m, r = _forward(op, x, np.zeros_like(x) if fused else None, n, w, b if kind == "layer" else None, None)
+        r = r.copy()
+        r[2] = 0
+        zero = 2
+        args = (_dev(dy), _dev(x), _dev(m), _dev(r), n, _dev(w)) if kind == "layer" else \
+            (_dev(dy), _dev(x), _dev(r), n, _dev(w))
+        if fused:
+            args = args[:1] + (_dev(dy),) + args[1:]
+        back = getattr(nc, op + "_backward")(*args)
+        x64, dy64, w64 = x.astype(np.float64), dy.astype(np.float64), w.astype(np.float64)
+        if kind == "layer":
+            dx_want, *sums = ORACLE.layer_norm_backward(dy64, x64, m, r, n, w64)
+        else:
+            dx_want, *sums = ORACLE.rms_norm_backward(dy64, x64, r, n, w64)
+        if fused:
+            dx_want = dx_want + dy64
+    dx = np.asarray(to_host(back[0]), np.float64).reshape(4, -1)
+    want_zero = dy[zero].astype(np.float64) if op.startswith("add_") else np.zeros(n)
+    assert np.array_equal(dx[zero], want_zero), _show(dx[zero])
+    tol = 1e-2 if dt not in (F32, F64) else TOL[dt] * 10
+    np.testing.assert_allclose(dx, dx_want, rtol=tol, atol=tol * np.abs(dx_want).max())
+    for got_sum, want_sum in zip(back[1:], sums):
+        want_sum = np.asarray(want_sum, np.float64)
+        np.testing.assert_allclose(np.asarray(to_host(got_sum), np.float64), want_sum, rtol=tol,
+                                   atol=tol * np.abs(want_sum).max())

@@ -70,54 +70,46 @@ def _forward_kernel(xdt, wdt, bdt, code):
 
 
 @functools.lru_cache(maxsize=None)
-def _redo_fn(xdt, wdt, bdt, code, staged=False):
-    """``redo(src, yr, w, b, mean, rstd, row, c0, chw, Cg, out, t, NW, inv_n, eps, scratch, it,
-    tid)`` -> ``it``: a group whose statistics left the range (``out``: its
-    ``stats.rescue_fns`` code) normalized again after the vote, over what was written:
-    its statistics on the group scaled by a power of two s, stored as its own, and y =
-    ((x * s - mu) - corr) * (rstd * weight) + bias from ``src`` (x, or its shared copy,
-    ``staged``), each word by the thread that wrote it: the registers path's words t +
-    k * tpr (channel ``chw[k]``), the loop path's channel by channel (``code.loop``).
-    Every thread that voted calls it; a group not ``out`` sums nothing, writes nothing."""
-    ACC, KW, WPT, _ = _consts(xdt, code)
-    TPR, V, LOOP = code.tpr, code.vec, code.loop
-    has_w, has_b = wdt is not None, bdt is not None
-    LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
-    LB = C.load_fn(xdt if bdt is None else bdt, ACC.name)
+def _word_fn(xdt, code, staged=False):
+    """``word(src, yr, q, a, bc, mu, corr, sc)``: y of word ``q`` of a group, ((x * sc - mu) -
+    corr) * a + bc, read from ``src`` (x, or its shared copy, ``staged``); ``a`` = rstd *
+    weight and ``bc`` = bias of the word's channel (``sc``: 1, or the scale of a group
+    redone, ``_rescue_fn``; x * 1 is x, and the compiler knows it)."""
+    ACC, V = C.acc_type(xdt), code.vec
     STOREW = C.word_fns(xdt, ACC.name, V)[1]
     READW = stats.stage_fns(xdt, ACC.name, V)[2] if staged else C.word_fns(xdt, ACC.name, V)[0]
-    RESCUE = stats.rescue_fns(xdt, TPR, V, staged, squares=False)[1]
 
     @cuda.jit(device=True)
-    def word(src, yr, w, b, q, c, mu, corr, rs, sc, xs, tmp):
-        a = rs * LW(w[c]) if has_w else rs
-        bc = LB(b[c]) if has_b else ACC(0)
+    def word(src, yr, q, a, bc, mu, corr, sc):
+        xs = cuda.local.array(V, ACC)
+        tmp = cuda.local.array(V, ACC)
         READW(src, q, xs, 0)
         for v in range(V):
             tmp[v] = ((xs[v] * sc - mu) - corr) * a + bc
         STOREW(yr, q, tmp, 0)
 
-    @cuda.jit(device=True)
-    def redo(src, yr, w, b, mean, rstd, row, c0, chw, Cg, out, t, NW, inv_n, eps, scratch, it, tid):  # (word's)
-        mu, corr, rs, own_rstd, sc, it = RESCUE(src, out, t, NW, inv_n, eps, scratch, it, tid)
-        if out != 0:
-            if t == 0 and row < rstd.shape[0]:
-                mean[row] = (mu + corr) / sc
-                rstd[row] = own_rstd
-            xs = cuda.local.array(V, ACC)
-            tmp = cuda.local.array(V, ACC)
-            if LOOP:
-                SW = NW // Cg                 # words per channel
-                for cc in range(Cg):
-                    for qs in range(t, SW, TPR):
-                        word(src, yr, w, b, cc * SW + qs, c0 + cc, mu, corr, rs, sc, xs, tmp)
-            else:
-                for k in range(WPT):
-                    if t + k * TPR < NW:
-                        word(src, yr, w, b, t + k * TPR, c0 + chw[k], mu, corr, rs, sc, xs, tmp)
-        return it
+    return word
 
-    return redo
+
+@functools.lru_cache(maxsize=None)
+def _rescue_fn(xdt, code, staged=False):
+    """``rescue(src, mean, rstd, row, out, t, NW, inv_n, eps, scratch, it, tid)`` -> ``(mu, corr,
+    rstd_s, sc, it)``: a group whose statistics left the range (``out``: its
+    ``stats.rescue_fns`` code), after the vote: its statistics again on the group scaled
+    by a power of two ``sc``, stored as its own; the caller writes y again as the scaled
+    group normalizes (``_word_fn``, each word by the thread that wrote it).  Every thread
+    that voted calls it (its reductions); a group not ``out`` sums and stores nothing."""
+    RESCUE = stats.rescue_fns(xdt, code.tpr, code.vec, staged, squares=False)[1]
+
+    @cuda.jit(device=True)
+    def rescue(src, mean, rstd, row, out, t, NW, inv_n, eps, scratch, it, tid):
+        mu, corr, rs, own_rstd, sc, it = RESCUE(src, out, t, NW, inv_n, eps, scratch, it, tid)
+        if out != 0 and t == 0 and row < rstd.shape[0]:
+            mean[row] = (mu + corr) / sc
+            rstd[row] = own_rstd
+        return mu, corr, rs, sc, it
+
+    return rescue
 
 
 @functools.lru_cache(maxsize=None)
@@ -125,18 +117,33 @@ def _post_fn(xdt, wdt, bdt, code):
     """``post(x, w, b, y, mean, rstd, row, chw, Cg, G, eps, scratch, it, tid)`` -> ``it``: the
     registers path's pass after its groups, in a block where one left the range: ``row``'s
     statistics again from memory, and where they are out of range (``stats.rescue_fns``'
-    ``recheck``), the group redone (``_redo_fn``); every thread of the block calls it for
-    each of its row group's rows, one at a time."""
-    RECHECK = stats.rescue_fns(xdt, code.tpr, code.vec, squares=False)[2]
-    REDO = _redo_fn(xdt, wdt, bdt, code)
+    ``recheck``), the group redone (``_rescue_fn``), each of this thread's words t + k *
+    tpr (channel ``chw[k]``) written again; every thread of the block calls it for each of
+    its row group's rows, one at a time."""
+    ACC, KW, WPT, _ = _consts(xdt, code)
+    TPR = code.tpr
+    has_w, has_b = wdt is not None, bdt is not None
+    LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
+    LB = C.load_fn(xdt if bdt is None else bdt, ACC.name)
+    RECHECK = stats.rescue_fns(xdt, TPR, code.vec, squares=False)[2]
+    RESCUE = _rescue_fn(xdt, code)
+    WORD = _word_fn(xdt, code)
     GEOMETRY = stats.geometry_fn(xdt, code)
 
     @cuda.jit(device=True)
-    def post(x, w, b, y, mean, rstd, row, chw, Cg, G, eps, scratch, it, tid):  # (REDO's)
+    def post(x, w, b, y, mean, rstd, row, chw, Cg, G, eps, scratch, it, tid):  # (the kernel's)
         M, NW, t, inv_n = GEOMETRY(x, tid)
         u = min(row, M - 1)
         out, it = RECHECK(x[u], row < M, t, NW, inv_n, eps, scratch, it, tid)
-        return REDO(x[u], y[u], w, b, mean, rstd, u, (u % G) * Cg, chw, Cg, out, t, NW, inv_n, eps, scratch, it, tid)
+        c0 = (u % G) * Cg
+        mu, corr, rs, sc, it = RESCUE(x[u], mean, rstd, u, out, t, NW, inv_n, eps, scratch, it, tid)
+        if out != 0:
+            for k in range(WPT):
+                if t + k * TPR < NW:
+                    a = rs * LW(w[c0 + chw[k]]) if has_w else rs
+                    bc = LB(b[c0 + chw[k]]) if has_b else ACC(0)
+                    WORD(x[u], y[u], t + k * TPR, a, bc, mu, corr, sc)
+        return it
 
     return post
 
@@ -298,14 +305,22 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
     has_w, has_b = wdt is not None, bdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
     LB = C.load_fn(xdt if bdt is None else bdt, ACC.name)
-    STOREW = C.word_fns(xdt, ACC.name, V)[1]
-    READW = stats.stage_fns(xdt, ACC.name, V)[2] if STAGED else C.word_fns(xdt, ACC.name, V)[0]
     ROW_SUM = stats.row_sum_fn(xdt, TPR, V, False, False, STAGED)
     CENTERED = stats.centered_fn(xdt, TPR, V, V, True, STAGED)
     OUT = stats.rescue_fns(xdt, TPR, V, STAGED, squares=False)[0]
     VOTE = stats.vote_fn(TPR, code.rows)
-    REDO = _redo_fn(xdt, wdt, bdt, code, STAGED)
+    RESCUE = _rescue_fn(xdt, code, STAGED)
+    WORD = _word_fn(xdt, code, STAGED)
     RESCUED = stats.can_leave_range(xdt)
+
+    @cuda.jit(device=True)
+    def channels(src, yr, w, b, c0, Cg, mu, corr, r, sc, t, NW):  # y channel by channel: no division per element
+        SW = NW // Cg                 # words per channel
+        for cc in range(Cg):
+            a = r * LW(w[c0 + cc]) if has_w else r
+            bc = LB(b[c0 + cc]) if has_b else ACC(0)
+            for qs in range(t, SW, TPR):
+                WORD(src, yr, cc * SW + qs, a, bc, mu, corr, sc)
 
     @cuda.jit(device=True)
     def group_loop_row(x, w, b, y, mean, rstd, row, stage, Cg, G, eps, scratch, tid):  # (the kernel's)
@@ -325,23 +340,15 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
         if live and t == 0 and row < rstd.shape[0]:
             mean[row] = mu + corr
             rstd[row] = r
+        c0 = (rr % G) * Cg
         if live:
-            yr = y[rr]
-            SW = NW // Cg                 # words per channel
-            c0 = (rr % G) * Cg
-            for cc in range(Cg):
-                a = r * LW(w[c0 + cc]) if has_w else r
-                bc = LB(b[c0 + cc]) if has_b else ACC(0)
-                for qs in range(t, SW, TPR):
-                    q = cc * SW + qs
-                    READW(src, q, xs, 0)
-                    for v in range(V):
-                        tmp[v] = ((xs[v] - mu) - corr) * a + bc
-                    STOREW(yr, q, tmp, 0)
+            channels(src, y[rr], w, b, c0, Cg, mu, corr, r, ACC(1), t, NW)
         out = OUT(r, live)
-        if RESCUED and VOTE(out != 0):  # (a group whose statistics left the range: ``_redo_fn``; after CENTERED's
+        if RESCUED and VOTE(out != 0):  # (a group whose statistics left the range: ``_rescue_fn``; after CENTERED's
             # reductions on buffers 0 and 1, the rescue's on 0 and 1, as the next group's on 0 expects)
-            REDO(src, y[rr], w, b, mean, rstd, rr, (rr % G) * Cg, rstd, Cg, out, t, NW, inv_n, eps, scratch, 0, tid)
+            mu, corr, rs, sc, _ = RESCUE(src, mean, rstd, rr, out, t, NW, inv_n, eps, scratch, 0, tid)
+            if out != 0:
+                channels(src, y[rr], w, b, c0, Cg, mu, corr, rs, sc, t, NW)
         if STAGED:
             cuda.syncthreads()  # every read of this row's copy before the next row's copy
 

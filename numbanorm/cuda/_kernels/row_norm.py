@@ -52,9 +52,10 @@ Backward (RMSNorm: mean = corr = 0, c2 = 0, no dbias):
     dx = wdy * rstd - (xhat * c1 * rstd + c2 * rstd)  (+ ds, the fused residual's gradient)
 
     (LayerNorm: corr * rstd, c1 * rstd and c2 * rstd taken once a row, so that xhat is
-    one FFMA after the subtraction and dx two; the fused backward, which adds ds, keeps
-    xhat = ((x - mean) - corr) * rstd and dx = (wdy - (xhat * c1 + c2)) * rstd, which
-    took fewer instructions there; RMSNorm: xhat = x * rstd, dx = (wdy - xhat * c1) * rstd)
+    one FFMA after the subtraction and dx two; corr * rstd is pass 1's sum (not float16's), never
+    divided by rstd, which a caller may pass as 0; the fused backward, which adds ds, keeps
+    dx = (wdy - (xhat * c1 + c2)) * rstd, which took fewer instructions there; RMSNorm:
+    xhat = x * rstd, dx = (wdy - xhat * c1) * rstd)
 
 dweight/dbias: each thread keeps running sums of ``dy * xhat`` and ``dy`` for
 its own columns over the rows its block visits, the row groups of a block are
@@ -694,18 +695,17 @@ def _grad_sums_fn(kind, xdt):
 
 @functools.lru_cache(maxsize=None)
 def _grad_dx_fn(kind, has_ds):
-    """``grad_dx(x, wdy, mu, corr, r, c1, c2, cr, c1r, c2r)`` -> ``(xhat, dx)``: one element's
+    """``grad_dx(x, wdy, mu, r, c1, c2, cr, c1r, c2r)`` -> ``(xhat, dx)``: one element's
     part of the backward's pass 2 (``cr``, ``c1r``, ``c2r``: the row's corr * r, c1 * r and
     c2 * r, taken once a row; dx before the fused residual's ds is added)."""
     LAYER = kind == "layer"
 
     @cuda.jit(device=True)
-    def grad_dx(x, wdy, mu, corr, r, c1, c2, cr, c1r, c2r):
-        if LAYER and has_ds:  # (here the form below took more instructions, not fewer)
-            xhat = ((x - mu) - corr) * r
-            return xhat, (wdy - (xhat * c1 + c2)) * r
+    def grad_dx(x, wdy, mu, r, c1, c2, cr, c1r, c2r):
         if LAYER:
             xhat = (x - mu) * r - cr
+            if has_ds:  # (here the form below took more instructions, not fewer)
+                return xhat, (wdy - (xhat * c1 + c2)) * r
             return xhat, wdy * r - (xhat * c1r + c2r)
         xhat = x * r
         return xhat, (wdy - xhat * c1) * r
@@ -763,7 +763,7 @@ def _backward_sums_fn(kind, xdt, wdt, code):
 
 @functools.lru_cache(maxsize=None)
 def _dx_held_fn(kind, xdt, wdt, code, has_ds):
-    """``dx_pass(dxr, dsr, raw, ws, dwa, dba, mu, corr, r, c1, c2, t, NW)``: pass 2 of a row
+    """``dx_pass(dxr, dsr, raw, ws, dwa, dba, mu, cr, r, c1, c2, t, NW)``: pass 2 of a row
     held as its fetched words (widened again, word by word: the row stays in registers as
     loaded, half the registers of 16-bit rows widened): dx = wdy * rstd - (xhat * c1 + c2)
     * rstd (+ ds), and this thread's running sums of dy * xhat and dy for its columns."""
@@ -783,7 +783,7 @@ def _dx_held_fn(kind, xdt, wdt, code, has_ds):
         dwa,    # (VPT,) running sums of dy * xhat, per column
         dba,    # (VPT,) running sums of dy, per column (LayerNorm; a view of shared memory)
         mu,     # scalar: the saved mean (LayerNorm)
-        corr,   # scalar: mean(x - mean)
+        cr,     # scalar: mean(x - mean) * rstd
         r,      # scalar: the saved rstd
         c1,     # scalar: mean(xhat * wdy)
         c2,     # scalar: mean(wdy) (LayerNorm)
@@ -794,7 +794,7 @@ def _dx_held_fn(kind, xdt, wdt, code, has_ds):
         gs = cuda.local.array(V, ACC)
         wv = cuda.local.array(V, ACC)
         tmp = cuda.local.array(V, ACC)
-        cr, c1r, c2r = corr * r, c1 * r, c2 * r  # once a row (``_grad_dx_fn``): xhat one FFMA, dx two
+        c1r, c2r = c1 * r, c2 * r  # once a row (``_grad_dx_fn``): xhat one FFMA, dx two
         for k in range(WPT):
             q = t + k * TPR
             if q < NW:
@@ -805,7 +805,7 @@ def _dx_held_fn(kind, xdt, wdt, code, has_ds):
                     LOADW(dsr, q, tmp, 0)
                 for v in range(V):
                     e = k * V + v
-                    xhat, val = GRAD_DX(xs[v], gs[v] * wv[v], mu, corr, r, c1, c2, cr, c1r, c2r)
+                    xhat, val = GRAD_DX(xs[v], gs[v] * wv[v], mu, r, c1, c2, cr, c1r, c2r)
                     tmp[v] = tmp[v] + val if has_ds else val
                     dwa[e] += gs[v] * xhat
                     if LAYER:
@@ -840,16 +840,16 @@ def _backward_rows_fn(kind, xdt, wdt, code, has_ds, rows):
             if LAYER:
                 c2 = v[at + 2] * inv_n
                 if UNITS:
-                    cr = v[at] * inv_n   # corr * rstd
+                    cr = v[at] * inv_n   # corr * rstd, never recovered as cr / rstd (rstd may be 0)
                     c1 = v[at + 1] * inv_n - cr * c2
-                    corr = cr / r
                 else:
                     corr = v[at] * inv_n
                     c1 = (v[at + 1] * inv_n - corr * c2) * r
+                    cr = corr * r
             else:
-                corr = c2 = ACC(0)
+                cr = c2 = ACC(0)
                 c1 = v[at] * inv_n
-            DX(dx[row], ds[row if has_ds else 0], raw, ws, dwa, dba, mu, corr, r, c1, c2, t, NW)
+            DX(dx[row], ds[row if has_ds else 0], raw, ws, dwa, dba, mu, cr, r, c1, c2, t, NW)
 
     @cuda.jit(device=True)
     def backward_rows(dy, x, ds, dx, row, step, raw0, raw1, raw2, st, ws, dwa, dba, scratch, it, tid):  # (kernel's)
@@ -1048,19 +1048,19 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
             dsum, xw, c2 = group_sum3(dsum, xw, c2, scratch, it & 1, tid, TPR)
             c2 *= inv_n
             if UNITS:
-                cr = dsum * inv_n    # corr * rstd (``_grad_sums_fn``)
+                cr = dsum * inv_n    # corr * rstd (``_grad_sums_fn``), never recovered as cr / rstd
                 c1 = xw * inv_n - cr * c2
-                corr = cr / r
             else:
                 corr = dsum * inv_n
                 c1 = (xw * inv_n - corr * c2) * r
+                cr = corr * r
         else:
-            corr = ACC(0)
+            cr = ACC(0)
             c1 = group_sum(xw, scratch, it & 1, tid, TPR) * inv_n
         if live:
             dxr = dx[rr]
             dsr = ds[rr if has_ds else 0]
-            cr, c1r, c2r = corr * r, c1 * r, c2 * r  # once a row (``_grad_dx_fn``)
+            c1r, c2r = c1 * r, c2 * r  # once a row (``_grad_dx_fn``)
             for q in range(t, NW, TPR):
                 if STAGED:
                     GET(sx, q, xs, 0)
@@ -1073,7 +1073,7 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
                 for v in range(V):
                     j = q * V + v
                     wdy = gs[v] * LW(w[j]) if has_w else gs[v]
-                    xhat, val = GRAD_DX(xs[v], wdy, mu, corr, r, c1, c2, cr, c1r, c2r)
+                    xhat, val = GRAD_DX(xs[v], wdy, mu, r, c1, c2, cr, c1r, c2r)
                     tmp[v] = tmp[v] + val if has_ds else val
                     dwp[j] += gs[v] * xhat
                     if LAYER:
