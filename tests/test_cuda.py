@@ -639,6 +639,56 @@ def test_group_norm_staged_groups_a_block_loops_over_against_the_oracle(knobs, r
     assert_close(r, rr, np.float32, "GN rstd")
 
 
+@pytest.mark.cudasim
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "unstaged"])
+def test_group_norm_long_group_with_an_outlier_first_word_takes_the_two_pass(knobs, rng, staged):
+    """The long groups' statistics come from one pass of sums shifted by the mean of the
+    group's first word; a group whose first word is 64 std from the rest (mean 1, std 1e-2:
+    var = ms - m1^2 keeps about 11 of float32's 24 bits) must take the two-pass (the test
+    fails with the fallback switched off), and the group beside it, ordinary, keeps the one
+    pass -- a warp per group, the group copied to shared memory or read again."""
+    knobs(**LONG, **({} if staged else {"STAGE_BYTES": 0}))
+    S, dtype = 4096, np.float32                   # a group: 2 channels of S
+    cfg = C.row_config(2, 2 * S, False, 4, C.ROW_RESIDENT, 4, 1)
+    assert cfg.loop and (cfg.stage > 0) == staged and cfg.tpr == 32, cfg
+    x = 1 + 1e-2 * rng.standard_normal((2, 2 * S))   # (the layer_norm test's rows, as groups)
+    x[0, :4] = x[0, 4:].mean() + 64 * x[0, 4:].std()
+    x = x.reshape(2, 2, S).astype(dtype)
+    w, b = rng.uniform(0.5, 1.5, 2).astype(dtype), rng.standard_normal(2).astype(dtype)
+    y, m, r = nc.group_norm_forward(x, 1, w, b)
+    yr, mr, rr = ORACLE.group_norm_forward(x, 1, w, b)
+    for g in range(2):
+        assert_close(r[g], rr[g], dtype, f"rstd group {g}")
+        assert_close(m[g], mr[g], dtype, f"mean group {g}")
+        assert_close(y[g, :, 4:], yr[g, :, 4:], dtype, f"y group {g} (beside the outliers)")
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "unstaged"])
+def test_group_norm_long_16bit_groups_words_in_flight_and_the_tail(knobs, rng, dtype, staged):
+    """A long 16-bit group's pass 1 fetches four words a thread before it sums the first
+    (``stats.row_sum_fn``'s ``unroll``), copying their bits to shared memory where the group
+    is staged, and the words past the last four a thread takes one by one: groups of 2.1
+    rounds of four words a thread, at a mean 100 std from 0 and ordinary, against the oracle."""
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
+    knobs(**LONG, **({} if staged else {"STAGE_BYTES": 0}))
+    S = 8 * 135                                   # a channel: 135 words of 8
+    cfg = C.row_config(4, 2 * S, False, 8, C.ROW_RESIDENT, 2, 1)
+    NW = 2 * S // 8
+    assert cfg.loop and (cfg.stage > 0) == staged and NW > 8 * cfg.tpr and NW % (4 * cfg.tpr), cfg
+    x = rng.standard_normal((4, 2, S))
+    x[1::2] += 100                                # groups 1 and 3 at a large offset
+    x = x.astype(dtype)
+    w, b = rng.uniform(0.5, 1.5, 2).astype(dtype), rng.standard_normal(2).astype(dtype)
+    y, m, r = nc.group_norm_forward(x, 1, w, b)
+    yr, mr, rr = ORACLE.group_norm_forward(x.astype(np.float64), 1, w.astype(np.float64), b.astype(np.float64))
+    assert_close(m, mr, np.float32, "GN mean")
+    assert_close(r, rr, np.float32, "GN rstd")
+    assert_close(np.asarray(y, np.float64), yr, np.float16 if dtype == np.float16 else dtype, "GN y")
+
+
 # ---------------------------------------------------------------- real hardware only
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])

@@ -10,9 +10,13 @@ group in registers when it fits (several groups' words loaded at once, as
 it loads once per group), a loop (per channel, so no division per element) when it
 does not -- in typical convolutional nets L is tens of thousands and one block works
 on each group, which is copied to shared memory as it is first read where it fits,
-so that its second and third passes do not read global memory again.
+so that its y pass does not read global memory again.
 
-    mean, rstd over x[n, g*Cg:(g+1)*Cg, :]      (corrected two-pass; a group whose
+    mean, rstd over x[n, g*Cg:(g+1)*Cg, :]      (held: the corrected two-pass over
+                                                 registers; loop: sums shifted by the
+                                                 mean of the group's first word, the
+                                                 two-pass where they cannot serve, as
+                                                 ``row_norm``'s long rows; a group whose
                                                  statistics leave the range again on
                                                  the group scaled, ``stats.rescue_fns``)
     y[n, c, :] = ((x[n, c, :] - mean) - corr) * (rstd * weight[c]) + bias[c]
@@ -296,17 +300,21 @@ def _forward_held(xdt, wdt, bdt, code):
 
 @functools.lru_cache(maxsize=None)
 def _group_loop_row_fn(xdt, wdt, bdt, code):
-    """``row(x, w, b, y, mean, rstd, row, stage, Cg, G, eps, scratch, tid)``: one long
-    (sample, group) row, per channel: pass 1 (the row copied to ``stage`` where it fits),
-    pass 2 (deviations) and y from the staged copy, or from global memory again."""
+    """``row(x, w, b, y, mean, rstd, row, stage, Cg, G, eps, scratch, it, tid)`` -> ``it``: one
+    long (sample, group) row: pass 1 (shifted sums; the row copied to ``stage`` where it
+    fits), the statistics (a second pass only for groups the shifted sums cannot serve),
+    and y per channel from the staged copy, or from global memory again."""
     GEOMETRY = stats.geometry_fn(xdt, code)
     ACC, KW, WPT, _ = _consts(xdt, code)
     TPR, V, STAGED = code.tpr, code.vec, code.stage
     has_w, has_b = wdt is not None, bdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
     LB = C.load_fn(xdt if bdt is None else bdt, ACC.name)
-    ROW_SUM = stats.row_sum_fn(xdt, TPR, V, False, False, STAGED)
-    CENTERED = stats.centered_fn(xdt, TPR, V, V, True, STAGED)
+    FIRST = stats.first_fn(xdt, V, False)
+    # 16-bit: the shifted sums' registers leave ptxas two words in flight a thread; four
+    ROW_SUM = stats.row_sum_fn(xdt, TPR, V, False, False, STAGED, shifted=True,
+                               unroll=4 if np.dtype(xdt).itemsize == 2 else 1)
+    SHIFTED = stats.shifted_fn(xdt, TPR, V, V, True, STAGED)
     OUT = stats.rescue_fns(xdt, TPR, V, STAGED, squares=False)[0]
     VOTE = stats.vote_fn(TPR, code.rows)
     RESCUE = _rescue_fn(xdt, code, STAGED)
@@ -323,20 +331,23 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
                 WORD(src, yr, cc * SW + qs, a, bc, mu, corr, sc)
 
     @cuda.jit(device=True)
-    def group_loop_row(x, w, b, y, mean, rstd, row, stage, Cg, G, eps, scratch, tid):  # (the kernel's)
+    def group_loop_row(x, w, b, y, mean, rstd, row, stage, Cg, G, eps, scratch, it, tid):  # (the kernel's)
         M, NW, t, inv_n = GEOMETRY(x, tid)
         live = row < M
         rr = min(row, M - 1)
         xr = x[rr]
         xs = cuda.local.array(V, ACC)
         tmp = cuda.local.array(V, ACC)
-        total = ROW_SUM(xr, xr, xr, xs, tmp, live, t, NW, stage, ACC(0))[0]
+        # one pass of sums shifted by the mean of the group's first word (a second, the
+        # deviations', only for a group it cannot serve: ``stats.shift_fns``)
+        k = FIRST(xr, xr, tmp)
+        s1, s2 = ROW_SUM(xr, xr, xr, xs, tmp, live, t, NW, stage, k)
         if STAGED:
             # the y pass reads words by channel, which other threads copied (with a warp
             # per row, no barrier of the reductions orders them)
             cuda.syncthreads()
         src = stage if STAGED else xr
-        mu, corr, r = CENTERED(src, xs, live, t, NW, total, inv_n, eps, scratch, tid)
+        mu, corr, r, it = SHIFTED(src, xs, live, t, NW, k, s1, s2, inv_n, eps, scratch, it, tid)
         if live and t == 0 and row < rstd.shape[0]:
             mean[row] = mu + corr
             rstd[row] = r
@@ -344,13 +355,13 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
         if live:
             channels(src, y[rr], w, b, c0, Cg, mu, corr, r, ACC(1), t, NW)
         out = OUT(r, live)
-        if RESCUED and VOTE(out != 0):  # (a group whose statistics left the range: ``_rescue_fn``; after CENTERED's
-            # reductions on buffers 0 and 1, the rescue's on 0 and 1, as the next group's on 0 expects)
-            mu, corr, rs, sc, _ = RESCUE(src, mean, rstd, rr, out, t, NW, inv_n, eps, scratch, 0, tid)
+        if RESCUED and VOTE(out != 0):  # (a group whose statistics left the range: ``_rescue_fn``)
+            mu, corr, rs, sc, it = RESCUE(src, mean, rstd, rr, out, t, NW, inv_n, eps, scratch, it, tid)
             if out != 0:
                 channels(src, y[rr], w, b, c0, Cg, mu, corr, rs, sc, t, NW)
         if STAGED:
             cuda.syncthreads()  # every read of this row's copy before the next row's copy
+        return it
 
     return group_loop_row
 
@@ -369,8 +380,9 @@ def _forward_loop(xdt, wdt, bdt, code):
         scratch = cuda.shared.array((2, 2, SLOTS), ACC)
         # a long group's copy in dynamic shared memory (the launch sizes it), or one element never read
         stage = cuda.shared.array(STAGE_LEN, ST)
+        it = 0
         for row0 in range(cuda.blockIdx.x * R, x.shape[0], cuda.gridDim.x * R):
-            ROW(x, w, b, y, mean, rstd, row0 + (tid >> SHIFT), stage, Cg, G, eps, scratch, tid)
+            it = ROW(x, w, b, y, mean, rstd, row0 + (tid >> SHIFT), stage, Cg, G, eps, scratch, it, tid)
 
     return _tag(forward, code, 1, code.vec * np.dtype(xdt).itemsize)
 

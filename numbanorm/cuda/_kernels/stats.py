@@ -276,16 +276,34 @@ def held_sums_fn(xdt, tpr, vpt, vec, squares, has_r, shifted=False, keep=False):
 
 
 @functools.lru_cache(maxsize=None)
-def row_sum_fn(xdt, tpr, vec, squares, has_r, staged=False, shifted=False):
+def row_sum_fn(xdt, tpr, vec, squares, has_r, staged=False, shifted=False, unroll=1):
     """``row_sum(xr, resr, sr, xs, tmp, live, t, NW, stage, k)`` -> ``(total, total2)``:
     pass 1 of a long row (the loop path), word by word, as ``held_sums_fn`` sums a row
     held in registers; ``xs`` holds one word.  ``staged``: the row summed (x, or s) is
-    also copied into ``stage``, for the later passes."""
+    also copied into ``stage``, for the later passes.  ``unroll`` (without a residual):
+    that many words' loads a thread issues before it uses the first, as their bits."""
     ACC = C.acc_type(xdt)
     LX, SX = C.load_fn(xdt, ACC.name), C.store_fn(xdt)
     LOADW, STOREW = C.word_fns(xdt, ACC.name, vec)
     COPY, PUT, GET = stage_fns(xdt, ACC.name, vec)
+    RAW, FETCH, WIDEN, _, _ = C.raw_fns(xdt, ACC.name, vec)
     TPR, V, LAYER, STAGED, SHIFTED = tpr, vec, not squares, staged, shifted and not squares
+    U = 1 if has_r else unroll
+    KW = C.u64_per_word(xdt, vec) if vec > 1 else 1   # a word's slots in ``raw``
+    RAWN = KW * U
+
+    @cuda.jit(device=True)
+    def add(xs, k, total, total2):
+        for v in range(V):
+            # fused: normalize the s handed back, rounded
+            val = LX(SX(xs[v])) if has_r else xs[v]
+            if SHIFTED:
+                d = val - k
+                total += d
+                total2 += d * d
+            else:
+                total += val if LAYER else val * val
+        return total, total2
 
     @cuda.jit(device=True)
     def row_sums(
@@ -302,8 +320,21 @@ def row_sum_fn(xdt, tpr, vec, squares, has_r, staged=False, shifted=False):
     ):
         total = ACC(0)
         total2 = ACC(0)
+        q0 = t
+        if live and U > 1:
+            raw = cuda.local.array(RAWN, RAW)   # U words' bits
+            while q0 + (U - 1) * TPR < NW:
+                for u in range(U):
+                    FETCH(xr, q0 + u * TPR, raw, u)
+                for u in range(U):
+                    if STAGED:  # the bits as they are
+                        for h in range(KW):
+                            stage[U32((q0 + u * TPR) * KW + h)] = raw[u * KW + h]
+                    WIDEN(raw, u, xs, 0)
+                    total, total2 = add(xs, k, total, total2)
+                q0 += U * TPR
         if live:
-            for q in range(t, NW, TPR):
+            for q in range(q0, NW, TPR):
                 if STAGED and not has_r:
                     # the word as it is (no conversions), then read back from shared memory
                     COPY(xr, q, stage)
@@ -317,15 +348,7 @@ def row_sum_fn(xdt, tpr, vec, squares, has_r, staged=False, shifted=False):
                     STOREW(sr, q, xs, 0)
                     if STAGED:
                         PUT(stage, q, xs, 0)
-                for v in range(V):
-                    # fused: normalize the s handed back, rounded
-                    val = LX(SX(xs[v])) if has_r else xs[v]
-                    if SHIFTED:
-                        d = val - k
-                        total += d
-                        total2 += d * d
-                    else:
-                        total += val if LAYER else val * val
+                total, total2 = add(xs, k, total, total2)
         return total, total2
 
     return row_sums
