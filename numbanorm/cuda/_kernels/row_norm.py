@@ -52,10 +52,10 @@ Backward (RMSNorm: mean = corr = 0, c2 = 0, no dbias):
     dx = wdy * rstd - (xhat * c1 * rstd + c2 * rstd)  (+ ds, the fused residual's gradient)
 
     (LayerNorm: corr * rstd, c1 * rstd and c2 * rstd taken once a row, so that xhat is
-    one FFMA after the subtraction and dx two; corr * rstd is pass 1's sum (not float16's), never
-    divided by rstd, which a caller may pass as 0; the fused backward, which adds ds, keeps
-    dx = (wdy - (xhat * c1 + c2)) * rstd, which took fewer instructions there; RMSNorm:
-    xhat = x * rstd, dx = (wdy - xhat * c1) * rstd)
+    one FFMA after the subtraction and dx two; corr * rstd is pass 1's sum (but in
+    float16), never divided by rstd, which a caller may pass as 0; the fused backward,
+    which adds ds, keeps dx = (wdy - (xhat * c1 + c2)) * rstd, which took fewer
+    instructions there; RMSNorm: xhat = x * rstd, dx = (wdy - xhat * c1) * rstd)
 
 dweight/dbias: each thread keeps running sums of ``dy * xhat`` and ``dy`` for
 its own columns over the rows its block visits, the row groups of a block are

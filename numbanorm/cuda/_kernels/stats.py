@@ -9,11 +9,10 @@ a long row is summed word by word as it is loaded (``row_sum_fn``, the loop path
 copying it to shared memory where it fits, ``stage_fns``).  The sums are of the
 elements (or their squares, RMSNorm; or, ``shifted``, of their deviations from a shift
 ``k``, the mean of the row's first word (``first_fn``), and their squares).
-``centered_fn``: the group's mean from that sum, then a pass over the deviations from it
-(``deviations_fn``, ``deviation_sums_fn``), whose sum corrects the mean's rounding (the
-corrected two-pass variance), and rstd.  ``shift_fns``/``shifted_fn``: LayerNorm's
-statistics from the shifted sums in one group reduction, with a deviations pass for the
-rows where they are not exact enough.  ``rescue_fns``: the statistics again, from
+``shift_fns``/``shifted_fn``: LayerNorm's (and GroupNorm's long groups') statistics from
+the shifted sums in one group reduction, with a pass over the deviations from their mean
+(``deviations_fn``, ``deviation_sums_fn``: the corrected two-pass, whose sum of deviations
+corrects the mean's rounding) for the rows where they are not exact enough.  ``rescue_fns``: the statistics again, from
 memory, on the row scaled by a power of two, for the rare rows whose sums over- or
 underflowed the accumulation dtype (``vote_fn``: whether the threads that meet in a
 reduction take such a branch).  All take the row mapping's constants (threads per
@@ -443,35 +442,6 @@ def deviations_fn(xdt, tpr, vpt, vec, loop, staged=False):
         return corr, RSTD(corr, sq, inv_n, eps)
 
     return deviations
-
-
-@functools.lru_cache(maxsize=None)
-def centered_fn(xdt, tpr, vpt, vec, loop, staged=False):
-    """``centered(src, xs, live, t, NW, total, inv_n, eps, scratch, tid)`` -> ``(mu, corr,
-    rstd)``: mean = mu + corr, with ((x - mu) - corr) the deviations the kernels use.
-    ``staged``: ``src`` is the row's shared copy (``stage_fns``)."""
-    DEVIATIONS = deviations_fn(xdt, tpr, vpt, vec, loop, staged)
-    TPR = tpr
-
-    @cuda.jit(device=True)
-    def centered(
-        src,      # (NW,) words of the row (x, or s when fused; its shared copy when staged), re-read on the loop path
-        xs,       # (VPT,) this thread's elements from row_sum (registers path)
-        live,     # bool: the row exists
-        t,        # int: thread within the row group
-        NW,       # int: words per row
-        total,    # scalar: this thread's row_sum
-        inv_n,    # scalar: 1 / elements per row, accumulation dtype
-        eps,      # scalar, accumulation dtype
-        scratch,  # (2, >= 2, slots) shared memory of the group sums (buffer 0, then 1)
-        tid,      # int: thread within the block
-    ):
-        mu = group_sum(total, scratch, 0, tid, TPR) * inv_n
-        # pass 2: deviations from mu; their sum corrects mu's rounding
-        corr, r = DEVIATIONS(src, xs, live, t, NW, mu, inv_n, eps, scratch, 1, tid)
-        return mu, corr, r
-
-    return centered
 
 
 @functools.lru_cache(maxsize=None)
