@@ -101,8 +101,7 @@ CALLS = 3  # each case: compile (or load), direct launch, replay
 SPEED_ROWS = 32768
 SPEED_NS = (4096, 8192, 1024, 2048)  # in the order they are timed: the budget cuts the last
 SPEED_DTYPES = ("bfloat16", "float16", "float32")
-GN_SHAPES = ((8, 512, 64, 64), (16, 256, 128, 128))
-GN_GROUPS = 32
+GN_SHAPES, GN_GROUPS = gpu_model.GN_SHAPES, gpu_model.GN_GROUPS  # (the model has records of these)
 HOST_SHAPES = ((1, 4096), (8, 4096))
 CPU_SHAPE = (16384, 4096)
 CPU_THREADS = (1, 2, 4, 8, 16)
@@ -1641,7 +1640,11 @@ def model_rows(speed):
     """For each numbanorm speed row: its measured fraction of the copy's GB/s and the static
     model's for the same kernel, dtype and N (memory clocks / max(memory, issue) clocks of
     the main launch: the bandwidth it can keep busy), where the model has that record, and
-    the model calibrated on the committed device run (``gpu_model.calibration``)."""
+    the model calibrated on the committed device run (``gpu_model.calibration``).
+    GroupNorm's rows, from the model's records at their shape: the main launch's memory
+    clocks over the sum of max(memory, issue) clocks of every launch of the call (the
+    backward reads x and dy in two launches), and the curve's fraction for a call of one
+    launch (the forward) alone."""
     path = os.path.join(HERE, "results", "gpu-model.json")
     try:
         with open(path) as f:
@@ -1656,6 +1659,9 @@ def model_rows(speed):
         cal = None
     recs = {(r["kernel"], r["dtype"], r["N"]): r for r in model.get("records", [])
             if r.get("launch") == "main" and r.get("M") == SPEED_ROWS}
+    shaped = {}  # (kernel, dtype, shape) -> every launch's record
+    for r in model.get("group_shapes_records", []):
+        shaped.setdefault((r["kernel"], r["dtype"], tuple(r["shape"])), []).append(r)
     copy = {(r["norm"], r["pass"], r["dtype"], tuple(r["shape"])): r for r in speed if r["impl"] == "copy"}
     out = []
     for r in speed:
@@ -1666,15 +1672,20 @@ def model_rows(speed):
                "measured_fraction_of_copy": round(r["gbps"] / c["gbps"], 3) if c else None,
                "model_fraction": None, "model_issue_memory_ratio": None, "calibrated_fraction": None,
                "model_of_current_kernels": current}
+        kernel = f"{r['norm']}_{r['pass']}"
         if BY_NAME[r["norm"]].layout == "rows":
-            m = recs.get((f"{r['norm']}_{r['pass']}", r["dtype"], r["shape"][1]))
-            if m:
-                mem, issue = m["memory_clocks_per_row"], m["issue_clocks_per_row"]
-                row["model_fraction"] = round(mem / max(mem, issue), 3)
-                row["model_issue_memory_ratio"] = m["issue_memory_ratio"]
-                if cal:  # (fitted on the committed device run: out of sample for any other)
-                    row["calibrated_fraction"] = round(gpu_model.calibrated_fraction(m["issue_memory_ratio"],
-                                                                                     cal["a"]), 3)
+            m = recs.get((kernel, r["dtype"], r["shape"][1]))
+            launches = [m] if m else []
+        else:
+            launches = shaped.get((kernel, r["dtype"], tuple(r["shape"])), [])
+            m = next((x for x in launches if x["launch"] == "main"), None)
+        if m:
+            busy = sum(max(x["memory_clocks_per_row"], x["issue_clocks_per_row"]) for x in launches)  # (count in)
+            row["model_fraction"] = round(m["memory_clocks_per_row"] / busy, 3)
+            row["model_issue_memory_ratio"] = m["issue_memory_ratio"]
+            if cal and len(launches) == 1:  # (fitted on the committed device run: out of sample for any other)
+                row["calibrated_fraction"] = round(gpu_model.calibrated_fraction(m["issue_memory_ratio"],
+                                                                                 cal["a"]), 3)
         out.append(row)
     return out
 

@@ -20,6 +20,9 @@ bytes (the one streaming the rows and writing the result), else the kernel
 function's name (``column_sums``, ``cast``, ``channel_sums``).  GroupNorm runs
 on x of shape (M / 32, 128, N / 4) with 32 groups: M rows (sample, group) of N
 elements; its backward kernels work per channel (``launch_rows``, ``row_elements``).
+A full run also models GroupNorm at the diffusion UNets' shapes the device check times
+(``GN_SHAPES``, 32 groups), in records of their own (``group_shapes_records``, with their
+``shape``), for ``gpu_check.model_rows`` to set beside its speed rows.
 
 Exit status: 0; 1 when a kernel spills more than ``numbanorm.cuda._ptx``'s
 budget (CI), or with ``--gate`` fails the gate (``gate_failures``: no spill at all;
@@ -199,6 +202,10 @@ M_ROWS = 32768
 NS = (1024, 2048, 4096, 8192, 16384, 32768)
 DTYPES = ("float16", "bfloat16", "float32")
 GROUPS, CHANNELS = 32, 128          # GroupNorm: x (M / GROUPS, CHANNELS, N * GROUPS / CHANNELS)
+# GroupNorm at the diffusion UNets' shapes (N, C, H, W) in GN_GROUPS groups, as the device
+# check times them: records of their own (``group_shapes_records``), beside its speed rows
+GN_SHAPES = ((8, 512, 64, 64), (16, 256, 128, 128))
+GN_GROUPS = 32
 # the table's forward and backward functions: the unfused norms', then the fused forwards and backwards
 _FUSED = [op for op in OPERATIONS if op.fused]
 KERNELS = (tuple(f for op in OPERATIONS if not op.fused for f in op.functions[1:])
@@ -654,15 +661,19 @@ def _dtype(name):
     return np.dtype(name)
 
 
-def inputs(kernel, dtype, M, N):
-    """Arguments of the public function ``kernel`` for M rows of N elements (stand-ins)."""
+def inputs(kernel, dtype, M, N, shape=None):
+    """Arguments of the public function ``kernel`` for M rows of N elements (stand-ins);
+    GroupNorm's at ``shape`` (N, C, H, W) in GN_GROUPS groups instead, where given."""
     dt, acc = _dtype(dtype), np.dtype(np.float32)
 
     def E(shape, d=dt):
         return _device_empty(shape, d)
 
     op = _op_of(kernel)
-    if op.layout == "groups":
+    if op.layout == "groups" and shape is not None:
+        n, c, s = shape[0], shape[1], math.prod(shape[2:])
+        big, param, stat, shape = (n, c, s), (c,), (n, GN_GROUPS), GN_GROUPS
+    elif op.layout == "groups":
         n, c, s = M // GROUPS, CHANNELS, N * GROUPS // CHANNELS
         big, param, stat, shape = (n, c, s), (c,), (n, GROUPS), GROUPS
     else:
@@ -683,10 +694,10 @@ def frontend():
     return _api.Frontend(_backend, plans=False)
 
 
-def capture(fe, launches, kernel, dtype, M, N):
-    """The launches the public function ``kernel`` makes for M rows of N elements."""
+def capture(fe, launches, kernel, dtype, M, N, shape=None):
+    """The launches the public function ``kernel`` makes for M rows of N elements (``inputs``)."""
     del launches[:]
-    getattr(fe, kernel)(*inputs(kernel, dtype, M, N))
+    getattr(fe, kernel)(*inputs(kernel, dtype, M, N, shape))
     return [ln._replace(itemsize=_dtype(dtype).itemsize) for ln in launches]
 
 
@@ -962,10 +973,13 @@ def analyse(launch, compiled):
     }
 
 
-def records_for(fe, launches, kernel, dtype, N, M=M_ROWS, sass_dir=None, written=None, cache_dir=None):
-    """One record per distinct launch of ``kernel`` (identical launches merged, ``count``)."""
+def records_for(fe, launches, kernel, dtype, N, M=M_ROWS, sass_dir=None, written=None, cache_dir=None,
+                shape=None):
+    """One record per distinct launch of ``kernel`` (identical launches merged, ``count``);
+    GroupNorm's at ``shape`` (``inputs``), whose M (sample, group) rows of N elements the
+    caller gives."""
     groups = {}
-    for ln in capture(fe, launches, kernel, dtype, M, N):
+    for ln in capture(fe, launches, kernel, dtype, M, N, shape):
         sig = signature(ln.args)
         key = (id(ln.kernel), sig, ln.grid, ln.block, ln.shared)
         if key in groups:
@@ -976,7 +990,7 @@ def records_for(fe, launches, kernel, dtype, N, M=M_ROWS, sass_dir=None, written
     for ln, count, sig in groups.values():
         compiled = compile_kernel(ln.kernel, sig, cache_dir=cache_dir)
         r = {"kernel": kernel, "launch": ln.kernel.py_func.__name__, "dtype": dtype, "N": N, "M": M,
-             "count": count, **analyse(ln, compiled)}
+             **({"shape": list(shape)} if shape else {}), "count": count, **analyse(ln, compiled)}
         r["_total_instructions"] *= count
         r["_total_bytes"] *= count
         r["_requested_bytes"] *= count
@@ -1000,7 +1014,7 @@ def records_for(fe, launches, kernel, dtype, N, M=M_ROWS, sass_dir=None, written
         if sass_dir is not None:
             name = written.get(sass)
             if name is None:
-                name = f"{kernel}.{r['launch']}.{dtype}.N{N}.sass"
+                name = f"{kernel}.{r['launch']}.{dtype}.N{N}{'.M%d' % M if shape else ''}.sass"
                 with open(os.path.join(sass_dir, name), "w") as f:
                     f.write(sass)
                 written[sass] = name
@@ -1106,6 +1120,15 @@ def main(argv=None):
                                          cache_dir=args.cache):
                         records.append(r)
                         print(table([r]).splitlines()[1] if len(records) > 1 else table([r]), flush=True)
+        shaped = []  # GroupNorm at GN_SHAPES (a full run's: not with --quick or --ns)
+        for k in [k for k in kernels if _op_of(k).layout == "groups" and not (args.quick or args.ns)]:
+            for dt in dtypes:
+                for shape in GN_SHAPES:
+                    L = shape[1] // GN_GROUPS * math.prod(shape[2:])
+                    for r in records_for(fe, launches, k, dt, L, M=shape[0] * GN_GROUPS, sass_dir=args.sass_dir,
+                                         written=written, cache_dir=args.cache, shape=shape):
+                        shaped.append(r)
+                        print(table([r]).splitlines()[1], flush=True)
     head = "layer_norm_forward" if "layer_norm_forward" in by_kernel else next(iter(by_kernel), None)
     out = {
         "model": MODEL,
@@ -1113,6 +1136,7 @@ def main(argv=None):
         "kernel_sources_sha256": kernel_sources(),
         "M": M_ROWS,
         "records": records,
+        "group_shapes_records": shaped,
         "compiles_for_M_sweep": by_kernel[head]["factory_cache_entries"] if head else None,
         "compiles_for_M_sweep_kernel": head,
         "compiles_for_M_sweep_Ms": [sweep_ms.start, sweep_ms.stop - 1],
@@ -1123,10 +1147,10 @@ def main(argv=None):
         f.write("\n")
     print(f"compiles for the M sweep (M = {sweep_ms.start}..{sweep_ms.stop - 1}, N = {SWEEP_N}, "
           f"{SWEEP_DTYPE}): {by_kernel}")
-    failures = gate_failures(records, strict=args.gate, spill_budget=_ptx.SPILL_BYTES)
+    failures = gate_failures(records + shaped, strict=args.gate, spill_budget=_ptx.SPILL_BYTES)
     for line in failures:
         print("GATE:", line)
-    print(f"{len(records)} records (a model, not a measurement) -> {args.json}; "
+    print(f"{len(records) + len(shaped)} records (a model, not a measurement) -> {args.json}; "
           f"{'gate failed' if failures else 'gate passed'} ({'strict' if args.gate else 'spill budget'})")
     return 1 if failures else 0
 

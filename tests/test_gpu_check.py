@@ -336,6 +336,25 @@ def test_targets_and_the_model_on_a_made_up_run():
     assert 0 < m["model_fraction"] <= 1 and m["model_issue_memory_ratio"] > 0  # the committed model has N = 4096
 
 
+def test_model_rows_of_group_norm_are_the_models_records_at_their_shape():
+    """A GroupNorm speed row gets the committed model's records at its shape: the forward
+    (one launch) its main launch's fraction and the calibrated curve's; the backward the
+    fraction over all its launches, which read x and dy twice (channel sums, then dx): at
+    most 3/5 of the copy's time for its bytes, and no curve fitted on one launch."""
+    shape = list(G.GN_SHAPES[0])
+
+    def row(p, impl, ms):
+        nbytes = G._arrays_moved(BY_NAME["group_norm"], p) * math.prod(shape) * 2
+        return {"norm": "group_norm", "pass": p, "dtype": "bfloat16", "shape": shape, "impl": impl,
+                "gbps": round(nbytes / ms / 1e6, 1), "ms": ms}
+
+    speed = [row(p, impl, ms) for p in ("forward", "backward") for impl, ms in (("copy", 0.05), ("numbanorm", 0.1))]
+    fwd, bwd = sorted(G.model_rows(speed), key=lambda m: m["pass"] != "forward")
+    assert fwd["measured_fraction_of_copy"] == pytest.approx(0.5, abs=1e-3)
+    assert 0 < fwd["model_fraction"] <= 1 and 0 < fwd["calibrated_fraction"] < 1
+    assert 0 < bwd["model_fraction"] <= 0.6 + 1e-3 and bwd["calibrated_fraction"] is None
+
+
 def test_cpu_scaling_times_the_kernel_against_the_threaded_copy():
     """The device check's CPU section on a tiny shape: every norm and direction gives a row
     with its copy beside it (the section once called a floor argument that was gone, a

@@ -411,6 +411,25 @@ def test_committed_model_has_the_in_flight_columns_and_passes_its_gate():
     assert G.gate_failures(records, strict=True) == []
 
 
+def test_group_norm_at_the_unet_shapes_has_records_of_its_own():
+    """GroupNorm's arguments at a (N, C, H, W) shape (the device check's), and the committed
+    model's records there: every launch of the forward and the backward at each shape and
+    dtype, with the shape, and M and N the (sample, group) rows and their length."""
+    dy, x, mean, rstd, w = G.inputs("group_norm_backward", "bfloat16", 256, 65536, shape=(8, 512, 64, 64))
+    assert (dy.shape, x.shape, mean.shape, rstd.shape, w.shape) == ((8, 512, 4096),) * 2 + ((8, 32),) * 2 + ((512,),)
+    data = json.loads(open(os.path.join(ROOT, "benchmarks", "results", "gpu-model.json")).read())
+    shaped = data["group_shapes_records"]
+    for shape in G.GN_SHAPES:
+        n, c = shape[:2]
+        for kernel, launches in (("group_norm_forward", {"main"}),
+                                 ("group_norm_backward", {"main", "channel_sums", "column_sums"})):
+            for dt in G.DTYPES:
+                rs = [r for r in shaped if (r["kernel"], r["dtype"], tuple(r["shape"])) == (kernel, dt, shape)]
+                assert {r["launch"] for r in rs} == launches, (kernel, dt, shape)
+                assert all((r["M"], r["N"]) == (n * G.GN_GROUPS, c // G.GN_GROUPS * shape[2] * shape[3])
+                           and r["spill_bytes"] == 0 for r in rs)
+
+
 def test_calibration_recovers_its_parameter_and_describes_the_device_run():
     """The model calibrated on the H200 run: fraction = 1 / (1 + a * issue/memory ratio).
     On made-up rows it recovers a. On the committed run (66 row kernels at N = 1024 to
