@@ -672,14 +672,14 @@ def inputs(kernel, dtype, M, N, shape=None):
     op = _op_of(kernel)
     if op.layout == "groups" and shape is not None:
         n, c, s = shape[0], shape[1], math.prod(shape[2:])
-        big, param, stat, shape = (n, c, s), (c,), (n, GN_GROUPS), GN_GROUPS
+        big, param, stat, role = (n, c, s), (c,), (n, GN_GROUPS), GN_GROUPS
     elif op.layout == "groups":
         n, c, s = M // GROUPS, CHANNELS, N * GROUPS // CHANNELS
-        big, param, stat, shape = (n, c, s), (c,), (n, GROUPS), GROUPS
+        big, param, stat, role = (n, c, s), (c,), (n, GROUPS), GROUPS
     else:
-        big, param, stat, shape = (M, N), (N,), (M, 1), (N,)
+        big, param, stat, role = (M, N), (N,), (M, 1), (N,)
     made = {"weight": lambda: E(param), "bias": lambda: E(param), "mean": lambda: E(stat, acc),
-            "rstd": lambda: E(stat, acc), op.shape_role: lambda: shape}
+            "rstd": lambda: E(stat, acc), op.shape_role: lambda: role}  # (normalized_shape, num_groups)
     roles = op.forward_roles if kernel == op.functions[1] else op.backward_roles
     # by the table's roles: the big arrays (x, residual, dy, ds, s), the parameters, the statistics;
     # eps is left to its default
