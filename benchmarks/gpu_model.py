@@ -670,12 +670,10 @@ def inputs(kernel, dtype, M, N, shape=None):
         return _device_empty(shape, d)
 
     op = _op_of(kernel)
-    if op.layout == "groups" and shape is not None:
-        n, c, s = shape[0], shape[1], math.prod(shape[2:])
-        big, param, stat, role = (n, c, s), (c,), (n, GN_GROUPS), GN_GROUPS
-    elif op.layout == "groups":
-        n, c, s = M // GROUPS, CHANNELS, N * GROUPS // CHANNELS
-        big, param, stat, role = (n, c, s), (c,), (n, GROUPS), GROUPS
+    if op.layout == "groups":
+        n, c, s, g = ((shape[0], shape[1], math.prod(shape[2:]), GN_GROUPS) if shape is not None
+                      else (M // GROUPS, CHANNELS, N * GROUPS // CHANNELS, GROUPS))
+        big, param, stat, role = (n, c, s), (c,), (n, g), g
     else:
         big, param, stat, role = (M, N), (N,), (M, 1), (N,)
     made = {"weight": lambda: E(param), "bias": lambda: E(param), "mean": lambda: E(stat, acc),
