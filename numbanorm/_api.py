@@ -101,6 +101,10 @@ class Backend(Protocol):
         the backend's launchers do not handle it, overlap none of ``reads`` (the inputs,
         x first; None for an absent one) but x itself."""
 
+    def same_array(self, a: Any, b: Any) -> bool:
+        """``a`` and ``b`` are one array: the same memory, shape and strides (an ``out`` given
+        as x itself)."""
+
     def copy_into(self, ctx: Any, dst: Any, src: Any) -> None:
         """dst[...] = src (same size; dst may be strided)."""
 
@@ -338,7 +342,10 @@ class Frontend:
             y, copy_back = self._output(ctx, out_native, p.flat, c.dtype, [a[r] for r in op.forward_arrays], order,
                                         x.shape)
             s = backend.empty(ctx, p.flat, c.dtype) if op.fused else None
-            made = backend.empty if stats else backend.unkept
+            # in place, the statistics are kept all the same: a GPU kernel finds by them a
+            # row it normalizes again from x, which y has not overwritten (``row_norm._post_fn``)
+            in_place = out_native is not None and not copy_back and backend.same_array(out_native, x)
+            made = backend.empty if stats or in_place else backend.unkept
             kept = [made(ctx, p.stats, acc) for _ in op.stats]
             if p.flat[0]:
                 inputs = [backend.contiguous(ctx, x, p.flat, order)]

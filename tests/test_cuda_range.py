@@ -7,7 +7,8 @@ elements spread over the whole range; a constant row), rows whose squares overfl
 (float32 1e-22, float64 1e-170), float32 rows of subnormal elements -- on every row
 operation, forward and backward, and GroupNorm, on the rows held in registers and on
 the loop path; rows holding Inf or NaN still give NaN (what the oracle gives), in
-their own row alone; and a backward handed rstd = 0 gives that row dx = 0, not NaN.
+their own row alone; a row out of range in a call in place (``out=x``) as well; and a
+backward handed rstd = 0 gives that row dx = 0, not NaN.
 
 The CPU kernels keep this (``test_numerics.py``).  The expected values come from the
 oracle at the row brought to unit scale: with ``s = 2**-k`` (``k`` the exponent of the
@@ -528,6 +529,30 @@ def _gn_cases():
     return out
 
 
+def _gn_expected(x, dy, G, w, b, eps):
+    """The oracle group by group at unit scale: (y, mean_s, rstd_s, dx_s) per (sample,
+    group) row, dweight, dbias, and each row's exponent ``k`` (``_expected_forward``)."""
+    N, Cn, S = x.shape
+    Cg = Cn // G
+    rows = x.reshape(N * G, Cg * S)
+    k = _exponents(rows)
+    y_want, dx_s = np.empty(rows.shape), np.empty(rows.shape)
+    mean_s, rstd_s = np.empty(N * G), np.empty(N * G)
+    dw_want, db_want = np.zeros(Cn), np.zeros(Cn)
+    for i in range(N * G):
+        j, g = divmod(i, G)
+        ch = slice(g * Cg, (g + 1) * Cg)
+        xs = np.ldexp(x[j:j + 1, ch].astype(np.float64), -k[i])
+        wg = None if w is None else w[ch]
+        bg = None if b is None else b[ch]
+        yi, mi, ri = ORACLE.group_norm_forward(xs, 1, wg, bg, _scaled_eps(eps, k[i]))
+        dxi, dwi, dbi = ORACLE.group_norm_backward(dy[j:j + 1, ch], xs, mi, ri, wg)
+        y_want[i], mean_s[i], rstd_s[i], dx_s[i] = yi.ravel(), mi[0, 0], ri[0, 0], dxi.ravel()
+        dw_want[ch] += dwi
+        db_want[ch] += dbi
+    return y_want, mean_s, rstd_s, dx_s, dw_want, db_want, k
+
+
 @pytest.mark.cudasim
 @pytest.mark.parametrize("dt,case,path,affine", _gn_cases())
 def test_group_norm_with_a_group_out_of_range(knobs, dt, case, path, affine):
@@ -553,21 +578,7 @@ def test_group_norm_with_a_group_out_of_range(knobs, dt, case, path, affine):
     eps = _ln_eps(eps)
     y, mean, rstd = _host(*nc.group_norm_forward(_dev(x), G, _dev(w), _dev(b), eps))
     dx, dw, db = _host(*nc.group_norm_backward(_dev(dy), _dev(x), _dev(mean), _dev(rstd), _dev(w)))
-    # the oracle group by group at unit scale
-    k = _exponents(rows)
-    y_want, dx_s = np.empty((N * G, L)), np.empty((N * G, L))
-    mean_s, rstd_s = np.empty(N * G), np.empty(N * G)
-    dw_want, db_want = np.zeros(Cn), np.zeros(Cn)
-    for i in range(N * G):
-        j, g = divmod(i, G)
-        ch = slice(g * Cg, (g + 1) * Cg)
-        xs = np.ldexp(x[j:j + 1, ch].astype(np.float64), -k[i])
-        wg, bg = (None, None) if w is None else (w[ch], b[ch])
-        yi, mi, ri = ORACLE.group_norm_forward(xs, 1, wg, bg, _scaled_eps(eps, k[i]))
-        dxi, dwi, dbi = ORACLE.group_norm_backward(dy[j:j + 1, ch], xs, mi, ri, wg)
-        y_want[i], mean_s[i], rstd_s[i], dx_s[i] = yi.ravel(), mi[0, 0], ri[0, 0], dxi.ravel()
-        dw_want[ch] += dwi
-        db_want[ch] += dbi
+    y_want, mean_s, rstd_s, dx_s, dw_want, db_want, k = _gn_expected(x, dy, G, w, b, eps)
     check = _Check()
     labels = _labels(N * G, at, case)
     tol = TOL[dt]
@@ -579,6 +590,94 @@ def test_group_norm_with_a_group_out_of_range(knobs, dt, case, path, affine):
     check.close("dweight", dw, dw_want, tol)
     check.close("dbias", db, db_want, tol)
     check.done()
+
+
+# ---------------------------------------------------------------- in place
+
+# ``out=x``: a row out of range is normalized again from x after the block's rows (held in
+# registers) or after its own y pass (the loop), and an in-place call's y overwrites x
+# wherever it is written first.  ``tiny`` weights put an ordinary row's y out of range
+# itself, which a pass that checks the rows again from memory would take for a row to redo.
+IN_PLACE_CASES = [(F32, "limit"), (F64, "tiny"), (F32, "squares")]
+_TINY = {F32: -120, F64: -1000}  # the exponent of the tiny weights (y stays normal)
+
+
+def _in_place_params(rng, dt, n, weights, kind):
+    w = rng.uniform(0.5, 1.5, n)
+    if weights == "tiny":
+        return np.ldexp(w, _TINY[dt]).astype(dt), None
+    return w.astype(dt), (rng.standard_normal(n).astype(dt) if kind == "layer" else None)
+
+
+def _in_place_cases(paths, ops):
+    """(op, dtype, case, path, weights): the contract's float32 row on every path, the
+    float64 tiny row held and unstaged, with both kinds of weights; the rest slow.  Not
+    GroupNorm's float32 row at the top of the range with tiny weights: its rstd * weight,
+    folded per channel, underflows there."""
+    out = []
+    for op in ops:
+        for (dt, case) in IN_PLACE_CASES:
+            for path in paths:
+                for weights in ("ordinary", "tiny"):
+                    if op == "group_norm" and case == "limit" and weights == "tiny":
+                        continue
+                    slow = not (case == "limit" or case == "tiny" and path in ("held", "loop_unstaged"))
+                    out.append(pytest.param(op, dt, case, path, weights, marks=SLOW if slow else [],
+                                            id=_id(op, dt, case, path, weights)))
+    return out
+
+
+def _check_in_place(y, y_want, w, weights, dt, case, m, at):
+    """y (2-D rows) against the oracle's; with tiny weights both divided by them (unit scale)."""
+    y, y_want = np.asarray(y, np.float64), np.asarray(y_want, np.float64)
+    if weights == "tiny":
+        y, y_want = y / w, y_want / w
+    check = _Check()
+    check.rows("y", y, y_want, TOL[dt], _labels(m, at, case))
+    check.done()
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("op,dt,case,path,weights",
+                         _in_place_cases(("held", "held_block", "loop", "loop_unstaged", "loop_block"),
+                                         ("layer_norm", "rms_norm")))
+def test_forward_in_place_of_a_row_out_of_range(knobs, op, dt, case, path, weights):
+    """``out=x``: a row out of range between two ordinary rows, each row's y as the oracle's."""
+    rng = np.random.default_rng(17)
+    n = _path(knobs, path, dt, 3)
+    x, eps = _rows_of(rng, dt, case, n)
+    kind = _kind(op)
+    w, b = _in_place_params(rng, dt, n, weights, kind)
+    xd = _dev(x)
+    if kind == "layer":
+        assert nc.layer_norm(xd, n, _dev(w), _dev(b), _ln_eps(eps), out=xd) is xd
+        eps_oracle = _ln_eps(eps)
+    else:
+        assert nc.rms_norm(xd, n, _dev(w), eps, out=xd) is xd
+        eps_oracle = _rms_eps(dt, eps)
+    y_want = _expected_forward(kind, x.astype(np.float64), w, b, eps_oracle)[0]
+    _check_in_place(to_host(xd), y_want, w, weights, dt, case, 3, 1)
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("op,dt,case,path,weights",
+                         _in_place_cases(("held", "loop", "loop_unstaged", "loop_block"), ("group_norm",)))
+def test_group_norm_in_place_with_a_group_out_of_range(knobs, op, dt, case, path, weights):
+    """``out=x``, GroupNorm, 2 groups, one (sample, group) out of range: each group's y as
+    the oracle's."""
+    kw, shapes, loop, staged = GN_PATHS[path]
+    knobs(**kw)
+    N, Cn, S = shapes[dt]
+    G = 2
+    rng = np.random.default_rng(19)
+    rows, eps = _rows_of(rng, dt, case, Cn // G * S, N * G, 1)
+    x = rows.reshape(N, Cn, S)
+    w, b = _in_place_params(rng, dt, Cn, weights, "layer")
+    xd = _dev(x)
+    assert nc.group_norm(xd, G, _dev(w), _dev(b), _ln_eps(eps), out=xd) is xd
+    y_want = _gn_expected(x, np.zeros(x.shape, dt), G, w, b, _ln_eps(eps))[0]
+    per_row = np.tile(np.repeat(w, S), N).reshape(N * G, -1)  # each (sample, group) row's weights
+    _check_in_place(to_host(xd).reshape(N * G, -1), y_want, per_row, weights, dt, case, N * G, 1)
 
 
 # ---------------------------------------------------------------- Inf and NaN

@@ -348,7 +348,7 @@ def out_view(out, shape, reads, order="C"):  # (order: as contiguous)
     # is read before it is written, by the threads that write it) is computed apart
     lo, hi = _extent(out)
     for k, a in enumerate(reads):
-        if a is None or k == 0 and _same_array(a, out):
+        if a is None or k == 0 and same_array(a, out):
             continue
         a_lo, a_hi = _extent(a)
         if a_lo < hi and lo < a_hi:
@@ -370,7 +370,7 @@ def _extent(a):
     return lo, hi + a.dtype.itemsize
 
 
-def _same_array(a, b):
+def same_array(a, b):
     return C._address(a) == C._address(b) and a.shape == b.shape and a.strides == b.strides
 
 

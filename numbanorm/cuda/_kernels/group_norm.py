@@ -120,16 +120,18 @@ def _rescue_fn(xdt, code, staged=False):
 def _post_fn(xdt, wdt, bdt, code):
     """``post(x, w, b, y, mean, rstd, row, chw, Cg, G, eps, scratch, it, tid)`` -> ``it``: the
     registers path's pass after its groups, in a block where one left the range: ``row``'s
-    statistics again from memory, and where they are out of range (``stats.rescue_fns``'
-    ``recheck``), the group redone (``_rescue_fn``), each of this thread's words t + k *
-    tpr (channel ``chw[k]``) written again; every thread of the block calls it for each of
-    its row group's rows, one at a time."""
+    code from the rstd the group pass stored, or where none is kept from its statistics
+    again from memory (``stats.rescue_fns``' ``recheck``), and where it is out of range the
+    group redone (``_rescue_fn``), each of this thread's words t + k * tpr (channel
+    ``chw[k]``) written (kept, the group pass left them unwritten: x may be y, in place;
+    ``row_norm._post_fn``); every thread of the block calls it for each of its row group's
+    rows, one at a time."""
     ACC, KW, WPT, _ = _consts(xdt, code)
     TPR = code.tpr
     has_w, has_b = wdt is not None, bdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
     LB = C.load_fn(xdt if bdt is None else bdt, ACC.name)
-    RECHECK = stats.rescue_fns(xdt, TPR, code.vec, squares=False)[2]
+    OUT, _, RECHECK = stats.rescue_fns(xdt, TPR, code.vec, squares=False)
     RESCUE = _rescue_fn(xdt, code)
     WORD = _word_fn(xdt, code)
     GEOMETRY = stats.geometry_fn(xdt, code)
@@ -139,6 +141,8 @@ def _post_fn(xdt, wdt, bdt, code):
         M, NW, t, inv_n = GEOMETRY(x, tid)
         u = min(row, M - 1)
         out, it = RECHECK(x[u], row < M, t, NW, inv_n, eps, scratch, it, tid)
+        if rstd.shape[0] != 0:  # (kept: that code stands, as ``row_norm._post_fn``'s)
+            out = OUT(rstd[u], row < M)
         c0 = (u % G) * Cg
         mu, corr, rs, sc, it = RESCUE(x[u], mean, rstd, u, out, t, NW, inv_n, eps, scratch, it, tid)
         if out != 0:
@@ -175,13 +179,17 @@ def _group_rows_fn(xdt, wdt, bdt, code, rows):
     RSTD = stats.rstd_fn(ACC.name)
     MEANS, SPREADS = group_sums_fn(NV), group_sums_fn(NW2)
     OUT = stats.rescue_fns(xdt, TPR, V, squares=False)[0]
+    RESCUED = stats.can_leave_range(xdt)
 
     @cuda.jit(device=True)
     def finish(y, w, b, mean, rstd, row, ds, grp, chw, Cg, mu, corr, r, t, NW):  # -> it left the range
         if row < y.shape[0]:
-            if t == 0 and row < rstd.shape[0]:  # (a plain call's statistics: unkept, (0,), none stored)
+            kept = row < rstd.shape[0]  # (a plain call's statistics: unkept, (0,), none stored)
+            if t == 0 and kept:
                 mean[row] = mu + corr
                 rstd[row] = r
+            bad = RESCUED and OUT(r, True) != 0
+            skip = bad and kept  # (kept, such a group is written by ``_post_fn`` alone: x may be y)
             tmp = cuda.local.array(V, ACC)
             c0 = grp * Cg                 # the group's first channel
             for k in range(WPT):
@@ -192,8 +200,9 @@ def _group_rows_fn(xdt, wdt, bdt, code, rows):
                     bc = LB(b[c0 + chw[k]]) if has_b else ACC(0)
                     for v in range(V):
                         tmp[v] = (ds[k * V + v] - corr) * a + bc  # ((x - mu) - corr) * a + b
-                    STOREW(y[row], q, tmp, 0)
-            return OUT(r, True) != 0
+                    if not skip:
+                        STOREW(y[row], q, tmp, 0)
+            return bad
         return False
 
     @cuda.jit(device=True)
@@ -352,9 +361,9 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
             mean[row] = mu + corr
             rstd[row] = r
         c0 = (rr % G) * Cg
-        if live:
-            channels(src, y[rr], w, b, c0, Cg, mu, corr, r, ACC(1), t, NW)
         out = OUT(r, live)
+        if live and (out == 0 or not RESCUED):  # (a group out of range is written by RESCUE's alone: x may be y)
+            channels(src, y[rr], w, b, c0, Cg, mu, corr, r, ACC(1), t, NW)
         if RESCUED and VOTE(out != 0):  # (a group whose statistics left the range: ``_rescue_fn``)
             mu, corr, rs, sc, it = RESCUE(src, mean, rstd, rr, out, t, NW, inv_n, eps, scratch, it, tid)
             if out != 0:

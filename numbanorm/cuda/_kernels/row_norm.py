@@ -345,10 +345,13 @@ def _redo_fn(kind, xdt, wdt, bdt, code, staged=False):
 def _post_fn(kind, xdt, wdt, bdt, code, has_r):
     """``post(x, res, w, b, y, s, mean, rstd, row, eps, scratch, it, tid)`` -> ``it``: the
     registers path's pass after its rows, in a block where one left the range: ``row``'s
-    statistics again from memory (x, or s as stored), and where they are out of range
-    (``stats.rescue_fns``' ``recheck``), the row redone (``_redo_fn``).  Every thread of
-    the block calls it for each of its row group's rows, one at a time."""
-    RECHECK = stats.rescue_fns(xdt, code.tpr, code.vec, squares=kind == "rms")[2]
+    code from the rstd the row pass stored, or where none is kept (a plain call not in
+    place) from its statistics again from memory (x, or s as stored; ``stats.rescue_fns``'
+    ``recheck``), and where it is out of range the row redone (``_redo_fn``).  Kept, such a
+    row's y was left unwritten, so that x is still there to redo it from where y is x (in
+    place).  Every thread of the block calls it for each of its row group's rows, one at a
+    time."""
+    OUT, _, RECHECK = stats.rescue_fns(xdt, code.tpr, code.vec, squares=kind == "rms")
     REDO = _redo_fn(kind, xdt, wdt, bdt, code)
     GEOMETRY = stats.geometry_fn(xdt, code)
 
@@ -358,6 +361,8 @@ def _post_fn(kind, xdt, wdt, bdt, code, has_r):
         u = U64(min(row, M - 1))
         src = s[u] if has_r else x[u]
         out, it = RECHECK(src, row < M, t, NW, inv_n, eps, scratch, it, tid)
+        if rstd.shape[0] != 0:  # (kept: that code stands; the recheck's, of a row y may have overwritten, not)
+            out = OUT(rstd[u], row < M)
         return REDO(src, y[u], w, b, mean, rstd, u, out, t, NW, inv_n, eps, scratch, it, tid)
 
     return post
@@ -388,6 +393,7 @@ def _layer_rows_fn(xdt, code, has_r, rows):
     STORE_S = _store_s_fn(xdt, code)
     WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
     OUT = stats.rescue_fns(xdt, TPR, V, squares=False)[0]
+    RESCUED = stats.can_leave_range(xdt)
 
     @cuda.jit(device=True)
     def sums(x, res, row, raw, xs, tmp, t, NW, v, at):
@@ -404,12 +410,15 @@ def _layer_rows_fn(xdt, code, has_r, rows):
             u = U64(row)  # the index unsigned: no negative-index wraparound
             if has_r:
                 STORE_S(s[u], raw, t, NW)
-            if t == 0 and row < rstd.shape[0]:  # (a plain call's statistics: unkept, (0,), none stored)
+            kept = row < rstd.shape[0]  # (a plain call's statistics: unkept, (0,), none stored)
+            if t == 0 and kept:
                 mean[u] = st[at] + st[at + 1]
                 rstd[u] = st[at + 2]
-            # fused: the row as stored (s), not held widened: two rows of x and the residual fit
-            NORMALIZE(y[u], raw if has_r else xs, ws, bs, st[at], st[at + 1], st[at + 2], t, NW)
-            return OUT(st[at + 2], True) != 0
+            bad = RESCUED and OUT(st[at + 2], True) != 0
+            if has_r or not (bad and kept):  # (kept, such a row is written by ``_post_fn`` alone: x may be y)
+                # fused: the row as stored (s), not held widened: two rows of x and the residual fit
+                NORMALIZE(y[u], raw if has_r else xs, ws, bs, st[at], st[at + 1], st[at + 2], t, NW)
+            return bad
         return False
 
     @cuda.jit(device=True)
@@ -490,6 +499,7 @@ def _rms_rows_fn(xdt, code, has_r, rows):
     NORMALIZE = _normalize_held_fn("rms", xdt, code, has_r)
     STORE_S = _store_s_fn(xdt, code)
     OUT = stats.rescue_fns(xdt, TPR, V, squares=True)[0]
+    RESCUED = stats.can_leave_range(xdt)
 
     @cuda.jit(device=True)
     def finish(y, s, rstd, row, sq, raw, xs, ws, eps, t, NW):  # -> the row left the range (``layer_rows``')
@@ -499,10 +509,13 @@ def _rms_rows_fn(xdt, code, has_r, rows):
             u = U64(row)  # the index unsigned: no negative-index wraparound
             if has_r:
                 STORE_S(s[u], raw, t, NW)
-            if t == 0 and row < rstd.shape[0]:
+            kept = row < rstd.shape[0]
+            if t == 0 and kept:
                 rstd[u] = r
-            NORMALIZE(y[u], raw if has_r else xs, ws, ws, ACC(0), ACC(0), r, t, NW)
-            return OUT(r, True) != 0
+            bad = RESCUED and OUT(r, True) != 0
+            if has_r or not (bad and kept):  # (``layer_rows``' finish)
+                NORMALIZE(y[u], raw if has_r else xs, ws, ws, ACC(0), ACC(0), r, t, NW)
+            return bad
         return False
 
     @cuda.jit(device=True)
@@ -637,9 +650,9 @@ def _forward_loop_row_fn(kind, xdt, wdt, bdt, code, has_r):
             if LAYER:
                 mean[row] = mu + corr
             rstd[row] = r
-        if live:
-            NORMALIZE(src, y[rr], w, b, mu, corr, r, ACC(1), t, NW)
         out = OUT(r, live)
+        if live and (out == 0 or not RESCUED):  # (a row out of range is written by REDO alone: x may be y)
+            NORMALIZE(src, y[rr], w, b, mu, corr, r, ACC(1), t, NW)
         if RESCUED and VOTE(out != 0):  # (a row whose statistics left the range: ``_redo_fn``)
             it = REDO(src, y[rr], w, b, mean, rstd, rr, out, t, NW, inv_n, eps, scratch, it, tid)
         return it
