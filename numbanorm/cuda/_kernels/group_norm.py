@@ -523,6 +523,11 @@ def _channel_sums_kernel(xdt, code):
         return live and not (abs(v[at + 1]) < INF and abs(v[at + 2]) < INF)   # (NaN compares false)
 
     @cuda.jit(device=True)
+    def in_rstd_units(v, at, r):  # a row's sums of dy * (x - mean) and of x - mean, times its rstd
+        v[at + 1] *= r
+        v[at + 2] *= r
+
+    @cuda.jit(device=True)
     def rescaled(x, dy, row, raw, mu, r, out, t, NW, v, again, at, scratch, it, tid):  # -> it
         # the sums of a row whose sums of x - mean overflowed, again with (x - mean) * rstd:
         # every row of the vote reduces (zeros where not ``out``), only ``out`` rows adopt
@@ -533,8 +538,7 @@ def _channel_sums_kernel(xdt, code):
             v[at + 1] = again[1]
             v[at + 2] = again[2]
         else:
-            v[at + 1] *= r
-            v[at + 2] *= r
+            in_rstd_units(v, at, r)
         return it + 1
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
@@ -592,14 +596,11 @@ def _channel_sums_kernel(xdt, code):
                 if D > 2:
                     it = rescaled(x, dy, row + 2 * step, raw2, mu2, r2, o2, t, NW, v, again, 6, scratch, it, tid)
             else:  # in rstd's units: the group's dx kernel sums them over its channels
-                v[1] *= r0
-                v[2] *= r0
+                in_rstd_units(v, 0, r0)
                 if D > 1:
-                    v[4] *= r1
-                    v[5] *= r1
+                    in_rstd_units(v, 3, r1)
                 if D > 2:
-                    v[7] *= r2
-                    v[8] *= r2
+                    in_rstd_units(v, 6, r2)
             for d in range(D):
                 if t == 0 and row + d * step < M:
                     for i in range(3):

@@ -12,12 +12,13 @@ elements (or their squares, RMSNorm; or, ``shifted``, of their deviations from a
 ``shift_fns``/``shifted_fn``: LayerNorm's (and GroupNorm's long groups') statistics from
 the shifted sums in one group reduction, with a pass over the deviations from their mean
 (``deviations_fn``, ``deviation_sums_fn``: the corrected two-pass, whose sum of deviations
-corrects the mean's rounding) for the rows where they are not exact enough.  ``rescue_fns``: the statistics again, from
-memory, on the row scaled by a power of two, for the rare rows whose sums over- or
-underflowed the accumulation dtype (``vote_fn``: whether the threads that meet in a
-reduction take such a branch).  All take the row mapping's constants (threads per
-row, elements per thread, word width, loop or registers) as closure constants, like the
-kernels that inline them; ``reduce`` does the group sums.
+corrects the mean's rounding) for the rows where they are not exact enough.
+``rescue_fns``: the statistics again, from memory, on the row scaled by a power of two,
+for the rare rows whose sums over- or underflowed the accumulation dtype (``vote_fn``:
+whether the threads that meet in a reduction take such a branch).  All take the row
+mapping's constants (threads per row, elements per thread, word width, loop or
+registers) as closure constants, like the kernels that inline them; ``reduce`` does the
+group sums.
 """
 
 import functools
