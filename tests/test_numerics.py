@@ -6,7 +6,7 @@ import pytest
 
 import numbanorm as nn
 from _marks import EXHAUSTIVE
-from conftest import ORACLE, channels_last
+from conftest import ORACLE, channels_last, to_host
 
 LONG = 1 << 22
 
@@ -183,6 +183,23 @@ def test_huge_groups_in_channels_last_order():
         np.testing.assert_array_equal(g, r)
     np.testing.assert_array_equal(nn.group_norm_backward(dy, x, *got[1:], w)[0],
                                   nn.group_norm_backward(dy, np.ascontiguousarray(x), *want[1:], w)[0])
+
+
+@pytest.mark.xfail(strict=True, reason="known limit: GroupNorm folds rstd * weight[c] into one factor per "
+                   "channel, which underflows where y itself is representable (book, chapter 4)")
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_group_norm_weights_whose_product_with_rstd_underflows(impl, layout):
+    """float32 groups of standard deviation 1e15 and weights near 2**-120: y = xhat * w is
+    about 1e-36, normal, and rstd * w about 1e-51, below float32's range."""
+    rng = np.random.default_rng(23)
+    x = (rng.standard_normal((2, 4, 4, 4)) * 1e15).astype(np.float32)
+    w = np.ldexp(rng.uniform(0.5, 1.5, 4), -120).astype(np.float32)
+    if layout == "channels_last":
+        x = channels_last(x)
+    y = to_host(impl.group_norm(x, 2, w))
+    want = ORACLE.group_norm_forward(x.astype(np.float64), 2, w.astype(np.float64))[0]
+    per = w.astype(np.float64)[None, :, None, None]
+    assert _rel(y / per, want / per) < 1e-5
 
 
 @pytest.mark.parametrize("dt", [np.float32, pytest.param(np.float64, marks=EXHAUSTIVE)])
