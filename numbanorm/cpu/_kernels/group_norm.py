@@ -27,6 +27,17 @@ from .sums import gradient_sums
 
 
 @njit(cache=True, nogil=True, inline="always")
+def folded_away(
+    a,      # scalar: rstd * weight[c], the accumulation dtype
+    wc,     # scalar: weight[c]
+):
+    """The product ``a`` fell below the smallest normal number while ``wc`` is not 0: y =
+    (x - mean) * a would lose what (x - mean) * rstd * weight[c] keeps (a group whose
+    standard deviation is 1e15 and a float32 weight near 2**-120)."""
+    return wc != 0 and abs(a) < np.finfo(type(a)).tiny
+
+
+@njit(cache=True, nogil=True, inline="always")
 def dims(
     xc,     # (N * C, S) input, a channel a row
     mean,   # (N, G) statistics, accumulation dtype
@@ -118,6 +129,10 @@ def write_channels(
         # per channel, the affine folds into the scale: (x - mean) * (r * w[c]) + b[c]
         a = r * w[c] if w is not None else r
         bc = b[c] if b is not None else zero
+        if w is not None and folded_away(a, w[c]):  # (rare: the two factors in turn)
+            for j in range(S):
+                yc[ch, j] = narrow((((widen(xc[ch, j]) - mu) - corr) * r) * w[c] + bc, yc)
+            continue
         # its whole lines with streaming stores where `stream`, the plain spans before and
         # after them one inlined copy, as layer_norm.forward_rows
         s0, s1 = stream_span(yc, ch) if STREAMING and stream else (S, S)
@@ -501,10 +516,15 @@ def last_write(
         by_channel(shift, n, m)
         by_channel(corr, n, k)
         by_channel(rstd, n, f)
+        lost = False
         for c in range(C):
             if w is not None:
                 f[c] *= w[c]
+                lost |= folded_away(f[c], w[c])
             bc[c] = b[c] if b is not None else rstd.dtype.type(0)
+        if lost:  # (rare: the block's channels again, rstd and the weight in turn)
+            last_unfolded(x, n, a, e, m, k, rstd, w, bc, y)
+            continue
         if STREAMING and stream:
             # a position at a time: its row's whole lines streamed, the parts of lines at
             # its ends (shared with the rows beside it) by ordinary stores
@@ -530,6 +550,30 @@ def last_write(
     if STREAMING and stream:
         store_fence()
     return 0
+
+
+@njit(cache=True, fastmath={"contract"}, nogil=True)
+def last_unfolded(
+    x,      # (N, S, C) input in channels-last order
+    n,      # scalar: the sample
+    a,      # scalar: first position of the block
+    e,      # scalar: one past its last
+    m,      # (C,) each channel's shift
+    k,      # (C,) its correction
+    rstd,   # (N, G) each group's rstd
+    w,      # (C,) weight in the accumulation dtype
+    bc,     # (C,) bias
+    y,      # (N * S, C) output, a position a row
+):
+    """last_write's block where a channel's rstd * weight underflowed (``folded_away``):
+    ((x - shift) - corr) * rstd * weight + bias, the two factors in turn."""
+    C = x.shape[2]
+    Cg = C // rstd.shape[1]
+    for s in range(a, e):
+        for c in range(C):
+            j = np.uint64(c)
+            d = (widen(x[n, s, j]) - m[j]) - k[j]
+            y[n * x.shape[1] + s, j] = narrow((d * rstd[n, c // Cg]) * w[j] + bc[j], y)
 
 
 @njit(cache=True, fastmath={"contract"}, nogil=True, inline="always")
