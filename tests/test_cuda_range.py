@@ -611,16 +611,12 @@ def _in_place_params(rng, dt, n, weights, kind):
 
 def _in_place_cases(paths, ops):
     """(op, dtype, case, path, weights): the contract's float32 row on every path, the
-    float64 tiny row held and unstaged, with both kinds of weights; the rest slow.  Not
-    GroupNorm's float32 row at the top of the range with tiny weights, where its factor
-    per channel underflows (``test_group_norm_weights_whose_product_with_rstd_underflows``)."""
+    float64 tiny row held and unstaged, with both kinds of weights; the rest slow."""
     out = []
     for op in ops:
         for (dt, case) in IN_PLACE_CASES:
             for path in paths:
                 for weights in ("ordinary", "tiny"):
-                    if op == "group_norm" and case == "limit" and weights == "tiny":
-                        continue
                     slow = not (case == "limit" or case == "tiny" and path in ("held", "loop_unstaged"))
                     out.append(pytest.param(op, dt, case, path, weights, marks=SLOW if slow else [],
                                             id=_id(op, dt, case, path, weights)))
@@ -681,8 +677,6 @@ def test_group_norm_in_place_with_a_group_out_of_range(knobs, op, dt, case, path
 
 
 @pytest.mark.cudasim
-@pytest.mark.xfail(strict=True, reason="a known failure: the GPU kernels fold rstd * weight[c] into one "
-                   "factor per channel (book, chapter 4)")
 @pytest.mark.parametrize("path", ["held", "loop", "loop_unstaged", "loop_block"])
 def test_group_norm_weights_whose_product_with_rstd_underflows(knobs, path):
     """float32 groups of standard deviation 1e15 (in range) and weights near 2**-120:

@@ -9,9 +9,6 @@ from _marks import EXHAUSTIVE
 from conftest import ORACLE, channels_last, to_host
 
 LONG = 1 << 22
-# a known failure of the GPU kernels (tests/test_cuda_range.py has each of their paths)
-GPU_FOLD = ("GroupNorm's GPU kernels fold rstd * weight[c] into one factor per channel, which "
-            "underflows where y itself is representable (book, chapter 4)")
 
 
 def _offset_rows(rng, rows, n, mean=1e4, std=1e-2):
@@ -189,12 +186,10 @@ def test_huge_groups_in_channels_last_order():
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
-def test_group_norm_weights_whose_product_with_rstd_underflows(request, impl, impl_name, layout):
+def test_group_norm_weights_whose_product_with_rstd_underflows(impl, layout):
     """float32 groups of standard deviation 1e15 and weights near 2**-120: y = xhat * w is
     about 1e-36, normal, and rstd * w, GroupNorm's factor per channel, about 1e-51, below
-    float32's range (it gave y = 0).  The GPU kernels still fold it (book, chapter 4)."""
-    if impl_name == "cuda":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=GPU_FOLD))
+    float32's range (it gave y = 0; ``test_cuda_range.py`` has each GPU path)."""
     rng = np.random.default_rng(23)
     x = (rng.standard_normal((2, 4, 4, 4)) * 1e15).astype(np.float32)
     w = np.ldexp(rng.uniform(0.5, 1.5, 4), -120).astype(np.float32)

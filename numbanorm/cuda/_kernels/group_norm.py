@@ -22,7 +22,8 @@ so that its y pass does not read global memory again.
     y[n, c, :] = ((x[n, c, :] - mean) - corr) * (rstd * weight[c]) + bias[c]
 
 never ``x * a + (bias - mean * a)``: folding the mean into the offset cancels
-catastrophically when |mean| >> std.
+catastrophically when |mean| >> std.  Where rstd * weight[c] underflows (tiny weights,
+a wide group), the group is redone with the two factors in turn (``_fold_fns``).
 
 Backward, in three kernels (the dx of a group needs sums over all its channels):
 
@@ -52,7 +53,7 @@ from numba import cuda
 
 from . import common as C
 from . import stats
-from .reduce import group_sum2, group_sums_fn, slots
+from .reduce import _FULL_MASK, group_sum2, group_sums_fn, slots
 
 
 def _consts(xdt, code):
@@ -74,22 +75,83 @@ def _forward_kernel(xdt, wdt, bdt, code):
 
 
 @functools.lru_cache(maxsize=None)
+def _fold_fns(acc):
+    """``(lost, factors)`` for the per-channel factor a = rstd * weight, which falls
+    below the smallest normal number where y itself need not (a group of standard
+    deviation 1e15, a float32 weight near 2**-120); ``acc``: the accumulation dtype's name.
+    ``lost(r, rmin)``: a group of rstd ``r`` may have such a channel (``rmin``: the smallest
+    normal number over the least nonzero |weight|, ``_least_weight_fn``) -- uniform where
+    ``r`` is, so such a group takes the rescue (code 3: at scale 1), whose redo takes each
+    channel's ``factors(r, wv)``: ``(r * wv, 1)``, or ``(r, wv)``, the two in turn, where
+    that product underflows and the weight ``wv`` is not 0."""
+    ACC = getattr(cuda, acc)
+    TINY = float(np.finfo(np.dtype(acc)).tiny)
+
+    @cuda.jit(device=True)
+    def lost(r, rmin):
+        return r < rmin
+
+    @cuda.jit(device=True)
+    def factors(r, wv):
+        a = r * wv
+        if wv != ACC(0) and abs(a) < ACC(TINY):
+            return r, wv
+        return a, ACC(1)
+
+    return lost, factors
+
+
+@functools.lru_cache(maxsize=None)
+def _least_weight_fn(xdt, wdt, block):
+    """``least(w, scratch, tid)``: the smallest normal number over the least nonzero |weight|
+    (0: none), the rstd under which a channel's rstd * weight may underflow (``_fold_fns``),
+    the same bits in every thread of a block of ``block`` threads, once a kernel."""
+    ACC = C.acc_type(xdt)
+    LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
+    WARPS = max(1, block // 32)
+    TINY = float(np.finfo(np.dtype(ACC.name)).tiny)
+
+    @cuda.jit(device=True)
+    def least(w, scratch, tid):
+        m = ACC(math.inf)
+        for c in range(tid, w.shape[0], block):
+            v = abs(LW(w[c]))
+            if v != ACC(0):
+                m = min(m, v)
+        off = _U32(16)
+        while off > _U32(0):
+            m = min(m, cuda.shfl_xor_sync(_FULL_MASK, m, off))
+            off >>= _U32(1)
+        if WARPS > 1:
+            if tid & 31 == 0:
+                scratch[0, 0, tid >> 5] = m
+            cuda.syncthreads()
+            for k in range(WARPS):
+                m = min(m, scratch[0, 0, k])
+            cuda.syncthreads()  # (before the rows' first reduction writes that buffer)
+        return ACC(TINY) / m
+
+    return least
+
+
+@functools.lru_cache(maxsize=None)
 def _word_fn(xdt, code, staged=False):
-    """``word(src, yr, q, a, bc, mu, corr, sc)``: y of word ``q`` of a group, ((x * sc - mu) -
-    corr) * a + bc, read from ``src`` (x, or its shared copy, ``staged``); ``a`` = rstd *
-    weight and ``bc`` = bias of the word's channel (``sc``: 1, or the scale of a group
-    redone, ``_rescue_fn``; x * 1 is x, and the compiler knows it)."""
+    """``word(src, yr, q, a, wa, bc, mu, corr, sc)``: y of word ``q`` of a group, ((x * sc -
+    mu) - corr) * a * wa + bc, read from ``src`` (x, or its shared copy, ``staged``); ``a``
+    = rstd * weight and ``wa`` = 1, or ``a`` = rstd and ``wa`` = weight where that product
+    underflows (``_fold_fns``), and ``bc`` = bias of the word's channel (``sc``: 1, or the
+    scale of a group redone, ``_rescue_fn``; x * 1 is x, and the compiler knows it)."""
     ACC, V = C.acc_type(xdt), code.vec
     STOREW = C.word_fns(xdt, ACC.name, V)[1]
     READW = stats.stage_fns(xdt, ACC.name, V)[2] if staged else C.word_fns(xdt, ACC.name, V)[0]
 
     @cuda.jit(device=True)
-    def word(src, yr, q, a, bc, mu, corr, sc):
+    def word(src, yr, q, a, wa, bc, mu, corr, sc):
         xs = cuda.local.array(V, ACC)
         tmp = cuda.local.array(V, ACC)
         READW(src, q, xs, 0)
         for v in range(V):
-            tmp[v] = ((xs[v] * sc - mu) - corr) * a + bc
+            tmp[v] = ((xs[v] * sc - mu) - corr) * a * wa + bc
         STOREW(yr, q, tmp, 0)
 
     return word
@@ -134,23 +196,27 @@ def _post_fn(xdt, wdt, bdt, code):
     OUT, _, RECHECK = stats.rescue_fns(xdt, TPR, code.vec, squares=False)
     RESCUE = _rescue_fn(xdt, code)
     WORD = _word_fn(xdt, code)
+    LOST, FACTORS = _fold_fns(ACC.name)
     GEOMETRY = stats.geometry_fn(xdt, code)
 
     @cuda.jit(device=True)
-    def post(x, w, b, y, mean, rstd, row, chw, Cg, G, eps, scratch, it, tid):  # (the kernel's)
+    def post(x, w, b, y, mean, rstd, row, chw, Cg, G, eps, rmin, scratch, it, tid):  # (the kernel's)
         M, NW, t, inv_n = GEOMETRY(x, tid)
         u = min(row, M - 1)
-        out, it = RECHECK(x[u], row < M, t, NW, inv_n, eps, scratch, it, tid)
+        out, r, it = RECHECK(x[u], row < M, t, NW, inv_n, eps, scratch, it, tid)
         if rstd.shape[0] != 0:  # (kept: that code stands, as ``row_norm._post_fn``'s)
-            out = OUT(rstd[u], row < M)
+            r = rstd[u]
+            out = OUT(r, row < M)
+        if has_w and out == 0 and row < M and LOST(r, rmin):
+            out = _U32(3)
         c0 = (u % G) * Cg
         mu, corr, rs, sc, it = RESCUE(x[u], mean, rstd, u, out, t, NW, inv_n, eps, scratch, it, tid)
         if out != 0:
             for k in range(WPT):
                 if t + k * TPR < NW:
-                    a = rs * LW(w[c0 + chw[k]]) if has_w else rs
+                    a, wa = FACTORS(rs, LW(w[c0 + chw[k]])) if has_w else (rs, ACC(1))
                     bc = LB(b[c0 + chw[k]]) if has_b else ACC(0)
-                    WORD(x[u], y[u], t + k * TPR, a, bc, mu, corr, sc)
+                    WORD(x[u], y[u], t + k * TPR, a, wa, bc, mu, corr, sc)
         return it
 
     return post
@@ -158,8 +224,8 @@ def _post_fn(xdt, wdt, bdt, code):
 
 @functools.lru_cache(maxsize=None)
 def _group_rows_fn(xdt, wdt, bdt, code, rows):
-    """``group_rows(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, scratch,
-    tid)`` -> ``bad`` (a group out of range, ``_post_fn``): ``rows`` (1-3) (sample, group)
+    """``group_rows(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, rmin,
+    scratch, tid)`` -> ``bad`` (a group to redo, ``_post_fn``): ``rows`` (1-3) (sample, group)
     rows ``row, row + step, ...`` (``grp``: their groups
     within the sample, a (rows,) local array) of a row group held
     in registers, from their fetched words: the corrected two-pass statistics of all of
@@ -180,15 +246,17 @@ def _group_rows_fn(xdt, wdt, bdt, code, rows):
     MEANS, SPREADS = group_sums_fn(NV), group_sums_fn(NW2)
     OUT = stats.rescue_fns(xdt, TPR, V, squares=False)[0]
     RESCUED = stats.can_leave_range(xdt)
+    LOST = _fold_fns(ACC.name)[0]
 
     @cuda.jit(device=True)
-    def finish(y, w, b, mean, rstd, row, ds, grp, chw, Cg, mu, corr, r, t, NW):  # -> it left the range
+    def finish(y, w, b, mean, rstd, row, ds, grp, chw, Cg, mu, corr, r, t, NW, rmin):  # -> it is redone
         if row < y.shape[0]:
             kept = row < rstd.shape[0]  # (a plain call's statistics: unkept, (0,), none stored)
             if t == 0 and kept:
                 mean[row] = mu + corr
                 rstd[row] = r
-            bad = RESCUED and OUT(r, True) != 0
+            # out of range, or a channel's rstd * weight may underflow (``_fold_fns``)
+            bad = RESCUED and (OUT(r, True) != 0 or has_w and LOST(r, rmin))
             skip = bad and kept  # (kept, such a group is written by ``_post_fn`` alone: x may be y)
             tmp = cuda.local.array(V, ACC)
             c0 = grp * Cg                 # the group's first channel
@@ -206,7 +274,8 @@ def _group_rows_fn(xdt, wdt, bdt, code, rows):
         return False
 
     @cuda.jit(device=True)
-    def group_rows(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, scratch, tid):  # (kernel's)
+    def group_rows(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, rmin, scratch,
+                   tid):  # (the kernel's)
         M, NW, t, inv_n = GEOMETRY(x, tid)
         v = cuda.local.array(NW2, ACC)              # each row's sums, then its deviations' sums
         xs0 = cuda.local.array(VPT, ACC)            # each row's elements
@@ -232,13 +301,13 @@ def _group_rows_fn(xdt, wdt, bdt, code, rows):
         # groups whose statistics left the range: the kernel redoes them after its rows
         # (``_post_fn``), from memory
         bad = finish(y, w, b, mean, rstd, row, xs0, grp[0], chw, Cg, m0, v[0] * inv_n,
-                     RSTD(v[0] * inv_n, v[1], inv_n, eps), t, NW)
+                     RSTD(v[0] * inv_n, v[1], inv_n, eps), t, NW, rmin)
         if rows > 1:
             bad |= finish(y, w, b, mean, rstd, row + step, xs1, grp[1], chw, Cg, m1, v[2] * inv_n,
-                          RSTD(v[2] * inv_n, v[3], inv_n, eps), t, NW)
+                          RSTD(v[2] * inv_n, v[3], inv_n, eps), t, NW, rmin)
         if rows > 2:
             bad |= finish(y, w, b, mean, rstd, row + 2 * step, xs2, grp[2], chw, Cg, m2, v[4] * inv_n,
-                          RSTD(v[4] * inv_n, v[5], inv_n, eps), t, NW)
+                          RSTD(v[4] * inv_n, v[5], inv_n, eps), t, NW, rmin)
         return bad
 
     return group_rows
@@ -256,6 +325,8 @@ def _forward_held(xdt, wdt, bdt, code):
     ROWS = _group_rows_fn(xdt, wdt, bdt, code, D)
     POST = _post_fn(xdt, wdt, bdt, code)
     RESCUED = stats.can_leave_range(xdt)
+    FOLDS = RESCUED and wdt is not None  # (float16: rstd * weight stays a float32 normal)
+    LEAST = _least_weight_fn(xdt, wdt, BLOCK)
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)  # the row mapping's 16 elements per thread
     def forward(
@@ -286,6 +357,7 @@ def _forward_held(xdt, wdt, bdt, code):
         grp = cuda.local.array(3, U32)
         grp[0] = U32(cuda.blockIdx.x * R + (tid >> SHIFT)) % G32
         by_step, by_batch = U32(step) % G32, U32(step * D) % G32
+        rmin = LEAST(w, scratch, tid) if FOLDS else ACC(0)
         bad = False
         for base in range(cuda.blockIdx.x * R, x.shape[0], step * D):
             row = base + (tid >> SHIFT)
@@ -294,7 +366,7 @@ def _forward_held(xdt, wdt, bdt, code):
                 grp[d] = grp[d - 1] + by_step
                 if grp[d] >= G32:
                     grp[d] -= G32
-            bad |= ROWS(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, scratch, tid)
+            bad |= ROWS(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, rmin, scratch, tid)
             grp[0] += by_batch
             if grp[0] >= G32:
                 grp[0] -= G32
@@ -302,17 +374,19 @@ def _forward_held(xdt, wdt, bdt, code):
         if RESCUED and cuda.syncthreads_or(U32(bad)) != 0:
             it = 0  # (the last reduction's buffer was 1, SPREADS')
             for base in range(cuda.blockIdx.x * R, x.shape[0], step):
-                it = POST(x, w, b, y, mean, rstd, base + (tid >> SHIFT), chw, Cg, G, eps, scratch, it, tid)
+                it = POST(x, w, b, y, mean, rstd, base + (tid >> SHIFT), chw, Cg, G, eps, rmin, scratch, it, tid)
 
     return _tag(forward, code, D, D * code.vpt * np.dtype(xdt).itemsize)
 
 
 @functools.lru_cache(maxsize=None)
 def _group_loop_row_fn(xdt, wdt, bdt, code):
-    """``row(x, w, b, y, mean, rstd, row, stage, Cg, G, eps, scratch, it, tid)`` -> ``it``: one
-    long (sample, group) row: pass 1 (shifted sums; the row copied to ``stage`` where it
-    fits), the statistics (a second pass only for groups the shifted sums cannot serve),
-    and y per channel from the staged copy, or from global memory again."""
+    """``row(x, w, b, y, mean, rstd, row, stage, Cg, G, eps, rmin, scratch, it, tid)`` -> ``it``:
+    one long (sample, group) row: pass 1 (shifted sums; the row copied to ``stage`` where
+    it fits), the statistics (a second pass only for groups the shifted sums cannot serve),
+    and y per channel from the staged copy, or from global memory again; a group out of
+    range, or one whose rstd * weight may underflow (``rmin``: ``_fold_fns``), after a vote
+    by its redo alone."""
     GEOMETRY = stats.geometry_fn(xdt, code)
     ACC, KW, WPT, _ = _consts(xdt, code)
     TPR, V, STAGED = code.tpr, code.vec, code.stage
@@ -329,6 +403,7 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
     RESCUE = _rescue_fn(xdt, code, STAGED)
     WORD = _word_fn(xdt, code, STAGED)
     RESCUED = stats.can_leave_range(xdt)
+    LOST, FACTORS = _fold_fns(ACC.name)
 
     @cuda.jit(device=True)
     def channels(src, yr, w, b, c0, Cg, mu, corr, r, sc, t, NW):  # y channel by channel: no division per element
@@ -337,10 +412,19 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
             a = r * LW(w[c0 + cc]) if has_w else r
             bc = LB(b[c0 + cc]) if has_b else ACC(0)
             for qs in range(t, SW, TPR):
-                WORD(src, yr, cc * SW + qs, a, bc, mu, corr, sc)
+                WORD(src, yr, cc * SW + qs, a, ACC(1), bc, mu, corr, sc)
 
     @cuda.jit(device=True)
-    def group_loop_row(x, w, b, y, mean, rstd, row, stage, Cg, G, eps, scratch, it, tid):  # (the kernel's)
+    def channels_redo(src, yr, w, b, c0, Cg, mu, corr, r, sc, t, NW):  # (channels' after the rescue)
+        SW = NW // Cg
+        for cc in range(Cg):
+            a, wa = FACTORS(r, LW(w[c0 + cc])) if has_w else (r, ACC(1))
+            bc = LB(b[c0 + cc]) if has_b else ACC(0)
+            for qs in range(t, SW, TPR):
+                WORD(src, yr, cc * SW + qs, a, wa, bc, mu, corr, sc)
+
+    @cuda.jit(device=True)
+    def group_loop_row(x, w, b, y, mean, rstd, row, stage, Cg, G, eps, rmin, scratch, it, tid):  # (the kernel's)
         M, NW, t, inv_n = GEOMETRY(x, tid)
         live = row < M
         rr = min(row, M - 1)
@@ -362,12 +446,14 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
             rstd[row] = r
         c0 = (rr % G) * Cg
         out = OUT(r, live)
+        if RESCUED and has_w and out == 0 and live and LOST(r, rmin):
+            out = _U32(3)  # (redone at scale 1, channel by channel: ``_fold_fns``)
         if live and (out == 0 or not RESCUED):  # (a group out of range is written by RESCUE's alone: x may be y)
             channels(src, y[rr], w, b, c0, Cg, mu, corr, r, ACC(1), t, NW)
         if RESCUED and VOTE(out != 0):  # (a group whose statistics left the range: ``_rescue_fn``)
             mu, corr, rs, sc, it = RESCUE(src, mean, rstd, rr, out, t, NW, inv_n, eps, scratch, it, tid)
             if out != 0:
-                channels(src, y[rr], w, b, c0, Cg, mu, corr, rs, sc, t, NW)
+                channels_redo(src, y[rr], w, b, c0, Cg, mu, corr, rs, sc, t, NW)
         if STAGED:
             cuda.syncthreads()  # every read of this row's copy before the next row's copy
         return it
@@ -381,6 +467,8 @@ def _forward_loop(xdt, wdt, bdt, code):
     SLOTS = slots(BLOCK)
     ST, STAGE_LEN = stats.stage_type(xdt, code.vec), 0 if STAGED else 1
     ROW = _group_loop_row_fn(xdt, wdt, bdt, code)
+    FOLDS = stats.can_leave_range(xdt) and wdt is not None  # (as _forward_held's)
+    LEAST = _least_weight_fn(xdt, wdt, BLOCK)
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
     def forward(x, w, b, eps, S, G, y, mean, rstd):  # (the arguments of _forward_held's kernel)
@@ -389,9 +477,10 @@ def _forward_loop(xdt, wdt, bdt, code):
         scratch = cuda.shared.array((2, 2, SLOTS), ACC)
         # a long group's copy in dynamic shared memory (the launch sizes it), or one element never read
         stage = cuda.shared.array(STAGE_LEN, ST)
+        rmin = LEAST(w, scratch, tid) if FOLDS else ACC(0)
         it = 0
         for row0 in range(cuda.blockIdx.x * R, x.shape[0], cuda.gridDim.x * R):
-            it = ROW(x, w, b, y, mean, rstd, row0 + (tid >> SHIFT), stage, Cg, G, eps, scratch, it, tid)
+            it = ROW(x, w, b, y, mean, rstd, row0 + (tid >> SHIFT), stage, Cg, G, eps, rmin, scratch, it, tid)
 
     return _tag(forward, code, 1, code.vec * np.dtype(xdt).itemsize)
 

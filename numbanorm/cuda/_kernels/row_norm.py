@@ -360,7 +360,7 @@ def _post_fn(kind, xdt, wdt, bdt, code, has_r):
         M, NW, t, inv_n = GEOMETRY(x, tid)
         u = U64(min(row, M - 1))
         src = s[u] if has_r else x[u]
-        out, it = RECHECK(src, row < M, t, NW, inv_n, eps, scratch, it, tid)
+        out, _, it = RECHECK(src, row < M, t, NW, inv_n, eps, scratch, it, tid)
         if rstd.shape[0] != 0:  # (kept: that code stands; the recheck's, of a row y may have overwritten, not)
             out = OUT(rstd[u], row < M)
         return REDO(src, y[u], w, b, mean, rstd, u, out, t, NW, inv_n, eps, scratch, it, tid)

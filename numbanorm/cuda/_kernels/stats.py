@@ -567,7 +567,8 @@ def rescue_fns(xdt, tpr, vec, staged=False, *, squares):
 
     ``out_of_range(r, live)`` -> a uint32 code: 0 where rstd ``r`` of a live row is in
     range, 1 where it is 0 or NaN (the sums overflowed; Inf or NaN input too, which stays
-    NaN through the rescue), 2 where it is above RMAX (they underflowed).
+    NaN through the rescue), 2 where it is above RMAX (they underflowed); 3, a caller's
+    own (GroupNorm: its factor per channel underflowed), is a row redone at scale 1.
     ``rescue(src, out, t, NW, inv_n, eps, scratch, it, tid)`` -> ``(mu, corr, rs, rstd, s,
     it)``: the statistics of the row x * s, for s a power of two (DOWN or UP, by the code
     ``out``; 0: a row that sums nothing, whose thread meets the reductions all the same):
@@ -576,7 +577,7 @@ def rescue_fns(xdt, tpr, vec, staged=False, *, squares):
     = 0.  rs = 1 / sqrt(var(x * s) + eps * s^2) = rstd / s, so the row's own mean is (mu +
     corr) / s, its rstd ``rstd``, and y = ((x * s - mu) - corr) * rs: the caller
     normalizes the scaled row, where (x - mean) * rstd may leave the range.
-    ``recheck(src, live, t, NW, inv_n, eps, scratch, it, tid)`` -> ``(code, it)``: the
+    ``recheck(src, live, t, NW, inv_n, eps, scratch, it, tid)`` -> ``(code, rstd, it)``: the
     code of a row's rstd taken again from memory (plainly: RMSNorm's, or LayerNorm's
     corrected two-pass), for a pass over rows whose codes were not kept.
     The words are read as the loop path reads them (``src``: the row in global memory,
@@ -634,7 +635,7 @@ def rescue_fns(xdt, tpr, vec, staged=False, *, squares):
         it,       # int: group reductions so far (the scratch buffer alternates)
         tid,      # int: thread within the block
     ):
-        s = ACC(UP) if out == U32(2) else ACC(DOWN)
+        s = ACC(UP) if out == U32(2) else ACC(1) if out == U32(3) else ACC(DOWN)
         m, corr, var, it = two_pass(src, out != U32(0), t, NW, s, inv_n, scratch, it, tid)
         rs = RSTD(var, eps * s * s)
         rstd = rs * s
@@ -647,9 +648,10 @@ def rescue_fns(xdt, tpr, vec, staged=False, *, squares):
         return m, corr, rs, rstd, s, it
 
     @cuda.jit(device=True)
-    def recheck(src, live, t, NW, inv_n, eps, scratch, it, tid):  # (rescue's) -> (code, it)
+    def recheck(src, live, t, NW, inv_n, eps, scratch, it, tid):  # (rescue's) -> (code, rstd, it)
         # for a pass over rows whose codes were not kept
         var, it = two_pass(src, live, t, NW, ACC(1), inv_n, scratch, it, tid)[2:]
-        return out_of_range(RSTD(var, eps), live), it
+        r = RSTD(var, eps)
+        return out_of_range(r, live), r, it
 
     return out_of_range, rescue, recheck
