@@ -891,9 +891,14 @@ def analyse(launch, compiled):
         partial_trips = max(0, step - 1)
         rows = words = None
     unresolved = []
+    # a loop before the rows over the weights (GroupNorm's forward: the least weight), one
+    # trip a block's threads
+    weights = launch.args[1] if getattr(kern, "weights_loop", False) else None
 
     def iterations(loop):
         kind = sass.loop_kind(loop)
+        if kind == "words" and weights is not None and row_loop and loop[1] < row_loop[0]:
+            return cdiv(len(weights), launch.block)
         if kind == "words" and mapping is not None and not mapping.loop:
             # a row held in registers has no loop over its words: this one goes over
             # something else per row (GroupNorm's dx: the group's channels' sums, one

@@ -430,6 +430,20 @@ def test_group_norm_at_the_unet_shapes_has_records_of_its_own():
                            and r["spill_bytes"] == 0 for r in rs)
 
 
+def test_the_least_weight_loop_is_counted_by_the_channels_not_by_a_row():
+    """GroupNorm's forward (float32 and bfloat16, with weights) takes the least weight in a
+    loop over the channels before its rows (``weights_loop``): the committed model counts
+    its trips as channels over the block, so a long group's code outside the row loop is
+    about the same at every group length (counted as a row's words, it grew with them, by
+    hundreds of instructions from one length to the next)."""
+    data = json.loads(open(os.path.join(ROOT, "benchmarks", "results", "gpu-model.json")).read())
+    for dt in ("bfloat16", "float32"):
+        outside = {(r["N"], tuple(r.get("shape") or ())): r["outside_loop_instructions"]
+                   for r in data["records"] + data["group_shapes_records"]
+                   if r["kernel"] == "group_norm_forward" and r["dtype"] == dt and r["loop_path"]}
+        assert len(outside) >= 4 and max(outside.values()) - min(outside.values()) <= 16, (dt, outside)
+
+
 def test_calibration_recovers_its_parameter_and_describes_the_device_run():
     """The model calibrated on the H200 run: fraction = 1 / (1 + a * issue/memory ratio).
     On made-up rows it recovers a. On the committed run (66 row kernels at N = 1024 to

@@ -61,9 +61,12 @@ def _consts(xdt, code):
     return ACC, C.u64_per_word(xdt, code.vec), code.vpt // code.vec, code.tpr.bit_length() - 1
 
 
-def _tag(kern, code, rows, loads):
-    """``kern`` with what ``benchmarks.gpu_model`` checks its SASS against (``row_norm._tag``)."""
+def _tag(kern, code, rows, loads, weights_loop=False):
+    """``kern`` with what ``benchmarks.gpu_model`` checks its SASS against (``row_norm._tag``);
+    ``weights_loop``: the kernel's first loop, before its rows, goes over the weights
+    (argument 1: ``_least_weight_fn``), not over a row's words."""
     kern.mapping, kern.rows_in_flight, kern.loads_in_flight = code, rows, loads
+    kern.weights_loop = weights_loop
     return kern
 
 
@@ -376,7 +379,7 @@ def _forward_held(xdt, wdt, bdt, code):
             for base in range(cuda.blockIdx.x * R, x.shape[0], step):
                 it = POST(x, w, b, y, mean, rstd, base + (tid >> SHIFT), chw, Cg, G, eps, rmin, scratch, it, tid)
 
-    return _tag(forward, code, D, D * code.vpt * np.dtype(xdt).itemsize)
+    return _tag(forward, code, D, D * code.vpt * np.dtype(xdt).itemsize, FOLDS)
 
 
 @functools.lru_cache(maxsize=None)
@@ -482,7 +485,7 @@ def _forward_loop(xdt, wdt, bdt, code):
         for row0 in range(cuda.blockIdx.x * R, x.shape[0], cuda.gridDim.x * R):
             it = ROW(x, w, b, y, mean, rstd, row0 + (tid >> SHIFT), stage, Cg, G, eps, rmin, scratch, it, tid)
 
-    return _tag(forward, code, 1, code.vec * np.dtype(xdt).itemsize)
+    return _tag(forward, code, 1, code.vec * np.dtype(xdt).itemsize, FOLDS)
 
 
 # ---------------------------------------------------------------- backward
