@@ -677,11 +677,13 @@ def test_group_norm_in_place_with_a_group_out_of_range(knobs, op, dt, case, path
 
 
 @pytest.mark.cudasim
+@pytest.mark.parametrize("in_place", [False, True], ids=["apart", "in_place"])
 @pytest.mark.parametrize("path", ["held", "loop", "loop_unstaged", "loop_block"])
-def test_group_norm_weights_whose_product_with_rstd_underflows(knobs, path):
+def test_group_norm_weights_whose_product_with_rstd_underflows(knobs, path, in_place):
     """float32 groups of standard deviation 1e15 (in range) and weights near 2**-120:
     GroupNorm's factor per channel, rstd * weight, underflows where y does not, on each
-    path's own write pass (``test_numerics.py`` has the default path and channels-last)."""
+    path's own write pass, apart and in place (``test_numerics.py`` has the default path
+    and channels-last)."""
     kw, shapes, loop, staged = GN_PATHS[path]
     knobs(**kw)
     N, Cn, S = shapes[F32]
@@ -689,7 +691,8 @@ def test_group_norm_weights_whose_product_with_rstd_underflows(knobs, path):
     x = (rng.standard_normal((N, Cn, S)) * 1e15).astype(F32)
     w = np.ldexp(rng.uniform(0.5, 1.5, Cn), _TINY[F32]).astype(F32)
     b = rng.standard_normal(Cn).astype(F32) * 1e-36
-    y = to_host(nc.group_norm(_dev(x), 2, _dev(w), _dev(b)))
+    xd = _dev(x)
+    y = to_host(nc.group_norm(xd, 2, _dev(w), _dev(b), out=xd if in_place else None))
     y_want = _gn_expected(x, np.zeros(x.shape, F32), 2, w, b, 1e-5)[0]
     per_row = np.tile(np.repeat(w, S), N).reshape(N * 2, -1)
     _check_in_place(y.reshape(N * 2, -1), y_want, per_row, "tiny", F32, "ordinary", N * 2, 0)
