@@ -68,6 +68,20 @@ def least(typingctx, a, b):
 
 
 @intrinsic
+def smallest_normal(typingctx, a):
+    """The smallest normal number of ``a``'s float type, a constant (np.finfo's overload
+    compiles through Numba's pipeline, and a kernel that used it loaded ``numba.np.linalg``
+    with it from the cache)."""
+    if not isinstance(a, types.Float):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return context.get_constant(a, float(np.finfo(str(a)).tiny))
+
+    return a(a), codegen
+
+
+@intrinsic
 def empty_row(typingctx, n, like):
     """``np.empty(n, like.dtype)``: a new (n,) C-contiguous array from Numba's runtime.
     Written as an intrinsic because np.empty's overload, and the allocator it calls, go

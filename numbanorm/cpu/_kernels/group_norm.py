@@ -17,7 +17,7 @@ import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
 from .common import (FASTMATH, RESCALE, STREAMING, acc_of, empty_row, finish, in_blocks, in_spans, launch, least,
-                     param, row_block, scratch_for, wide_vectors)
+                     param, row_block, scratch_for, smallest_normal, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
 from .memory import (CACHE_BYTES, ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_apart,
                      stream_span)
@@ -34,7 +34,7 @@ def folded_away(
     """The product ``a`` fell below the smallest normal number while ``wc`` is not 0: y =
     (x - mean) * a would lose what (x - mean) * rstd * weight[c] keeps (a group whose
     standard deviation is 1e15 and a float32 weight near 2**-120)."""
-    return wc != 0 and abs(a) < np.finfo(type(a)).tiny
+    return wc != 0 and abs(a) < smallest_normal(a)
 
 
 @njit(cache=True, nogil=True, inline="always")
