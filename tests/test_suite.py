@@ -1,5 +1,6 @@
 """The test suite's own machinery (``conftest.py``): its units of work on the xdist workers,
-and which tests' CPU calls stream their outputs or take the parallel kernels."""
+and which tests' CPU calls stream their outputs or take the parallel kernels; the map of the
+tests (``tests/README.md``) and the Markdown tables of the repository."""
 
 import os
 import re
@@ -77,3 +78,53 @@ def test_a_pytest_without_xdist_reads_the_conftest():
                           "-p", "no:cacheprovider", "tests/test_layers.py", "-k", "pickled"],
                          capture_output=True, text=True, cwd=os.path.dirname(HERE), timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+
+
+def _table_cells(line):
+    """The cells of a Markdown table row: split on each `|` outside backticks, not escaped."""
+    cells, cell, code, i = [], "", False, 0
+    while i < len(line):
+        ch = line[i]
+        if ch == "\\" and i + 1 < len(line):
+            cell += line[i:i + 2]
+            i += 2
+            continue
+        code ^= ch == "`"
+        if ch == "|" and not code:
+            cells.append(cell)
+            cell = ""
+        else:
+            cell += ch
+        i += 1
+    return cells[1:]
+
+
+def test_every_markdown_table_row_has_its_headers_cells():
+    """A row with a cell too few or too many renders shifted or not at all, which a reader of
+    the page sees and no other test does (the tests' map once lost a row that way)."""
+    root = os.path.dirname(HERE)
+    files = subprocess.run(["git", "ls-files", "*.md"], capture_output=True, text=True,
+                           cwd=root, check=True).stdout.split()
+    assert "tests/README.md" in files
+    bad = []
+    for name in files:
+        header, fenced = None, False
+        with open(os.path.join(root, name), encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                line = line.strip()
+                if line.startswith("```"):
+                    fenced, header = not fenced, None
+                elif fenced or not line.startswith("|"):
+                    header = None
+                elif header is None:
+                    header = len(_table_cells(line))
+                elif len(_table_cells(line)) != header:
+                    bad.append(f"{name}:{number}: {len(_table_cells(line))} cells, its header {header}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_tests_map_names_every_test_file_and_only_those():
+    text = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
+    named = set(re.findall(r"`(test_\w+\.py)`", text))
+    files = {name for name in os.listdir(HERE) if re.fullmatch(r"test_\w+\.py", name)}
+    assert named == files, (sorted(files - named), sorted(named - files))
