@@ -344,7 +344,8 @@ class Frontend:
             s = backend.empty(ctx, p.flat, c.dtype) if op.fused else None
             # in place, the statistics are kept all the same: a GPU kernel finds by them a
             # row it normalizes again from x, which y has not overwritten (``row_norm._post_fn``)
-            in_place = out_native is not None and not copy_back and backend.same_array(out_native, x)
+            in_place = (not stats and out_native is not None and not copy_back
+                        and backend.same_array(out_native, x))
             made = backend.empty if stats or in_place else backend.unkept
             kept = [made(ctx, p.stats, acc) for _ in op.stats]
             if p.flat[0]:
