@@ -609,17 +609,18 @@ def _in_place_params(rng, dt, n, weights, kind):
     return w.astype(dt), (rng.standard_normal(n).astype(dt) if kind == "layer" else None)
 
 
-def _in_place_cases(paths, ops):
-    """(op, dtype, case, path, weights): the contract's float32 row on every path, the
-    float64 tiny row held and unstaged, with both kinds of weights; the rest slow."""
+def _in_place_cases(paths, ops=(None,)):
+    """([op,] dtype, case, path, weights), op where ``ops`` names some: the contract's float32
+    row on every path, the float64 tiny row held and unstaged, with both kinds of weights;
+    the rest slow."""
     out = []
     for op in ops:
         for (dt, case) in IN_PLACE_CASES:
             for path in paths:
                 for weights in ("ordinary", "tiny"):
                     slow = not (case == "limit" or case == "tiny" and path in ("held", "loop_unstaged"))
-                    out.append(pytest.param(op, dt, case, path, weights, marks=SLOW if slow else [],
-                                            id=_id(op, dt, case, path, weights)))
+                    values = ((op,) if op else ()) + (dt, case, path, weights)
+                    out.append(pytest.param(*values, marks=SLOW if slow else [], id=_id(*values)))
     return out
 
 
@@ -656,9 +657,8 @@ def test_forward_in_place_of_a_row_out_of_range(knobs, op, dt, case, path, weigh
 
 
 @pytest.mark.cudasim
-@pytest.mark.parametrize("op,dt,case,path,weights",
-                         _in_place_cases(("held", "loop", "loop_unstaged", "loop_block"), ("group_norm",)))
-def test_group_norm_in_place_with_a_group_out_of_range(knobs, op, dt, case, path, weights):
+@pytest.mark.parametrize("dt,case,path,weights", _in_place_cases(("held", "loop", "loop_unstaged", "loop_block")))
+def test_group_norm_in_place_with_a_group_out_of_range(knobs, dt, case, path, weights):
     """``out=x``, GroupNorm, 2 groups, one (sample, group) out of range: each group's y as
     the oracle's."""
     kw, shapes, loop, staged = GN_PATHS[path]
