@@ -129,6 +129,8 @@ def _least_weight_fn(xdt, wdt, block):
             if tid & 31 == 0:
                 scratch[0, 0, tid >> 5] = m
             cuda.syncthreads()
+            # each thread reads every warp's partial: reduce.py's second butterfly here moved
+            # float32 row loads after the first wait (the GPU design log)
             for k in range(WARPS):
                 m = min(m, scratch[0, 0, k])
             cuda.syncthreads()  # (before the rows' first reduction writes that buffer)
