@@ -169,13 +169,16 @@ def test_huge_finite_rows_forward(dt):
         np.testing.assert_array_equal(got[0][2], np.asarray(got[0])[2])
 
 
-def test_huge_groups_in_channels_last_order():
-    """A group whose float32 sums overflow on finite values, in channels-last order: the call
-    goes to the groups' kernels, which rescale it (the bits of its C-contiguous copy's call)."""
-    x = _huge_rows(np.float32).reshape(5, 3, 11)[:, :, :10].reshape(5, 3, 2, 5)
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_huge_groups_in_channels_last_order(dt):
+    """A group whose sums overflow on finite values, in channels-last order: the call goes to
+    the groups' kernels, which rescale it (the bits of its C-contiguous copy's call); so does
+    a backward whose dy's sums overflow.  (float64 groups beyond float32's range were once
+    taken for groups holding inf, and gave zeros or NaN.)"""
+    x = _huge_rows(dt).reshape(5, 3, 11)[:, :, :10].reshape(5, 3, 2, 5)
     x = channels_last(x)
-    dy = np.random.default_rng(5).standard_normal(x.shape).astype(np.float32)
-    w = np.linspace(0.5, 1.5, 3).astype(np.float32)
+    dy = np.random.default_rng(5).standard_normal(x.shape).astype(dt)
+    w = np.linspace(0.5, 1.5, 3).astype(dt)
     got = nn.group_norm_forward(x, 1, w, w)
     want = nn.group_norm_forward(np.ascontiguousarray(x), 1, w, w)
     for g, r in zip(got, want):
@@ -183,6 +186,17 @@ def test_huge_groups_in_channels_last_order():
         np.testing.assert_array_equal(g, r)
     np.testing.assert_array_equal(nn.group_norm_backward(dy, x, *got[1:], w)[0],
                                   nn.group_norm_backward(dy, np.ascontiguousarray(x), *want[1:], w)[0])
+    # each sample's dy of one sign: its group's sums overflow, the gradients do not
+    rng = np.random.default_rng(6)
+    x = channels_last(rng.standard_normal(x.shape).astype(dt))
+    sign = np.where(np.arange(x.shape[0]) % 2, -1.0, 1.0)[:, None, None, None]
+    dy = channels_last((sign * rng.uniform(0.5, 1, x.shape) * (np.finfo(dt).max / 16)).astype(dt))
+    stats = nn.group_norm_forward(x, 1, w)[1:]
+    got = nn.group_norm_backward(dy, x, *stats, w)
+    want = nn.group_norm_backward(np.ascontiguousarray(dy), np.ascontiguousarray(x), *stats, w)
+    for g, r in zip(got, want):
+        assert np.isfinite(r).all()
+        np.testing.assert_array_equal(g, r)
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])

@@ -826,9 +826,10 @@ def _forward_samples(x, w, b, eps, y, mean, rstd, far, stream):
 
 
 def _finite_group(x, marked):
-    """Whether any group of x (N, C, S) that ``marked`` (N, G) marks holds only finite values."""
+    """Whether any group of x (N, C, S) that ``marked`` (N, G) marks holds only finite values
+    (widened to float64, which every float dtype's finite values stay finite in)."""
     xg = x.reshape(x.shape[0], marked.shape[1], -1, x.shape[2])
-    return any(np.isfinite(xg[n, g].astype(np.float32)).all() for n, g in zip(*np.nonzero(marked)))
+    return any(np.isfinite(xg[n, g].astype(np.float64)).all() for n, g in zip(*np.nonzero(marked)))
 
 
 def _backward_last(dy, x, mean, rstd, weight, dx, dweight, dbias):
