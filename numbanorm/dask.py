@@ -18,7 +18,8 @@ nowhere to write).  How a call becomes a graph:
    their parallelism.  Batch chunks are left as they are;
 3. one task per block calls the top-level numbanorm function on it (NumPy
    blocks run the CPU kernels; CuPy blocks would run the GPU ones), returning
-   all of its outputs at once; each output is a light ``getitem`` layer over
+   all of its outputs at once (a backward's ``dweight``/``dbias`` unrounded, in
+   the accumulation dtype); each output is a light ``getitem`` layer over
    those tasks;
 4. ``dweight``/``dbias`` are summed from per-row-block partials with a tree
    reduction (``sum(split_every=...)``), in the accumulation dtype, then cast to
@@ -31,6 +32,7 @@ add the same per-row terms in another order and agree to float tolerance.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 
@@ -41,7 +43,9 @@ from dask.highlevelgraph import HighLevelGraph
 
 import numbanorm as _numbanorm  # the top-level functions: each block runs one
 
+from . import _api
 from . import _validate as V
+from ._dispatch import _pick
 from .operations import BY_NAME, KINDS, OPERATIONS, generate
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -79,19 +83,6 @@ def _single(a, chunks=None):
         return None
     # (chunks,): a bare tuple of a 1-D array's chunk sizes reads as one size per axis
     return a.rechunk(-1 if chunks is None else (chunks,))
-
-
-def _acc_param(a, xdt):
-    """A weight as the partial backward sums want it: in the accumulation dtype.
-
-    The kernels cast the weight to that dtype anyway, so dx is unchanged, and
-    the per-block dweight comes back unrounded (float16 partials would each be
-    rounded before the tree adds them).  Without a weight the partials come back
-    in x's dtype: exact for float32/float64; for float16 each block's partial is
-    rounded once to float16 before the float32 tree sum (passing ones instead
-    would compile another kernel specialization and could change dx's last bit).
-    """
-    return None if a is None else a.astype(V.acc_dtype(xdt))
 
 
 def _tuple_blocks(name, fn, ind, *arginds, **kwargs):
@@ -233,12 +224,31 @@ def _forward_block(x, *params, operation, shape, group_size, batch_dims, eps):
     return op.call(_numbanorm, "forward", values)
 
 
+class _Partials(_api.Frontend):
+    """A backend's front end whose backward returns dweight/dbias in the accumulation dtype:
+    a block's partial sums, which the tree adds before the one rounding, as the in-memory
+    call rounds its whole sums once (into a 16-bit x's dtype without a weight: a partial
+    rounded there first could overflow, or lose a difference the other partials cancel).
+    No plan cache: the backend's is shared with its public front end, whose results'
+    dtypes differ."""
+
+    @staticmethod
+    def _grad_dtype(weight, xdt):
+        return V.acc_dtype(xdt)
+
+
+@functools.lru_cache(maxsize=None)
+def _partials(backend):
+    return _Partials(backend, plans=False)
+
+
 def _backward_block(dy, x, *rest, operation, shape, group_size, batch_dims):
-    """numbanorm's backward on one block; dweight/dbias as partials with ``batch_dims`` axes of 1."""
+    """numbanorm's backward on one block; dweight/dbias as partials in the accumulation
+    dtype with ``batch_dims`` axes of 1."""
     op = BY_NAME[operation]
     *stats, weight = rest
     values = {"dy": dy, "x": x, **dict(zip(op.stats, stats)), "normalized_shape": shape, "weight": weight}
-    dx, *dparams = op.call(_numbanorm, "backward", values)
+    dx, *dparams = op.call(_partials(_pick(dy=dy, x=x).backend), "backward", values)  # (the top level's backend)
     return (dx, *(d.reshape((1,) * batch_dims + d.shape) for d in dparams))
 
 
@@ -278,11 +288,10 @@ def _backward(op, args):
     tok = tokenize(dy, x, *(st for st, _ in stats), plan.key, weight)
     tmp = _tuple_blocks(f"{op.name}_backward-{tok}", _backward_block, plan.ind, dy, plan.ind, x, plan.ind,
                         *(arg for st in stats for arg in st),
-                        plan.param(_acc_param(weight, xdt)), plan.param_ind if weight is not None else None,
+                        plan.param(weight), plan.param_ind if weight is not None else None,
                         operation=op.name, align_arrays=plan.align, **plan.block_kwargs)
     pdt = weight.dtype if weight is not None else xdt  # as the in-memory backward returns them
-    part = acc if weight is not None else xdt
-    grads = (_leaf(tmp, i, plan.part_chunks, part, f"{op.name}-d{r[0]}-part-{tok}") for i, r in enumerate(op.params, 1))
+    grads = (_leaf(tmp, i, plan.part_chunks, acc, f"{op.name}-d{r[0]}-part-{tok}") for i, r in enumerate(op.params, 1))
     return (_leaf(tmp, 0, x.chunks, xdt, f"{op.name}-dx-{tok}"),
             *(_tree_sum(g, plan.batch_axes, pdt, acc) for g in grads))
 

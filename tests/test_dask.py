@@ -248,3 +248,32 @@ def test_on_local_cluster(client):
     # every block lives in a worker process (which of the two is the scheduler's choice)
     assert len(held) == 8 and all(held.values()) and workers <= set(client.scheduler_info()["workers"])
     np.testing.assert_array_equal(y.compute(), numbanorm.rms_norm(x.compute(), 32))
+
+
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "group_norm"])
+def test_weightless_half_gradients_are_summed_before_they_are_rounded(name):
+    """float16 without a weight: dweight/dbias come back in x's dtype, rounded once from the
+    float32 sums, as in memory.  Each block's partial was rounded into float16 first: partials
+    past its range gave inf or NaN (+-80000 here), and cancelling ones lost their difference
+    (4001 - 4000: 4001 is not a float16)."""
+    x = np.tile(np.array([[1, 2], [3, 5], [2, 7], [4, 1]], np.float16), (2, 1))
+    dy = np.array([[20000, 1001]] + [[20000, 1000]] * 3 + [[-20000, -1000]] * 4, np.float16)
+    shape, chunks = ((8, 2, 1), (4, 2, 1)) if name == "group_norm" else ((8, 2), (4, 2))
+    x, dy = x.reshape(shape), dy.reshape(shape)
+    X, DY = da.from_array(x, chunks=chunks), da.from_array(dy, chunks=chunks)
+    op = "group_norm" if name == "group_norm" else name
+    args = (1,) if name == "group_norm" else (2,)
+    stats = getattr(numbanorm, f"{op}_forward")(x, *args)[1:]
+    shape_arg = () if name == "group_norm" else args
+    want = getattr(numbanorm, f"{op}_backward")(dy, x, *stats, *shape_arg)
+    got = _compute(*getattr(nd, f"{op}_backward")(DY, X, *stats, *shape_arg), scheduler="threads")
+    np.testing.assert_array_equal(got[0], want[0])
+    # the sums' terms: dy * xhat, |xhat| <= sqrt(2) in rows of two; their float32 sums in
+    # another order differ by their rounding, up to a few ulps of the terms' total
+    terms = np.abs(dy.astype(np.float64)).reshape(8, 2).sum(axis=0) * 2
+    for g, w, what in zip(got[1:], want[1:], ("dweight", "dbias")):
+        assert g.dtype == w.dtype == np.float16 and np.isfinite(g).all(), (what, g)
+        bound = 2.0 ** -10 * np.abs(w.astype(np.float64)) + 4 * np.finfo(np.float32).eps * terms
+        assert (np.abs(g.astype(np.float64) - w) <= bound).all(), (what, g, w, bound)
+    if name != "rms_norm":
+        assert got[2][1] == want[2][1] == 1  # the bias's sums are integers: exact
