@@ -59,6 +59,7 @@ import torch
 from torch import Tensor
 
 import numbanorm as _numbanorm  # the top-level functions, dispatching on the arrays' side
+from numbanorm import _api
 from numbanorm import _torch_addressed as _addressed
 from numbanorm import cpu as _cpu
 from numbanorm import _validate as _V
@@ -170,7 +171,8 @@ def _groups(num_groups):
 # array; the fake implementations give torch.compile the outputs' shapes and
 # dtypes as numbanorm's frontend makes them (fresh outputs in x's dtype, contiguous or
 # in x's channels-last order: ``_like``; statistics in the accumulation dtype; dweight/dbias in the weight's
-# dtype, or x's without a weight).
+# dtype, or x's without a weight), after the errors numbanorm's validation finds in
+# their shapes and dtypes (``_check_fake``).
 
 # schema types of the roles that are not plain tensors (int lists are SymInt[]
 # as torch infers them from ``list[int]``, so the schemas read as they always did)
@@ -242,8 +244,57 @@ def _implementation(op, kind, roles):
     return implementation
 
 
+class _Unviewed:
+    """The frontend's validation (``Frontend._check_forward``/``_check_backward``: every
+    contract error) on tensors as they are, for the operators' fake implementations: it reads
+    shapes and dtypes only, which is all a meta or fake tensor has."""
+
+    sides_checked = True  # (the devices: _check_fake's)
+    _check_forward = _api.Frontend._check_forward
+    _check_backward = _api.Frontend._check_backward
+
+    @staticmethod
+    def _native(roles, given):
+        return {r: given[r] for r in roles}
+
+
+_UNVIEWED = _Unviewed()
+
+
+def _check_fake(op, kind, args):
+    """The errors a call on real tensors would raise, raised by a fake implementation (meta
+    tensors, FakeTensorMode, torch.compile's tracing) before it makes any output: numbanorm's
+    validation on the shapes and dtypes, and the devices' check.  Sizes or an eps that
+    torch.compile traces as symbols are checked by the operator on their values (validating
+    them here would specialize them), their tensors' dtypes here."""
+    roles, arrays = (op.backward_roles, op.backward_arrays) if kind == "backward" else (op.forward_roles,
+                                                                                        op.forward_arrays)
+    given = dict(zip(roles, args))
+    first = _normalized(op) if kind == "backward" else "x"
+    x = given[first]
+    tensors = [(r, given[r]) for r in arrays if given[r] is not None]
+    for name, t in tensors:
+        if t.device != x.device:
+            if t.device.type != x.device.type:  # as a CPU tensor with a CUDA one: common_side's TypeError
+                raise TypeError(f"`{name}` is on {t.device} but `{first}` is on {x.device}: all tensors of one "
+                                "call must be on the same device (nothing is copied between devices)")
+            _V.one_device({first: x.device.index, name: t.device.index})
+    scalars = [given.get(op.shape_role), given.get("eps")]
+    if isinstance(scalars[0], (list, tuple)):
+        scalars = [*scalars[0], scalars[1]]
+    if any(isinstance(v, _SYMBOLIC) for v in scalars) or any(
+            isinstance(d, _SYMBOLIC) for _, t in tensors for d in t.shape):
+        for name, t in tensors:
+            _V.float_dtype(name, t)
+    elif kind == "backward":
+        _UNVIEWED._check_backward(op, args)
+    else:
+        _UNVIEWED._check_forward(op, (*args, None))  # (no out=)
+
+
 def _fake_forward(op):
     def fake(*args):
+        _check_fake(op, "forward", args)
         given = dict(zip(op.forward_roles, args))
         x = given["x"]
         if op.layout == "rows":  # keep-dims statistics
@@ -270,6 +321,7 @@ def _like(op, x):
 
 def _fake_backward(op):
     def fake(*args):
+        _check_fake(op, "backward", args)
         given = dict(zip(op.backward_roles, args))
         x, weight = given[_normalized(op)], given["weight"]
         shape = tuple(given["normalized_shape"]) if op.layout == "rows" else (x.shape[1],)
@@ -380,6 +432,8 @@ def _functorch_stack():
 
 
 _INTERPRETERS, _WRAPPED, _UNWRAPPED, _DIFFERENTIATING = _functorch_stack()
+# (torch._vmap_internals' batched tensors: a torch without the test has none to meet)
+_LEGACY_BATCHED = getattr(getattr(torch._C, "_functorch", None), "is_legacy_batchedtensor", lambda t: False)
 
 
 def _differentiable(op, ctx, grads, z, weight, stats):
@@ -411,10 +465,11 @@ def _differentiable(op, ctx, grads, z, weight, stats):
         dz = dz + grads[1]
     dys = dys.reshape(z.shape)
     total = (lambda t: t.sum(summed)) if summed else (lambda t: t)  # (sum over no dimension: sum([]) sums all)
-    dw = total(dys * xhat.reshape(z.shape)).to(z.dtype if weight is None else weight.dtype)
+    grad_dtype = z.dtype if weight is None else weight.dtype  # the kernels' (Frontend._grad_dtype)
+    dw = total(dys * xhat.reshape(z.shape)).to(grad_dtype)
     if "bias" not in op.params:
         return dz, dw
-    return dz, dw, total(dys).to(dy.dtype)
+    return dz, dw, total(dys).to(grad_dtype)  # (not dy's: a 16-bit dy rounded a float32 bias's sums)
 
 
 def _grouped(z, t, normalized_shape, stats):
@@ -502,6 +557,8 @@ def _tangent(op, ctx, tangents):
         if given.get(role) is not None:
             dy = term(given[role]) if dy is None else dy + term(given[role])
     dy = None if dy is None else dy.to(z.dtype)
+    if op.fused and dz is None:  # s = x + residual is constant in the weight and bias: autograd takes no None
+        dz = torch.zeros_like(z)
     return ((dy, dz) if op.fused else (dy,)) + (None,) * len(op.stats)
 
 
@@ -707,7 +764,15 @@ def _backward(op, args):
     allows, the operator's implementation itself.  (A backward that records a graph of
     itself does not come here: :func:`_differentiable`.)"""
     if _direct(args):
-        return _IMPLEMENTATIONS[op.name, "backward"](*args)
+        try:
+            return _IMPLEMENTATIONS[op.name, "backward"](*args)
+        except RuntimeError:
+            # a gradient batched by torch's legacy vmap (is_grads_batched, jacobian(vectorize=True),
+            # gradcheck's batched check) has no memory to view: it goes to the operator, whose
+            # batching fallback runs each sample; found by its failure (before any kernel runs),
+            # which a check up front would have charged every backward
+            if not any(isinstance(a, Tensor) and _LEGACY_BATCHED(a) for a in args):
+                raise
     return _OPERATORS[op.name][1](*args)
 
 
@@ -735,6 +800,9 @@ def _general(op, args):
         given["normalized_shape"] = _shape(given["normalized_shape"])
     else:
         given["num_groups"] = _groups(given["num_groups"])
+    eps = given["eps"]
+    if isinstance(eps, Tensor) and eps.dim() == 0 and not eps.requires_grad:
+        given["eps"] = eps.item()  # torch.nn.functional's parser takes such a tensor as its value
     if not isinstance(given["eps"], _SYMBOLIC):  # (symbolic: checked by the operator, on its value)
         given["eps"] = _V.real_eps(given["eps"], allow_none=op.eps is None)
     args = op.args("forward", given)

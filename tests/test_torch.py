@@ -3,6 +3,7 @@
 import contextlib
 import copy
 import inspect
+import re
 import warnings
 from fractions import Fraction
 
@@ -393,6 +394,50 @@ def test_meta_tensors_in_meta_tensors_out(op):
         assert y.is_meta and y.shape == shape and y.requires_grad
 
 
+BAD_CALLS = {  # a call with a bad argument, on tensors made by t(*shape, dtype=...)
+    "normalized_shape": lambda t: nt.layer_norm(t(2, 8), (7,)),
+    "weight's shape": lambda t: nt.layer_norm(t(2, 8), (8,), t(5)),
+    "int64 x": lambda t: nt.layer_norm(t(2, 8, dtype=torch.int64), (8,)),
+    "int64 bias": lambda t: nt.layer_norm(t(2, 8), (8,), t(8), t(8, dtype=torch.int64)),
+    "num_groups": lambda t: nt.group_norm(t(2, 6, 3), 4),
+    "group_norm's weight": lambda t: nt.group_norm(t(2, 6, 3), 3, t(3)),
+    "residual's dtype": lambda t: nt.add_rms_norm(t(2, 8), t(2, 8, dtype=torch.float64), 8),
+    "residual's shape": lambda t: nt.add_layer_norm(t(2, 8), t(3, 8), 8),
+    "negative eps": lambda t: nt.rms_norm(t(2, 8), 8, None, -1.0),
+    "backward's dy": lambda t: torch.ops.numbanorm.layer_norm_backward(t(3, 8), t(2, 8), t(2, 1), t(2, 1), [8], None),
+    "backward's statistics": lambda t: torch.ops.numbanorm.group_norm_backward(t(2, 6, 3), t(2, 6, 3), t(2, 2),
+                                                                              t(2, 3), None),
+}
+
+
+@pytest.mark.parametrize("call", BAD_CALLS)
+def test_meta_and_fake_tensors_get_the_errors_of_real_ones(call):
+    """A bad argument on meta tensors, or under FakeTensorMode (torch.compile's tracing), raises
+    what the same call on CPU tensors raises (numbanorm's validation, on shapes and dtypes);
+    the fake implementations checked nothing and returned an output (an int64 one for int64 x)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def on(device):
+        return lambda *s, dtype=torch.float32: torch.ones(*s, dtype=dtype, device=device)
+
+    with pytest.raises((TypeError, ValueError)) as real:
+        BAD_CALLS[call](on("cpu"))
+    with pytest.raises(real.type, match=re.escape(str(real.value).split(" ")[0])):  # (what it names)
+        BAD_CALLS[call](on("meta"))
+    with FakeTensorMode(), pytest.raises(real.type):
+        BAD_CALLS[call](on("cpu"))
+
+
+def test_meta_tensors_with_cpu_ones_are_type_errors():
+    """Meta and CPU tensors in one call: numbanorm's TypeError for tensors of two kinds of
+    device (as for CPU and CUDA ones), whichever is x; a meta x gave a meta output."""
+    for x, w in ((torch.empty(2, 8, device="meta"), torch.ones(8)), (torch.ones(2, 8), torch.empty(8, device="meta"))):
+        with pytest.raises(TypeError, match="meta"):
+            nt.layer_norm(x, (8,), w)
+    with pytest.raises(TypeError, match="`residual` is on cpu but `x` is on meta"):
+        nt.add_layer_norm(torch.empty(2, 8, device="meta"), torch.ones(2, 8), 8)
+
+
 def test_nested_tensors_are_type_errors(monkeypatch):
     """Nested tensors, strided or jagged, get a TypeError that says so before anything runs."""
     pieces = [torch.randn(2, 5), torch.randn(3, 5)]
@@ -442,6 +487,37 @@ def test_second_derivatives(name):
     assert torch.autograd.gradgradcheck(call, args)
 
 
+BATCHED = {  # each operation as a function of its differentiable arguments, and their shapes
+    "layer_norm": (lambda x, w, b: nt.layer_norm(x, (8,), w, b), [(3, 8), (8,), (8,)]),
+    "rms_norm": (lambda x, w: nt.rms_norm(x, (8,), w), [(3, 8), (8,)]),
+    "group_norm": (lambda x, w, b: nt.group_norm(x, 3, w, b), [(2, 6, 4), (6,), (6,)]),
+    "add_layer_norm": (lambda x, r, w, b: nt.add_layer_norm(x, r, 8, w, b), [(3, 8), (3, 8), (8,), (8,)]),
+    "add_rms_norm": (lambda x, r, w: nt.add_rms_norm(x, r, 8, w), [(3, 8), (3, 8), (8,)]),
+}
+
+
+@pytest.mark.parametrize("name", BATCHED)
+def test_batched_gradients(name):
+    """Gradients that torch batches with its legacy vmap (autograd.grad's is_grads_batched,
+    jacobian(vectorize=True), gradcheck's check_batched_grad) are those of one call per
+    grad_output, to the bit; they raised (no batching rule for aten::detach)."""
+    f, shapes = BATCHED[name]
+    inputs = [t64(*s, seed=i, low=0.5 if i == len(shapes) - 1 and name.endswith("rms_norm") else None)
+              for i, s in enumerate(shapes)]
+    outs = f(*inputs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    vs = [t64(5, *o.shape, seed=10 + k, requires_grad=False) for k, o in enumerate(outs)]
+    got = torch.autograd.grad(outs, inputs, vs, is_grads_batched=True, retain_graph=True)
+    for i in range(5):
+        want = torch.autograd.grad(outs, inputs, [v[i] for v in vs], retain_graph=True)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g[i], w, rtol=0, atol=0)
+    detached = tuple(a.detach() for a in inputs)
+    torch.testing.assert_close(torch.autograd.functional.jacobian(f, detached, vectorize=True),
+                               torch.autograd.functional.jacobian(f, detached), rtol=0, atol=0)
+    assert torch.autograd.gradcheck(f, inputs, check_batched_grad=True)
+
+
 @pytest.mark.parametrize("shape", [(3, 8), (1, 16)])  # (1, 16): a small call by its plan, recorded
 def test_a_gradient_penalty_matches_torchs(shape):
     """d/dx of |d(sum y^3)/dx|^2 through LayerNorm, as a WGAN-GP or a Hessian-vector product
@@ -456,6 +532,46 @@ def test_a_gradient_penalty_matches_torchs(shape):
         got.append(x.grad)
     torch.testing.assert_close(got[0], got[1], rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(got[2], got[1], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", ["layer_norm", "group_norm", "add_layer_norm"])
+def test_a_recorded_backward_sums_dbias_in_the_bias_dtype(name, dtype):
+    """create_graph=True gives a float32 bias of a 16-bit x the dbias of create_graph=False,
+    in float32: to the bit where the float32 sums of dy are exact (dy on a coarse grid), else
+    to float32's rounding of them (the kernels and torch's sum add in different orders); the
+    recorded backward rounded the sums to dy's 16-bit dtype (off by 0.03 in bfloat16)."""
+    g = torch.Generator().manual_seed(0)
+    shape = (16, 32, 4) if name == "group_norm" else (64, 32)
+    x = torch.randn(*shape, generator=g).to(dtype).requires_grad_()
+    w, b = torch.rand(32, generator=g).add(0.5).requires_grad_(), torch.randn(32, generator=g).requires_grad_()
+    f = {"layer_norm": lambda: nt.layer_norm(x, (32,), w, b), "group_norm": lambda: nt.group_norm(x, 8, w, b),
+         "add_layer_norm": lambda: nt.add_layer_norm(x, x.detach().cos(), 32, w, b)[0]}[name]
+    dy = torch.randn(*shape, generator=g)
+    for dy, exact in (((dy * 16).round() / 16).to(dtype), True), (dy.to(dtype), False):
+        db = [torch.autograd.grad(f(), b, dy, create_graph=graph)[0] for graph in (False, True)]
+        assert db[0].dtype == db[1].dtype == torch.float32
+        if exact:
+            torch.testing.assert_close(db[1], db[0], rtol=0, atol=0)
+            torch.testing.assert_close(db[0].double(), dy.double().sum([d for d in range(x.dim()) if d != 1]),
+                                       rtol=0, atol=0)
+        else:
+            torch.testing.assert_close(db[1], db[0])
+
+
+def test_eps_as_a_0_d_tensor_is_its_value():
+    """eps as a 0-d tensor, which torch.nn.functional's layer_norm, rms_norm and group_norm take
+    as its value: the same output as the float (it was a TypeError); a tensor torch refuses
+    (one that requires grad, or of one dimension) and a bool stay TypeErrors."""
+    x = torch.randn(2, 6, 4)
+    for fn in (lambda e: nt.layer_norm(x, (4,), eps=e), lambda e: nt.rms_norm(x, (4,), eps=e),
+               lambda e: nt.group_norm(x, 3, eps=e), lambda e: nt.add_layer_norm(x, x, 4, eps=e)[0]):
+        for e in (torch.tensor(0.25), torch.tensor(0.25, dtype=torch.float64)):
+            torch.testing.assert_close(fn(e), fn(0.25), rtol=0, atol=0)
+        torch.testing.assert_close(fn(torch.tensor(1)), fn(1.0), rtol=0, atol=0)
+        for e in (torch.tensor(0.25, requires_grad=True), torch.tensor([0.25]), torch.tensor(True)):
+            with pytest.raises(TypeError, match="eps"):
+                fn(e)
 
 
 def test_non_tensor_arguments_are_type_errors():
@@ -889,6 +1005,29 @@ def test_forward_mode_ad(name):
     torch.testing.assert_close(got[0].primal, got[1].primal, rtol=1e-12, atol=1e-12)
     assert got[0].tangent is not None
     torch.testing.assert_close(got[0].tangent, got[1].tangent, rtol=1e-10, atol=1e-12)
+
+
+FUSED = {  # a fused operation and torch's composite of it, as functions of (x, r, w, b): (y, s)
+    "add_layer_norm": (lambda x, r, w, b: nt.add_layer_norm(x, r, 8, w, b),
+                       lambda x, r, w, b: (F.layer_norm(x + r, (8,), w, b), x + r)),
+    "add_rms_norm": (lambda x, r, w, b: nt.add_rms_norm(x, r, 8, w),
+                     lambda x, r, w, b: (F.rms_norm(x + r, (8,), w, torch.finfo(x.dtype).eps), x + r)),
+}
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_forward_derivatives_of_the_parameters_alone(name):
+    """jvp and hessian of a fused norm with respect to its weight or bias alone, where s has
+    no tangent (zeros: s does not depend on them), against torch's composite; it raised
+    (autograd's internal assert on the None tangent of s)."""
+    x, r = t64(3, 8, requires_grad=False), t64(3, 8, seed=2, requires_grad=False)
+    w, b = t64(8, seed=3, low=0.5, requires_grad=False), t64(8, seed=4, requires_grad=False)
+    got, want = ([func.jvp(lambda w: f(x, r, w, b), (w,), (w.cos(),)),
+                  func.jvp(lambda b: f(x, r, w, b), (b,), (b.sin(),)),
+                  func.hessian(lambda w: (f(x, r, w, b)[0] ** 2).sum())(w)] for f in FUSED[name])
+    if name == "add_rms_norm":  # (no bias)
+        got, want = [got[0], got[2]], [want[0], want[2]]
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
