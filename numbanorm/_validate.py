@@ -192,12 +192,17 @@ def real_eps(eps, *, allow_none=False):
     any float is inf."""
     if eps is None and allow_none:
         return None
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
+    if isinstance(eps, (bool, np.bool_)) or not (isinstance(eps, numbers.Real) or _bfloat16_scalar(eps)):
         raise TypeError(f"`eps` must be a real number, got {eps!r} of type {type(eps).__name__}")
     try:
         return float(eps)
     except OverflowError:
         return math.inf
+
+
+def _bfloat16_scalar(v):
+    """An ``ml_dtypes.bfloat16`` scalar: a real number that ``numbers.Real`` does not know."""
+    return isinstance(v, np.generic) and _is_bfloat16(v.dtype)
 
 
 def check_eps(eps, dt=None, *, allow_none=False):

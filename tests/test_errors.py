@@ -232,8 +232,16 @@ def test_eps_is_checked_in_the_accumulation_dtype():
         nn.layer_norm(X.astype(np.float16), 4, eps=1e39)
 
 
-@pytest.mark.parametrize("eps", [0, 1e-5, np.float32(1e-5), np.float64(1e-6), np.int64(0)])
+def _bfloat16_eps():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    return ml_dtypes.bfloat16(0.25)
+
+
+@pytest.mark.parametrize("eps", [0, 1e-5, np.float32(1e-5), np.float64(1e-6), np.int64(0), np.float16(0.25),
+                                 "bfloat16"])
 def test_eps_of_any_real_type(eps):
+    """Every real scalar, an ml_dtypes.bfloat16 one too (not a numbers.Real: it was a TypeError)."""
+    eps = _bfloat16_eps() if eps == "bfloat16" else eps
     want = nn.layer_norm(X, 4, eps=float(eps))
     np.testing.assert_array_equal(nn.layer_norm(X, 4, eps=eps), want)
 
