@@ -679,21 +679,24 @@ def test_group_norm_in_place_with_a_group_out_of_range(knobs, dt, case, path, we
 @pytest.mark.cudasim
 @pytest.mark.parametrize("in_place", [False, True], ids=["apart", "in_place"])
 @pytest.mark.parametrize("path", ["held", "loop", "loop_unstaged", "loop_block"])
-def test_group_norm_weights_whose_product_with_rstd_underflows(knobs, path, in_place):
-    """float32 groups of standard deviation 1e15 (in range) and weights near 2**-120:
-    GroupNorm's factor per channel, rstd * weight, underflows where y does not, on each
-    path's own write pass, apart and in place (``test_numerics.py`` has the default path
-    and channels-last)."""
+@pytest.mark.parametrize("side", ["under", "over"])
+def test_group_norm_weights_whose_product_with_rstd_leaves_the_range(knobs, side, path, in_place):
+    """float32 groups (in range) whose factor per channel, rstd * weight, leaves the range
+    where y does not, on each path's own write pass, apart and in place: standard deviation
+    1e15 and weights near 2**-120 (the factor underflows), or 1e-15 with eps 0 and weights
+    near 2**100 (it overflows: y was inf).  ``test_numerics.py`` has the default path and
+    channels-last."""
     kw, shapes, loop, staged = GN_PATHS[path]
     knobs(**kw)
     N, Cn, S = shapes[F32]
     rng = np.random.default_rng(29)
-    x = (rng.standard_normal((N, Cn, S)) * 1e15).astype(F32)
-    w = np.ldexp(rng.uniform(0.5, 1.5, Cn), _TINY[F32]).astype(F32)
-    b = rng.standard_normal(Cn).astype(F32) * 1e-36
+    std, at, eps = (1e15, _TINY[F32], 1e-5) if side == "under" else (1e-15, 100, 0.0)
+    x = (rng.standard_normal((N, Cn, S)) * std).astype(F32)
+    w = np.ldexp(rng.uniform(0.5, 1.5, Cn), at).astype(F32)
+    b = rng.standard_normal(Cn).astype(F32) * np.ldexp(1.0, at)
     xd = _dev(x)
-    y = to_host(nc.group_norm(xd, 2, _dev(w), _dev(b), out=xd if in_place else None))
-    y_want = _gn_expected(x, np.zeros(x.shape, F32), 2, w, b, 1e-5)[0]
+    y = to_host(nc.group_norm(xd, 2, _dev(w), _dev(b), eps, out=xd if in_place else None))
+    y_want = _gn_expected(x, np.zeros(x.shape, F32), 2, w, b, eps)[0]
     per_row = np.tile(np.repeat(w, S), N).reshape(N * 2, -1)
     _check_in_place(y.reshape(N * 2, -1), y_want, per_row, "tiny", F32, "ordinary", N * 2, 0)
 

@@ -200,19 +200,41 @@ def test_huge_groups_in_channels_last_order(dt):
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
-def test_group_norm_weights_whose_product_with_rstd_underflows(impl, layout):
-    """float32 groups of standard deviation 1e15 and weights near 2**-120: y = xhat * w is
-    about 1e-36, normal, and rstd * w, GroupNorm's factor per channel, about 1e-51, below
-    float32's range (it gave y = 0; ``test_cuda_range.py`` has each GPU path)."""
+@pytest.mark.parametrize("side", ["under", "over"])
+def test_group_norm_weights_whose_product_with_rstd_leaves_the_range(impl, side, layout):
+    """float32 groups whose y is normal where rstd * w, GroupNorm's factor per channel, is
+    not: standard deviation 1e15 and weights near 2**-120 (y about 1e-36, the factor 1e-51:
+    y was 0), or 1e-15 with eps 0 and weights near 2**100 (y about 1e30, the factor 1e45: y
+    was inf).  ``test_cuda_range.py`` has each GPU path."""
     rng = np.random.default_rng(23)
-    x = (rng.standard_normal((2, 4, 4, 4)) * 1e15).astype(np.float32)
-    w = np.ldexp(rng.uniform(0.5, 1.5, 4), -120).astype(np.float32)
+    std, at, eps = (1e15, -120, 1e-5) if side == "under" else (1e-15, 100, 0.0)
+    x = (rng.standard_normal((2, 4, 4, 4)) * std).astype(np.float32)
+    w = np.ldexp(rng.uniform(0.5, 1.5, 4), at).astype(np.float32)
     if layout == "channels_last":
         x = channels_last(x)
-    y = to_host(impl.group_norm(x, 2, w))
-    want = ORACLE.group_norm_forward(x.astype(np.float64), 2, w.astype(np.float64))[0]
+    y = to_host(impl.group_norm(x, 2, w, None, eps))
+    want = ORACLE.group_norm_forward(x.astype(np.float64), 2, w.astype(np.float64), None, eps)[0]
     per = w.astype(np.float64)[None, :, None, None]
     assert _rel(y / per, want / per) < 1e-5
+
+
+@pytest.mark.parametrize("side", ["under", "over"])
+def test_a_channel_whose_factor_leaves_the_range_leaves_the_others_bits_alone(side):
+    """Channels-last, the CPU: a block of positions holding a channel whose rstd * weight
+    leaves the range writes that channel with the two factors in turn and every other one
+    as before, to the bit (the whole block was written in turn: last bits moved)."""
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((2, 8, 6, 5)).astype(np.float32)
+    x[:, :2] *= np.float32(1e15 if side == "under" else 1e-15)  # group 0: channels 0 and 1
+    w = rng.uniform(0.5, 1.5, 8).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    x = channels_last(x)
+    plain = nn.group_norm(x, 4, w, b, 0.0)
+    w[0] = np.ldexp(np.float32(1), -120 if side == "under" else 100)
+    y = nn.group_norm(x, 4, w, b, 0.0)
+    np.testing.assert_array_equal(y[:, 1:], plain[:, 1:])
+    want = ORACLE.group_norm_forward(x.astype(np.float64), 4, w.astype(np.float64), b.astype(np.float64), 0.0)[0]
+    assert np.isfinite(y).all() and _rel(y[:, 0] / w[0], want[:, 0] / w[0]) < 1e-5
 
 
 @pytest.mark.parametrize("dt", [np.float32, pytest.param(np.float64, marks=EXHAUSTIVE)])

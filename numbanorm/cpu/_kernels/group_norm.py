@@ -31,10 +31,12 @@ def folded_away(
     a,      # scalar: rstd * weight[c], the accumulation dtype
     wc,     # scalar: weight[c]
 ):
-    """The product ``a`` fell below the smallest normal number while ``wc`` is not 0: y =
-    (x - mean) * a would lose what (x - mean) * rstd * weight[c] keeps (a group whose
-    standard deviation is 1e15 and a float32 weight near 2**-120)."""
-    return wc != 0 and abs(a) < smallest_normal(a)
+    """The product ``a`` left the normal range while ``wc`` is not 0: y = (x - mean) * a
+    would lose what (x - mean) * rstd * weight[c] keeps, below the smallest normal number (a
+    group whose standard deviation is 1e15 and a float32 weight near 2**-120) or past the
+    largest (1e-15 and 1e24).  (A NaN factor, a NaN group's, is left to the folded form: the
+    same y either way.)"""
+    return wc != 0 and (abs(a) < smallest_normal(a) or abs(a) == np.inf)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -511,6 +513,7 @@ def last_write(
     wide_vectors(x)
     S, C = x.shape[1], x.shape[2]
     m, k, f, bc = empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd)
+    r = empty_row(C, rstd)  # (rstd by channel where a block has a channel folded_away)
     for q in range(lo, hi):
         n, a, e = blocks[q, 0], blocks[q, 1], blocks[q, 2]
         by_channel(shift, n, m)
@@ -522,8 +525,9 @@ def last_write(
                 f[c] *= w[c]
                 lost |= folded_away(f[c], w[c])
             bc[c] = b[c] if b is not None else rstd.dtype.type(0)
-        if lost:  # (rare: the block's channels again, rstd and the weight in turn)
-            last_unfolded(x, n, a, e, m, k, rstd, w, bc, y)
+        if lost:  # (rare: such channels with rstd and the weight in turn)
+            by_channel(rstd, n, r)
+            last_unfolded(x, n, a, e, m, k, f, r, w, bc, y)
             continue
         if STREAMING and stream:
             # a position at a time: its row's whole lines streamed, the parts of lines at
@@ -560,20 +564,23 @@ def last_unfolded(
     e,      # scalar: one past its last
     m,      # (C,) each channel's shift
     k,      # (C,) its correction
-    rstd,   # (N, G) each group's rstd
+    f,      # (C,) rstd * weight
+    r,      # (C,) rstd
     w,      # (C,) weight in the accumulation dtype
     bc,     # (C,) bias
     y,      # (N * S, C) output, a position a row
 ):
-    """last_write's block where a channel's rstd * weight underflowed (``folded_away``):
-    ((x - shift) - corr) * rstd * weight + bias, the two factors in turn."""
+    """last_write's block where a channel's rstd * weight left the range (``folded_away``):
+    such a channel's ((x - shift) - corr) * rstd * weight + bias with the two factors in
+    turn, every other channel's as last_span writes it (its bits do not depend on another
+    group's)."""
     C = x.shape[2]
-    Cg = C // rstd.shape[1]
     for s in range(a, e):
         for c in range(C):
             j = np.uint64(c)
             d = (widen(x[n, s, j]) - m[j]) - k[j]
-            y[n * x.shape[1] + s, j] = narrow((d * rstd[n, c // Cg]) * w[j] + bc[j], y)
+            v = (d * r[j]) * w[j] + bc[j] if folded_away(f[j], w[j]) else d * f[j] + bc[j]
+            y[n * x.shape[1] + s, j] = narrow(v, y)
 
 
 @njit(cache=True, fastmath={"contract"}, nogil=True, inline="always")

@@ -23,7 +23,8 @@ so that its y pass does not read global memory again.
 
 never ``x * a + (bias - mean * a)``: folding the mean into the offset cancels
 catastrophically when |mean| >> std.  Where rstd * weight[c] underflows (tiny weights,
-a wide group), the group is redone with the two factors in turn (``_fold_fns``).
+a wide group) or overflows (huge weights, a narrow group), the group is redone with the
+two factors in turn (``_fold_fns``).
 
 Backward, in three kernels (the dx of a group needs sums over all its channels):
 
@@ -64,7 +65,7 @@ def _consts(xdt, code):
 def _tag(kern, code, rows, loads, weights_loop=False):
     """``kern`` with what ``benchmarks.gpu_model`` checks its SASS against (``row_norm._tag``);
     ``weights_loop``: the kernel's first loop, before its rows, goes over the weights
-    (argument 1: ``_least_weight_fn``), not over a row's words."""
+    (argument 1: ``_weight_range_fn``), not over a row's words."""
     kern.mapping, kern.rows_in_flight, kern.loads_in_flight = code, rows, loads
     kern.weights_loop = weights_loop
     return kern
@@ -79,25 +80,26 @@ def _forward_kernel(xdt, wdt, bdt, code):
 
 @functools.lru_cache(maxsize=None)
 def _fold_fns(acc):
-    """``(lost, factors)`` for the per-channel factor a = rstd * weight, which falls
-    below the smallest normal number where y itself need not (a group of standard
-    deviation 1e15, a float32 weight near 2**-120); ``acc``: the accumulation dtype's name.
-    ``lost(r, rmin)``: a group of rstd ``r`` may have such a channel (``rmin``: the smallest
-    normal number over the least nonzero |weight|, ``_least_weight_fn``) -- uniform where
-    ``r`` is, so such a group takes the rescue (code 3: at scale 1), whose redo takes each
-    channel's ``factors(r, wv)``: ``(r * wv, 1)``, or ``(r, wv)``, the two in turn, where
-    that product underflows and the weight ``wv`` is not 0."""
+    """``(lost, factors)`` for the per-channel factor a = rstd * weight, which leaves the
+    normal range where y itself need not: below the smallest normal number (a group of
+    standard deviation 1e15, a float32 weight near 2**-120) or past the largest (1e-15 and
+    1e24); ``acc``: the accumulation dtype's name.  ``lost(r, rlim)``: a group of rstd
+    ``r`` may have such a channel (``rlim``: ``(lo, lim)``, the rstd under which and, in
+    ``lim[0]``, over which one may, ``_weight_range_fn``) -- uniform where ``r`` is, so such a group takes the rescue (code
+    3: at scale 1), whose redo takes each channel's ``factors(r, wv)``: ``(r * wv, 1)``,
+    or ``(r, wv)``, the two in turn, where that product left the range and the weight
+    ``wv`` is not 0."""
     ACC = getattr(cuda, acc)
-    TINY = float(np.finfo(np.dtype(acc)).tiny)
+    TINY, HUGE = float(np.finfo(np.dtype(acc)).tiny), float(np.finfo(np.dtype(acc)).max)
 
     @cuda.jit(device=True)
-    def lost(r, rmin):
-        return r < rmin
+    def lost(r, rlim):
+        return r < rlim[0] or r > rlim[1][0]
 
     @cuda.jit(device=True)
     def factors(r, wv):
         a = r * wv
-        if wv != ACC(0) and abs(a) < ACC(TINY):
+        if wv != ACC(0) and (abs(a) < ACC(TINY) or abs(a) > ACC(HUGE)):
             return r, wv
         return a, ACC(1)
 
@@ -105,38 +107,47 @@ def _fold_fns(acc):
 
 
 @functools.lru_cache(maxsize=None)
-def _least_weight_fn(xdt, wdt, block):
-    """``least(w, scratch, tid)``: the smallest normal number over the least nonzero |weight|
-    (0: none), the rstd under which a channel's rstd * weight may underflow (``_fold_fns``),
-    the same bits in every thread of a block of ``block`` threads, once a kernel."""
+def _weight_range_fn(xdt, wdt, block):
+    """``bounds(w, scratch, lim, tid)``: ``(lo, lim)``, the rstd under which a channel's rstd
+    * weight may underflow, the smallest normal number over the least nonzero |weight| (0:
+    none), and ``lim`` (a shared array of one) holding the rstd over which it may overflow,
+    the largest finite number over the greatest |weight| (inf: none) (``_fold_fns``); the
+    same bits in every thread of a block of ``block`` threads, once a kernel.  (``hi`` in a
+    register beside ``lo`` moved float32 row loads after the first wait: the GPU design log.)"""
     ACC = C.acc_type(xdt)
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
     WARPS = max(1, block // 32)
-    TINY = float(np.finfo(np.dtype(ACC.name)).tiny)
+    TINY, HUGE = float(np.finfo(np.dtype(ACC.name)).tiny), float(np.finfo(np.dtype(ACC.name)).max)
 
     @cuda.jit(device=True)
-    def least(w, scratch, tid):
-        m = ACC(math.inf)
+    def bounds(w, scratch, lim, tid):
+        m, g = ACC(math.inf), ACC(0)
         for c in range(tid, w.shape[0], block):
             v = abs(LW(w[c]))
+            g = max(g, v)
             if v != ACC(0):
                 m = min(m, v)
         off = _U32(16)
         while off > _U32(0):
             m = min(m, cuda.shfl_xor_sync(_FULL_MASK, m, off))
+            g = max(g, cuda.shfl_xor_sync(_FULL_MASK, g, off))
             off >>= _U32(1)
         if WARPS > 1:
             if tid & 31 == 0:
                 scratch[0, 0, tid >> 5] = m
+                scratch[0, 1, tid >> 5] = g
             cuda.syncthreads()
             # each thread reads every warp's partial: reduce.py's second butterfly here moved
             # float32 row loads after the first wait (the GPU design log)
             for k in range(WARPS):
                 m = min(m, scratch[0, 0, k])
-            cuda.syncthreads()  # (before the rows' first reduction writes that buffer)
-        return ACC(TINY) / m
+                g = max(g, scratch[0, 1, k])
+        if tid == 0:
+            lim[0] = ACC(HUGE) / g if g > ACC(0) else ACC(math.inf)
+        cuda.syncthreads()  # (lim read by every thread; the rows' first reduction writes scratch)
+        return ACC(TINY) / m, lim
 
-    return least
+    return bounds
 
 
 @functools.lru_cache(maxsize=None)
@@ -144,7 +155,7 @@ def _word_fn(xdt, code, staged=False):
     """``word(src, yr, q, a, wa, bc, mu, corr, sc)``: y of word ``q`` of a group, ((x * sc -
     mu) - corr) * a * wa + bc, read from ``src`` (x, or its shared copy, ``staged``); ``a``
     = rstd * weight and ``wa`` = 1, or ``a`` = rstd and ``wa`` = weight where that product
-    underflows (``_fold_fns``), and ``bc`` = bias of the word's channel (``sc``: 1, or the
+    leaves the range (``_fold_fns``), and ``bc`` = bias of the word's channel (``sc``: 1, or the
     scale of a group redone, ``_rescue_fn``; x * 1 is x, and the compiler knows it)."""
     ACC, V = C.acc_type(xdt), code.vec
     STOREW = C.word_fns(xdt, ACC.name, V)[1]
@@ -205,14 +216,14 @@ def _post_fn(xdt, wdt, bdt, code):
     GEOMETRY = stats.geometry_fn(xdt, code)
 
     @cuda.jit(device=True)
-    def post(x, w, b, y, mean, rstd, row, chw, Cg, G, eps, rmin, scratch, it, tid):  # (the kernel's)
+    def post(x, w, b, y, mean, rstd, row, chw, Cg, G, eps, rlim, scratch, it, tid):  # (the kernel's)
         M, NW, t, inv_n = GEOMETRY(x, tid)
         u = min(row, M - 1)
         out, r, it = RECHECK(x[u], row < M, t, NW, inv_n, eps, scratch, it, tid)
         if rstd.shape[0] != 0:  # (kept: that code stands, as ``row_norm._post_fn``'s)
             r = rstd[u]
             out = OUT(r, row < M)
-        if has_w and out == 0 and row < M and LOST(r, rmin):
+        if has_w and out == 0 and row < M and LOST(r, rlim):
             out = _U32(3)
         c0 = (u % G) * Cg
         mu, corr, rs, sc, it = RESCUE(x[u], mean, rstd, u, out, t, NW, inv_n, eps, scratch, it, tid)
@@ -229,7 +240,7 @@ def _post_fn(xdt, wdt, bdt, code):
 
 @functools.lru_cache(maxsize=None)
 def _group_rows_fn(xdt, wdt, bdt, code, rows):
-    """``group_rows(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, rmin,
+    """``group_rows(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, rlim,
     scratch, tid)`` -> ``bad`` (a group to redo, ``_post_fn``): ``rows`` (1-3) (sample, group)
     rows ``row, row + step, ...`` (``grp``: their groups
     within the sample, a (rows,) local array) of a row group held
@@ -254,14 +265,14 @@ def _group_rows_fn(xdt, wdt, bdt, code, rows):
     LOST = _fold_fns(ACC.name)[0]
 
     @cuda.jit(device=True)
-    def finish(y, w, b, mean, rstd, row, ds, grp, chw, Cg, mu, corr, r, t, NW, rmin):  # -> it is redone
+    def finish(y, w, b, mean, rstd, row, ds, grp, chw, Cg, mu, corr, r, t, NW, rlim):  # -> it is redone
         if row < y.shape[0]:
             kept = row < rstd.shape[0]  # (a plain call's statistics: unkept, (0,), none stored)
             if t == 0 and kept:
                 mean[row] = mu + corr
                 rstd[row] = r
-            # out of range, or a channel's rstd * weight may underflow (``_fold_fns``)
-            bad = RESCUED and (OUT(r, True) != 0 or has_w and LOST(r, rmin))
+            # out of range, or a channel's rstd * weight may leave the range (``_fold_fns``)
+            bad = RESCUED and (OUT(r, True) != 0 or has_w and LOST(r, rlim))
             skip = bad and kept  # (kept, such a group is written by ``_post_fn`` alone: x may be y)
             tmp = cuda.local.array(V, ACC)
             c0 = grp * Cg                 # the group's first channel
@@ -279,7 +290,7 @@ def _group_rows_fn(xdt, wdt, bdt, code, rows):
         return False
 
     @cuda.jit(device=True)
-    def group_rows(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, rmin, scratch,
+    def group_rows(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, rlim, scratch,
                    tid):  # (the kernel's)
         M, NW, t, inv_n = GEOMETRY(x, tid)
         v = cuda.local.array(NW2, ACC)              # each row's sums, then its deviations' sums
@@ -306,13 +317,13 @@ def _group_rows_fn(xdt, wdt, bdt, code, rows):
         # groups whose statistics left the range: the kernel redoes them after its rows
         # (``_post_fn``), from memory
         bad = finish(y, w, b, mean, rstd, row, xs0, grp[0], chw, Cg, m0, v[0] * inv_n,
-                     RSTD(v[0] * inv_n, v[1], inv_n, eps), t, NW, rmin)
+                     RSTD(v[0] * inv_n, v[1], inv_n, eps), t, NW, rlim)
         if rows > 1:
             bad |= finish(y, w, b, mean, rstd, row + step, xs1, grp[1], chw, Cg, m1, v[2] * inv_n,
-                          RSTD(v[2] * inv_n, v[3], inv_n, eps), t, NW, rmin)
+                          RSTD(v[2] * inv_n, v[3], inv_n, eps), t, NW, rlim)
         if rows > 2:
             bad |= finish(y, w, b, mean, rstd, row + 2 * step, xs2, grp[2], chw, Cg, m2, v[4] * inv_n,
-                          RSTD(v[4] * inv_n, v[5], inv_n, eps), t, NW, rmin)
+                          RSTD(v[4] * inv_n, v[5], inv_n, eps), t, NW, rlim)
         return bad
 
     return group_rows
@@ -331,7 +342,7 @@ def _forward_held(xdt, wdt, bdt, code):
     POST = _post_fn(xdt, wdt, bdt, code)
     RESCUED = stats.can_leave_range(xdt)
     FOLDS = RESCUED and wdt is not None  # (float16: rstd * weight stays a float32 normal)
-    LEAST = _least_weight_fn(xdt, wdt, BLOCK)
+    BOUNDS = _weight_range_fn(xdt, wdt, BLOCK)
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)  # the row mapping's 16 elements per thread
     def forward(
@@ -362,7 +373,8 @@ def _forward_held(xdt, wdt, bdt, code):
         grp = cuda.local.array(3, U32)
         grp[0] = U32(cuda.blockIdx.x * R + (tid >> SHIFT)) % G32
         by_step, by_batch = U32(step) % G32, U32(step * D) % G32
-        rmin = LEAST(w, scratch, tid) if FOLDS else ACC(0)
+        lim = cuda.shared.array(1, ACC)
+        rlim = BOUNDS(w, scratch, lim, tid) if FOLDS else (ACC(0), lim)  # (lim read only where FOLDS)
         bad = False
         for base in range(cuda.blockIdx.x * R, x.shape[0], step * D):
             row = base + (tid >> SHIFT)
@@ -371,7 +383,7 @@ def _forward_held(xdt, wdt, bdt, code):
                 grp[d] = grp[d - 1] + by_step
                 if grp[d] >= G32:
                     grp[d] -= G32
-            bad |= ROWS(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, rmin, scratch, tid)
+            bad |= ROWS(x, w, b, y, mean, rstd, row, step, raw0, raw1, raw2, chw, Cg, grp, eps, rlim, scratch, tid)
             grp[0] += by_batch
             if grp[0] >= G32:
                 grp[0] -= G32
@@ -379,18 +391,18 @@ def _forward_held(xdt, wdt, bdt, code):
         if RESCUED and cuda.syncthreads_or(U32(bad)) != 0:
             it = 0  # (the last reduction's buffer was 1, SPREADS')
             for base in range(cuda.blockIdx.x * R, x.shape[0], step):
-                it = POST(x, w, b, y, mean, rstd, base + (tid >> SHIFT), chw, Cg, G, eps, rmin, scratch, it, tid)
+                it = POST(x, w, b, y, mean, rstd, base + (tid >> SHIFT), chw, Cg, G, eps, rlim, scratch, it, tid)
 
     return _tag(forward, code, D, D * code.vpt * np.dtype(xdt).itemsize, FOLDS)
 
 
 @functools.lru_cache(maxsize=None)
 def _group_loop_row_fn(xdt, wdt, bdt, code):
-    """``row(x, w, b, y, mean, rstd, row, stage, Cg, G, eps, rmin, scratch, it, tid)`` -> ``it``:
+    """``row(x, w, b, y, mean, rstd, row, stage, Cg, G, eps, rlim, scratch, it, tid)`` -> ``it``:
     one long (sample, group) row: pass 1 (shifted sums; the row copied to ``stage`` where
     it fits), the statistics (a second pass only for groups the shifted sums cannot serve),
     and y per channel from the staged copy, or from global memory again; a group out of
-    range, or one whose rstd * weight may underflow (``rmin``: ``_fold_fns``), after a vote
+    range, or one whose rstd * weight may leave the range (``rlim``: ``_fold_fns``), after a vote
     by its redo alone."""
     GEOMETRY = stats.geometry_fn(xdt, code)
     ACC, KW, WPT, _ = _consts(xdt, code)
@@ -429,7 +441,7 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
                 WORD(src, yr, cc * SW + qs, a, wa, bc, mu, corr, sc)
 
     @cuda.jit(device=True)
-    def group_loop_row(x, w, b, y, mean, rstd, row, stage, Cg, G, eps, rmin, scratch, it, tid):  # (the kernel's)
+    def group_loop_row(x, w, b, y, mean, rstd, row, stage, Cg, G, eps, rlim, scratch, it, tid):  # (the kernel's)
         M, NW, t, inv_n = GEOMETRY(x, tid)
         live = row < M
         rr = min(row, M - 1)
@@ -451,7 +463,7 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
             rstd[row] = r
         c0 = (rr % G) * Cg
         out = OUT(r, live)
-        if RESCUED and has_w and out == 0 and live and LOST(r, rmin):
+        if RESCUED and has_w and out == 0 and live and LOST(r, rlim):
             out = _U32(3)  # (redone at scale 1, channel by channel: ``_fold_fns``)
         if live and (out == 0 or not RESCUED):  # (a group out of range is written by RESCUE's alone: x may be y)
             channels(src, y[rr], w, b, c0, Cg, mu, corr, r, ACC(1), t, NW)
@@ -473,7 +485,7 @@ def _forward_loop(xdt, wdt, bdt, code):
     ST, STAGE_LEN = stats.stage_type(xdt, code.vec), 0 if STAGED else 1
     ROW = _group_loop_row_fn(xdt, wdt, bdt, code)
     FOLDS = stats.can_leave_range(xdt) and wdt is not None  # (as _forward_held's)
-    LEAST = _least_weight_fn(xdt, wdt, BLOCK)
+    BOUNDS = _weight_range_fn(xdt, wdt, BLOCK)
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
     def forward(x, w, b, eps, S, G, y, mean, rstd):  # (the arguments of _forward_held's kernel)
@@ -482,10 +494,11 @@ def _forward_loop(xdt, wdt, bdt, code):
         scratch = cuda.shared.array((2, 2, SLOTS), ACC)
         # a long group's copy in dynamic shared memory (the launch sizes it), or one element never read
         stage = cuda.shared.array(STAGE_LEN, ST)
-        rmin = LEAST(w, scratch, tid) if FOLDS else ACC(0)
+        lim = cuda.shared.array(1, ACC)
+        rlim = BOUNDS(w, scratch, lim, tid) if FOLDS else (ACC(0), lim)  # (lim read only where FOLDS)
         it = 0
         for row0 in range(cuda.blockIdx.x * R, x.shape[0], cuda.gridDim.x * R):
-            it = ROW(x, w, b, y, mean, rstd, row0 + (tid >> SHIFT), stage, Cg, G, eps, rmin, scratch, it, tid)
+            it = ROW(x, w, b, y, mean, rstd, row0 + (tid >> SHIFT), stage, Cg, G, eps, rlim, scratch, it, tid)
 
     return _tag(forward, code, 1, code.vec * np.dtype(xdt).itemsize, FOLDS)
 
