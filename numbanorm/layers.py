@@ -19,13 +19,15 @@ def _saved(x):
     """A private copy of ``x`` for the backward: the caller may reuse its buffer
     between forward and backward (NumPy has no version counters to notice it)."""
     if V.side_of(x) == V.DEVICE:
-        if hasattr(x, "copy"):  # CuPy and the like
-            return x.copy()
-        from numba import cuda
+        if V._is_torch_type(type(x)):
+            return x.clone()
+        if getattr(type(x), "__cuda_ndarray__", False):  # numba's (the simulator's copy() is on the host)
+            from numba import cuda
 
-        saved = cuda.device_array_like(x)
-        saved.copy_to_device(x)
-        return saved
+            saved = cuda.device_array(x.shape, x.dtype)
+            saved.copy_to_device(x)
+            return saved
+        return x.copy()  # CuPy and the like
     return np.array(x, copy=True)
 
 

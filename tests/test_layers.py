@@ -92,3 +92,35 @@ def test_a_layer_keeps_eps_as_given(name):
     np.testing.assert_array_equal(layer(x), want)
     with pytest.raises(ValueError, match="eps"):  # still checked in the parameters' dtype
         _WITH_EPS[name](1e39, np.float16)
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("affine", [False, True], ids=["plain", "affine"])
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["LayerNorm", "RMSNorm", "GroupNorm"])
+def test_layers_on_cuda_arrays_keep_their_input_on_the_device(which, affine):
+    """A layer called on numba device arrays (its parameters moved there too) keeps a device
+    copy of x for the backward, whose dx and gradients are those of the same layer on the
+    host (the copy was a host array in the simulator: the backward refused a host x with a
+    device dy)."""
+    from numba import cuda
+
+    rng = np.random.default_rng(3)
+    layer, shape = _layers()[which]
+    host, _ = _layers()[which]
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    for lay in (layer, host):
+        if not affine:
+            lay.weight = lay.bias = None
+    if affine:
+        layer.weight = cuda.to_device(host.weight)
+        if host.bias is not None:
+            layer.bias = cuda.to_device(host.bias)
+    xd = cuda.to_device(x)
+    y = layer(xd)
+    xd.copy_to_device(np.zeros_like(x))  # the caller reuses its buffer
+    dx = layer.backward(cuda.to_device(dy))
+    np.testing.assert_allclose(y.copy_to_host(), host(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dx.copy_to_host(), host.backward(dy), rtol=1e-5, atol=1e-5)
+    if affine:
+        np.testing.assert_allclose(layer.grad_weight.copy_to_host(), host.grad_weight, rtol=1e-4, atol=1e-4)
