@@ -258,7 +258,7 @@ def check(impls=None, dtypes=DTYPES, out=None):
                     total += 1
                     failures += not ok
                     p(f"{name:<6} {op.name:<15} {direction:<9} {dtype:<8} {shape:<15} {what:<8} "
-                      f"{err:10.2e} {tol:8.0e}  {'pass' if ok else 'FAIL'}{note}")
+                      f"{err:10.2e} {tol:8.1e}  {'pass' if ok else 'FAIL'}{note}")
     p(f"{total - failures} of {total} checks passed" + (f", {failures} FAILED" if failures else ""))
     return 1 if failures else 0
 
@@ -348,7 +348,7 @@ def compile_cpu(dtypes=("float32",), everything=False, show_progress=True, out=N
     ``dtypes``: their row functions and parallel kernels, plain and with streaming stores
     (cpu._kernels.common.STREAMING), on this thread, into numba's cache; the variants
     that rescale rows whose sums overflowed are compiled when a row first needs one.
-    0 when every call ran, else 1."""
+    0 when every call ran, else 1 (and 1, compiling nothing, where there is no writable cache on disk)."""
     import time
 
     from . import cpu, measure
@@ -359,7 +359,12 @@ def compile_cpu(dtypes=("float32",), everything=False, show_progress=True, out=N
     p = lambda *a: print(*a, file=out or sys.stdout)  # noqa: E731
     jobs = [(op, dt, label, params) for dt in dtypes for op in OPERATIONS
             for label, params in compile_variants(op, dt, everything)]
-    p(f"numbanorm compile: {len(jobs) * 2} calls ({', '.join(dtypes)}), kernel cache: {_info_cache()}")
+    where = _info_cache()
+    p(f"numbanorm compile: {len(jobs) * 2} calls ({', '.join(dtypes)}), kernel cache: {where}")
+    if where.startswith(("none", "unknown")) or "NOT writable" in where:
+        # what compile is for (an image's or a job's cache) would silently not be there
+        p("nothing compiled: no kernel cache on disk to fill; set NUMBA_CACHE_DIR to a writable folder")
+        return 1
     bar = measure.progress(len(jobs) * 2, "compile", disable=not show_progress)
     failed = 0
     stream_threshold = memory.STREAM_MIN_BYTES

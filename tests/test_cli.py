@@ -34,6 +34,17 @@ def test_check_passes_on_the_cpu_kernels(capsys):
     assert n == 36 and len(lines) == n and all(line.endswith("pass") for line in lines)
     assert {line.split()[1] for line in lines} == {op.name for op in operations.OPERATIONS}
     assert f"{n} of {n} checks passed" in out
+    _tolerances_shown(lines)
+
+
+def _tolerances_shown(lines):
+    """The tol column of check's lines is each dtype's tolerance as the table has it (a
+    format of no decimals showed bfloat16's 1.6e-2 as 2e-02, over a failing error)."""
+    from numbanorm import operations
+
+    for line in lines:
+        dtype, tol = line.split()[3], line.split()[-2]
+        assert float(tol) == operations.tolerance(dtype), line
 
 
 def _shifted_y(fn, delta):
@@ -131,6 +142,7 @@ def test_check_and_bench_run_bfloat16(capsys, monkeypatch):
     assert cli.main(["check", "--impl", "cpu", "--dtype", "bfloat16"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("cpu ")]
     assert len(lines) == 2 and all(" bfloat16 " in line and line.endswith("pass") for line in lines)
+    _tolerances_shown(lines)
     monkeypatch.setattr(measure, "NORMS", ("layer_norm",))
     assert cli.main(["bench", "--tiny", "--repeats", "1", "--threads", "1", "--impl", "cpu", "--no-torch",
                      "--dtype", "bfloat16", "--no-progress"]) == 0
@@ -260,6 +272,19 @@ print(sum(sum(f.stats.cache_misses.values()) for f in made),
         assert len(got.files) == len(mine) >= 30
         for k, want in enumerate(mine):
             np.testing.assert_array_equal(got[f"arr_{k}"], want, err_msg=f"output {k}")
+
+
+def test_compile_without_a_writable_cache_compiles_nothing_and_fails(capsys, monkeypatch):
+    """Where numba keeps nothing on disk (a read-only install, HOME read-only), compile says so
+    and exits 1 at once: a job that runs it to fill an image's cache must not pass empty."""
+    from numbanorm.cpu._kernels import background
+
+    monkeypatch.setattr(cli, "_info_cache", lambda: "none: the kernels are compiled in memory in every process")
+    monkeypatch.setattr(background, "synchronous", None)  # (any compile would fail on it)
+    assert cli.main(["compile", "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert "none: the kernels are compiled in memory" in out and "nothing compiled" in out
+    assert "NUMBA_CACHE_DIR" in out
 
 
 @pytest.mark.parametrize("argv", [["compile", "--dtypes", "int8"], ["compile", "--bogus"]])
