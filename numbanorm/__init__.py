@@ -6,7 +6,13 @@ API document; ``numbanorm.reference`` is the NumPy oracle the kernels are tested
 against.
 """
 
-from . import cpu
+import numba as _numba
+
+if _numba.config.DISABLE_JIT:  # (the kernels' intrinsics have no Python form to fall back on)
+    raise ImportError("numbanorm's kernels are compiled by Numba, which NUMBA_DISABLE_JIT=1 turns off: "
+                      "unset NUMBA_DISABLE_JIT to use numbanorm")
+
+from . import cpu  # noqa: E402
 from ._dispatch import *  # noqa: F401,F403  (the table's functions, dispatching on the arrays' side)
 from .layers import GroupNorm, LayerNorm, RMSNorm
 from .operations import FUNCTIONS as _FUNCTIONS

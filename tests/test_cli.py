@@ -421,3 +421,15 @@ def test_info_says_when_the_cache_is_not_writable(capsys, monkeypatch):
     monkeypatch.setattr(tempfile, "TemporaryFile", refused)
     assert cli.main(["info"]) == 0
     assert "NOT writable (PermissionError" in _info_fields(capsys.readouterr().out)["kernel cache"]
+
+
+def test_import_with_numbas_jit_disabled_says_why():
+    """NUMBA_DISABLE_JIT=1 (a debugging switch) leaves the kernels' intrinsics nothing to run:
+    ``import numbanorm`` says so in an ImportError (it was an AttributeError on py_func from
+    deep in the kernel modules, ``info`` included)."""
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1")
+    r = subprocess.run([sys.executable, "-c", "import numbanorm"], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError:") and "NUMBA_DISABLE_JIT" in last, r.stderr[-2000:]
