@@ -133,10 +133,11 @@ def float_dtype(name, a):
 
 
 def layer_dtype(dtype):
-    """A layer's ``dtype=`` as a NumPy dtype: :func:`float_dtype`'s ``TypeError``, naming it,
-    unless numbanorm computes in it (at construction, not at the first forward)."""
+    """A layer's ``dtype=`` as a NumPy dtype (None: float32, as torch's default dtype, not
+    NumPy's float64): :func:`float_dtype`'s ``TypeError``, naming it, unless numbanorm
+    computes in it (at construction, not at the first forward)."""
     try:
-        dt = np.dtype(dtype)
+        dt = np.dtype(np.float32 if dtype is None else dtype)
     except TypeError:
         raise TypeError(f"`dtype` must be a NumPy dtype, got {dtype!r}") from None
     return float_dtype("dtype", np.empty(0, dt))

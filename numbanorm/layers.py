@@ -31,6 +31,15 @@ def _saved(x):
     return np.array(x, copy=True)
 
 
+def _shape(normalized_shape):
+    """A layer's ``normalized_shape`` as a tuple, refused where a dimension is negative (the
+    parameters' arrays could not be made; a zero-sized one is refused by the call)."""
+    shape = V._as_shape(normalized_shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"`normalized_shape` must have no negative dimension, got {shape}")
+    return shape
+
+
 def _eps(eps, dtype, allow_none=False):
     """``eps`` checked in the accumulation dtype of the layer's parameters, kept as given:
     rounded to float32 it would differ from the functional call's for float64 inputs."""
@@ -52,6 +61,26 @@ class _Norm:
         """A layer's own check of x before the forward (the function checks the rest)."""
 
     def __call__(self, x):
+        """The forward: y, keeping a copy of ``x`` and the statistics for :meth:`backward`.
+
+        Parameters
+        ----------
+        x : array
+            The input (NumPy, or a CUDA array with the parameters on the device too).
+
+        Returns
+        -------
+        y : array
+            The normalized ``x``: its shape and dtype.
+
+        Raises
+        ------
+        TypeError
+            ``x`` of another dtype than float16, float32, float64 and bfloat16; ``x`` and
+            the parameters on different sides (host, device).
+        ValueError
+            ``x`` whose trailing dimensions (channels) do not fit the layer.
+        """
         self._check_input(x)
         op = self._op
         outputs = op.call(_dispatch, "forward", {"x": x, **{r: getattr(self, r) for r in op.forward_roles[1:]}})
@@ -60,6 +89,28 @@ class _Norm:
         return made["y"]
 
     def backward(self, dy):
+        """The backward of the last forward: dx, with ``grad_weight`` and ``grad_bias`` set.
+
+        Parameters
+        ----------
+        dy : array
+            The gradient of the loss with respect to the last forward's y: its shape.
+
+        Returns
+        -------
+        dx : array
+            The gradient with respect to the last forward's x: its shape and dtype.
+
+        Raises
+        ------
+        TypeError
+            ``dy`` of another dtype than float16, float32, float64 and bfloat16, or on
+            another side than x.
+        ValueError
+            ``dy`` not of x's shape.
+        RuntimeError
+            No forward before it.
+        """
         if self._stats is None:
             raise RuntimeError(f"{type(self).__name__}.backward called before a forward")
         op = self._op
@@ -76,28 +127,76 @@ class _Norm:
         return f"{type(self).__name__}({self.extra_repr()})"
 
 
+_ATTRIBUTES = """
+    Attributes
+    ----------
+    weight : array or None
+        The scale (ones at first), None without it; assign an array of its shape to change it.
+    bias : array or None
+        The shift (zeros at first), None without it.
+    grad_weight : array or None
+        The gradient of ``weight`` that the last :meth:`backward` set (None without a weight).
+    grad_bias : array or None
+        The gradient of ``bias``, as ``grad_weight``."""
+
+_DTYPE = """    dtype : dtype
+        The parameters' dtype: float32 (the default, and None's), float16, float64 or
+        bfloat16; the input may be of another.
+"""
+
+
 class LayerNorm(_Norm):
+    __doc__ = """LayerNorm over the trailing ``normalized_shape`` dimensions, for NumPy training
+    loops: ``layer(x)`` is ``numbanorm.layer_norm(x, normalized_shape, weight, bias, eps)``
+    and keeps what ``layer.backward(dy)`` needs (a copy of x, the statistics).
+
+    Parameters
+    ----------
+    normalized_shape : int or tuple of int
+        The trailing dimensions of ``x`` normalized together, as in PyTorch.
+    eps : float
+        Added to the variance before its square root.
+    elementwise_affine : bool
+        A weight and a bias of shape ``normalized_shape``.
+    bias : bool
+        With ``elementwise_affine``, whether there is a bias.
+""" + _DTYPE + _ATTRIBUTES
     _op = BY_NAME["layer_norm"]
 
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, dtype=np.float32):
-        self.normalized_shape = V._as_shape(normalized_shape)
+        self.normalized_shape = _shape(normalized_shape)
         dtype = V.layer_dtype(dtype)
         self.eps = _eps(eps, dtype)
         self.elementwise_affine = elementwise_affine
         self.weight = np.ones(self.normalized_shape, dtype) if elementwise_affine else None
+        self._bias = bool(bias)
         self.bias = np.zeros(self.normalized_shape, dtype) if elementwise_affine and bias else None
         self.grad_weight = self.grad_bias = None
 
     def extra_repr(self):
-        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, "
+                f"bias={self._bias}")
 
 
 class RMSNorm(_Norm):
+    __doc__ = """RMSNorm over the trailing ``normalized_shape`` dimensions, for NumPy training
+    loops: ``layer(x)`` is ``numbanorm.rms_norm(x, normalized_shape, weight, eps)`` and keeps
+    what ``layer.backward(dy)`` needs.
+
+    Parameters
+    ----------
+    normalized_shape : int or tuple of int
+        The trailing dimensions of ``x`` normalized together, as in PyTorch.
+    eps : float or None
+        Added to the mean square; None: the machine epsilon of the accumulation dtype.
+    elementwise_affine : bool
+        A weight of shape ``normalized_shape`` (RMSNorm has no bias: ``bias`` is None).
+""" + _DTYPE + _ATTRIBUTES
     _op = BY_NAME["rms_norm"]
     bias = None
 
     def __init__(self, normalized_shape, eps=None, elementwise_affine=True, dtype=np.float32):
-        self.normalized_shape = V._as_shape(normalized_shape)
+        self.normalized_shape = _shape(normalized_shape)
         dtype = V.layer_dtype(dtype)
         self.eps = _eps(eps, dtype, allow_none=True)
         self.elementwise_affine = elementwise_affine
@@ -109,6 +208,23 @@ class RMSNorm(_Norm):
 
 
 class GroupNorm(_Norm):
+    __doc__ = """GroupNorm of ``x`` of shape ``(N, num_channels, *spatial)`` in ``num_groups``
+    groups of channels, for NumPy training loops: ``layer(x)`` is ``numbanorm.group_norm(x,
+    num_groups, weight, bias, eps)`` and keeps what ``layer.backward(dy)`` needs.
+    ``num_groups == num_channels`` is InstanceNorm.
+
+    Parameters
+    ----------
+    num_groups : int
+        Groups of channels, each normalized together; a positive divisor of
+        ``num_channels``.
+    num_channels : int
+        The channels of ``x`` (its second dimension).
+    eps : float
+        Added to the variance before its square root.
+    affine : bool
+        A weight and a bias of shape ``(num_channels,)``.
+""" + _DTYPE + _ATTRIBUTES
     _op = BY_NAME["group_norm"]
 
     def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, dtype=np.float32):

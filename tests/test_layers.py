@@ -124,3 +124,32 @@ def test_layers_on_cuda_arrays_keep_their_input_on_the_device(which, affine):
     np.testing.assert_allclose(dx.copy_to_host(), host.backward(dy), rtol=1e-5, atol=1e-5)
     if affine:
         np.testing.assert_allclose(layer.grad_weight.copy_to_host(), host.grad_weight, rtol=1e-4, atol=1e-4)
+
+
+def test_layers_document_their_arguments_attributes_and_methods():
+    """help() of a layer shows its constructor's parameters in order, its attributes, and
+    the Parameters/Returns/Raises of the forward and the backward (the classes had none)."""
+    import inspect
+
+    from test_operations import _sections
+
+    for cls in (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm):
+        sections = _sections(inspect.cleandoc(cls.__doc__))
+        assert sections["Parameters"] == list(inspect.signature(cls).parameters), cls
+        assert sections["Attributes"] == ["weight", "bias", "grad_weight", "grad_bias"], cls
+        for method, args, result in ((cls.__call__, ["x"], ["y"]), (cls.backward, ["dy"], ["dx"])):
+            sections = _sections(inspect.cleandoc(method.__doc__))
+            assert sections["Parameters"] == args and sections["Returns"] == result, (cls, method)
+            assert sections["Raises"][:2] == ["TypeError", "ValueError"], (cls, method)
+
+
+def test_layer_constructors_as_torchs():
+    """dtype=None is float32 (torch's default dtype; NumPy's would be float64), a negative
+    dimension is refused naming normalized_shape, and LayerNorm's repr shows its bias."""
+    assert nn.LayerNorm(4, dtype=None).weight.dtype == np.float32
+    assert nn.GroupNorm(2, 4, dtype=None).weight.dtype == np.float32
+    for cls in (nn.LayerNorm, nn.RMSNorm):
+        with pytest.raises(ValueError, match="normalized_shape"):
+            cls((3, -1))
+    assert repr(nn.LayerNorm(5, bias=False)) == "LayerNorm((5,), eps=1e-05, elementwise_affine=True, bias=False)"
+    assert repr(nn.LayerNorm(5)).endswith("bias=True)")
