@@ -11,6 +11,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import types
@@ -437,7 +438,6 @@ def test_readme_table_cli_writes_between_markers(tmp_path):
 
 def test_every_results_file_is_in_the_results_readme():
     """benchmarks/results/README.md names every file there (archive/ too) and no file that is gone."""
-    import re
 
     folder = ROOT / "benchmarks" / "results"
     named = set(re.findall(r"`([^`/ ]+\.(?:json|csv|png))`", (folder / "README.md").read_text()))
@@ -450,7 +450,6 @@ def test_the_results_readme_dates_each_file_as_its_metadata_does():
     """A row's "Machine, date, commit" cell starts with the date and commit its JSON files'
     own metadata record (a re-run that kept the old row, or a row naming the commit that
     committed the file instead of the one measured, fails here)."""
-    import re
 
     folder = ROOT / "benchmarks" / "results"
     wrong = []
@@ -1435,3 +1434,16 @@ def test_every_command_in_the_benchmarks_readme_parses(monkeypatch):
             if e.name not in ("torch", "matplotlib", "transformers", "tqdm"):
                 raise
     assert not bad, bad
+
+
+def test_the_readme_numpy_snippets_run_as_written_one_after_another():
+    """The README's usage snippet and the fused one after it, pasted in order into one Python
+    session, run (the fused one named a residual, dy and ds no snippet had made)."""
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    numpy_blocks = [b for b in blocks if "numbanorm.torch" not in b and "numbanorm.dask" not in b]
+    assert len(numpy_blocks) == 2 and "add_layer_norm" in numpy_blocks[1]
+    namespace = {}
+    for block in numpy_blocks:
+        exec(compile(block, "README.md", "exec"), namespace)
+    assert namespace["dx"].shape == namespace["x"].shape
