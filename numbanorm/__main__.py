@@ -430,6 +430,7 @@ def _parser():
                         f"{', '.join(DTYPES)})")
     b = sub.add_parser("bench", help="a quick benchmark of representative shapes")
     _bench_args(b)
+    ap.set_defaults(bench_parser=b)
     k = sub.add_parser("compile", help="compile every CPU operation into numba's on-disk cache",
                        description="Compile every CPU operation, forward and backward, into numba's on-disk "
                                    "cache, so that no later process compiles them (an image, a CI job). "
@@ -492,16 +493,22 @@ def _impls_status(impls, p):
 
 
 def _positive_int(s):
-    v = int(s)
+    try:
+        v = int(s)
+    except ValueError:  # (argparse would name this function in its message)
+        v = 0
     if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {s}")
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {s!r}")
     return v
 
 
 def _positive_float(s):
-    v = float(s)
+    try:
+        v = float(s)
+    except ValueError:
+        v = 0.0
     if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {s}")
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {s!r}")
     return v
 
 
@@ -541,10 +548,12 @@ def _main(argv):
     if a.command == "check":
         return check(impls=a.impl, dtypes=tuple(a.dtype or DTYPES))
     if a.command == "bench":
-        try:
-            return _bench_from(a)
-        except ValueError as e:  # e.g. --threads above NUMBA_NUM_THREADS
-            ap.error(str(e))
+        import numba
+
+        limit = numba.config.NUMBA_NUM_THREADS
+        if a.threads is not None and a.threads > limit:
+            a.bench_parser.error(f"argument --threads: at most {limit} (NUMBA_NUM_THREADS), got {a.threads}")
+        return _bench_from(a)
     if a.command == "compile":
         if "bfloat16" in a.dtypes and importlib.util.find_spec("ml_dtypes") is None:
             ap.error("bfloat16 needs ml_dtypes (pip install ml_dtypes)")

@@ -188,10 +188,17 @@ def test_no_arguments_runs_check_then_bench(monkeypatch):
                                   ["bench", "--threads", "100000"], ["bench", "--budget", "-1"],
                                   ["bench", "--repeats", "x"], ["info", "--what"]])
 def test_bad_arguments_exit_2(argv, capsys):
+    """Exit 2 with the command's own usage and a message that names the argument, never a
+    function of the CLI's (argparse named ``_positive_int`` for --repeats x, and --threads
+    above the limit got the top-level usage)."""
     with pytest.raises(SystemExit) as e:
         cli.main(argv)
     assert e.value.code == 2
-    assert "usage: numbanorm" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "usage: numbanorm" in err
+    assert "_positive" not in err and "_dtype_name" not in err and "_kernel_name" not in err
+    if argv[0] == "bench" and argv[1] in ("--threads", "--budget", "--repeats"):
+        assert "usage: numbanorm bench" in err and f"argument {argv[1]}:" in err
 
 
 # forward and backward of every family with weights (the variants ``numbanorm compile``
