@@ -85,10 +85,10 @@ def _fold_fns(acc):
     standard deviation 1e15, a float32 weight near 2**-120) or past the largest (1e-15 and
     1e24); ``acc``: the accumulation dtype's name.  ``lost(r, rlim)``: a group of rstd
     ``r`` may have such a channel (``rlim``: ``(lo, lim)``, the rstd under which and, in
-    ``lim[0]``, over which one may, ``_weight_range_fn``) -- uniform where ``r`` is, so such a group takes the rescue (code
-    3: at scale 1), whose redo takes each channel's ``factors(r, wv)``: ``(r * wv, 1)``,
-    or ``(r, wv)``, the two in turn, where that product left the range and the weight
-    ``wv`` is not 0."""
+    ``lim[0]``, over which one may, ``_weight_range_fn``) -- uniform where ``r`` is, so
+    such a group takes the rescue (code 3: at scale 1), whose redo takes each channel's
+    ``factors(r, wv)``: ``(r * wv, 1)``, or ``(r, wv)``, the two in turn, where that
+    product left the range and the weight ``wv`` is not 0."""
     ACC = getattr(cuda, acc)
     TINY, HUGE = float(np.finfo(np.dtype(acc)).tiny), float(np.finfo(np.dtype(acc)).max)
 
