@@ -61,7 +61,7 @@ class _Norm:
         """A layer's own check of x before the forward (the function checks the rest)."""
 
     def __call__(self, x):
-        """The forward: y, keeping a copy of ``x`` and the statistics for :meth:`backward`.
+        """The forward: y, keeping a copy of ``x`` and the statistics for ``backward``.
 
         Parameters
         ----------
@@ -135,7 +135,7 @@ _ATTRIBUTES = """
     bias : array or None
         The shift (zeros at first), None without it.
     grad_weight : array or None
-        The gradient of ``weight`` that the last :meth:`backward` set (None without a weight).
+        The gradient of ``weight`` that the last ``backward`` set (None without a weight).
     grad_bias : array or None
         The gradient of ``bias``, as ``grad_weight``."""
 
@@ -193,9 +193,9 @@ class RMSNorm(_Norm):
         A weight of shape ``normalized_shape`` (RMSNorm has no bias: ``bias`` is None).
 """ + _DTYPE + _ATTRIBUTES
     _op = BY_NAME["rms_norm"]
-    bias = None
 
     def __init__(self, normalized_shape, eps=None, elementwise_affine=True, dtype=np.float32):
+        self.bias = None  # (an instance's, as the other layers': a class attribute was documented twice)
         self.normalized_shape = _shape(normalized_shape)
         dtype = V.layer_dtype(dtype)
         self.eps = _eps(eps, dtype, allow_none=True)
