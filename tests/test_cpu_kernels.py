@@ -246,13 +246,13 @@ def test_a_streamed_backward_compiles_to_non_temporal_vector_stores(module, dtyp
     f = np.float32(0.5)
     if module is ln_cpu:
         def span(dy, x, w, dx, dwp, lo, hi):
-            ln_cpu.backward_span(dy, x, 0, f, f, f, w, None, f, f, dx, dwp, dwp, lo, hi, True)
+            ln_cpu.backward_span(dy, x, 0, f, f, f, w, None, f, f, f, f, dx, dwp, dwp, lo, hi, True)
     elif module is rms_cpu:
         def span(dy, x, w, dx, dwp, lo, hi):
-            rms_cpu.backward_span(dy, x, 0, f, w, None, f, dx, dwp, lo, hi, True)
+            rms_cpu.backward_span(dy, x, 0, f, w, None, f, f, f, dx, dwp, lo, hi, True)
     else:
         def span(dy, x, w, dx, dwp, lo, hi):
-            gn_cpu.dx_span(dy, x, 0, f, f, f, f, f, f, dx, lo, hi, True)
+            gn_cpu.dx_span(dy, x, 0, f, f, f, f, f, f, f, dx, lo, hi, True)
     span = njit(inline="always")(span)
 
     def write(dy, x, w, dx, dwp):

@@ -326,3 +326,67 @@ def test_a_row_at_the_float32_limit_backward():
         for g, r in zip(got, want):
             assert np.isfinite(g).all(), g
             np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5 * np.abs(r).max())
+
+
+# Rows (x, dy / 2**k) whose dy, times 2**k, is near the dtype's largest value: the first
+# two sums of xhat * wdy past the range; the next one's c1, in x's units, in range but not
+# its sum in rstd's (LayerNorm, rstd > 1); the last two a difference wdy - (xhat * c1 + c2)
+# past the range where dx, times rstd < 1, is in it (RMSNorm's first element; LayerNorm's
+# and GroupNorm's second, whose neighbours keep sum((x - mean) * wdy) in range).
+_NEAR_TOP = [
+    ([0, 1, 2, 3], [1.75, 1.75, 1.75, 1.75]),
+    ([1, -2, 0.5, 4], [1.75, -0.4375, 0.875, 1.75]),
+    ([0.0899, -0.2081, 0.1666, 0.0133], [0.45, -1.98, 1.6, 0.1]),
+    ([10, 10, 10, -10], [1.95, -0.975, -0.975, 0.975]),
+    ([-0.5, 0, 0.5, -6, 6, 0], [-1.9, 1.98, -1.9, 0, 0, 0]),
+]
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("sign", [1, -1])
+@pytest.mark.parametrize("row, grad", _NEAR_TOP)
+def test_a_gradient_near_the_largest_float(dt, sign, row, grad):
+    """dy near the dtype's largest value on ordinary rows: where a sum leaves the range
+    the row is summed again, scaled; elsewhere dx is formed so that no intermediate leaves
+    it where dx does not (rescale, stats.row_factors).  (RMSNorm's backward gave NaN and
+    Inf on the first row; every backward Inf on the last two.)  The gradients are linear
+    in (dy, ds), so the expected values are the oracle's at dy * 2**-k, times 2**k; dweight
+    and dbias may overflow the dtype itself."""
+    k = np.finfo(dt).maxexp - 1
+    N = len(row)
+    ordinary = np.random.default_rng(7).standard_normal((4, N))
+    # ordinary rows around it (one near-top row a call: dweight adds the rows' terms)
+    x = np.array([ordinary[0], row, ordinary[1]], dt)
+    unit = sign * np.array([np.ldexp(ordinary[2], -k), grad, np.ldexp(ordinary[3], -k)])
+    dy, ds = np.ldexp(unit, k).astype(dt), np.ldexp(unit / 4, k).astype(dt)
+    w = np.resize(np.array([1, 0.5, 0.75, 1], dt), N)
+    tol = 1e-5 if dt == np.float32 else 1e-12
+
+    def close(got, want, rstd, name):
+        with np.errstate(over="ignore"):
+            want = [np.ldexp(np.asarray(r), k).astype(dt) for r in want]
+        scale = np.abs(dy[1]).max() * max(np.ravel(rstd)[1], 1)  # the terms' of the near-top row's dx
+        for g, r in zip(got, want):
+            np.testing.assert_allclose(np.reshape(g, r.shape), r, rtol=tol, atol=tol * scale, err_msg=name)
+
+    rows = len(x)
+    for wt in (None, w):
+        _, mean, rstd = nn.layer_norm_forward(x, N, wt)
+        close(nn.layer_norm_backward(dy, x, mean, rstd, N, wt),
+              ORACLE.layer_norm_backward(unit, x, mean, rstd, N, wt), rstd, "layer_norm")
+        close(nn.add_layer_norm_backward(dy, ds, x, mean, rstd, N, wt),
+              ORACLE.add_layer_norm_backward(unit, unit / 4, x, mean, rstd, N, wt), rstd, "add_layer_norm")
+        _, rstd = nn.rms_norm_forward(x, N, wt)
+        close(nn.rms_norm_backward(dy, x, rstd, N, wt), ORACLE.rms_norm_backward(unit, x, rstd, N, wt), rstd, "rms_norm")
+        close(nn.add_rms_norm_backward(dy, ds, x, rstd, N, wt),
+              ORACLE.add_rms_norm_backward(unit, unit / 4, x, rstd, N, wt), rstd, "add_rms_norm")
+        # the ordinary rows' dx as in a call without the others
+        np.testing.assert_array_equal(nn.rms_norm_backward(dy, x, rstd, N, wt)[0][[0, -1]],
+                                      nn.rms_norm_backward(dy[[0, -1]], x[[0, -1]], rstd[[0, -1]], N, wt)[0])
+        # GroupNorm, a row a sample of one group (its weight per channel: two channels)
+        wg = None if wt is None else wt[1:3]
+        for xg, dyg in [(x.reshape(rows, 2, N // 2), dy.reshape(rows, 2, N // 2)),
+                        (channels_last(x.reshape(rows, 2, N // 2, 1)), channels_last(dy.reshape(rows, 2, N // 2, 1)))]:
+            _, mean, rstd = nn.group_norm_forward(xg, 1, wg)
+            close(nn.group_norm_backward(dyg, xg, mean, rstd, wg),
+                  ORACLE.group_norm_backward(unit.reshape(dyg.shape), xg, mean, rstd, wg), rstd, "group_norm")

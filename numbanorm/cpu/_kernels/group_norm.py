@@ -22,7 +22,7 @@ from .halves import kernel_view, like, narrow, widen
 from .memory import (CACHE_BYTES, ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_apart,
                      stream_span)
 from .rescale import rescue_row, scaled_backward_row
-from .stats import SHIFT_SAMPLE, one_pass_ok, overflowed, row_is_finite, row_stats
+from .stats import SHIFT_SAMPLE, one_pass_ok, overflowed, row_factors, row_is_finite, row_stats
 from .sums import gradient_sums
 
 
@@ -239,7 +239,7 @@ def backward_groups(
             else:
                 left += 1
             continue
-        # pass 2: dx = (wdy - (xhat * c1 + c2)) * rstd, channel by channel
+        # pass 2: dx = (wdy - (xhat * c1 + c2)) * rstd, channel by channel (as row_factors writes it)
         dx_channels(dyc, xc, n * C + c0, n * C + c0 + Cg, c0, mu, corr, r, w, c1, c2, one, dxc, stream)
     if STREAMING and stream:
         store_fence()
@@ -286,14 +286,15 @@ def dx_channels(
     loop has no reduction for 'reassoc' to vectorize."""
     wide_vectors(dyc)
     S = xc.shape[1]
+    f, rf = row_factors(r, one)  # (as layer_norm.backward_rows)
     for ch in range(lo, hi):
-        wc = w[c0 + ch - lo] if w is not None else one
+        wc = (w[c0 + ch - lo] if w is not None else one) * f
         s0, s1 = stream_span(dxc, ch) if STREAMING and stream else (S, S)  # spans as write_channels's
         lo_e, hi_e = 0, s0
         for part in range(2):
-            dx_span(dyc, xc, ch, mu, corr, r, wc, c1, c2, dxc, lo_e, hi_e, False)
+            dx_span(dyc, xc, ch, mu, corr, r, wc, c1 * f, c2 * f, rf, dxc, lo_e, hi_e, False)
             if STREAMING and part == 0:
-                dx_span(dyc, xc, ch, mu, corr, r, wc, c1, c2, dxc, s0, s1, True)
+                dx_span(dyc, xc, ch, mu, corr, r, wc, c1 * f, c2 * f, rf, dxc, s0, s1, True)
             lo_e, hi_e = s1, S
 
 
@@ -305,20 +306,21 @@ def dx_span(
     mu,     # scalar: saved group mean
     corr,   # scalar: its correction
     r,      # scalar: saved group rstd
-    wc,     # scalar: weight[c] (1 without weight)
-    c1,     # scalar: mean(xhat * wdy) over the group
-    c2,     # scalar: mean(wdy) over the group
+    wc,     # scalar: weight[c] (1 without weight), times the group's f (stats.row_factors)
+    c1,     # scalar: mean(xhat * wdy) over the group, times f
+    c2,     # scalar: mean(wdy) over the group, times f
+    rf,     # scalar: r / f
     dx,     # (N * C, S) output, a channel a row
     lo,     # scalar: first element of the span
     hi,     # scalar: one past its last
     nt,     # constant bool: streaming stores (a span from memory.stream_span)
 ):
     """Elements ``lo:hi`` of channel row ``i`` of dx; a streamed span and a plain one
-    compute the same operations (layer_norm.backward_span)."""
+    compute the same operations (layer_norm.backward_span, whose dx this is)."""
     for k in range(hi - lo):
         j = np.uint64(lo + k)  # unsigned, as in spans.normalize_span
         xhat = ((widen(x[i, j]) - mu) - corr) * r
-        v = narrow((widen(dy[i, j]) * wc - (xhat * c1 + c2)) * r, dx)
+        v = narrow((widen(dy[i, j]) * wc - (xhat * c1 + c2)) * rf, dx)
         if nt:
             put_streaming(dx, i, j, v)
         else:
@@ -709,8 +711,9 @@ def last_dx(
     out once a block."""
     wide_vectors(dy)
     C = x.shape[2]
-    mu, k, r, wc, a1, a2 = (empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd),
-                            empty_row(C, rstd), empty_row(C, rstd))
+    one = rstd.dtype.type(1)
+    mu, k, r, wc, a1, a2, rf = (empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd),
+                                empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd))
     for q in range(lo, hi):
         n = blocks[q, 0]
         by_channel(mean, n, mu)
@@ -718,13 +721,16 @@ def last_dx(
         by_channel(rstd, n, r)
         by_channel(c1, n, a1)
         by_channel(c2, n, a2)
-        for c in range(C):
-            wc[c] = w[c] if w is not None else rstd.dtype.type(1)
+        for c in range(C):  # (the factors of dx_channels)
+            f, rf[c] = row_factors(r[c], one)
+            wc[c] = (w[c] if w is not None else one) * f
+            a1[c] *= f
+            a2[c] *= f
         for s in range(blocks[q, 1], blocks[q, 2]):
             for c in range(C):
                 j = np.uint64(c)
                 xhat = ((widen(x[n, s, j]) - mu[j]) - k[j]) * r[j]
-                dx[n, s, j] = narrow((widen(dy[n, s, j]) * wc[j] - (xhat * a1[j] + a2[j])) * r[j], dx)
+                dx[n, s, j] = narrow((widen(dy[n, s, j]) * wc[j] - (xhat * a1[j] + a2[j])) * rf[j], dx)
     return 0
 
 

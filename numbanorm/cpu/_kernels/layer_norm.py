@@ -24,7 +24,7 @@ from .memory import (_itemsize, ahead_chunk, ask_ahead, put_streaming, should_st
                      stream_apart, stream_row, stream_span)
 from .rescale import rescue_row, scaled_backward_row
 from .spans import grouping, normalize_span
-from .stats import overflowed, row_is_finite, row_stats
+from .stats import overflowed, row_factors, row_is_finite, row_stats
 from .sums import gradient_sums
 
 
@@ -138,7 +138,9 @@ def backward_rows(
     M, N = x.shape
     B = dw_part.shape[0]
     zero = mean.dtype.type(0)
-    inv_n = mean.dtype.type(1) / mean.dtype.type(N)
+    one = mean.dtype.type(1)
+    n = mean.dtype.type(N)
+    inv_n = one / n
     # a block's partials in a local array (in L1/L2), not a row of dw_part (faster: book, ch. 5)
     dwp = empty_row(N, dw_part)
     dbp = empty_row(N, dw_part)
@@ -159,23 +161,27 @@ def backward_rows(
             # grid is 1e-3, 5% of the std of the tests' large-offset case,
             # which left dweight 1.4e-2 off; with corr it is 5e-8 off).
             dsum, xw, c2 = backward_sums(dy, x, i, mu, w, zero)
-            if (not (np.isfinite(dsum) and np.isfinite(xw) and np.isfinite(c2))
-                    and row_is_finite(x, i) and row_is_finite(dy, i)):
+            corr = dsum * inv_n
+            c2 *= inv_n
+            c1 = (xw * inv_n - corr * c2) * r
+            # a sum past the range on a finite row, xw's in x's units or c1's in rstd's
+            # (row_factors; a non-finite corr or c2 makes c1 so)
+            if not np.isfinite(c1 * n) and row_is_finite(x, i) and row_is_finite(dy, i):
                 if RESCALE:  # as in forward_rows
                     scaled_backward_row(dy, x, i, mu, r, w, 0, 1, ds, dx, dwp, dbp)
                 else:
                     left += 1
                 continue
-            corr = dsum * inv_n
-            c2 *= inv_n
-            c1 = (xw * inv_n - corr * c2) * r
+            f, rf = row_factors(r, one)
+            c1 *= f
+            c2 *= f
             # pass 2, from cache: dx and the partials, the whole row in one loop (as the forward)
             # with its whole lines streamed (as forward_rows), in spans whatever `stream`: the
             # spans inlined in two branches, Numba increfed each array per row (as forward_rows)
             s0, s1 = stream_span(dx, i) if STREAMING and stream else (N, N)
             a, e = 0, s0
             for part in range(2):  # the plain spans before and after, as forward_rows
-                backward_span(dy, x, i, mu, corr, r, w, ds, c1, c2, dx, dwp, dbp, a, e, False)
+                backward_span(dy, x, i, mu, corr, r, w, ds, f, c1, c2, rf, dx, dwp, dbp, a, e, False)
                 if STREAMING:
                     for c in range(s0 if part == 0 else s1, s1, chunk):  # the next row asked for (forward_rows)
                         ce = min(c + chunk, s1)
@@ -183,7 +189,7 @@ def backward_rows(
                         ask_ahead(dy, i, end, c, ce)
                         if ds is not None:
                             ask_ahead(ds, i, end, c, ce)
-                        backward_span(dy, x, i, mu, corr, r, w, ds, c1, c2, dx, dwp, dbp, c, ce, True)
+                        backward_span(dy, x, i, mu, corr, r, w, ds, f, c1, c2, rf, dx, dwp, dbp, c, ce, True)
                 a, e = s1, N
         # element by element: an array assignment compiles a shape check whose error message
         # formats its shapes, and Numba compiled that string formatting with every kernel
@@ -223,8 +229,10 @@ def backward_span(
     r,      # scalar: row i's saved rstd
     w,      # (N,) weight or None
     ds,     # (M, N) fused residual gradient or None
-    c1,     # scalar: row i's mean(xhat * wdy)
-    c2,     # scalar: row i's mean(wdy)
+    f,      # scalar: row i's factor of wdy (stats.row_factors: r or 1)
+    c1,     # scalar: row i's mean(xhat * wdy), times f
+    c2,     # scalar: row i's mean(wdy), times f
+    rf,     # scalar: row i's r / f
     dx,     # (M, N) output
     dwp,    # (N,) this row block's dweight partial, accumulated into
     dbp,    # (N,) this row block's dbias partial, accumulated into
@@ -237,14 +245,16 @@ def backward_span(
 
     ``(x - mu) - corr`` stays in that order for the reason of spans.normalize_span.
     No 'contract' (FASTMATH): fused into a multiply-add, ``wdy - c2`` is not
-    exactly 0 for a one-element row.
+    exactly 0 for a one-element row.  ``dx = (wdy * f - (xhat * c1 + c2)) * rf`` is
+    ``(wdy - (xhat * c1 + c2)) * r`` with no intermediate past the range where dx is
+    in it (stats.row_factors; c1 and c2 come times f).
     """
     for k in range(hi - lo):
         j = np.uint64(lo + k)  # unsigned, as in spans.normalize_span
         g = widen(dy[i, j])
         xhat = ((widen(x[i, j]) - mu) - corr) * r
         wdy = g * w[j] if w is not None else g
-        v = (wdy - (xhat * c1 + c2)) * r
+        v = (wdy * f - (xhat * c1 + c2)) * rf
         if ds is not None:
             v = v + widen(ds[i, j])
         if nt:

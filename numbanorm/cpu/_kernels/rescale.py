@@ -218,3 +218,39 @@ def scaled_backward_row(
         dx[i, j] = narrow(v, dx)
         dwp[c] += g * xhat
         dbp[c] += g
+
+
+@njit(cache=True, nogil=True)
+def scaled_rms_backward_row(
+    dy,     # (M, N) gradient of y, row i finite
+    x,      # (M, N) forward input, row i finite
+    i,      # scalar: the row
+    r,      # scalar: its saved rstd
+    w,      # (N,) weight or None
+    ds,     # (M, N) fused residual gradient or None
+    dx,     # (M, N) output
+    dwp,    # (N,) dweight partial, accumulated into
+):
+    """scaled_backward_row for RMSNorm's rows (no mean): xhat = x * r is in range in
+    float64 (the row's rstd brings it to unit scale), dy is scaled by a power of two."""
+    n = x.shape[1]
+    eg = row_scale(dy, i)
+    fr, er = math.frexp(np.float64(r))
+    c1 = 0.0
+    for j in range(n):
+        wdy = math.ldexp(np.float64(widen(dy[i, j])), -eg)
+        if w is not None:
+            wdy = wdy * w[j]
+        c1 += np.float64(widen(x[i, j])) * np.float64(r) * wdy
+    c1 /= n
+    for j in range(n):
+        g = np.float64(widen(dy[i, j]))
+        xhat = np.float64(widen(x[i, j])) * np.float64(r)
+        wdy = math.ldexp(g, -eg)
+        if w is not None:
+            wdy = wdy * w[j]
+        v = math.ldexp((wdy - xhat * c1) * fr, eg + er)
+        if ds is not None:
+            v = v + widen(ds[i, j])
+        dx[i, j] = narrow(v, dx)
+        dwp[j] += g * xhat

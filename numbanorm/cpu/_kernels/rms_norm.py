@@ -14,14 +14,14 @@ one sum fewer; one function for both would carry flags into the hot row loops.
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import (FASTMATH, STREAMING, acc_of, empty_row, finish, in_blocks, in_partials, launch,
+from .common import (FASTMATH, RESCALE, STREAMING, acc_of, empty_row, finish, in_blocks, in_partials, launch,
                      n_chunks, param, row_block, scratch_for, weights, wide_vectors)
 from .halves import kernel_view, like, narrow, widen
 from .memory import (_itemsize, ahead_chunk, ask_ahead, put_streaming, should_stream, span_lines, store_fence,
                      stream_apart, stream_row, stream_span)
-from .rescale import rescue_rms_row
+from .rescale import rescue_rms_row, scaled_rms_backward_row
 from .spans import grouping, scale_span
-from .stats import overflowed, row_is_finite, row_sum_squares
+from .stats import overflowed, row_factors, row_is_finite, row_sum_squares
 from .sums import gradient_sums
 
 
@@ -110,12 +110,14 @@ def backward_rows(
     M, N = x.shape
     B = dw_part.shape[0]
     zero = rstd.dtype.type(0)
-    inv_n = rstd.dtype.type(1) / rstd.dtype.type(N)
+    one = rstd.dtype.type(1)
+    inv_n = one / rstd.dtype.type(N)
     # local partial and whole rows in one loop, as layer_norm.backward_rows (whose
     # comments give the measurements)
     dwp = empty_row(N, dw_part)
     if STREAMING:
         chunk = ahead_chunk(x)
+    left = 0
     for k in range(lo, hi):
         for j in range(N):
             dwp[j] = zero
@@ -124,10 +126,18 @@ def backward_rows(
             r = rstd[i]
             # pass 1: c1 = mean(xhat * wdy); pass 2, from cache: dx and the partial
             c1 = backward_sum(dy, x, i, r, w, zero) * inv_n
+            if not np.isfinite(c1) and row_is_finite(x, i) and row_is_finite(dy, i):
+                if RESCALE:  # a sum past the range on a finite row: as layer_norm.backward_rows
+                    scaled_rms_backward_row(dy, x, i, r, w, ds, dx, dwp)
+                else:
+                    left += 1
+                continue
+            f, rf = row_factors(r, one)  # (as layer_norm.backward_rows)
+            c1 *= f
             s0, s1 = stream_span(dx, i) if STREAMING and stream else (N, N)  # as layer_norm.backward_rows
             a, e = 0, s0
             for part in range(2):
-                backward_span(dy, x, i, r, w, ds, c1, dx, dwp, a, e, False)
+                backward_span(dy, x, i, r, w, ds, f, c1, rf, dx, dwp, a, e, False)
                 if STREAMING:
                     for c in range(s0 if part == 0 else s1, s1, chunk):  # the next row asked for
                         ce = min(c + chunk, s1)
@@ -135,13 +145,13 @@ def backward_rows(
                         ask_ahead(dy, i, end, c, ce)
                         if ds is not None:
                             ask_ahead(ds, i, end, c, ce)
-                        backward_span(dy, x, i, r, w, ds, c1, dx, dwp, c, ce, True)
+                        backward_span(dy, x, i, r, w, ds, f, c1, rf, dx, dwp, c, ce, True)
                 a, e = s1, N
         for j in range(N):  # element by element, as layer_norm.backward_rows
             dw_part[k, j] = dwp[j]
     if STREAMING and stream:
         store_fence()
-    return 0  # (rows left to a rescaling variant: none, its one sum has no overflow path)
+    return left
 
 
 @njit(cache=True, fastmath=FASTMATH, nogil=True)  # on its own: as layer_norm.backward_sums
@@ -167,7 +177,9 @@ def backward_span(
     r,      # scalar: row i's saved rstd
     w,      # (N,) weight or None
     ds,     # (M, N) fused residual gradient or None
-    c1,     # scalar: row i's mean(xhat * wdy)
+    f,      # scalar: row i's factor of wdy (stats.row_factors)
+    c1,     # scalar: row i's mean(xhat * wdy), times f
+    rf,     # scalar: row i's r / f
     dx,     # (M, N) output
     dwp,    # (N,) this row block's dweight partial, accumulated into
     lo,     # scalar: first element of the span
@@ -180,7 +192,7 @@ def backward_span(
         g = widen(dy[i, j])
         xhat = widen(x[i, j]) * r
         wdy = g * w[j] if w is not None else g
-        v = (wdy - xhat * c1) * r
+        v = (wdy * f - xhat * c1) * rf  # (wdy - xhat * c1) * r, as layer_norm.backward_span
         if ds is not None:
             v = v + widen(ds[i, j])
         if nt:

@@ -6,7 +6,8 @@
 (the mean of the row's first elements) where ``one_pass_ok`` says that pass can be
 trusted, and in the corrected two-pass elsewhere; ``row_sum_squares``: RMSNorm's;
 ``overflowed`` and ``row_is_finite``: whether a row's sums left the floating-point
-range on finite inputs (those rows go to ``rescale``).  The sums themselves are
+range on finite inputs (those rows go to ``rescale``); ``row_factors``: how a backward
+row applies its rstd so that no product leaves the range before dx does.  The sums themselves are
 ``sums``'s blocked loops.
 """
 
@@ -121,3 +122,18 @@ def row_is_finite(
         if not np.isfinite(widen(x[i, j])):
             return False
     return True
+
+
+@njit(cache=True, nogil=True, inline="always")
+def row_factors(
+    r,      # scalar: a row's rstd
+    one,    # scalar 1 in the accumulation dtype
+):
+    """``(f, rf)`` with ``f * rf = r``: a backward writes dx as ``(wdy * f - (xhat * c1 + c2)
+    * f) * rf``, so that no intermediate leaves the range where dx does not, given
+    sum(xhat * wdy) and sum(wdy) in range (then ``xhat * c1 + c2`` is too).  r > 1: the
+    difference first (f = 1; wdy * r could overflow); else each term times r first
+    (f = r; wdy near the largest value less a term of the other sign could overflow)."""
+    if r > one:
+        return one, r
+    return r, one
