@@ -24,8 +24,10 @@ def _saved(x):
         if getattr(type(x), "__cuda_ndarray__", False):  # numba's (the simulator's copy() is on the host)
             from numba import cuda
 
+            from .cuda._kernels.common import kview
+
             saved = cuda.device_array(x.shape, x.dtype)
-            saved.copy_to_device(x)
+            kview(saved)[:] = kview(x)  # numba's assignment kernel, which takes a strided x (bfloat16 as bits)
             return saved
         return x.copy()  # CuPy and the like
     return np.array(x, copy=True)

@@ -95,13 +95,15 @@ def test_a_layer_keeps_eps_as_given(name):
 
 
 @pytest.mark.cudasim
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
 @pytest.mark.parametrize("affine", [False, True], ids=["plain", "affine"])
 @pytest.mark.parametrize("which", [0, 1, 2], ids=["LayerNorm", "RMSNorm", "GroupNorm"])
-def test_layers_on_cuda_arrays_keep_their_input_on_the_device(which, affine):
+def test_layers_on_cuda_arrays_keep_their_input_on_the_device(which, affine, strided):
     """A layer called on numba device arrays (its parameters moved there too) keeps a device
     copy of x for the backward, whose dx and gradients are those of the same layer on the
     host (the copy was a host array in the simulator: the backward refused a host x with a
-    device dy)."""
+    device dy); x a strided view too, which the forward takes (the copy refused it, after
+    the forward had run)."""
     from numba import cuda
 
     rng = np.random.default_rng(3)
@@ -116,9 +118,10 @@ def test_layers_on_cuda_arrays_keep_their_input_on_the_device(which, affine):
         layer.weight = cuda.to_device(host.weight)
         if host.bias is not None:
             layer.bias = cuda.to_device(host.bias)
-    xd = cuda.to_device(x)
+    xd = cuda.to_device(np.stack([x, -x], axis=-1))[..., 0] if strided else cuda.to_device(x)
+    assert xd.is_c_contiguous() != strided
     y = layer(xd)
-    xd.copy_to_device(np.zeros_like(x))  # the caller reuses its buffer
+    xd[:] = cuda.to_device(np.zeros_like(x))  # the caller reuses its buffer
     dx = layer.backward(cuda.to_device(dy))
     np.testing.assert_allclose(y.copy_to_host(), host(x), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(dx.copy_to_host(), host.backward(dy), rtol=1e-5, atol=1e-5)
