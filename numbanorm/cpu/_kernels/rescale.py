@@ -172,7 +172,7 @@ def scaled_backward_row(
     dy,     # (M, N) gradient of y, row i finite
     x,      # (M, N) forward input, row i finite
     i,      # scalar: the row
-    mu,     # scalar: its saved mean
+    mu,     # scalar: its saved mean, or None (RMSNorm: not centered)
     r,      # scalar: its saved rstd
     w,      # (C,) weight or None
     w0,     # scalar: weight index of the row's first element (group norm: its first channel)
@@ -180,7 +180,7 @@ def scaled_backward_row(
     ds,     # (M, N) fused residual gradient or None
     dx,     # (M, N) output
     dwp,    # (C,) dweight partial, accumulated into at the weight's index
-    dbp,    # (C,) dbias partial, the same
+    dbp,    # (C,) dbias partial, the same, or None (RMSNorm)
 ):
     """backward_sums and backward_span for a finite row whose float sums overflowed:
     in float64, x and dy each scaled by a power of two (exact), r split as
@@ -189,11 +189,13 @@ def scaled_backward_row(
     ex = row_scale(x, i)
     eg = row_scale(dy, i)
     fr, er = math.frexp(np.float64(r))
-    ms = math.ldexp(np.float64(mu), -ex)
-    dsum = 0.0
-    for j in range(n):
-        dsum += math.ldexp(np.float64(widen(x[i, j])), -ex) - ms
-    corr = dsum / n
+    ms = corr = 0.0
+    if mu is not None:
+        ms = math.ldexp(np.float64(mu), -ex)
+        dsum = 0.0
+        for j in range(n):
+            dsum += math.ldexp(np.float64(widen(x[i, j])), -ex) - ms
+        corr = dsum / n
     c1 = 0.0
     c2 = 0.0
     for j in range(n):
@@ -204,7 +206,7 @@ def scaled_backward_row(
         c1 += xhat * wdy
         c2 += wdy
     c1 /= n
-    c2 /= n
+    c2 = c2 / n if mu is not None else 0.0
     for j in range(n):
         g = np.float64(widen(dy[i, j]))
         xhat = math.ldexp(((math.ldexp(np.float64(widen(x[i, j])), -ex) - ms) - corr) * fr, ex + er)
@@ -217,40 +219,5 @@ def scaled_backward_row(
             v = v + widen(ds[i, j])
         dx[i, j] = narrow(v, dx)
         dwp[c] += g * xhat
-        dbp[c] += g
-
-
-@njit(cache=True, nogil=True)
-def scaled_rms_backward_row(
-    dy,     # (M, N) gradient of y, row i finite
-    x,      # (M, N) forward input, row i finite
-    i,      # scalar: the row
-    r,      # scalar: its saved rstd
-    w,      # (N,) weight or None
-    ds,     # (M, N) fused residual gradient or None
-    dx,     # (M, N) output
-    dwp,    # (N,) dweight partial, accumulated into
-):
-    """scaled_backward_row for RMSNorm's rows (no mean): xhat = x * r is in range in
-    float64 (the row's rstd brings it to unit scale), dy is scaled by a power of two."""
-    n = x.shape[1]
-    eg = row_scale(dy, i)
-    fr, er = math.frexp(np.float64(r))
-    c1 = 0.0
-    for j in range(n):
-        wdy = math.ldexp(np.float64(widen(dy[i, j])), -eg)
-        if w is not None:
-            wdy = wdy * w[j]
-        c1 += np.float64(widen(x[i, j])) * np.float64(r) * wdy
-    c1 /= n
-    for j in range(n):
-        g = np.float64(widen(dy[i, j]))
-        xhat = np.float64(widen(x[i, j])) * np.float64(r)
-        wdy = math.ldexp(g, -eg)
-        if w is not None:
-            wdy = wdy * w[j]
-        v = math.ldexp((wdy - xhat * c1) * fr, eg + er)
-        if ds is not None:
-            v = v + widen(ds[i, j])
-        dx[i, j] = narrow(v, dx)
-        dwp[j] += g * xhat
+        if dbp is not None:
+            dbp[c] += g

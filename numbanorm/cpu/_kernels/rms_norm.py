@@ -19,7 +19,7 @@ from .common import (FASTMATH, RESCALE, STREAMING, acc_of, empty_row, finish, in
 from .halves import kernel_view, like, narrow, widen
 from .memory import (_itemsize, ahead_chunk, ask_ahead, put_streaming, should_stream, span_lines, store_fence,
                      stream_apart, stream_row, stream_span)
-from .rescale import rescue_rms_row, scaled_rms_backward_row
+from .rescale import rescue_rms_row, scaled_backward_row
 from .spans import grouping, scale_span
 from .stats import overflowed, row_factors, row_is_finite, row_sum_squares
 from .sums import gradient_sums
@@ -128,7 +128,7 @@ def backward_rows(
             c1 = backward_sum(dy, x, i, r, w, zero) * inv_n
             if not np.isfinite(c1) and row_is_finite(x, i) and row_is_finite(dy, i):
                 if RESCALE:  # a sum past the range on a finite row: as layer_norm.backward_rows
-                    scaled_rms_backward_row(dy, x, i, r, w, ds, dx, dwp)
+                    scaled_backward_row(dy, x, i, None, r, w, 0, 1, ds, dx, dwp, None)
                 else:
                     left += 1
                 continue
