@@ -330,15 +330,17 @@ def test_a_row_at_the_float32_limit_backward():
 
 # Rows (x, dy / 2**k) whose dy, times 2**k, is near the dtype's largest value: the first
 # two sums of xhat * wdy past the range; the next one's c1, in x's units, in range but not
-# its sum in rstd's (LayerNorm, rstd > 1); the last two a difference wdy - (xhat * c1 + c2)
+# its sum in rstd's (LayerNorm, rstd > 1); the next two a difference wdy - (xhat * c1 + c2)
 # past the range where dx, times rstd < 1, is in it (RMSNorm's first element; LayerNorm's
-# and GroupNorm's second, whose neighbours keep sum((x - mean) * wdy) in range).
+# and GroupNorm's second, whose neighbours keep sum((x - mean) * wdy) in range); the last
+# a dy in the span of 1 and xhat (dx about 0), whose wdy * rstd (> 1) alone is past it.
 _NEAR_TOP = [
     ([0, 1, 2, 3], [1.75, 1.75, 1.75, 1.75]),
     ([1, -2, 0.5, 4], [1.75, -0.4375, 0.875, 1.75]),
     ([0.0899, -0.2081, 0.1666, 0.0133], [0.45, -1.98, 1.6, 0.1]),
     ([10, 10, 10, -10], [1.95, -0.975, -0.975, 0.975]),
     ([-0.5, 0, 0.5, -6, 6, 0], [-1.9, 1.98, -1.9, 0, 0, 0]),
+    ([-0.1, 0, 0.1, 0], [-0.4, 0.2, 0.8, 0.2]),
 ]
 
 
@@ -362,12 +364,15 @@ def test_a_gradient_near_the_largest_float(dt, sign, row, grad):
     w = np.resize(np.array([1, 0.5, 0.75, 1], dt), N)
     tol = 1e-5 if dt == np.float32 else 1e-12
 
-    def close(got, want, rstd, name):
-        with np.errstate(over="ignore"):
-            want = [np.ldexp(np.asarray(r), k).astype(dt) for r in want]
-        scale = np.abs(dy[1]).max() * max(np.ravel(rstd)[1], 1)  # the terms' of the near-top row's dx
+    def close(got, want, rstd, name):  # compared in units of 2**k, in float64
+        scale = np.abs(unit[1]).max() * max(float(np.ravel(rstd)[1]), 1.0)  # the near-top row's dx terms'
         for g, r in zip(got, want):
-            np.testing.assert_allclose(np.reshape(g, r.shape), r, rtol=tol, atol=tol * scale, err_msg=name)
+            r = np.asarray(r)
+            g = np.asarray(g, np.float64).reshape(r.shape)
+            with np.errstate(over="ignore"):
+                past = ~np.isfinite(np.ldexp(r, k).astype(dt))  # past the dtype's range: Inf there
+            np.testing.assert_array_equal(g[past], np.sign(r[past]) * np.inf, err_msg=name)
+            np.testing.assert_allclose(np.ldexp(g[~past], -k), r[~past], rtol=tol, atol=tol * scale, err_msg=name)
 
     rows = len(x)
     for wt in (None, w):
