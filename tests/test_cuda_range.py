@@ -497,6 +497,154 @@ def test_backward_of_a_row_out_of_range(knobs, op, dt, case, path, affine):
     check.done()
 
 
+# ---------------------------------------------------------------- backward: sums that leave the range
+
+# Rows whose forward is in range but whose backward sums are not: (dtype-free) the row's x
+# and dy as fractions of the dtype's largest value (``None``: ordinary).  ``deviation``:
+# x - mean itself overflows (the element -0.9 from the mean 0.45); ``dy``: the sums of
+# weight * dy overflow (x = +-1, so that |xhat| is 1 and dy * xhat stays in range);
+# ``products``: RMSNorm's sum of x * rstd * wdy overflows (x = 0, 1, 2, 3: xhat up to 1.6).
+GRAD_CASES = {
+    "deviation": (lambda rng, n: np.resize([0.9, 0.9, -0.9, 0.9], n), None),
+    "dy": (lambda rng, n: np.resize([1.0, -1.0], n) / 2 ** 20, lambda rng, n: rng.uniform(0.5, 0.6, n)),
+    "products": (lambda rng, n: np.resize([0.0, 1.0, 2.0, 3.0], n) / 2 ** 20, lambda rng, n: np.full(n, 0.5)),
+}
+
+
+def _grad_rows(rng, dt, case, n, m=3, at=1):
+    """(x, dy): ``m`` ordinary rows, row ``at`` the case's (``GRAD_CASES``)."""
+    top = float(np.finfo(dt).max)
+    make_x, make_dy = GRAD_CASES[case]
+    x = _ordinary(rng, (m, n))
+    dy = rng.standard_normal((m, n))
+    x[at] = make_x(rng, n) * top
+    if make_dy is not None:
+        x[at] *= 2.0 ** 20 / top  # (x of ordinary size; the fractions keep it exact)
+        dy[at] = make_dy(rng, n) * top
+    x, dy = x.astype(dt), dy.astype(dt)
+    assert np.isfinite(x).all() and np.isfinite(dy).all()
+    return x, dy
+
+
+def _grad_cases():
+    """(op, dtype, case, path, affine): float32 and float64, every operation (RMSNorm: the
+    products alone, its sums have no x - mean, nor a sum of wdy), with a weight on every
+    short-row path, without held in a thread and on the warp-per-row loop (the rest slow)."""
+    out = []
+    for op in OPS:
+        for dt in (F32, F64):
+            for case in GRAD_CASES if _kind(op) == "layer" else ("products",):
+                for path in ("held", "held_block", "loop", "loop_unstaged", "loop_block"):
+                    for affine in (True, False):
+                        slow = not affine and path not in ("held", "loop") or (
+                            path in ("held_block", "loop_block") and dt == F64)
+                        out.append(pytest.param(op, dt, case, path, affine, marks=SLOW if slow else [],
+                                                id=_id(op, dt, case, path, "weight" if affine else "plain")))
+    return out
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("op,dt,case,path,affine", _grad_cases())
+def test_backward_whose_sums_leave_the_range(knobs, op, dt, case, path, affine):
+    """A finite row whose forward is in range but whose backward's sums (of x - mean, of
+    weight * dy, of x * rstd * weight * dy) overflow, between two ordinary rows: dx of every
+    row as the oracle's at unit scale (x and dy each brought to it, dx linear in dy), the
+    ordinary rows' dx bit for bit as without the case's row, dweight and dbias as the
+    oracle's."""
+    rng = np.random.default_rng(21)
+    n = _path(knobs, path, dt, 3)
+    x, dy = _grad_rows(rng, dt, case, n)
+    kind = _kind(op)
+    fused = op.startswith("add_")
+    w = rng.uniform(0.85, 1.15, n).astype(dt) if affine else None
+    _, s, mean, rstd = _forward(op, x, np.zeros_like(x) if fused else None, n, w, None, None)
+    kx, kd = _exponents(x), _exponents(dy)
+    # fused: a ds at the scale of the row's dx, small beside it
+    ds = np.ldexp(rng.standard_normal(x.shape), (kd - kx - 6)[:, None]).astype(dt) if fused else None
+
+    def run(dy):
+        dyd, xd, wd, dsd, md, rd = _dev(dy), _dev(x), _dev(w), _dev(ds), _dev(mean), _dev(rstd)
+        if op == "layer_norm":
+            got = nc.layer_norm_backward(dyd, xd, md, rd, n, wd)
+        elif op == "add_layer_norm":
+            got = nc.add_layer_norm_backward(dyd, dsd, xd, md, rd, n, wd)
+        elif op == "rms_norm":
+            got = (*nc.rms_norm_backward(dyd, xd, rd, n, wd), None)
+        else:
+            got = (*nc.add_rms_norm_backward(dyd, dsd, xd, rd, n, wd), None)
+        return _host(*got)
+
+    dx, dw, db = run(dy)
+    eps_oracle = _ln_eps(None) if kind == "layer" else _rms_eps(dt, None)
+    x64 = x.astype(np.float64)
+    _, mean_s, _, rstd_s, k = _expected_forward(kind, x64, w, None, eps_oracle)
+    dx_s = np.empty(x.shape)
+    dw_want, db_want = 0.0, 0.0
+    for i in range(len(x)):  # each row with its dy at unit scale, its dweight and dbias scaled back
+        dy_s = np.ldexp(dy[i:i + 1].astype(np.float64), -kd[i])
+        ms = None if mean_s is None else mean_s[i:i + 1]
+        dxi, dwi, dbi = _expected_backward(kind, dy_s, x64[i:i + 1], ms, rstd_s[i:i + 1], k[i:i + 1], w)
+        dx_s[i] = dxi[0]
+        dw_want = dw_want + np.ldexp(dwi, kd[i])
+        db_want = db_want + (np.ldexp(dbi, kd[i]) if kind == "layer" else 0.0)
+    if fused:
+        dx_s = dx_s + np.ldexp(ds.astype(np.float64), (kx - kd)[:, None])
+    check = _Check()
+    labels = _labels(3, 1, case)
+    tol = TOL[dt]
+    check.rows("dx (at unit scale)", np.ldexp(np.asarray(dx, np.float64), (kx - kd)[:, None]), dx_s, tol, labels)
+    check.close("dweight", dw, dw_want, tol)
+    if kind == "layer":
+        check.close("dbias", db, db_want, tol)
+    # the ordinary rows as in a call where the case's row is ordinary too
+    calm = dy.copy()
+    calm[1] = rng.standard_normal(n).astype(dt)
+    dx_calm = run(calm)[0]
+    if not np.array_equal(np.asarray(dx)[[0, 2]], np.asarray(dx_calm)[[0, 2]]):
+        check.failures.append("the ordinary rows' dx differ from a call without the case's dy")
+    check.done()
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("path", ["held", "loop"])
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "add_layer_norm"])
+def test_backward_reproducers_of_sums_out_of_range(knobs, op, path):
+    """The rows that gave NaN: x = [0.9, 0.9, -0.9] times float32's largest value with dy =
+    [1, 2, 3] (x - mean overflows), dy = [3e38, 3e38] on x = [0, 1] (the sum of dy
+    overflows), and RMSNorm's x = [0, 1, 2, 3] with dy = 3e38 (x * rstd * dy's sum, and
+    xhat * c1, overflow): dx as the oracle's given the kernels' own statistics, finite."""
+    if path == "loop":
+        knobs(**LOOP)
+    top = float(np.finfo(F32).max)
+    rows = [([0.9 * top, 0.9 * top, -0.9 * top], [1.0, 2.0, 3.0]), ([0.0, 1.0], [3e38, 3e38]),
+            ([0.0, 1.0, 2.0, 3.0], [3e38] * 4)]
+    kind = _kind(op)
+    for xs, dys in rows:
+        if kind == "rms" and len(xs) == 2:
+            continue  # (its dx, 4.2e38, is past float32's range)
+        reps = 1 if path == "held" else 36 // len(xs) * 2   # (past 32 elements: the loop)
+        x = np.array([xs * reps], F32)
+        dy = np.array([dys * reps], F32)
+        n = x.shape[1]
+        res = np.zeros_like(x) if op.startswith("add_") else None
+        _, _, mean, rstd = _forward(op, x, res, n, None, None, None)
+        if kind == "layer":
+            args = (_dev(dy), _dev(x), _dev(mean), _dev(rstd), n)
+            if op.startswith("add_"):
+                args = args[:1] + (_dev(np.zeros_like(dy)),) + args[1:]
+            dx = to_host(getattr(nc, op + "_backward")(*args)[0])
+            want = ORACLE.layer_norm_backward(dy.astype(np.float64), x.astype(np.float64),
+                                              np.asarray(mean, np.float64), np.asarray(rstd, np.float64), n)[0]
+        else:
+            dx = to_host(nc.rms_norm_backward(_dev(dy), _dev(x), _dev(rstd), n)[0])
+            want = ORACLE.rms_norm_backward(dy.astype(np.float64), x.astype(np.float64),
+                                            np.asarray(rstd, np.float64), n)[0]
+        assert np.isfinite(dx).all(), (xs, dys, _show(dx))
+        scale = np.abs(want).max()
+        np.testing.assert_allclose(np.asarray(dx, np.float64) / scale, want / scale, rtol=0, atol=1e-5,
+                                   err_msg=str((xs, dys)))
+
+
 # ---------------------------------------------------------------- GroupNorm
 
 # (N, C, S) with 2 groups: the group of sample 0's channels 2, 3 out of range (sample 0's
