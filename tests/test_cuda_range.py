@@ -7,8 +7,11 @@ elements spread over the whole range; a constant row), rows whose squares overfl
 (float32 1e-22, float64 1e-170), float32 rows of subnormal elements -- on every row
 operation, forward and backward, and GroupNorm, on the rows held in registers and on
 the loop path; rows holding Inf or NaN still give NaN (what the oracle gives), in
-their own row alone; a row out of range in a call in place (``out=x``) as well; and a
-backward handed rstd = 0 gives that row dx = 0, not NaN.
+their own row alone; a row out of range in a call in place (``out=x``) as well; a
+backward handed rstd = 0 gives that row dx = 0, not NaN; and rows (GroupNorm: groups) whose
+forward is in range but whose backward sums are not -- x - mean itself overflowing, the
+sums of weight * dy, RMSNorm's of x * rstd * weight * dy -- give the oracle's dx, dweight
+and dbias, their neighbours' dx bit for bit as without them.
 
 The CPU kernels keep this (``test_numerics.py``).  The expected values come from the
 oracle at the row brought to unit scale: with ``s = 2**-k`` (``k`` the exponent of the
@@ -737,6 +740,86 @@ def test_group_norm_with_a_group_out_of_range(knobs, dt, case, path, affine):
                labels)
     check.close("dweight", dw, dw_want, tol)
     check.close("dbias", db, db_want, tol)
+    check.done()
+
+
+# GroupNorm's backward with a group whose sums leave the range though its forward does not:
+# ``deviation`` (x - mean overflows, as ``GRAD_CASES``) and ``dy`` (x = +-1, each channel's
+# dy summing to six tenths of the largest value: the group's sums of weight * dy overflow).
+GN_GRAD_CASES = ("deviation", "dy")
+
+
+def _gn_grad_cases():
+    """(dtype, case, path, affine): with a weight every path of ``GN_PATHS`` but the real
+    threshold, float32 and float64; without, held and on the loop (the rest slow)."""
+    out = []
+    for dt in (F32, F64):
+        for case in GN_GRAD_CASES:
+            for path in ("held", "loop", "loop_unstaged", "loop_block"):
+                for affine in (True, False):
+                    slow = not affine and path not in ("held", "loop")
+                    out.append(pytest.param(dt, case, path, affine, marks=SLOW if slow else [],
+                                            id=_id(dt, case, path, "weight" if affine else "plain")))
+    return out
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("dt,case,path,affine", _gn_grad_cases())
+def test_group_norm_backward_whose_sums_leave_the_range(knobs, dt, case, path, affine):
+    """GroupNorm, 2 groups, sample 0's group 1 the case's, the others ordinary: dx as the
+    oracle's at each group's unit scale (x and dy each brought to it), the other groups'
+    dx bit for bit as without the case's group, dweight and dbias as the oracle's."""
+    kw, shapes, loop, staged = GN_PATHS[path]
+    knobs(**kw)
+    N, Cn, S = shapes[dt]
+    G, Cg = 2, Cn // 2
+    rng = np.random.default_rng(23)
+    top = float(np.finfo(dt).max)
+    x = _ordinary(rng, (N, Cn, S))
+    dy = rng.standard_normal((N, Cn, S))
+    if case == "deviation":
+        x[0, Cg:] = np.resize([0.9, 0.9, -0.9, 0.9], (Cg, S)) * top
+    else:
+        x[0, Cg:] = np.resize([1.0, -1.0], (Cg, S))
+        dy[0, Cg:] = 0.6 * top / S
+    x, dy = x.astype(dt), dy.astype(dt)
+    w = rng.uniform(0.85, 1.15, Cn).astype(dt) if affine else None
+    _, mean, rstd = _host(*nc.group_norm_forward(_dev(x), G, _dev(w), None))
+
+    def run(x, dy):
+        return _host(*nc.group_norm_backward(_dev(dy), _dev(x), _dev(mean), _dev(rstd), _dev(w)))
+
+    dx, dw, db = run(x, dy)
+    # the oracle (sample, group) by group, x and dy at unit scale
+    kx = _exponents(x.reshape(N * G, -1))
+    kd = _exponents(dy.reshape(N * G, -1))
+    dx_s = np.empty((N * G, Cg * S))
+    dw_want, db_want = np.zeros(Cn), np.zeros(Cn)
+    for i in range(N * G):
+        j, g = divmod(i, G)
+        ch = slice(g * Cg, (g + 1) * Cg)
+        xs = np.ldexp(x[j:j + 1, ch].astype(np.float64), -kx[i])
+        ys = np.ldexp(dy[j:j + 1, ch].astype(np.float64), -kd[i])
+        _, mi, ri = ORACLE.group_norm_forward(xs, 1, None, None, _scaled_eps(1e-5, kx[i]))
+        dxi, dwi, dbi = ORACLE.group_norm_backward(ys, xs, mi, ri, None if w is None else w[ch])
+        dx_s[i] = dxi.ravel()
+        dw_want[ch] += np.ldexp(dwi, kd[i])
+        db_want[ch] += np.ldexp(dbi, kd[i])
+    check = _Check()
+    labels = _labels(N * G, 1, case)
+    tol = TOL[dt]
+    got = np.ldexp(dx.reshape(N * G, -1).astype(np.float64), (kx - kd)[:, None])
+    check.rows("dx (at unit scale)", got, dx_s, tol, labels)
+    check.close("dweight", dw, dw_want, tol)
+    check.close("dbias", db, db_want, tol)
+    calm_x, calm_dy = x.copy(), dy.copy()
+    calm_x[0, Cg:] = _ordinary(rng, (Cg, S)).astype(dt)
+    calm_dy[0, Cg:] = rng.standard_normal((Cg, S)).astype(dt)
+    _, cm, cr = _host(*nc.group_norm_forward(_dev(calm_x), G, _dev(w), None))
+    assert np.array_equal(np.delete(cm.ravel(), 1), np.delete(mean.ravel(), 1))
+    calm = run(calm_x, calm_dy)[0].reshape(N * G, -1)
+    if not np.array_equal(np.delete(dx.reshape(N * G, -1), 1, axis=0), np.delete(calm, 1, axis=0)):
+        check.failures.append("the other groups' dx differ from a call without the case's group")
     check.done()
 
 

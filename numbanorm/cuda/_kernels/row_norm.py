@@ -57,6 +57,13 @@ Backward (RMSNorm: mean = corr = 0, c2 = 0, no dbias):
     which adds ds, keeps dx = (wdy - (xhat * c1 + c2)) * rstd, which took fewer
     instructions there; RMSNorm: xhat = x * rstd, dx = (wdy - xhat * c1) * rstd)
 
+A row whose reduced c1 or c2 is not finite, its elements finite (x - mean itself
+overflowing near the largest values, the sum of weight * dy, RMSNorm's of x * rstd * wdy),
+is noted by pass 2 (rstd taken as 0: it adds nothing to dweight, and leaves dx NaN) and
+redone from memory, x - mean halved and wdy scaled by a power of two (``_grad_redo_fn``):
+by the long-row kernel after a vote, by the registers path after its rows
+(``_grad_post_fn``), as the forward redoes its rows.
+
 dweight/dbias: each thread keeps running sums of ``dy * xhat`` and ``dy`` for
 its own columns over the rows its block visits, the row groups of a block are
 combined in shared memory in group order, and each block writes one partial
@@ -727,34 +734,12 @@ def _grad_dx_fn(kind, has_ds):
 
 
 @functools.lru_cache(maxsize=None)
-def _noted_fn(xdt):
-    """``noted(c1, c2)``: a backward row's reduced c1, c2 (``_grad_dx_fn``) are not both
-    finite: its sums left the range, or it holds Inf or NaN (``_grad_redo_fn``'s); False
-    for rows that cannot leave it (``stats.can_leave_range``).  Uniform across the row group.
-    Pass 2 of such a row, with mu, rstd and corr * rstd taken as 0, adds nothing to dw and
-    writes NaN into every element of dx (0 * c1 or 0 * c2), which ``_grad_post_fn`` reads
-    back as the mark of a row to redo."""
-    RESCUED, INF = stats.can_leave_range(xdt), C.acc_type(xdt)(math.inf)
-
-    @cuda.jit(device=True)
-    def noted(c1, c2):
-        return RESCUED and not (abs(c1) < INF and abs(c2) < INF)  # (NaN compares false)
-
-    return noted
-
-# A backward row whose sums left the range (``_grad_redo_fn``): (DOWN, LIM): wdy is summed
-# scaled by DOWN where the sum of its magnitudes passes LIM, which leaves the sums of wdy
-# and of xhat * wdy (|xhat| <= sqrt(N) <= 2^16) and each element's dx bracket in range.
-_GRAD_RANGE = {"float32": (2.0 ** -82, 2.0 ** 100), "float64": (2.0 ** -530, 2.0 ** 1000)}
-
-
-@functools.lru_cache(maxsize=None)
 def _grad_redo_fn(kind, xdt, wdt, code, has_ds):
     """``redo(dy, x, ds, dx, w, mu, r, row, out, t, NW, inv_n, dw, scratch, it, tid)`` -> ``it``:
     the backward of a row whose reduced sums were not finite (``out``; the row pass
     took its rstd as 0, which adds nothing to dw, and leaves its dx to this), again from memory:
     x - mu halved where it overflows (d = (x - mu) * rstd is in rstd's units anyway), wdy
-    scaled by ``_GRAD_RANGE``'s DOWN where its magnitudes sum past LIM, and dx = (wdy -
+    scaled by ``stats.GRAD_RANGE``'s DOWN where its magnitudes sum past LIM, and dx = (wdy -
     (xhat * c1 + c2)) * rstd scaled back (the CPU's ``scaled_backward_row``).  Inf or NaN
     in the row stays NaN.  Every thread that voted calls it (two group reductions); a row
     not ``out`` sums nothing and writes nothing.  ``dw``: this thread's running sums of dy *
@@ -765,13 +750,9 @@ def _grad_redo_fn(kind, xdt, wdt, code, has_ds):
     has_w = wdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
     LOADW, STOREW = C.word_fns(xdt, ACC.name, V)
-    DOWN, LIM = _GRAD_RANGE[ACC.name]
-    UP, HALF, INF = ACC(1 / DOWN), ACC(0.5), ACC(math.inf)
-
-    @cuda.jit(device=True)
-    def dev(x, mu, r):  # (x - mu) * r, halved where x - mu overflows
-        h = x - mu
-        return h * r if abs(h) < INF else (x * HALF - mu * HALF) * (r + r)
+    DOWN, LIM = stats.GRAD_RANGE[ACC.name]
+    UP = ACC(1 / DOWN)
+    dev = stats.grad_deviation_fn(ACC.name)
 
     @cuda.jit(device=True)
     def word(xr, dyr, dsr, dxr, w, q, mu, r, cr, c1, c2, sg, dw, e0):  # (redo's): dx of word q
@@ -962,7 +943,7 @@ def _dx_held_fn(kind, xdt, wdt, code, has_ds):
 @functools.lru_cache(maxsize=None)
 def _grad_post_fn(kind, xdt, wdt, code, has_ds):
     """``post(dy, x, ds, dx, mean, rstd, w, row, dwa, scratch, it, tid)`` -> ``it``: the
-    registers path's pass after its rows, in a block where one was noted (``_noted_fn``):
+    registers path's pass after its rows, in a block where one was noted (``stats.grad_noted_fn``):
     a row whose dx holds NaN (the note's mark: element 0 read back) and whose sums, taken
     again from memory as the row pass took them, are not finite, redone (``_grad_redo_fn``;
     a row whose dx is NaN for another reason is left as it is, its dw counted once).
@@ -974,7 +955,7 @@ def _grad_post_fn(kind, xdt, wdt, code, has_ds):
     LOADW = C.word_fns(xdt, ACC.name, V)[0]
     GEOMETRY = stats.geometry_fn(xdt, code)
     GRAD_SUMS = _grad_sums_fn(kind, xdt)
-    NOTED = _noted_fn(xdt)
+    NOTED = stats.grad_noted_fn(xdt)
     REDO = _grad_redo_fn(kind, xdt, wdt, code, has_ds)
 
     @cuda.jit(device=True)
@@ -1024,7 +1005,7 @@ def _backward_rows_fn(kind, xdt, wdt, code, has_ds, rows):
     GROUP = group_sums_fn(NVALS)
     DX = _dx_held_fn(kind, xdt, wdt, code, has_ds)
     UNITS = stats.can_leave_range(xdt)  # (``_grad_sums_fn``'s d in rstd's units)
-    NOTED = _noted_fn(xdt)
+    NOTED = stats.grad_noted_fn(xdt)
 
     @cuda.jit(device=True)
     def finish(dx, ds, row, raw, mu, r, v, at, ws, dwa, dba, t, NW):  # -> the row is to be redone
@@ -1222,7 +1203,7 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
     GRAD_SUMS = _grad_sums_fn(kind, xdt)
     GRAD_DX = _grad_dx_fn(kind, has_ds)
     UNITS = RESCUED = stats.can_leave_range(xdt)  # (``_grad_sums_fn``'s d in rstd's units)
-    NOTED = _noted_fn(xdt)
+    NOTED = stats.grad_noted_fn(xdt)
     VOTE = stats.vote_fn(TPR, code.rows)
     REDO = _grad_redo_fn(kind, xdt, wdt, code, has_ds)
 
