@@ -118,7 +118,7 @@ def _path(knobs, path, dt, m):
     """Set ``path``'s knobs; the row length that takes it, checked on ``row_config``."""
     kw, lengths, loop, staged, tpr = PATHS[path]
     knobs(**kw)
-    n = lengths[dt]
+    n = lengths.get(dt, lengths[F32])  # (16-bit rows: float32's)
     vec = C.vec_width(n, np.empty(n, dt))
     cfg = C.row_config(m, n, dt == F64, vec, C.ROW_RESIDENT, np.dtype(dt).itemsize, 1)
     assert (cfg.loop, cfg.stage > 0, cfg.tpr >= tpr) == (loop, staged, True), (path, cfg)
@@ -516,7 +516,7 @@ GRAD_CASES = {
 
 def _grad_rows(rng, dt, case, n, m=3, at=1):
     """(x, dy): ``m`` ordinary rows, row ``at`` the case's (``GRAD_CASES``)."""
-    top = float(np.finfo(dt).max)
+    top = float((np if dt in (F32, F64) else pytest.importorskip("ml_dtypes")).finfo(dt).max)
     make_x, make_dy = GRAD_CASES[case]
     x = _ordinary(rng, (m, n))
     dy = rng.standard_normal((m, n))
@@ -554,6 +554,21 @@ def test_backward_whose_sums_leave_the_range(knobs, op, dt, case, path, affine):
     row as the oracle's at unit scale (x and dy each brought to it, dx linear in dy), the
     ordinary rows' dx bit for bit as without the case's row, dweight and dbias as the
     oracle's."""
+    _check_grad_case(knobs, op, dt, case, path, affine, TOL[dt])
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("path", ["held", "loop"])
+@pytest.mark.parametrize("op,case", [("layer_norm", "dy"), ("add_layer_norm", "dy"), ("layer_norm", "products"),
+                                     ("rms_norm", "products"), ("add_rms_norm", "products")])
+def test_bfloat16_backward_whose_sums_leave_the_range(knobs, op, case, path):
+    """bfloat16 rows reach float32's largest values: the cases whose dx is not subnormal (the
+    deviation case's, about 1e-39, keeps a few bits in bfloat16), to bfloat16's rounding."""
+    _check_grad_case(knobs, op, pytest.importorskip("ml_dtypes").bfloat16, case, path, True, 1e-2)
+
+
+def _check_grad_case(knobs, op, dt, case, path, affine, tol):
+    """``test_backward_whose_sums_leave_the_range``'s checks, to ``tol``."""
     rng = np.random.default_rng(21)
     n = _path(knobs, path, dt, 3)
     x, dy = _grad_rows(rng, dt, case, n)
@@ -594,7 +609,6 @@ def test_backward_whose_sums_leave_the_range(knobs, op, dt, case, path, affine):
         dx_s = dx_s + np.ldexp(ds.astype(np.float64), (kx - kd)[:, None])
     check = _Check()
     labels = _labels(3, 1, case)
-    tol = TOL[dt]
     check.rows("dx (at unit scale)", np.ldexp(np.asarray(dx, np.float64), (kx - kd)[:, None]), dx_s, tol, labels)
     check.close("dweight", dw, dw_want, tol)
     if kind == "layer":
