@@ -7,8 +7,11 @@ elements spread over the whole range; a constant row), rows whose squares overfl
 (float32 1e-22, float64 1e-170), float32 rows of subnormal elements -- on every row
 operation, forward and backward, and GroupNorm, on the rows held in registers and on
 the loop path; rows holding Inf or NaN still give NaN (what the oracle gives), in
-their own row alone; a row out of range in a call in place (``out=x``) as well; and a
-backward handed rstd = 0 gives that row dx = 0, not NaN.
+their own row alone; a row out of range in a call in place (``out=x``) as well; a
+backward handed rstd = 0 gives that row dx = 0, not NaN; and rows (GroupNorm: groups) whose
+forward is in range but whose backward sums are not -- x - mean itself overflowing, the
+sums of weight * dy, RMSNorm's of x * rstd * weight * dy -- give the oracle's dx, dweight
+and dbias, their neighbours' dx bit for bit as without them.
 
 The CPU kernels keep this (``test_numerics.py``).  The expected values come from the
 oracle at the row brought to unit scale: with ``s = 2**-k`` (``k`` the exponent of the
@@ -115,7 +118,7 @@ def _path(knobs, path, dt, m):
     """Set ``path``'s knobs; the row length that takes it, checked on ``row_config``."""
     kw, lengths, loop, staged, tpr = PATHS[path]
     knobs(**kw)
-    n = lengths[dt]
+    n = lengths.get(dt, lengths[F32])  # (16-bit rows: float32's)
     vec = C.vec_width(n, np.empty(n, dt))
     cfg = C.row_config(m, n, dt == F64, vec, C.ROW_RESIDENT, np.dtype(dt).itemsize, 1)
     assert (cfg.loop, cfg.stage > 0, cfg.tpr >= tpr) == (loop, staged, True), (path, cfg)
@@ -497,6 +500,168 @@ def test_backward_of_a_row_out_of_range(knobs, op, dt, case, path, affine):
     check.done()
 
 
+# ---------------------------------------------------------------- backward: sums that leave the range
+
+# Rows whose forward is in range but whose backward sums are not: (dtype-free) the row's x
+# and dy as fractions of the dtype's largest value (``None``: ordinary).  ``deviation``:
+# x - mean itself overflows (the element -0.9 from the mean 0.45); ``dy``: the sums of
+# weight * dy overflow (x = +-1, so that |xhat| is 1 and dy * xhat stays in range);
+# ``products``: RMSNorm's sum of x * rstd * wdy overflows (x = 0, 1, 2, 3: xhat up to 1.6).
+GRAD_CASES = {
+    "deviation": (lambda rng, n: np.resize([0.9, 0.9, -0.9, 0.9], n), None),
+    "dy": (lambda rng, n: np.resize([1.0, -1.0], n) / 2 ** 20, lambda rng, n: rng.uniform(0.5, 0.6, n)),
+    "products": (lambda rng, n: np.resize([0.0, 1.0, 2.0, 3.0], n) / 2 ** 20, lambda rng, n: np.full(n, 0.5)),
+}
+
+
+def _grad_rows(rng, dt, case, n, m=3, at=1):
+    """(x, dy): ``m`` ordinary rows, row ``at`` the case's (``GRAD_CASES``)."""
+    top = float((np if dt in (F32, F64) else pytest.importorskip("ml_dtypes")).finfo(dt).max)
+    make_x, make_dy = GRAD_CASES[case]
+    x = _ordinary(rng, (m, n))
+    dy = rng.standard_normal((m, n))
+    x[at] = make_x(rng, n) * top
+    if make_dy is not None:
+        x[at] *= 2.0 ** 20 / top  # (x of ordinary size; the fractions keep it exact)
+        dy[at] = make_dy(rng, n) * top
+    x, dy = x.astype(dt), dy.astype(dt)
+    assert np.isfinite(x).all() and np.isfinite(dy).all()
+    return x, dy
+
+
+def _grad_cases():
+    """(op, dtype, case, path, affine): float32 and float64, every operation (RMSNorm: the
+    products alone, its sums have no x - mean, nor a sum of wdy), with a weight on every
+    short-row path, without held in a thread and on the warp-per-row loop (the rest slow)."""
+    out = []
+    for op in OPS:
+        for dt in (F32, F64):
+            for case in GRAD_CASES if _kind(op) == "layer" else ("products",):
+                for path in ("held", "held_block", "loop", "loop_unstaged", "loop_block"):
+                    for affine in (True, False):
+                        slow = not affine and path not in ("held", "loop") or (
+                            path in ("held_block", "loop_block") and dt == F64)
+                        out.append(pytest.param(op, dt, case, path, affine, marks=SLOW if slow else [],
+                                                id=_id(op, dt, case, path, "weight" if affine else "plain")))
+    return out
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("op,dt,case,path,affine", _grad_cases())
+def test_backward_whose_sums_leave_the_range(knobs, op, dt, case, path, affine):
+    """A finite row whose forward is in range but whose backward's sums (of x - mean, of
+    weight * dy, of x * rstd * weight * dy) overflow, between two ordinary rows: dx of every
+    row as the oracle's at unit scale (x and dy each brought to it, dx linear in dy), the
+    ordinary rows' dx bit for bit as without the case's row, dweight and dbias as the
+    oracle's."""
+    _check_grad_case(knobs, op, dt, case, path, affine, TOL[dt])
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("path", ["held", "loop"])
+@pytest.mark.parametrize("op,case", [("layer_norm", "dy"), ("add_layer_norm", "dy"), ("layer_norm", "products"),
+                                     ("rms_norm", "products"), ("add_rms_norm", "products")])
+def test_bfloat16_backward_whose_sums_leave_the_range(knobs, op, case, path):
+    """bfloat16 rows reach float32's largest values: the cases whose dx is not subnormal (the
+    deviation case's, about 1e-39, keeps a few bits in bfloat16), to bfloat16's rounding."""
+    _check_grad_case(knobs, op, pytest.importorskip("ml_dtypes").bfloat16, case, path, True, 1e-2)
+
+
+def _check_grad_case(knobs, op, dt, case, path, affine, tol):
+    """``test_backward_whose_sums_leave_the_range``'s checks, to ``tol``."""
+    rng = np.random.default_rng(21)
+    n = _path(knobs, path, dt, 3)
+    x, dy = _grad_rows(rng, dt, case, n)
+    kind = _kind(op)
+    fused = op.startswith("add_")
+    w = rng.uniform(0.85, 1.15, n).astype(dt) if affine else None
+    _, s, mean, rstd = _forward(op, x, np.zeros_like(x) if fused else None, n, w, None, None)
+    kx, kd = _exponents(x), _exponents(dy)
+    # fused: a ds at the scale of the row's dx, small beside it
+    ds = np.ldexp(rng.standard_normal(x.shape), (kd - kx - 6)[:, None]).astype(dt) if fused else None
+
+    def run(dy):
+        dyd, xd, wd, dsd, md, rd = _dev(dy), _dev(x), _dev(w), _dev(ds), _dev(mean), _dev(rstd)
+        if op == "layer_norm":
+            got = nc.layer_norm_backward(dyd, xd, md, rd, n, wd)
+        elif op == "add_layer_norm":
+            got = nc.add_layer_norm_backward(dyd, dsd, xd, md, rd, n, wd)
+        elif op == "rms_norm":
+            got = (*nc.rms_norm_backward(dyd, xd, rd, n, wd), None)
+        else:
+            got = (*nc.add_rms_norm_backward(dyd, dsd, xd, rd, n, wd), None)
+        return _host(*got)
+
+    dx, dw, db = run(dy)
+    eps_oracle = _ln_eps(None) if kind == "layer" else _rms_eps(dt, None)
+    x64 = x.astype(np.float64)
+    _, mean_s, _, rstd_s, k = _expected_forward(kind, x64, w, None, eps_oracle)
+    dx_s = np.empty(x.shape)
+    dw_want, db_want = 0.0, 0.0
+    for i in range(len(x)):  # each row with its dy at unit scale, its dweight and dbias scaled back
+        dy_s = np.ldexp(dy[i:i + 1].astype(np.float64), -kd[i])
+        ms = None if mean_s is None else mean_s[i:i + 1]
+        dxi, dwi, dbi = _expected_backward(kind, dy_s, x64[i:i + 1], ms, rstd_s[i:i + 1], k[i:i + 1], w)
+        dx_s[i] = dxi[0]
+        dw_want = dw_want + np.ldexp(dwi, kd[i])
+        db_want = db_want + (np.ldexp(dbi, kd[i]) if kind == "layer" else 0.0)
+    if fused:
+        dx_s = dx_s + np.ldexp(ds.astype(np.float64), (kx - kd)[:, None])
+    check = _Check()
+    labels = _labels(3, 1, case)
+    check.rows("dx (at unit scale)", np.ldexp(np.asarray(dx, np.float64), (kx - kd)[:, None]), dx_s, tol, labels)
+    check.close("dweight", dw, dw_want, tol)
+    if kind == "layer":
+        check.close("dbias", db, db_want, tol)
+    # the ordinary rows as in a call where the case's row is ordinary too
+    calm = dy.copy()
+    calm[1] = rng.standard_normal(n).astype(dt)
+    dx_calm = run(calm)[0]
+    if not np.array_equal(np.asarray(dx)[[0, 2]], np.asarray(dx_calm)[[0, 2]]):
+        check.failures.append("the ordinary rows' dx differ from a call without the case's dy")
+    check.done()
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("path", ["held", "loop"])
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "add_layer_norm"])
+def test_backward_reproducers_of_sums_out_of_range(knobs, op, path):
+    """The rows that gave NaN: x = [0.9, 0.9, -0.9] times float32's largest value with dy =
+    [1, 2, 3] (x - mean overflows), dy = [3e38, 3e38] on x = [0, 1] (the sum of dy
+    overflows), and RMSNorm's x = [0, 1, 2, 3] with dy = 3e38 (x * rstd * dy's sum, and
+    xhat * c1, overflow): dx as the oracle's given the kernels' own statistics, finite."""
+    if path == "loop":
+        knobs(**LOOP)
+    top = float(np.finfo(F32).max)
+    rows = [([0.9 * top, 0.9 * top, -0.9 * top], [1.0, 2.0, 3.0]), ([0.0, 1.0], [3e38, 3e38]),
+            ([0.0, 1.0, 2.0, 3.0], [3e38] * 4)]
+    kind = _kind(op)
+    for xs, dys in rows:
+        if kind == "rms" and len(xs) == 2:
+            continue  # (its dx, 4.2e38, is past float32's range)
+        reps = 1 if path == "held" else 36 // len(xs) * 2   # (past 32 elements: the loop)
+        x = np.array([xs * reps], F32)
+        dy = np.array([dys * reps], F32)
+        n = x.shape[1]
+        res = np.zeros_like(x) if op.startswith("add_") else None
+        _, _, mean, rstd = _forward(op, x, res, n, None, None, None)
+        if kind == "layer":
+            args = (_dev(dy), _dev(x), _dev(mean), _dev(rstd), n)
+            if op.startswith("add_"):
+                args = args[:1] + (_dev(np.zeros_like(dy)),) + args[1:]
+            dx = to_host(getattr(nc, op + "_backward")(*args)[0])
+            want = ORACLE.layer_norm_backward(dy.astype(np.float64), x.astype(np.float64),
+                                              np.asarray(mean, np.float64), np.asarray(rstd, np.float64), n)[0]
+        else:
+            dx = to_host(nc.rms_norm_backward(_dev(dy), _dev(x), _dev(rstd), n)[0])
+            want = ORACLE.rms_norm_backward(dy.astype(np.float64), x.astype(np.float64),
+                                            np.asarray(rstd, np.float64), n)[0]
+        assert np.isfinite(dx).all(), (xs, dys, _show(dx))
+        scale = np.abs(want).max()
+        np.testing.assert_allclose(np.asarray(dx, np.float64) / scale, want / scale, rtol=0, atol=1e-5,
+                                   err_msg=str((xs, dys)))
+
+
 # ---------------------------------------------------------------- GroupNorm
 
 # (N, C, S) with 2 groups: the group of sample 0's channels 2, 3 out of range (sample 0's
@@ -589,6 +754,86 @@ def test_group_norm_with_a_group_out_of_range(knobs, dt, case, path, affine):
                labels)
     check.close("dweight", dw, dw_want, tol)
     check.close("dbias", db, db_want, tol)
+    check.done()
+
+
+# GroupNorm's backward with a group whose sums leave the range though its forward does not:
+# ``deviation`` (x - mean overflows, as ``GRAD_CASES``) and ``dy`` (x = +-1, each channel's
+# dy summing to six tenths of the largest value: the group's sums of weight * dy overflow).
+GN_GRAD_CASES = ("deviation", "dy")
+
+
+def _gn_grad_cases():
+    """(dtype, case, path, affine): with a weight every path of ``GN_PATHS`` but the real
+    threshold, float32 and float64; without, held and on the loop (the rest slow)."""
+    out = []
+    for dt in (F32, F64):
+        for case in GN_GRAD_CASES:
+            for path in ("held", "loop", "loop_unstaged", "loop_block"):
+                for affine in (True, False):
+                    slow = not affine and path not in ("held", "loop")
+                    out.append(pytest.param(dt, case, path, affine, marks=SLOW if slow else [],
+                                            id=_id(dt, case, path, "weight" if affine else "plain")))
+    return out
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("dt,case,path,affine", _gn_grad_cases())
+def test_group_norm_backward_whose_sums_leave_the_range(knobs, dt, case, path, affine):
+    """GroupNorm, 2 groups, sample 0's group 1 the case's, the others ordinary: dx as the
+    oracle's at each group's unit scale (x and dy each brought to it), the other groups'
+    dx bit for bit as without the case's group, dweight and dbias as the oracle's."""
+    kw, shapes, loop, staged = GN_PATHS[path]
+    knobs(**kw)
+    N, Cn, S = shapes[dt]
+    G, Cg = 2, Cn // 2
+    rng = np.random.default_rng(23)
+    top = float(np.finfo(dt).max)
+    x = _ordinary(rng, (N, Cn, S))
+    dy = rng.standard_normal((N, Cn, S))
+    if case == "deviation":
+        x[0, Cg:] = np.resize([0.9, 0.9, -0.9, 0.9], (Cg, S)) * top
+    else:
+        x[0, Cg:] = np.resize([1.0, -1.0], (Cg, S))
+        dy[0, Cg:] = 0.6 * top / S
+    x, dy = x.astype(dt), dy.astype(dt)
+    w = rng.uniform(0.85, 1.15, Cn).astype(dt) if affine else None
+    _, mean, rstd = _host(*nc.group_norm_forward(_dev(x), G, _dev(w), None))
+
+    def run(x, dy):
+        return _host(*nc.group_norm_backward(_dev(dy), _dev(x), _dev(mean), _dev(rstd), _dev(w)))
+
+    dx, dw, db = run(x, dy)
+    # the oracle (sample, group) by group, x and dy at unit scale
+    kx = _exponents(x.reshape(N * G, -1))
+    kd = _exponents(dy.reshape(N * G, -1))
+    dx_s = np.empty((N * G, Cg * S))
+    dw_want, db_want = np.zeros(Cn), np.zeros(Cn)
+    for i in range(N * G):
+        j, g = divmod(i, G)
+        ch = slice(g * Cg, (g + 1) * Cg)
+        xs = np.ldexp(x[j:j + 1, ch].astype(np.float64), -kx[i])
+        ys = np.ldexp(dy[j:j + 1, ch].astype(np.float64), -kd[i])
+        _, mi, ri = ORACLE.group_norm_forward(xs, 1, None, None, _scaled_eps(1e-5, kx[i]))
+        dxi, dwi, dbi = ORACLE.group_norm_backward(ys, xs, mi, ri, None if w is None else w[ch])
+        dx_s[i] = dxi.ravel()
+        dw_want[ch] += np.ldexp(dwi, kd[i])
+        db_want[ch] += np.ldexp(dbi, kd[i])
+    check = _Check()
+    labels = _labels(N * G, 1, case)
+    tol = TOL[dt]
+    got = np.ldexp(dx.reshape(N * G, -1).astype(np.float64), (kx - kd)[:, None])
+    check.rows("dx (at unit scale)", got, dx_s, tol, labels)
+    check.close("dweight", dw, dw_want, tol)
+    check.close("dbias", db, db_want, tol)
+    calm_x, calm_dy = x.copy(), dy.copy()
+    calm_x[0, Cg:] = _ordinary(rng, (Cg, S)).astype(dt)
+    calm_dy[0, Cg:] = rng.standard_normal((Cg, S)).astype(dt)
+    _, cm, cr = _host(*nc.group_norm_forward(_dev(calm_x), G, _dev(w), None))
+    assert np.array_equal(np.delete(cm.ravel(), 1), np.delete(mean.ravel(), 1))
+    calm = run(calm_x, calm_dy)[0].reshape(N * G, -1)
+    if not np.array_equal(np.delete(dx.reshape(N * G, -1), 1, axis=0), np.delete(calm, 1, axis=0)):
+        check.failures.append("the other groups' dx differ from a call without the case's group")
     check.done()
 
 

@@ -40,6 +40,11 @@ Backward, in three kernels (the dx of a group needs sums over all its channels):
    evaluated as (weight * dy - ((x - mean) * rstd * c1 + (c2 - cr * c1))) * rstd;
 3. dweight/dbias = the fixed-order column sums of dyx/B over the samples.
 
+A group whose reduced sums in kernel 2 are not finite, its elements finite (x - mean
+itself overflowing, or the sums of weight * dy), is noted there and its rows redone after
+the block's rows, from memory, x - mean halved and weight * dy scaled by a power of two
+(``_grad_post_fn``, ``_grad_redo_fn``; ``row_norm``'s backward does the same).
+
 x and dy are read twice (kernels 1 and 2): five passes over memory where three
 would do if a whole group fitted on chip -- a fused version is future work.  A
 (sample, channel) row of up to 8192 elements is held in registers: each thread loads
@@ -54,7 +59,7 @@ from numba import cuda
 
 from . import common as C
 from . import stats
-from .reduce import _FULL_MASK, group_sum2, group_sums_fn, slots
+from .reduce import _FULL_MASK, group_sum, group_sum2, group_sum3, group_sums_fn, slots
 
 
 def _consts(xdt, code):
@@ -762,6 +767,7 @@ def _dx_row_fn(xdt, wdt, code):
     # rounded products, so a group of one element (xhat = 0) gives dx = 0, not their
     # rounding difference times rstd = 1/sqrt(eps)
     MUL = libdevice.dmul_rn if ACC == cuda.float64 else libdevice.fmul_rn
+    NOTED = stats.grad_noted_fn(xdt)
 
     @cuda.jit(device=True)
     def word_dx(xs, gs, mu, r, wc, rc1, c2c):  # (rc1 = rstd * c1: xhat * c1 without xhat; c2c = c2 - corr * rc1)
@@ -769,13 +775,14 @@ def _dx_row_fn(xdt, wdt, code):
             gs[e] = (MUL(gs[e], wc) - ((xs[e] - mu) * rc1 + c2c)) * r
 
     @cuda.jit(device=True)
-    def dx_row(x, dy, dx, w, part, row, c, raw, mu, r, inv_n, v, at, t, NW):  # (the kernel's; c: the channel; v: sums)
+    def dx_row(x, dy, dx, w, part, row, c, raw, mu, r, inv_n, v, at, t, NW):  # (kernel's; c: channel; v: sums) -> noted
         if row >= x.shape[0]:
-            return
+            return False
         swa, swb, sd = v[at], v[at + 1], v[at + 2]   # (kernel 1's sums of x - mean in rstd's units)
         cr = sd * inv_n                              # corr * rstd
         c1 = (swa - cr * swb) * inv_n
         c2 = swb * inv_n
+        bad = NOTED(c1, c2)  # (redone after the block's rows, ``_grad_post_fn``: dx is not finite here, the mark)
         ur = U32(row)
         if t == 0:  # this row's own slot: no other row group reads it
             part[0, ur] = part[2, ur] - cr * part[1, ur]
@@ -800,9 +807,142 @@ def _dx_row_fn(xdt, wdt, code):
                     WIDEN(raw, WPT + k, gs, 0)
                     word_dx(xs, gs, mu, r, wc, rc1, c2c)
                     STOREW(dx[row], q, gs, 0)
+        return bad
 
     return dx_row
 
+
+@functools.lru_cache(maxsize=None)
+def _grad_redo_fn(xdt, wdt, code):
+    """``redo(x, dy, dx, w, part, row, first, c0, Cg, mu, r, out, t, NW, inv_n, scratch, it, tid)``
+    -> ``it``: dx and the dweight partial (part[0]) of a (sample, channel) row ``row`` of a
+    group whose sums were not finite (``out``; its rows ``first .. first + Cg``, channels
+    ``c0 ..``), again from memory: the group's sums with x - mean halved where it overflows
+    and weight * dy scaled by ``stats.GRAD_RANGE``'s DOWN where its magnitudes sum past LIM,
+    then the row's dx = (wdy - (xhat * c1 + c2)) * rstd scaled back (``row_norm``'s redo,
+    over the group's channels: each of its rows sums the group again, rare).  Inf or NaN
+    stays NaN.  Every thread that voted calls it (three group reductions); a row not
+    ``out`` sums nothing and writes nothing."""
+    ACC, KW, WPT, _ = _consts(xdt, code)
+    TPR, V = code.tpr, code.vec
+    has_w = wdt is not None
+    LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
+    LOADW, STOREW = C.word_fns(xdt, ACC.name, V)
+    DOWN, LIM = stats.GRAD_RANGE[ACC.name]
+    UP = ACC(1 / DOWN)
+    DEV = stats.grad_deviation_fn(ACC.name)
+
+    @cuda.jit(device=True)
+    def redo(
+        x,        # (N*C, SW) forward input
+        dy,       # (N*C, SW) gradient of y
+        dx,       # (N*C, SW) output
+        w,        # (C,) weight, or a dummy
+        part,     # (4, N*C) row 0 output: this row's sum(dy * xhat)
+        row,      # int: the (sample, channel) row (valid where ``out``)
+        first,    # int: the row of its group's first channel
+        c0,       # int: that channel
+        Cg,       # int: channels per group
+        mu,       # scalar: the group's saved mean
+        r,        # scalar: its saved rstd
+        out,      # bool: the group's sums were not finite
+        t,        # int: thread within the row group
+        NW,       # int: words per row
+        inv_n,    # scalar: 1 / the group's elements
+        scratch,  # (2, >= 3, slots) shared memory of the group sums
+        it,       # int: group reductions so far (the scratch buffer alternates)
+        tid,      # int: thread within the block
+    ):
+        xs = cuda.local.array(V, ACC)
+        gs = cuda.local.array(V, ACC)
+        mag = ACC(0)
+        if out:
+            for cc in range(Cg):
+                wc = LW(w[c0 + cc]) if has_w else ACC(1)
+                for q in range(t, NW, TPR):
+                    LOADW(dy[first + cc], q, gs, 0)
+                    for v in range(V):
+                        mag += abs(gs[v] * ACC(DOWN) * wc)
+        sg = ACC(DOWN) if group_sum(mag, scratch, it & 1, tid, TPR) > ACC(LIM * DOWN) else ACC(1)
+        a0 = a1 = a2 = ACC(0)
+        if out:
+            for cc in range(Cg):
+                wc = LW(w[c0 + cc]) if has_w else ACC(1)
+                for q in range(t, NW, TPR):
+                    LOADW(x[first + cc], q, xs, 0)
+                    LOADW(dy[first + cc], q, gs, 0)
+                    for v in range(V):
+                        d = DEV(xs[v], mu, r)
+                        wdy = gs[v] * sg * wc
+                        a0 += d
+                        a1 += d * wdy
+                        a2 += wdy
+        a0, a1, a2 = group_sum3(a0, a1, a2, scratch, (it + 1) & 1, tid, TPR)
+        cr = a0 * inv_n
+        c2 = a2 * inv_n
+        c1 = a1 * inv_n - cr * c2
+        dyx = ACC(0)
+        if out:
+            wc = LW(w[c0 + row - first]) if has_w else ACC(1)
+            for q in range(t, NW, TPR):
+                LOADW(x[row], q, xs, 0)
+                LOADW(dy[row], q, gs, 0)
+                for v in range(V):
+                    xhat = DEV(xs[v], mu, r) - cr
+                    val = (gs[v] * sg * wc - (xhat * c1 + c2)) * r
+                    if sg != ACC(1):
+                        val *= UP
+                    dyx += gs[v] * xhat
+                    gs[v] = val
+                STOREW(dx[row], q, gs, 0)
+        dyx = group_sum(dyx, scratch, it & 1, tid, TPR)
+        if out and t == 0:
+            part[0, _U32(row)] = dyx
+        return it + 3
+
+    return redo
+
+
+@functools.lru_cache(maxsize=None)
+def _grad_post_fn(xdt, wdt, code):
+    """``post(x, dy, dx, w, mean, rstd, part, row, Cg, C_, inv_n, scratch, it, tid)`` -> ``it``:
+    the dx kernel's pass after its rows, in a block where one was noted
+    (``stats.grad_noted_fn``): a row whose dx is not finite (the mark: with c1 or c2 not
+    finite, c1 * rstd or c2 - corr * rstd * c1 is not, nor is any element of dx; element 0
+    read back) and whose group's sums, reduced again from kernel 1's as the row pass
+    reduced them, are not finite, redone (``_grad_redo_fn``; a row whose dx overflowed for
+    another reason is left as it is).  Every thread of the block calls it for each of its row
+    group's rows, one at a time."""
+    ACC = C.acc_type(xdt)
+    LOADW = C.word_fns(xdt, ACC.name, code.vec)[0]
+    CHANNELS = _channels_fn(xdt, wdt, code)
+    GROUP = group_sums_fn(3)
+    NOTED = stats.grad_noted_fn(xdt)
+    REDO = _grad_redo_fn(xdt, wdt, code)
+    TPR, V, KW = code.tpr, code.vec, C.u64_per_word(xdt, code.vec)
+    INF = ACC(math.inf)
+
+    @cuda.jit(device=True)
+    def post(x, dy, dx, w, mean, rstd, part, row, Cg, C_, inv_n, scratch, it, tid):  # (the kernel's)
+        M, NW, t = x.shape[0], x.shape[1] // KW, tid & (TPR - 1)
+        u = min(row, M - 1)
+        pos = cuda.local.array(3, _U32)
+        _locate(u, Cg, C_, pos, 0)
+        grp = min(pos[0], _U32(mean.shape[0] - 1))
+        place = pos[1]
+        xs = cuda.local.array(V, ACC)
+        LOADW(dx[u], 0, xs, 0)
+        marked = row < M and not (abs(xs[0]) < INF)
+        v = cuda.local.array(3, ACC)
+        CHANNELS(w, part, grp, pos[2] - place, Cg, t, v, 0)   # (``_dx_kernel``'s start)
+        GROUP(v, scratch, it & 1, tid, TPR)
+        cr = v[2] * inv_n
+        c1 = (v[0] - cr * v[1]) * inv_n                        # (``_dx_row_fn``'s)
+        out = marked and NOTED(c1, v[1] * inv_n)
+        return REDO(x, dy, dx, w, part, u, u - place, pos[2] - place, Cg, mean[grp], rstd[grp], out, t, NW,
+                    inv_n, scratch, it + 1, tid)
+
+    return post
 
 @functools.lru_cache(maxsize=None)
 def _dx_kernel(xdt, wdt, code):
@@ -819,6 +959,8 @@ def _dx_kernel(xdt, wdt, code):
     CHANNELS = _channels_fn(xdt, wdt, code)
     GROUP = group_sums_fn(NV)
     DX = _dx_row_fn(xdt, wdt, code)
+    POST = _grad_post_fn(xdt, wdt, code)
+    RESCUED = stats.can_leave_range(xdt)
     U32 = cuda.uint32
 
     @cuda.jit(device=True)
@@ -867,12 +1009,20 @@ def _dx_kernel(xdt, wdt, code):
                 start(w, mean, rstd, part, pos, d, Cg, st, t, v)
             GROUP(v, scratch, it & 1, tid, TPR)
             it += 1
-            DX(x, dy, dx, w, part, row, pos[2], raw0, st[0], st[1], inv_n, v, 0, t, NW)
+            bad = DX(x, dy, dx, w, part, row, pos[2], raw0, st[0], st[1], inv_n, v, 0, t, NW)
             if D > 1:
-                DX(x, dy, dx, w, part, row + step, pos[5], raw1, st[2], st[3], inv_n, v, 3, t, NW)
+                bad |= DX(x, dy, dx, w, part, row + step, pos[5], raw1, st[2], st[3], inv_n, v, 3, t, NW)
             if D > 2:
-                DX(x, dy, dx, w, part, row + 2 * step, pos[8], raw2, st[4], st[5], inv_n, v, 6, t, NW)
+                bad |= DX(x, dy, dx, w, part, row + 2 * step, pos[8], raw2, st[4], st[5], inv_n, v, 6, t, NW)
             _advance(pos, 3 * D - 3, 0, by, Cg, C_)
+            # a row of a group whose sums left the range, noted in bit 30 of the reductions'
+            # count (``row_norm``'s backward does the same)
+            if RESCUED:
+                it |= bad << 30
+        # the block's rows again where one was noted (``_grad_post_fn``): rare
+        if RESCUED and cuda.syncthreads_or(U32(it >> 30)) != 0:
+            for base in range(cuda.blockIdx.x * R, M, step):
+                it = POST(x, dy, dx, w, mean, rstd, part, base + (tid >> SHIFT), Cg, C_, inv_n, scratch, it, tid)
 
     return _tag(dx_kernel, code, D, D * 2 * code.vpt * np.dtype(xdt).itemsize)
 

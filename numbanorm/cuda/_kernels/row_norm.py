@@ -57,6 +57,13 @@ Backward (RMSNorm: mean = corr = 0, c2 = 0, no dbias):
     which adds ds, keeps dx = (wdy - (xhat * c1 + c2)) * rstd, which took fewer
     instructions there; RMSNorm: xhat = x * rstd, dx = (wdy - xhat * c1) * rstd)
 
+A row whose reduced c1 or c2 is not finite, its elements finite (x - mean itself
+overflowing near the largest values, the sum of weight * dy, RMSNorm's of x * rstd * wdy),
+is noted by pass 2 (rstd taken as 0: it adds nothing to dweight, and leaves dx NaN) and
+redone from memory, x - mean halved and wdy scaled by a power of two (``_grad_redo_fn``):
+by the long-row kernel after a vote, by the registers path after its rows
+(``_grad_post_fn``), as the forward redoes its rows.
+
 dweight/dbias: each thread keeps running sums of ``dy * xhat`` and ``dy`` for
 its own columns over the rows its block visits, the row groups of a block are
 combined in shared memory in group order, and each block writes one partial
@@ -727,6 +734,111 @@ def _grad_dx_fn(kind, has_ds):
 
 
 @functools.lru_cache(maxsize=None)
+def _grad_redo_fn(kind, xdt, wdt, code, has_ds):
+    """``redo(dy, x, ds, dx, w, mu, r, row, out, t, NW, inv_n, dw, scratch, it, tid)`` -> ``it``:
+    the backward of a row whose reduced sums were not finite (``out``; the row pass
+    took its rstd as 0, which adds nothing to dw, and leaves its dx to this), again from memory:
+    x - mu halved where it overflows (d = (x - mu) * rstd is in rstd's units anyway), wdy
+    scaled by ``stats.GRAD_RANGE``'s DOWN where its magnitudes sum past LIM, and dx = (wdy -
+    (xhat * c1 + c2)) * rstd scaled back (the CPU's ``scaled_backward_row``).  Inf or NaN
+    in the row stays NaN.  Every thread that voted calls it (two group reductions); a row
+    not ``out`` sums nothing and writes nothing.  ``dw``: this thread's running sums of dy *
+    xhat (registers path: by element, words t + k * tpr) or the block's partial row (loop
+    path: by column)."""
+    LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
+    TPR, V, LOOP = code.tpr, code.vec, code.loop
+    has_w = wdt is not None
+    LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
+    LOADW, STOREW = C.word_fns(xdt, ACC.name, V)
+    DOWN, LIM = stats.GRAD_RANGE[ACC.name]
+    UP = ACC(1 / DOWN)
+    dev = stats.grad_deviation_fn(ACC.name)
+
+    @cuda.jit(device=True)
+    def word(xr, dyr, dsr, dxr, w, q, mu, r, cr, c1, c2, sg, dw, e0):  # (redo's): dx of word q
+        xs = cuda.local.array(V, ACC)
+        gs = cuda.local.array(V, ACC)
+        tmp = cuda.local.array(V, ACC)
+        LOADW(xr, q, xs, 0)
+        LOADW(dyr, q, gs, 0)
+        if has_ds:
+            LOADW(dsr, q, tmp, 0)
+        for v in range(V):
+            wdy = gs[v] * sg * (LW(w[q * V + v]) if has_w else ACC(1))
+            xhat = dev(xs[v], mu, r) - cr if LAYER else xs[v] * r
+            val = (wdy - (xhat * c1 + c2)) * r
+            if sg != ACC(1):
+                val *= UP
+            tmp[v] = tmp[v] + val if has_ds else val
+            dw[e0 + v] += gs[v] * xhat
+        STOREW(dxr, q, tmp, 0)
+
+    @cuda.jit(device=True)
+    def redo(
+        dy,       # (M, NW) gradient of y
+        x,        # (M, NW) forward input
+        ds,       # (M, NW) gradient added to dx (fused), or a dummy
+        dx,       # (M, NW) output
+        w,        # (N,) weight, or a dummy
+        mu,       # scalar: the row's saved mean (LayerNorm)
+        r,        # scalar: its saved rstd
+        row,      # int: the row (valid where ``out``)
+        out,      # bool: the row's sums were not finite
+        t,        # int: thread within the row group
+        NW,       # int: words per row
+        inv_n,    # scalar: 1 / elements per row
+        dw,       # (VPT,) running sums of dy * xhat by element (registers path), or (N,) by column (loop)
+        scratch,  # (2, >= 3, slots) shared memory of the group sums
+        it,       # int: group reductions so far (the scratch buffer alternates)
+        tid,      # int: thread within the block
+    ):
+        xs = cuda.local.array(V, ACC)
+        gs = cuda.local.array(V, ACC)
+        u = U64(min(row, x.shape[0] - 1))
+        xr, dyr, dxr = x[u], dy[u], dx[u]
+        mag = ACC(0)
+        if out:
+            for q in range(t, NW, TPR):
+                LOADW(dyr, q, gs, 0)
+                for v in range(V):
+                    mag += abs(gs[v] * ACC(DOWN) * (LW(w[q * V + v]) if has_w else ACC(1)))
+        sg = ACC(DOWN) if group_sum(mag, scratch, it & 1, tid, TPR) > ACC(LIM * DOWN) else ACC(1)
+        a0 = a1 = a2 = ACC(0)
+        if out:
+            for q in range(t, NW, TPR):
+                LOADW(xr, q, xs, 0)
+                LOADW(dyr, q, gs, 0)
+                for v in range(V):
+                    wdy = gs[v] * sg * (LW(w[q * V + v]) if has_w else ACC(1))
+                    if LAYER:
+                        d = dev(xs[v], mu, r)
+                        a0 += d
+                        a1 += d * wdy
+                        a2 += wdy
+                    else:
+                        a1 += xs[v] * r * wdy
+        if LAYER:
+            a0, a1, a2 = group_sum3(a0, a1, a2, scratch, (it + 1) & 1, tid, TPR)
+        else:
+            a1 = group_sum(a1, scratch, (it + 1) & 1, tid, TPR)
+        cr = a0 * inv_n
+        c2 = a2 * inv_n
+        c1 = a1 * inv_n - cr * c2
+        if out:
+            if LOOP:
+                for q in range(t, NW, TPR):
+                    word(xr, dyr, ds[u if has_ds else 0], dxr, w, q, mu, r, cr, c1, c2, sg, dw, q * V)
+            else:
+                for k in range(WPT):  # (dw by element: its indices fixed, dw stays in registers)
+                    q = t + k * TPR
+                    if q < NW:
+                        word(xr, dyr, ds[u if has_ds else 0], dxr, w, q, mu, r, cr, c1, c2, sg, dw, k * V)
+        return it + 2
+
+    return redo
+
+
+@functools.lru_cache(maxsize=None)
 def _backward_sums_fn(kind, xdt, wdt, code):
     """``sums(raw, ws, mu, r, live, t, NW, v, at)``: this thread's part of pass 1 of a row
     held as its fetched words (x, then dy; widened word by word, as they are used):
@@ -829,6 +941,54 @@ def _dx_held_fn(kind, xdt, wdt, code, has_ds):
 
 
 @functools.lru_cache(maxsize=None)
+def _grad_post_fn(kind, xdt, wdt, code, has_ds):
+    """``post(dy, x, ds, dx, mean, rstd, w, row, dwa, scratch, it, tid)`` -> ``it``: the
+    registers path's pass after its rows, in a block where one was noted (``stats.grad_noted_fn``):
+    a row whose dx holds NaN (the note's mark: element 0 read back) and whose sums, taken
+    again from memory as the row pass took them, are not finite, redone (``_grad_redo_fn``;
+    a row whose dx is NaN for another reason is left as it is, its dw counted once).
+    Every thread of the block calls it for each of its row group's rows, one at a time."""
+    LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
+    TPR, V = code.tpr, code.vec
+    has_w = wdt is not None
+    LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
+    LOADW = C.word_fns(xdt, ACC.name, V)[0]
+    GEOMETRY = stats.geometry_fn(xdt, code)
+    GRAD_SUMS = _grad_sums_fn(kind, xdt)
+    NOTED = stats.grad_noted_fn(xdt)
+    REDO = _grad_redo_fn(kind, xdt, wdt, code, has_ds)
+
+    @cuda.jit(device=True)
+    def post(dy, x, ds, dx, mean, rstd, w, row, dwa, scratch, it, tid):  # (the kernel's; dwa: REDO's dw)
+        M, NW, t, inv_n = GEOMETRY(x, tid)
+        u = U64(min(row, M - 1))
+        xs = cuda.local.array(V, ACC)
+        gs = cuda.local.array(V, ACC)
+        acc = cuda.local.array(3, ACC)
+        for i in range(3):
+            acc[i] = ACC(0)
+        LOADW(dx[u], 0, xs, 0)
+        marked = row < M and xs[0] != xs[0]
+        mu = mean[u] if LAYER else ACC(0)
+        r = rstd[u]
+        if marked:
+            for q in range(t, NW, TPR):
+                LOADW(x[u], q, xs, 0)
+                LOADW(dy[u], q, gs, 0)
+                for v in range(V):
+                    GRAD_SUMS(xs[v], gs[v] * LW(w[q * V + v]) if has_w else gs[v], mu, r, acc)
+        if LAYER:
+            d0, d1, d2 = group_sum3(acc[0], acc[1], acc[2], scratch, it & 1, tid, TPR)
+            c2 = d2 * inv_n
+            c1 = d1 * inv_n - d0 * inv_n * c2   # (``_backward_rows_fn``'s finish)
+        else:
+            c1 = group_sum(acc[1], scratch, it & 1, tid, TPR) * inv_n
+            c2 = ACC(0)
+        return REDO(dy, x, ds, dx, w, mu, r, u, marked and NOTED(c1, c2), t, NW, inv_n, dwa, scratch, it + 1, tid)
+
+    return post
+
+@functools.lru_cache(maxsize=None)
 def _backward_rows_fn(kind, xdt, wdt, code, has_ds, rows):
     """``backward_rows(dy, x, ds, dx, row, step, raw0, raw1, raw2, st, ws, dwa, dba, scratch,
     it, tid)`` -> ``it``: ``rows`` (1-3) rows ``row, row + step, ...`` of a row group, from
@@ -845,9 +1005,10 @@ def _backward_rows_fn(kind, xdt, wdt, code, has_ds, rows):
     GROUP = group_sums_fn(NVALS)
     DX = _dx_held_fn(kind, xdt, wdt, code, has_ds)
     UNITS = stats.can_leave_range(xdt)  # (``_grad_sums_fn``'s d in rstd's units)
+    NOTED = stats.grad_noted_fn(xdt)
 
     @cuda.jit(device=True)
-    def finish(dx, ds, row, raw, mu, r, v, at, ws, dwa, dba, t, NW):
+    def finish(dx, ds, row, raw, mu, r, v, at, ws, dwa, dba, t, NW):  # -> the row is to be redone
         if row < dx.shape[0]:
             inv_n = ACC(1) / ACC(NW * V)
             if LAYER:
@@ -862,7 +1023,12 @@ def _backward_rows_fn(kind, xdt, wdt, code, has_ds, rows):
             else:
                 cr = c2 = ACC(0)
                 c1 = v[at] * inv_n
+            bad = NOTED(c1, c2)
+            if bad:  # (redone after the block's rows, ``_grad_post_fn``: xhat 0 here, dw unchanged)
+                mu = r = cr = ACC(0)
             DX(dx[row], ds[row if has_ds else 0], raw, ws, dwa, dba, mu, cr, r, c1, c2, t, NW)
+            return bad
+        return False
 
     @cuda.jit(device=True)
     def backward_rows(dy, x, ds, dx, row, step, raw0, raw1, raw2, st, ws, dwa, dba, scratch, it, tid):  # (kernel's)
@@ -874,12 +1040,12 @@ def _backward_rows_fn(kind, xdt, wdt, code, has_ds, rows):
         if rows > 2:
             SUMS(raw2, ws, st[4], st[5], row + 2 * step < M, t, NW, v, 2 * NV)
         GROUP(v, scratch, it & 1, tid, TPR)
-        finish(dx, ds, row, raw0, st[0], st[1], v, 0, ws, dwa, dba, t, NW)
+        bad = finish(dx, ds, row, raw0, st[0], st[1], v, 0, ws, dwa, dba, t, NW)
         if rows > 1:
-            finish(dx, ds, row + step, raw1, st[2], st[3], v, NV, ws, dwa, dba, t, NW)
+            bad |= finish(dx, ds, row + step, raw1, st[2], st[3], v, NV, ws, dwa, dba, t, NW)
         if rows > 2:
-            finish(dx, ds, row + 2 * step, raw2, st[4], st[5], v, 2 * NV, ws, dwa, dba, t, NW)
-        return it + 1
+            bad |= finish(dx, ds, row + 2 * step, raw2, st[4], st[5], v, 2 * NV, ws, dwa, dba, t, NW)
+        return it + 1, bad
 
     return backward_rows
 
@@ -965,6 +1131,8 @@ def backward_kernel_held(kind, xdt, wdt, code, has_ds):
     SAVED = _saved_fn(kind, xdt)
     ROWS = _backward_rows_fn(kind, xdt, wdt, code, has_ds, D)
     PARTIALS = _partials_fn(kind, xdt, code)
+    POST = _grad_post_fn(kind, xdt, wdt, code, has_ds)
+    RESCUED = stats.can_leave_range(xdt)
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
     def backward(
@@ -1004,7 +1172,14 @@ def backward_kernel_held(kind, xdt, wdt, code, has_ds):
             FETCH(x, dy, dy, row, step, raw0, raw1, raw2, t, NW)
             for d in range(D):
                 SAVED(mean, rstd, row + d * step, st, 2 * d)
-            it = ROWS(dy, x, ds, dx, row, step, raw0, raw1, raw2, st, ws, dwa, dba, scratch, it, tid)
+            it, out = ROWS(dy, x, ds, dx, row, step, raw0, raw1, raw2, st, ws, dwa, dba, scratch, it, tid)
+            # a row to redo, noted in bit 30 of the reductions' count (the forward's way)
+            if RESCUED:
+                it |= out << 30
+        # the block's rows again where one of them left the range (``_grad_post_fn``): rare
+        if RESCUED and cuda.syncthreads_or(U32(it >> 30)) != 0:
+            for base in range(cuda.blockIdx.x * R, x.shape[0], step):
+                it = POST(dy, x, ds, dx, mean, rstd, w, base + g, dwa, scratch, it, tid)
         PARTIALS(part, dwa, dbs, tid)
 
     return _tag(backward, code, D, D * 2 * VPT * np.dtype(xdt).itemsize)
@@ -1027,7 +1202,10 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
     COPY, _, GET = stats.stage_fns(xdt, ACC.name, V)
     GRAD_SUMS = _grad_sums_fn(kind, xdt)
     GRAD_DX = _grad_dx_fn(kind, has_ds)
-    UNITS = stats.can_leave_range(xdt)  # (``_grad_sums_fn``'s d in rstd's units)
+    UNITS = RESCUED = stats.can_leave_range(xdt)  # (``_grad_sums_fn``'s d in rstd's units)
+    NOTED = stats.grad_noted_fn(xdt)
+    VOTE = stats.vote_fn(TPR, code.rows)
+    REDO = _grad_redo_fn(kind, xdt, wdt, code, has_ds)
 
     @cuda.jit(device=True)
     def backward_loop_row(dy, x, ds, dx, mean, rstd, w, dwp, dbp, row, sx, sdy, scratch, it, tid):  # (kernel's)
@@ -1068,8 +1246,13 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
                 c1 = (xw * inv_n - corr * c2) * r
                 cr = corr * r
         else:
-            cr = ACC(0)
+            cr = c2 = ACC(0)
             c1 = group_sum(xw, scratch, it & 1, tid, TPR) * inv_n
+        it += 1
+        bad = NOTED(c1, c2)
+        mu_s, r_s = mu, r
+        if bad:  # (redone after pass 2, ``_grad_redo_fn``: xhat 0 here, dw unchanged)
+            mu = r = cr = ACC(0)
         if live:
             dxr = dx[rr]
             dsr = ds[rr if has_ds else 0]
@@ -1092,7 +1275,9 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
                     if LAYER:
                         dbp[j] += gs[v]
                 STOREW(dxr, q, tmp, 0)
-        return it + 1
+        if RESCUED and VOTE(bad):  # (a row whose sums left the range, or held Inf or NaN)
+            it = REDO(dy, x, ds, dx, w, mu_s, r_s, rr, bad, t, NW, inv_n, dwp, scratch, it, tid)
+        return it
 
     return backward_loop_row
 

@@ -655,3 +655,42 @@ def rescue_fns(xdt, tpr, vec, staged=False, *, squares):
         return out_of_range(r, live), r, it
 
     return out_of_range, rescue, recheck
+
+
+# A backward row (or group) whose sums left the range: (DOWN, LIM): wdy = weight * dy is
+# summed scaled by DOWN where the sum of its magnitudes passes LIM, which leaves the sums of
+# wdy and of xhat * wdy (|xhat| <= sqrt(N) <= 2^16) and each element's dx in range
+# (``row_norm._grad_redo_fn``, ``group_norm._grad_redo_fn``).
+GRAD_RANGE = {"float32": (2.0 ** -82, 2.0 ** 100), "float64": (2.0 ** -530, 2.0 ** 1000)}
+
+
+@functools.lru_cache(maxsize=None)
+def grad_noted_fn(xdt):
+    """``noted(c1, c2)``: a backward row's reduced c1, c2 (c1 = mean(xhat * wdy), c2 =
+    mean(wdy)) are not both finite: its sums left the range, or it holds Inf or NaN; False
+    for rows that cannot leave it (``can_leave_range``).  Uniform across the row group.
+    The pass that writes dx of such a row with mean and rstd taken as 0 adds nothing to
+    dweight and writes NaN into every element of dx (0 * c1, or 0 times a bracket holding
+    c2), which a pass after the rows reads back as the mark of a row to redo."""
+    RESCUED, INF = can_leave_range(xdt), C.acc_type(xdt)(math.inf)
+
+    @cuda.jit(device=True)
+    def noted(c1, c2):
+        return RESCUED and not (abs(c1) < INF and abs(c2) < INF)  # (NaN compares false)
+
+    return noted
+
+
+@functools.lru_cache(maxsize=None)
+def grad_deviation_fn(acc_name):
+    """``dev(x, mu, r)``: (x - mu) * r, from x / 2 - mu / 2 and 2 r where x - mu overflows
+    (the rows the backward redoes; r is then tiny, the product in range)."""
+    ACC = getattr(cuda, acc_name)
+    HALF, INF = ACC(0.5), ACC(math.inf)
+
+    @cuda.jit(device=True)
+    def dev(x, mu, r):
+        h = x - mu
+        return h * r if abs(h) < INF else (x * HALF - mu * HALF) * (r + r)
+
+    return dev
