@@ -10,8 +10,9 @@ the loop path; rows holding Inf or NaN still give NaN (what the oracle gives), i
 their own row alone; a row out of range in a call in place (``out=x``) as well; a
 backward handed rstd = 0 gives that row dx = 0, not NaN; and rows (GroupNorm: groups) whose
 forward is in range but whose backward sums are not -- x - mean itself overflowing, the
-sums of weight * dy, RMSNorm's of x * rstd * weight * dy -- give the oracle's dx, dweight
-and dbias, their neighbours' dx bit for bit as without them.
+sums of weight * dy, RMSNorm's of x * rstd * weight * dy -- or whose sums are in range
+but a term of dx would not be, give the oracle's dx, dweight and dbias, their neighbours'
+dx bit for bit as without them.
 
 The CPU kernels keep this (``test_numerics.py``).  The expected values come from the
 oracle at the row brought to unit scale: with ``s = 2**-k`` (``k`` the exponent of the
@@ -507,10 +508,18 @@ def test_backward_of_a_row_out_of_range(knobs, op, dt, case, path, affine):
 # x - mean itself overflows (the element -0.9 from the mean 0.45); ``dy``: the sums of
 # weight * dy overflow (x = +-1, so that |xhat| is 1 and dy * xhat stays in range);
 # ``products``: RMSNorm's sum of x * rstd * wdy overflows (x = 0, 1, 2, 3: xhat up to 1.6).
+# Two more whose sums stay in range but a term of dx would not (``stats.grad_factors_fn``):
+# ``span``: rstd > 1 (x of 1e-3, under eps), dy near constant, wdy * rstd past the range
+# where dx is not; ``cancel``: rstd < 1, wdy near the largest value where xhat = 0 and c2 of
+# the other sign, wdy - c2 past the range where dx, times rstd, is not.
 GRAD_CASES = {
     "deviation": (lambda rng, n: np.resize([0.9, 0.9, -0.9, 0.9], n), None),
     "dy": (lambda rng, n: np.resize([1.0, -1.0], n) / 2 ** 20, lambda rng, n: rng.uniform(0.5, 0.6, n)),
     "products": (lambda rng, n: np.resize([0.0, 1.0, 2.0, 3.0], n) / 2 ** 20, lambda rng, n: np.full(n, 0.5)),
+    "span": (lambda rng, n: np.resize([-1.0, 0.0, 1.0, 0.0], n) / 2 ** 30,
+             lambda rng, n: (1 + np.resize([0.0, 0.25, 0.0, -0.25], n)) / 290),
+    "cancel": (lambda rng, n: np.resize([-2.0, 0.0, 2.0, 0.0], n) / 2 ** 20,
+               lambda rng, n: np.resize([-0.5, 0.999, -0.5, -0.009], n)),
 }
 
 
@@ -759,8 +768,9 @@ def test_group_norm_with_a_group_out_of_range(knobs, dt, case, path, affine):
 
 # GroupNorm's backward with a group whose sums leave the range though its forward does not:
 # ``deviation`` (x - mean overflows, as ``GRAD_CASES``) and ``dy`` (x = +-1, each channel's
-# dy summing to six tenths of the largest value: the group's sums of weight * dy overflow).
-GN_GRAD_CASES = ("deviation", "dy")
+# dy summing to six tenths of the largest value: the group's sums of weight * dy overflow);
+# and ``GRAD_CASES``' ``span`` and ``cancel``, whose sums stay in range, over the group.
+GN_GRAD_CASES = ("deviation", "dy", "span", "cancel")
 
 
 def _gn_grad_cases():
@@ -793,9 +803,13 @@ def test_group_norm_backward_whose_sums_leave_the_range(knobs, dt, case, path, a
     dy = rng.standard_normal((N, Cn, S))
     if case == "deviation":
         x[0, Cg:] = np.resize([0.9, 0.9, -0.9, 0.9], (Cg, S)) * top
-    else:
+    elif case == "dy":
         x[0, Cg:] = np.resize([1.0, -1.0], (Cg, S))
         dy[0, Cg:] = 0.6 * top / S
+    else:
+        make_x, make_dy = GRAD_CASES[case]
+        x[0, Cg:] = make_x(rng, Cg * S).reshape(Cg, S) * 2.0 ** 20
+        dy[0, Cg:] = make_dy(rng, Cg * S).reshape(Cg, S) * top
     x, dy = x.astype(dt), dy.astype(dt)
     w = rng.uniform(0.85, 1.15, Cn).astype(dt) if affine else None
     _, mean, rstd = _host(*nc.group_norm_forward(_dev(x), G, _dev(w), None))

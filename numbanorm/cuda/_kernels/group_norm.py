@@ -769,10 +769,12 @@ def _dx_row_fn(xdt, wdt, code):
     MUL = libdevice.dmul_rn if ACC == cuda.float64 else libdevice.fmul_rn
     NOTED = stats.grad_noted_fn(xdt)
 
+    FACTORS = stats.grad_factors_fn(ACC.name)
+
     @cuda.jit(device=True)
-    def word_dx(xs, gs, mu, r, wc, rc1, c2c):  # (rc1 = rstd * c1: xhat * c1 without xhat; c2c = c2 - corr * rc1)
-        for e in range(V):
-            gs[e] = (MUL(gs[e], wc) - ((xs[e] - mu) * rc1 + c2c)) * r
+    def word_dx(xs, gs, mu, rf, wc, rc1, c2c):  # (rc1 = rstd * c1: xhat * c1 without xhat; c2c = c2 - corr * rc1;
+        for e in range(V):                      # wc, rc1, c2c times f, as rf: stats.grad_factors_fn)
+            gs[e] = (MUL(gs[e], wc) - ((xs[e] - mu) * rc1 + c2c)) * rf
 
     @cuda.jit(device=True)
     def dx_row(x, dy, dx, w, part, row, c, raw, mu, r, inv_n, v, at, t, NW):  # (kernel's; c: channel; v: sums) -> noted
@@ -791,13 +793,15 @@ def _dx_row_fn(xdt, wdt, code):
         gs = cuda.local.array(V, ACC)
         # once a row: (x - mu - corr) * rc1 + c2 = (x - mu) * rc1 + c2c, an instruction an
         # element fewer; a group of one element has corr = 0, so c2c = c2 and dx stays exactly 0
-        rc1 = r * c1
-        c2c = c2 - cr * c1
+        f, rf = FACTORS(r)
+        rc1 = r * c1 * f
+        c2c = (c2 - cr * c1) * f
+        wc *= f
         if LOOP:
             for q in range(t, NW, TPR):
                 LOADW(x[row], q, xs, 0)
                 LOADW(dy[row], q, gs, 0)
-                word_dx(xs, gs, mu, r, wc, rc1, c2c)
+                word_dx(xs, gs, mu, rf, wc, rc1, c2c)
                 STOREW(dx[row], q, gs, 0)
         else:
             for k in range(WPT):
@@ -805,7 +809,7 @@ def _dx_row_fn(xdt, wdt, code):
                 if q < NW:
                     WIDEN(raw, k, xs, 0)
                     WIDEN(raw, WPT + k, gs, 0)
-                    word_dx(xs, gs, mu, r, wc, rc1, c2c)
+                    word_dx(xs, gs, mu, rf, wc, rc1, c2c)
                     STOREW(dx[row], q, gs, 0)
         return bad
 

@@ -49,13 +49,14 @@ Backward (RMSNorm: mean = corr = 0, c2 = 0, no dbias):
     c2 = mean(wdy)                                  (one 3-value group reduction;
                                                     sums in rstd's units, which stay in
                                                     range where those of x - mean do not)
-    dx = wdy * rstd - (xhat * c1 * rstd + c2 * rstd)  (+ ds, the fused residual's gradient)
+    dx = (wdy * f - (xhat * c1 * f + c2 * f)) * rf   (+ ds, the fused residual's gradient)
+         f, rf = rstd, 1 where rstd <= 1, else 1, rstd  (``stats.grad_factors_fn``: no term
+                                                    out of range where dx is in it)
 
-    (LayerNorm: corr * rstd, c1 * rstd and c2 * rstd taken once a row, so that xhat is
-    one FFMA after the subtraction and dx two; corr * rstd is pass 1's sum (but in
-    float16), never divided by rstd, which a caller may pass as 0; the fused backward,
-    which adds ds, keeps dx = (wdy - (xhat * c1 + c2)) * rstd, which took fewer
-    instructions there; RMSNorm: xhat = x * rstd, dx = (wdy - xhat * c1) * rstd)
+    (LayerNorm: corr * rstd, c1 * f and c2 * f taken once a row, so that xhat is one FFMA
+    after the subtraction; corr * rstd is pass 1's sum (but in float16), never divided by
+    rstd, which a caller may pass as 0; RMSNorm: xhat = x * rstd, dx = (wdy * f - xhat *
+    c1 * f) * rf)
 
 A row whose reduced c1 or c2 is not finite, its elements finite (x - mean itself
 overflowing near the largest values, the sum of weight * dy, RMSNorm's of x * rstd * wdy),
@@ -714,21 +715,20 @@ def _grad_sums_fn(kind, xdt):
 
 
 @functools.lru_cache(maxsize=None)
-def _grad_dx_fn(kind, has_ds):
-    """``grad_dx(x, wdy, mu, r, c1, c2, cr, c1r, c2r)`` -> ``(xhat, dx)``: one element's
-    part of the backward's pass 2 (``cr``, ``c1r``, ``c2r``: the row's corr * r, c1 * r and
-    c2 * r, taken once a row; dx before the fused residual's ds is added)."""
+def _grad_dx_fn(kind):
+    """``grad_dx(x, wdy, mu, r, cr, f, rf, c1f, c2f)`` -> ``(xhat, dx)``: one element's
+    part of the backward's pass 2 (``cr``: the row's corr * r; ``f``, ``rf``:
+    ``stats.grad_factors_fn``'s, with ``c1f``, ``c2f`` = c1 * f, c2 * f, taken once a row;
+    dx before the fused residual's ds is added)."""
     LAYER = kind == "layer"
 
     @cuda.jit(device=True)
-    def grad_dx(x, wdy, mu, r, c1, c2, cr, c1r, c2r):
+    def grad_dx(x, wdy, mu, r, cr, f, rf, c1f, c2f):
         if LAYER:
             xhat = (x - mu) * r - cr
-            if has_ds:  # (here the form below took more instructions, not fewer)
-                return xhat, (wdy - (xhat * c1 + c2)) * r
-            return xhat, wdy * r - (xhat * c1r + c2r)
+            return xhat, (wdy * f - (xhat * c1f + c2f)) * rf
         xhat = x * r
-        return xhat, (wdy - xhat * c1) * r
+        return xhat, (wdy * f - xhat * c1f) * rf
 
     return grad_dx
 
@@ -890,14 +890,15 @@ def _backward_sums_fn(kind, xdt, wdt, code):
 def _dx_held_fn(kind, xdt, wdt, code, has_ds):
     """``dx_pass(dxr, dsr, raw, ws, dwa, dba, mu, cr, r, c1, c2, t, NW)``: pass 2 of a row
     held as its fetched words (widened again, word by word: the row stays in registers as
-    loaded, half the registers of 16-bit rows widened): dx = wdy * rstd - (xhat * c1 + c2)
-    * rstd (+ ds), and this thread's running sums of dy * xhat and dy for its columns."""
+    loaded, half the registers of 16-bit rows widened): dx (``_grad_dx_fn``, + ds), and
+    this thread's running sums of dy * xhat and dy for its columns."""
     LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
     TPR, V = code.tpr, code.vec
     LOADW, STOREW = C.word_fns(xdt, ACC.name, V)
     WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
     WORD = _weights_fn(xdt, wdt, code)[3]
-    GRAD_DX = _grad_dx_fn(kind, has_ds)
+    GRAD_DX = _grad_dx_fn(kind)
+    FACTORS = stats.grad_factors_fn(ACC.name)
 
     @cuda.jit(device=True)
     def dx_pass(
@@ -919,7 +920,8 @@ def _dx_held_fn(kind, xdt, wdt, code, has_ds):
         gs = cuda.local.array(V, ACC)
         wv = cuda.local.array(V, ACC)
         tmp = cuda.local.array(V, ACC)
-        c1r, c2r = c1 * r, c2 * r  # once a row (``_grad_dx_fn``): xhat one FFMA, dx two
+        f, rf = FACTORS(r)
+        c1f, c2f = c1 * f, c2 * f  # once a row (``_grad_dx_fn``)
         for k in range(WPT):
             q = t + k * TPR
             if q < NW:
@@ -930,7 +932,7 @@ def _dx_held_fn(kind, xdt, wdt, code, has_ds):
                     LOADW(dsr, q, tmp, 0)
                 for v in range(V):
                     e = k * V + v
-                    xhat, val = GRAD_DX(xs[v], gs[v] * wv[v], mu, r, c1, c2, cr, c1r, c2r)
+                    xhat, val = GRAD_DX(xs[v], gs[v] * wv[v], mu, r, cr, f, rf, c1f, c2f)
                     tmp[v] = tmp[v] + val if has_ds else val
                     dwa[e] += gs[v] * xhat
                     if LAYER:
@@ -1201,7 +1203,8 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
     LOADW, STOREW = C.word_fns(xdt, ACC.name, V)
     COPY, _, GET = stats.stage_fns(xdt, ACC.name, V)
     GRAD_SUMS = _grad_sums_fn(kind, xdt)
-    GRAD_DX = _grad_dx_fn(kind, has_ds)
+    GRAD_DX = _grad_dx_fn(kind)
+    FACTORS = stats.grad_factors_fn(ACC.name)
     UNITS = RESCUED = stats.can_leave_range(xdt)  # (``_grad_sums_fn``'s d in rstd's units)
     NOTED = stats.grad_noted_fn(xdt)
     VOTE = stats.vote_fn(TPR, code.rows)
@@ -1256,7 +1259,8 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
         if live:
             dxr = dx[rr]
             dsr = ds[rr if has_ds else 0]
-            c1r, c2r = c1 * r, c2 * r  # once a row (``_grad_dx_fn``)
+            f, rf = FACTORS(r)
+            c1f, c2f = c1 * f, c2 * f  # once a row (``_grad_dx_fn``)
             for q in range(t, NW, TPR):
                 if STAGED:
                     GET(sx, q, xs, 0)
@@ -1269,7 +1273,7 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
                 for v in range(V):
                     j = q * V + v
                     wdy = gs[v] * LW(w[j]) if has_w else gs[v]
-                    xhat, val = GRAD_DX(xs[v], wdy, mu, r, c1, c2, cr, c1r, c2r)
+                    xhat, val = GRAD_DX(xs[v], wdy, mu, r, cr, f, rf, c1f, c2f)
                     tmp[v] = tmp[v] + val if has_ds else val
                     dwp[j] += gs[v] * xhat
                     if LAYER:

@@ -665,6 +665,25 @@ GRAD_RANGE = {"float32": (2.0 ** -82, 2.0 ** 100), "float64": (2.0 ** -530, 2.0 
 
 
 @functools.lru_cache(maxsize=None)
+def grad_factors_fn(acc_name):
+    """``factors(r)`` -> ``(f, rf)``, ``f * rf = r``: a backward writes dx as ``(wdy * f -
+    (xhat * c1 + c2) * f) * rf`` (c1, c2 taken times f once a row), so that no term leaves
+    the range where dx is in it, given sums in range (``grad_noted_fn``'s; the CPU's
+    ``stats.row_factors``): r > 1, the difference first (f = 1: wdy * r could overflow);
+    else each term times r first (f = r: wdy near the largest value less a term of the
+    other sign could).  A row taken as rstd 0 keeps its mark (0 times a non-finite c1 or c2)."""
+    ACC = getattr(cuda, acc_name)
+
+    @cuda.jit(device=True)
+    def factors(r):
+        if r > ACC(1):
+            return ACC(1), r
+        return r, ACC(1)
+
+    return factors
+
+
+@functools.lru_cache(maxsize=None)
 def grad_noted_fn(xdt):
     """``noted(c1, c2)``: a backward row's reduced c1, c2 (c1 = mean(xhat * wdy), c2 =
     mean(wdy)) are not both finite: its sums left the range, or it holds Inf or NaN; False
