@@ -59,7 +59,7 @@ from numba import cuda
 
 from . import common as C
 from . import stats
-from .reduce import _FULL_MASK, group_sum, group_sum2, group_sum3, group_sums_fn, slots
+from .reduce import _FULL_MASK, group_sum, group_sum3, group_sums_fn, slots
 
 
 def _consts(xdt, code):
@@ -550,20 +550,21 @@ def _advance(pos, src, dst, by, Cg, C_):
 
 @functools.lru_cache(maxsize=None)
 def _channel_row_sums_fn(xdt, code, scaled=False):
-    """``sums(xr, dyr, raw, mu, r, live, t, NW, v, at)``: this thread's sum(dy), sum(dy * (x -
+    """``sums(xr, dyr, raw, mu, r, sg, live, t, NW, v, at)``: this thread's sum(dy), sum(dy * (x -
     mu)), sum(x - mu) over a (sample, channel) row into v[at:at + 3]: from its fetched
     words (registers path), or loaded word by word.  ``scaled``: the deviations in rstd's
-    units, (x - mu) * r (``r`` unread otherwise), for a group whose sums overflowed."""
+    units, (x - mu) * r, and dy times ``sg`` (``r``, ``sg`` unread otherwise), for a group
+    whose sums overflowed."""
     ACC, KW, WPT, _ = _consts(xdt, code)
     TPR, V, LOOP, VPT = code.tpr, code.vec, code.loop, code.vpt
     LOADW = C.word_fns(xdt, ACC.name, V)[0]
     WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
 
     @cuda.jit(device=True)
-    def word_sums(xs, gs, e0, mu, r, f, v, at):
+    def word_sums(xs, gs, e0, mu, r, sg, f, v, at):
         for e in range(e0, e0 + V):
             d = (xs[e] - mu) * r if scaled else xs[e] - mu
-            fg = f * gs[e]
+            fg = f * gs[e] * sg if scaled else f * gs[e]
             v[at] += fg
             v[at + 1] += fg * d
             v[at + 2] += f * d
@@ -575,6 +576,7 @@ def _channel_row_sums_fn(xdt, code, scaled=False):
         raw,    # (slots,) the row's fetched words, x then dy (registers path)
         mu,     # scalar: the group's saved mean
         r,      # scalar: its saved rstd (scaled), else unread
+        sg,     # scalar: dy's scale (scaled), else unread
         live,   # bool: the row exists
         t,      # int: thread within the row group
         NW,     # int: words per row
@@ -590,14 +592,14 @@ def _channel_row_sums_fn(xdt, code, scaled=False):
                 for q in range(t, NW, TPR):
                     LOADW(xr, q, xs, 0)
                     LOADW(dyr, q, gs, 0)
-                    word_sums(xs, gs, 0, mu, r, ACC(1), v, at)
+                    word_sums(xs, gs, 0, mu, r, sg, ACC(1), v, at)
         else:
             # a word past the row (word 0 again) weighs 0, not a branch around its sums:
             # ptxas moves a load into the only branch that uses it, after the first wait
             for k in range(WPT):
                 WIDEN(raw, k, xs, k * V)
                 WIDEN(raw, WPT + k, gs, k * V)
-                word_sums(xs, gs, k * V, mu, r, ACC(1) if t + k * TPR < NW else ACC(0), v, at)
+                word_sums(xs, gs, k * V, mu, r, sg, ACC(1) if t + k * TPR < NW else ACC(0), v, at)
 
     return channel_row_sums
 
@@ -614,6 +616,7 @@ def _channel_sums_kernel(xdt, code):
     RAWN1, RAWN2, NV = (RAWN if D > 1 else 1), (RAWN if D > 2 else 1), 3 * D
     SUMS = _channel_row_sums_fn(xdt, code)
     SCALED = _channel_row_sums_fn(xdt, code, scaled=True)
+    DOWN = stats.GRAD_RANGE[ACC.name][0]
     FETCH = stats.fetch_rows_fn(xdt, code, 2, D)
     GROUP = group_sums_fn(NV)
     VOTE = stats.vote_fn(TPR, R)
@@ -628,11 +631,11 @@ def _channel_sums_kernel(xdt, code):
     @cuda.jit(device=True)
     def row_sums(x, dy, row, raw, mu, t, NW, v, at):
         rr = min(row, x.shape[0] - 1)
-        SUMS(x[rr], dy[rr], raw, mu, ACC(1), row < x.shape[0], t, NW, v, at)
+        SUMS(x[rr], dy[rr], raw, mu, ACC(1), ACC(1), row < x.shape[0], t, NW, v, at)
 
     @cuda.jit(device=True)
-    def overflowed(v, at, live):
-        return live and not (abs(v[at + 1]) < INF and abs(v[at + 2]) < INF)   # (NaN compares false)
+    def overflowed(v, at, live):  # (NaN compares false)
+        return live and not (abs(v[at]) < INF and abs(v[at + 1]) < INF and abs(v[at + 2]) < INF)
 
     @cuda.jit(device=True)
     def in_rstd_units(v, at, r):  # a row's sums of dy * (x - mean) and of x - mean, times its rstd
@@ -641,13 +644,18 @@ def _channel_sums_kernel(xdt, code):
 
     @cuda.jit(device=True)
     def rescaled(x, dy, row, raw, mu, r, out, t, NW, v, again, at, scratch, it, tid):  # -> it
-        # the sums of a row whose sums of x - mean overflowed, again with (x - mean) * rstd:
-        # every row of the vote reduces (zeros where not ``out``), only ``out`` rows adopt
+        # the sums of a row whose sums overflowed, again with (x - mean) * rstd, and with dy
+        # times DOWN where its sum overflowed (a thread's part may where the row's does not;
+        # its elements stay far above the subnormals), scaled back: every row of the vote
+        # reduces (zeros where not ``out``), only ``out`` rows adopt
         rr = min(row, x.shape[0] - 1)
-        SCALED(x[rr], dy[rr], raw, mu, r, out, t, NW, again, 0)
-        again[1], again[2] = group_sum2(again[1], again[2], scratch, it & 1, tid, TPR)
+        sg = ACC(1) if abs(v[at]) < INF else ACC(DOWN)
+        SCALED(x[rr], dy[rr], raw, mu, r, sg, out, t, NW, again, 0)
+        again[0], again[1], again[2] = group_sum3(again[0], again[1], again[2], scratch, it & 1, tid, TPR)
         if out:
-            v[at + 1] = again[1]
+            up = ACC(1) if sg == ACC(1) else ACC(1 / DOWN)
+            v[at] = again[0] * up
+            v[at + 1] = again[1] * up
             v[at + 2] = again[2]
         else:
             in_rstd_units(v, at, r)
@@ -772,9 +780,10 @@ def _dx_row_fn(xdt, wdt, code):
     FACTORS = stats.grad_factors_fn(ACC.name)
 
     @cuda.jit(device=True)
-    def word_dx(xs, gs, mu, rf, wc, rc1, c2c):  # (rc1 = rstd * c1: xhat * c1 without xhat; c2c = c2 - corr * rc1;
-        for e in range(V):                      # wc, rc1, c2c times f, as rf: stats.grad_factors_fn)
-            gs[e] = (MUL(gs[e], wc) - ((xs[e] - mu) * rc1 + c2c)) * rf
+    def word_dx(xs, gs, mu, f, rf, wc, rc1, c2c):  # (rc1 = rstd * c1: xhat * c1 without xhat; c2c = c2 -
+        for e in range(V):                         # corr * rc1; wc times f: stats.grad_factors_fn)
+            # (f on the bracket, not on rc1: rstd * c1 * f could leave the range, xhat * c1 * f not)
+            gs[e] = (MUL(gs[e], wc) - ((xs[e] - mu) * rc1 + c2c) * f) * rf
 
     @cuda.jit(device=True)
     def dx_row(x, dy, dx, w, part, row, c, raw, mu, r, inv_n, v, at, t, NW):  # (kernel's; c: channel; v: sums) -> noted
@@ -794,14 +803,14 @@ def _dx_row_fn(xdt, wdt, code):
         # once a row: (x - mu - corr) * rc1 + c2 = (x - mu) * rc1 + c2c, an instruction an
         # element fewer; a group of one element has corr = 0, so c2c = c2 and dx stays exactly 0
         f, rf = FACTORS(r)
-        rc1 = r * c1 * f
-        c2c = (c2 - cr * c1) * f
+        rc1 = r * c1
+        c2c = c2 - cr * c1
         wc *= f
         if LOOP:
             for q in range(t, NW, TPR):
                 LOADW(x[row], q, xs, 0)
                 LOADW(dy[row], q, gs, 0)
-                word_dx(xs, gs, mu, rf, wc, rc1, c2c)
+                word_dx(xs, gs, mu, f, rf, wc, rc1, c2c)
                 STOREW(dx[row], q, gs, 0)
         else:
             for k in range(WPT):
@@ -809,7 +818,7 @@ def _dx_row_fn(xdt, wdt, code):
                 if q < NW:
                     WIDEN(raw, k, xs, 0)
                     WIDEN(raw, WPT + k, gs, 0)
-                    word_dx(xs, gs, mu, rf, wc, rc1, c2c)
+                    word_dx(xs, gs, mu, f, rf, wc, rc1, c2c)
                     STOREW(dx[row], q, gs, 0)
         return bad
 
