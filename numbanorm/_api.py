@@ -108,6 +108,10 @@ class Backend(Protocol):
     def copy_into(self, ctx: Any, dst: Any, src: Any) -> None:
         """dst[...] = src (same size; dst may be strided)."""
 
+    def copy(self, ctx: Any, a: Any) -> Any:
+        """A new array with ``a``'s values, shape and dtype, in ``a``'s array type (``ctx``:
+        ``call_context(a)``): what a layer keeps of its input for the backward."""
+
     def cast(self, ctx: Any, a: Any, dtype: Any) -> Any:
         """``a`` in ``dtype`` (no copy when it already is)."""
 
@@ -248,6 +252,12 @@ class Frontend:
         # each operation's (forward, backward) launchers, found once
         self.launchers = {op.name: tuple(_launcher(backend, k) for k in op.kernels) for op in ops.OPERATIONS}
         self.plans = getattr(backend, "plans", None) if plans else None
+
+    def copy(self, a):
+        """``Backend.copy`` of ``a`` in its call context: on a GPU its stream and allocator."""
+        ctx = self.backend.call_context(a)
+        with self.backend.on_device(ctx):
+            return self.backend.copy(ctx, a)
 
     def shortcut(self, op, direction):
         """The plan cache's ``key`` and ``run`` of ``op``'s ``direction`` as one function

@@ -18,19 +18,7 @@ from .operations import BY_NAME
 def _saved(x):
     """A private copy of ``x`` for the backward: the caller may reuse its buffer
     between forward and backward (NumPy has no version counters to notice it)."""
-    if V.side_of(x) == V.DEVICE:
-        if V._is_torch_type(type(x)):
-            return x.clone()
-        if getattr(type(x), "__cuda_ndarray__", False):  # numba's (the simulator's copy() is on the host)
-            from numba import cuda
-
-            from .cuda._kernels.common import kview
-
-            saved = cuda.device_array(x.shape, x.dtype)
-            kview(saved)[:] = kview(x)  # numba's assignment kernel, which takes a strided x (bfloat16 as bits)
-            return saved
-        return x.copy()  # CuPy and the like
-    return np.array(x, copy=True)
+    return _dispatch._pick(x=x).copy(x)
 
 
 def _shape(normalized_shape):

@@ -127,6 +127,48 @@ def test_the_call_runs_on_the_stream_of_the_array_whose_type_the_results_take(mo
     assert seen and all(st is b for st in seen)
 
 
+@pytest.mark.parametrize("backend", _backends())
+def test_a_copy_is_new_memory_with_the_values_shape_and_type(backend):
+    """``Backend.copy`` (a layer's saved x) of a strided view: the same values in a fresh array
+    of the caller's type, which later writes to the source leave alone."""
+    host = np.random.default_rng(1).standard_normal((3, 5, 2)).astype(np.float32)
+    a, want = host[..., 0], host[..., 0].copy()
+    if backend.name == "cuda":
+        from numba import cuda
+
+        a = cuda.to_device(host)[..., 0]
+    got = backend.copy(backend.call_context(a), a)
+    assert type(got) is type(a) and got.shape == a.shape and got.dtype == a.dtype
+    if backend.name == "cuda":
+        a[:] = cuda.to_device(np.zeros((3, 5), np.float32))
+        got = got.copy_to_host()
+    else:
+        a[...] = 0
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.cudasim
+def test_a_layer_copies_its_input_on_the_inputs_stream(monkeypatch):
+    """The copy a layer keeps of a numba device array for its backward is made on that
+    array's stream, as its forward runs (it ran on the default stream)."""
+    if not numbanorm.cuda.is_available():
+        pytest.skip("numbanorm.cuda is not usable here")
+    from numba import cuda
+
+    from numbanorm.cuda import _backend
+
+    stream = cuda.stream()
+    x = cuda.to_device(np.random.default_rng(2).standard_normal((4, 16)).astype(np.float32)).bind(stream)
+    seen = _launch_streams(monkeypatch)
+    copies = []
+    real = _backend.copy_into
+    monkeypatch.setattr(_backend, "copy_into", lambda ctx, dst, src: (copies.append(ctx.stream), real(ctx, dst, src)))
+    layer = numbanorm.LayerNorm(16)
+    layer.weight = layer.bias = None
+    layer(x)
+    assert copies == [stream] and seen and all(st is stream for st in seen)
+
+
 def test_a_torch_tensors_side_is_decided_without_its_cuda_array_interface():
     """PyTorch builds a tensor's ``__cuda_array_interface__`` whole on every access, and the
     side of every argument was decided by asking for it (several times a call): on an H200's

@@ -91,6 +91,10 @@ def copy_into(ctx, dst, src):
     np.copyto(dst, src)
 
 
+def copy(ctx, a):
+    return np.array(a, copy=True)
+
+
 def cast(ctx, a, dtype):
     return a.astype(dtype, copy=False)
 

@@ -392,6 +392,16 @@ def copy_into(ctx, dst, src):
     C.kview(dst).bind(ctx.stream or _default_stream())[:] = C.kview(src)
 
 
+def copy(ctx, a):
+    if getattr(type(a), "__cuda_ndarray__", False):  # numba's (the simulator's copy() is on the host)
+        out = empty(ctx, a.shape, a.dtype)
+        copy_into(ctx, out, a)  # numba's assignment kernel, which takes a strided a
+        return out
+    if _is_torch(a):
+        return a.clone()  # on torch's current stream, from its caching allocator
+    return a.copy()  # CuPy's and the like: on their current stream and pool
+
+
 def cast(ctx, a, dtype):
     if type(a) is np.ndarray:
         return a.astype(dtype, copy=False)
