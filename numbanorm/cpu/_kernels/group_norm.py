@@ -287,14 +287,15 @@ def dx_channels(
     wide_vectors(dyc)
     S = xc.shape[1]
     f, rf = row_factors(r, one)  # (as layer_norm.backward_rows)
+    c1f, c2f = c1 * f, c2 * f
     for ch in range(lo, hi):
         wc = (w[c0 + ch - lo] if w is not None else one) * f
         s0, s1 = stream_span(dxc, ch) if STREAMING and stream else (S, S)  # spans as write_channels's
         lo_e, hi_e = 0, s0
         for part in range(2):
-            dx_span(dyc, xc, ch, mu, corr, r, wc, c1 * f, c2 * f, rf, dxc, lo_e, hi_e, False)
+            dx_span(dyc, xc, ch, mu, corr, r, wc, c1f, c2f, rf, dxc, lo_e, hi_e, False)
             if STREAMING and part == 0:
-                dx_span(dyc, xc, ch, mu, corr, r, wc, c1 * f, c2 * f, rf, dxc, s0, s1, True)
+                dx_span(dyc, xc, ch, mu, corr, r, wc, c1f, c2f, rf, dxc, s0, s1, True)
             lo_e, hi_e = s1, S
 
 
@@ -515,7 +516,6 @@ def last_write(
     wide_vectors(x)
     S, C = x.shape[1], x.shape[2]
     m, k, f, bc = empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd)
-    r = empty_row(C, rstd)  # (rstd by channel where a block has a channel folded_away)
     for q in range(lo, hi):
         n, a, e = blocks[q, 0], blocks[q, 1], blocks[q, 2]
         by_channel(shift, n, m)
@@ -528,8 +528,7 @@ def last_write(
                 lost |= folded_away(f[c], w[c])
             bc[c] = b[c] if b is not None else rstd.dtype.type(0)
         if lost:  # (rare: such channels with rstd and the weight in turn)
-            by_channel(rstd, n, r)
-            last_unfolded(x, n, a, e, m, k, f, r, w, bc, y)
+            last_unfolded(x, n, a, e, m, k, f, rstd, w, bc, y)
             continue
         if STREAMING and stream:
             # a position at a time: its row's whole lines streamed, the parts of lines at
@@ -567,7 +566,7 @@ def last_unfolded(
     m,      # (C,) each channel's shift
     k,      # (C,) its correction
     f,      # (C,) rstd * weight
-    r,      # (C,) rstd
+    rstd,   # (N, G) each group's rstd
     w,      # (C,) weight in the accumulation dtype
     bc,     # (C,) bias
     y,      # (N * S, C) output, a position a row
@@ -577,6 +576,8 @@ def last_unfolded(
     turn, every other channel's as last_span writes it (its bits do not depend on another
     group's)."""
     C = x.shape[2]
+    r = empty_row(C, rstd)  # (here, not in last_write: only a block with such a channel needs it)
+    by_channel(rstd, n, r)
     for s in range(a, e):
         for c in range(C):
             j = np.uint64(c)
