@@ -605,33 +605,16 @@ def _channel_row_sums_fn(xdt, code, scaled=False):
 
 
 @functools.lru_cache(maxsize=None)
-def _channel_sums_kernel(xdt, code):
-    """Kernel 1: the sums of each (sample, channel) row: held in registers (a row group
-    loads ``stats.raw_rows``' rows at once and reduces all of them in one go) or word by
-    word."""
-    ACC, KW, WPT, SHIFT = _consts(xdt, code)
-    TPR, R, BLOCK, LOOP = code.tpr, code.rows, code.block, code.loop
-    SLOTS = slots(BLOCK)
-    RAW, RAWN, D = _backward_raw(xdt, code)
-    RAWN1, RAWN2, NV = (RAWN if D > 1 else 1), (RAWN if D > 2 else 1), 3 * D
-    SUMS = _channel_row_sums_fn(xdt, code)
+def _channel_rescue_fns(xdt, code):
+    """``(overflowed, in_rstd_units, rescaled)``, kernel 1's steps after a row's sums are
+    reduced: whether they left the range; in range, two of them taken into rstd's units;
+    out of it, summed again scaled (``rescaled(x, dy, row, raw, mu, r, out, t, NW, v, again,
+    at, scratch, it, tid)`` -> ``it``)."""
+    ACC = _consts(xdt, code)[0]
+    TPR = code.tpr
     SCALED = _channel_row_sums_fn(xdt, code, scaled=True)
     DOWN = stats.GRAD_RANGE[ACC.name][0]
-    FETCH = stats.fetch_rows_fn(xdt, code, 2, D)
-    GROUP = group_sums_fn(NV)
-    VOTE = stats.vote_fn(TPR, R)
-    RESCUED = stats.can_leave_range(xdt)
-    U32 = cuda.uint32
     INF = ACC(math.inf)
-
-    @cuda.jit(device=True)
-    def saved(a, pos, at):
-        return a[min(pos[at], U32(a.shape[0] - 1))]  # group n * G + g, as row = n * C + g * Cg + c
-
-    @cuda.jit(device=True)
-    def row_sums(x, dy, row, raw, mu, t, NW, v, at):
-        rr = min(row, x.shape[0] - 1)
-        SUMS(x[rr], dy[rr], raw, mu, ACC(1), ACC(1), row < x.shape[0], t, NW, v, at)
 
     @cuda.jit(device=True)
     def overflowed(v, at, live):  # (NaN compares false)
@@ -660,6 +643,36 @@ def _channel_sums_kernel(xdt, code):
         else:
             in_rstd_units(v, at, r)
         return it + 1
+
+    return overflowed, in_rstd_units, rescaled
+
+
+@functools.lru_cache(maxsize=None)
+def _channel_sums_kernel(xdt, code):
+    """Kernel 1: the sums of each (sample, channel) row: held in registers (a row group
+    loads ``stats.raw_rows``' rows at once and reduces all of them in one go) or word by
+    word."""
+    ACC, KW, WPT, SHIFT = _consts(xdt, code)
+    TPR, R, BLOCK, LOOP = code.tpr, code.rows, code.block, code.loop
+    SLOTS = slots(BLOCK)
+    RAW, RAWN, D = _backward_raw(xdt, code)
+    RAWN1, RAWN2, NV = (RAWN if D > 1 else 1), (RAWN if D > 2 else 1), 3 * D
+    SUMS = _channel_row_sums_fn(xdt, code)
+    overflowed, in_rstd_units, rescaled = _channel_rescue_fns(xdt, code)
+    FETCH = stats.fetch_rows_fn(xdt, code, 2, D)
+    GROUP = group_sums_fn(NV)
+    VOTE = stats.vote_fn(TPR, R)
+    RESCUED = stats.can_leave_range(xdt)
+    U32 = cuda.uint32
+
+    @cuda.jit(device=True)
+    def saved(a, pos, at):
+        return a[min(pos[at], U32(a.shape[0] - 1))]  # group n * G + g, as row = n * C + g * Cg + c
+
+    @cuda.jit(device=True)
+    def row_sums(x, dy, row, raw, mu, t, NW, v, at):
+        rr = min(row, x.shape[0] - 1)
+        SUMS(x[rr], dy[rr], raw, mu, ACC(1), ACC(1), row < x.shape[0], t, NW, v, at)
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
     def channel_sums(
@@ -839,11 +852,7 @@ def _grad_redo_fn(xdt, wdt, code):
     ACC, KW, WPT, _ = _consts(xdt, code)
     TPR, V = code.tpr, code.vec
     has_w = wdt is not None
-    LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
-    LOADW, STOREW = C.word_fns(xdt, ACC.name, V)
-    DOWN, LIM = stats.GRAD_RANGE[ACC.name]
-    UP = ACC(1 / DOWN)
-    DEV = stats.grad_deviation_fn(ACC.name)
+    LW, LOADW, STOREW, DOWN, UP, LIM, DEV = stats.grad_redo_consts(xdt, wdt, ACC.name, V)
 
     @cuda.jit(device=True)
     def redo(

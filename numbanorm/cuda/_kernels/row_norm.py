@@ -748,11 +748,7 @@ def _grad_redo_fn(kind, xdt, wdt, code, has_ds):
     LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
     TPR, V, LOOP = code.tpr, code.vec, code.loop
     has_w = wdt is not None
-    LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
-    LOADW, STOREW = C.word_fns(xdt, ACC.name, V)
-    DOWN, LIM = stats.GRAD_RANGE[ACC.name]
-    UP = ACC(1 / DOWN)
-    dev = stats.grad_deviation_fn(ACC.name)
+    LW, LOADW, STOREW, DOWN, UP, LIM, dev = stats.grad_redo_consts(xdt, wdt, ACC.name, V)
 
     @cuda.jit(device=True)
     def word(xr, dyr, dsr, dxr, w, q, mu, r, cr, c1, c2, sg, dw, e0):  # (redo's): dx of word q

@@ -665,6 +665,19 @@ GRAD_RANGE = {"float32": (2.0 ** -82, 2.0 ** 100), "float64": (2.0 ** -530, 2.0 
 
 
 @functools.lru_cache(maxsize=None)
+def grad_redo_consts(xdt, wdt, acc_name, vec):
+    """``(LW, LOADW, STOREW, DOWN, UP, LIM, dev)``, what a backward's redo of a row or a group
+    (``row_norm._grad_redo_fn``, ``group_norm._grad_redo_fn``) builds on: the weight's loader
+    (x's dtype's without a weight), the loader and storer of ``vec``-element words, GRAD_RANGE's
+    scale DOWN (a Python float), its inverse UP (the accumulation dtype's), its limit LIM, and
+    ``grad_deviation_fn``'s ``dev``."""
+    DOWN, LIM = GRAD_RANGE[acc_name]
+    LOADW, STOREW = C.word_fns(xdt, acc_name, vec)
+    return (C.load_fn(xdt if wdt is None else wdt, acc_name), LOADW, STOREW, DOWN,
+            getattr(cuda, acc_name)(1 / DOWN), LIM, grad_deviation_fn(acc_name))
+
+
+@functools.lru_cache(maxsize=None)
 def grad_factors_fn(acc_name):
     """``factors(r)`` -> ``(f, rf)``, ``f * rf = r``: a backward writes dx as ``(wdy * f -
     (xhat * c1 + c2) * f) * rf`` (c1, c2 taken times f once a row), so that no term leaves
