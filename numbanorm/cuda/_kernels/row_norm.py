@@ -377,6 +377,40 @@ def _post_fn(kind, xdt, wdt, bdt, code, has_r):
 
 
 @functools.lru_cache(maxsize=None)
+def _layer_fallback_fn(xdt, code, has_r):
+    """``fallback(x, raw, xs, live, t, NW, k, m1, bad, inv_n, eps, scratch, it, tid, st, at)``
+    -> ``it``: ``_layer_rows_fn``'s row whose shifted sums cannot be trusted (``bad``), its
+    statistics again by ``stats.shift_fns``' two-pass over its elements held in registers
+    (fused: ``raw`` widened again; unfused: ``xs``, d = x - k, left as d - m1)."""
+    _, ACC, _, WPT, _ = _consts("layer", xdt, code)
+    TPR, VPT, V = code.tpr, code.vpt, code.vec
+    KEPT = not has_r  # (as _layer_rows_fn)
+    FALLBACK = stats.shift_fns(xdt, TPR, VPT, V, False, groups=code.rows)[2]
+    WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
+
+    @cuda.jit(device=True)
+    def fallback(x, raw, xs, live, t, NW, k, m1, bad, inv_n, eps, scratch, it, tid, st, at):
+        xf = cuda.local.array(VPT, ACC)  # the row's elements (fused: widened again; kept: d = x - k)
+        for j in range(WPT):
+            if has_r:
+                WIDEN(raw, j, xf, j * V)
+            else:
+                for v in range(V):
+                    xf[j * V + v] = xs[j * V + v]
+        if not KEPT:
+            return FALLBACK(x[0], xf, live, t, NW, k, m1, bad, inv_n, eps, scratch, it, tid, st, at)
+        # the deviations from k + m1 are d - m1: the pass about a shift of 0, then k added back
+        it = FALLBACK(x[0], xf, live, t, NW, ACC(0), m1, bad, inv_n, eps, scratch, it, tid, st, at)
+        if bad:
+            st[at] += k  # mu = m1 + k
+            for e in range(VPT):
+                xs[e] -= m1
+        return it
+
+    return fallback
+
+
+@functools.lru_cache(maxsize=None)
 def _layer_rows_fn(xdt, code, has_r, rows):
     """``layer_rows(x, res, y, s, mean, rstd, row, step, raw0, raw1, raw2, ws, bs, eps, scratch,
     it, tid)`` -> ``(it, bad)`` (a row out of range, ``_post_fn``): LayerNorm's ``rows``
@@ -395,11 +429,11 @@ def _layer_rows_fn(xdt, code, has_r, rows):
     KEPT = not has_r  # (fused: the normalize pass widens s as stored again, which holds fewer registers)
     SUMS = stats.held_sums_fn(xdt, TPR, VPT, V, False, has_r, shifted=True, keep=KEPT)
     FIRST = stats.first_fn(xdt, V, has_r)
-    SETTLE, VOTE, FALLBACK = stats.shift_fns(xdt, TPR, VPT, V, False, groups=code.rows)
+    SETTLE, VOTE = stats.shift_fns(xdt, TPR, VPT, V, False, groups=code.rows)[:2]
+    fallback = _layer_fallback_fn(xdt, code, has_r)
     GROUP = group_sums_fn(NV)
     NORMALIZE = _normalize_held_fn("layer", xdt, code, has_r, centered=KEPT)
     STORE_S = _store_s_fn(xdt, code)
-    WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
     OUT = stats.rescue_fns(xdt, TPR, V, squares=False)[0]
     RESCUED = stats.can_leave_range(xdt)
 
@@ -428,25 +462,6 @@ def _layer_rows_fn(xdt, code, has_r, rows):
                 NORMALIZE(y[u], raw if has_r else xs, ws, bs, st[at], st[at + 1], st[at + 2], t, NW)
             return bad
         return False
-
-    @cuda.jit(device=True)
-    def fallback(x, raw, xs, live, t, NW, k, m1, bad, inv_n, eps, scratch, it, tid, st, at):
-        xf = cuda.local.array(VPT, ACC)  # the row's elements (fused: widened again; kept: d = x - k)
-        for j in range(WPT):
-            if has_r:
-                WIDEN(raw, j, xf, j * V)
-            else:
-                for v in range(V):
-                    xf[j * V + v] = xs[j * V + v]
-        if not KEPT:
-            return FALLBACK(x[0], xf, live, t, NW, k, m1, bad, inv_n, eps, scratch, it, tid, st, at)
-        # the deviations from k + m1 are d - m1: the pass about a shift of 0, then k added back
-        it = FALLBACK(x[0], xf, live, t, NW, ACC(0), m1, bad, inv_n, eps, scratch, it, tid, st, at)
-        if bad:
-            st[at] += k  # mu = m1 + k
-            for e in range(VPT):
-                xs[e] -= m1
-        return it
 
     @cuda.jit(device=True)
     def layer_rows(x, res, y, s, mean, rstd, row, step, raw0, raw1, raw2, ws, bs, eps, scratch, it, tid):  # (kernel's)
