@@ -246,8 +246,9 @@ class Frontend:
     then ``_launch_forward``/``_launch_backward`` (allocation, launch, results), which
     hands the answered call to the plan cache to learn."""
 
-    def __init__(self, backend: Backend, sides_checked: bool = False, plans: bool = True):
+    def __init__(self, backend: Backend, sides_checked: bool = False, plans: bool = True, serial: Any = None):
         self.backend = backend
+        self.serial = serial  # a lock every call holds (numbanorm.cuda's in the simulator, no plan cache), or None
         self.sides_checked = sides_checked  # the caller has run common_side on these arguments
         # each operation's (forward, backward) launchers, found once
         self.launchers = {op.name: tuple(_launcher(backend, k) for k in op.kernels) for op in ops.OPERATIONS}
@@ -255,6 +256,12 @@ class Frontend:
 
     def copy(self, a):
         """``Backend.copy`` of ``a`` in its call context: on a GPU its stream and allocator."""
+        if self.serial is not None:
+            with self.serial:
+                return self._copy(a)
+        return self._copy(a)
+
+    def _copy(self, a):
         ctx = self.backend.call_context(a)
         with self.backend.on_device(ctx):
             return self.backend.copy(ctx, a)
@@ -292,6 +299,9 @@ class Frontend:
                     return launch(op, check(op, args), key)
                 finally:
                     plans.end()
+        if self.serial is not None:  # (the simulator's: it has no plan cache)
+            with self.serial:
+                return launch(op, check(op, args), None)
         return launch(op, check(op, args), None)
 
     # ------------------------------------------------------------ step 1: validation

@@ -473,3 +473,43 @@ def test_a_launch_where_affinity_cannot_be_set_runs_unpinned(monkeypatch):
     out = np.zeros(32, np.int64)
     ones[1, 32](out)
     assert out.all()
+
+
+def test_threads_calling_numbanorm_cuda_at_once():
+    """Two threads calling numbanorm.cuda, each compiling its own shapes while the other's
+    kernels run: the right results, and ``numba.cuda`` back in the kernels' modules.  While
+    a simulated kernel runs, numba-cuda swaps the ``cuda`` of its modules for a fake one,
+    which the other thread's host code there saw (``'FakeCUDAModule' object has no
+    attribute 'jit'``, or ``'device_array'``)."""
+    import threading
+
+    import numbanorm
+    from numbanorm.cuda._kernels import common, row_norm
+
+    rng = np.random.default_rng(5)
+    errors, done = [], []
+
+    def work(n):
+        try:
+            x = rng.standard_normal((6, n)).astype(np.float32)
+            dy = rng.standard_normal((6, n)).astype(np.float32)
+            for _ in range(2):
+                y, mean, rstd = nc.layer_norm_forward(cuda.to_device(x), n)
+                dx = nc.layer_norm_backward(cuda.to_device(dy), cuda.to_device(x), mean, rstd, n)[0]
+                np.testing.assert_allclose(y.copy_to_host(), numbanorm.layer_norm(x, n), rtol=1e-5, atol=1e-5)
+                want = numbanorm.layer_norm_backward(dy, x, *numbanorm.layer_norm_forward(x, n)[1:], n)[0]
+                np.testing.assert_allclose(dx.copy_to_host(), want, rtol=1e-4, atol=1e-4)
+                np.testing.assert_allclose(nc.rms_norm(cuda.to_device(x), n).copy_to_host(),
+                                           numbanorm.rms_norm(x, n), rtol=1e-5, atol=1e-5)
+            done.append(n)
+        except Exception as e:  # (reported below: an assertion in a thread would be lost)
+            errors.append(f"{type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in (40, 72)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sorted(done) == [40, 72]
+    assert common.cuda is cuda and row_norm.cuda is cuda

@@ -11,6 +11,7 @@ raises ``RuntimeError`` with that reason.
 """
 
 import inspect
+import threading
 
 from .. import _api
 from ..operations import FUNCTIONS as _FUNCTIONS
@@ -75,9 +76,12 @@ else:
     _simshared.install()  # one shared array per block (the simulator's allocation races)
     from . import _backend
 
-    _frontend = _api.Frontend(_backend)
+    # The simulator swaps numba.cuda for a fake module in the globals of a running kernel's
+    # modules, where another thread's host code would find it: there, one call at a time
+    _serial = threading.RLock() if _backend.C.SIMULATED else None
+    _frontend = _api.Frontend(_backend, serial=_serial)
     # for numbanorm's top level, which has checked the arguments' sides before choosing the GPU
-    _frontend_sides_checked = _api.Frontend(_backend, sides_checked=True)
+    _frontend_sides_checked = _api.Frontend(_backend, sides_checked=True, serial=_serial)
 
 
 def is_available():
