@@ -486,11 +486,11 @@ def test_threads_calling_numbanorm_cuda_at_once():
     import numbanorm
     from numbanorm.cuda._kernels import common, row_norm
 
-    rng = np.random.default_rng(5)
     errors, done = [], []
 
     def work(n):
         try:
+            rng = np.random.default_rng(n)  # (one a thread: a Generator is not thread-safe)
             x = rng.standard_normal((6, n)).astype(np.float32)
             dy = rng.standard_normal((6, n)).astype(np.float32)
             for _ in range(2):
