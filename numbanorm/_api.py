@@ -31,6 +31,7 @@ row (roles, bias, statistics, fused or not) and layout (rows or groups) drive.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -248,7 +249,8 @@ class Frontend:
 
     def __init__(self, backend: Backend, sides_checked: bool = False, plans: bool = True, serial: Any = None):
         self.backend = backend
-        self.serial = serial  # a lock every call holds (numbanorm.cuda's in the simulator, no plan cache), or None
+        # a lock every call without a plan holds (numbanorm.cuda's in the simulator), or none
+        self.serial = serial if serial is not None else contextlib.nullcontext()
         self.sides_checked = sides_checked  # the caller has run common_side on these arguments
         # each operation's (forward, backward) launchers, found once
         self.launchers = {op.name: tuple(_launcher(backend, k) for k in op.kernels) for op in ops.OPERATIONS}
@@ -256,15 +258,10 @@ class Frontend:
 
     def copy(self, a):
         """``Backend.copy`` of ``a`` in its call context: on a GPU its stream and allocator."""
-        if self.serial is not None:
-            with self.serial:
-                return self._copy(a)
-        return self._copy(a)
-
-    def _copy(self, a):
-        ctx = self.backend.call_context(a)
-        with self.backend.on_device(ctx):
-            return self.backend.copy(ctx, a)
+        with self.serial:
+            ctx = self.backend.call_context(a)
+            with self.backend.on_device(ctx):
+                return self.backend.copy(ctx, a)
 
     def shortcut(self, op, direction):
         """The plan cache's ``key`` and ``run`` of ``op``'s ``direction`` as one function
@@ -299,10 +296,8 @@ class Frontend:
                     return launch(op, check(op, args), key)
                 finally:
                     plans.end()
-        if self.serial is not None:  # (the simulator's: it has no plan cache)
-            with self.serial:
-                return launch(op, check(op, args), None)
-        return launch(op, check(op, args), None)
+        with self.serial:  # (a lock only in the simulator, which has no plan cache)
+            return launch(op, check(op, args), None)
 
     # ------------------------------------------------------------ step 1: validation
 
