@@ -177,7 +177,7 @@ class _Groups:
 
     def __init__(self, x, num_groups):
         self.xdt = V.float_dtype("x", x)
-        n, c, s, g = V.groups(x.shape, num_groups)
+        _, c, _, g = V.groups(x.shape, num_groups)
         cg = c // g
         chunks = {1: _group_chunks(x.chunks[1], cg, c)}
         chunks.update({ax: -1 for ax in range(2, x.ndim)})

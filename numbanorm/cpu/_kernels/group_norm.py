@@ -81,7 +81,7 @@ def forward_groups(
     write-combining buffers of the streaming stores).
     """
     wide_vectors(x)
-    N, C, S, G, Cg, zero, one, inv_n = dims(xc, mean)
+    _, C, S, G, Cg, zero, one, _ = dims(xc, mean)
     left = 0
     for ng in range(lo, hi):
         n, g, c0 = ng // G, ng % G, ng % G * Cg  # sample, group, the group's first channel
@@ -202,7 +202,7 @@ def backward_groups(
     (as forward_groups, whose two views of each array it takes for the same reason);
     returns how many groups it left to its rescaling variant (layer_norm.backward_rows)."""
     wide_vectors(dy)
-    N, C, S, G, Cg, zero, one, inv_n = dims(xc, mean)
+    _, C, S, G, Cg, zero, one, inv_n = dims(xc, mean)
     left = 0
     for ng in range(lo, hi):
         n, g, c0 = ng // G, ng % G, ng % G * Cg  # sample, group, the group's first channel
@@ -766,7 +766,7 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias):
     if last(x):
         _backward_last(dy, x, mean, rstd, weight, dx, dweight, dbias)
         return
-    N, C, S = x.shape
+    N, C, _ = x.shape
     acc = acc_of(x.dtype)
     dw_part = np.empty((N, C), acc)
     db_part = np.empty((N, C), acc)

@@ -210,10 +210,7 @@ def stream_row(
 
 @njit(cache=True, nogil=True, inline="always")
 def stream_lines(
-    dst,    # (M, N) destination, in memory, C-contiguous
-    i,      # scalar: its row to write
-    src,    # (K, N) the values, same dtype (a scratch row in cache)
-    k,      # scalar: its row to read
+    dst, i, src, k,  # stream_row's: the destination and its row, the values and theirs
     lo,     # scalar: first element, on a _VEC-aligned address of dst's row
     hi,     # scalar: one past the last, (hi - lo) items a multiple of _VEC bytes
 ):

@@ -209,7 +209,7 @@ def _post_fn(xdt, wdt, bdt, code):
     ``chw[k]``) written (kept, the group pass left them unwritten: x may be y, in place;
     ``row_norm._post_fn``); every thread of the block calls it for each of its row group's
     rows, one at a time."""
-    ACC, KW, WPT, _ = _consts(xdt, code)
+    ACC, _, WPT, _ = _consts(xdt, code)
     TPR = code.tpr
     has_w, has_b = wdt is not None, bdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
@@ -254,7 +254,7 @@ def _group_rows_fn(xdt, wdt, bdt, code, rows):
     each row's y and statistics stored.  Each thread's words lie in one channel each
     (``chw``), whose weight and bias it loads once per row and word."""
     GEOMETRY = stats.geometry_fn(xdt, code)
-    ACC, KW, WPT, _ = _consts(xdt, code)
+    ACC, _, WPT, _ = _consts(xdt, code)
     TPR, VPT, V = code.tpr, code.vpt, code.vec
     VPT1, VPT2, NV, NW2 = (VPT if rows > 1 else 1), (VPT if rows > 2 else 1), rows, 2 * rows
     has_w, has_b = wdt is not None, bdt is not None
@@ -410,7 +410,7 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
     range, or one whose rstd * weight may leave the range (``rlim``: ``_fold_fns``), after a vote
     by its redo alone."""
     GEOMETRY = stats.geometry_fn(xdt, code)
-    ACC, KW, WPT, _ = _consts(xdt, code)
+    ACC, _, _, _ = _consts(xdt, code)
     TPR, V, STAGED = code.tpr, code.vec, code.stage
     has_w, has_b = wdt is not None, bdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
@@ -484,7 +484,7 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
 
 
 def _forward_loop(xdt, wdt, bdt, code):
-    ACC, KW, WPT, SHIFT = _consts(xdt, code)
+    ACC, KW, _, SHIFT = _consts(xdt, code)
     V, R, BLOCK, STAGED = code.vec, code.rows, code.block, code.stage
     SLOTS = slots(BLOCK)
     ST, STAGE_LEN = stats.stage_type(xdt, code.vec), 0 if STAGED else 1
@@ -555,7 +555,7 @@ def _channel_row_sums_fn(xdt, code, scaled=False):
     words (registers path), or loaded word by word.  ``scaled``: the deviations in rstd's
     units, (x - mu) * r, and dy times ``sg`` (``r``, ``sg`` unread otherwise), for a group
     whose sums overflowed."""
-    ACC, KW, WPT, _ = _consts(xdt, code)
+    ACC, _, WPT, _ = _consts(xdt, code)
     TPR, V, LOOP, VPT = code.tpr, code.vec, code.loop, code.vpt
     LOADW = C.word_fns(xdt, ACC.name, V)[0]
     WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
@@ -652,7 +652,7 @@ def _channel_sums_kernel(xdt, code):
     """Kernel 1: the sums of each (sample, channel) row: held in registers (a row group
     loads ``stats.raw_rows``' rows at once and reduces all of them in one go) or word by
     word."""
-    ACC, KW, WPT, SHIFT = _consts(xdt, code)
+    ACC, KW, _, SHIFT = _consts(xdt, code)
     TPR, R, BLOCK, LOOP = code.tpr, code.rows, code.block, code.loop
     SLOTS = slots(BLOCK)
     RAW, RAWN, D = _backward_raw(xdt, code)
@@ -747,7 +747,7 @@ def _channels_fn(xdt, wdt, code):
     """``channels(w, part, grp, c0, Cg, t, v, at)``: this thread's part of the sums over the
     channels of a (sample, group) ``grp`` (its first channel ``c0``) of kernel 1's sums:
     v[at:at + 3] = sum(w * A), sum(w * B), sum(D)."""
-    ACC, KW, WPT, _ = _consts(xdt, code)
+    ACC, _, _, _ = _consts(xdt, code)
     TPR = code.tpr
     has_w = wdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
@@ -775,7 +775,7 @@ def _dx_row_fn(xdt, wdt, code):
     (sample, channel ``c``) row from its group's reduced sums v[at:at + 3]: corr =
     sum(D) / L, c1, c2, this row's dweight partial, and dx -- from its fetched words
     (registers path) or loaded word by word."""
-    ACC, KW, WPT, _ = _consts(xdt, code)
+    ACC, _, WPT, _ = _consts(xdt, code)
     TPR, V, LOOP = code.tpr, code.vec, code.loop
     has_w = wdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
@@ -849,7 +849,7 @@ def _grad_redo_fn(xdt, wdt, code):
     over the group's channels: each of its rows sums the group again, rare).  Inf or NaN
     stays NaN.  Every thread that voted calls it (three group reductions); a row not
     ``out`` sums nothing and writes nothing."""
-    ACC, KW, WPT, _ = _consts(xdt, code)
+    ACC, _, _, _ = _consts(xdt, code)
     TPR, V = code.tpr, code.vec
     has_w = wdt is not None
     LW, LOADW, STOREW, DOWN, UP, LIM, DEV = stats.grad_redo_consts(xdt, wdt, ACC.name, V)
@@ -971,7 +971,7 @@ def _dx_kernel(xdt, wdt, code):
     """Kernel 2: dx (and this row's dweight partial) of each (sample, channel) row: a row
     group loads its rows' words (``stats.raw_rows``), then sums the channels of their
     groups (one reduction for all of them), then finishes each."""
-    ACC, KW, WPT, SHIFT = _consts(xdt, code)
+    ACC, KW, _, SHIFT = _consts(xdt, code)
     TPR, V, R, BLOCK, LOOP = code.tpr, code.vec, code.rows, code.block, code.loop
     SLOTS = slots(BLOCK)
     has_w = wdt is not None

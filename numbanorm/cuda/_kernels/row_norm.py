@@ -199,7 +199,7 @@ def _normalize_held_fn(kind, xdt, code, from_raw, centered=False):
     stored (the fused s, widened again word by word).  (x - mu) * r - corr * r, never
     (x - (mu + corr)) * r: mu + corr rounds to the float32 grid (a tenth of the std in the
     contract's large-offset case).  ``centered``: ``held`` is x - mu already (mu unread)."""
-    LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
+    LAYER, ACC, _, WPT, _ = _consts(kind, xdt, code)
     STOREW = C.word_fns(xdt, ACC.name, code.vec)[1]
     WIDEN = C.raw_fns(xdt, ACC.name, code.vec)[2]
     TPR, V = code.tpr, code.vec
@@ -266,7 +266,7 @@ def _normalize_words_fn(kind, xdt, wdt, bdt, code, staged=False):
     words t, t + tpr, ...: ((x * sc - mu) * r - corr * r) * weight + bias (RMSNorm: x *
     sc * r * weight), weight and bias loaded as used.  ``sc``: 1 but for a row redone at
     a scale (``_redo_fn``; x * 1 is x, and the compiler knows it)."""
-    LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
+    LAYER, ACC, _, _, _ = _consts(kind, xdt, code)
     TPR, V = code.tpr, code.vec
     has_w, has_b = wdt is not None, bdt is not None and LAYER
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
@@ -321,21 +321,11 @@ def _redo_fn(kind, xdt, wdt, bdt, code, staged=False):
 
     @cuda.jit(device=True)
     def redo(
-        src,      # (NW,) words of the row: x, or s when fused (its shared copy when staged)
-        yr,       # (NW,) output words of the row
-        w,        # (N,) weight, or a dummy
-        b,        # (N,) bias, or a dummy
+        src, yr, w, b,  # NORMALIZE's (_normalize_words_fn): the row's words, its output words, weight, bias
         mean,     # (M,) per-row mean (LayerNorm), or a dummy
         rstd,     # (M,) per-row rstd; (0,): none stored
         row,      # int: the row (valid where ``out``)
-        out,      # uint32: the row's ``stats.rescue_fns`` code (0: in range)
-        t,        # int: thread within the row group
-        NW,       # int: words per row
-        inv_n,    # scalar: 1 / elements per row
-        eps,      # scalar, accumulation dtype
-        scratch,  # (2, >= 2, slots) shared memory of the group sums
-        it,       # int: group reductions so far (the scratch buffer alternates)
-        tid,      # int: thread within the block
+        out, t, NW, inv_n, eps, scratch, it, tid,  # RESCUE's (stats.rescue_fns' ``rescue``)
     ):
         mu, corr, rs, own_rstd, sc, it = RESCUE(src, out, t, NW, inv_n, eps, scratch, it, tid)
         if out != 0:
@@ -384,21 +374,18 @@ def _layer_fallback_fn(xdt, code, has_r):
     (fused: ``raw`` widened again; unfused: ``xs``, d = x - k, left as d - m1)."""
     _, ACC, _, WPT, _ = _consts("layer", xdt, code)
     TPR, VPT, V = code.tpr, code.vpt, code.vec
-    KEPT = not has_r  # (as _layer_rows_fn)
     FALLBACK = stats.shift_fns(xdt, TPR, VPT, V, False, groups=code.rows)[2]
     WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
 
     @cuda.jit(device=True)
     def fallback(x, raw, xs, live, t, NW, k, m1, bad, inv_n, eps, scratch, it, tid, st, at):
-        xf = cuda.local.array(VPT, ACC)  # the row's elements (fused: widened again; kept: d = x - k)
-        for j in range(WPT):
-            if has_r:
+        xf = cuda.local.array(VPT, ACC)  # the row's elements (fused: widened again; unfused: d = x - k)
+        if has_r:
+            for j in range(WPT):
                 WIDEN(raw, j, xf, j * V)
-            else:
-                for v in range(V):
-                    xf[j * V + v] = xs[j * V + v]
-        if not KEPT:
             return FALLBACK(x[0], xf, live, t, NW, k, m1, bad, inv_n, eps, scratch, it, tid, st, at)
+        for e in range(VPT):
+            xf[e] = xs[e]
         # the deviations from k + m1 are d - m1: the pass about a shift of 0, then k added back
         it = FALLBACK(x[0], xf, live, t, NW, ACC(0), m1, bad, inv_n, eps, scratch, it, tid, st, at)
         if bad:
@@ -423,7 +410,7 @@ def _layer_rows_fn(xdt, code, has_r, rows):
     which the normalize pass takes as x - mu: an instruction an element fewer; a row the
     fallback takes keeps d - m1 there, its deviations from the new mu = k + m1."""
     GEOMETRY = stats.geometry_fn(xdt, code)
-    LAYER, ACC, KW, WPT, _ = _consts("layer", xdt, code)
+    _, ACC, _, _, _ = _consts("layer", xdt, code)
     TPR, VPT, V = code.tpr, code.vpt, code.vec
     VPT1, VPT2, NV, NST = (VPT if rows > 1 else 1), (VPT if rows > 2 else 1), 2 * rows, 3 * rows
     KEPT = not has_r  # (fused: the normalize pass widens s as stored again, which holds fewer registers)
@@ -515,7 +502,7 @@ def _rms_rows_fn(xdt, code, has_r, rows):
     before the first wait: a row at a time, it issued the next rows' loads after the
     first row's arithmetic.)"""
     GEOMETRY = stats.geometry_fn(xdt, code)
-    LAYER, ACC, KW, WPT, _ = _consts("rms", xdt, code)
+    _, ACC, _, _, _ = _consts("rms", xdt, code)
     TPR, VPT, V = code.tpr, code.vpt, code.vec
     VPT1, VPT2 = (VPT if rows > 1 else 1), (VPT if rows > 2 else 1)
     SUMS = stats.held_sums_fn(xdt, TPR, VPT, V, True, has_r)
@@ -571,7 +558,7 @@ def _rms_rows_fn(xdt, code, has_r, rows):
 
 
 def forward_kernel_held(kind, xdt, wdt, bdt, code, has_r):
-    LAYER, ACC, KW, WPT, SHIFT = _consts(kind, xdt, code)
+    LAYER, ACC, KW, _, SHIFT = _consts(kind, xdt, code)
     TPR, V, R, BLOCK = code.tpr, code.vec, code.rows, code.block
     SLOTS = slots(BLOCK)
     ARRAYS = 2 if has_r else 1
@@ -639,7 +626,7 @@ def _forward_loop_row_fn(kind, xdt, wdt, bdt, code, has_r):
     it fits), the statistics (a second pass only for rows the shifted sums cannot
     serve), pass 3 (y), each pass after the first reading the staged copy."""
     GEOMETRY = stats.geometry_fn(xdt, code)
-    LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
+    LAYER, ACC, _, _, _ = _consts(kind, xdt, code)
     TPR, V, STAGED = code.tpr, code.vec, code.stage
     NORMALIZE = _normalize_words_fn(kind, xdt, wdt, bdt, code, STAGED)
     ROW_SUM = stats.row_sum_fn(xdt, TPR, V, not LAYER, has_r, STAGED, shifted=LAYER)
@@ -684,7 +671,7 @@ def _forward_loop_row_fn(kind, xdt, wdt, bdt, code, has_r):
 
 
 def forward_kernel_loop(kind, xdt, wdt, bdt, code, has_r):
-    LAYER, ACC, KW, WPT, SHIFT = _consts(kind, xdt, code)
+    _, ACC, _, _, SHIFT = _consts(kind, xdt, code)
     R, BLOCK = code.rows, code.block
     SLOTS = slots(BLOCK)
     ST, STAGE_LEN = stats.stage_type(xdt, code.vec), 0 if code.stage else 1
@@ -760,7 +747,7 @@ def _grad_redo_fn(kind, xdt, wdt, code, has_ds):
     not ``out`` sums nothing and writes nothing.  ``dw``: this thread's running sums of dy *
     xhat (registers path: by element, words t + k * tpr) or the block's partial row (loop
     path: by column)."""
-    LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
+    LAYER, ACC, _, WPT, _ = _consts(kind, xdt, code)
     TPR, V, LOOP = code.tpr, code.vec, code.loop
     has_w = wdt is not None
     LW, LOADW, STOREW, DOWN, UP, LIM, dev = stats.grad_redo_consts(xdt, wdt, ACC.name, V)
@@ -855,7 +842,7 @@ def _backward_sums_fn(kind, xdt, wdt, code):
     held as its fetched words (x, then dy; widened word by word, as they are used):
     LayerNorm: v[at:at + 3] = the sums of d = (x - mean) * rstd, d * wdy and wdy; RMSNorm:
     v[at] = the sum of x * rstd * wdy (wdy = weight * dy; ``ws``: ``_weights_fn``'s)."""
-    LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
+    LAYER, ACC, _, WPT, _ = _consts(kind, xdt, code)
     TPR, V = code.tpr, code.vec
     WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
     WORD = _weights_fn(xdt, wdt, code)[3]
@@ -903,7 +890,7 @@ def _dx_held_fn(kind, xdt, wdt, code, has_ds):
     held as its fetched words (widened again, word by word: the row stays in registers as
     loaded, half the registers of 16-bit rows widened): dx (``_grad_dx_fn``, + ds), and
     this thread's running sums of dy * xhat and dy for its columns."""
-    LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
+    LAYER, ACC, _, WPT, _ = _consts(kind, xdt, code)
     TPR, V = code.tpr, code.vec
     LOADW, STOREW = C.word_fns(xdt, ACC.name, V)
     WIDEN = C.raw_fns(xdt, ACC.name, V)[2]
@@ -961,7 +948,7 @@ def _grad_post_fn(kind, xdt, wdt, code, has_ds):
     again from memory as the row pass took them, are not finite, redone (``_grad_redo_fn``;
     a row whose dx is NaN for another reason is left as it is, its dw counted once).
     Every thread of the block calls it for each of its row group's rows, one at a time."""
-    LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
+    LAYER, ACC, _, _, _ = _consts(kind, xdt, code)
     TPR, V = code.tpr, code.vec
     has_w = wdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
@@ -1010,7 +997,7 @@ def _backward_rows_fn(kind, xdt, wdt, code, has_ds, rows):
     are read before the reduction's first barrier, so ptxas issues all their loads before
     the first wait.)"""
     GEOMETRY = stats.geometry_fn(xdt, code)
-    LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
+    LAYER, ACC, _, _, _ = _consts(kind, xdt, code)
     TPR, V = code.tpr, code.vec
     NV = 3 if LAYER else 1  # values reduced per row
     NVALS = NV * rows
@@ -1086,7 +1073,7 @@ def _partials_fn(kind, xdt, code):
     of thread t of row group g); the R row groups of a block hold partials of the same
     columns, added in group order through shared memory (no atomics: the same bits
     every run)."""
-    LAYER, ACC, KW, WPT, SHIFT = _consts(kind, xdt, code)
+    LAYER, ACC, _, _, SHIFT = _consts(kind, xdt, code)
     TPR, VPT, V, R, BLOCK = code.tpr, code.vpt, code.vec, code.rows, code.block
     COLS = TPR * VPT  # columns a row group holds
     SV, ST = V.bit_length() - 1, TPR.bit_length() - 1
@@ -1132,7 +1119,7 @@ def _partials_fn(kind, xdt, code):
 
 
 def backward_kernel_held(kind, xdt, wdt, code, has_ds):
-    LAYER, ACC, KW, WPT, SHIFT = _consts(kind, xdt, code)
+    LAYER, ACC, KW, _, SHIFT = _consts(kind, xdt, code)
     TPR, V, R, BLOCK, VPT = code.tpr, code.vec, code.rows, code.block, code.vpt
     SLOTS = slots(BLOCK)
     RAW, RAWN, D = stats.raw_rows(xdt, code, 2)   # x and dy (ds is read in pass 2)
@@ -1207,7 +1194,7 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
     they fit), the group reduction, pass 2 (dx, and this thread's columns of the block's
     partial rows ``dwp``/``dbp`` added to in place: the rows in order, one thread a column)."""
     GEOMETRY = stats.geometry_fn(xdt, code)
-    LAYER, ACC, KW, WPT, _ = _consts(kind, xdt, code)
+    LAYER, ACC, _, _, _ = _consts(kind, xdt, code)
     TPR, V, STAGED = code.tpr, code.vec, code.stage
     has_w = wdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
@@ -1298,7 +1285,7 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
 
 
 def backward_kernel_loop(kind, xdt, wdt, code, has_ds):
-    LAYER, ACC, KW, WPT, SHIFT = _consts(kind, xdt, code)
+    LAYER, ACC, _, _, SHIFT = _consts(kind, xdt, code)
     R, BLOCK, TPR = code.rows, code.block, code.tpr
     SLOTS = slots(BLOCK)
     K = 2 if LAYER else 1
