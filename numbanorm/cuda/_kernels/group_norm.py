@@ -410,7 +410,7 @@ def _group_loop_row_fn(xdt, wdt, bdt, code):
     range, or one whose rstd * weight may leave the range (``rlim``: ``_fold_fns``), after a vote
     by its redo alone."""
     GEOMETRY = stats.geometry_fn(xdt, code)
-    ACC, _, _, _ = _consts(xdt, code)
+    ACC = C.acc_type(xdt)
     TPR, V, STAGED = code.tpr, code.vec, code.stage
     has_w, has_b = wdt is not None, bdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
@@ -610,7 +610,7 @@ def _channel_rescue_fns(xdt, code):
     reduced: whether they left the range; in range, two of them taken into rstd's units;
     out of it, summed again scaled (``rescaled(x, dy, row, raw, mu, r, out, t, NW, v, again,
     at, scratch, it, tid)`` -> ``it``)."""
-    ACC = _consts(xdt, code)[0]
+    ACC = C.acc_type(xdt)
     TPR = code.tpr
     SCALED = _channel_row_sums_fn(xdt, code, scaled=True)
     DOWN = stats.GRAD_RANGE[ACC.name][0]
@@ -747,7 +747,7 @@ def _channels_fn(xdt, wdt, code):
     """``channels(w, part, grp, c0, Cg, t, v, at)``: this thread's part of the sums over the
     channels of a (sample, group) ``grp`` (its first channel ``c0``) of kernel 1's sums:
     v[at:at + 3] = sum(w * A), sum(w * B), sum(D)."""
-    ACC, _, _, _ = _consts(xdt, code)
+    ACC = C.acc_type(xdt)
     TPR = code.tpr
     has_w = wdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
@@ -849,7 +849,7 @@ def _grad_redo_fn(xdt, wdt, code):
     over the group's channels: each of its rows sums the group again, rare).  Inf or NaN
     stays NaN.  Every thread that voted calls it (three group reductions); a row not
     ``out`` sums nothing and writes nothing."""
-    ACC, _, _, _ = _consts(xdt, code)
+    ACC = C.acc_type(xdt)
     TPR, V = code.tpr, code.vec
     has_w = wdt is not None
     LW, LOADW, STOREW, DOWN, UP, LIM, DEV = stats.grad_redo_consts(xdt, wdt, ACC.name, V)

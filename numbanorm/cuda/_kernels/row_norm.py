@@ -266,7 +266,7 @@ def _normalize_words_fn(kind, xdt, wdt, bdt, code, staged=False):
     words t, t + tpr, ...: ((x * sc - mu) * r - corr * r) * weight + bias (RMSNorm: x *
     sc * r * weight), weight and bias loaded as used.  ``sc``: 1 but for a row redone at
     a scale (``_redo_fn``; x * 1 is x, and the compiler knows it)."""
-    LAYER, ACC, _, _, _ = _consts(kind, xdt, code)
+    LAYER, ACC = kind == "layer", C.acc_type(xdt)
     TPR, V = code.tpr, code.vec
     has_w, has_b = wdt is not None, bdt is not None and LAYER
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
@@ -410,7 +410,7 @@ def _layer_rows_fn(xdt, code, has_r, rows):
     which the normalize pass takes as x - mu: an instruction an element fewer; a row the
     fallback takes keeps d - m1 there, its deviations from the new mu = k + m1."""
     GEOMETRY = stats.geometry_fn(xdt, code)
-    _, ACC, _, _, _ = _consts("layer", xdt, code)
+    ACC = C.acc_type(xdt)
     TPR, VPT, V = code.tpr, code.vpt, code.vec
     VPT1, VPT2, NV, NST = (VPT if rows > 1 else 1), (VPT if rows > 2 else 1), 2 * rows, 3 * rows
     KEPT = not has_r  # (fused: the normalize pass widens s as stored again, which holds fewer registers)
@@ -502,7 +502,7 @@ def _rms_rows_fn(xdt, code, has_r, rows):
     before the first wait: a row at a time, it issued the next rows' loads after the
     first row's arithmetic.)"""
     GEOMETRY = stats.geometry_fn(xdt, code)
-    _, ACC, _, _, _ = _consts("rms", xdt, code)
+    ACC = C.acc_type(xdt)
     TPR, VPT, V = code.tpr, code.vpt, code.vec
     VPT1, VPT2 = (VPT if rows > 1 else 1), (VPT if rows > 2 else 1)
     SUMS = stats.held_sums_fn(xdt, TPR, VPT, V, True, has_r)
@@ -626,7 +626,7 @@ def _forward_loop_row_fn(kind, xdt, wdt, bdt, code, has_r):
     it fits), the statistics (a second pass only for rows the shifted sums cannot
     serve), pass 3 (y), each pass after the first reading the staged copy."""
     GEOMETRY = stats.geometry_fn(xdt, code)
-    LAYER, ACC, _, _, _ = _consts(kind, xdt, code)
+    LAYER, ACC = kind == "layer", C.acc_type(xdt)
     TPR, V, STAGED = code.tpr, code.vec, code.stage
     NORMALIZE = _normalize_words_fn(kind, xdt, wdt, bdt, code, STAGED)
     ROW_SUM = stats.row_sum_fn(xdt, TPR, V, not LAYER, has_r, STAGED, shifted=LAYER)
@@ -948,7 +948,7 @@ def _grad_post_fn(kind, xdt, wdt, code, has_ds):
     again from memory as the row pass took them, are not finite, redone (``_grad_redo_fn``;
     a row whose dx is NaN for another reason is left as it is, its dw counted once).
     Every thread of the block calls it for each of its row group's rows, one at a time."""
-    LAYER, ACC, _, _, _ = _consts(kind, xdt, code)
+    LAYER, ACC = kind == "layer", C.acc_type(xdt)
     TPR, V = code.tpr, code.vec
     has_w = wdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
@@ -997,7 +997,7 @@ def _backward_rows_fn(kind, xdt, wdt, code, has_ds, rows):
     are read before the reduction's first barrier, so ptxas issues all their loads before
     the first wait.)"""
     GEOMETRY = stats.geometry_fn(xdt, code)
-    LAYER, ACC, _, _, _ = _consts(kind, xdt, code)
+    LAYER, ACC = kind == "layer", C.acc_type(xdt)
     TPR, V = code.tpr, code.vec
     NV = 3 if LAYER else 1  # values reduced per row
     NVALS = NV * rows
@@ -1194,7 +1194,7 @@ def _backward_loop_row_fn(kind, xdt, wdt, code, has_ds):
     they fit), the group reduction, pass 2 (dx, and this thread's columns of the block's
     partial rows ``dwp``/``dbp`` added to in place: the rows in order, one thread a column)."""
     GEOMETRY = stats.geometry_fn(xdt, code)
-    LAYER, ACC, _, _, _ = _consts(kind, xdt, code)
+    LAYER, ACC = kind == "layer", C.acc_type(xdt)
     TPR, V, STAGED = code.tpr, code.vec, code.stage
     has_w = wdt is not None
     LW = C.load_fn(xdt if wdt is None else wdt, ACC.name)
