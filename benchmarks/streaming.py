@@ -35,7 +35,6 @@ import time
 from fractions import Fraction
 from pathlib import Path
 
-import numba
 import numpy as np
 
 import numbanorm
