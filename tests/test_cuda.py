@@ -848,6 +848,20 @@ def test_a_kernel_found_only_after_numba_cudas_refresh_still_loads(monkeypatch):
 _PTX_CMD = [sys.executable, "-m", "numbanorm.cuda._ptx", "--check"]
 
 
+def test_the_register_checks_shards_take_every_kernel_once_in_runs():
+    """The register check's processes (``--shard i/n``) split the kernels into runs of
+    neighbours, together every kernel once, for any count of processes."""
+    from numbanorm.cuda._ptx import shard_of
+
+    for count in (0, 1, 5, 175):
+        cases = list(range(count))
+        for shards in (1, 2, 3, 4, 7):
+            parts = [shard_of(cases, i, shards) for i in range(shards)]
+            assert [c for p in parts for c in p] == cases, (count, shards)
+            assert all(p == list(range(p[0], p[0] + len(p))) for p in parts if p)
+            assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
 @pytest.mark.slow
 @pytest.mark.exhaustive
 def test_kernels_compile_for_sm90_within_the_register_budget():

@@ -153,11 +153,17 @@ def _cases():
                (arr(A, 3), arr(A, 1), arr(A, 1)), 1024, acc == "float64")
 
 
+def shard_of(cases, shard, shards):
+    """The ``shard``-th of ``shards`` runs of consecutive ``cases``: neighbours (mostly one
+    dtype's kernels) share device functions, which one process compiles once."""
+    return cases[shard * len(cases) // shards:(shard + 1) * len(cases) // shards]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check", action="store_true", help="exit 1 if a kernel breaks its budget")
     p.add_argument("--cc", default="9.0", help="compute capability (default 9.0, H100)")
-    p.add_argument("--shard", default="0/1", help="i/n: only every n-th kernel from the i-th (one "
+    p.add_argument("--shard", default="0/1", help="i/n: the i-th of n runs of consecutive kernels (one "
                                                   "process per core; each compile is single-threaded)")
     args = p.parse_args(argv)
     shard, shards = (int(v) for v in args.shard.split("/"))
@@ -189,9 +195,7 @@ def main(argv=None):
     unique = {}
     for case in _cases():
         unique.setdefault((id(case[1]), case[2]), case)
-    for k, (name, kern, sig, block, wide) in enumerate(unique.values()):
-        if k % shards != shard:
-            continue
+    for name, kern, sig, block, wide in shard_of(list(unique.values()), shard, shards):
         bounds = kern.targetoptions.get("launch_bounds")
         ptx, _ = cuda.compile_ptx(kern.py_func, sig, cc=cc, launch_bounds=bounds)
         line = f"{name:<72} block={block:<5}"
