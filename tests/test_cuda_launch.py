@@ -13,11 +13,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture(scope="session")
-def kernel_cache(tmp_path_factory):
-    """One Numba cache for this run's launch-path tests that count no compiles: the first
-    process to need a kernel compiles it with NVVM, the later ones load it (each test is a
-    process of its own; the xdist workers share the folder, which Numba writes a file at a
-    time, whole).  The tests of compiling and caching keep a cache of their own."""
+def kernel_cache(request, tmp_path_factory):
+    """One Numba cache for the launch-path tests that count no compiles: the first process
+    to need a kernel compiles it with NVVM, the later ones load it (each test is a process
+    of its own; the xdist workers share the folder, which Numba writes a file at a time,
+    whole).  Kept in pytest's cache folder from run to run, so that the slow set's run
+    loads what the default set's compiled (keyed on every kernel module's source: an
+    edit compiles anew, common.source_stamp); in the run's temporary folder
+    where pytest keeps no cache (``-p no:cacheprovider``).  The tests of compiling and
+    caching keep a cache of their own."""
+    cache = getattr(request.config, "cache", None)
+    if cache is not None:
+        return {"NUMBA_CACHE_DIR": str(cache.mkdir("launch-kernels"))}
     base = tmp_path_factory.getbasetemp()
     path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "launch-kernels"
     path.mkdir(exist_ok=True)
