@@ -857,8 +857,7 @@ def test_the_register_checks_shards_take_every_kernel_once_in_runs():
         cases = list(range(count))
         for shards in (1, 2, 3, 4, 7):
             parts = [shard_of(cases, i, shards) for i in range(shards)]
-            assert [c for p in parts for c in p] == cases, (count, shards)
-            assert all(p == list(range(p[0], p[0] + len(p))) for p in parts if p)
+            assert [c for p in parts for c in p] == cases, (count, shards)  # (every n-th: another order)
             assert max(map(len, parts)) - min(map(len, parts)) <= 1
 
 
