@@ -705,7 +705,7 @@ def plot_adding(adding):
     for k, v in acfg.items():
         if isinstance(v, (int, float)):
             out[f"addcfg_{k}"] = v
-    conditions = acfg["conditions"]                  # (T, input scale) pairs
+    conditions = acfg["conditions"]                  # (T, the values' scale) pairs
     fig, axes = plt.subplots(1, len(conditions), figsize=(10, 3.8), sharey=True,
                              squeeze=False)
     axes = axes[0]
@@ -727,7 +727,7 @@ def plot_adding(adding):
                     label=f"{name}, median")
         ax.axhline(1 / 6, color="k", ls=":", lw=1, label="predict the mean")
         ax.set_yscale("log")
-        ax.set_title(f"T = {T}, inputs × {scale:g}", fontsize=10)
+        ax.set_title(f"T = {T}, values × {scale:g}", fontsize=10)
         ax.set_xlabel("training step")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel(f"MSE ({w}-step mean)")

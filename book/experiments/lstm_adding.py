@@ -1,9 +1,10 @@
 """LSTM vs LayerNorm LSTM on the adding problem, over several seeds.
 
 Three settings: the chapter's well-scaled sequences of T = 30 steps; the same
-sequences with the whole input multiplied by 10 (badly scaled inputs, which
-saturate the plain LSTM's gates at initialization, while the LayerNorm LSTM's
-normalized pre-activations do not see the scale); and sequences twice as long.
+sequences with the value channel multiplied by 10 and the markers left at 0 and 1
+(badly scaled inputs, like those that saturate the plain LSTM's gates at
+initialization; not a rescaling of the whole input, to which the LayerNorm LSTM
+is invariant); and sequences twice as long.
 Each seed gives both networks the same initial weights and the same batches.
 
     python book/experiments/lstm_adding.py            # the book's results
