@@ -6,7 +6,7 @@
 
 The forward takes both sums in one pass over the deviations from the mean of the
 row's first few elements, or in two (a corrected two-pass) where that shift is far
-from the mean (``shifted_stats``), and writes y in one more.  One row (up to tens of KiB)
+from the mean (``stats.row_stats``), and writes y in one more.  One row (up to tens of KiB)
 stays in L1/L2 between the passes, so x is read from memory once; the extra
 passes cost cache bandwidth only.  Where a row of x, y, weight and bias would not fit
 L1 (streamed: a row of x, weight and bias), rows go in groups, their statistics first,
