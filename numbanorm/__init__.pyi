@@ -1,7 +1,7 @@
 # Generated from numbanorm/operations.py by `python -m numbanorm._stubs`: do not edit.
 
 from collections.abc import Sequence
-from typing import Any, Protocol, SupportsIndex, TypeAlias, overload
+from typing import Any, Protocol, SupportsFloat, SupportsIndex, TypeAlias, overload
 
 from numpy.typing import NDArray
 
@@ -49,7 +49,7 @@ def layer_norm(
     normalized_shape: _Shape,
     weight: NDArray[Any] | None = None,
     bias: NDArray[Any] | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
     *,
     out: NDArray[Any] | None = None,
 ) -> NDArray[Any]:
@@ -100,7 +100,7 @@ def layer_norm(
     normalized_shape: _Shape,
     weight: _Array | None = None,
     bias: _Array | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
     *,
     out: _Array | None = None,
 ) -> Any: ...
@@ -111,7 +111,7 @@ def layer_norm_forward(
     normalized_shape: _Shape,
     weight: NDArray[Any] | None = None,
     bias: NDArray[Any] | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
 ) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
     """LayerNorm keeping what the backward needs: ``(y, mean, rstd)``.
 
@@ -164,7 +164,7 @@ def layer_norm_forward(
     normalized_shape: _Shape,
     weight: _Array | None = None,
     bias: _Array | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
 ) -> tuple[Any, Any, Any]: ...
 
 @overload
@@ -239,7 +239,7 @@ def rms_norm(
     x: NDArray[Any],
     normalized_shape: _Shape,
     weight: NDArray[Any] | None = None,
-    eps: float | None = None,
+    eps: SupportsFloat | None = None,
     *,
     out: NDArray[Any] | None = None,
 ) -> NDArray[Any]:
@@ -288,7 +288,7 @@ def rms_norm(
     x: _Array,
     normalized_shape: _Shape,
     weight: _Array | None = None,
-    eps: float | None = None,
+    eps: SupportsFloat | None = None,
     *,
     out: _Array | None = None,
 ) -> Any: ...
@@ -298,7 +298,7 @@ def rms_norm_forward(
     x: NDArray[Any],
     normalized_shape: _Shape,
     weight: NDArray[Any] | None = None,
-    eps: float | None = None,
+    eps: SupportsFloat | None = None,
 ) -> tuple[NDArray[Any], NDArray[Any]]:
     """RMSNorm keeping what the backward needs: ``(y, rstd)``.
 
@@ -344,7 +344,7 @@ def rms_norm_forward(
     x: _Array,
     normalized_shape: _Shape,
     weight: _Array | None = None,
-    eps: float | None = None,
+    eps: SupportsFloat | None = None,
 ) -> tuple[Any, Any]: ...
 
 @overload
@@ -410,7 +410,7 @@ def group_norm(
     num_groups: int,
     weight: NDArray[Any] | None = None,
     bias: NDArray[Any] | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
     *,
     out: NDArray[Any] | None = None,
 ) -> NDArray[Any]:
@@ -467,7 +467,7 @@ def group_norm(
     num_groups: int,
     weight: _Array | None = None,
     bias: _Array | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
     *,
     out: _Array | None = None,
 ) -> Any: ...
@@ -478,7 +478,7 @@ def group_norm_forward(
     num_groups: int,
     weight: NDArray[Any] | None = None,
     bias: NDArray[Any] | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
 ) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
     """GroupNorm keeping what the backward needs: ``(y, mean, rstd)``.
 
@@ -535,7 +535,7 @@ def group_norm_forward(
     num_groups: int,
     weight: _Array | None = None,
     bias: _Array | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
 ) -> tuple[Any, Any, Any]: ...
 
 @overload
@@ -610,7 +610,7 @@ def add_layer_norm(
     normalized_shape: _Shape,
     weight: NDArray[Any] | None = None,
     bias: NDArray[Any] | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
 ) -> tuple[NDArray[Any], NDArray[Any]]:
     """``s = x + residual`` and its LayerNorm in one pass over memory: ``(y, s)``.
 
@@ -662,7 +662,7 @@ def add_layer_norm(
     normalized_shape: _Shape,
     weight: _Array | None = None,
     bias: _Array | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
 ) -> tuple[Any, Any]: ...
 
 @overload
@@ -672,7 +672,7 @@ def add_layer_norm_forward(
     normalized_shape: _Shape,
     weight: NDArray[Any] | None = None,
     bias: NDArray[Any] | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
 ) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]]:
     """Fused add + LayerNorm keeping what the backward needs: ``(y, s, mean, rstd)``.
 
@@ -733,13 +733,13 @@ def add_layer_norm_forward(
     normalized_shape: _Shape,
     weight: _Array | None = None,
     bias: _Array | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
 ) -> tuple[Any, Any, Any, Any]: ...
 
 @overload
 def add_layer_norm_backward(
     dy: NDArray[Any],
-    ds: NDArray[Any],
+    ds: NDArray[Any] | None,
     s: NDArray[Any],
     mean: NDArray[Any],
     rstd: NDArray[Any],
@@ -801,7 +801,7 @@ def add_layer_norm_backward(
 @overload
 def add_layer_norm_backward(
     dy: _Array,
-    ds: _Array,
+    ds: _Array | None,
     s: _Array,
     mean: _Array,
     rstd: _Array,
@@ -815,7 +815,7 @@ def add_rms_norm(
     residual: NDArray[Any],
     normalized_shape: _Shape,
     weight: NDArray[Any] | None = None,
-    eps: float | None = None,
+    eps: SupportsFloat | None = None,
 ) -> tuple[NDArray[Any], NDArray[Any]]:
     """``s = x + residual`` and its RMSNorm in one pass over memory: ``(y, s)``.
 
@@ -865,7 +865,7 @@ def add_rms_norm(
     residual: _Array,
     normalized_shape: _Shape,
     weight: _Array | None = None,
-    eps: float | None = None,
+    eps: SupportsFloat | None = None,
 ) -> tuple[Any, Any]: ...
 
 @overload
@@ -874,7 +874,7 @@ def add_rms_norm_forward(
     residual: NDArray[Any],
     normalized_shape: _Shape,
     weight: NDArray[Any] | None = None,
-    eps: float | None = None,
+    eps: SupportsFloat | None = None,
 ) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
     """Fused add + RMSNorm keeping what the backward needs: ``(y, s, rstd)``.
 
@@ -928,13 +928,13 @@ def add_rms_norm_forward(
     residual: _Array,
     normalized_shape: _Shape,
     weight: _Array | None = None,
-    eps: float | None = None,
+    eps: SupportsFloat | None = None,
 ) -> tuple[Any, Any, Any]: ...
 
 @overload
 def add_rms_norm_backward(
     dy: NDArray[Any],
-    ds: NDArray[Any],
+    ds: NDArray[Any] | None,
     s: NDArray[Any],
     rstd: NDArray[Any],
     normalized_shape: _Shape,
@@ -987,7 +987,7 @@ def add_rms_norm_backward(
 @overload
 def add_rms_norm_backward(
     dy: _Array,
-    ds: _Array,
+    ds: _Array | None,
     s: _Array,
     rstd: _Array,
     normalized_shape: _Shape,

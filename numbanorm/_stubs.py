@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from .operations import KINDS, OPERATIONS
+from .operations import KINDS, OPERATIONS, ROLES
 
 HEADER = "# Generated from numbanorm/operations.py by `python -m numbanorm._stubs`: do not edit.\n"
 
@@ -38,15 +38,15 @@ _Shape: TypeAlias = SupportsIndex | Sequence[SupportsIndex]
 '''
 
 _NUMPY_IMPORTS = ("from collections.abc import Sequence\n"
-                  "from typing import Any, Protocol, SupportsIndex, TypeAlias, overload\n\n"
+                  "from typing import Any, Protocol, SupportsFloat, SupportsIndex, TypeAlias, overload\n\n"
                   "from numpy.typing import NDArray\n")
 
 # (imports, array type, its result type, the normalized_shape type) of the one-signature levels
 _LEVELS = {
-    "cpu": ("from collections.abc import Sequence\nfrom typing import Any, SupportsIndex, TypeAlias\n\n"
+    "cpu": ("from collections.abc import Sequence\nfrom typing import Any, SupportsFloat, SupportsIndex, TypeAlias\n\n"
             "from numpy.typing import NDArray\n\n_Shape: TypeAlias = SupportsIndex | Sequence[SupportsIndex]\n",
             "NDArray[Any]", "NDArray[Any]", "_Shape"),
-    "dask": ("from collections.abc import Sequence\nfrom typing import Any, SupportsIndex, TypeAlias\n\n"
+    "dask": ("from collections.abc import Sequence\nfrom typing import Any, SupportsFloat, SupportsIndex, TypeAlias\n\n"
              "import dask.array as da\nfrom numpy.typing import NDArray\n\n"
              "_Shape: TypeAlias = SupportsIndex | Sequence[SupportsIndex]\n",
              "da.Array | NDArray[Any]", "da.Array", "_Shape"),
@@ -125,9 +125,9 @@ def _def(name, params, result, doc=None):
     return f"{line}\n{doc}" if doc else f"{line} ...\n"
 
 
-def _params(op, kind, array, shape, names=None, out="array"):
+def _params(op, kind, array, shape, names=None, out="array", eps="SupportsFloat"):
     """The annotated parameters of ``kind``; ``out``: its type (``array``: the arrays'), or None to
-    leave it out."""
+    leave it out; ``eps``: eps's type."""
     names = names or {}
     parts, keyword_only = [], False
     for p in op.signature(kind).parameters.values():
@@ -140,12 +140,13 @@ def _params(op, kind, array, shape, names=None, out="array"):
             t = shape
         elif p.name == "num_groups":
             t = "int"
-        elif p.name == "eps":
-            t = "float" if p.default is not None else "float | None"
+        elif p.name == "eps":  # (a NumPy float32 eps too: numbers.Real and NumPy's floats, API.md)
+            t = eps if p.default is not None else f"{eps} | None"
         elif p.name == "out" and out != "array":
             t = out
-        else:  # an array role
-            t = array if p.default is p.empty else f"{array} | None"
+        else:  # an array role: None where it has a default, or where the table says so (ds)
+            optional = p.default is not p.empty or ROLES[p.name][0].endswith(" or None")
+            t = f"{array} | None" if optional else array
         default = "" if p.default is p.empty else f" = {p.default!r}"
         parts.append(f"{names.get(p.name, p.name)}: {t}{default}")
     return parts
@@ -166,7 +167,8 @@ def _functions(level, ops, array, result, shape, names=None, out="array", doc_le
             name = op.function(kind)
             doc = _docstring(op.doc(kind, doc_level))
             if leading is None:  # the fused functions keep numbanorm's names in numbanorm.torch too
-                params = _params(op, kind, array, shape, None if op.fused else names, out)
+                params = _params(op, kind, array, shape, None if op.fused else names, out,
+                                 "float" if level == "torch" else "SupportsFloat")  # (torch's own: float)
                 text.append(_def(name, params, _result(op, kind, result), doc))
                 continue
             text.append("@overload\n" + _def(name, _params(op, kind, leading, shape), _result(op, kind, leading), doc)

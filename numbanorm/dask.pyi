@@ -1,7 +1,7 @@
 # Generated from numbanorm/operations.py by `python -m numbanorm._stubs`: do not edit.
 
 from collections.abc import Sequence
-from typing import Any, SupportsIndex, TypeAlias
+from typing import Any, SupportsFloat, SupportsIndex, TypeAlias
 
 import dask.array as da
 from numpy.typing import NDArray
@@ -25,7 +25,7 @@ def layer_norm(
     normalized_shape: _Shape,
     weight: da.Array | NDArray[Any] | None = None,
     bias: da.Array | NDArray[Any] | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
     *,
     out: None = None,
 ) -> da.Array:
@@ -74,7 +74,7 @@ def layer_norm_forward(
     normalized_shape: _Shape,
     weight: da.Array | NDArray[Any] | None = None,
     bias: da.Array | NDArray[Any] | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
 ) -> tuple[da.Array, da.Array, da.Array]:
     """Lazy: LayerNorm keeping what the backward needs: ``(y, mean, rstd)``.
 
@@ -183,7 +183,7 @@ def rms_norm(
     x: da.Array | NDArray[Any],
     normalized_shape: _Shape,
     weight: da.Array | NDArray[Any] | None = None,
-    eps: float | None = None,
+    eps: SupportsFloat | None = None,
     *,
     out: None = None,
 ) -> da.Array:
@@ -230,7 +230,7 @@ def rms_norm_forward(
     x: da.Array | NDArray[Any],
     normalized_shape: _Shape,
     weight: da.Array | NDArray[Any] | None = None,
-    eps: float | None = None,
+    eps: SupportsFloat | None = None,
 ) -> tuple[da.Array, da.Array]:
     """Lazy: RMSNorm keeping what the backward needs: ``(y, rstd)``.
 
@@ -325,7 +325,7 @@ def group_norm(
     num_groups: int,
     weight: da.Array | NDArray[Any] | None = None,
     bias: da.Array | NDArray[Any] | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
     *,
     out: None = None,
 ) -> da.Array:
@@ -380,7 +380,7 @@ def group_norm_forward(
     num_groups: int,
     weight: da.Array | NDArray[Any] | None = None,
     bias: da.Array | NDArray[Any] | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
 ) -> tuple[da.Array, da.Array, da.Array]:
     """Lazy: GroupNorm keeping what the backward needs: ``(y, mean, rstd)``.
 

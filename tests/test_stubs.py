@@ -83,6 +83,9 @@ GOOD = """
     y, mean, rstd = nn.layer_norm_forward(x, (8,), None, None, 1e-5)
     dx, dweight, dbias = nn.layer_norm_backward(x, x, mean, rstd, 8)
     y, s = nn.add_rms_norm(x, x, 8, eps=None)
+    y, s, mean, rstd = nn.add_layer_norm_forward(x, x, 8, eps=np.float32(1e-5))
+    dx, dweight, dbias = nn.add_layer_norm_backward(x, None, s, mean, rstd, 8)  # ds None: zero
+    dx, dweight = nc.add_rms_norm_backward(x, None, s, rstd, 8)
     g = nn.group_norm(np.ones((2, 4, 3)), 2, weight=np.ones(4))
     y, rstd = nc.rms_norm_forward(x, 8)
     ok: bool = ncu.is_available()

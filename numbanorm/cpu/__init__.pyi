@@ -1,7 +1,7 @@
 # Generated from numbanorm/operations.py by `python -m numbanorm._stubs`: do not edit.
 
 from collections.abc import Sequence
-from typing import Any, SupportsIndex, TypeAlias
+from typing import Any, SupportsFloat, SupportsIndex, TypeAlias
 
 from numpy.typing import NDArray
 
@@ -30,7 +30,7 @@ def layer_norm(
     normalized_shape: _Shape,
     weight: NDArray[Any] | None = None,
     bias: NDArray[Any] | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
     *,
     out: NDArray[Any] | None = None,
 ) -> NDArray[Any]:
@@ -81,7 +81,7 @@ def layer_norm_forward(
     normalized_shape: _Shape,
     weight: NDArray[Any] | None = None,
     bias: NDArray[Any] | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
 ) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
     """LayerNorm keeping what the backward needs: ``(y, mean, rstd)``.
 
@@ -190,7 +190,7 @@ def rms_norm(
     x: NDArray[Any],
     normalized_shape: _Shape,
     weight: NDArray[Any] | None = None,
-    eps: float | None = None,
+    eps: SupportsFloat | None = None,
     *,
     out: NDArray[Any] | None = None,
 ) -> NDArray[Any]:
@@ -239,7 +239,7 @@ def rms_norm_forward(
     x: NDArray[Any],
     normalized_shape: _Shape,
     weight: NDArray[Any] | None = None,
-    eps: float | None = None,
+    eps: SupportsFloat | None = None,
 ) -> tuple[NDArray[Any], NDArray[Any]]:
     """RMSNorm keeping what the backward needs: ``(y, rstd)``.
 
@@ -334,7 +334,7 @@ def group_norm(
     num_groups: int,
     weight: NDArray[Any] | None = None,
     bias: NDArray[Any] | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
     *,
     out: NDArray[Any] | None = None,
 ) -> NDArray[Any]:
@@ -391,7 +391,7 @@ def group_norm_forward(
     num_groups: int,
     weight: NDArray[Any] | None = None,
     bias: NDArray[Any] | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
 ) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
     """GroupNorm keeping what the backward needs: ``(y, mean, rstd)``.
 
@@ -505,7 +505,7 @@ def add_layer_norm(
     normalized_shape: _Shape,
     weight: NDArray[Any] | None = None,
     bias: NDArray[Any] | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
 ) -> tuple[NDArray[Any], NDArray[Any]]:
     """``s = x + residual`` and its LayerNorm in one pass over memory: ``(y, s)``.
 
@@ -557,7 +557,7 @@ def add_layer_norm_forward(
     normalized_shape: _Shape,
     weight: NDArray[Any] | None = None,
     bias: NDArray[Any] | None = None,
-    eps: float = 1e-05,
+    eps: SupportsFloat = 1e-05,
 ) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]]:
     """Fused add + LayerNorm keeping what the backward needs: ``(y, s, mean, rstd)``.
 
@@ -614,7 +614,7 @@ def add_layer_norm_forward(
 
 def add_layer_norm_backward(
     dy: NDArray[Any],
-    ds: NDArray[Any],
+    ds: NDArray[Any] | None,
     s: NDArray[Any],
     mean: NDArray[Any],
     rstd: NDArray[Any],
@@ -679,7 +679,7 @@ def add_rms_norm(
     residual: NDArray[Any],
     normalized_shape: _Shape,
     weight: NDArray[Any] | None = None,
-    eps: float | None = None,
+    eps: SupportsFloat | None = None,
 ) -> tuple[NDArray[Any], NDArray[Any]]:
     """``s = x + residual`` and its RMSNorm in one pass over memory: ``(y, s)``.
 
@@ -729,7 +729,7 @@ def add_rms_norm_forward(
     residual: NDArray[Any],
     normalized_shape: _Shape,
     weight: NDArray[Any] | None = None,
-    eps: float | None = None,
+    eps: SupportsFloat | None = None,
 ) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
     """Fused add + RMSNorm keeping what the backward needs: ``(y, s, rstd)``.
 
@@ -780,7 +780,7 @@ def add_rms_norm_forward(
 
 def add_rms_norm_backward(
     dy: NDArray[Any],
-    ds: NDArray[Any],
+    ds: NDArray[Any] | None,
     s: NDArray[Any],
     rstd: NDArray[Any],
     normalized_shape: _Shape,
