@@ -1447,3 +1447,44 @@ def test_the_readme_numpy_snippets_run_as_written_one_after_another():
     for block in numpy_blocks:
         exec(compile(block, "README.md", "exec"), namespace)
     assert namespace["dx"].shape == namespace["x"].shape
+
+
+# where each third-party module that benchmarks/ imports comes from: numbanorm's own
+# dependencies, an extra of pyproject.toml (by its distribution's name), or None: the GPU
+# machine's own (benchmarks/gpu_check.py's peers, installed there, in no extra)
+_BENCH_IMPORTS = {"numpy": ("dependencies", "numpy"), "numba": ("dependencies", "numba"),
+                  "llvmlite": ("dependencies", "numba"),  # (numba's own dependency)
+                  "matplotlib": ("bench", "matplotlib"), "ml_dtypes": ("bench", "ml-dtypes"),
+                  "tqdm": ("bench", "tqdm"), "torch": ("torch", "torch"),
+                  "transformers": ("hf", "transformers"), "dask": ("dask", "dask"),
+                  "distributed": ("dask", "distributed"), "_numba_cuda_redirector": ("cuda", "numba-cuda"),
+                  "cupy": None, "liger_kernel": None}
+
+
+def test_every_module_the_benchmarks_import_comes_with_an_extra():
+    """Each third-party module imported anywhere in benchmarks/ (or by numbanorm.measure, the
+    harness's base) is installed by the dependency or extra ``_BENCH_IMPORTS`` names for it:
+    the bench extra once lacked ml_dtypes, which every bfloat16 case needs."""
+    import ast
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = {"dependencies": project["dependencies"], **project["optional-dependencies"]}
+    from numbanorm import measure as base  # (the installed package's, in CI)
+
+    files = [*ROOT.glob("benchmarks/*.py"), Path(base.__file__)]
+    imported = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"benchmarks", "numbanorm"}
+    assert third_party <= set(_BENCH_IMPORTS), f"say where these come from: {third_party - set(_BENCH_IMPORTS)}"
+    for module in sorted(third_party):
+        if _BENCH_IMPORTS[module] is None:
+            continue
+        extra, dist = _BENCH_IMPORTS[module]
+        names = {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].strip().lower() for r in extras[extra]}
+        assert dist in names, f"{module}: {dist} is not in {extra} ({extras[extra]})"
