@@ -67,12 +67,16 @@ def _moments(x, axes, eps):
     """``(mean, rstd, xhat)`` of the rows of ``x`` (biased variance), overflow-free."""
     e = _exponent(x, axes)
     xs = np.ldexp(x, -e)
-    mean_s = xs.mean(axis=axes, keepdims=True)
-    # one correction step: a constant row's mean is then exactly its value, so its
-    # deviations are 0 (a rounded mean left deviations of an ulp, which near the
-    # float64 limit, where eps no longer counts, normalized to +-1)
-    mean_s = mean_s + (xs - mean_s).mean(axis=axes, keepdims=True)
-    dev_s = xs - mean_s
+    # the corrected two-pass: deviations from a first mean, less their own mean, unrounded
+    # (a mean rounded to float64 is off by half an ulp, 1 % of the std of a row with mean 1e8
+    # and std 1e-6); a constant row's deviations are then exactly 0 (a rounded mean left
+    # deviations of an ulp, which near the float64 limit, where eps no longer counts,
+    # normalized to +-1)
+    first = xs.mean(axis=axes, keepdims=True)
+    d = xs - first
+    corr = d.mean(axis=axes, keepdims=True)
+    dev_s = d - corr
+    mean_s = first + corr
     var_s = (dev_s ** 2).mean(axis=axes, keepdims=True)
     var = np.ldexp(var_s, 2 * e)
     big = ~np.isfinite(var) & np.isfinite(var_s)  # beyond float64: eps is negligible
@@ -82,9 +86,12 @@ def _moments(x, axes, eps):
 
 
 def _xhat(x, mean, rstd, axes):
-    """``(x - mean) * rstd`` for given statistics, on the scaled rows (overflow-free)."""
+    """``(x - mean) * rstd`` for given statistics, on the scaled rows (overflow-free), with the
+    deviations' own mean taken out as ``_moments`` does: the saved ``mean`` is rounded (to
+    float32 for 16- and 32-bit inputs), and the kernels' backward corrects it the same way."""
     e = _exponent(x, axes)
-    dev_s = np.ldexp(x, -e) - np.ldexp(mean, -e)
+    d = np.ldexp(x, -e) - np.ldexp(mean, -e)
+    dev_s = d - d.mean(axis=axes, keepdims=True)
     return np.where(dev_s == 0, 0.0, dev_s * np.ldexp(rstd, e))
 
 

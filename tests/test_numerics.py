@@ -127,6 +127,32 @@ def test_oracle_does_not_overflow():
     assert np.isfinite(ORACLE.rms_norm(np.array([[1.5e308, 1e308]]), 2)).all()
 
 
+def test_the_oracle_is_exact_on_a_row_whose_mean_dwarfs_its_std():
+    """The float64 oracle against exact rational arithmetic on a row of mean 1e8 and std 1e-6
+    (and its GroupNorm form): a mean rounded to float64 is off by half an ulp, 1 % of that
+    std, which the oracle's y and dx once carried; the kernels' corrected two-pass did not."""
+    import math
+    from fractions import Fraction
+
+    rng = np.random.default_rng(3)
+    x = 1e8 + rng.standard_normal((1, 64)) * 1e-6
+    dy = rng.standard_normal((1, 64))
+    fx, fdy = [Fraction(float(v)) for v in x[0]], [Fraction(float(v)) for v in dy[0]]
+    mu = sum(fx) / 64
+    r = 1 / math.sqrt(sum((v - mu) ** 2 for v in fx) / 64)
+    xhat = [float(v - mu) * r for v in fx]
+    c1 = sum(Fraction(h) * g for h, g in zip(xhat, fdy)) / 64
+    c2 = sum(fdy) / 64
+    dx = [float(r * (g - c2 - Fraction(h) * c1)) for h, g in zip(xhat, fdy)]
+    for y, (g_dx, *_) in (
+            (ORACLE.layer_norm_forward(x, 64, eps=0.0),
+             ORACLE.layer_norm_backward(dy, x, *ORACLE.layer_norm_forward(x, 64, eps=0.0)[1:], 64)),
+            (ORACLE.group_norm_forward(x[:, None], 1, eps=0.0),
+             ORACLE.group_norm_backward(dy[:, None], x[:, None], *ORACLE.group_norm_forward(x[:, None], 1, eps=0.0)[1:]))):
+        np.testing.assert_allclose(np.ravel(y[0]), xhat, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(np.ravel(g_dx), dx, rtol=1e-9, atol=1e-12 * max(map(abs, dx)))
+
+
 def test_a_row_at_the_float32_limit():
     y = nn.layer_norm(np.array([[3e38, -3e38, 1, 2]], np.float32), 4)
     np.testing.assert_allclose(y, [[np.sqrt(2), -np.sqrt(2), 0, 0]], atol=1e-6)
