@@ -86,6 +86,35 @@ def common_side(**arrays):
     return side or HOST
 
 
+def host_array(name, a):
+    """A host argument (not None, not a NumPy array itself) as the NumPy array the kernels
+    read, without a copy: an ndarray subclass's data, a CPU torch tensor's memory (bfloat16
+    as ``ml_dtypes.bfloat16``), anything else as ``np.asarray`` makes it (a list, ...);
+    ``TypeError`` naming ``name`` where that would hide something: a masked array's mask,
+    a tensor's gradient."""
+    if isinstance(a, np.ma.MaskedArray):
+        raise TypeError(
+            f"`{name}` is a masked array, whose masked elements numbanorm would normalize as "
+            f"data: pass `{name}.filled(...)`, or the values to keep"
+        )
+    if _is_torch_type(type(a)):
+        if a.requires_grad:
+            raise TypeError(
+                f"`{name}` is a torch.Tensor that requires grad: numbanorm.torch's functions take "
+                f"tensors and record the gradient; numbanorm's take NumPy arrays (`{name}.detach()` "
+                "drops the gradient)"
+            )
+        torch = sys.modules["torch"]
+        t = a.resolve_neg().resolve_conj()
+        if t.dtype == torch.bfloat16:  # (NumPy has no bfloat16 of its own: through its bits)
+            bf16 = _foreign_dtype(t.dtype)
+            if bf16 is _BF16:
+                raise TypeError(f"`{name}` is a bfloat16 tensor: reading it needs ml_dtypes (pip install ml-dtypes)")
+            return t.view(torch.int16).numpy().view(bf16)
+        return t.numpy()
+    return np.asarray(a)
+
+
 def one_device(devices):
     """The GPU of a call's arrays (``devices``: role -> GPU ordinal, None for an absent or
     host array); ``ValueError`` naming the odd one out when they are on two."""

@@ -324,3 +324,39 @@ def test_check_of_the_oracle_says_what_it_is():
     buf = io.StringIO()
     assert check(impls=["oracle"], out=buf) == 2
     assert "reference" in buf.getvalue()
+
+
+def test_a_masked_array_is_refused_by_name():
+    """A masked array's masked elements would be normalized as data (np.asarray keeps the
+    data, drops the mask): refused, naming the argument, on the first call and after."""
+    x = np.ones((2, 4), np.float32)
+    masked = np.ma.masked_array(x, mask=[[False, True, False, False]] * 2)
+    for _ in range(2):  # (the second call past the plan cache's shortcut)
+        nn.layer_norm(x, 4)
+        with pytest.raises(TypeError, match="`x` is a masked array"):
+            nn.layer_norm(masked, 4)
+        with pytest.raises(TypeError, match="`weight` is a masked array"):
+            nn.rms_norm(x, 4, np.ma.masked_array(np.ones(4, np.float32)))
+        _, m, r = nn.layer_norm_forward(x, 4)
+        with pytest.raises(TypeError, match="`dy` is a masked array"):
+            nn.layer_norm_backward(masked, x, m, r, 4)
+
+
+def test_cpu_tensors_at_the_top_level_are_read_as_numpy_arrays():
+    """numbanorm's functions read a CPU torch tensor's memory as a NumPy array and return NumPy
+    arrays, bfloat16 included (it was torch's "unsupported ScalarType BFloat16"); a tensor
+    that requires grad is refused by name, pointing to numbanorm.torch (it was torch's
+    RuntimeError from .numpy())."""
+    torch = pytest.importorskip("torch")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    t = torch.linspace(-3, 5, 24).reshape(3, 8)
+    for tensor, array in ((t, t.numpy()),
+                          (t.bfloat16(), t.bfloat16().view(torch.int16).numpy().view(ml_dtypes.bfloat16)),
+                          (t.t().contiguous().t(), t.numpy())):
+        y = nn.layer_norm(tensor, 8, tensor[0])
+        assert type(y) is np.ndarray and y.dtype == array.dtype
+        np.testing.assert_array_equal(y, nn.layer_norm(array, 8, array[0]))
+    with pytest.raises(TypeError, match="`x` is a torch.Tensor that requires grad: numbanorm.torch"):
+        nn.layer_norm(t.clone().requires_grad_(), 8)
+    with pytest.raises(TypeError, match="`weight` is a torch.Tensor that requires grad"):
+        nn.rms_norm(t, 8, torch.ones(8, requires_grad=True))

@@ -26,7 +26,7 @@ def native(role, a):
             f"`{role}` is a CUDA array, but numbanorm.cpu runs on host arrays: call "
             "numbanorm.cuda (or the top-level functions, which dispatch on the array type)"
         )
-    return np.asarray(a)
+    return V.host_array(role, a)
 
 
 def call_context(leading, arrays=None):

@@ -166,7 +166,7 @@ def native(role, a):
     if getattr(type(a), "__cuda_ndarray__", False):  # numba's (or the simulator's) own: asked first, the usual case
         return a
     if type(a) is np.ndarray or V.side_of(a) == V.HOST:
-        return a if type(a) is np.ndarray else np.asarray(a)
+        return a if type(a) is np.ndarray else V.host_array(role, a)
     if _is_torch(a):
         return _torch_view(a)
     if _is_cupy(a):
