@@ -139,13 +139,14 @@ class Plans:
     A (1, 768) float32 LayerNorm spent most of its time in validation and in the
     launcher's checks (``book/05_cpu_kernel.md``, "Threads, forks, read-only installs
     and small calls"), all of which depend only on the arguments' types, shapes,
-    strides and dtypes and on ``eps``: the key.  A forward without ``out=`` whose
-    weights are in x's dtype or the accumulation dtype goes straight to the kernel:
-    16-bit arrays as their integer views (``halves``), the kernel widening 16-bit
-    weights as it reads them.  Every other forward seen before (weights of another
-    dtype, a C-contiguous ``out=``) goes to the kernel's launcher, which converts the
-    weights and checks ``out`` against the inputs on every call (their contents and
-    memory may change between calls; only their types and shapes are learned).  A
+    strides and dtypes and on ``eps``: the key.  A forward whose weights are in x's
+    dtype or the accumulation dtype, and whose ``out=``, if any, shares no memory with
+    the inputs (``apart``, asked on every call), goes straight to the kernel: 16-bit
+    arrays as their integer views (``halves``), the kernel widening 16-bit weights as
+    it reads them.  Every other forward seen before (weights of another dtype, an
+    ``out=`` that overlaps an input) goes to the kernel's launcher, which converts the
+    weights and writes through a scratch copy where it must (their contents and memory
+    may change between calls; only their types and shapes are learned).  A
     backward is learned where it needs no conversion: dy in x's dtype, the statistics
     in the accumulation dtype, every array C-contiguous.
     """
