@@ -19,7 +19,7 @@ ones the real launch configuration code picks.  ``kernel`` is the public name,
 bytes (the one streaming the rows and writing the result), else the kernel
 function's name (``column_sums``, ``cast``, ``channel_sums``).  GroupNorm runs
 on x of shape (M / 32, 128, N / 4) with 32 groups: M rows (sample, group) of N
-elements; its backward kernels work per channel (``launch_rows``, ``row_elements``).
+elements; its backward kernels work per channel (``launch_rows``, ``row_words``).
 A full run also models GroupNorm at the diffusion UNets' shapes the device check times
 (``GN_SHAPES``, 32 groups), in records of their own (``group_shapes_records``, with their
 ``shape``), for ``gpu_check.model_rows`` to set beside its speed rows.

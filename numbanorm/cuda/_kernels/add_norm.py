@@ -1,7 +1,7 @@
 """Fused residual add + LayerNorm / RMSNorm on the GPU: the forward launchers.
 
 ``s = x + residual`` is formed in the norm kernel's first pass, stored once and
-normalized as stored (rounded to x's dtype, like ``numbanorm.cpu.add_norm``), so
+normalized as stored (rounded to x's dtype, like the CPU's ``cpu._kernels.add_norm``), so
 the unfused ``add`` kernel's extra read of s is saved.  The kernels are the
 ``row_norm`` forward kernels specialized with a residual; the
 backward is their backward at s with ``ds`` added to dx.

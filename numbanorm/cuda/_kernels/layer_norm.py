@@ -9,7 +9,7 @@ def forward(x, weight, bias, eps, y, mean, rstd, residual=None, s=None, *, strea
 
     x, y: (M, N) C-contiguous device arrays of x's dtype; weight, bias: (N,) any
     float dtype or None; mean, rstd: (M,) float32 (float64 for float64 x).
-    ``residual``/``s`` (both or neither, ``numbanorm.cuda.add_norm``): normalize
+    ``residual``/``s`` (both or neither, ``add_norm``): normalize
     ``s = x + residual``, stored into ``s``.  ``stream``: the numba stream the
     kernels run on (0: the default stream; the backend passes the call's).
     """

@@ -103,7 +103,7 @@ def stage_fns(xdt, acc_name, vec):
 def first_fn(xdt, vec, has_r):
     """``first(xr, resr, tmp)``: the shift of LayerNorm's one-pass statistics: the mean of
     the row's first word (``vec`` elements, of x + res rounded to x's dtype with
-    ``has_r``, as ``row_sum`` sums them), in the accumulation dtype.  The shifted sums
+    ``has_r``, as ``row_sums`` sums them), in the accumulation dtype.  The shifted sums
     need it within about a std of the row's mean: a single element is not for a third of
     Gaussian rows, the mean of 8 (16-bit words) for 0.5%, of 4 (float32) for 5%.  Summed
     as a tree (a constant row's shift is its value, exactly); every thread of the group
@@ -277,7 +277,7 @@ def held_sums_fn(xdt, tpr, vpt, vec, squares, has_r, shifted=False, keep=False):
 
 @functools.lru_cache(maxsize=None)
 def row_sum_fn(xdt, tpr, vec, squares, has_r, staged=False, shifted=False, unroll=1):
-    """``row_sum(xr, resr, sr, xs, tmp, live, t, NW, stage, k)`` -> ``(total, total2)``:
+    """``row_sums(xr, resr, sr, xs, tmp, live, t, NW, stage, k)`` -> ``(total, total2)``:
     pass 1 of a long row (the loop path), word by word, as ``held_sums_fn`` sums a row
     held in registers; ``xs`` holds one word.  ``staged``: the row summed (x, or s) is
     also copied into ``stage``, for the later passes.  ``unroll`` (without a residual):
@@ -466,7 +466,7 @@ def vote_fn(tpr, groups):
 @functools.lru_cache(maxsize=None)
 def shift_fns(xdt, tpr, vpt, vec, loop, staged=False, *, groups):
     """``(settle, vote, fallback)``: LayerNorm's statistics from the shifted sums of a row
-    (``row_sum``/``held_sums_fn``: of d = x - k and d^2, ``k`` from ``first``), reduced:
+    (``row_sums``/``held_sums_fn``: of d = x - k and d^2, ``k`` from ``first``), reduced:
     m1 = mean(d), ms = mean(d^2), mean = k + m1 split as mu = k, corr = m1, var = ms - m1^2.
     That is exact enough where m1^2 <= ms / 2 (k within about a std of the mean: the
     subtraction loses at most a bit, as the CPU's ``one_pass_ok``); other rows (an outlier
