@@ -421,3 +421,29 @@ def test_a_gradient_near_the_largest_float(dt, sign, row, grad):
             _, mean, rstd = nn.group_norm_forward(xg, 1, wg)
             close(nn.group_norm_backward(dyg, xg, mean, rstd, wg),
                   ORACLE.group_norm_backward(unit.reshape(dyg.shape), xg, mean, rstd, wg), rstd, "group_norm")
+
+
+def test_a_parameter_gradient_past_the_weights_dtype_is_inf_without_a_warning():
+    """dweight and dbias summed in float32 and returned in a float16 weight's dtype: past its
+    largest value they are inf, as a kernel's store would round them, and NumPy's cast says
+    nothing (numbanorm warns of nothing: it warned 'overflow encountered in cast'), on the
+    full path and on a call's plan alike; dx, in x's float32, stays finite."""
+    import warnings
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 4)).astype(np.float32)
+    dy = (3e4 * np.sign(x)).astype(np.float32)
+    w = np.ones(4, np.float16)
+    xg, dyg = x.reshape(64, 4, 1), dy.reshape(64, 4, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):  # (the second call by its plan)
+            _, m, r = nn.layer_norm_forward(x, 4, w)
+            dx, dw, db = nn.layer_norm_backward(dy, x, m, r, 4, w)
+            assert np.isfinite(dx).all() and np.isinf(dw).all() and np.isinf(db).any()
+            _, r = nn.rms_norm_forward(x, 4, w)
+            dx, dw = nn.rms_norm_backward(dy, x, r, 4, w)
+            assert np.isfinite(dx).all() and np.isinf(dw).all()
+            _, m, r = nn.group_norm_forward(xg, 2, w)
+            dx, dw, db = nn.group_norm_backward(dyg, xg, m, r, w)
+            assert np.isfinite(dx).all() and np.isinf(db).all()

@@ -96,7 +96,17 @@ def copy(ctx, a):
 
 
 def cast(ctx, a, dtype):
-    return a.astype(dtype, copy=False)
+    return _cast(a, dtype)
+
+
+def _cast(a, dtype):
+    """``a`` in ``dtype``: itself where it is, else a copy in which a value past ``dtype``'s
+    largest is inf, as a kernel's store rounds it, without NumPy's overflow warning
+    (numbanorm warns of nothing: pyproject's filterwarnings)."""
+    if a.dtype == dtype:
+        return a
+    with np.errstate(over="ignore"):
+        return a.astype(dtype)
 
 
 def wrap(a, like):
@@ -365,7 +375,7 @@ def _rows_backward(plan, args):
     sums = [np.empty(n, acc) for _ in stats]  # dweight (and dbias: one per statistic)
     kernel = layer_norm if len(stats) == 2 else rms_norm
     kernel.backward(dy.reshape(m, n), x.reshape(m, n), *[s.reshape(m) for s in stats], w, dx.reshape(m, n), *sums)
-    return (dx, *[s.astype(grads, copy=False).reshape(params) for s in sums])
+    return (dx, *[_cast(s, grads).reshape(params) for s in sums])
 
 
 def _groups_backward(plan, args):
@@ -377,7 +387,7 @@ def _groups_backward(plan, args):
     dx = np.empty(x.shape, x.dtype)
     dweight, dbias = np.empty(params, acc), np.empty(params, acc)
     group_norm.backward(dy.reshape(flat), x.reshape(flat), mean, rstd, weight, dx.reshape(flat), dweight, dbias)
-    return dx, dweight.astype(grads, copy=False), dbias.astype(grads, copy=False)
+    return dx, _cast(dweight, grads), _cast(dbias, grads)
 
 
 def _layout(a):
