@@ -104,15 +104,22 @@ def host_array(name, a):
                 f"tensors and record the gradient; numbanorm's take NumPy arrays (`{name}.detach()` "
                 "drops the gradient)"
             )
-        torch = sys.modules["torch"]
-        t = a.resolve_neg().resolve_conj()
-        if t.dtype == torch.bfloat16:  # (NumPy has no bfloat16 of its own: through its bits)
-            bf16 = _foreign_dtype(t.dtype)
-            if bf16 is _BF16:
-                raise TypeError(f"`{name}` is a bfloat16 tensor: reading it needs ml_dtypes (pip install ml-dtypes)")
-            return t.view(torch.int16).numpy().view(bf16)
-        return t.numpy()
+        if a.dtype == sys.modules["torch"].bfloat16:
+            return bfloat16_tensor_array(a)
+        return a.numpy(force=True)  # (no gradient to detach: its negative or conjugate bit resolved)
     return np.asarray(a)
+
+
+def bfloat16_tensor_array(t):
+    """A bfloat16 CPU tensor ``t`` (no gradient) as a NumPy ``ml_dtypes.bfloat16`` array of the
+    same bytes, its negative bit resolved (NumPy has no bfloat16 of its own); ``TypeError``
+    without ml_dtypes."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise TypeError("bfloat16 CPU tensors reach numbanorm as NumPy ml_dtypes.bfloat16 "
+                        "arrays: pip install ml-dtypes") from None
+    return t.resolve_neg().view(sys.modules["torch"].int16).numpy().view(ml_dtypes.bfloat16)
 
 
 def one_device(devices):

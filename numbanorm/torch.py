@@ -87,15 +87,9 @@ def _arr(t):
     if t.is_cuda:
         return t.detach()
     if t.dtype is torch.bfloat16:
-        # NumPy has no bfloat16 of its own: the same bytes, typed by ml_dtypes
         if not t.is_cpu:
             raise TypeError(f"numbanorm.torch runs CPU and CUDA tensors, got one on {t.device}")
-        try:
-            import ml_dtypes
-        except ImportError:
-            raise TypeError("bfloat16 CPU tensors reach numbanorm as NumPy ml_dtypes.bfloat16 "
-                            "arrays: pip install ml-dtypes") from None
-        return t.detach().resolve_neg().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return _V.bfloat16_tensor_array(t.detach())
     if not t.requires_grad:
         try:
             return t.numpy()
