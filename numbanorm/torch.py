@@ -800,6 +800,9 @@ def _general(op, args):
     if not isinstance(given["eps"], _SYMBOLIC):  # (symbolic: checked by the operator, on its value)
         given["eps"] = _V.real_eps(given["eps"], allow_none=op.eps is None)
     args = op.args("forward", given)
+    if not op.fused and not torch.compiler.is_compiling() and given["x"].is_inference() and _records(args):
+        given["x"] = given["x"].clone()  # autograd saves no inference tensor (_functional_of)
+        args = op.args("forward", given)
     n = len(op.plain_outputs)
     if not _direct(args):
         results = (_TRANSFORMABLE[op.name] if _transformed(args) else _OPERATORS[op.name][0])(*args)
@@ -841,8 +844,12 @@ def _functional_of(op):
     watched = ("True" if _CHECKS is None
                else "IS_COMPILING() or FUNCTION_MODES() or DISPATCH_MODES() or PROFILING() or TRANSFORMS()"
                     " or TRACING() or FORWARD_AD._current_level >= 0")
+    # autograd saves no inference tensor for a backward: a frozen model's features, made under
+    # torch.inference_mode, normalized by a layer learning its weight get a copy that it can
+    # save (torch's composite rms_norm saves none of its input there); a fused norm saves s
+    saveable = [] if op.fused else ["    if input.is_inference():", "        input = input.clone()"]
     body = [f"if ({watched}", f"        or {plain}", f"        or {eps}):", f"    {general}", *sizes,
-            f"if ({grads}) and GRAD_ENABLED():", f"    return RECORD({names})", f"return PLAIN_CALL({names})"]
+            f"if ({grads}) and GRAD_ENABLED():", *saveable, f"    return RECORD({names})", f"return PLAIN_CALL({names})"]
     function_modes, dispatch_modes, profiling, _, transforms, tracing = _CHECKS or (None,) * 6
     env = {"IS_COMPILING": torch.compiler.is_compiling, "FUNCTION_MODES": function_modes,
            "DISPATCH_MODES": dispatch_modes, "PROFILING": profiling, "TRANSFORMS": transforms, "TRACING": tracing,

@@ -245,6 +245,36 @@ def test_an_eager_call_skips_the_operator(monkeypatch, dtype):
                                                                                 torch.zeros(64, dtype=dtype)))
 
 
+@pytest.mark.parametrize("general", [False, True], ids=["eager", "general"])
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "group_norm"])
+def test_an_inference_tensor_is_normalized_by_a_layer_that_learns(name, general):
+    """A frozen model's features, made under torch.inference_mode, through a norm whose
+    weight learns: autograd cannot save an inference tensor, and torch's own rms_norm saves
+    none there, so numbanorm's norms take it too, with the gradients of an ordinary copy.
+    (``general``: an eps of NumPy's type, whose call goes through every check first.)"""
+    g = torch.Generator().manual_seed(5)
+    op = nt.BY_NAME[name]
+    shape, c, size = ((3, 4, 5), 4, 2) if op.layout == "groups" else ((3, 6), 6, (6,))
+    with torch.inference_mode():
+        x = torch.randn(*shape, generator=g)
+    weight = (torch.rand(c, generator=g) + 0.5).requires_grad_()
+    bias = torch.randn(c, generator=g).requires_grad_()
+    eps = np.float32(1e-5) if general else 1e-5
+    args = {"layer_norm": (size, weight, bias, eps), "rms_norm": (size, weight, eps),
+            "group_norm": (size, weight, bias, eps)}[name]
+    got = getattr(nt, name)(x, *args)
+    expected = getattr(nt, name)(x.clone(), *args)
+    assert x.is_inference() and got.requires_grad and not got.is_inference()
+    dy = torch.randn(got.shape, generator=g)
+    params = [a for a in args if isinstance(a, torch.Tensor)]
+    for a, e in zip(torch.autograd.grad(got, params, dy), torch.autograd.grad(expected, params, dy)):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
+    module = {"layer_norm": lambda: nt.LayerNorm(c), "rms_norm": lambda: nt.RMSNorm(c),
+              "group_norm": lambda: nt.GroupNorm(size, c)}[name]()
+    module(x).sum().backward()
+    assert module.weight.grad is not None
+
+
 @pytest.mark.parametrize("op", [pytest.param(op, id=op.name) for op in nt.OPERATIONS])
 def test_an_eager_graph_has_the_operators_bits_forward_and_backward(op):
     """The eager call that records a graph (autograd.Function around the implementation)
