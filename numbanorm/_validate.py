@@ -91,7 +91,13 @@ def host_array(name, a):
     read, without a copy: an ndarray subclass's data, a CPU torch tensor's memory (bfloat16
     as ``ml_dtypes.bfloat16``), anything else as ``np.asarray`` makes it (a list, ...);
     ``TypeError`` naming ``name`` where that would hide something: a masked array's mask,
-    a tensor's gradient."""
+    a tensor's gradient, a Dask array's laziness."""
+    dask_array = sys.modules.get("dask.array")  # (not imported: no Dask array exists)
+    if dask_array is not None and isinstance(a, dask_array.Array):
+        raise TypeError(
+            f"`{name}` is a Dask array, which numbanorm's functions would compute whole into memory: "
+            f"numbanorm.dask's take it and stay lazy (`{name}.compute()` for a NumPy array)"
+        )
     if isinstance(a, np.ma.MaskedArray):
         raise TypeError(
             f"`{name}` is a masked array, whose masked elements numbanorm would normalize as "

@@ -277,3 +277,25 @@ def test_weightless_half_gradients_are_summed_before_they_are_rounded(name):
         assert (np.abs(g.astype(np.float64) - w) <= bound).all(), (what, g, w, bound)
     if name != "rms_norm":
         assert got[2][1] == want[2][1] == 1  # the bias's sums are integers: exact
+
+
+def test_the_top_level_refuses_a_dask_array_by_name():
+    """numbanorm's functions would compute a Dask array whole into memory (np.asarray does):
+    a TypeError naming the argument points to numbanorm.dask, and nothing is computed."""
+    rng = np.random.default_rng(0)
+    computed = []
+    x = da.from_array(data(rng, (6, 8), np.float32), chunks=(3, 8)).map_blocks(
+        lambda b: computed.append(b.size) or b, dtype=np.float32, meta=np.empty((0, 0), np.float32))
+    w = np.ones(8, np.float32)
+    with pytest.raises(TypeError, match=r"`x` is a Dask array.*numbanorm\.dask"):
+        numbanorm.layer_norm(x, 8, w)
+    with pytest.raises(TypeError, match="`weight` is a Dask array"):
+        numbanorm.rms_norm(w[None], 8, da.from_array(w))
+    assert not computed
+    xs = x.compute()
+    y, mean, rstd = numbanorm.layer_norm_forward(xs, 8)
+    computed.clear()
+    with pytest.raises(TypeError, match="`dy` is a Dask array"):
+        numbanorm.layer_norm_backward(x, xs, mean, rstd, 8)
+    assert not computed
+    assert_close(nd.layer_norm(x, 8, w).compute(), numbanorm.layer_norm(x.compute(), 8, w), np.float32)
