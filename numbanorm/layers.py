@@ -8,6 +8,8 @@ backward come from the table's row: the layer's attributes carry the role names
 (``normalized_shape`` or ``num_groups``, ``weight``, ``bias``, ``eps``).
 """
 
+import threading
+
 import numpy as np
 
 from . import _dispatch
@@ -15,10 +17,11 @@ from . import _validate as V
 from .operations import BY_NAME
 
 
-def _saved(x):
-    """A private copy of ``x`` for the backward: the caller may reuse its buffer
-    between forward and backward (NumPy has no version counters to notice it)."""
-    return _dispatch._pick(x=x).copy(x)
+def _saved(a):
+    """A private copy of ``a`` (the input, the weight) for the backward: the caller may reuse
+    its buffer or update the weight in place between forward and backward (NumPy has no
+    version counters to notice it)."""
+    return None if a is None else _dispatch._pick(a=a).copy(a)
 
 
 def _shape(normalized_shape):
@@ -38,20 +41,29 @@ def _eps(eps, dtype, allow_none=False):
 
 
 class _Norm:
-    _op = None     # the table's row of the layer's operation
-    _stats = None  # (private copy of x, *statistics) of the last forward
+    _op = None  # the table's row of the layer's operation
 
     def __getstate__(self):
         # the last input is not part of a layer: a pickle carries the parameters only
         state = self.__dict__.copy()
-        state.pop("_stats", None)
+        state.pop("_forwards", None)
         return state
+
+    def _thread(self):
+        """This thread's record of the layer's last forward (``saved``: private copies of x and
+        the weight, the statistics): a layer shared by threads pairs each backward with its
+        own thread's forward, as autograd's graph of each call would."""
+        forwards = self.__dict__.get("_forwards")
+        if forwards is None:
+            forwards = self.__dict__.setdefault("_forwards", threading.local())  # (one, under a race)
+        return forwards
 
     def _check_input(self, x):
         """A layer's own check of x before the forward (the function checks the rest)."""
 
     def __call__(self, x):
-        """The forward: y, keeping a copy of ``x`` and the statistics for ``backward``.
+        """The forward: y, keeping copies of ``x`` and the weight and the statistics for this
+        thread's ``backward``.
 
         Parameters
         ----------
@@ -71,15 +83,19 @@ class _Norm:
         ValueError
             ``x`` whose trailing dimensions (channels) do not fit the layer.
         """
+        last = self._thread()
+        last.saved = None  # (a forward that fails leaves no backward of an earlier one)
         self._check_input(x)
         op = self._op
-        outputs = op.call(_dispatch, "forward", {"x": x, **{r: getattr(self, r) for r in op.forward_roles[1:]}})
-        made = dict(zip(op.forward_outputs, outputs))
-        self._stats = (_saved(x), *(made[r] for r in op.stats))
+        given = {"x": x, **{r: getattr(self, r) for r in op.forward_roles[1:]}}
+        made = dict(zip(op.forward_outputs, op.call(_dispatch, "forward", given)))
+        last.saved = (_saved(x), _saved(given["weight"]), given.get("bias") is not None,
+                      *(made[r] for r in op.stats))
         return made["y"]
 
     def backward(self, dy):
-        """The backward of the last forward: dx, with ``grad_weight`` and ``grad_bias`` set.
+        """The backward of this thread's last forward: dx, with ``grad_weight`` and ``grad_bias``
+        set (from the weight as that forward read it).
 
         Parameters
         ----------
@@ -99,18 +115,19 @@ class _Norm:
         ValueError
             ``dy`` not of x's shape.
         RuntimeError
-            No forward before it.
+            No forward before it in this thread.
         """
-        if self._stats is None:
-            raise RuntimeError(f"{type(self).__name__}.backward called before a forward")
+        saved = getattr(self._thread(), "saved", None)
+        if saved is None:
+            raise RuntimeError(f"{type(self).__name__}.backward called before a forward (in this thread)")
         op = self._op
-        x, *stats = self._stats
+        x, weight, biased, *stats = saved
         values = {"dy": dy, "x": x, **dict(zip(op.stats, stats)),
-                  "normalized_shape": getattr(self, "normalized_shape", None), "weight": self.weight}
+                  "normalized_shape": getattr(self, "normalized_shape", None), "weight": weight}
         dx, *dparams = op.call(_dispatch, "backward", values)
         grads = dict(zip(op.params, dparams))
-        self.grad_weight = grads["weight"] if self.weight is not None else None
-        self.grad_bias = grads.get("bias") if self.bias is not None else None
+        self.grad_weight = grads["weight"] if weight is not None else None
+        self.grad_bias = grads.get("bias") if biased else None
         return dx
 
     def __repr__(self):
@@ -138,7 +155,7 @@ _DTYPE = """    dtype : dtype
 class LayerNorm(_Norm):
     __doc__ = """LayerNorm over the trailing ``normalized_shape`` dimensions, for NumPy training
     loops: ``layer(x)`` is ``numbanorm.layer_norm(x, normalized_shape, weight, bias, eps)``
-    and keeps what ``layer.backward(dy)`` needs (a copy of x, the statistics).
+    and keeps what ``layer.backward(dy)`` needs (copies of x and the weight, the statistics).
 
     Parameters
     ----------

@@ -35,6 +35,103 @@ def test_reusing_the_input_buffer_before_backward_changes_nothing(which):
 
 
 @pytest.mark.parametrize("which", [0, 1, 2], ids=["LayerNorm", "RMSNorm", "GroupNorm"])
+def test_the_backward_reads_the_weight_its_forward_read(which):
+    """An update of the weight in place (or a new weight) between forward and backward
+    leaves the backward's dx and grad_weight those of the forward that ran, as autograd's
+    graph keeps them (torch refuses an in-place update; NumPy cannot tell)."""
+    rng = np.random.default_rng(1)
+    layer, shape = _layers()[which]
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    layer.weight[:] = rng.uniform(0.5, 2, layer.weight.shape)
+    layer(x)
+    want = (layer.backward(dy), layer.grad_weight, layer.grad_bias)
+    layer(x)
+    layer.weight *= 2
+    got = (layer.backward(dy), layer.grad_weight, layer.grad_bias)
+    layer.weight /= 2
+    layer(x)
+    layer.weight, layer.bias = layer.weight * 3, None
+    again = (layer.backward(dy), layer.grad_weight, layer.grad_bias)
+    for g, a, w in zip(got, again, want):
+        np.testing.assert_array_equal(g, w)
+        np.testing.assert_array_equal(a, w)
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["LayerNorm", "RMSNorm", "GroupNorm"])
+def test_a_layer_shared_by_threads_pairs_each_backward_with_its_threads_forward(which):
+    """Two threads each run forward, then backward, on one layer, interleaved: each dx is its
+    own forward's (the state of a single last forward gave thread A the dx of B's input)."""
+    import threading
+
+    rng = np.random.default_rng(2)
+    layer, shape = _layers()[which]
+    xs = [rng.standard_normal(shape).astype(np.float32) * (1 + 3 * i) for i in range(2)]
+    dy = rng.standard_normal(shape).astype(np.float32)
+    want = []
+    for x in xs:
+        layer(x)
+        want.append(layer.backward(dy))
+    order = [threading.Event() for _ in range(3)]
+    got = [None, None]
+
+    def run(i, forward_after, backward_after, done):
+        if forward_after is not None:
+            forward_after.wait()
+        layer(xs[i])
+        done[0].set()
+        if backward_after is not None:
+            backward_after.wait()
+        got[i] = layer.backward(dy)
+        done[1].set()
+
+    a = threading.Thread(target=run, args=(0, None, order[1], (order[0], order[2])))  # forward, then B's forward
+    b = threading.Thread(target=run, args=(1, order[0], None, (order[1], threading.Event())))
+    a.start(), b.start()
+    a.join(), b.join()
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(layer.backward(dy), want[1])  # the main thread's last forward, before theirs
+    fresh, _ = _layers()[which]
+    t = threading.Thread(target=fresh, args=(xs[0],))
+    t.start(), t.join()
+    with pytest.raises(RuntimeError, match="before a forward"):
+        fresh.backward(dy)
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["LayerNorm", "RMSNorm", "GroupNorm"])
+def test_a_refused_forward_leaves_no_backward_of_an_earlier_one(which):
+    rng = np.random.default_rng(3)
+    layer, shape = _layers()[which]
+    x = rng.standard_normal(shape).astype(np.float32)
+    layer(x)
+    with pytest.raises(TypeError):
+        layer(x.astype(np.int32))
+    with pytest.raises(RuntimeError, match="before a forward"):
+        layer.backward(np.ones_like(x))
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["LayerNorm", "RMSNorm", "GroupNorm"])
+def test_a_layer_takes_the_host_arrays_its_function_takes(which):
+    """A CPU torch tensor (bfloat16 too, read as ml_dtypes.bfloat16) and a list: the layer's
+    saved copy is of the array the call read (np.array refused a bfloat16 tensor after the
+    forward had run)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(4)
+    layer, shape = _layers()[which]
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    for given in (torch.from_numpy(x).bfloat16(), torch.from_numpy(x), x.tolist()):
+        y = layer(given)
+        read = given.float().numpy().astype(y.dtype) if isinstance(given, torch.Tensor) else np.asarray(given)
+        np.testing.assert_array_equal(y, layer(read))
+        want = layer.backward(dy.astype(y.dtype))
+        layer(given)
+        np.testing.assert_array_equal(layer.backward(dy.astype(y.dtype)), want)
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["LayerNorm", "RMSNorm", "GroupNorm"])
 def test_a_pickled_layer_carries_its_parameters_not_its_last_input(which):
     layer, shape = _layers()[which]
     layer.weight[:] = np.arange(layer.weight.size).reshape(layer.weight.shape)

@@ -92,7 +92,7 @@ def copy_into(ctx, dst, src):
 
 
 def copy(ctx, a):
-    return np.array(a, copy=True)
+    return np.array(a if type(a) is np.ndarray else V.host_array("x", a), copy=True)  # (as the call read it)
 
 
 def cast(ctx, a, dtype):
