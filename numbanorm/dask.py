@@ -46,6 +46,7 @@ import numbanorm as _numbanorm  # the top-level functions: each block runs one
 from . import _api
 from . import _validate as V
 from ._dispatch import _pick
+from .cpu import _backend as _cpu_backend  # (its cast of a gradient, which the in-memory call makes)
 from .operations import BY_NAME, KINDS, OPERATIONS, generate
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -114,8 +115,10 @@ def _flatten(keys):
 
 
 def _tree_sum(partials, axes, dtype, acc):
-    """Sum per-block partials over ``axes`` as a tree, in ``acc``, cast to ``dtype``."""
-    return partials.astype(acc).sum(axis=axes, dtype=acc).astype(dtype)
+    """Sum per-block partials over ``axes`` as a tree, in ``acc``, cast to ``dtype`` as the
+    in-memory call casts (a sum past ``dtype``'s largest value is inf, unwarned)."""
+    summed = partials.astype(acc).sum(axis=axes, dtype=acc)
+    return summed.map_blocks(_cpu_backend._cast, dtype, dtype=dtype, meta=np.empty((0,) * summed.ndim, dtype))
 
 
 # ------------------------------------------------------------ layouts

@@ -279,6 +279,27 @@ def test_weightless_half_gradients_are_summed_before_they_are_rounded(name):
         assert got[2][1] == want[2][1] == 1  # the bias's sums are integers: exact
 
 
+@pytest.mark.parametrize("name", ["layer_norm", "group_norm"])
+def test_a_gradient_past_the_half_range_is_inf_without_a_warning(name):
+    """float16 without a weight: a dbias past float16's largest value is inf, as in memory,
+    and the cast of the summed partials warns of nothing, as the in-memory call's does."""
+    import warnings
+
+    x = np.tile(np.array([[1, 2], [3, 5]], np.float16), (4, 1))
+    dy = np.full((8, 2), 60000, np.float16)
+    shape, chunks, args = ((8, 2, 1), (4, 2, 1), (1,)) if name == "group_norm" else ((8, 2), (4, 2), (2,))
+    x, dy = x.reshape(shape), dy.reshape(shape)
+    stats = getattr(numbanorm, f"{name}_forward")(x, *args)[1:]
+    shape_arg = () if name == "group_norm" else args
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        want = getattr(numbanorm, f"{name}_backward")(dy, x, *stats, *shape_arg)
+        got = _compute(*getattr(nd, f"{name}_backward")(da.from_array(dy, chunks=chunks), da.from_array(
+            x, chunks=chunks), *stats, *shape_arg), scheduler="sync")
+    assert np.isinf(want[2]).all() and got[2].dtype == np.float16
+    np.testing.assert_array_equal(got[2], want[2])
+
+
 def test_the_top_level_refuses_a_dask_array_by_name():
     """numbanorm's functions would compute a Dask array whole into memory (np.asarray does):
     a TypeError naming the argument points to numbanorm.dask, and nothing is computed."""
