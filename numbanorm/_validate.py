@@ -182,6 +182,9 @@ def layer_dtype(dtype):
         dt = np.dtype(np.float32 if dtype is None else dtype)
     except TypeError:
         raise TypeError(f"`dtype` must be a NumPy dtype, got {dtype!r}") from None
+    if dt.kind == "f" and not dt.isnative:  # (float_dtype's advice is an array's astype)
+        raise TypeError(f"`dtype` is the byte-swapped {dt.str!r}; numbanorm computes in native byte "
+                        f"order only: pass dtype={dt.newbyteorder('=').name}")
     return float_dtype("dtype", np.empty(0, dt))
 
 
