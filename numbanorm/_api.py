@@ -259,7 +259,7 @@ class Frontend:
     def copy(self, a):
         """``Backend.copy`` of ``a`` in its call context: on a GPU its stream and allocator."""
         with self.serial:
-            ctx = self.backend.call_context(a)
+            ctx = self.backend.call_context(a, {"x": a})  # (its GPU, where there are several)
             with self.backend.on_device(ctx):
                 return self.backend.copy(ctx, a)
 

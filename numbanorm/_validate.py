@@ -80,8 +80,8 @@ def common_side(**arrays):
             raise TypeError(
                 f"`{name}` is a {s} array but `{first_name}` is a {side} array: all "
                 "arrays of one call must live on the same side (nothing is copied "
-                "silently; move them explicitly or use numbanorm.cuda, which copies "
-                "host arrays in and out)"
+                "silently: move them to one; numbanorm.cuda runs a call of host arrays "
+                "on the GPU, copying them in and out)"
             )
     return side or HOST
 
@@ -104,16 +104,23 @@ def host_array(name, a):
             f"data: pass `{name}.filled(...)`, or the values to keep"
         )
     if _is_torch_type(type(a)):
-        if a.requires_grad:
-            raise TypeError(
-                f"`{name}` is a torch.Tensor that requires grad: numbanorm.torch's functions take "
-                f"tensors and record the gradient; numbanorm's take NumPy arrays (`{name}.detach()` "
-                "drops the gradient)"
-            )
+        refuse_gradient(name, a)
         if a.dtype == sys.modules["torch"].bfloat16:
             return bfloat16_tensor_array(a)
         return a.numpy(force=True)  # (no gradient to detach: its negative or conjugate bit resolved)
     return np.asarray(a)
+
+
+def refuse_gradient(name, t):
+    """``TypeError`` for a torch tensor ``t`` that requires grad, which numbanorm's functions
+    would neither record nor keep (torch refuses its NumPy view and its CUDA Array Interface
+    with a RuntimeError of its own)."""
+    if t.requires_grad:
+        raise TypeError(
+            f"`{name}` is a torch.Tensor that requires grad: numbanorm.torch's functions take "
+            f"tensors and record the gradient; numbanorm's take arrays (`{name}.detach()` "
+            "drops the gradient)"
+        )
 
 
 def bfloat16_tensor_array(t):

@@ -140,6 +140,9 @@ def make_torch():
         def get_device(self):
             return self.device.index
 
+        def clone(self):  # (a new tensor on this one's device, whichever is current: torch's)
+            return empty(self.shape, dtype=self.dtype, device=self.device)
+
         def view(self, dt):
             assert dt.itemsize == self.dtype.itemsize
             return Tensor(self._ptr, self.shape, dt, self.device, self._strides, owner=self)

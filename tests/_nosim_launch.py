@@ -211,7 +211,7 @@ def main():
         if not self.stream:
             SYNCS.append("setitem on stream 0")  # (numba synchronizes after it there)
         launches.append({"stream": getattr(self.stream, "handle", self.stream), "kernel": "numba setitem",
-                         "args": [self.device_ctypes_pointer.value, value.device_ctypes_pointer.value,
+                         "device": CURRENT[-1], "args": [self.device_ctypes_pointer.value, value.device_ctypes_pointer.value,
                                   list(self.shape), list(self.strides), list(value.strides)]})
 
     devicearray.DeviceNDArray.__setitem__ = setitem
@@ -487,6 +487,13 @@ def two_devices(M, N, device_array, launches):
                 "replayed": any(replayed[n:]), "error": error}
 
     f16 = np.float16
+
+    def layer(x, w, b):  # a stateful layer's forward and backward: it copies x (and w) for the backward
+        norm = numbanorm.LayerNorm(N, dtype=f16)
+        norm.weight, norm.bias = w, b
+        norm(x)
+        norm.backward(x)
+
     arrays = {}
     for d in (0, 1):
         with cuda.gpus[d]:  # (numba allocates on the current device)
@@ -506,7 +513,10 @@ def two_devices(M, N, device_array, launches):
                  "torch_forward": lambda: nc.layer_norm_forward(a["t"]["x"], N, a["t"]["w"], a["t"]["b"]),
                  "torch_backward": lambda: nc.layer_norm_backward(a["t"]["x"], a["t"]["x"], *tst, N, a["t"]["w"]),
                  "top_level": lambda: numbanorm.rms_norm(a["t"]["x"], N, a["t"]["w"]),
-                 "staged": lambda: nc.layer_norm_forward(a["xl"], 32768, a["wl"])}
+                 "staged": lambda: nc.layer_norm_forward(a["xl"], 32768, a["wl"]),
+                 "numba_layer": lambda: layer(a["x"], a["w"], a["b"]),
+                 "torch_layer": lambda: layer(a["t"]["x"], a["t"]["w"], a["t"]["b"]),
+                 "foreign_layer": lambda: layer(Foreign(a["x"]), Foreign(a["w"]), Foreign(a["b"]))}
         for name, call in calls.items():
             out[f"{name} {d}"] = [seen(call) for _ in range(4)]
     a0, a1 = arrays[0], arrays[1]
@@ -519,6 +529,17 @@ def two_devices(M, N, device_array, launches):
              "torch_backward_x": lambda: nc.layer_norm_backward(a1["t"]["x"], a0["t"]["x"], *tst0, N)}
     for name, call in mixed.items():
         out[f"mixed {name}"] = [seen(call) for _ in range(2)]
+    from numba.cuda.cudadrv import driver
+
+    asked, ask = [], driver.driver.cuPointerGetAttribute
+    driver.driver.cuPointerGetAttribute = lambda attr, ptr: asked.append(ptr) or ask(attr, ptr)
+    for name, call in (("numba", lambda: nc.layer_norm(a1["x"], N, np.ones(N, f16))),
+                       ("top_level", lambda: numbanorm.layer_norm(a1["x"], N, np.ones(N, f16)))):
+        out[f"host {name}"] = dict(seen(call), driver=len(asked))  # (the driver asked nothing)
+    driver.driver.cuPointerGetAttribute = ask
+    graded = a1["t"]["w"].view(torch.float16)
+    graded.requires_grad = True  # (torch refuses its interface with a RuntimeError of its own)
+    out["requires_grad"] = seen(lambda: nc.layer_norm(a1["t"]["x"], N, graded))
     out["current"] = CURRENT  # (every call's device scope closed)
     print(json.dumps(out))
 

@@ -330,6 +330,27 @@ def test_non_contiguous_device_input(rng):
     np.testing.assert_array_equal(to_host(nc.layer_norm(xd, 20)), nc.layer_norm(x[:, ::2], 20))
 
 
+def test_a_dlpack_only_array_is_ordered_before_the_stream_its_call_runs_on():
+    """An array known only through DLPack names no stream: its call runs on the legacy default
+    stream, so its producer is asked to order its pending writes before that one (DLPack's
+    stream 1); -1, no ordering at all, let a kernel read what the producer had not written."""
+    asked = []
+
+    class DLPackOnly:
+        shape, dtype = (2, 4), np.dtype(np.float32)
+
+        def __dlpack_device__(self):
+            return (2, 0)  # (kDLCUDA, device 0)
+
+        def __dlpack__(self, stream=None, **kw):
+            asked.append(stream)
+            raise BufferError("the stream it was asked for is all this test reads")
+
+    with pytest.raises(BufferError):
+        numbanorm.layer_norm(DLPackOnly(), 4)
+    assert asked == [1]
+
+
 def test_mixed_host_and_device_raise_before_any_kernel(rng, monkeypatch):
     def no_launch(*a, **k):
         raise AssertionError("a kernel was launched")

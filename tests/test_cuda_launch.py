@@ -147,8 +147,9 @@ def test_a_replayed_call_hands_the_driver_what_the_full_path_does(kernel_cache):
         if name == "foreign_readonly_out":  # a read-only out= refused by both paths, after a writable one learned
             assert replayed == [False] * 4, name
             assert all(p["error"] == f["error"] == "ValueError: `out` is read-only" for p, f in res[name])
-        elif name == "torch requires_grad":  # refused by the full path (torch's interface), never keyed
-            assert replayed == [False] * 4 and res[name][0][0]["error"].startswith("RuntimeError")
+        elif name == "torch requires_grad":  # refused by the full path (numbanorm's TypeError), never keyed
+            assert replayed == [False] * 4
+            assert res[name][0][0]["error"].startswith("TypeError: `x` is a torch.Tensor that requires grad")
         elif name.endswith("strided"):
             assert replayed == [False] * 4
             assert res[name][0][0]["launches"][0]["kernel"] == "numba setitem"
@@ -319,10 +320,17 @@ def test_the_arrays_device_runs_the_call_and_two_devices_are_refused(kernel_cach
     torch's, another library's) is launched in device 1's context with a grid sized by its
     SMs, allocates there, and is replayed only from a plan learned there (its long row's
     shared-memory opt-in set in device 1's context too); the device scope is closed after
-    every call.  Arrays on both devices: ValueError naming the odd one out, before anything
-    is allocated or launched."""
+    every call; a stateful layer's copies of x and the weight are made there too.  Arrays on
+    both devices: ValueError naming the odd one out, before anything is allocated or launched;
+    a host array among them: TypeError before the driver is asked anything."""
     res = _run("devices", 4096, 1024, env=kernel_cache)
     assert res.pop("current") == [0]
+    for name in ("numba", "top_level"):  # a host weight: TypeError from the types, before any driver call
+        host = res.pop(f"host {name}")
+        assert host["error"].startswith("TypeError: ") and host["driver"] == 0 and not host["launches"], host
+    graded = res.pop("requires_grad")  # numbanorm's TypeError, as for a CPU tensor, before anything runs
+    assert graded["error"].startswith("TypeError: `weight` is a torch.Tensor that requires grad"), graded
+    assert graded["launches"] == graded["numba_allocs"] == graded["lib_allocs"] == []
     grids = {0: set(), 1: set()}
     for case, calls in res.items():
         if case.startswith("mixed"):

@@ -132,10 +132,12 @@ def _cupy_view(a):
 
 
 def _dlpack_desc(a):
-    """``(owner, a CUDA Array Interface)`` of a CUDA DLPack object."""
+    """``(owner, a CUDA Array Interface)`` of a CUDA DLPack object, whose producer orders its
+    pending writes before the legacy default stream (DLPack's 1), where a call led by such an
+    array runs (it names no stream of its own: :func:`call_context`)."""
     from cuda.core.utils import StridedMemoryView
 
-    smv = StridedMemoryView.from_dlpack(a, stream_ptr=-1)
+    smv = StridedMemoryView.from_dlpack(a, stream_ptr=1)
     strides = smv.strides
     return smv, {
         "shape": tuple(smv.shape),
@@ -168,6 +170,7 @@ def native(role, a):
     if type(a) is np.ndarray or V.side_of(a) == V.HOST:
         return a if type(a) is np.ndarray else V.host_array(role, a)
     if _is_torch(a):
+        V.refuse_gradient(role, a)
         return _torch_view(a)
     if _is_cupy(a):
         return _cupy_view(a)
@@ -393,13 +396,15 @@ def copy_into(ctx, dst, src):
 
 
 def copy(ctx, a):
-    if getattr(type(a), "__cuda_ndarray__", False):  # numba's (the simulator's copy() is on the host)
-        out = empty(ctx, a.shape, a.dtype)
-        copy_into(ctx, out, a)  # numba's assignment kernel, which takes a strided a
-        return out
     if _is_torch(a):
         return a.clone()  # on torch's current stream, from its caching allocator
-    return a.copy()  # CuPy's and the like: on their current stream and pool
+    if _is_cupy(a):
+        return a.copy()  # on CuPy's current stream and pool, on the current GPU: the call's
+    # numba's own (the simulator's copy() is on the host), or a view of another library's array
+    view = native("x", a)
+    out = empty(ctx, view.shape, view.dtype)
+    copy_into(ctx, out, view)  # numba's assignment kernel, which takes a strided view
+    return out
 
 
 def cast(ctx, a, dtype):
@@ -520,7 +525,7 @@ class Replays:
                     return None
                 entry, nbytes = (t, a.shape, a.strides, a.dtype), a.size * a.dtype.itemsize
                 if several:
-                    devices.append(C.pointer_device(p))
+                    devices.append((p,))  # (asked of the driver below)
             elif how is _FLOAT:
                 if a == 0.0:  # (0.0 and -0.0 are one key but two kernel arguments)
                     return None
@@ -553,7 +558,7 @@ class Replays:
                 entry = (t, shape, strides and tuple(strides), desc["typestr"], bool(readonly))
                 nbytes = int(np.prod(shape)) * int(desc["typestr"][2:])
                 if several:
-                    devices.append(C.pointer_device(p))
+                    devices.append((p,))  # (asked of the driver below)
             else:
                 return None
             # an array's alignment (the word width) and the first earlier argument it meets
@@ -569,8 +574,8 @@ class Replays:
             sig.append((entry, p % C.WORD_BYTES[0], meets))
             pointers.append(p)
             arrays.append(a)
-        if several:  # a plan serves one device's calls
-            sig.append(tuple(devices))
+        if several:  # a plan serves one device's calls; the driver asked once no argument is a host array
+            sig.append(tuple(C.pointer_device(d[0]) if type(d) is tuple else d for d in devices))
         return tuple(sig), pointers, arrays
 
     def run(self, key, args):
