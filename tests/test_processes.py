@@ -151,6 +151,41 @@ FRESH = {
         assert os.waitstatus_to_exitcode(status) == 0, status
         assert np.array_equal(nn.layer_norm(x, 512, w, w), y)
     """,
+    # a child forked while another thread of the caller's compiles its first call: the fork
+    # waits for Numba's compiler lock, which the child would otherwise inherit held by a
+    # thread it does not have, and hang at its own first compile
+    "fork_while_a_caller_compiles": """
+        import threading
+        from numba.core.compiler_lock import global_compiler_lock
+
+        def first_call():
+            with background.synchronous():  # (compiled on this thread, not the compile thread's)
+                nn.add_rms_norm(x, x, 512, w)
+
+        caller = threading.Thread(target=first_call)
+        caller.start()
+        for _ in range(1200):
+            if not global_compiler_lock._lock.acquire(blocking=False):
+                break  # held by the caller's thread
+            global_compiler_lock._lock.release()
+            time.sleep(0.005)
+        else:
+            raise AssertionError("the caller's thread never compiled")
+        pid = os.fork()
+        if pid == 0:
+            ok = np.allclose(nn.rms_norm(x, 512, w), ref.rms_norm(x.astype(np.float64), 512, w), atol=1e-5)
+            os._exit(0 if ok else 3)
+        caller.join()
+        for _ in range(3000):  # 300 s
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, 9)
+            raise AssertionError("the forked child hung at its first compile")
+        assert os.waitstatus_to_exitcode(status) == 0, status
+    """,
     # float16 weights: a first call widens them by NumPy's cast, and the launchers' loop is
     # compiled on the compile thread once the launch returns (the calling thread compiles
     # only its row function: the compile thread is held off meanwhile); the loop then gives

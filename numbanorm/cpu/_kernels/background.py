@@ -27,6 +27,7 @@ import os
 import queue
 import threading
 
+from numba.core.compiler_lock import global_compiler_lock
 from numba.core.registry import CPUDispatcher
 
 # False: a miss compiles on the calling thread, as Numba does (the compile command's mode)
@@ -152,15 +153,20 @@ def wait():
 
 
 def _before_fork():
+    # the compile thread's compile, then any other thread's (a caller's first call): a child
+    # would inherit Numba's compiler lock held by a thread it does not have, and hang on it
     _job_lock.acquire()
+    global_compiler_lock.acquire()
 
 
 def _after_fork_in_parent():
+    global_compiler_lock.release()
     _job_lock.release()
 
 
 def _after_fork_in_child():
     global _jobs, _queued, _state, _worker, _job_lock, waiting
+    global_compiler_lock.release()  # (held by this thread, the one that forked)
     # the worker is not copied: the jobs left are the child's to compile when it calls them
     _jobs, _queued, _state, _worker, _job_lock = queue.Queue(), set(), threading.Lock(), None, threading.Lock()
     _local.synchronous = False
