@@ -300,7 +300,8 @@ def bench(threads=None, repeats=None, budget=0.3, dtypes=("float32",), impls=Non
         cases += quick_cases(gdt, "gpu", tiny or side.simulated)
     load0 = machine.loadavg()
     v = machine.versions()
-    p(f"numbanorm bench: {threads} thread(s) for numba and torch; cpu: {machine.cpu_model()}; "
+    compared = torch and have_torch
+    p(f"numbanorm bench: {threads} thread(s) for numba{' and torch' if compared else ''}; cpu: {machine.cpu_model()}; "
       f"gpu: {gpu_desc if gpu_ok else 'none'}")
     p(f"versions: numbanorm {v['numbanorm']}, numba {v['numba']}, numpy {v['numpy']}, "
       f"torch {v['torch'] or 'not installed'}")
@@ -314,9 +315,10 @@ def bench(threads=None, repeats=None, budget=0.3, dtypes=("float32",), impls=Non
                         allow_simulator=allow_simulator, **timing)
     p(measure.format_rows(rows))
     p(f"median of {'%d' % repeats if repeats else 'budgeted'} round-robin repeats; load average "
-      f"{load0} before, {machine.loadavg()} after. x floor: time over np.copyto of the same bytes "
-      "(forward: x to y; backward: x and dy); x torch: time over torch.nn.functional's "
-      "(backward via autograd); below 1 is faster.")
+      f"{load0} before, {machine.loadavg()} after. x floor: time over np.copyto of the same bytes on "
+      "one thread (forward: x to y; backward: x and dy copied, four arrays' bytes to the kernel's three)"
+      + ("; x torch: time over torch.nn.functional's (backward via autograd)" if compared else "")
+      + "; below 1 is faster.")
     return 0
 
 
@@ -538,6 +540,9 @@ def main(argv=None):
     except BrokenPipeError:  # `numbanorm check | head`: stop quietly, as other commands do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: a line, and the shell's status for it
+        print("numbanorm: interrupted", file=sys.stderr)
+        return 130
 
 
 def _main(argv):

@@ -168,9 +168,22 @@ def test_bench_tiny(capsys):
 
 def test_bench_without_torch_says_so(capsys):
     assert cli.bench(threads=1, repeats=1, tiny=True, torch=False, impls=["cpu"], show_progress=False) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if " float32 " in line]
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if " float32 " in line]
     assert len(rows) == 12 + 8  # numbanorm rows + one floor row per case
     assert not any(" torch " in line for line in rows)
+    # the header and the footer explain no torch column; the floor is one thread's copy
+    assert "torch" not in out.splitlines()[0] and "x torch" not in out and "np.copyto of the same bytes on one thread" in out
+
+
+def test_an_interrupted_command_says_so_in_a_line(capsys, monkeypatch):
+    """Ctrl-C (a compile waited for, a benchmark): one line and the shell's 130, not a traceback."""
+    def interrupted(**kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "bench", interrupted)
+    assert cli.main(["bench"]) == 130
+    assert capsys.readouterr().err == "numbanorm: interrupted\n"
 
 
 def test_no_arguments_runs_check_then_bench(monkeypatch):
