@@ -19,12 +19,15 @@ batch of results, so a section that fails or runs out of time never loses the ot
   scratch bound beside the dynamic bytes, and the dynamic bytes alone --, the last staged row,
   the re-reading loop beyond), rows striding over the persistent grid, non-contiguous
   inputs, views 2/4/8 bytes off alignment, ``out=`` that is x, overlaps x, or overlaps the
-  weight, torch on a side stream behind a sleeping kernel, and bfloat16 inputs of more than
-  2**31 elements (rows of 8192, and one row); every case is called three times (the first
-  compiles or loads, the second takes the direct launch, the third a replay where the
-  backend replays that array type), each call checked, the three bit-identical;
+  weight, torch on a side stream behind a sleeping kernel, bfloat16 inputs of more than
+  2**31 elements (rows of 8192, and one row), and extreme inputs (``RANGE_VARIANTS``: rows
+  whose squares overflow or underflow, dy near the largest value; the kernels' paths that
+  redo a row out of range); every case is called three times (the first compiles or loads,
+  the second takes the direct launch, the third a replay where the backend replays that
+  array type), each call checked, the three bit-identical;
 * ``sanitizer``: compute-sanitizer's memcheck, racecheck, synccheck and initcheck over a
-  small case of every kernel (this script again, ``--sanitize-case``, on numba arrays);
+  small case of every kernel in every dtype, and float32's extreme inputs (this script
+  again, ``--sanitize-case``, on numba arrays);
 * ``speed``: CUDA events around calls queued behind a sleep kernel (the GPU's time per
   call; the host's beside it), round-robin in one process per case: LayerNorm and RMSNorm
   forward and backward at 32768 x N, N in {1024, 2048, 4096, 8192}, bfloat16, float16,
@@ -42,10 +45,13 @@ batch of results, so a section that fails or runs out of time never loses the ot
   ``numba.set_num_threads``).
 
 Compiles run in parallel: a pool of worker processes (``--jobs``; one less than the cores)
-takes the correctness cases and the warm-up of every timed case (numba-cuda kernels,
-torch.compile graphs, Liger's Triton kernels) in priority order until the correctness
-budget is spent; the timed parts then run one at a time, each on the worker that warmed it,
-the GPU otherwise idle.  Workers share a numba cache directory (``NUMBA_CACHE_DIR``, default
+takes the correctness cases and the warm-up of every timed case (numba-cuda kernels, then,
+after every case's, the torch.compile graphs and Liger's Triton kernels, on the same
+worker) in priority order until the correctness budget is spent; the timed parts then run
+one at a time, each on the worker that warmed it, the GPU otherwise idle.  A correctness
+case that finished before its worker was killed at phase 1's end keeps its result, and the
+cases its job had left are not run (``correctness.not_run``; ``--resume`` runs them).
+Workers share a numba cache directory (``NUMBA_CACHE_DIR``, default
 ``/tmp/gpucheck-numba``) whose writes are serialised by a file lock, so the sanitizer's runs
 and the CPU section load what the workers compiled.
 
@@ -65,6 +71,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -91,6 +98,7 @@ DEFAULT_SECTIONS = SECTIONS[:-1]  # tune: only when asked for (--only tune)
 BUDGET_S = {"correctness": 120, "sanitizer": 45, "speed": 70, "host": 10, "graph": 15, "model": 5,
             "cpu_scaling": 35, "tune": 150}
 DEADLINE_S = 330  # an H100's 15 minutes: a machine's start, this run, and a second one
+KILL_MARGIN_S = 20  # phase 1 starts no case in its last seconds before its busy workers are killed
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 LIBS = ("numba", "cupy", "torch")
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
@@ -145,7 +153,7 @@ class Report:
     def __init__(self, path):
         self.path = path
         self.data = {"device": None, "driver": None, "versions": {},
-                     "correctness": {"passed": 0, "failed": 0, "cases": []},
+                     "correctness": {"passed": 0, "failed": 0, "not_run": 0, "cases": []},
                      "sanitizer": {"tools": {}, "errors": None},
                      "speed": [], "host_us": {"numbanorm": {}, "torch": {}, "shape": [list(s) for s in HOST_SHAPES]},
                      "cuda_graph": {"captured": False, "max_abs_diff": None},
@@ -166,6 +174,7 @@ class Report:
         c["cases"] += cases
         c["passed"] = sum(x["status"] == "pass" for x in c["cases"])
         c["failed"] = sum(x["status"] in ("fail", "error") for x in c["cases"])
+        c["not_run"] = sum(x["status"] == "not run" for x in c["cases"])  # (a later run's --resume takes them)
 
 
 def _jsonable(v):
@@ -206,12 +215,16 @@ class Run:
 
     def phase1_deadlines(self):
         """Phase 1's end (the correctness budget's) and when a worker still busy then is killed
-        (a minute later): neither past the run's deadline less the budgets of the sections
-        after it, which time what phase 1 warmed (an H200 run's warm-ups, each compiling
-        torch.compile's graphs, once ran a minute past their budget into the speed section's)."""
+        (a minute later): the kill no later than the run's deadline less the budgets of the
+        sections after it, which time what phase 1 warmed (an H200 run's warm-ups, each
+        compiling torch.compile's graphs, once ran a minute past their budget into the speed
+        section's); in a run of correctness cases, the end at least KILL_MARGIN_S before the
+        kill, so that a case started just before the end has time to finish (a warm-up cut
+        short loses no result: its case is reported as not warmed)."""
         after = sum(self.budget[s] for s in self.sections if s != "correctness")
         hard = self.deadline - after
-        return min(self.section_deadline("correctness"), hard), max(time.monotonic(), hard)
+        end = min(self.section_deadline("correctness"), hard - KILL_MARGIN_S * self.wants("correctness"))
+        return end, max(time.monotonic(), min(end + 60, hard))
 
     @contextlib.contextmanager
     def section(self, name):
@@ -263,9 +276,14 @@ RESUME_KEYS = ("numbanorm", "numba", "numba-cuda", "kernel_sources_sha256", "pac
 def resumable(path, data):
     """``(passed cases of the run in path, why not)``: its passed correctness cases when it
     ran on the same device with the same kernels, package sources (where it recorded
-    them) and numba versions as this run (``data``), else ``({}, the difference)``."""
-    with open(path) as f:
-        old = json.load(f)
+    them) and numba versions as this run (``data``), else ``({}, the difference)``; a run
+    that left no file (a fresh machine has none of the lease's earlier runs) is nothing to
+    resume."""
+    try:
+        with open(path) as f:
+            old = json.load(f)
+    except FileNotFoundError:
+        return {}, f"no such file: {path}"
     if old.get("device") != data.get("device"):
         return {}, f"another device: {old.get('device')}"
     ov, nv = old.get("versions", {}), data["versions"]
@@ -317,6 +335,18 @@ def environment(report):
             driver = None
     api = gpu_bench._driver_version(cuda)
     d["driver"] = f"{driver} (CUDA {api})" if driver else f"CUDA {api}"
+
+
+def _free_gpu_bytes():
+    """The GPU memory free now, or None (the simulator, or no answer)."""
+    if _simulated():
+        return None
+    try:
+        from numba import cuda
+
+        return cuda.current_context().get_memory_info()[0]
+    except Exception:  # no GPU: the warm-ups share what HEAVY_AT_ONCE says
+        return None
 
 
 def _attr(dev, name):
@@ -716,7 +746,8 @@ def _op_cases(fe, launches, op, dtype, lib_names, tiny):
             return (m, n)
 
         groups = {}
-        basic = [((7, 1), "N = 1"), ((5, 33), "odd N, short rows"), ((3, odd), "odd N")]
+        odd_shape = (3, odd)
+        basic = [((7, 1), "N = 1"), ((5, 33), "odd N, short rows"), (odd_shape, "odd N")]
         extra = [((2, 4 * last + 1), "a long row: the loop that re-reads (odd)")]
         staged = [n for n, label in found if "first staged" in label and n % word == 0]
         layout_ns = [mid_n] + staged[:1]
@@ -726,10 +757,11 @@ def _op_cases(fe, launches, op, dtype, lib_names, tiny):
         def shape_of(n, m=2):
             return (m, 2, n)
 
-        groups = {(2, 4, 1): 2, (1, 3, 1, 1): 3, (3, 6, 7, 5): 3, (2, 8, 33): 8, (2, 4, odd): 1}
+        odd_shape = (2, 4, odd)
+        groups = {(2, 4, 1): 2, (1, 3, 1, 1): 3, (3, 6, 7, 5): 3, (2, 8, 33): 8, odd_shape: 1}
         basic = [((2, 4, 1), "groups of 2 elements"), ((1, 3, 1, 1), "groups of 1 element"),
                  ((3, 6, 7, 5), "odd spatial size, 2 channels per group"), ((2, 8, 33), "instance norm (G = C)"),
-                 ((2, 4, odd), "one group (G = 1)")]
+                 (odd_shape, "one group (G = 1)")]
         extra = [((1, 2, 4 * last + 1), "a long group: the loop (odd)"),
                  ((2, 8, 2 * last + 2), "groups of 4 channels past the loop boundary")]
         layout_ns = [mid_n]
@@ -739,6 +771,8 @@ def _op_cases(fe, launches, op, dtype, lib_names, tiny):
         first = [n for n, label in found if "first staged (forward" in label]
         words = [n // (2 * word) + 1 for n in first[:1] if op.name == "group_norm"]  # 2 channels past it
         channels = [word * (k + 1 - k % 2) for k in words]
+    # extreme inputs: a short row (registers) and the first staged one (the long-row kernel)
+    range_ns = [odd] + [n for n, label in found if "first staged" in label][:1]
     gof = lambda s: groups.get(tuple(s), 2) if op.layout == "groups" else None  # noqa: E731
     cases = []
     for lib in lib_names:
@@ -751,6 +785,11 @@ def _op_cases(fe, launches, op, dtype, lib_names, tiny):
             grid, m = striding_rows(fe, launches, op, dtype, lambda m: shape_of(n, m), gof(shape_of(n)))
             cases.append(_case(op.name, dtype, lib, shape_of(n, m), f"rows stride over a grid of {grid}", tier,
                                gof(shape_of(n, m))))
+        for n in (range_ns if lib == "numba" else []):  # extreme inputs, at shapes of the cases above
+            shape = odd_shape if n == odd else shape_of(n)
+            for variant, label in RANGE_VARIANTS.items():
+                if _range_applies(op, dtype, variant):
+                    cases.append(_case(op.name, dtype, lib, shape, label, tier, gof(shape), variant=variant))
         for c in (channels if lib == "numba" else []):
             grid, m = striding_rows(fe, launches, op, dtype, lambda m: (m, 4, c), 2)
             cases.append(_case(op.name, dtype, lib, (m, 4, c), "staged groups of 2 channels of an odd number of "
@@ -869,11 +908,74 @@ def _on_device(lib, vals, roles, layout="contiguous"):
             for r, v in vals.items() if r in roles or not isinstance(v, np.ndarray)}
 
 
+# Extreme inputs, for the kernels' out-of-range paths (a row or group whose sums leave the
+# accumulation dtype's range is redone from memory at a scale), every output in range:
+# variant -> its label
+RANGE_VARIANTS = {
+    "huge": "extreme inputs: x times a power of two whose squares overflow",
+    "tiny": "extreme inputs: x times a power of two whose squares underflow, eps = 0",
+    "dy_huge": "extreme inputs: dy near the largest value on one row, the sums of weight * dy overflow",
+}
+# the power of two x (and the residual) is scaled by: exact, so the fused forms' x + residual
+# stays exact; float16's reaches 4e4 (its accumulation in float32 cannot overflow); no float64
+# tiny rows, whose variance the oracle takes to 0 (its rows are scaled against overflow alone)
+RANGE_EXPONENT = {"huge": {"float16": 11, "bfloat16": 100, "float32": 100, "float64": 600},
+                  "tiny": {"bfloat16": -100, "float32": -100}}
+
+
+def _range_applies(op, dtype, variant):
+    """Whether ``op`` in ``dtype`` has the extreme case ``variant``: dy near the largest value
+    on the row operations alone (GroupNorm's dweight sums a channel's dy over its group,
+    out of range), not in float64 (past the range of the oracle's float64 sums)."""
+    if variant == "dy_huge":
+        return op.layout == "rows" and dtype != "float64"
+    return dtype in RANGE_EXPONENT[variant]
+
+
+def _out_of_range(op, case, values):
+    """``values`` made extreme as ``case['variant']`` says (``RANGE_VARIANTS``): x (and the
+    residual) scaled by a power of two, with eps = 0 where its squares underflow; or row 1's
+    dy between 0.5 and 0.6 of the dtype's largest value, its x +-1 (LayerNorm: |xhat| 1)
+    or 0, 1, 2, 3 (RMSNorm), the residual 0, so that dx, dweight and dbias stay in range."""
+    v, dt = dict(values), values["x"].dtype
+    if case["variant"] == "dy_huge":
+        rng = np.random.default_rng(_seed(case) + 1)
+        n = v["x"].shape[-1]
+        top = float(_finfo(dt).max)
+        x, dy = v["x"].copy(), v["dy"].copy()
+        x[1] = np.resize([1.0, -1.0] if op.bias else [0.0, 1.0, 2.0, 3.0], n)
+        dy[1] = (rng.uniform(0.5, 0.6, n) if op.bias else np.full(n, 0.5)) * top
+        v.update(x=x, dy=dy)
+        if op.fused:
+            v["residual"] = v["residual"].copy()
+            v["residual"][1] = 0
+        return v
+    k = RANGE_EXPONENT[case["variant"]][case["dtype"]]
+    for r in ("x", "residual"):
+        if r in v:
+            v[r] = np.ldexp(v[r].astype(np.float64), k).astype(dt)
+    if case["variant"] == "tiny":
+        v["eps"] = 0.0
+    return v
+
+
+def _finfo(dt):
+    """np.finfo, bfloat16's from ml_dtypes."""
+    if dt.name == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.finfo(dt)
+    return np.finfo(dt)
+
+
 def _case_values(op, case):
     """``(values, forward oracle, backward values, backward oracle)`` of a case on the host;
     the 'mixed' variant has float32 parameters, dy in float32 and statistics in float64
-    (the same values, exactly: what the kernels read after their casts is unchanged)."""
+    (the same values, exactly: what the kernels read after their casts is unchanged); the
+    extreme ones, ``RANGE_VARIANTS``, their inputs as ``_out_of_range`` makes them."""
     values = _host_inputs(op, case)
+    if case["variant"] in RANGE_VARIANTS:
+        values = _out_of_range(op, case, values)
     ref_f, back, ref_b = _oracle(op, values)
     if case["variant"] == "mixed":
         values = dict(values, **{r: values[r].astype(np.float32) for r in op.params})
@@ -1132,17 +1234,22 @@ def _compiled(torch, f):
     return torch.compile(f, fullgraph=True, dynamic=False, backend=COMPILE_BACKEND)
 
 
+PEERS = ("torch", "torch.compile", "liger")
+COMPILED_PEERS = ("torch.compile", "liger")  # whose warm-up compiles (inductor's and Liger's Triton kernels)
+EAGER_PEERS = tuple(p for p in PEERS if p not in COMPILED_PEERS)  # warmed with numbanorm and the copy
+
+
 class SpeedCase:
-    """One timed case's callables (numbanorm, copy, torch, torch.compile, liger), over
-    tensors made on the GPU; ``warm`` makes them once (compiles), ``time`` makes fresh
-    tensors and times them with CUDA events, round-robin."""
+    """One timed case's callables (numbanorm, copy, and ``peers``: torch, torch.compile,
+    liger), over tensors made on the GPU; ``warm`` makes them once (compiles), ``time``
+    makes fresh tensors and times them with CUDA events, round-robin."""
 
     device = "cuda"
 
-    def __init__(self, case, peers=True):
+    def __init__(self, case, peers=PEERS):
         import torch
 
-        self.case, self.torch, self.peers = case, torch, peers
+        self.case, self.torch, self.peers = case, torch, tuple(peers or ())
         self.op = BY_NAME[case["norm"]]
         self.compiled = None  # torch.compile's function, kept between warm and time
         self.skipped = {}  # impl -> why it is not timed
@@ -1222,11 +1329,14 @@ class SpeedCase:
         dst = torch.empty_like(src)
         out["copy"] = lambda: dst.copy_(src)
         peers = {}
-        if self.peers:
-            torch_f = self._torch_fn()
+        torch_f = self._torch_fn()
+        if "torch" in self.peers:
+            peers["torch"] = torch_f
+        if "torch.compile" in self.peers:
             if self.compiled is None:
                 self.compiled = _compiled(torch, torch_f)
-            peers = {"torch": torch_f, "torch.compile": self.compiled}
+            peers["torch.compile"] = self.compiled
+        if "liger" in self.peers:
             liger = self._liger()
             if callable(liger):
                 peers["liger"] = liger
@@ -1255,9 +1365,12 @@ class SpeedCase:
             out[name] = (lambda res=res, wrt=wrt, gs=gs: torch.autograd.grad(res, wrt, gs, retain_graph=True))
         return out
 
-    def warm(self):
+    def warm(self, only=None):
+        """Each callable (those named in ``only``, if given) called twice."""
         v, grads = self._tensors()
         for name, f in self.calls(v, grads).items():
+            if only is not None and name not in only:
+                continue
             try:
                 f()
                 f()
@@ -1270,11 +1383,14 @@ class SpeedCase:
 
     def _queued(self, f, number, sleep_ms, cycles_per_ms):
         """``number`` calls of ``f`` between two CUDA events, queued behind a sleep kernel of
-        ``sleep_ms`` on an idle GPU: ``(device ms per call, host ms per call, queued)``, where
-        ``queued`` says the host enqueued them all before the sleep ended."""
+        ``sleep_ms`` on an idle GPU: ``(device ms per call, host ms per call, queued, slept
+        ms)``, where ``queued`` says the host enqueued them all before the sleep ended, the
+        sleep as the GPU timed it (an event before it: a clock that rose since
+        ``cycles_per_ms`` was timed sleeps less than asked, and the GPU idles between calls)."""
         torch = self.torch
         torch.cuda.synchronize()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        es, e0, e1 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        es.record()
         torch.cuda._sleep(int(sleep_ms * cycles_per_ms))
         t0 = self.clock()
         e0.record()
@@ -1283,7 +1399,8 @@ class SpeedCase:
         e1.record()
         host_ms = (self.clock() - t0) * 1e3
         e1.synchronize()
-        return e0.elapsed_time(e1) / number, host_ms / number, host_ms < sleep_ms
+        slept = es.elapsed_time(e0)
+        return e0.elapsed_time(e1) / number, host_ms / number, host_ms < slept, slept
 
     def _cycles_per_ms(self):
         """The sleep kernel's clock cycles per millisecond, timed."""
@@ -1311,10 +1428,10 @@ class SpeedCase:
             except Exception as e:  # one peer failing leaves the others timed
                 self.skipped[k] = f"{type(e).__name__}: {e}"[:300]
                 del calls[k]
-        cpm = self._cycles_per_ms()
+        cpm = cpm0 = self._cycles_per_ms()
         number, host = {}, {}
         for k, f in calls.items():  # calls per sample: at least min_ms of GPU time
-            ms, host[k], _ = self._queued(f, 3, 5.0, cpm)
+            ms, host[k], _, _ = self._queued(f, 3, 5.0, cpm)
             number[k] = int(min(50, max(1, math.ceil(min_ms / max(ms, 1e-3)))))
         names = list(calls)
         samples = {k: [] for k in names}
@@ -1323,10 +1440,12 @@ class SpeedCase:
         for r in range(rounds):
             for k in names[r % len(names):] + names[:r % len(names)]:
                 sleep_ms = 1.5 * host[k] * number[k] + 0.2
-                ms, h, queued = self._queued(calls[k], number[k], sleep_ms, cpm)
+                ms, h, queued, slept = self._queued(calls[k], number[k], sleep_ms, cpm)
                 samples[k].append(ms)
                 hosts[k].append(h)
                 unqueued[k] += not queued
+                # the clock as it is now, for the next sample's sleep (within a GPU's range of clocks)
+                cpm = min(8 * cpm0, max(cpm0 / 8, int(sleep_ms * cpm) / max(slept, 1e-3)))
         nbytes = _arrays_moved(self.op, c["pass"]) * v["x"].numel() * v["x"].element_size()
         rows = []
         for k in names:
@@ -1693,15 +1812,18 @@ def model_rows(speed):
 # ---------------------------------------------------------------- compute-sanitizer
 
 def sanitize_cases(ops, tiny=False):
-    """A small case of every kernel: per operation, bfloat16 (the 16-bit path) and float32,
-    short rows, a row in registers, a staged row and one past staging (GroupNorm: its
-    shapes and the loop), on numba arrays; forward, plain out= and backward each once."""
+    """A small case of every kernel: per operation and dtype, short rows, a row in
+    registers, a staged row and one past staging (GroupNorm: its shapes and the loop), on
+    numba arrays, at the shapes of correctness cases (their kernels compiled); forward,
+    plain out= and backward each once.  bfloat16 (the 16-bit path) and float32 first,
+    float16 and float64 after them (a budget cut leaves the dtypes whose kernels share
+    the others' code), then float32's extreme inputs (``RANGE_VARIANTS``)."""
     fe = frontend()
     out = []
     with recording() as launches:
-        for name in ops:
-            op = BY_NAME[name]
-            for dtype in ("bfloat16", "float32"):
+        for dtype in ("bfloat16", "float32", "float16", "float64"):
+            for name in ops:
+                op = BY_NAME[name]
                 found = boundaries(fe, launches, op, dtype, tiny)
                 picks = [n for n, label in found if any(f"{what} ({kind}, words)" in label for what in (
                     "first staged", "first re-read loop", "first loop") for kind in ("forward", "backward"))]
@@ -1712,11 +1834,13 @@ def sanitize_cases(ops, tiny=False):
                     shapes = [((2, 8, 33), 8), ((2, 4, 101 if tiny else 1001), 1)] + [((2, 2, n), 2) for n in picks]
                 for shape, groups in shapes:
                     out.append(_case(name, dtype, "numba", shape, "sanitizer", 0, groups))
-                if dtype == "bfloat16":  # the cast kernel, and parameters of another dtype
+                if measure.ITEMSIZE[dtype] == 2:  # the cast kernel, and parameters of another dtype
                     shape = (2, mid) if op.layout == "rows" else (2, 2, mid)
                     out.append(_case(name, dtype, "numba", shape, "sanitizer", 0, 2 if op.layout == "groups" else None,
                                      variant="mixed"))
-    return out
+    # the paths that redo a row or group out of range: float32's extreme correctness cases
+    return out + [dict(c, label="sanitizer", tier=0) for c in plan(ops, ["float32"], ["numba"], tiny)
+                  if c["variant"] in RANGE_VARIANTS]
 
 
 def run_sanitize_cases(cases):
@@ -1754,7 +1878,10 @@ def _sanitizer():
 
 
 def sanitizer(run, ops, env):
-    """Each tool in its own process (in parallel) over ``sanitize_cases``."""
+    """Each tool in its own process (in parallel) over ``sanitize_cases``; a tool still
+    running at the section's end is killed with the Python it instruments (each tool in a
+    session of its own: killing compute-sanitizer alone left its child on the GPU and the
+    CPU into the sections after)."""
     tool = _sanitizer()
     if _simulated():
         raise Skip("numba's CUDA simulator: compute-sanitizer needs a GPU")
@@ -1767,33 +1894,52 @@ def sanitizer(run, ops, env):
     with open(listing, "w") as f:
         json.dump(cases, f)
     procs = {}
-    for name in run.args.sanitize_tools:
-        log = open(os.path.join(work, f"{name}.log"), "w")
-        cmd = [tool, "--tool", name, "--print-limit", "20", *TOOL_FLAGS[name], sys.executable, "-m",
-               "benchmarks.gpu_check", "--sanitize-case", listing]
-        procs[name] = (subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), log)
-    tools, total = {}, 0
-    for name, (p, log) in procs.items():
-        timed_out = False
-        try:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-            timed_out = True
-        log.close()
-        with open(log.name, errors="replace") as f:
-            text = f.read()
-        errors = summary_errors(text)
-        done = text.count("sanitize-case done")
-        tools[name] = {"errors": errors, "cases_run": done, "cases": len(cases), "exit": p.returncode,
-                       "timed_out": timed_out,
-                       "first_errors": [ln for ln in text.splitlines() if ln.startswith("========= ")
-                                        and "SUMMARY" not in ln][:40],
-                       "tail": text[-1500:] if errors is None or p.returncode else ""}
-        total += errors or 0
+    # a run ended by the lease's timeout (SIGTERM) still kills the tools' sessions, on the way out
+    term = signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        for name in run.args.sanitize_tools:
+            log = open(os.path.join(work, f"{name}.log"), "w")
+            cmd = [tool, "--tool", name, "--print-limit", "20", *TOOL_FLAGS[name], sys.executable, "-m",
+                   "benchmarks.gpu_check", "--sanitize-case", listing]
+            procs[name] = (subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True), log)
+        tools, total = {}, 0
+        for name, (p, log) in procs.items():
+            timed_out = False
+            try:
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _kill_session(p)
+                timed_out = True
+            log.close()
+            with open(log.name, errors="replace") as f:
+                text = f.read()
+            errors = summary_errors(text)
+            done = text.count("sanitize-case done")
+            tools[name] = {"errors": errors, "cases_run": done, "cases": len(cases), "exit": p.returncode,
+                           "timed_out": timed_out,
+                           "first_errors": [ln for ln in text.splitlines() if ln.startswith("========= ")
+                                            and "SUMMARY" not in ln][:40],
+                           "tail": text[-1500:] if errors is None or p.returncode else ""}
+            total += errors or 0
+    finally:
+        for p, _ in procs.values():
+            if p.poll() is None:
+                _kill_session(p)
+        signal.signal(signal.SIGTERM, term)
     return {"tools": tools, "errors": total if all(t["errors"] is not None for t in tools.values()) else None,
             "cases": [c["id"] for c in cases]}
+
+
+def _kill_session(p):
+    """Kill process ``p``, started in a session of its own, and every process of its group."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+
+
+def _exit_on_signal(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 def summary_errors(text):
@@ -1849,6 +1995,7 @@ class Jobs:
     @staticmethod
     def correctness(job, state):
         lib_objs = state.setdefault("libs", {})
+        part = state.get("part", _no_part)  # each case as it finishes: a worker killed later keeps it
         out = []
         for case in job["cases"]:
             if time.time() > job["deadline"]:
@@ -1858,6 +2005,7 @@ class Jobs:
                 lib_objs.update(libs([case["lib"]]))
             rec = run_case(case, lib_objs[case["lib"]])
             out.append(rec)
+            part(rec)
             if rec["status"] == "error" and any(s in rec.get("why", "") for s in STICKY):
                 state["sticky"] = rec["why"]
                 break
@@ -1865,16 +2013,40 @@ class Jobs:
 
     @staticmethod
     def speed_warm(job, state):
+        """A timed case's cheap part, first for every case: numbanorm, the copy and torch
+        eager (numbanorm's kernels compile, from numba's cache where a run filled it); the
+        compiled peers come after every case's (``speed_peers``), on this worker."""
         keep = state.setdefault("speed", {})
         res = []
         for case in job["cases"]:
-            sc = SpeedCase(case)
-            heavy = state.get("heavy") if _x_bytes(case) >= HEAVY_BYTES else None
-            with heavy or contextlib.nullcontext():
+            sc = SpeedCase(case, peers=EAGER_PEERS)
+            with _gpu_memory(state.get("heavy"), _x_bytes(case)):
                 sc.warm()
             keep[json.dumps(case, sort_keys=True)] = sc
             res.append(sc.skipped)
         return res
+
+    @staticmethod
+    def speed_peers(job, state):
+        """The compiled peers of cases this worker warmed (``speed_warm``): torch.compile's
+        graphs and Liger's Triton kernels, the slow part of a warm-up (on an H200 a case's
+        whole warm-up took tens of seconds, three at a time, and the N = 1024 and 2048 rows,
+        warmed last, never ran)."""
+        keep = state.get("speed", {})
+        for case in job["cases"]:
+            sc = keep.get(json.dumps(case, sort_keys=True))
+            if sc is None:  # its cheap part failed: nothing to time
+                continue
+            new = [p for p in COMPILED_PEERS if p not in sc.peers]
+            before = sc.peers
+            sc.peers += tuple(new)
+            try:
+                with _gpu_memory(state.get("heavy"), _x_bytes(case)):
+                    sc.warm(only=new)
+            except Exception:  # the case is timed without them, not compiled in the timed phase
+                sc.peers = before
+                raise
+        return None
 
     @staticmethod
     def speed_time(job, state):
@@ -1884,13 +2056,16 @@ class Jobs:
                 skipped[_speed_label(case)] = "the speed budget ran out"
                 continue
             sc = state.get("speed", {}).get(json.dumps(case, sort_keys=True))
-            if sc is None:
-                sc = SpeedCase(case)
+            if sc is None:  # (no compiled peer: their compiles would take the timed phase's time)
+                sc = SpeedCase(case, peers=EAGER_PEERS)
                 sc.warm()
             r, s = sc.time()
             rows += r
             for k, why in s.items():
                 skipped[_speed_label(case, k)] = why
+            for k in PEERS:
+                if k not in sc.peers:
+                    skipped[_speed_label(case, k)] = "not warmed within phase 1"
         return {"rows": rows, "skipped": skipped}
 
     @staticmethod
@@ -1899,23 +2074,72 @@ class Jobs:
         it, the timed cases' warm-ups held all but 25 GiB of an H200 and two were refused):
         their kernels first, on small inputs of the same mappings, then the cases."""
         lib = TorchLib()
+        part = state.get("part", _no_part)
         for case in job["cases"]:
             small = dict(case, variant="standard", shape=[3, case["shape"][1]] if case["shape"][0] > 1
                          else [1, (1 << 21) + 33])
             run_case(small, lib)
-        return [run_case(case, lib) for case in job["cases"]]
+        out = []
+        for case in job["cases"]:
+            out.append(run_case(case, lib))
+            part(out[-1])
+        return out
+
+
+def _no_part(item):
+    """Where a job runs in this process, nothing is sent ahead of its result."""
 
 
 PHASES = {"correctness": (Jobs.correctness, None), "speed": (Jobs.speed_warm, Jobs.speed_time),
+          "speed_peers": (Jobs.speed_peers, None),
           "host": (lambda job, state: host_cost(warm_only=True), lambda job, state: host_cost()),
           "graph": (lambda job, state: cuda_graph(warm_only=True), lambda job, state: cuda_graph()),
           "cpu": (lambda job, state: cpu_scaling(0, warm_only=True), None), "big": (Jobs.big, None)}
 
 
-# timed cases whose x is this large warm up a few at a time (a backward's tensors and three peers'
-# graphs: about 15 arrays of x's size)
+PART = "part"  # a worker's message in place of a phase: one item of a job's result, sent as it is ready
+
+# timed cases whose x is this large warm up a few at a time, as the GPU's free memory holds them
+# (a backward's tensors and three peers' graphs: about HEAVY_ARRAYS arrays of x's size)
 HEAVY_BYTES = 128 << 20
-HEAVY_AT_ONCE = 3
+HEAVY_ARRAYS = 15
+HEAVY_AT_ONCE = 3  # of the largest, where the free memory is not known
+
+
+def _units(nbytes):
+    """The GiB a warm-up of a timed case whose x has ``nbytes`` holds (0 below HEAVY_BYTES)."""
+    return math.ceil(HEAVY_ARRAYS * nbytes / 2**30) if nbytes >= HEAVY_BYTES else 0
+
+
+def heavy_units(free_bytes, tiny=False):
+    """The GiB the timed cases' warm-ups may hold at once: 60 % of the GPU memory free as
+    the workers start (the rest for their contexts and the cases below HEAVY_BYTES: an
+    H100 warms three of the largest at once, an H200 five), or HEAVY_AT_ONCE of the largest
+    case where that is not known; at least the largest."""
+    largest = _units(max(_x_bytes(c) for c in speed_cases(tiny))) or 1
+    if free_bytes is None:
+        return HEAVY_AT_ONCE * largest
+    return max(largest, int(free_bytes * 0.6) >> 30)
+
+
+@contextlib.contextmanager
+def _gpu_memory(heavy, nbytes):
+    """Hold a warm-up's share of the GPU memory (``Pool``'s ``heavy``: a semaphore of GiB, a
+    gate, their number) while it runs; a case below HEAVY_BYTES takes none."""
+    n = _units(nbytes)
+    if heavy is None or not n:
+        yield
+        return
+    units, gate, total = heavy
+    n = min(n, total)
+    with gate:  # one taker at a time: two holding part of what each needs could wait on each other
+        for _ in range(n):
+            units.acquire()
+    try:
+        yield
+    finally:
+        for _ in range(n):
+            units.release()
 
 
 def _worker(wid, tasks, results, cache_dir, heavy):
@@ -1931,6 +2155,7 @@ def _worker(wid, tasks, results, cache_dir, heavy):
         if msg is None:
             return
         phase, job = msg
+        state["part"] = lambda item, jid=job["id"]: results.put((wid, jid, PART, item, None, 0.0))
         t0 = time.time()
         try:
             res, err = PHASES[job["kind"]][phase](job, state), None
@@ -1964,9 +2189,11 @@ def _error():
 
 class Pool:
     """Worker processes (``spawn``) each with its own task queue, so that phase 2 of a job
-    runs on the worker that did its phase 1; ``n == 0`` runs everything in this process."""
+    runs on the worker that did its phase 1, as does a job ``on`` another; ``n == 0`` runs
+    everything in this process.  ``heavy``: the GiB of GPU memory the timed cases' warm-ups
+    share (``heavy_units``)."""
 
-    def __init__(self, n, cache_dir):
+    def __init__(self, n, cache_dir, heavy=None):
         self.n, self.cache_dir = n, cache_dir
         self.state = {"heavy": None}  # in-process mode
         self.owner = {}  # job id -> worker id that ran phase 1
@@ -1976,7 +2203,8 @@ class Pool:
 
             self.ctx = mp.get_context("spawn")
             self.results = self.ctx.Queue()
-            self.heavy = self.ctx.BoundedSemaphore(HEAVY_AT_ONCE)
+            heavy = heavy or heavy_units(None)  # (the GiB of GPU memory the timed cases' warm-ups share)
+            self.heavy = (self.ctx.BoundedSemaphore(heavy), self.ctx.Lock(), heavy)
             self._next = 0
             # inductor compiles in the worker (the workers are the parallelism)
             os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
@@ -2002,8 +2230,11 @@ class Pool:
 
     def phase1(self, jobs, deadline, on_result, kill_at=None):
         """Run each job's phase 1 on the first idle worker, in order, until ``deadline``;
-        ``on_result(job, result, error)`` as they finish; a worker still busy at ``kill_at``
-        (a minute after ``deadline`` unless given) is killed.  Returns the jobs not started."""
+        ``on_result(job, result, error, killed)`` as they finish.  A worker still busy at
+        ``kill_at`` (a minute after ``deadline`` unless given) is killed, ``killed`` True; a
+        job that failed, or whose worker was killed or died, has as ``result`` the items its
+        worker sent ahead (``PART``: a correctness job's cases as each finished).  Returns
+        the jobs not started."""
         late_at = min(deadline + 60, kill_at) if kill_at is not None else deadline + 60
         pending = list(jobs)
         if not self.n:
@@ -2013,14 +2244,17 @@ class Pool:
                     res, err = PHASES[job["kind"]][0](job, self.state), None
                 except Exception:  # as a worker reports it
                     res, err = None, _error()
-                on_result(job, res, err)
+                on_result(job, res, err, False)
             return pending
-        busy, by_id = {}, {}  # wid -> (job, started)
+        busy, by_id, parts = {}, {}, {}  # wid -> (job, started); job id -> job; job id -> items sent ahead
         while pending or busy:
             for wid in [w for w in self.workers if w not in busy]:
                 if not pending or time.monotonic() >= deadline:
                     break
-                job = pending.pop(0)
+                job = self.next_job(pending, wid)
+                if job is None:
+                    continue
+                pending.remove(job)
                 by_id[job["id"]] = job
                 busy[wid] = (job, time.monotonic())
                 self.workers[wid][1].put((0, job))
@@ -2028,10 +2262,15 @@ class Pool:
                 break
             msg = self._get(2.0)
             if msg is not None:
-                wid, jid, _, res, err, _ = msg
-                busy.pop(wid, None)
-                self.owner[jid] = wid
-                on_result(by_id[jid], res, err)
+                wid, jid, phase, res, err, _ = msg
+                if phase == PART:
+                    if wid in busy and busy[wid][0]["id"] == jid:
+                        parts.setdefault(jid, []).append(res)
+                else:
+                    busy.pop(wid, None)
+                    ahead = parts.pop(jid, [])
+                    self.owner[jid] = wid
+                    on_result(by_id[jid], ahead if err else res, err, False)
             for wid, (job, _) in list(busy.items()):
                 p = self.workers[wid][0]
                 late = time.monotonic() > late_at
@@ -2041,8 +2280,9 @@ class Pool:
                     p.kill()
                 busy.pop(wid)
                 self.workers.pop(wid)
-                on_result(job, None, "worker " + (f"killed {late_at - deadline:.0f} s after phase 1's deadline"
-                                                  if late else f"died (exit code {p.exitcode})"))
+                on_result(job, parts.pop(job["id"], []),
+                          "worker " + (f"killed {late_at - deadline:.0f} s after phase 1's deadline" if late
+                                       else f"died (exit code {p.exitcode})"), late)
                 if time.monotonic() < deadline:
                     self._start()
             for wid in [w for w, (p, _) in self.workers.items() if not p.is_alive() and w not in busy]:
@@ -2050,6 +2290,12 @@ class Pool:
                 if time.monotonic() < deadline:
                     self._start()
         return pending
+
+    def next_job(self, pending, wid):
+        """The first of ``pending`` that worker ``wid`` may take: a job ``on`` another (the
+        compiled peers of the cases that one warmed) goes to the worker that ran it, once it has;
+        None if there is none."""
+        return next((j for j in pending if "on" not in j or self.owner.get(j["on"]) == wid), None)
 
     def phase2(self, job, timeout):
         """Phase 2 of ``job`` on the worker that ran its phase 1: ``(result, error)``."""
@@ -2066,7 +2312,7 @@ class Pool:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             msg = self._get(min(2.0, max(0.1, end - time.monotonic())))
-            if msg is not None and msg[1] == job["id"]:
+            if msg is not None and msg[1] == job["id"] and msg[2] != PART:
                 return msg[3], msg[4]
             if msg is None and not p.is_alive():
                 return None, f"worker died (exit code {p.exitcode})"
@@ -2125,14 +2371,17 @@ def build_jobs(run, ops, dtypes, lib_names):
         jobs.append({"kind": "host"})
     if torch_ok and run.wants("graph"):
         jobs.append({"kind": "graph"})
-    if torch_ok and run.wants("speed"):
-        for chunk in _chunks(speed_cases(args.tiny), 2):
-            jobs.append({"kind": "speed", "cases": chunk})
+    if torch_ok and run.wants("speed"):  # every case's cheap part, then the compiled peers, each on its worker
+        warm = [{"kind": "speed", "cases": chunk} for chunk in _chunks(speed_cases(args.tiny), 2)]
+        jobs += warm + [{"kind": "speed_peers", "cases": j["cases"], "after": j} for j in warm]
     if run.wants("cpu_scaling") and not args.tiny:
         jobs.append({"kind": "cpu"})
     jobs += [j for j in correctness if j["tier"]]
     for k, j in enumerate(jobs):
         j["id"], j["seq"] = f"{j['kind']}-{k}", k
+    for j in jobs:
+        if "after" in j:
+            j["on"] = j.pop("after")["id"]
     return jobs
 
 
@@ -2141,6 +2390,25 @@ CASE_KEYS = ("id", "op", "dtype", "lib", "shape", "groups", "layout", "variant",
 
 def _unrun(cases, status, why):
     return [dict({k: c[k] for k in CASE_KEYS}, status=status, why=why) for c in cases]
+
+
+def job_records(job, res, err, killed):
+    """A correctness job's case records, from what ``Pool.phase1`` reports: its result, and
+    the cases it did not reach.  Where its worker was killed at phase 1's end, the cases it
+    finished (sent ahead) and the rest not run, as a budget that ran out leaves them
+    (``--resume`` runs them); where it failed or died, the case it was on an error and the
+    rest not run; where a sticky CUDA error ended it early, the rest not run."""
+    done = list(res or [])
+    finished = {r["id"] for r in done}
+    rest = [c for c in job["cases"] if c["id"] not in finished]
+    if not rest:
+        return done
+    if killed:
+        return done + _unrun(rest, "not run", f"the correctness budget ran out ({err})")
+    if err:
+        return done + _unrun(rest[:1], "error", err[:600]) + _unrun(rest[1:], "not run", "an earlier case of its "
+                                                                       "job ended its worker")
+    return done + _unrun(rest, "not run", "an earlier case's CUDA error ended its worker")
 
 
 def main(argv=None):
@@ -2181,14 +2449,15 @@ def main(argv=None):
             if not gpu:
                 raise Skip(f"no GPU kernels here: {nc.why_unavailable()}")
             pooled = any(run.wants(x) for x in ("correctness", "speed", "host", "graph", "cpu_scaling"))
-            pool = Pool(jobs_n if pooled else 0, cache_dir)  # the workers import while the cases are planned
+            heavy = heavy_units(_free_gpu_bytes(), args.tiny)
+            pool = Pool(jobs_n if pooled else 0, cache_dir, heavy)  # the workers import while the cases are planned
             jobs = build_jobs(run, ops, args.dtypes, lib_names)
-            info.update(jobs=len(jobs), workers=jobs_n,
+            info.update(jobs=len(jobs), workers=jobs_n, warm_up_gib=heavy,
                         libraries_skipped={n: v for n, v in lib_status.items() if isinstance(v, str)})
 
-            def on_result(job, res, err):
+            def on_result(job, res, err, killed):
                 if job["kind"] in ("correctness", "big"):
-                    report.add_cases(_unrun(job["cases"], "error", err[:600]) if err else res)
+                    report.add_cases(job_records(job, res, err, killed))
                     report.save()
                 elif err:
                     info.setdefault("warm_errors", {})[job["id"]] = err[:1500]
@@ -2270,7 +2539,10 @@ def _timed_sections(run, report, pool, phase2):
                     report.data["cuda_graph"] = res
                 report.save()
             if kind == "speed":
-                info["cases_not_warmed"] = len(speed_cases(run.args.tiny)) - sum(len(j["cases"]) for j in jobs)
+                warmed = sum(len(j["cases"]) for j in jobs)
+                info["cases_not_warmed"] = len(speed_cases(run.args.tiny)) - warmed
+                info["cases_without_compiled_peers"] = warmed - sum(len(j["cases"]) for j in phase2
+                                                                    if j["kind"] == "speed_peers")
 
 
 # ---------------------------------------------------------------- targets and summary

@@ -20,9 +20,14 @@ ml_dtypes' bfloat16).
 
 import json
 import math
+import os
+import re
+import shlex
+import subprocess
 import time
 import types
 
+import numpy as np
 import pytest
 
 import numbanorm.cuda as nc
@@ -199,6 +204,63 @@ def test_no_kernel_has_a_shared_memory_hazard(knobs, dtype):
     assert not found, found
 
 
+def _extreme(case):
+    """Whether a case's inputs are what its variant says: an element of x whose square is
+    past the accumulation dtype's range; elements whose squares underflow float32, eps 0;
+    a sum of dy past float32's range."""
+    values = G._case_values(BY_NAME[case["op"]], case)[0]
+    amax = float(np.abs(values["x"].astype(np.float64)).max())
+    top = float(np.finfo(np.float64 if case["dtype"] == "float64" else np.float32).max)
+    if case["variant"] == "dy_huge":
+        return float(np.abs(values["dy"].astype(np.float64)).sum()) > top
+    if case["variant"] == "tiny":
+        return values["eps"] == 0 and 0 < amax < math.sqrt(float(np.finfo(np.float32).smallest_subnormal))
+    return amax > math.sqrt(top)
+
+
+def test_extreme_inputs_reach_out_of_range_and_pass_in_the_simulator(knobs):
+    """The kernels' out-of-range paths (a row or group whose sums leave the accumulation
+    dtype's range, redone at a scale) never ran on a GPU: the correctness cases of extreme
+    inputs (rows times 2**100, float64's 2**600; times 2**-100 with eps = 0; dy near the
+    largest value on one row) are planned on numba arrays for every operation and dtype
+    the oracle can answer, at the shapes of the other cases (kernels compiled), and pass."""
+    knobs(**SMALL)
+    ops = [op.name for op in G.OPERATIONS]
+    cases = [c for c in G.plan(ops, G.DTYPES, list(G.LIBS), tiny=True) if c["variant"] in G.RANGE_VARIANTS]
+    assert {(c["variant"], c["dtype"]) for c in cases} == {(v, d) for v in G.RANGE_VARIANTS for d in G.DTYPES
+                                                           if G._range_applies(BY_NAME["layer_norm"], d, v)}
+    assert {c["op"] for c in cases} == set(ops) and {c["lib"] for c in cases} == {"numba"}
+    shapes = {(c["op"], c["dtype"], tuple(c["shape"])) for c in G.plan(ops, G.DTYPES, ["numba"], tiny=True)
+              if c["variant"] == "standard"}
+    assert all((c["op"], c["dtype"], tuple(c["shape"])) in shapes for c in cases)
+    assert all(_extreme(c) for c in cases if c["dtype"] != "float16")  # (float16's reach 4e4: no overflow)
+    lib = G.NumbaLib()
+    chosen = [c for c in cases if c["dtype"] == "float32" or (c["op"], c["dtype"]) == ("add_layer_norm", "bfloat16")]
+    records = [G.run_case(c, lib) for c in chosen]
+    bad = [(r["id"], r["status"], r.get("why"), r.get("errors")) for r in records if r["status"] != "pass"]
+    assert not bad, bad
+    assert len(records) > 25
+
+
+def test_the_sanitizer_runs_every_kernel_in_every_dtype_and_the_extreme_inputs(capsys):
+    """compute-sanitizer's cases: every operation in every dtype (bfloat16 and float32
+    alone before: float16's and float64's kernels never ran under it), then float32's
+    extreme inputs, at shapes of correctness cases; the child runs them."""
+    ops = [op.name for op in G.OPERATIONS]
+    cases = G.sanitize_cases(ops, tiny=True)
+    assert {(c["op"], c["dtype"]) for c in cases} == {(op, d) for op in ops for d in G.DTYPES}
+    assert set(G.RANGE_VARIANTS) <= {c["variant"] for c in cases}
+    planned = {(c["op"], c["dtype"], tuple(c["shape"]), c["groups"])
+               for c in G.plan(ops, G.DTYPES, ["numba"], tiny=True)}
+    assert all((c["op"], c["dtype"], tuple(c["shape"]), c["groups"]) in planned for c in cases)
+    first = [c["dtype"] for c in cases[:len(cases) // 3]]
+    assert set(first) == {"bfloat16", "float32"}  # the old cases first: a budget cut takes the new
+    picked = [next(c for c in cases if (c["op"], c["dtype"]) == ("rms_norm", d)) for d in ("float16", "float64")]
+    picked += [next(c for c in cases if c["variant"] == "dy_huge")]
+    G.run_sanitize_cases(picked)
+    assert capsys.readouterr().out.count("sanitize-case done") == 3
+
+
 def test_a_wrong_result_fails_its_case(monkeypatch):
     """An oracle off by one makes the case fail (and a crash is an error), and the targets say so."""
     from numbanorm import reference
@@ -228,9 +290,10 @@ def _check_schema(d):
         assert key in d, key
     assert isinstance(d["versions"], dict)
     c = d["correctness"]
-    assert set(c) == {"passed", "failed", "cases"} and isinstance(c["cases"], list)
+    assert set(c) == {"passed", "failed", "not_run", "cases"} and isinstance(c["cases"], list)
     assert c["passed"] == sum(x["status"] == "pass" for x in c["cases"])
     assert c["failed"] == sum(x["status"] in ("fail", "error") for x in c["cases"])
+    assert c["not_run"] == sum(x["status"] == "not run" for x in c["cases"])
     assert {"tools", "errors"} <= set(d["sanitizer"])
     for row in d["speed"]:
         assert set(row) == {"norm", "pass", "dtype", "shape", "impl", "gbps", "ms"}
@@ -293,7 +356,8 @@ def test_workers_run_the_cases_and_a_second_phase_goes_to_the_same_worker(tmp_pa
     got = []
     pool = G.Pool(2, str(tmp_path / "cache"))
     try:
-        left = pool.phase1(jobs, time.monotonic() + 600, lambda job, res, err: got.append((job["id"], res, err)))
+        left = pool.phase1(jobs, time.monotonic() + 600,
+                           lambda job, res, err, killed: got.append((job["id"], res, err)))
         assert left == [] and len(got) == 2 and all(err is None for _, _, err in got)
         assert sorted(r[0]["status"] for _, r, _ in got) == ["pass", "pass"]
         assert set(pool.owner) == {"j0", "j1"} and set(pool.owner.values()) <= set(pool.workers)
@@ -302,6 +366,52 @@ def test_workers_run_the_cases_and_a_second_phase_goes_to_the_same_worker(tmp_pa
         assert len(pool.workers) == 2
     finally:
         pool.close()
+
+
+def test_a_job_killed_at_phase_ones_end_keeps_the_cases_it_finished(tmp_path, monkeypatch):
+    """A worker still busy when phase 1's time is up is killed. Its job's cases that had
+    finished keep their result (the worker sends each as it finishes), and the rest are
+    not run -- not failed -- so that --resume runs them again. Before, the whole job was
+    an error: one passed case and one cut short counted as two failures. Here the clock
+    jumps past the kill as soon as the first case (N = 1) is reported, while the second (a
+    long row, seconds in the simulator) runs."""
+    fast, slow = (G._case("layer_norm", "float32", "numba", shape, "demo", 1) for shape in ((7, 1), (64, 2048)))
+    job = {"kind": "correctness", "cases": [fast, slow], "deadline": time.time() + 600, "tier": 1, "id": "j0"}
+    pool = G.Pool(1, str(tmp_path / "cache"))
+    jump = [0.0]
+    real_get = pool._get
+
+    def get(timeout):
+        msg = real_get(timeout)
+        if msg is not None and msg[2] == G.PART:
+            jump[0] = 1e4
+        return msg
+
+    monkeypatch.setattr(pool, "_get", get)
+    monkeypatch.setattr(G, "time", types.SimpleNamespace(monotonic=lambda: time.monotonic() + jump[0],
+                                                         time=time.time, perf_counter=time.perf_counter))
+    got = []
+    try:
+        start = time.monotonic()
+        left = pool.phase1([job], start + 600, lambda j, res, err, killed: got.append((res, err, killed)),
+                           kill_at=start + 600)
+    finally:
+        pool.close()
+    assert left == [] and len(got) == 1
+    res, err, killed = got[0]
+    assert killed and "killed" in err and [r["id"] for r in res] == [fast["id"]]
+    report = G.Report(str(tmp_path / "a.json"))
+    report.add_cases(G.job_records(job, res, err, killed))
+    c = report.data["correctness"]
+    assert [x["status"] for x in c["cases"]] == ["pass", "not run"]
+    assert (c["passed"], c["failed"], c["not_run"]) == (1, 0, 1)
+    report.save()  # a later run's --resume carries the passed case and runs the other
+    assert list(G.resumable(report.path, report.data)[0]) == [fast["id"]]
+    # a job that failed on its second case: the first keeps its result, the second is the error
+    recs = G.job_records(job, res, "worker died (exit code -11)", False)
+    assert [x["status"] for x in recs] == ["pass", "error"]
+    # one that a sticky CUDA error on its first case ended: the second recorded, not run
+    assert [x["status"] for x in G.job_records(job, res, None, False)] == ["pass", "not run"]
 
 
 def test_targets_and_the_model_on_a_made_up_run():
@@ -393,6 +503,37 @@ def test_sanitizer_summaries_are_read_for_every_tool():
     assert summary_errors("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n") == 0
     assert summary_errors("========= RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)\n") == 2
     assert summary_errors("========= Target application returned an error\n") is None
+
+
+def _alive(pid):
+    """Whether process ``pid`` runs (a zombie, killed and not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_sanitizer_tool_cut_at_its_budget_is_killed_with_its_child(tmp_path, monkeypatch):
+    """compute-sanitizer runs the instrumented Python as its child: killing the tool alone at
+    the section's end left that child running into the sections after (CPU scaling times
+    the CPU). A stand-in tool that starts a child and waits is killed, child and all."""
+    fake, pids = tmp_path / "compute-sanitizer", tmp_path / "pids"
+    fake.write_text(f"#!/bin/sh\nsleep 300 &\necho $! >> {pids}\nwait\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(G, "_sanitizer", lambda: str(fake))
+    monkeypatch.setattr(G, "_simulated", lambda: False)
+    monkeypatch.setattr(G, "sanitize_cases", lambda ops: [])
+    args = G.parse(["--budget", "sanitizer=2", "--sanitize-tools", "memcheck", "racecheck", "--out", "x.json"])
+    run = G.Run(args, types.SimpleNamespace(data={"sections": {}}))
+    res = G.sanitizer(run, ["layer_norm"], dict(os.environ))
+    assert all(t["timed_out"] for t in res["tools"].values()) and len(res["tools"]) == 2
+    children = [int(p) for p in pids.read_text().split()]
+    assert len(children) == 2
+    end = time.monotonic() + 5
+    while any(_alive(p) for p in children) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in children)
 
 
 def test_host_profile_names_where_a_call_spends_its_time():
@@ -501,6 +642,7 @@ class _Timeline:
 
     def __init__(self):
         self.host = self.gpu = 0.0
+        self.cycles_per_ms = 2e6  # the sleep kernel's clock
 
     def enqueue(self, ms):
         self.gpu = max(self.gpu, self.host) + ms
@@ -529,7 +671,7 @@ class _Timeline:
             def elapsed_time(self, other):
                 return other.t - self.t
 
-        return types.SimpleNamespace(Event=Event, _sleep=lambda cycles: line.enqueue(cycles / 2e6),
+        return types.SimpleNamespace(Event=Event, _sleep=lambda cycles: line.enqueue(cycles / line.cycles_per_ms),
                                      synchronize=lambda: setattr(line, "host", max(line.host, line.gpu)),
                                      empty_cache=lambda: None)
 
@@ -554,6 +696,36 @@ def test_a_speed_row_is_the_gpu_time_of_a_call_whose_host_cost_is_longer(monkeyp
     assert all(r["unqueued_samples"] == 0 for r in rows) and skipped == {}
 
 
+def test_a_sample_whose_sleep_ended_early_is_not_counted_as_queued(monkeypatch):
+    """The sleep kernel's cycles per ms are timed once; a GPU clock that rises after (from
+    a low clock to boost, 4x here) sleeps a quarter of what was asked, and the GPU idles
+    between calls the host has not yet queued, timing the host's cost. Such a sample was
+    counted as queued (the host's time against the sleep asked for, not the sleep the GPU
+    timed); now it is counted, and the samples after it sleep on the clock it measured: the
+    median is the GPU's 0.03 ms (0.05 before)."""
+    pytest.importorskip("torch")
+    line = _Timeline()
+    case = {"norm": "group_norm", "pass": "forward", "dtype": "float32", "shape": [8, 512, 64, 64], "groups": 32}
+    sc = G.SpeedCase(case, peers=False)
+    sc.torch, sc.clock = line, lambda: line.host / 1e3
+    x = types.SimpleNamespace(numel=lambda: 8 * 512 * 64 * 64, element_size=lambda: 4)
+    monkeypatch.setattr(sc, "_tensors", lambda: ({"x": x}, {}))
+    monkeypatch.setattr(sc, "calls", lambda v, grads: {"numbanorm": line.call(0.08, 0.03),
+                                                       "copy": line.call(0.01, 0.02)})
+    line.cycles_per_ms = 0.5e6
+    timed = sc._cycles_per_ms
+
+    def calibrate():
+        cpm = timed()
+        line.cycles_per_ms = 2e6  # the clock rises after it was timed
+        return cpm
+
+    monkeypatch.setattr(sc, "_cycles_per_ms", calibrate)
+    rows, _ = sc.time(rounds=5)
+    got = {r["impl"]: r for r in rows}
+    assert got["numbanorm"]["ms"] == pytest.approx(0.03) and got["numbanorm"]["unqueued_samples"] == 1
+
+
 def test_phase_one_leaves_the_later_sections_their_budgets():
     """Phase 1 (correctness and the warm-ups) ends, and its busy workers are killed, no later
     than the run's deadline less the budgets of the sections after it. A speed-only run on the
@@ -566,41 +738,208 @@ def test_phase_one_leaves_the_later_sections_their_budgets():
     after = 20 + G.BUDGET_S["host"] + G.BUDGET_S["graph"] + G.BUDGET_S["model"]
     assert end <= kill_at <= run.t0 + 125 - after + 1e-6
     assert end - run.t0 > 125 - after - 5  # and no sooner
+    # with correctness cases, the last starts a margin before the kill (none before: a job's
+    # finished cases were lost with it)
+    args = G.parse(["--deadline", "200", "--skip", "speed", "host", "graph", "model", "cpu_scaling",
+                    "--budget", "correctness=190", "sanitizer=40", "--out", "x.json"])
+    run = G.Run(args, types.SimpleNamespace(data={"sections": {}}))
+    end, kill_at = run.phase1_deadlines()
+    assert kill_at == pytest.approx(run.t0 + 160, abs=0.1) and kill_at - end >= G.KILL_MARGIN_S - 1e-6
     args = G.parse(["--deadline", "1000", "--out", "x.json"])  # a budget, not the deadline, ends it
     run = G.Run(args, types.SimpleNamespace(data={"sections": {}}))
     end, kill_at = run.phase1_deadlines()
-    assert end <= run.t0 + G.BUDGET_S["correctness"] + 1 and kill_at > end + 60
+    assert end <= run.t0 + G.BUDGET_S["correctness"] + 1 and kill_at == pytest.approx(end + 60)
 
 
 def test_a_speed_run_warms_host_and_graph_before_its_speed_cases(monkeypatch):
     """In a run of the timed sections alone (the lease's second and fourth), the host and
-    graph jobs come before the speed warm-ups, which may not all fit in phase 1."""
+    graph jobs come before the speed warm-ups, which may not all fit in phase 1; and every
+    timed case's cheap part (numbanorm, copy, torch eager) before any case's compiled peers
+    (torch.compile, Liger), each peers job on the worker that warmed its cases' cheap part.
+    A case's whole warm-up took tens of seconds on an H200, a few at a time, and the N =
+    1024 and 2048 rows, warmed last, were never timed."""
     monkeypatch.setattr(G, "_why_no_torch_cuda", lambda: "")
     args = G.parse(["--only", "speed", "host", "graph", "model", "--out", "x.json"])
     run = G.Run(args, types.SimpleNamespace(data={"sections": {}}))
-    kinds = [j["kind"] for j in G.build_jobs(run, [op.name for op in G.OPERATIONS], list(G.DTYPES), list(G.LIBS))]
-    assert kinds[:2] == ["host", "graph"] and set(kinds[2:]) == {"speed"} and len(kinds) > 50
+    jobs = G.build_jobs(run, [op.name for op in G.OPERATIONS], list(G.DTYPES), list(G.LIBS))
+    kinds = [j["kind"] for j in jobs]
+    assert kinds[:2] == ["host", "graph"] and len(kinds) > 100
+    n = kinds.count("speed")
+    assert kinds[2:] == ["speed"] * n + ["speed_peers"] * n and n * 2 == len(G.speed_cases())
+    by_id = {j["id"]: j for j in jobs}
+    assert all(by_id[j["on"]]["kind"] == "speed" and by_id[j["on"]]["cases"] == j["cases"]
+               for j in jobs if j["kind"] == "speed_peers")
+    assert {c["shape"][-1] for j in jobs if j["kind"] == "speed" for c in j["cases"]} >= {1024, 2048}
+
+
+def test_a_job_on_another_goes_to_the_worker_that_ran_that_one(tmp_path):
+    """A peers job compiles into the SpeedCase its cases' cheap warm-up left in a worker, and
+    the case is timed there: it waits for that worker, while other workers take the jobs
+    after it. Two spawned workers, three jobs on the first (~15 s)."""
+    pool = G.Pool(0, str(tmp_path / "unused"))
+    pool.owner = {"a": 1}
+    pending = [{"id": "b", "on": "a"}, {"id": "c", "on": "x"}, {"id": "d"}]
+    assert pool.next_job(pending, 1)["id"] == "b" and pool.next_job(pending, 0)["id"] == "d"
+    assert pool.next_job(pending[:2], 0) is None
+    cases = G.plan(["rms_norm"], ["float32"], ["numba"], tiny=True, select="N = 1$|odd N")
+    jobs = [{"kind": "correctness", "cases": [c], "deadline": time.time() + 600, "id": f"j{k}"}
+            for k, c in enumerate(cases)]
+    jobs = jobs[:1] + [dict(j, on="j0") for j in jobs[1:]] + [dict(j, id=f"free{k}") for k, j in enumerate(jobs)]
+    got = []
+    pool = G.Pool(2, str(tmp_path / "cache"))
+    try:
+        left = pool.phase1(jobs, time.monotonic() + 600, lambda job, res, err, killed: got.append(err))
+    finally:
+        pool.close()
+    assert left == [] and got == [None] * len(jobs) and len(cases) >= 3
+    assert {pool.owner[j["id"]] for j in jobs if j.get("on") == "j0"} == {pool.owner["j0"]}
+
+
+def test_speed_warm_ups_compile_the_peers_after_every_cases_cheap_part(monkeypatch):
+    """A case's cheap warm-up (numbanorm, copy, torch eager) compiles no torch.compile graph;
+    its peers job does, into the same SpeedCase, which is then timed with them; a case whose
+    peers were not warmed is timed without them, saying so, never compiling in the timed
+    phase (CPU tensors, a backend that counts compiles, the timing stubbed)."""
+    pytest.importorskip("torch")
+    import torch._dynamo as dynamo
+    import torch._inductor.config as inductor
+
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(1)
+        return gm.forward
+
+    monkeypatch.setattr(G, "COMPILE_BACKEND", counting)
+    monkeypatch.setattr(G.SpeedCase, "device", "cpu")
+    monkeypatch.setattr(G.SpeedCase, "time", lambda self: ([{"impl": k} for k in ("numbanorm", "copy") + self.peers],
+                                                          dict(self.skipped)))
+    cfg = dynamo.config
+    kept = cfg.patch(recompile_limit=cfg.recompile_limit, accumulated_recompile_limit=cfg.accumulated_recompile_limit,
+                     fail_on_recompile_limit_hit=cfg.fail_on_recompile_limit_hit)
+    cases = [{"norm": "layer_norm", "pass": p, "dtype": "float32", "shape": [4, 24], "groups": None}
+             for p in ("forward", "backward")]
+    dynamo.reset()
+    try:
+        with kept, inductor.patch(compile_threads=inductor.compile_threads):
+            state = {"heavy": None}
+            G.Jobs.speed_warm({"cases": cases}, state)
+            assert graphs == [] and all(sc.peers == ("torch",) for sc in state["speed"].values())
+            timed = G.Jobs.speed_time({"cases": cases, "deadline": time.time() + 60}, state)
+            assert graphs == [] and {r["impl"] for r in timed["rows"]} == {"numbanorm", "copy", "torch"}
+            assert all(timed["skipped"][G._speed_label(c, k)] == "not warmed within phase 1"
+                       for c in cases for k in G.COMPILED_PEERS)
+            G.Jobs.speed_peers({"cases": cases}, state)
+            assert len(graphs) == 2
+            timed = G.Jobs.speed_time({"cases": cases, "deadline": time.time() + 60}, state)
+            assert len(graphs) == 2 and "torch.compile" in {r["impl"] for r in timed["rows"]}
+            assert not any(G._speed_label(c, "torch.compile") in timed["skipped"] for c in cases)
+    finally:
+        dynamo.reset()
+
+
+def test_the_warm_ups_share_the_gpu_memory_there_is():
+    """The timed cases' warm-ups ran three at a time whatever their size, the N = 1024 and
+    2048 cases as the 8192 ones: now each holds its share of 60 % of the GPU's free memory,
+    about 15 arrays of its x (GiB), so that an H200 warms five of the largest at once (an
+    H100 three) and many more of the small; without a GPU's answer, three of the largest."""
+    import threading
+
+    sizes = {c["shape"][-1] if c["norm"] != "group_norm" else 0: G._x_bytes(c) for c in G.speed_cases()
+             if c["dtype"] == "bfloat16"}
+    largest = G._units(max(G._x_bytes(c) for c in G.speed_cases()))
+    assert largest == 15 and G._units(sizes[1024]) == 0 and G._units(sizes[2048]) == 2
+    assert G.heavy_units(None) == G.HEAVY_AT_ONCE * largest
+    assert G.heavy_units(139 << 30) >= 5 * largest and G.heavy_units(79 << 30) >= 3 * largest
+    assert G.heavy_units(139 << 30) <= 139 * 0.6 and G.heavy_units(1 << 30) == largest
+    units, gate = threading.BoundedSemaphore(20), threading.Lock()
+    with G._gpu_memory((units, gate, 20), 1 << 30):  # 15 of the 20
+        with G._gpu_memory((units, gate, 20), sizes[2048]):  # 2 more
+            assert [units.acquire(blocking=False) for _ in range(4)] == [True, True, True, False]
+            for _ in range(3):
+                units.release()
+    assert [units.acquire(blocking=False) for _ in range(21)].count(True) == 20
+
+
+LEASE_S, START_S, INSTALL_S, IDLE_S = 900, 60, 20, 30  # a lease, a start, the wheels' install, call 2's window
+LEASE_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "gpu_lease.sh")
+
+
+def _lease_runs():
+    """``{part: [(run name, time limit, parsed arguments)]}`` of benchmarks/gpu_lease.sh."""
+    text = open(LEASE_SCRIPT).read().replace("\\\n", " ")
+    runs = {}
+    for part, body in re.findall(r"^(\d)\)\n(.*?);;", text, re.S | re.M):
+        for name, limit, rest in re.findall(r"^\s*check (\S+) (\d+) (.*)$", body, re.M):
+            runs.setdefault(part, []).append((name, int(limit), G.parse(shlex.split(rest) + ["--out", "x.json"])))
+    return runs
 
 
 def test_the_lease_script_runs_parse_and_fit_a_lease():
     """benchmarks/gpu_lease.sh's gpu_check runs parse with the script's own arguments; each
-    run's time limit leaves its deadline room to write the JSON; and the two calls' limits
-    with a machine's start (a minute) fit a 15-minute lease."""
-    import os
-    import re
-    import shlex
-
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "gpu_lease.sh")
-    text = open(path).read().replace("\\\n", " ")
+    run's time limit leaves its deadline room to write the JSON; phase 1 (its workers run to
+    the kill) keeps most of a run that has it; and the two calls' limits, with a machine's
+    start, the wheels' install and the idle window between the calls, fit a 15-minute
+    lease with 20 s to spare (none before: 910 s of 900 with the install)."""
+    runs = _lease_runs()
+    assert set(runs) == {"1", "2"}
     calls = {}
-    for part, body in re.findall(r"^(\d)\)\n(.*?);;", text, re.S | re.M):
-        for name, limit, rest in re.findall(r"^\s*check (\S+) (\d+) (.*)$", body, re.M):
-            args = G.parse(shlex.split(rest) + ["--out", "x.json"])
-            assert int(limit) >= args.deadline + 10, (name, limit, args.deadline)
+    for part, checks in runs.items():
+        for name, limit, args in checks:
+            assert limit >= args.deadline + 10, (name, limit, args.deadline)
             run = G.Run(args, types.SimpleNamespace(data={"sections": {}}))
-            end = run.phase1_deadlines()[0] - run.t0
+            kill = run.phase1_deadlines()[1] - run.t0
             if "correctness" in run.sections or "speed" in run.sections:
-                assert end > 0.5 * args.deadline, (name, end)  # phase 1 keeps most of a run
-            calls[part] = calls.get(part, 0) + int(limit)
-    assert set(calls) == {"1", "2"}
-    assert calls["1"] + 30 + calls["2"] + 60 <= 900, calls  # (call 1 installs wheels for about 20 s)
+                assert kill > 0.5 * args.deadline, (name, kill)
+            calls[part] = calls.get(part, 0) + limit
+    assert START_S + INSTALL_S + calls["1"] + IDLE_S + calls["2"] <= LEASE_S - 20, calls
+
+
+def test_the_lease_runs_the_sanitizer_and_cpu_scaling_on_warm_caches():
+    """Run a (empty caches) checks correctness alone: its sanitizer, compiling every kernel
+    under instrumentation, reached 16-18 of its cases in the last lease, and has no
+    --resume. Run c runs the sanitizer, and CPU scaling, which the lease left out though
+    the CPU kernels had changed since a lease measured it."""
+    runs = _lease_runs()
+    sections = {name: G.Run(args, types.SimpleNamespace(data={"sections": {}})).sections
+                for checks in runs.values() for name, _, args in checks}
+    assert sections['""'] == ["correctness"]
+    assert {"correctness", "sanitizer", "cpu_scaling"} <= set(sections["-c"])
+    assert [name for name, s in sections.items() if "cpu_scaling" in s or "sanitizer" in s] == ["-c"]
+    budget = next(args for name, _, args in runs["2"] if name == "-c").budget
+    assert budget["cpu_scaling"] >= 30 and budget["sanitizer"] >= 30
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_lease_part_two_installs_the_wheels_on_a_fresh_machine(tmp_path, fresh):
+    """Call 2 sent after the machine's idle window finds a fresh machine: no installed
+    wheels (its own NumPy breaks numba-cuda), so it installs them as call 1 does; on the
+    warm machine it does not. (python3 and nvidia-smi stand-ins log what the script runs.)"""
+    fake, log, site = tmp_path / "bin", tmp_path / "calls.log", tmp_path / "site"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA H200'\n")
+    (fake / "python3").write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    if not fresh:
+        site.mkdir()
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", OUT=str(tmp_path / "out"), SITE=str(site))
+    done = subprocess.run(["bash", LEASE_SCRIPT, "2"], cwd=os.path.dirname(os.path.dirname(LEASE_SCRIPT)), env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    calls = log.read_text().splitlines()
+    installs = [c for c in calls if c.startswith("-m pip install") and f"--target {site}" in c]
+    assert bool(installs) == fresh, calls
+    runs = [c for c in calls if c.startswith("-m benchmarks.gpu_check")]
+    assert len(runs) == 2 and "--resume" in runs[0]
+
+
+def test_resume_from_a_run_that_left_no_file(tmp_path):
+    """On a fresh machine run c's --resume names a file run a never wrote: nothing to
+    resume, every case run (a FileNotFoundError ended the run before)."""
+    out = tmp_path / "c.json"
+    G.main(["--tiny", "--jobs", "0", "--only", "correctness", "--ops", "rms_norm", "--dtypes", "float32",
+            "--select", "N = 1$", "--resume", str(tmp_path / "none.json"), "--out", str(out)])
+    d = json.loads(out.read_text())
+    assert d["resumed"]["carried"] == 0 and "no such file" in d["resumed"]["why_not"]
+    assert d["correctness"]["passed"] == 1
