@@ -982,8 +982,9 @@ def _probe(module, eps_attr):
     whose tensors have no values) on rows with a non-zero mean (a LayerNorm fails), rows small
     enough for eps to matter and a large one, in each of ``_PROBE_DTYPES``, and
     keeps the forms that agree within 8 ulps of the output dtype (float32's for
-    float64 outputs: the classes compute in float32) with the same output dtype;
-    of those, the closest (the ``transformers`` classes match one bit for bit).
+    float64 outputs: the classes compute in float32) with the same output dtype,
+    in 16 bits bit for bit in all but 1 % of the elements; of those, the closest
+    (the ``transformers`` classes match one bit for bit).
     """
     weight = module.weight
     device = "cpu" if weight.is_meta else weight.device
@@ -1009,7 +1010,11 @@ def _probe(module, eps_attr):
                 want = _hf_reference(xi, wi, eps, form)
                 tol = 8 * torch.finfo(torch.float32 if want.dtype == torch.float64 else want.dtype).eps
                 err = ((got.double() - want.double()).abs().max() / want.double().abs().max()).item()
-                if got.dtype != want.dtype or not err <= tol:  # NaN fails too
+                # in 16 bits, rounding where the class rounds matches it bit for bit but for a rare
+                # float32 value at a 16-bit tie; a cast or a 1 + weight rounded elsewhere changes
+                # many elements by an ulp, within the tolerance
+                differ = (got != want).double().mean().item() if want.dtype in _HALF else 0.0
+                if got.dtype != want.dtype or not err <= tol or differ > 0.01:  # NaN fails too
                     del errors[form]
                 else:
                     errors[form] += err / tol
@@ -1036,6 +1041,7 @@ class _HFRMSNorm(torch.nn.Module):
 _SWAPS = {ours.__bases__[-1]: ours for ours in _MODULES}  # torch.nn's class -> ours
 _OURS = (*_MODULES, _HFRMSNorm)
 _NOT_OURS = (torch.nn.modules.batchnorm._NormBase, torch.nn.LocalResponseNorm, torch.nn.CrossMapLRN2d)
+_PARAMETRIZATIONS = torch.nn.utils.parametrize.ParametrizationList
 
 
 class _Swapped:
@@ -1117,6 +1123,16 @@ def _parametrized_class(inner, cls):
     return _GENERATED[key]
 
 
+def _extra_inputs(cls):
+    """The parameters of ``cls.forward`` after the input, which a replacement's forward(x) would
+    not take (a gated RMSNorm's gate); none where its signature cannot be read."""
+    try:
+        params = list(inspect.signature(cls.forward).parameters.values())[2:]  # (self, the input)
+    except (TypeError, ValueError):
+        return []
+    return [("*" if p.kind is p.VAR_POSITIONAL else "**" if p.kind is p.VAR_KEYWORD else "") + p.name for p in params]
+
+
 def _plan_class(m, cls):
     """:func:`_plan` for a module ``m`` of class ``cls`` (parametrize's aside)."""
     if cls in _SWAPS:
@@ -1126,9 +1142,12 @@ def _plan_class(m, cls):
             if cls.forward is base.forward:  # a subclass that only adds to the constructor
                 return _swapped_class(ours, cls), f"torch.nn.{base.__name__}'s forward on numbanorm"
             return None, f"a subclass of torch.nn.{base.__name__} with a forward of its own"
-    if isinstance(m, _NOT_OURS):
+    if isinstance(m, _NOT_OURS) or "BatchNorm" in cls.__name__:  # (a frozen batch norm: a Module of its own)
         return None, "numbanorm has no batch, instance or local-response norm"
     is_norm = bool(_NORM_NAME.search(cls.__name__))
+    extra = _extra_inputs(cls)
+    if extra:  # (a gated RMSNorm: the probe, calling forward(x), would find its form without the gate)
+        return (None, f"its forward takes more than the input ({', '.join(extra)})") if is_norm else None
     eps_attr = _eps_attr(m)
     params = dict(m.named_parameters(recurse=False))
     if eps_attr is None:
@@ -1172,7 +1191,7 @@ def replace_norms(module, strict=False, *, report=False):
         if id(m) in memo:
             return memo[id(m)]
         new = None
-        if not isinstance(m, _OURS):
+        if not isinstance(m, (*_OURS, _PARAMETRIZATIONS)):  # (weight_norm's _WeightNorm: no norm of the model)
             if any(True for _ in m.children()) and not _parametrized(m):
                 for name, child in m._modules.items():  # (named_children() names a module once: its first name)
                     if child is None:

@@ -274,9 +274,72 @@ def test_left_alone_with_reasons_and_strict():
     why = {p: w for p, _, w in report.left_alone}
     assert set(why) == {"1", "2", "3", "4"}
     assert "none of the RMSNorm forms" in why["1"]  # subtracts the mean
-    assert "raised TypeError" in why["2"]  # forward(x, gate)
+    assert "takes more than the input (gate)" in why["2"]  # forward(x, gate)
     assert "forward of its own" in why["3"] and "batch" in why["4"]
     assert "left alone 4" in str(report)
+
+
+class _GatedRMSNorm(torch.nn.Module):
+    """Mamba-2's gated RMSNorm, as transformers writes it: without a gate, Llama's arithmetic."""
+
+    def __init__(self, n, eps=1e-6):
+        super().__init__()
+        self.weight, self.variance_epsilon = torch.nn.Parameter(torch.ones(n)), eps
+
+    def forward(self, hidden_states, gate=None):
+        dtype = hidden_states.dtype
+        h = hidden_states.to(torch.float32)
+        if gate is not None:
+            h = h * torch.nn.functional.silu(gate.to(torch.float32))
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * h.to(dtype)
+
+
+class _CenteredRMSNorm(torch.nn.Module):
+    """1 + weight rounded in the weight's dtype, then the product in float32: in float32 it is
+    Gemma's form, in 16 bits another."""
+
+    def __init__(self, n, eps=1e-6):
+        super().__init__()
+        self.weight, self.eps = torch.nn.Parameter(torch.zeros(n)), eps
+
+    def forward(self, x):
+        x32 = x.float()
+        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * (1.0 + self.weight).float()).to(x.dtype)
+
+
+class FrozenBatchNorm2d(torch.nn.Module):  # (as detection models write it: no torch.nn batch norm)
+    def __init__(self, n, eps=1e-5):
+        super().__init__()
+        self.register_buffer("running_var", torch.ones(n))
+        self.weight, self.eps = torch.nn.Parameter(torch.ones(n)), eps
+
+    def forward(self, x):
+        return x * (self.weight * (self.running_var + self.eps).rsqrt())[:, None, None]
+
+
+def test_what_a_replacement_could_not_compute_is_left_alone_and_parametrizations_are_no_norms():
+    """A gated RMSNorm, whose gate the replacement's forward(x) would drop (a Mamba-2 model
+    raised TypeError at its first forward); a form that only 16 bits tell from Gemma's (1 +
+    weight rounded in the weight's dtype: a bfloat16 model's outputs moved by ulps in a
+    quarter of the elements); a frozen batch norm, said to be one.  weight_norm's and
+    spectral_norm's parametrizations are no norms of the model: strict=True passes."""
+    gated, centered = _GatedRMSNorm(16), _CenteredRMSNorm(16)
+    model = torch.nn.Sequential(gated, centered, FrozenBatchNorm2d(16))
+    _, report = nt.replace_norms(model, report=True)
+    why = {p: w for p, _, w in report.left_alone}
+    assert report.replaced == [] and set(why) == {"0", "1", "2"}, str(report)
+    assert "takes more than the input (gate)" in why["0"]
+    assert "none of the RMSNorm forms" in why["1"] and "batch" in why["2"]
+    x, g = torch.randn(2, 16), torch.randn(2, 16)
+    torch.testing.assert_close(model[0](x, g), _GatedRMSNorm(16)(x, g), rtol=0, atol=0)
+    parametrizations = torch.nn.utils.parametrizations
+    model = torch.nn.Sequential(parametrizations.weight_norm(torch.nn.Linear(8, 8)),
+                                parametrizations.spectral_norm(torch.nn.Linear(8, 8)), torch.nn.LayerNorm(8))
+    _, report = nt.replace_norms(model, strict=True, report=True)
+    assert [p for p, _, _ in report.replaced] == ["2"] and report.left_alone == [], str(report)
+    model(torch.randn(3, 8)).sum().backward()
 
 
 # ------------------------------------------------------------ torch.compile
