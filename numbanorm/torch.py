@@ -139,6 +139,8 @@ def _shape(normalized_shape):
         return [normalized_shape]
     if isinstance(normalized_shape, (tuple, list)) and any(isinstance(d, _SYMBOLIC) for d in normalized_shape):
         return list(normalized_shape)
+    if torch.compiler.is_compiling():  # (dynamo's sizes are plain ints here: an int check would pin each)
+        return list(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else [normalized_shape]
     return list(_V._as_shape(normalized_shape))
 
 
@@ -154,7 +156,9 @@ def _ints(shape):
 
 def _groups(num_groups):
     """``num_groups`` as an int, numbanorm's ``TypeError`` for anything else (a bool too)."""
-    return num_groups if isinstance(num_groups, _SYMBOLIC) else _V.integer("num_groups", num_groups)
+    if isinstance(num_groups, _SYMBOLIC) or torch.compiler.is_compiling():  # (as _shape's)
+        return num_groups
+    return _V.integer("num_groups", num_groups)
 
 
 # ------------------------------------------------------------ custom operators
@@ -870,7 +874,16 @@ globals().update(_FUNCTIONS)
 # One class per torch.nn norm, since that is what a user instantiates and what
 # replace_norms swaps in; its forward comes from the table.
 
-class _TableModule:
+class _Unscriptable:
+    """``torch.jit.script`` of a module holding one of numbanorm's: its error, not TorchScript's
+    on the generated code (TorchScript compiles no call of a Python custom operator)."""
+
+    def __prepare_scriptable__(self):
+        raise RuntimeError(f"{type(self).__name__} is numbanorm's and cannot be scripted: TorchScript compiles "
+                           "no Python custom operator; torch.jit.trace, torch.compile and torch.export take it")
+
+
+class _TableModule(_Unscriptable):
     """The forward of a torch.nn norm on numbanorm's function ``_op``: its arguments
     after the input are the module's attributes of the table's role names
     (``normalized_shape`` or ``num_groups``, ``weight``, ``bias``, ``eps``), which
@@ -1026,7 +1039,7 @@ def _probe(module, eps_attr):
     return min(errors, key=errors.get), None
 
 
-class _HFRMSNorm(torch.nn.Module):
+class _HFRMSNorm(_Unscriptable, torch.nn.Module):
     """Forward of a replaced ``transformers`` RMSNorm (placed before the original class)."""
 
     _numbanorm_form = None  # an _HFForm, set on each generated class

@@ -376,6 +376,31 @@ def test_jit_trace_records_the_operators(name):
         torch.testing.assert_close(a, e, rtol=0, atol=0)
 
 
+def test_jit_script_says_numbanorms_modules_cannot_be_scripted():
+    """TorchScript compiles no call of a Python custom operator: a model holding one of
+    numbanorm's modules (its own, torch.nn's subclasses replace_norms made, a Hugging Face
+    RMSNorm's) gets numbanorm's RuntimeError naming the module and what takes it, not
+    TorchScript's on the generated code (GroupNorm's read "has no attribute '_op'")."""
+    class Llamaish(torch.nn.Module):  # (Llama's RMSNorm arithmetic)
+        def __init__(self):
+            super().__init__()
+            self.weight, self.variance_epsilon = torch.nn.Parameter(torch.ones(8)), 1e-6
+
+        def forward(self, x):
+            h = x.to(torch.float32)
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+            return self.weight * h.to(x.dtype)
+
+    class Sub(torch.nn.LayerNorm):
+        pass
+
+    replaced = nt.replace_norms(torch.nn.Sequential(torch.nn.Linear(8, 8), Llamaish(), Sub(8)))
+    for module in (nt.LayerNorm(8), nt.RMSNorm(8), nt.GroupNorm(2, 8), replaced[1], torch.nn.Sequential(replaced[2])):
+        with warnings.catch_warnings(), pytest.raises(RuntimeError, match="numbanorm's and cannot be scripted"):
+            warnings.simplefilter("ignore", DeprecationWarning)  # (torch.jit's)
+            torch.jit.script(module)
+
+
 def test_fx_and_fake_tensors_trace_the_calls():
     """torch.fx's symbolic tracing records a call of numbanorm's function (which its graph
     module calls again); under FakeTensorMode the operators' fake implementations answer."""

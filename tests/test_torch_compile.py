@@ -6,8 +6,9 @@ demand) would otherwise be filled by an earlier eager call, or an earlier compil
 and a trace that cannot enter it would pass unseen.  A case compiles one module or
 function with ``dynamic=True`` or ``dynamic=None`` (the default: static first, dynamic on
 the next shape), calls it on several shapes, forward and backward, all before any eager
-call, then compares every output and gradient with the eager call's bit for bit (both
-run the same kernels through the same operators).
+call, counts its graphs (as torch's functions make them), then compares every output and
+gradient with the eager call's bit for bit (both run the same kernels through the same
+operators).
 """
 
 import os
@@ -92,6 +93,9 @@ for i, args in enumerate(calls):
     got.append(run(compiled, args, params))
     assert counters["stats"]["unique_graphs"] >= 1, "the first call was not compiled"
 graphs = counters["stats"]["unique_graphs"]
+# as torch.nn.functional's: one graph for every shape, or a static one and then a dynamic one
+# (a size taken from x's shape and pinned by a check of its type made a graph per width)
+assert graphs == (1 if dynamic else 2), graphs
 for args, want_all in zip(calls, got):  # eager, only now
     fresh = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) else a for a in args]
     for a, b in zip(want_all, run(f, fresh, params)):
