@@ -939,6 +939,7 @@ _CASTS = {
     "before": "float32 x*rstd cast to x's dtype, then *weight (Llama)",
     "after": "float32 x*rstd*weight, cast once to x's dtype (Gemma, OLMo-2)",
     "t5": "float32 x*rstd, cast to the weight's dtype if 16-bit, then *weight (T5)",
+    "none": "float32 x*rstd, cast to x's dtype, no weight (Llama 4's query and key norm)",
 }
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -951,6 +952,10 @@ def _hf_rms_norm(x, weight, eps, form):
     where the original puts them; only float32 models get the weight fused into
     the kernel, since in 16 bits the original rounds before multiplying.
     """
+    if weight is None:  # (a weightless class's: over the last dimension)
+        if x.dtype in _KERNEL_DTYPES:
+            return rms_norm(x, x.shape[-1:], None, eps)
+        return rms_norm(x.float(), x.shape[-1:], None, eps).to(x.dtype)
     shape = tuple(weight.shape)
     if form.cast == "after":
         scale = weight.float() + form.offset if form.offset else weight.float()
@@ -973,6 +978,8 @@ def _hf_reference(x, weight, eps, form):
     """``form``'s arithmetic in plain torch, written as the ``transformers`` classes write it."""
     x32 = x.to(torch.float32)
     rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is None:
+        return (x32 * rstd).to(x.dtype)
     if form.cast == "after":
         return (x32 * rstd * (weight.float() + form.offset)).to(x.dtype)
     scale = weight + form.offset if form.offset else weight
@@ -999,21 +1006,24 @@ def _probe(module, eps_attr):
     in 16 bits bit for bit in all but 1 % of the elements; of those, the closest
     (the ``transformers`` classes match one bit for bit).
     """
-    weight = module.weight
-    device = "cpu" if weight.is_meta else weight.device
-    n = weight.shape[0]
+    weight = module._parameters.get("weight")  # (None: a weightless class, probed on the CPU)
+    device = "cpu" if weight is None or weight.is_meta else weight.device
+    n = 48 if weight is None else weight.shape[0]
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, n, generator=g, dtype=torch.float64) + 0.5
     x[1] *= 1e-3
     x[2] *= 50
     w = torch.rand(n, generator=g, dtype=torch.float64) * 1.5 + 0.25  # away from 0 and 1
     eps = getattr(module, eps_attr)
-    errors = {_HFForm(eps_attr, offset, cast): 0.0 for offset in (0, 1) for cast in _CASTS}
-    for xdt, wdt in _PROBE_DTYPES:
-        xi, wi = x.to(device, xdt), w.to(device, wdt)
+    if weight is None:
+        errors, dtypes = {_HFForm(eps_attr, 0, "none"): 0.0}, {(xdt, None) for xdt, _ in _PROBE_DTYPES}
+    else:
+        errors, dtypes = {_HFForm(eps_attr, o, c): 0.0 for o in (0, 1) for c in _CASTS if c != "none"}, _PROBE_DTYPES
+    for xdt, wdt in dtypes:
+        xi, wi = x.to(device, xdt), None if wdt is None else w.to(device, wdt)
         probe = object.__new__(type(module))
         probe.__dict__.update(module.__dict__)
-        probe.__dict__["_parameters"] = {"weight": wi}
+        probe.__dict__["_parameters"] = {} if wi is None else {"weight": wi}
         try:
             with torch.no_grad():
                 got = type(module).forward(probe, xi)
@@ -1046,7 +1056,8 @@ class _HFRMSNorm(_Unscriptable, torch.nn.Module):
 
     def forward(self, hidden_states):
         form = self._numbanorm_form
-        return _hf_rms_norm(hidden_states, self.weight, getattr(self, form.eps_attr), form)
+        weight = None if form.cast == "none" else self.weight
+        return _hf_rms_norm(hidden_states, weight, getattr(self, form.eps_attr), form)
 
 
 # ------------------------------------------------------------ replace_norms
@@ -1165,8 +1176,11 @@ def _plan_class(m, cls):
     params = dict(m.named_parameters(recurse=False))
     if eps_attr is None:
         return (None, "no `variance_epsilon` or `eps` attribute") if is_norm else None
-    if list(params) != ["weight"] or params["weight"].dim() != 1 or any(True for _ in m.buffers()):
-        return (None, "its parameters are not one 1-D `weight` (and no buffers)") if is_norm else None
+    # (a weightless one probed only where named a norm: any other module with an eps would be run)
+    weightless = is_norm and not params and not any(True for _ in m.buffers())
+    if not weightless and (list(params) != ["weight"] or params["weight"].dim() != 1
+                           or any(True for _ in m.buffers())):
+        return (None, "its parameters are not one 1-D `weight` or none (and no buffers)") if is_norm else None
     form, why = _probe(m, eps_attr)
     if form is None:
         return (None, why) if is_norm else None  # not a norm at all: none of our business
@@ -1179,10 +1193,11 @@ def replace_norms(module, strict=False, *, report=False):
 
     Replaced: ``torch.nn`` LayerNorm/RMSNorm/GroupNorm (and subclasses that keep
     torch's forward; parametrized ones, ``torch.nn.utils.parametrize``, keep their
-    parametrizations), and any childless module with a 1-D ``weight`` and a
-    ``variance_epsilon`` or ``eps`` whose forward is one of the RMSNorm forms of
-    Hugging Face ``transformers`` (Llama, Mistral, Qwen, Phi-3, Gemma's ``1 +
-    weight``, T5's, OLMo-2's), found by running that forward on a small probe
+    parametrizations), and any childless module with a 1-D ``weight`` (or, named a
+    norm, no parameters at all) and a ``variance_epsilon`` or ``eps`` whose forward
+    takes x alone and is one of the RMSNorm forms of Hugging Face ``transformers``
+    (Llama, Mistral, Qwen, Phi-3, Gemma's ``1 + weight``, T5's, OLMo-2's, Llama 4's
+    weightless query and key norm), found by running that forward on a small probe
     (see ``_probe``) rather than by class name.  The replacement keeps each
     form's float32 upcast and casts, so outputs match the original's to float32
     rounding, and in 16 bits up to the ulp of the kernel's statistics.

@@ -319,6 +319,50 @@ class FrozenBatchNorm2d(torch.nn.Module):  # (as detection models write it: no t
         return x * (self.weight * (self.running_var + self.eps).rsqrt())[:, None, None]
 
 
+class _WeightlessRMSNorm(torch.nn.Module):
+    """Llama 4's query and key norm as transformers writes it: no weight."""
+
+    def __init__(self, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x):
+        return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_a_weightless_rmsnorm_is_replaced_with_its_arithmetic(dtype):
+    """A weightless RMSNorm class (Llama 4's query and key norm, NanoChat's) is replaced (it
+    was left alone: "its parameters are not one 1-D weight"), over its input's last dimension
+    whatever the width, its outputs the original's in its dtype, gradients autograd's; a
+    module of no norm's name with an eps is not run."""
+    class Shift(torch.nn.Module):  # an eps, no parameters, not a norm: not probed, not reported
+        eps = 1e-6
+
+        def forward(self, x):
+            return x + self.eps
+
+    model = torch.nn.Sequential(_WeightlessRMSNorm(), Shift())
+    ref = copy.deepcopy(model)
+    _, report = nt.replace_norms(model, report=True)
+    assert [p for p, _, _ in report.replaced] == ["0"] and report.left_alone == [], str(report)
+    assert "no weight" in report.replaced[0][2]
+    g = torch.Generator().manual_seed(7)
+    for width in (8, 48, 129):
+        x = (torch.randn(3, 4, width, generator=g, dtype=torch.float64) * torch.logspace(-3, 2, 4)[:, None]).to(dtype)
+        x.requires_grad_()
+        got, want = model(x), ref(x)
+        assert got.dtype == want.dtype == dtype
+        ulp = torch.finfo(torch.float32 if dtype == torch.float64 else dtype).eps
+        assert_close(got, want, 2 * ulp, "y")
+        if dtype in (torch.float16, torch.bfloat16):
+            assert (got != want).double().mean() < 0.01  # one rounding, where the original's is
+        else:
+            dy = torch.randn(got.shape, generator=g, dtype=dtype)
+            assert_close(torch.autograd.grad((got * dy).sum(), x)[0], torch.autograd.grad((want * dy).sum(), x)[0],
+                         10 * F32, "dx")
+
+
 def test_what_a_replacement_could_not_compute_is_left_alone_and_parametrizations_are_no_norms():
     """A gated RMSNorm, whose gate the replacement's forward(x) would drop (a Mamba-2 model
     raised TypeError at its first forward); a form that only 16 bits tell from Gemma's (1 +
