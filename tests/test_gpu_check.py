@@ -676,12 +676,9 @@ class _Timeline:
                                      empty_cache=lambda: None)
 
 
-def test_a_speed_row_is_the_gpu_time_of_a_call_whose_host_cost_is_longer(monkeypatch):
-    """A call of 0.03 ms on the GPU and 0.08 ms on the host (GroupNorm's on the H200) is timed
-    at 0.03 ms, its host cost beside it: the calls wait behind a sleep while the host queues
-    them. Timed back to back, as before, it took the host's 0.08 ms."""
-    pytest.importorskip("torch")
-    line = _Timeline()
+def _timed_group_norm(monkeypatch, line):
+    """A timed GroupNorm case on ``line``'s clocks: numbanorm's call 0.08 ms on the host and
+    0.03 on the GPU (the H200's), the copy's 0.01 and 0.02."""
     case = {"norm": "group_norm", "pass": "forward", "dtype": "float32", "shape": [8, 512, 64, 64], "groups": 32}
     sc = G.SpeedCase(case, peers=False)
     sc.torch, sc.clock = line, lambda: line.host / 1e3
@@ -689,6 +686,16 @@ def test_a_speed_row_is_the_gpu_time_of_a_call_whose_host_cost_is_longer(monkeyp
     monkeypatch.setattr(sc, "_tensors", lambda: ({"x": x}, {}))
     monkeypatch.setattr(sc, "calls", lambda v, grads: {"numbanorm": line.call(0.08, 0.03),
                                                        "copy": line.call(0.01, 0.02)})
+    return sc
+
+
+def test_a_speed_row_is_the_gpu_time_of_a_call_whose_host_cost_is_longer(monkeypatch):
+    """A call of 0.03 ms on the GPU and 0.08 ms on the host (GroupNorm's on the H200) is timed
+    at 0.03 ms, its host cost beside it: the calls wait behind a sleep while the host queues
+    them. Timed back to back, as before, it took the host's 0.08 ms."""
+    pytest.importorskip("torch")
+    line = _Timeline()
+    sc = _timed_group_norm(monkeypatch, line)
     rows, skipped = sc.time(rounds=5)
     got = {r["impl"]: r for r in rows}
     assert got["numbanorm"]["ms"] == pytest.approx(0.03) and got["copy"]["ms"] == pytest.approx(0.02)
@@ -705,13 +712,7 @@ def test_a_sample_whose_sleep_ended_early_is_not_counted_as_queued(monkeypatch):
     median is the GPU's 0.03 ms (0.05 before)."""
     pytest.importorskip("torch")
     line = _Timeline()
-    case = {"norm": "group_norm", "pass": "forward", "dtype": "float32", "shape": [8, 512, 64, 64], "groups": 32}
-    sc = G.SpeedCase(case, peers=False)
-    sc.torch, sc.clock = line, lambda: line.host / 1e3
-    x = types.SimpleNamespace(numel=lambda: 8 * 512 * 64 * 64, element_size=lambda: 4)
-    monkeypatch.setattr(sc, "_tensors", lambda: ({"x": x}, {}))
-    monkeypatch.setattr(sc, "calls", lambda v, grads: {"numbanorm": line.call(0.08, 0.03),
-                                                       "copy": line.call(0.01, 0.02)})
+    sc = _timed_group_norm(monkeypatch, line)
     line.cycles_per_ms = 0.5e6
     timed = sc._cycles_per_ms
 

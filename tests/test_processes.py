@@ -114,6 +114,18 @@ from numbanorm.cpu._kernels import background, layer_norm
 
 x = np.random.default_rng(0).standard_normal((256, 512)).astype(np.float32)  # parallel: >= SERIAL_BELOW
 w = np.linspace(0.5, 1.5, 512, dtype=np.float32)
+
+
+def wait_for(pid):  # a forked child's clean exit, within 300 s: one that inherited a held compiler lock hangs
+    for _ in range(3000):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        raise AssertionError("the forked child hung at its first compile")
+    assert os.waitstatus_to_exitcode(status) == 0, status
 """
 
 FRESH = {
@@ -140,15 +152,7 @@ FRESH = {
             got = nn.rms_norm(x, 512, w)
             ok = np.allclose(got, ref.rms_norm(x.astype(np.float64), 512, w), atol=1e-5)
             os._exit(0 if ok else 3)
-        for _ in range(3000):  # 300 s: a child that inherited a held compiler lock hangs
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.1)
-        else:
-            os.kill(pid, 9)
-            raise AssertionError("the forked child hung at its first compile")
-        assert os.waitstatus_to_exitcode(status) == 0, status
+        wait_for(pid)
         assert np.array_equal(nn.layer_norm(x, 512, w, w), y)
     """,
     # a child forked while another thread of the caller's compiles its first call: the fork
@@ -176,15 +180,7 @@ FRESH = {
             ok = np.allclose(nn.rms_norm(x, 512, w), ref.rms_norm(x.astype(np.float64), 512, w), atol=1e-5)
             os._exit(0 if ok else 3)
         caller.join()
-        for _ in range(3000):  # 300 s
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.1)
-        else:
-            os.kill(pid, 9)
-            raise AssertionError("the forked child hung at its first compile")
-        assert os.waitstatus_to_exitcode(status) == 0, status
+        wait_for(pid)
     """,
     # float16 weights: a first call widens them by NumPy's cast, and the launchers' loop is
     # compiled on the compile thread once the launch returns (the calling thread compiles
