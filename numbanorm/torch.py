@@ -1009,11 +1009,11 @@ def _probe(module, eps_attr):
     weight = module._parameters.get("weight")  # (None: a weightless class, probed on the CPU)
     device = "cpu" if weight is None or weight.is_meta else weight.device
     n = 48 if weight is None else weight.shape[0]
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(4, n, generator=g, dtype=torch.float64) + 0.5
+    g = torch.Generator().manual_seed(0)  # (the CPU's, as the probe's values: not a `with torch.device`'s)
+    x = torch.randn(4, n, generator=g, dtype=torch.float64, device="cpu") + 0.5
     x[1] *= 1e-3
     x[2] *= 50
-    w = torch.rand(n, generator=g, dtype=torch.float64) * 1.5 + 0.25  # away from 0 and 1
+    w = torch.rand(n, generator=g, dtype=torch.float64, device="cpu") * 1.5 + 0.25  # away from 0 and 1
     eps = getattr(module, eps_attr)
     if weight is None:
         errors, dtypes = {_HFForm(eps_attr, 0, "none"): 0.0}, {(xdt, None) for xdt, _ in _PROBE_DTYPES}
@@ -1025,7 +1025,7 @@ def _probe(module, eps_attr):
         probe.__dict__.update(module.__dict__)
         probe.__dict__["_parameters"] = {} if wi is None else {"weight": wi}
         try:
-            with torch.no_grad():
+            with torch.no_grad(), torch.device(device):  # (what forward makes, beside the probe's)
                 got = type(module).forward(probe, xi)
             if not isinstance(got, Tensor) or got.shape != xi.shape:
                 return None, "forward(x) does not return a tensor shaped like x"

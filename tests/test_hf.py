@@ -224,15 +224,18 @@ def test_each_form_matches_its_class(cls_path, xdt, wdt):
 
 
 def test_a_model_on_the_meta_device_is_replaced_as_on_the_cpu():
-    """A model built on the meta device (its weights loaded later) has its RMSNorms recognised
-    as on the CPU (the probe runs on CPU stand-ins: meta tensors have no values), and once
-    materialized they compute what the CPU model's do."""
+    """A model built on the meta device (its weights loaded later), and replaced there, inside
+    ``with torch.device("meta")``, has its RMSNorms recognised as on the CPU (the probe runs
+    on CPU stand-ins: meta tensors have no values), and once materialized they compute what
+    the CPU model's do."""
     config = T.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=8)
     with torch.device("meta"):
         meta = T.LlamaModel(config)
+        # replaced where it is built: the probe's values and what its forward makes on the CPU
+        # (its tensors, made on the meta device, raised "Cannot copy out of meta tensor")
+        _, got = nt.replace_norms(meta, report=True)
     cpu = T.LlamaModel(config)
-    _, got = nt.replace_norms(meta, report=True)
     _, want = nt.replace_norms(cpu, report=True)
     assert got == want and len(got.replaced) == 3 and got.left_alone == [], str(got)
     y = meta.norm(torch.empty(2, 5, 32, device="meta"))
