@@ -1016,7 +1016,9 @@ def _probe(module, eps_attr):
     w = torch.rand(n, generator=g, dtype=torch.float64, device="cpu") * 1.5 + 0.25  # away from 0 and 1
     eps = getattr(module, eps_attr)
     if weight is None:
-        errors, dtypes = {_HFForm(eps_attr, 0, "none"): 0.0}, {(xdt, None) for xdt, _ in _PROBE_DTYPES}
+        # (each x dtype once, in _PROBE_DTYPES's order: a set's would name another in a refusal)
+        dtypes = dict.fromkeys((xdt, None) for xdt, _ in _PROBE_DTYPES)
+        errors = {_HFForm(eps_attr, 0, "none"): 0.0}
     else:
         errors, dtypes = {_HFForm(eps_attr, o, c): 0.0 for o in (0, 1) for c in _CASTS if c != "none"}, _PROBE_DTYPES
     for xdt, wdt in dtypes:
