@@ -683,16 +683,47 @@ def _plain_eager_checks():
     torch lacks one of them (every call then goes through its operator)."""
     try:
         torch.autograd.forward_ad._current_level  # (_FORWARD_AD's, read on every call)
-        return (torch._C._len_torch_function_stack, torch._C._len_torch_dispatch_stack,
+        return (torch._C._is_torch_function_mode_enabled, torch._C._len_torch_dispatch_stack,
                 torch._C._autograd._profiler_enabled, torch._C._functorch.is_functorch_wrapped_tensor,
                 torch._C._are_functorch_transforms_active, torch._C._is_tracing)
     except AttributeError:
         return None
 
 
+def _device_context_reader():
+    """``(the function mode stack's depth, its mode at a depth, DeviceContext)``, or None
+    where this torch lacks one of them."""
+    try:
+        from torch.utils._device import DeviceContext
+        return torch._C._len_torch_function_stack, torch._C._get_function_stack_at, DeviceContext
+    except (ImportError, AttributeError):
+        return None
+
+
 _CHECKS = _plain_eager_checks()
+_DEVICE_CONTEXT = _device_context_reader() if _CHECKS is not None else None
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _FORWARD_AD = torch.autograd.forward_ad  # its _current_level: -1 outside every dual_level
+
+
+def _device_context_only():
+    """Whether the one torch function mode on is a device context (``with torch.device(...)``,
+    ``torch.set_default_device``).  It names a device for factory calls that name none,
+    which the implementation does not make, so a call may skip the operator; it runs with
+    torch functions off (:func:`_general`, :func:`_unmoded`), as the operator turns the
+    mode off around its implementation, and as the mode's Python handler would otherwise
+    run on each of its tensor calls (see the design log)."""
+    return (_DEVICE_CONTEXT is not None and _CHECKS[0]() and _DEVICE_CONTEXT[0]() == 1
+            and type(_DEVICE_CONTEXT[1](0)) is _DEVICE_CONTEXT[2])
+
+
+def _unmoded(function, args):
+    """``function(*args)``, with torch function modes off where one is on (a device
+    context alone, where the call skips the operator: :func:`_device_context_only`)."""
+    if _CHECKS[0]():
+        with torch._C.DisableTorchFunction():
+            return function(*args)
+    return function(*args)
 
 
 def _watched():
@@ -700,8 +731,8 @@ def _watched():
     if _CHECKS is None or torch.compiler.is_compiling():
         return True
     function_modes, dispatch_modes, profiling, _, transforms, tracing = _CHECKS
-    return bool(function_modes() or dispatch_modes() or profiling() or transforms() or tracing()
-                or _FORWARD_AD._current_level >= 0)
+    return bool((function_modes() and not _device_context_only()) or dispatch_modes() or profiling()
+                or transforms() or tracing() or _FORWARD_AD._current_level >= 0)
 
 
 def _transformed(args):
@@ -735,9 +766,10 @@ def _direct(args):
     implementation (:func:`_recording`).  Anything else goes through the operator:
     ``torch.compile`` tracing, a tensor subclass or functorch wrapper (``vmap``), and
     a call that something watches for operators: an active torch function or dispatch
-    mode (``with torch.device(...)``, FlopCounterMode) or torch's profiler, whose
-    tables should show numbanorm's operators as they always did, and ``torch.jit.trace``,
-    which records operators: a call without one would be traced as a constant output.
+    mode (FlopCounterMode; not a device context alone: :func:`_device_context_only`) or
+    torch's profiler, whose tables should show numbanorm's operators as they always did,
+    and ``torch.jit.trace``, which records operators: a call without one would be traced
+    as a constant output.
     """
     if _watched():
         return False
@@ -763,7 +795,7 @@ def _backward(op, args):
     itself does not come here: :func:`_differentiable`.)"""
     if _direct(args):
         try:
-            return _IMPLEMENTATIONS[op.name, "backward"](*args)
+            return _unmoded(_IMPLEMENTATIONS[op.name, "backward"], args)
         except RuntimeError:
             # a gradient batched by torch's legacy vmap (is_grads_batched, jacobian(vectorize=True),
             # gradcheck's batched check) has no memory to view: it goes to the operator, whose
@@ -793,6 +825,10 @@ def _general(op, args):
     others = [given[r] for r in op.forward_arrays if given[r] is not None and not isinstance(given[r], Tensor)]
     if others and torch.overrides.has_torch_function(others):  # torch.fx's Proxy: traced as a call of this function
         return torch.overrides.handle_torch_function(_FUNCTIONS[op.name], others, *args)
+    if (not torch.compiler.is_compiling() and _device_context_only()
+            and all(given[r] is None or type(given[r]) in _PLAIN for r in op.forward_arrays)):
+        with torch._C.DisableTorchFunction():  # the whole call, its checks too, without the mode's handler
+            return _FUNCTIONS[op.name](*args)
     _check_tensors(op.name, **{_input_name(op, r): given[r] for r in op.forward_arrays})
     if op.layout == "rows":
         given["normalized_shape"] = _shape(given["normalized_shape"])

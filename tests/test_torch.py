@@ -337,7 +337,13 @@ def test_modes_and_functorch_see_the_operator():
     with torch.no_grad(), Record() as rec:
         nt.layer_norm(x, 16)
     assert any("numbanorm.layer_norm_forward" in o for o in rec.ops), rec.ops
-    with torch.no_grad(), torch.device("cpu"):  # a torch function mode
+    class Watching(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Watching():  # a torch function mode
+        assert not nt._direct((x,))
+    with torch.no_grad(), torch.device("cpu"), Watching():  # one beside a device context
         assert not nt._direct((x,))
     with torch.no_grad(), torch.profiler.profile() as prof:
         nt.layer_norm(x, 16)
@@ -346,6 +352,69 @@ def test_modes_and_functorch_see_the_operator():
     seen = []
     torch.func.vmap(lambda t: seen.append(nt._direct((t,))) or t)(x)
     assert seen == [False] and nt._direct((x,))
+
+
+@pytest.mark.parametrize("default", [False, True], ids=["with-device", "set_default_device"])
+@pytest.mark.parametrize("op", [pytest.param(op, id=op.name) for op in nt.OPERATIONS])
+def test_a_device_context_alone_skips_the_operator(monkeypatch, op, default):
+    """``with torch.device(...)`` and ``torch.set_default_device`` push a torch function
+    mode that only names a device for factory calls: a call under it skips the operator,
+    as outside, with the same bits forward and backward, its results beside its inputs
+    (the context's device, meta, is not theirs), the context back after it; a tensor
+    subclass's ``__torch_function__`` still sees its call."""
+    g = torch.Generator().manual_seed(4)
+    for shape in ((1, 2, 16), (3, 4, 6)):  # (a small call by its plan, a call by the full path)
+        c = shape[1] if op.layout == "groups" else shape[-1]
+        values = {"x": torch.randn(*shape, generator=g), "residual": torch.randn(*shape, generator=g),
+                  op.shape_role: 2 if op.layout == "groups" else [c], "weight": torch.rand(c, generator=g) + 0.5,
+                  "bias": torch.randn(c, generator=g), "eps": op.eps}
+        args = [values[r] for r in op.forward_roles]
+        runs = []
+        for context in (False, True):
+            ins = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) else a for a in args]
+            with contextlib.ExitStack() as stack:
+                if context:
+                    with monkeypatch.context() as refused:
+                        refused.setattr(nt, "_OPERATORS", dict(nt._OPERATORS))
+                        _operator_refused(refused)
+                        if default:
+                            torch.set_default_device("meta")
+                            stack.callback(torch.set_default_device, None)
+                        else:
+                            stack.enter_context(torch.device("meta"))
+                        out = getattr(nt, op.name)(*ins)
+                        out = out if isinstance(out, tuple) else (out,)
+                        with torch.no_grad():
+                            plain = getattr(nt, op.name)(*ins)
+                        dys = [torch.ones(o.shape, device="cpu") for o in out]
+                        grads = torch.autograd.grad(out, [a for a in ins if isinstance(a, torch.Tensor)], dys)
+                        assert torch.empty(1).device.type == "meta"  # the context still in force
+                else:
+                    out = getattr(nt, op.name)(*ins)
+                    out = out if isinstance(out, tuple) else (out,)
+                    with torch.no_grad():
+                        plain = getattr(nt, op.name)(*ins)
+                    grads = torch.autograd.grad(out, [a for a in ins if isinstance(a, torch.Tensor)],
+                                                [torch.ones(o.shape) for o in out])
+            plain = plain if isinstance(plain, tuple) else (plain,)
+            assert all(t.device.type == "cpu" for t in (*out, *plain, *grads))
+            runs.append([o.detach() for o in out] + list(plain) + list(grads))
+        assert torch.empty(1).device.type == "cpu"
+        for a, e in zip(*runs):
+            torch.testing.assert_close(a, e, rtol=0, atol=0)
+
+    class Seen(torch.Tensor):
+        calls = []
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            cls.calls.append(getattr(func, "__name__", str(func)))
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    x = values["x"].as_subclass(Seen)  # (the last shape's)
+    with torch.no_grad(), torch.device("meta"):
+        getattr(nt, op.name)(*[x if r == "x" else values[r] for r in op.forward_roles])
+    assert Seen.calls, "the subclass's __torch_function__ saw nothing"
 
 
 # a call of each function and module as torch.jit.trace takes it, on x of shape (3, 8)
