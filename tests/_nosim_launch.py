@@ -114,6 +114,8 @@ def main():
         return cufuncs[key]
 
     class Gpu:  # an entry of numba's device list: its context current within ``with``
+        compute_capability = (9, 0)
+
         def __init__(self, ordinal, sms):
             self.id, self.MULTIPROCESSOR_COUNT = ordinal, sms
 
@@ -193,7 +195,8 @@ def main():
 
     cuda.device_array = device_array  # allocation is the driver's too
     cuda.is_available = lambda: True  # (numbanorm.cuda's public functions, and the top level's choice of them)
-    cuda.is_bfloat16_supported = lambda: True  # (an H100's compute capability)
+    # (numba-cuda asks the current context's device)
+    cuda.is_bfloat16_supported = lambda: cuda.gpus[CURRENT[-1]].compute_capability >= (8, 0)
     from contextlib import nullcontext
 
     from numba.cuda.cudadrv import devices
@@ -540,6 +543,13 @@ def two_devices(M, N, device_array, launches):
     graded = a1["t"]["w"].view(torch.float16)
     graded.requires_grad = True  # (torch refuses its interface with a RuntimeError of its own)
     out["requires_grad"] = seen(lambda: nc.layer_norm(a1["t"]["x"], N, graded))
+    # bfloat16 where device 1 is of compute capability 7.5 (a T4's): refused on its arrays,
+    # run on device 0's with device 1 current, each by its own GPU's capability
+    cuda.gpus[1].compute_capability = (7, 5)
+    bf16 = {d: torch.empty((M, N), dtype=torch.bfloat16, device=f"cuda:{d}") for d in (0, 1)}
+    out["bfloat16 on 1"] = seen(lambda: nc.rms_norm(bf16[1], N))
+    with cuda.gpus[1]:
+        out["bfloat16 on 0, 1 current"] = seen(lambda: nc.rms_norm(bf16[0], N))
     out["current"] = CURRENT  # (every call's device scope closed)
     print(json.dumps(out))
 

@@ -322,7 +322,8 @@ def test_the_arrays_device_runs_the_call_and_two_devices_are_refused(kernel_cach
     shared-memory opt-in set in device 1's context too); the device scope is closed after
     every call; a stateful layer's copies of x and the weight are made there too.  Arrays on
     both devices: ValueError naming the odd one out, before anything is allocated or launched;
-    a host array among them: TypeError before the driver is asked anything."""
+    a host array among them: TypeError before the driver is asked anything.  bfloat16 is
+    refused on a GPU of capability under 8.0, by the array's GPU, not the current one."""
     res = _run("devices", 4096, 1024, env=kernel_cache)
     assert res.pop("current") == [0]
     for name in ("numba", "top_level"):  # a host weight: TypeError from the types, before any driver call
@@ -331,6 +332,12 @@ def test_the_arrays_device_runs_the_call_and_two_devices_are_refused(kernel_cach
     graded = res.pop("requires_grad")  # numbanorm's TypeError, as for a CPU tensor, before anything runs
     assert graded["error"].startswith("TypeError: `weight` is a torch.Tensor that requires grad"), graded
     assert graded["launches"] == graded["numba_allocs"] == graded["lib_allocs"] == []
+    # bfloat16 asks the capability of the array's GPU, not the current one's (device 1: 7.5)
+    refused, ran = res.pop("bfloat16 on 1"), res.pop("bfloat16 on 0, 1 current")
+    assert refused["error"] == ("TypeError: `x` is bfloat16: bfloat16 needs a GPU of compute capability 8.0 "
+                                "or newer; GPU 1's is 7.5"), refused
+    assert refused["launches"] == refused["numba_allocs"] == refused["lib_allocs"] == []
+    assert ran["error"] is None and {la[0] for la in ran["launches"]} == {0}, ran
     grids = {0: set(), 1: set()}
     for case, calls in res.items():
         if case.startswith("mixed"):

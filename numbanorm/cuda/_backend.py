@@ -155,9 +155,26 @@ def _check_dtype(name, a):
     else:  # torch's dtypes, ml_dtypes missing, ...
         bf16 = dt is not None and str(dt).endswith("bfloat16")
     if bf16:
-        why = C.bfloat16_unsupported()
+        why = _bfloat16_unsupported(a)
         if why:
             raise TypeError(f"`{name}` is bfloat16: {why}")
+
+
+_CAPABILITIES = {}  # GPU ordinal -> its compute capability, asked of the driver once
+
+
+def _bfloat16_unsupported(a):
+    """Why bfloat16 cannot run on the GPU holding ``a``, or '' where it can: that GPU's
+    capability, not the current one's (a host array: the current GPU's, where it goes)."""
+    device = None if C.BF16 is None or C.SIMULATED else device_of(a)
+    if device is None:
+        return C.bfloat16_unsupported()
+    cc = _CAPABILITIES.get(device)
+    if cc is None:  # (the device's attribute: no context made on it)
+        cc = _CAPABILITIES[device] = tuple(cuda.gpus[device].compute_capability)
+    if cc >= (8, 0):
+        return ""
+    return f"bfloat16 needs a GPU of compute capability 8.0 or newer; GPU {device}'s is {cc[0]}.{cc[1]}"
 
 
 def native(role, a):
