@@ -1177,12 +1177,11 @@ def _parametrized_class(inner, cls):
     """The class ``cls`` that torch's parametrize made (its parametrized tensors as properties
     over the original class) made over ``inner`` instead, so that removing the last
     parametrization (which sets the class to the first base) leaves ``inner``; pickled as
-    parametrize's own modules are (its ``__getstate__``: they are not)."""
-    key = (inner, cls)
-    if key not in _GENERATED:
-        body = {k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")}
-        _GENERATED[key] = type(cls.__name__, (inner,), {**body, "__reduce_ex__": object.__reduce_ex__})
-    return _GENERATED[key]
+    parametrize's own modules are (its ``__getstate__``: they are not).  One per module, as
+    torch makes ``cls``: its properties' closures hold the module, which a class kept in
+    :data:`_GENERATED` would keep alive with its parameters."""
+    body = {k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")}
+    return type(cls.__name__, (inner,), {**body, "__reduce_ex__": object.__reduce_ex__})
 
 
 def _extra_inputs(cls):

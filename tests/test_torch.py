@@ -1014,6 +1014,25 @@ def test_parametrized_norms_are_replaced(make, shape):
     torch.testing.assert_close(norm(x), ref(x))
 
 
+def test_a_replaced_parametrized_norm_is_freed_with_its_model():
+    """torch's parametrize makes a class per module, whose properties' closures hold the
+    module: a replacement class kept by numbanorm for each kept every replaced parametrized
+    norm, its parameters and their parametrizations alive for the life of the process."""
+    import gc
+    import weakref
+
+    parametrize = torch.nn.utils.parametrize
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    parametrize.register_parametrization(model[1], "weight", _Positive())
+    original = weakref.ref(model[1].parametrizations.weight.original)
+    nt.replace_norms(model)
+    assert isinstance(model[1], nt.LayerNorm)
+    model(torch.randn(3, 8)).sum().backward()
+    del model
+    gc.collect()
+    assert original() is None, "the replaced norm's parameter outlived its model"
+
+
 def test_replace_norms_shares_parameters():
     model = Block(8, torch.float32)
     params = {n: p for n, p in model.named_parameters()}
