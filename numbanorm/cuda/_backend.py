@@ -165,8 +165,9 @@ _CAPABILITIES = {}  # GPU ordinal -> its compute capability, asked of the driver
 
 def _bfloat16_unsupported(a):
     """Why bfloat16 cannot run on the GPU holding ``a``, or '' where it can: that GPU's
-    capability, not the current one's (a host array: the current GPU's, where it goes)."""
-    device = None if C.BF16 is None or C.SIMULATED else device_of(a)
+    capability, not the current one's (a host array: the current GPU's, where it goes),
+    asked of the driver only where there are several."""
+    device = None if C.BF16 is None or C.device_count() == 1 else device_of(a)
     if device is None:
         return C.bfloat16_unsupported()
     cc = _CAPABILITIES.get(device)
