@@ -108,9 +108,9 @@ def host_array(name, a):
         )
     if _is_torch_type(type(a)):
         refuse_gradient(name, a)
-        if a.dtype == sys.modules["torch"].bfloat16:
-            return bfloat16_tensor_array(a)
-        return a.numpy(force=True)  # (no gradient to detach: its negative or conjugate bit resolved)
+        if a.device.type != "cpu":  # (a meta tensor, ...: torch's own refusal names no argument)
+            raise TypeError(f"`{name}` is a torch.Tensor on {a.device}: numbanorm's host functions take CPU tensors")
+        return tensor_array(a)
     return np.asarray(a)
 
 
@@ -126,16 +126,22 @@ def refuse_gradient(name, t):
         )
 
 
-def bfloat16_tensor_array(t):
-    """A bfloat16 CPU tensor ``t`` (no gradient) as a NumPy ``ml_dtypes.bfloat16`` array of the
-    same bytes, its negative bit resolved (NumPy has no bfloat16 of its own); ``TypeError``
-    without ml_dtypes."""
-    try:
-        import ml_dtypes
-    except ImportError:
-        raise TypeError("bfloat16 CPU tensors reach numbanorm as NumPy ml_dtypes.bfloat16 "
-                        "arrays: pip install ml-dtypes") from None
-    return t.resolve_neg().view(sys.modules["torch"].int16).numpy().view(ml_dtypes.bfloat16)
+def tensor_array(t):
+    """A CPU tensor ``t`` (no gradient) as a NumPy array over its memory, its negative bit
+    resolved; bfloat16 as ``ml_dtypes.bfloat16`` (NumPy has none of its own: ``TypeError``
+    without ml_dtypes).  Through DLPack, not ``Tensor.numpy()``, which marks the tensor's
+    storage unresizable for good: FSDP frees a parameter's unsharded storage by resizing it."""
+    torch = sys.modules["torch"]
+    if t.is_neg() or t.is_conj():  # (DLPack takes neither bit)
+        t = t.resolve_neg().resolve_conj()
+    if t.dtype is torch.bfloat16:
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError("bfloat16 CPU tensors reach numbanorm as NumPy ml_dtypes.bfloat16 "
+                            "arrays: pip install ml-dtypes") from None
+        return np.from_dlpack(t.view(torch.int16)).view(ml_dtypes.bfloat16)
+    return np.from_dlpack(t)
 
 
 def one_device(devices):

@@ -16,8 +16,9 @@ operator's implementation without the operator's dispatch (``_direct``), inside 
 ``autograd.Function`` with the operator's autograd formula where autograd records
 a graph (``_recording``).  How tensors cross:
 
-* CPU tensors are seen as NumPy arrays without a copy (``tensor.detach().numpy()``:
-  a strided tensor becomes a strided view, which the frontend makes contiguous
+* CPU tensors are seen as NumPy arrays without a copy (through DLPack, which leaves
+  the tensor's storage resizable: ``_validate.tensor_array``): a strided tensor becomes
+  a strided view, which the frontend makes contiguous
   as it would any NumPy input; bfloat16 as an ``ml_dtypes.bfloat16`` view of
   the same bytes) and results come back with ``torch.from_numpy``, sharing memory;
 * a small CPU call of a row norm (LayerNorm, RMSNorm, fused or not) with the shapes,
@@ -86,18 +87,9 @@ def _arr(t):
         return None
     if t.is_cuda:
         return t.detach()
-    if t.dtype is torch.bfloat16:
-        if not t.is_cpu:
-            raise TypeError(f"numbanorm.torch runs CPU and CUDA tensors, got one on {t.device}")
-        return _V.bfloat16_tensor_array(t.detach())
-    if not t.requires_grad:
-        try:
-            return t.numpy()
-        except (TypeError, RuntimeError):  # another device; a conjugate or negative bit (below)
-            pass
     if not t.is_cpu:
         raise TypeError(f"numbanorm.torch runs CPU and CUDA tensors, got one on {t.device}")
-    return t.numpy(force=True)  # detached and resolved in one call: cheaper than detach() first
+    return _V.tensor_array(t.detach() if t.requires_grad else t)
 
 
 def _tensor(a):

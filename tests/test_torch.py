@@ -1033,6 +1033,62 @@ def test_a_replaced_parametrized_norm_is_freed_with_its_model():
     assert original() is None, "the replaced norm's parameter outlived its model"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_call_leaves_its_tensors_storage_resizable(dtype):
+    """A CPU tensor crosses to NumPy without ``Tensor.numpy()``, which marks its storage
+    unresizable for good (FSDP frees a parameter's unsharded storage by resizing it): after
+    a first call's forward and backward (the full path), a large one's, and the top level's
+    on tensors, every input's storage still resizes, as after torch's own norm."""
+    if dtype is torch.bfloat16:
+        pytest.importorskip("ml_dtypes")
+    import numbanorm
+
+    for shape in ((3, 8), (300, 1024)):
+        x = torch.randn(shape).to(dtype).requires_grad_()
+        w, b = (torch.rand(shape[-1]).to(dtype).requires_grad_() for _ in range(2))
+        nt.layer_norm(x, shape[-1:], w, b).sum().backward()
+        with torch.no_grad():
+            nt.rms_norm(x, shape[-1:], w)
+        numbanorm.layer_norm(x.detach(), shape[-1], w.detach(), b.detach())
+        for t in (x, w, b):
+            t.untyped_storage().resize_(0)  # RuntimeError: Trying to resize storage that is not resizable
+    with pytest.raises(TypeError, match="`x` is a torch.Tensor on meta"):  # (torch's NotImplementedError)
+        numbanorm.layer_norm(torch.empty(2, 3, device="meta"), 3)
+
+
+def test_fully_sharded_training_matches_torchs_norms(tmp_path):
+    """FSDP2 (``fully_shard``, gloo, one rank) frees each unsharded parameter by resizing its
+    storage after the forward: a step with numbanorm's norms raised 'Trying to resize storage
+    that is not resizable'.  Three steps now give torch's norms' losses and parameters."""
+    dist = pytest.importorskip("torch.distributed")
+    fsdp = pytest.importorskip("torch.distributed.fsdp")
+    if not dist.is_available() or not hasattr(fsdp, "fully_shard") or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo and fully_shard needed")
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path / 'store'}")
+    try:
+        runs = []
+        for norm in (torch.nn.LayerNorm, nt.LayerNorm):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(8, 16, dtype=torch.float64), norm(16, dtype=torch.float64),
+                                        torch.nn.Linear(16, 4, dtype=torch.float64))
+            fsdp.fully_shard(model)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            losses = []
+            for _ in range(3):
+                loss = model(torch.randn(5, 8, dtype=torch.float64)).square().mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(loss.item())
+            runs.append((losses, [p.full_tensor().detach().clone() for p in model.parameters()]))
+    finally:
+        dist.destroy_process_group()
+    (want, want_params), (got, got_params) = runs
+    assert got == pytest.approx(want, rel=1e-12)
+    for a, e in zip(got_params, want_params):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
 def test_replace_norms_shares_parameters():
     model = Block(8, torch.float32)
     params = {n: p for n, p in model.named_parameters()}
