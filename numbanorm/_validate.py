@@ -19,9 +19,6 @@ import operator
 import sys
 
 import numpy as np
-# at import, not lazily in a first call (Numba's typing asks for it too), where a fork from
-# another thread would copy its import lock held and hang the child's first call
-from numpy.ma import MaskedArray
 
 HOST = "host"
 DEVICE = "device"
@@ -101,7 +98,7 @@ def host_array(name, a):
             f"`{name}` is a Dask array, which numbanorm's functions would compute whole into memory: "
             f"numbanorm.dask's take it and stay lazy (`{name}.compute()` for a NumPy array)"
         )
-    if isinstance(a, MaskedArray):
+    if isinstance(a, np.ma.MaskedArray):
         raise TypeError(
             f"`{name}` is a masked array, whose masked elements numbanorm would normalize as "
             f"data: pass `{name}.filled(...)`, or the values to keep"

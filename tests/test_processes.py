@@ -116,7 +116,7 @@ x = np.random.default_rng(0).standard_normal((256, 512)).astype(np.float32)  # p
 w = np.linspace(0.5, 1.5, 512, dtype=np.float32)
 
 
-def wait_for(pid):  # a forked child's clean exit, within 300 s: one that inherited a held lock hangs
+def wait_for(pid):  # a forked child's clean exit, within 300 s: one that inherited a held compiler lock hangs
     for _ in range(3000):
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
@@ -124,7 +124,7 @@ def wait_for(pid):  # a forked child's clean exit, within 300 s: one that inheri
         time.sleep(0.1)
     else:
         os.kill(pid, 9)
-        raise AssertionError("the forked child hung at its first call")
+        raise AssertionError("the forked child hung at its first compile")
     assert os.waitstatus_to_exitcode(status) == 0, status
 """
 
@@ -180,38 +180,6 @@ FRESH = {
             ok = np.allclose(nn.rms_norm(x, 512, w), ref.rms_norm(x.astype(np.float64), 512, w), atol=1e-5)
             os._exit(0 if ok else 3)
         caller.join()
-        wait_for(pid)
-    """,
-    # a child forked while another thread's first call starts Numba's threading layer (every
-    # forward asks its thread count): the fork waits for the layer's lock, which the child
-    # would otherwise inherit held by a thread it does not have, and hang on at its first call.
-    # Numba asks multiprocessing's start method holding that lock: held there a second here
-    "fork_while_a_caller_starts_numbas_threads": """
-        import multiprocessing
-        import threading
-        from numba.np.ufunc import parallel
-
-        # imported with numbanorm: a first call's typing imports it, and a fork then would
-        # copy its import lock held by the caller's thread (the child hung importing it)
-        assert "numpy.ma" in sys.modules
-        inside, start_method = threading.Event(), multiprocessing.get_start_method
-
-        def slow_start_method(*args, **kwargs):
-            if parallel._backend_init_thread_lock._is_owned():
-                inside.set()
-                time.sleep(1)
-            return start_method(*args, **kwargs)
-
-        multiprocessing.get_start_method = slow_start_method
-        caller = threading.Thread(target=lambda: nn.layer_norm(x[:1], 512, w))
-        caller.start()
-        assert inside.wait(300), "the caller's thread never started Numba's threading layer"
-        pid = os.fork()
-        if pid == 0:
-            ok = np.allclose(nn.rms_norm(x[:1], 512, w), ref.rms_norm(x[:1].astype(np.float64), 512, w), atol=1e-5)
-            os._exit(0 if ok else 3)
-        caller.join()
-        multiprocessing.get_start_method = start_method
         wait_for(pid)
     """,
     # float16 weights: a first call widens them by NumPy's cast, and the launchers' loop is

@@ -17,10 +17,9 @@ the row function's compile that the call waits for.
 
 The worker holds Numba's compiler lock while it compiles, and a child forked then
 would inherit the lock held by a thread it does not have, and hang at its first
-compile: a fork waits for the job in progress to end (:func:`_before_fork`), and for
-any thread's compile or start of Numba's threading layer.  The worker is not a daemon,
-so a process that exits right after its first call still writes its kernels to the
-cache.
+compile: a fork waits for the job in progress to end (:func:`_before_fork`).  The
+worker is not a daemon, so a process that exits right after its first call still
+writes its kernels to the cache.
 """
 
 import contextlib
@@ -30,7 +29,6 @@ import threading
 
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.registry import CPUDispatcher
-from numba.np.ufunc import parallel as _numba_parallel
 
 # False: a miss compiles on the calling thread, as Numba does (the compile command's mode)
 ENABLED = os.environ.get("NUMBANORM_COMPILE_IN_BACKGROUND", "1") != "0"
@@ -155,26 +153,20 @@ def wait():
 
 
 def _before_fork():
-    # the compile thread's compile, then any other thread's (a caller's first call), then
-    # a caller's start of Numba's threading layer (a first call asks its thread count): a
-    # child would inherit these locks held by a thread it does not have, and hang on them
-    # (the layer's lock after the compiler's: Numba's own order, which starts the layer
-    # while compiling a parallel kernel)
+    # the compile thread's compile, then any other thread's (a caller's first call): a child
+    # would inherit Numba's compiler lock held by a thread it does not have, and hang on it
     _job_lock.acquire()
     global_compiler_lock.acquire()
-    _numba_parallel._backend_init_thread_lock.acquire()
 
 
 def _after_fork_in_parent():
-    _numba_parallel._backend_init_thread_lock.release()
     global_compiler_lock.release()
     _job_lock.release()
 
 
 def _after_fork_in_child():
     global _jobs, _queued, _state, _worker, _job_lock, waiting
-    _numba_parallel._backend_init_thread_lock.release()  # (held by this thread, the one that forked)
-    global_compiler_lock.release()
+    global_compiler_lock.release()  # (held by this thread, the one that forked)
     # the worker is not copied: the jobs left are the child's to compile when it calls them
     _jobs, _queued, _state, _worker, _job_lock = queue.Queue(), set(), threading.Lock(), None, threading.Lock()
     _local.synchronous = False
