@@ -19,6 +19,9 @@ import operator
 import sys
 
 import numpy as np
+# at import, not at a first call (Numba's typing asks for it too): a fork from another
+# thread inside that import would copy its import lock held, and hang the child's first call
+from numpy.ma import MaskedArray
 
 HOST = "host"
 DEVICE = "device"
@@ -98,7 +101,7 @@ def host_array(name, a):
             f"`{name}` is a Dask array, which numbanorm's functions would compute whole into memory: "
             f"numbanorm.dask's take it and stay lazy (`{name}.compute()` for a NumPy array)"
         )
-    if isinstance(a, np.ma.MaskedArray):
+    if isinstance(a, MaskedArray):
         raise TypeError(
             f"`{name}` is a masked array, whose masked elements numbanorm would normalize as "
             f"data: pass `{name}.filled(...)`, or the values to keep"

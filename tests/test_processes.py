@@ -116,7 +116,7 @@ x = np.random.default_rng(0).standard_normal((256, 512)).astype(np.float32)  # p
 w = np.linspace(0.5, 1.5, 512, dtype=np.float32)
 
 
-def wait_for(pid):  # a forked child's clean exit, within 300 s: one that inherited a held compiler lock hangs
+def wait_for(pid):  # a forked child's clean exit, within 300 s: one that inherited a held lock hangs
     for _ in range(3000):
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
@@ -124,7 +124,7 @@ def wait_for(pid):  # a forked child's clean exit, within 300 s: one that inheri
         time.sleep(0.1)
     else:
         os.kill(pid, 9)
-        raise AssertionError("the forked child hung at its first compile")
+        raise AssertionError("the forked child hung at its first call")
     assert os.waitstatus_to_exitcode(status) == 0, status
 """
 
@@ -181,6 +181,72 @@ FRESH = {
             os._exit(0 if ok else 3)
         caller.join()
         wait_for(pid)
+    """,
+    # a child forked while another thread's first call starts Numba's threads (a forward asks
+    # their count): the fork waits for the start, whose lock the child would otherwise inherit
+    # held by a thread it does not have, and hang on at its first call.  Numba asks
+    # multiprocessing's start method holding that lock: held there a second here
+    "fork_while_a_caller_starts_numbas_threads": """
+        import multiprocessing
+        import threading
+        from numba.np.ufunc import parallel
+
+        inside, start_method = threading.Event(), multiprocessing.get_start_method
+
+        def slow_start_method(*args, **kwargs):
+            if parallel._backend_init_thread_lock._is_owned():
+                inside.set()
+                time.sleep(1)
+            return start_method(*args, **kwargs)
+
+        multiprocessing.get_start_method = slow_start_method
+        caller = threading.Thread(target=lambda: nn.layer_norm(x[:1], 512, w))
+        caller.start()
+        assert inside.wait(300), "the caller's thread never started Numba's threads"
+        pid = os.fork()
+        if pid == 0:
+            ok = np.allclose(nn.rms_norm(x[:1], 512, w), ref.rms_norm(x[:1].astype(np.float64), 512, w), atol=1e-5)
+            os._exit(0 if ok else 3)
+        caller.join()
+        multiprocessing.get_start_method = start_method
+        wait_for(pid)
+    """,
+    # a forked child that dies inside Numba's start of its threads (a worker killed while
+    # its compile thread typed a parallel kernel, which asks for them): the parent's next
+    # compile of a parallel kernel, which asks too, must not wait on a lock the dead child held
+    "a_child_dies_inside_numbas_start": """
+        import threading
+        import numba
+        from numba.np.ufunc import parallel
+
+        nn.layer_norm(x[:1], 512, w)  # (Numba's threads started)
+        pid = os.fork()
+        if pid == 0:
+            class Dies:  # Numba's second lock, taken inside its first (the process-wide one)
+                def __enter__(self):
+                    os._exit(0)
+
+                def __exit__(self, *exc):
+                    pass
+
+            parallel._backend_init_thread_lock = Dies()
+            numba.get_num_threads()
+            os._exit(3)
+        wait_for(pid)
+        done = threading.Event()
+
+        def parallel_compile():
+            with background.synchronous():  # (the parallel kernel compiled on this thread)
+                nn.rms_norm(x, 512, w)
+            done.set()
+
+        threading.Thread(target=parallel_compile, daemon=True).start()
+        if not done.wait(300):
+            sys.stderr.write("the parent hung compiling a parallel kernel\\n")
+            sys.stderr.flush()
+            os._exit(4)
+        from numbanorm.cpu._kernels import rms_norm
+        assert rms_norm._forward.parallel.overloads
     """,
     # float16 weights: a first call widens them by NumPy's cast, and the launchers' loop is
     # compiled on the compile thread once the launch returns (the calling thread compiles

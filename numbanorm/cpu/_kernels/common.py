@@ -213,7 +213,22 @@ def row_block(rows):
     forward, so the blocking never changes a result (a test checks it bit for
     bit).
     """
-    return max(1, min(64, -(-rows // (4 * numba.get_num_threads()))))
+    return max(1, min(64, -(-rows // (4 * num_threads()))))
+
+
+# numba.get_num_threads() takes a process-wide semaphore and a thread lock at every call,
+# and starts Numba's threads under them at the first: a child forked while another thread
+# held them hung at its first call.  Once the threads run, the count is Numba's lock-free C
+# call; the one start is made under _starting, which a fork waits for (_before_fork).
+_starting = threading.Lock()
+
+
+def num_threads():
+    """``numba.get_num_threads()``: the calling thread's count of Numba's threads."""
+    if _numba_parallel._is_initialized:
+        return _numba_parallel._get_num_threads()
+    with _starting:
+        return numba.get_num_threads()
 
 
 # Below this many elements a kernel runs on the calling thread alone: waking the
@@ -461,11 +476,25 @@ def _run(kernel, size, args, optional):
     return left
 
 
+def _before_fork():
+    _starting.acquire()  # (before the compiler lock: background's handler runs after this one)
+
+
+def _after_fork_in_parent():
+    _starting.release()
+
+
 def _after_fork_in_child():
-    global _pool, _parallel_ok
+    global _pool, _parallel_ok, _starting
     _pool = threading.Lock()  # a parent thread may have held it at the fork
+    _starting = threading.Lock()  # (held by this thread, the one that forked)
+    # a lock of the child's own for Numba's start: the parent's is a semaphore shared with
+    # every child, and one that died inside Numba's start left it held, for the parent's
+    # next compile of a parallel kernel to wait on forever
+    _numba_parallel._backend_init_process_lock = None
     if getattr(_numba_parallel, "_is_initialized", True):  # Numba started its threads
         _parallel_ok = False
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                    after_in_child=_after_fork_in_child)
