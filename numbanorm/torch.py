@@ -819,8 +819,7 @@ def _general(op, args):
         return torch.overrides.handle_torch_function(_FUNCTIONS[op.name], others, *args)
     if (not torch.compiler.is_compiling() and _device_context_only()
             and all(given[r] is None or type(given[r]) in _PLAIN for r in op.forward_arrays)):
-        with torch._C.DisableTorchFunction():  # the whole call, its checks too, without the mode's handler
-            return _FUNCTIONS[op.name](*args)
+        return _unmoded(_FUNCTIONS[op.name], args)  # the whole call, its checks too, without the mode's handler
     _check_tensors(op.name, **{_input_name(op, r): given[r] for r in op.forward_arrays})
     if op.layout == "rows":
         given["normalized_shape"] = _shape(given["normalized_shape"])

@@ -370,6 +370,16 @@ def test_a_device_context_alone_skips_the_operator(monkeypatch, op, default):
                   "bias": torch.randn(c, generator=g), "eps": op.eps}
         args = [values[r] for r in op.forward_roles]
         runs = []
+
+        def call(ins):  # outputs, a call without gradients, the gradients of the outputs' sum
+            out = getattr(nt, op.name)(*ins)
+            out = out if isinstance(out, tuple) else (out,)
+            with torch.no_grad():
+                plain = getattr(nt, op.name)(*ins)
+            grads = torch.autograd.grad(out, [a for a in ins if isinstance(a, torch.Tensor)],
+                                        [torch.ones(o.shape, device="cpu") for o in out])
+            return out, plain, grads
+
         for context in (False, True):
             ins = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) else a for a in args]
             with contextlib.ExitStack() as stack:
@@ -382,20 +392,10 @@ def test_a_device_context_alone_skips_the_operator(monkeypatch, op, default):
                             stack.callback(torch.set_default_device, None)
                         else:
                             stack.enter_context(torch.device("meta"))
-                        out = getattr(nt, op.name)(*ins)
-                        out = out if isinstance(out, tuple) else (out,)
-                        with torch.no_grad():
-                            plain = getattr(nt, op.name)(*ins)
-                        dys = [torch.ones(o.shape, device="cpu") for o in out]
-                        grads = torch.autograd.grad(out, [a for a in ins if isinstance(a, torch.Tensor)], dys)
+                        out, plain, grads = call(ins)
                         assert torch.empty(1).device.type == "meta"  # the context still in force
                 else:
-                    out = getattr(nt, op.name)(*ins)
-                    out = out if isinstance(out, tuple) else (out,)
-                    with torch.no_grad():
-                        plain = getattr(nt, op.name)(*ins)
-                    grads = torch.autograd.grad(out, [a for a in ins if isinstance(a, torch.Tensor)],
-                                                [torch.ones(o.shape) for o in out])
+                    out, plain, grads = call(ins)
             plain = plain if isinstance(plain, tuple) else (plain,)
             assert all(t.device.type == "cpu" for t in (*out, *plain, *grads))
             runs.append([o.detach() for o in out] + list(plain) + list(grads))
