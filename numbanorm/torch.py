@@ -38,7 +38,9 @@ their own.  Under ``torch.func``'s transforms (``grad``, ``vjp``, ``jacrev``, ``
 forward operator inside an ``autograd.Function`` that they take (``_transformable``): a
 forward derivative of its own (``_tangent``), vmap rules that fold the mapped dimension
 into the rows (``_register_vmap``), and the kernels' backward wherever no transform
-differentiates it again (``_graph_needed``).
+differentiates it again (``_graph_needed``).  On DTensors (tensor and sequence
+parallelism) each process normalizes its slice, as the operators' splits tell DTensor
+(``_sharding``).
 
 The modules subclass their ``torch.nn`` namesakes and replace only ``forward``,
 so constructor arguments (``device``, ``dtype`` included), parameter names,
@@ -53,6 +55,7 @@ from __future__ import annotations
 import inspect
 import logging
 import re
+import sys
 from typing import NamedTuple
 
 import numpy as np
@@ -670,6 +673,53 @@ _TRANSFORMABLE = {}  # name -> the apply of the forward operator as torch.func t
 _OPERATORS = {op.name: _operators(op) for op in OPERATIONS}
 
 
+
+# ------------------------------------------------------------ DTensor
+
+_SIZES = ("normalized_shape", "num_groups", "eps")
+_sharded = False  # whether DTensor knows how the operators shard (:func:`_register_sharding`)
+
+
+def _sharding(op, kind, names, outputs):
+    """The shardings DTensor may run ``op``'s ``kind`` operator under, as ``(outputs'
+    placements, arguments' placements)`` pairs: everything replicated, or every array
+    split along one dimension its norm does not reduce over (any batch dimension of a row
+    norm, the batch one of group norm; a row norm's statistics keep x's dimensions), with
+    weight and bias replicated.  A backward's dweight and dbias are then partial sums,
+    which DTensor adds across the shards (tensor and sequence parallelism)."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    def shardings(*args):
+        given = dict(zip(names, args))
+        kept = 1 if op.layout == "groups" else args[0].ndim - len(given["normalized_shape"])
+        split = [Replicate()] + [Shard(d) for d in range(kept)]
+        return [([p] * outputs if kind == "forward" or p == Replicate() else [p] + [Partial()] * (outputs - 1),
+                 [None if given[n] is None or n in _SIZES else Replicate() if n in op.params else p for n in names])
+                for p in split]
+    return shardings
+
+
+def _register_sharding():
+    """Register :func:`_sharding` for every operator with DTensor, once it is imported (it
+    takes most of a second to import, which no other user should pay)."""
+    global _sharded
+    if _sharded:
+        return
+    _sharded = True
+    from torch.distributed.tensor.experimental import register_sharding
+
+    for op in OPERATIONS:
+        for custom in _OPERATORS[op.name]:
+            schema = custom._opoverload._schema
+            register_sharding(custom._opoverload)(_sharding(
+                op, "forward" if custom is _OPERATORS[op.name][0] else "backward",
+                [a.name for a in schema.arguments], len(schema.returns)))
+
+
+if "torch.distributed.tensor" in sys.modules:
+    _register_sharding()
+
+
 def _plain_eager_checks():
     """The checks of :func:`_direct` that read torch's private state, or None where this
     torch lacks one of them (every call then goes through its operator)."""
@@ -814,6 +864,8 @@ def _general(op, args):
     arguments, then the operator, the recording Function or the plain implementation, as
     :func:`_direct` and :func:`_records` decide."""
     given = dict(zip(op.forward_roles, args))
+    if not _sharded and "torch.distributed.tensor" in sys.modules and not torch.compiler.is_compiling():
+        _register_sharding()  # (a DTensor call comes here: a tensor subclass)
     others = [given[r] for r in op.forward_arrays if given[r] is not None and not isinstance(given[r], Tensor)]
     if others and torch.overrides.has_torch_function(others):  # torch.fx's Proxy: traced as a call of this function
         return torch.overrides.handle_torch_function(_FUNCTIONS[op.name], others, *args)

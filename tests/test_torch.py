@@ -1056,14 +1056,21 @@ def test_a_call_leaves_its_tensors_storage_resizable(dtype):
         numbanorm.layer_norm(torch.empty(2, 3, device="meta"), 3)
 
 
+def _gloo_group_or_skip():
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo needed")
+    return dist
+
+
 def test_fully_sharded_training_matches_torchs_norms(tmp_path):
     """FSDP2 (``fully_shard``, gloo, one rank) frees each unsharded parameter by resizing its
     storage after the forward: a step with numbanorm's norms raised 'Trying to resize storage
     that is not resizable'.  Three steps now give torch's norms' losses and parameters."""
-    dist = pytest.importorskip("torch.distributed")
+    dist = _gloo_group_or_skip()
     fsdp = pytest.importorskip("torch.distributed.fsdp")
-    if not dist.is_available() or not hasattr(fsdp, "fully_shard") or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo and fully_shard needed")
+    if not hasattr(fsdp, "fully_shard"):
+        pytest.skip("fully_shard needed")
     dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path / 'store'}")
     try:
         runs = []
@@ -1087,6 +1094,39 @@ def test_fully_sharded_training_matches_torchs_norms(tmp_path):
     assert got == pytest.approx(want, rel=1e-12)
     for a, e in zip(got_params, want_params):
         torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
+def test_dtensors_of_one_rank(tmp_path):
+    """Tensor and sequence parallelism: DTensor inputs raised "Operator
+    numbanorm.layer_norm_forward.default does not have a sharding strategy registered".
+    Each norm now runs on DTensors split along each dimension, as on plain tensors
+    (``_sharded.check``), here on one gloo rank; two ranks: the slow set."""
+    dist = _gloo_group_or_skip()
+    from torch.distributed.device_mesh import init_device_mesh
+    from _sharded import check
+
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path / 'store'}")
+    try:
+        check(init_device_mesh("cpu", (1,)))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow  # (two fresh processes)
+def test_dtensors_of_two_ranks(tmp_path):
+    """``_sharded.check`` on each of two gloo ranks: each holds half of the split
+    dimension, and the weight's gradient is the sum of the two ranks' parts."""
+    import os
+    import subprocess
+    import sys
+
+    _gloo_group_or_skip()
+    script = os.path.join(os.path.dirname(__file__), "_sharded.py")
+    env = dict(os.environ, NUMBA_NUM_THREADS="1")
+    ranks = [subprocess.Popen([sys.executable, script, str(rank), "2", str(tmp_path / "store")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(2)]
+    outs = [p.communicate(timeout=600)[0] for p in ranks]
+    assert [p.returncode for p in ranks] == [0, 0], [o[-3000:] for o in outs]
 
 
 def test_replace_norms_shares_parameters():
