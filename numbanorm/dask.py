@@ -26,7 +26,8 @@ nowhere to write).  How a call becomes a graph:
    the weight's dtype as the in-memory backward does.
 
 Each block is a set of whole rows, so ``y``, ``mean``, ``rstd`` and ``dx`` are
-bit-for-bit what numbanorm gives on the computed array; ``dweight``/``dbias``
+bit-for-bit what numbanorm gives on the computed array (in C order: a group norm's
+blocks are made C order, so its bits do not follow the blocks' memory order); ``dweight``/``dbias``
 add the same per-row terms in another order and agree to float tolerance.
 """
 
@@ -61,10 +62,10 @@ def _as_dask(name, a):
             raise ValueError(f"`{name}` has unknown chunk sizes {a.shape}; call "
                              f"{name}.compute_chunk_sizes() first")
         return a
-    if not hasattr(a, "dtype"):
-        a = np.asarray(a)  # a list of floats, as the top level takes it
+    if isinstance(a, np.ndarray) or not hasattr(a, "dtype"):
+        a = V.host_array(name, a)  # (a list of floats, as the top level takes it; a masked array refused)
     V.float_dtype(name, a)
-    return da.from_array(np.asarray(a), chunks=-1) if isinstance(a, np.ndarray) else da.asarray(a)
+    return da.from_array(a, chunks=-1) if isinstance(a, np.ndarray) else da.asarray(a)
 
 
 def _no_out(out):
@@ -74,7 +75,12 @@ def _no_out(out):
 
 
 def _meta_side(**arrays):
-    """The top level's host/device check, on the blocks' types (``_meta``)."""
+    """The top level's host/device check, on the blocks' types (``_meta``), and its refusal
+    of masked arrays, whose blocks' masked elements would be normalized as data."""
+    for name, a in arrays.items():
+        if isinstance(getattr(a, "_meta", None), np.ma.MaskedArray):
+            raise TypeError(f"`{name}` is a masked Dask array, whose masked elements numbanorm would "
+                            f"normalize as data: pass `dask.array.ma.filled({name}, ...)`, or the values to keep")
     V.common_side(**{k: getattr(a, "_meta", a) for k, a in arrays.items()})
 
 
@@ -218,10 +224,19 @@ _LAYOUTS = {"rows": _Rows, "groups": _Groups}
 
 # ------------------------------------------------------------ one task per block
 
+def _c_order(a):
+    """A group norm's host block in C order: a block that is a channels-last view (a
+    transposed NHWC source) would take the channels-last kernels, whose sums agree with C
+    order's to rounding only, and a block's order follows its chunking and its scheduler
+    (a process scheduler's pickling makes it C order)."""
+    return np.ascontiguousarray(a) if isinstance(a, np.ndarray) and not a.flags.c_contiguous else a
+
+
 def _forward_block(x, *params, operation, shape, group_size, batch_dims, eps):
     """numbanorm's forward of ``operation`` on one block (a group norm block's
     num_groups from its channels)."""
     op = BY_NAME[operation]
+    x = _c_order(x) if group_size is not None else x
     values = {"x": x, op.shape_role: shape if group_size is None else x.shape[1] // group_size,
               **dict(zip(op.params, params)), "eps": eps}
     return op.call(_numbanorm, "forward", values)
@@ -249,6 +264,8 @@ def _backward_block(dy, x, *rest, operation, shape, group_size, batch_dims):
     """numbanorm's backward on one block; dweight/dbias as partials in the accumulation
     dtype with ``batch_dims`` axes of 1."""
     op = BY_NAME[operation]
+    if group_size is not None:
+        dy, x = _c_order(dy), _c_order(x)
     *stats, weight = rest
     values = {"dy": dy, "x": x, **dict(zip(op.stats, stats)), "normalized_shape": shape, "weight": weight}
     dx, *dparams = op.call(_partials(_pick(dy=dy, x=x).backend), "backward", values)  # (the top level's backend)

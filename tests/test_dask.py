@@ -199,6 +199,10 @@ def test_errors_at_graph_construction(rng):
         (lambda: nd.group_norm(G[0, 0], 1), lambda: numbanorm.group_norm(g[0, 0], 1)),
         (lambda: nd.group_norm_backward(G, G, gm[:, :2], gr), lambda: numbanorm.group_norm_backward(g, g, gm[:, :2], gr)),
         (lambda: nd.group_norm_backward(G[:3], G, gm, gr), lambda: numbanorm.group_norm_backward(g[:3], g, gm, gr)),
+        # a masked array's masked elements would be normalized as data (its mask was dropped)
+        (lambda: nd.layer_norm(np.ma.masked_greater(x, 1), 8), lambda: numbanorm.layer_norm(np.ma.masked_greater(x, 1), 8)),
+        (lambda: nd.rms_norm(X, 8, np.ma.masked_equal(np.ones(8), 1)),
+         lambda: numbanorm.rms_norm(x, 8, np.ma.masked_equal(np.ones(8), 1))),
     ]
     for lazy, eager in cases:
         _same_error(lazy, eager)
@@ -206,6 +210,28 @@ def test_errors_at_graph_construction(rng):
         nd.layer_norm(X, 8, out=np.empty((6, 8), np.float32))
     with pytest.raises(ValueError, match="unknown chunk sizes"):
         nd.layer_norm(X[X[:, 0] > 0], 8)
+    with pytest.raises(TypeError, match="`x` is a masked Dask array"):  # (its blocks refused at compute only)
+        nd.layer_norm(da.ma.masked_greater(X, 1), 8)
+    with pytest.raises(TypeError, match="`dy` is a masked Dask array"):
+        nd.rms_norm_backward(da.ma.masked_greater(X, 1), X, r, 8)
+
+
+@pytest.mark.parametrize("chunks", [(1, 9, 7, 32), (2, 9, 7, 8)])
+def test_group_norm_bits_do_not_follow_the_blocks_memory_order(rng, chunks):
+    """NHWC data made NCHW lazily (a transpose: every block a channels-last view) gives the
+    bits of numbanorm on the computed array in C order, forward and backward, as the same
+    values stored in C order do; the blocks took the channels-last kernels, which agree to
+    rounding only (half of y's elements differed in float32)."""
+    nhwc = data(rng, (4, 9, 7, 32), np.float32)
+    dy = data(rng, (4, 32, 9, 7), np.float32)
+    X = da.from_array(nhwc, chunks=chunks).transpose(0, 3, 1, 2)
+    y, m, r = nd.group_norm_forward(X, 4)
+    got = dask.compute(y, m, r, nd.group_norm_backward(dy, X, m, r)[0])
+    xc = np.ascontiguousarray(nhwc.transpose(0, 3, 1, 2))
+    want = numbanorm.group_norm_forward(xc, 4)
+    want += numbanorm.group_norm_backward(dy, xc, want[1], want[2])[:1]
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
 
 
 # ------------------------------------------------------------ on a real cluster
