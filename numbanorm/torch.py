@@ -52,10 +52,14 @@ recognises the RMSNorm classes of Hugging Face ``transformers`` by what their
 
 from __future__ import annotations
 
+import contextlib
+import importlib.abc
+import importlib.util
 import inspect
 import logging
 import re
 import sys
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -677,7 +681,6 @@ _OPERATORS = {op.name: _operators(op) for op in OPERATIONS}
 # ------------------------------------------------------------ DTensor
 
 _SIZES = ("normalized_shape", "num_groups", "eps")
-_sharded = False  # whether DTensor knows how the operators shard (:func:`_register_sharding`)
 
 
 def _sharding(op, kind, names, outputs):
@@ -700,12 +703,7 @@ def _sharding(op, kind, names, outputs):
 
 
 def _register_sharding():
-    """Register :func:`_sharding` for every operator with DTensor, once it is imported (it
-    takes most of a second to import, which no other user should pay)."""
-    global _sharded
-    if _sharded:
-        return
-    _sharded = True
+    """Register :func:`_sharding` for every operator with DTensor."""
     from torch.distributed.tensor.experimental import register_sharding
 
     for op in OPERATIONS:
@@ -716,8 +714,45 @@ def _register_sharding():
                 [a.name for a in schema.arguments], len(schema.returns)))
 
 
+class _ShardingOnImport(importlib.abc.MetaPathFinder):
+    """Registers the operators' splits as ``torch.distributed.tensor`` is imported after this
+    module: importing it takes most of a second, which a user without DTensors should not
+    pay, and a call cannot register them where torch.compile traces it."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "torch.distributed.tensor":
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)  # (by the finders after this one)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _ThenRegister(spec.loader)
+        return spec
+
+
+class _ThenRegister:
+    """A module's loader that registers the splits once the module is executed."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        module.__loader__ = module.__spec__.loader = self._loader  # (this one leaves no trace)
+        try:
+            _register_sharding()
+        except Exception as e:  # (a torch whose DTensor API moved: DTensor calls raise torch's error)
+            warnings.warn(f"numbanorm.torch could not register its operators' splits with DTensor: {e!r}",
+                          RuntimeWarning, stacklevel=2)
+
+
 if "torch.distributed.tensor" in sys.modules:
     _register_sharding()
+elif torch.distributed.is_available():
+    sys.meta_path.insert(0, _ShardingOnImport())
 
 
 def _plain_eager_checks():
@@ -864,8 +899,6 @@ def _general(op, args):
     arguments, then the operator, the recording Function or the plain implementation, as
     :func:`_direct` and :func:`_records` decide."""
     given = dict(zip(op.forward_roles, args))
-    if not _sharded and "torch.distributed.tensor" in sys.modules and not torch.compiler.is_compiling():
-        _register_sharding()  # (a DTensor call comes here: a tensor subclass)
     others = [given[r] for r in op.forward_arrays if given[r] is not None and not isinstance(given[r], Tensor)]
     if others and torch.overrides.has_torch_function(others):  # torch.fx's Proxy: traced as a call of this function
         return torch.overrides.handle_torch_function(_FUNCTIONS[op.name], others, *args)

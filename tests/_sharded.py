@@ -5,9 +5,9 @@ rank of a gloo group by its test on two (``python tests/_sharded.py RANK WORLD S
 import sys
 
 import torch
-from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
-import numbanorm.torch as nt
+import numbanorm.torch as nt  # (before DTensor: the operators' splits are registered as it is imported)
+from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor  # noqa: E402
 
 CALLS = {  # each norm on (4, 6, 8) tensors: x (and residual) split as the test places them, w and b replicated
     "layer_norm": lambda x, r, w, b: nt.layer_norm(x, [8], w, b),
@@ -22,7 +22,8 @@ def check(mesh):
     """Every norm's outputs and gradients on DTensors placed each way equal those on plain
     tensors (float64; the weight's gradient is a sum in another order); a batch dimension's
     split stays split through the forward and backward, and the weight's gradient is a
-    partial sum of the shards' (a split the norm reduces over is gathered first)."""
+    partial sum of the shards' (a split the norm reduces over is gathered first); and a
+    call traced by torch.compile, whose first call on DTensors was traced there."""
     g = torch.Generator().manual_seed(0)
     x, r = (torch.randn(4, 6, 8, dtype=torch.float64, generator=g) for _ in range(2))
     w = torch.rand(8, dtype=torch.float64, generator=g) + 0.5
@@ -52,6 +53,13 @@ def check(mesh):
             if kept_split or placement == Replicate():
                 want = Partial() if kept_split else Replicate()
                 assert placed[2].grad.placements == (want,), (name, placement, placed[2].grad.placements)
+    # traced by torch.compile, the first call of its operator on DTensors included
+    step = torch.compile(lambda x, w: nt.rms_norm(x, [8], w, 1e-6) * 2, backend="aot_eager", fullgraph=True)
+    placed = [distribute_tensor(t, mesh, [p]).requires_grad_() for t, p in ((x, Shard(1)), (w, Replicate()))]
+    y = step(*placed)
+    y.sum().backward()
+    assert y.placements == (Shard(1),) and placed[1].grad.placements == (Partial(),)
+    torch.testing.assert_close(y.full_tensor(), nt.rms_norm(x, [8], w, 1e-6) * 2, rtol=1e-12, atol=1e-12)
 
 
 if __name__ == "__main__":
