@@ -1243,6 +1243,18 @@ def _plan(m):
     return _plan_class(m, cls)
 
 
+def _called_otherwise(m):
+    """Why a call of ``m`` would not run its class's forward, or None: a forward set on the
+    instance (accelerate's hooks wrap the old one so) or ``Module.compile``'s compiled call,
+    either bound to ``m`` and copied onto its replacement, where it would run ``m``'s forward."""
+    if vars(m).get("_compiled_call_impl") is not None:
+        return "Module.compile compiled its own forward: call replace_norms before compiling it"
+    if "forward" in vars(m):
+        return ("its forward is set on the instance (a hook's, as accelerate's), and would still run: "
+                "call replace_norms before the hook is added")
+    return None
+
+
 def _parametrized(m):
     """Whether ``m`` is a torch norm with parametrized tensors (``torch.nn.utils.parametrize``),
     whose parametrizations are its children."""
@@ -1291,9 +1303,12 @@ def _plan_class(m, cls):
         return (None, "no `variance_epsilon` or `eps` attribute") if is_norm else None
     # (a weightless one probed only where named a norm: any other module with an eps would be run)
     weightless = is_norm and not params and not any(True for _ in m.buffers())
-    if not weightless and (list(params) != ["weight"] or params["weight"].dim() != 1
-                           or any(True for _ in m.buffers())):
-        return (None, "its parameters are not one 1-D `weight` or none (and no buffers)") if is_norm else None
+    buffers = [n for n, _ in m.named_buffers(recurse=False)]
+    if not weightless and buffers:
+        return (None, f"it holds buffers ({', '.join(buffers)}), which a replacement's forward would not read"
+                ) if is_norm else None
+    if not weightless and (list(params) != ["weight"] or params["weight"].dim() != 1):
+        return (None, "its parameters are not one 1-D `weight` or none") if is_norm else None
     form, why = _probe(m, eps_attr)
     if form is None:
         return (None, why) if is_norm else None  # not a norm at all: none of our business
@@ -1322,7 +1337,8 @@ def replace_norms(module, strict=False, *, report=False):
     ``save_pretrained``/``from_pretrained`` are unaffected.
 
     Every replacement is logged at INFO, every norm left alone (BatchNorm,
-    a subclass with its own forward, an RMSNorm variant with a gate) at WARNING
+    a subclass with its own forward, an RMSNorm variant with a gate, a norm whose
+    forward is set on the instance or compiled by ``Module.compile``) at WARNING
     with the reason.  ``strict=True`` raises ``ValueError`` listing those instead,
     before anything is swapped.  ``report=True`` returns ``(module, NormReport)``.
     """
@@ -1342,6 +1358,8 @@ def replace_norms(module, strict=False, *, report=False):
                         edits.append((m, name, new_child))
             else:
                 plan = _plan(m)
+                if plan is not None and plan[0] is not None and _called_otherwise(m):
+                    plan = None, _called_otherwise(m)
                 if plan is not None and plan[0] is not None:
                     new = plan[0].__new__(plan[0])
                     new.__dict__.update(m.__dict__)  # the same parameters, buffers, hooks, settings

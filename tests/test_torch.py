@@ -1139,6 +1139,31 @@ def test_replace_norms_shares_parameters():
     assert isinstance(nt.replace_norms(torch.nn.GroupNorm(2, 4)), nt.GroupNorm)
 
 
+def test_a_norm_called_through_its_own_instance_is_left_alone():
+    """A norm whose call runs something bound to the instance: ``Module.compile``'s compiled
+    call, or a forward set on the instance (accelerate's hooks, which from_pretrained's
+    device_map adds, wrap the old forward so).  Copied onto its replacement, either kept
+    running the original forward, while the report said replaced; such a norm is now left
+    alone, with the reason, and kept."""
+    import functools
+
+    x = torch.randn(3, 8)
+    compiled, hooked, plain = torch.nn.RMSNorm(8), torch.nn.LayerNorm(8), torch.nn.LayerNorm(8)
+    compiled.compile(backend="eager")
+    hooked._old_forward = hooked.forward
+    hooked.forward = functools.partial(lambda module, x: module._old_forward(x) + 0, hooked)
+    model = torch.nn.Sequential(compiled, hooked, plain)
+    want = model(x)
+    _, report = nt.replace_norms(model, report=True)
+    assert [r[0] for r in report.replaced] == ["2"] and model[0] is compiled and model[1] is hooked
+    assert [(p, why.split(":")[0].split(",")[0]) for p, _, why in report.left_alone] == [
+        ("0", "Module.compile compiled its own forward"), ("1", "its forward is set on the instance (a hook's")]
+    assert isinstance(model[2], nt.LayerNorm)
+    torch.testing.assert_close(model(x), want, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="Module.compile"):
+        nt.replace_norms(torch.nn.Sequential(compiled), strict=True)
+
+
 def test_a_norm_under_two_names_is_replaced_under_both():
     """A norm a parent holds under two names (as a norm two parents share) is one numbanorm
     module under each, reported once."""
