@@ -64,7 +64,6 @@ def _as_dask(name, a):
         return a
     if isinstance(a, np.ndarray) or not hasattr(a, "dtype"):
         a = V.host_array(name, a)  # (a list of floats, as the top level takes it; a masked array refused)
-    V.float_dtype(name, a)
     return da.from_array(a, chunks=-1) if isinstance(a, np.ndarray) else da.asarray(a)
 
 

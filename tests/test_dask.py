@@ -199,6 +199,8 @@ def test_errors_at_graph_construction(rng):
         (lambda: nd.group_norm(G[0, 0], 1), lambda: numbanorm.group_norm(g[0, 0], 1)),
         (lambda: nd.group_norm_backward(G, G, gm[:, :2], gr), lambda: numbanorm.group_norm_backward(g, g, gm[:, :2], gr)),
         (lambda: nd.group_norm_backward(G[:3], G, gm, gr), lambda: numbanorm.group_norm_backward(g[:3], g, gm, gr)),
+        # x's checks before the weight's, as at the top level (the weight's dtype came first)
+        (lambda: nd.layer_norm(X, 7, np.ones(8, np.int64)), lambda: numbanorm.layer_norm(x, 7, np.ones(8, np.int64))),
         # a masked array's masked elements would be normalized as data (its mask was dropped)
         (lambda: nd.layer_norm(np.ma.masked_greater(x, 1), 8), lambda: numbanorm.layer_norm(np.ma.masked_greater(x, 1), 8)),
         (lambda: nd.rms_norm(X, 8, np.ma.masked_equal(np.ones(8), 1)),
