@@ -248,6 +248,21 @@ FRESH = {
         from numbanorm.cpu._kernels import rms_norm
         assert rms_norm._forward.parallel.overloads
     """,
+    # torch's thread count, set by the user, is kept through the first call, which starts
+    # Numba's OpenMP threads: that start set the calling thread's OpenMP count, which torch
+    # reads, to Numba's (torch.compile then recompiled what it had compiled)
+    "torch_threads": """
+        import torch
+        import numbanorm.torch as nt
+        torch.set_num_threads(1)  # (Numba's: NUMBA_NUM_THREADS=2)
+        assert torch.get_num_threads() == 1  # (read before: torch.compile's guards read it so)
+        xt, wt = torch.from_numpy(x), torch.from_numpy(w)
+        nt.layer_norm(xt[:1], (512,), wt)
+        assert torch.get_num_threads() == 1, torch.get_num_threads()
+        background.wait()
+        assert torch.equal(nt.layer_norm(xt, (512,), wt), nt.layer_norm(xt, (512,), wt))
+        assert torch.get_num_threads() == 1, torch.get_num_threads()
+    """,
     # float16 weights: a first call widens them by NumPy's cast, and the launchers' loop is
     # compiled on the compile thread once the launch returns (the calling thread compiles
     # only its row function: the compile thread is held off meanwhile); the loop then gives

@@ -6,6 +6,7 @@
 import inspect
 import linecache
 import os
+import sys
 import threading
 import types as pytypes
 
@@ -228,7 +229,14 @@ def num_threads():
     if _numba_parallel._is_initialized:
         return _numba_parallel._get_num_threads()
     with _starting:
-        return numba.get_num_threads()
+        torch = sys.modules.get("torch")
+        kept = torch.get_num_threads() if torch is not None else None
+        n = numba.get_num_threads()
+        # the OpenMP layer's start sets this thread's OpenMP count, which torch shares: its
+        # ops would take Numba's count, and torch.compile recompiles on the change
+        if kept is not None and torch.get_num_threads() != kept:
+            torch.set_num_threads(kept)
+        return n
 
 
 # Below this many elements a kernel runs on the calling thread alone: waking the
