@@ -139,7 +139,9 @@ def _shape(normalized_shape):
     if isinstance(normalized_shape, (tuple, list)) and any(isinstance(d, _SYMBOLIC) for d in normalized_shape):
         return list(normalized_shape)
     if torch.compiler.is_compiling():  # (dynamo's sizes are plain ints here: an int check would pin each)
-        return list(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else [normalized_shape]
+        shape = list(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else [normalized_shape]
+        if not any(type(d) is bool for d in shape):  # (a bool is a constant: its check pins nothing)
+            return shape
     return list(_V._as_shape(normalized_shape))
 
 
@@ -155,8 +157,8 @@ def _ints(shape):
 
 def _groups(num_groups):
     """``num_groups`` as an int, numbanorm's ``TypeError`` for anything else (a bool too)."""
-    if isinstance(num_groups, _SYMBOLIC) or torch.compiler.is_compiling():  # (as _shape's)
-        return num_groups
+    if isinstance(num_groups, _SYMBOLIC) or (torch.compiler.is_compiling() and type(num_groups) is not bool):
+        return num_groups  # (as _shape's)
     return _V.integer("num_groups", num_groups)
 
 
@@ -1255,6 +1257,9 @@ def _called_otherwise(m):
     return None
 
 
+_WRAPPED = "torch.compile wraps it, and its compiled call runs its forward: call replace_norms before torch.compile"
+
+
 def _parametrized(m):
     """Whether ``m`` is a torch norm with parametrized tensors (``torch.nn.utils.parametrize``),
     whose parametrizations are its children."""
@@ -1343,8 +1348,10 @@ def replace_norms(module, strict=False, *, report=False):
     before anything is swapped.  ``report=True`` returns ``(module, NormReport)``.
     """
     replaced, left_alone, edits, memo = [], [], [], {}
+    frame = sys.modules.get("torch._dynamo.eval_frame")  # (not imported: nothing was compiled)
+    compiled_module = getattr(frame, "OptimizedModule", ())
 
-    def visit(m, path):
+    def visit(m, path, compiled=False):
         if id(m) in memo:
             return memo[id(m)]
         new = None
@@ -1353,13 +1360,14 @@ def replace_norms(module, strict=False, *, report=False):
                 for name, child in m._modules.items():  # (named_children() names a module once: its first name)
                     if child is None:
                         continue
-                    new_child = visit(child, f"{path}.{name}" if path else name)
+                    new_child = visit(child, f"{path}.{name}" if path else name,
+                                      name == "_orig_mod" and isinstance(m, compiled_module))
                     if new_child is not None:
                         edits.append((m, name, new_child))
             else:
                 plan = _plan(m)
-                if plan is not None and plan[0] is not None and _called_otherwise(m):
-                    plan = None, _called_otherwise(m)
+                if plan is not None and plan[0] is not None and (compiled or _called_otherwise(m)):
+                    plan = None, _called_otherwise(m) or _WRAPPED
                 if plan is not None and plan[0] is not None:
                     new = plan[0].__new__(plan[0])
                     new.__dict__.update(m.__dict__)  # the same parameters, buffers, hooks, settings

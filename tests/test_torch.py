@@ -1144,7 +1144,8 @@ def test_a_norm_called_through_its_own_instance_is_left_alone():
     call, or a forward set on the instance (accelerate's hooks, which from_pretrained's
     device_map adds, wrap the old forward so).  Copied onto its replacement, either kept
     running the original forward, while the report said replaced; such a norm is now left
-    alone, with the reason, and kept."""
+    alone, with the reason, and kept.  So is a norm that torch.compile wraps whole, whose
+    compiled call runs the original's forward."""
     import functools
 
     x = torch.randn(3, 8)
@@ -1162,6 +1163,10 @@ def test_a_norm_called_through_its_own_instance_is_left_alone():
     torch.testing.assert_close(model(x), want, rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="Module.compile"):
         nt.replace_norms(torch.nn.Sequential(compiled), strict=True)
+    wrapped = torch.compile(torch.nn.LayerNorm(8), backend="eager")  # (its _orig_mod: a child)
+    _, report = nt.replace_norms(wrapped, report=True)
+    assert report.replaced == [] and [p for p, _, _ in report.left_alone] == ["_orig_mod"]
+    assert "torch.compile wraps it" in report.left_alone[0][2] and type(wrapped._orig_mod) is torch.nn.LayerNorm
 
 
 def test_a_norm_under_two_names_is_replaced_under_both():
