@@ -843,6 +843,20 @@ def test_compile_fullgraph_forward_and_backward():
         torch.testing.assert_close(a, e)
 
 
+
+def test_a_bool_size_is_a_type_error_under_compile_too():
+    """torch.compile skips the size checks that would pin a traced size, and a bool
+    ``normalized_shape`` or ``num_groups`` (read as 1) ran there; eagerly it is a TypeError."""
+    x = torch.randn(3, 4, 5)
+    for call, name in ((lambda x: nt.layer_norm(x[..., :1], (True,)), "normalized_shape"),
+                       (lambda x: nt.group_norm(x, True), "num_groups")):
+        with pytest.raises(TypeError, match=name):
+            call(x)
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=f"`{name}` must be an int"):  # (Dynamo's error, naming it)
+            torch.compile(call, backend="eager", fullgraph=True)(x)
+
+
 # ------------------------------------------------------------ modules
 
 @pytest.mark.parametrize("ours,theirs,args,kwargs", [
