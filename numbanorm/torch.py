@@ -1257,7 +1257,7 @@ def _called_otherwise(m):
     return None
 
 
-_WRAPPED = "torch.compile wraps it, and its compiled call runs its forward: call replace_norms before torch.compile"
+_COMPILED_WHOLE = "torch.compile wraps it, and its compiled call runs its forward: call replace_norms before torch.compile"
 
 
 def _parametrized(m):
@@ -1367,7 +1367,7 @@ def replace_norms(module, strict=False, *, report=False):
             else:
                 plan = _plan(m)
                 if plan is not None and plan[0] is not None and (compiled or _called_otherwise(m)):
-                    plan = None, _called_otherwise(m) or _WRAPPED
+                    plan = None, _called_otherwise(m) or _COMPILED_WHOLE
                 if plan is not None and plan[0] is not None:
                     new = plan[0].__new__(plan[0])
                     new.__dict__.update(m.__dict__)  # the same parameters, buffers, hooks, settings
