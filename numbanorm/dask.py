@@ -26,9 +26,10 @@ nowhere to write).  How a call becomes a graph:
    the weight's dtype as the in-memory backward does.
 
 Each block is a set of whole rows, so ``y``, ``mean``, ``rstd`` and ``dx`` are
-bit-for-bit what numbanorm gives on the computed array (in C order: a group norm's
-blocks are made C order, so its bits do not follow the blocks' memory order); ``dweight``/``dbias``
-add the same per-row terms in another order and agree to float tolerance.
+bit-for-bit what numbanorm gives on the computed array in C order (a group norm's
+blocks are made C order, so its bits do not follow the blocks' memory order);
+``dweight``/``dbias`` add the same per-row terms in another order and agree to float
+tolerance.
 """
 
 from __future__ import annotations

@@ -679,7 +679,6 @@ _TRANSFORMABLE = {}  # name -> the apply of the forward operator as torch.func t
 _OPERATORS = {op.name: _operators(op) for op in OPERATIONS}
 
 
-
 # ------------------------------------------------------------ DTensor
 
 _SIZES = ("normalized_shape", "num_groups", "eps")
@@ -1366,8 +1365,9 @@ def replace_norms(module, strict=False, *, report=False):
                         edits.append((m, name, new_child))
             else:
                 plan = _plan(m)
-                if plan is not None and plan[0] is not None and (compiled or _called_otherwise(m)):
-                    plan = None, _called_otherwise(m) or _COMPILED_WHOLE
+                if plan is not None and plan[0] is not None:
+                    why = _called_otherwise(m) or (_COMPILED_WHOLE if compiled else None)
+                    plan = plan if why is None else (None, why)
                 if plan is not None and plan[0] is not None:
                     new = plan[0].__new__(plan[0])
                     new.__dict__.update(m.__dict__)  # the same parameters, buffers, hooks, settings

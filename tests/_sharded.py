@@ -7,7 +7,7 @@ import sys
 import torch
 
 import numbanorm.torch as nt  # (before DTensor: the operators' splits are registered as it is imported)
-from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor  # noqa: E402
+from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
 CALLS = {  # each norm on (4, 6, 8) tensors: x (and residual) split as the test places them, w and b replicated
     "layer_norm": lambda x, r, w, b: nt.layer_norm(x, [8], w, b),

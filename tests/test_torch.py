@@ -843,7 +843,6 @@ def test_compile_fullgraph_forward_and_backward():
         torch.testing.assert_close(a, e)
 
 
-
 def test_a_bool_size_is_a_type_error_under_compile_too():
     """torch.compile skips the size checks that would pin a traced size, and a bool
     ``normalized_shape`` or ``num_groups`` (read as 1) ran there; eagerly it is a TypeError."""
