@@ -654,6 +654,41 @@ def _sample_param_grads(op, given, out, size):
     return grads
 
 
+def _refuse_tangents(custom):
+    """An error, not a tangent of zero, where ``custom`` meets an input with a forward-mode
+    tangent: PyTorch's custom operators have no forward derivative, and their autograd
+    kernel drops the tangent without a word.  The public functions take forward-mode AD
+    eagerly (:func:`_transformable`); calls that reach the operator with a tangent are
+    ``torch.compile`` or ``torch.export`` tracing ``torch.func.jvp``/``jacfwd`` or a
+    ``dual_level``, and ``torch.ops.numbanorm`` called directly.  The kernel wraps the
+    operator's own (its backward formula, :func:`_register_autograd`) for the devices
+    numbanorm runs on (a backend's Autograd key is taken before the alias, so nothing is
+    overridden); where this torch lacks the function that makes it, calls go as before."""
+    try:
+        from torch._library.autograd import make_autograd_impl
+        autograd_kernel = make_autograd_impl(custom._opoverload, custom)
+    except (ImportError, AttributeError, TypeError):
+        return
+    name = custom._opoverload.__name__.split(".")[0]
+
+    def kernel(keyset, *args):
+        if _FORWARD_AD._current_level >= 0 and torch._C._is_fwd_grad_enabled():
+            for a in args:
+                if isinstance(a, Tensor) and _FORWARD_AD.unpack_dual(a).tangent is not None:
+                    raise NotImplementedError(
+                        f"torch.ops.numbanorm.{name} has no forward derivative (PyTorch's custom operators "
+                        "have none): numbanorm.torch's public functions take torch.func.jvp, jacfwd and "
+                        "forward-mode AD eagerly, but not traced by torch.compile or torch.export "
+                        "(run the transform outside them, or under torch.compiler.disable)")
+        return autograd_kernel(keyset, *args)
+
+    for key in ("AutogradCPU", "AutogradCUDA"):
+        _LIBRARY.impl(name, kernel, key, with_keyset=True)
+
+
+_LIBRARY = torch.library.Library("numbanorm", "FRAGMENT")  # (_refuse_tangents's kernels)
+
+
 def _operators(op):
     """``(forward, backward)`` custom operators of ``op``, ``torch.ops.numbanorm.<name>_forward`` and so on."""
     made = []
@@ -666,6 +701,8 @@ def _operators(op):
                                          mutates_args=(), schema=_schema(op, roles, outputs))
         custom.register_fake(fake)
         made.append(custom)
+    for custom in made:
+        _refuse_tangents(custom)
     formula = _register_autograd(op, made[0])
     _RECORDING[op.name] = _recording(op, *formula)
     _TRANSFORMABLE[op.name] = _transformable(op, made[0], *formula)

@@ -1294,6 +1294,45 @@ def test_forward_mode_ad(name):
     torch.testing.assert_close(got[0].tangent, got[1].tangent, rtol=1e-10, atol=1e-12)
 
 
+def _dual_call(fn, x, w, b, tangents):
+    """fn's output tangent on dual tensors, or None where it has none."""
+    fwad = torch.autograd.forward_ad
+    with fwad.dual_level():
+        return fwad.unpack_dual(fn(*(fwad.make_dual(a, t) for a, t in zip((x, w, b), tangents)))).tangent
+
+
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "group_norm", "add_layer_norm"])
+def test_an_operator_refuses_a_tangent_it_cannot_carry(name):
+    """The operators have no forward derivative (PyTorch's custom operators have none):
+    called on dual tensors, directly or in a graph that torch.compile traced around a
+    dual_level or torch.func.jvp, they dropped the tangent without a word (a tangent of
+    None, jvp's of zeros); now they raise, and the public functions' eager forward-mode AD
+    still matches torch's."""
+    ours, theirs, shape, pshape = FUNC[name]
+    x = t64(*shape, requires_grad=False)
+    w, b = t64(*pshape, seed=3, low=0.5, requires_grad=False), t64(*pshape, seed=4, requires_grad=False)
+    tangents = (x.cos(), w.sin(), b.cos())
+    refusal = "has no forward derivative"
+    forward = getattr(torch.ops.numbanorm, f"{name}_forward")
+    if name == "group_norm":
+        raw = lambda x, w, b: forward(x, 3, w, b, 1e-5)[0]  # noqa: E731
+    elif name == "add_layer_norm":
+        raw = lambda x, w, b: forward(x, x.sin(), [8], w, b, 1e-5)[0]  # noqa: E731
+    else:
+        raw = lambda x, w, b: forward(x, [8], w, *([b] if name == "layer_norm" else []), 1e-5)[0]  # noqa: E731
+    with pytest.raises(NotImplementedError, match=refusal):
+        _dual_call(raw, x, w, b, tangents)
+    for traced in (lambda *a: _dual_call(ours, *a, tangents), lambda *a: func.jvp(ours, a, tangents)[1]):
+        torch._dynamo.reset()
+        with pytest.raises(NotImplementedError, match=refusal):
+            torch.compile(traced, backend="eager")(x, w, b)
+    torch.testing.assert_close(_dual_call(ours, x, w, b, tangents), _dual_call(theirs, x, w, b, tangents),
+                               rtol=1e-10, atol=1e-12)
+    want = raw(x, w, b)
+    with torch.autograd.forward_ad.dual_level():  # no tangent given: nothing refused
+        torch.testing.assert_close(raw(x, w, b), want, rtol=0, atol=0)
+
+
 FUSED = {  # a fused operation and torch's composite of it, as functions of (x, r, w, b): (y, s)
     "add_layer_norm": (lambda x, r, w, b: nt.add_layer_norm(x, r, 8, w, b),
                        lambda x, r, w, b: (F.layer_norm(x + r, (8,), w, b), x + r)),
