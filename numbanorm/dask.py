@@ -15,7 +15,8 @@ nowhere to write).  How a call becomes a graph:
    group) for group norm -- lies whole in one block: the normalized axes are
    merged into one chunk; for group norm the spatial axes are merged and the
    channel chunks moved to group boundaries, so channel-chunked inputs keep
-   their parallelism.  Batch chunks are left as they are;
+   their parallelism.  Batch chunks are split where a block would otherwise grow past
+   the larger of ``x``'s largest block and dask's ``array.chunk-size`` (``_bounded``);
 3. one task per block calls the top-level numbanorm function on it (NumPy
    blocks run the CPU kernels; CuPy blocks would run the GPU ones), returning
    all of its outputs at once (a backward's ``dweight``/``dbias`` unrounded, in
@@ -38,9 +39,11 @@ import functools
 import math
 import operator
 
+import dask
 import dask.array as da
 import numpy as np
 from dask.base import tokenize
+from dask.utils import parse_bytes
 from dask.highlevelgraph import HighLevelGraph
 
 import numbanorm as _numbanorm  # the top-level functions: each block runs one
@@ -112,6 +115,41 @@ def _leaf(tmp, i, chunks, dtype, name):
                     meta=np.empty((0,) * nd, dtype))
 
 
+def _bounded(x, chunks, splittable):
+    """``chunks`` (axis -> chunks, -1 for whole, as ``rechunk`` takes them) with the chunks of
+    the ``splittable`` axes, ``(axis, quantum)`` pairs outermost first, split where a block
+    would grow past the larger of ``x``'s largest block and dask's ``array.chunk-size``:
+    merging the normalized axes of a thinly chunked array multiplies each block's memory
+    (an array chunked 8 columns wide, by a row of 1024 over 8).  A quantum keeps a group
+    whole; no block is split below one quantum of its axis."""
+    itemsize = x.dtype.itemsize
+    limit = max(itemsize * math.prod(max(c, default=0) for c in x.chunks),
+                parse_bytes(dask.config.get("array.chunk-size")))
+    sizes = [x.chunks[ax] if ax not in chunks else (x.shape[ax],) if chunks[ax] == -1 else chunks[ax]
+             for ax in range(x.ndim)]
+    out = dict(chunks)
+    for ax, q in splittable:
+        unit = itemsize * math.prod(max(c, default=0) for b, c in enumerate(sizes) if b != ax)
+        if unit == 0:
+            break
+        most = max(q, limit // unit // q * q)
+        if max(sizes[ax], default=0) > most:
+            sizes[ax] = out[ax] = tuple(p for c in sizes[ax] for p in _split(c, most, q))
+        if unit * q <= limit:
+            break
+    return out
+
+
+def _split(c, most, q):
+    """A chunk of ``c`` in near-equal parts of at most ``most``, each a multiple of ``q``."""
+    units, per = c // q, most // q
+    if units <= per:
+        return (c,)
+    n = -(-units // per)
+    base, extra = divmod(units, n)
+    return tuple((base + (i < extra)) * q for i in range(n))
+
+
 def _flatten(keys):
     for k in keys:
         if isinstance(k, list):
@@ -143,7 +181,7 @@ class _Rows:
         self.xdt = V.float_dtype("x", x)
         _, _, nshape = V.rows(x.shape, normalized_shape)
         nb = x.ndim - len(nshape)
-        self.x = x.rechunk({ax: -1 for ax in range(nb, x.ndim)})
+        self.x = x.rechunk(_bounded(x, {ax: -1 for ax in range(nb, x.ndim)}, [(ax, 1) for ax in range(nb)]))
         self.ind = _LETTERS[: x.ndim]
         self.params, self.key = nshape, nshape
         self.block_kwargs = {"shape": nshape, "group_size": None, "batch_dims": nb}
@@ -190,7 +228,7 @@ class _Groups:
         cg = c // g
         chunks = {1: _group_chunks(x.chunks[1], cg, c)}
         chunks.update({ax: -1 for ax in range(2, x.ndim)})
-        self.x = x.rechunk(chunks)
+        self.x = x.rechunk(_bounded(x, chunks, [(0, 1), (1, cg)]))
         self.ind = _LETTERS[: x.ndim]
         self.params, self.key = (c,), num_groups
         self.block_kwargs = {"shape": None, "group_size": cg, "batch_dims": 1}

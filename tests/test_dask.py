@@ -236,6 +236,41 @@ def test_group_norm_bits_do_not_follow_the_blocks_memory_order(rng, chunks):
         np.testing.assert_array_equal(a, b)
 
 
+# (shape, chunks, dask's array.chunk-size, name, size argument)
+BOUNDED_CASES = {
+    "rows": ((512, 1024), (512, 8), "64KiB", "layer_norm", 1024),
+    "rows over two batch axes": ((3, 5, 64), (3, 5, 2), "1KiB", "rms_norm", 64),
+    "groups": ((8, 16, 8, 8), (8, 16, 2, 2), "8KiB", "group_norm", 4),
+    "groups split inside a sample": ((2, 16, 8, 8), (2, 16, 2, 2), "2KiB", "group_norm", 4),
+}
+
+
+@pytest.mark.parametrize("case", BOUNDED_CASES)
+def test_merged_blocks_stay_within_the_chunk_size(rng, case):
+    """Merging the normalized axes of a thinly chunked array multiplied each block's memory
+    (8 columns of 1024 became whole rows: 128 times the block); batch chunks, and group
+    norm's channel chunks at group boundaries, are now split to keep each block within the
+    larger of x's largest block and dask's array.chunk-size, with the same bits forward and
+    backward."""
+    shape, chunks, limit, name, size = BOUNDED_CASES[case]
+    x, dy = data(rng, shape, np.float64), data(rng, shape, np.float64)
+    X = da.from_array(x, chunks=chunks)
+    with dask.config.set({"array.chunk-size": limit}):
+        y, *stats = getattr(nd, f"{name}_forward")(X, size)
+        args = (size,) if name != "group_norm" else ()
+        dx = getattr(nd, f"{name}_backward")(dy, X, *stats, *args)[0]
+    bound = max(dask.utils.parse_bytes(limit), 8 * np.prod(chunks))
+    for a in (y, dx):
+        assert 8 * np.prod([max(c) for c in a.chunks]) <= bound, a.chunks
+    assert y.numblocks[0] > 1 or y.numblocks[1] > 1
+    if name == "group_norm":
+        assert all(c % (shape[1] // size) == 0 for c in y.chunks[1])  # (groups whole)
+    want = getattr(numbanorm, f"{name}_forward")(x, size)
+    want += getattr(numbanorm, f"{name}_backward")(dy, x, *want[1:], *args)[:1]
+    for a, b in zip(dask.compute(y, *stats, dx), want):
+        np.testing.assert_array_equal(a, b)
+
+
 # ------------------------------------------------------------ on a real cluster
 
 @pytest.fixture(scope="module")
