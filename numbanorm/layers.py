@@ -1,7 +1,8 @@
 """Stateful layers for NumPy training loops.
 
 ``layer(x)`` runs the forward and keeps what the backward needs;
-``layer.backward(dy)`` returns ``dx`` and sets ``grad_weight``/``grad_bias``.
+``layer.backward(dy)`` returns ``dx`` and sets ``grad_weight``/``grad_bias``;
+``layer.eval()`` keeps nothing (a forward for inference, without a copy of x).
 
 One class per norm (its constructor is what a user writes); the forward and
 backward come from the table's row: the layer's attributes carry the role names
@@ -42,6 +43,17 @@ def _eps(eps, dtype, allow_none=False):
 
 class _Norm:
     _op = None  # the table's row of the layer's operation
+    training = True  # (torch.nn's name: a forward keeps what a backward needs)
+
+    def train(self, mode=True):
+        """Set ``training`` (a forward keeps copies of x and the weight for its backward,
+        or, False, nothing); returns the layer."""
+        self.training = bool(mode)
+        return self
+
+    def eval(self):
+        """``train(False)``: forwards for inference, which keep nothing and copy nothing."""
+        return self.train(False)
 
     def __getstate__(self):
         # the last input is not part of a layer: a pickle carries the parameters only
@@ -51,8 +63,8 @@ class _Norm:
 
     def _thread(self):
         """This thread's record of the layer's last forward (``saved``: private copies of x and
-        the weight, the statistics): a layer shared by threads pairs each backward with its
-        own thread's forward, as autograd's graph of each call would."""
+        the weight, the statistics), which its backward takes: a layer shared by threads pairs
+        each backward with its own thread's forward, as autograd's graph of each call would."""
         forwards = self.__dict__.get("_forwards")
         if forwards is None:
             forwards = self.__dict__.setdefault("_forwards", threading.local())  # (one, under a race)
@@ -63,7 +75,7 @@ class _Norm:
 
     def __call__(self, x):
         """The forward: y, keeping copies of ``x`` and the weight and the statistics for this
-        thread's ``backward``.
+        thread's ``backward`` (in ``training`` mode; otherwise nothing).
 
         Parameters
         ----------
@@ -88,14 +100,18 @@ class _Norm:
         self._check_input(x)
         op = self._op
         given = {"x": x, **{r: getattr(self, r) for r in op.forward_roles[1:]}}
+        if not self.training:
+            return op.call(_dispatch, "plain", given)
         made = dict(zip(op.forward_outputs, op.call(_dispatch, "forward", given)))
         last.saved = (_saved(x), _saved(given["weight"]), given.get("bias") is not None,
                       *(made[r] for r in op.stats))
         return made["y"]
 
     def backward(self, dy):
-        """The backward of this thread's last forward: dx, with ``grad_weight`` and ``grad_bias``
-        set (from the weight as that forward read it).
+        """The backward of this thread's last forward, which it takes (a second backward
+        needs a forward of its own): dx, with ``grad_weight`` and ``grad_bias`` set (from
+        the weight as that forward read it; the layer's, so the last backward of any
+        thread sets them).
 
         Parameters
         ----------
@@ -115,16 +131,20 @@ class _Norm:
         ValueError
             ``dy`` not of x's shape.
         RuntimeError
-            No forward before it in this thread.
+            No forward in training mode before it in this thread, or one that an
+            earlier backward took.
         """
-        saved = getattr(self._thread(), "saved", None)
+        last = self._thread()
+        saved = getattr(last, "saved", None)
         if saved is None:
-            raise RuntimeError(f"{type(self).__name__}.backward called before a forward (in this thread)")
+            raise RuntimeError(f"{type(self).__name__}.backward called before a forward (in this thread, in "
+                               "training mode; each forward takes one backward)")
         op = self._op
         x, weight, biased, *stats = saved
         values = {"dy": dy, "x": x, **dict(zip(op.stats, stats)),
                   "normalized_shape": getattr(self, "normalized_shape", None), "weight": weight}
         dx, *dparams = op.call(_dispatch, "backward", values)
+        last.saved = None  # (taken: the copy of x is freed, and a second backward refused)
         grads = dict(zip(op.params, dparams))
         self.grad_weight = grads["weight"] if weight is not None else None
         self.grad_bias = grads.get("bias") if biased else None
@@ -144,7 +164,10 @@ _ATTRIBUTES = """
     grad_weight : array or None
         The gradient of ``weight`` that the last ``backward`` set (None without a weight).
     grad_bias : array or None
-        The gradient of ``bias``, as ``grad_weight``."""
+        The gradient of ``bias``, as ``grad_weight``.
+    training : bool
+        Whether a forward keeps what a backward needs (True at first; ``eval()``,
+        ``train()`` set it)."""
 
 _DTYPE = """    dtype : dtype
         The parameters' dtype: float32 (the default, and None's), float16, float64 or
@@ -176,13 +199,12 @@ class LayerNorm(_Norm):
         self.eps = _eps(eps, dtype)
         self.elementwise_affine = elementwise_affine
         self.weight = np.ones(self.normalized_shape, dtype) if elementwise_affine else None
-        self._bias = bool(bias)
         self.bias = np.zeros(self.normalized_shape, dtype) if elementwise_affine and bias else None
         self.grad_weight = self.grad_bias = None
 
     def extra_repr(self):
         return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, "
-                f"bias={self._bias}")
+                f"bias={self.bias is not None}")
 
 
 class RMSNorm(_Norm):
@@ -231,10 +253,12 @@ class GroupNorm(_Norm):
         Added to the variance before its square root.
     affine : bool
         A weight and a bias of shape ``(num_channels,)``.
-""" + _DTYPE + _ATTRIBUTES
+""" + _DTYPE + """    bias : bool
+        With ``affine``, whether there is a bias (keyword only, as in PyTorch).
+""" + _ATTRIBUTES
     _op = BY_NAME["group_norm"]
 
-    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, dtype=np.float32):
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, dtype=np.float32, *, bias=True):
         num_groups = V.integer("num_groups", num_groups)
         num_channels = V.integer("num_channels", num_channels)
         if num_groups <= 0 or num_channels <= 0 or num_channels % num_groups:
@@ -245,7 +269,7 @@ class GroupNorm(_Norm):
         self.eps = _eps(eps, dtype)
         self.affine = affine
         self.weight = np.ones(num_channels, dtype) if affine else None
-        self.bias = np.zeros(num_channels, dtype) if affine else None
+        self.bias = np.zeros(num_channels, dtype) if affine and bias else None
         self.grad_weight = self.grad_bias = None
 
     def _check_input(self, x):
@@ -253,4 +277,5 @@ class GroupNorm(_Norm):
             raise ValueError(f"expected x of shape (N, {self.num_channels}, *spatial), got {tuple(np.shape(x))}")
 
     def extra_repr(self):
-        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
+        return (f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}, "
+                f"bias={self.bias is not None}")

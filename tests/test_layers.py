@@ -91,7 +91,8 @@ def test_a_layer_shared_by_threads_pairs_each_backward_with_its_threads_forward(
     a.join(), b.join()
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
-    np.testing.assert_array_equal(layer.backward(dy), want[1])  # the main thread's last forward, before theirs
+    with pytest.raises(RuntimeError, match="before a forward"):  # (the main thread's last forward was taken)
+        layer.backward(dy)
     fresh, _ = _layers()[which]
     t = threading.Thread(target=fresh, args=(xs[0],))
     t.start(), t.join()
@@ -237,7 +238,7 @@ def test_layers_document_their_arguments_attributes_and_methods():
     for cls in (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm):
         sections = _sections(inspect.cleandoc(cls.__doc__))
         assert sections["Parameters"] == list(inspect.signature(cls).parameters), cls
-        assert sections["Attributes"] == ["weight", "bias", "grad_weight", "grad_bias"], cls
+        assert sections["Attributes"] == ["weight", "bias", "grad_weight", "grad_bias", "training"], cls
         for method, args, result in ((cls.__call__, ["x"], ["y"]), (cls.backward, ["dy"], ["dx"])):
             sections = _sections(inspect.cleandoc(method.__doc__))
             assert sections["Parameters"] == args and sections["Returns"] == result, (cls, method)
@@ -254,3 +255,65 @@ def test_layer_constructors_as_torchs():
             cls((3, -1))
     assert repr(nn.LayerNorm(5, bias=False)) == "LayerNorm((5,), eps=1e-05, elementwise_affine=True, bias=False)"
     assert repr(nn.LayerNorm(5)).endswith("bias=True)")
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["LayerNorm", "RMSNorm", "GroupNorm"])
+def test_a_backward_takes_its_forward(which):
+    """A layer applied twice before its backwards (forward x1, forward x2, backward,
+    backward) gave the second backward x2's dx without a word, and the copy of x lived as
+    long as the layer; a backward now takes its forward: the copy is freed, and a second
+    backward is refused, as autograd refuses one without retain_graph."""
+    rng = np.random.default_rng(4)
+    layer, shape = _layers()[which]
+    x1, x2 = (rng.standard_normal(shape).astype(np.float32) * s for s in (1, 5))
+    dy = rng.standard_normal(shape).astype(np.float32)
+    layer(x2)
+    want = layer.backward(dy)
+    layer(x1)
+    layer(x2)
+    np.testing.assert_array_equal(layer.backward(dy), want)
+    assert layer._thread().saved is None
+    with pytest.raises(RuntimeError, match="each forward takes one backward"):
+        layer.backward(dy)
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["LayerNorm", "RMSNorm", "GroupNorm"])
+def test_eval_mode_keeps_nothing(which):
+    """``layer.eval()`` forwards for inference: the function's y, no copy of x kept (every
+    forward copied x, whether or not a backward followed), no backward; ``train()`` turns
+    the record back on."""
+    rng = np.random.default_rng(5)
+    layer, shape = _layers()[which]
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    want_y = layer(x)
+    want_dx = layer.backward(dy)
+    assert layer.eval() is layer and not layer.training
+    np.testing.assert_array_equal(layer(x), want_y)
+    assert getattr(layer._thread(), "saved", None) is None
+    with pytest.raises(RuntimeError, match="training mode"):
+        layer.backward(dy)
+    assert layer.train() is layer and layer.training
+    layer(x)
+    np.testing.assert_array_equal(layer.backward(dy), want_dx)
+
+
+def test_reprs_and_group_norms_bias_as_torchs():
+    """The repr says whether a bias exists (LayerNorm without affine printed bias=True), and
+    GroupNorm takes torch's keyword-only ``bias`` (it refused it)."""
+    torch = pytest.importorskip("torch")
+    for ours, theirs in ((nn.LayerNorm(6, elementwise_affine=False), torch.nn.LayerNorm(6, elementwise_affine=False)),
+                         (nn.LayerNorm(6, bias=False), torch.nn.LayerNorm(6, bias=False)),
+                         (nn.LayerNorm((2, 3)), torch.nn.LayerNorm((2, 3))),
+                         (nn.GroupNorm(2, 4), torch.nn.GroupNorm(2, 4)),
+                         (nn.GroupNorm(2, 4, bias=False), torch.nn.GroupNorm(2, 4, bias=False)),
+                         (nn.GroupNorm(2, 4, affine=False), torch.nn.GroupNorm(2, 4, affine=False))):
+        assert repr(ours) == repr(theirs)
+    layer = nn.GroupNorm(2, 4, bias=False)
+    assert layer.bias is None and layer.weight.shape == (4,)
+    rng = np.random.default_rng(6)
+    x, dy = rng.standard_normal((3, 4, 5)).astype(np.float32), rng.standard_normal((3, 4, 5)).astype(np.float32)
+    layer.weight[:] = rng.uniform(0.5, 2, 4)
+    np.testing.assert_array_equal(layer(x), nn.group_norm(x, 2, layer.weight))
+    layer.backward(dy)
+    assert layer.grad_bias is None and layer.grad_weight.shape == (4,)
