@@ -147,8 +147,8 @@ class Plans:
     the frontend's work per call.
 
     A (1, 768) float32 LayerNorm spent most of its time in validation and in the
-    launcher's checks (``book/05_cpu_kernel.md``, "Threads, forks, read-only installs
-    and small calls"), all of which depend only on the arguments' types, shapes,
+    launcher's checks (``book/05_cpu_kernel.md``, "Threads, forks and small
+    calls"), all of which depend only on the arguments' types, shapes,
     strides and dtypes and on ``eps``: the key.  A forward whose weights are in x's
     dtype or the accumulation dtype, and whose ``out=``, if any, shares no memory with
     the inputs (``apart``, asked on every call), goes straight to the kernel: 16-bit
