@@ -73,7 +73,7 @@ def make_torch():
     class dtype:
         def __init__(self, name, np_name):
             self.name, self.np = name, np.dtype(np_name) if np_name else None
-            self.itemsize = 2 if name == "bfloat16" else self.np.itemsize
+            self.itemsize = 2 if name == "bfloat16" else 1 if name.startswith("float8") else self.np.itemsize
 
         def __repr__(self):
             return f"torch.{self.name}"
@@ -81,7 +81,7 @@ def make_torch():
         __str__ = __repr__
 
     for name, np_name in (("float16", "float16"), ("float32", "float32"), ("float64", "float64"),
-                          ("bfloat16", None), ("int16", "int16")):
+                          ("bfloat16", None), ("int16", "int16"), ("float8_e4m3fn", None)):
         setattr(torch, name, dtype(name, np_name))
     typestr = {torch.float16: "<f2", torch.float32: "<f4", torch.float64: "<f8", torch.int16: "<i2",
                torch.bfloat16: "<V2"}  # (torch 2.13's: bfloat16 as ml_dtypes' typestr)
@@ -105,7 +105,7 @@ def make_torch():
 
     class Tensor:
         __slots__ = ("_ptr", "shape", "dtype", "device", "_strides", "_owner", "requires_grad", "is_cuda",
-                     "__weakref__")
+                     "_neg", "__weakref__")
 
         def __init__(self, ptr, shape, dt, dev, strides=None, owner=None):
             self._ptr, self.shape, self.dtype, self.device = ptr, tuple(shape), dt, dev
@@ -113,6 +113,7 @@ def make_torch():
             self._owner = owner  # what keeps the memory alive (another tensor, an array; None: its own)
             self.requires_grad = False
             self.is_cuda = True
+            self._neg = False  # torch's negative bit: the memory holds the values negated
 
         def __del__(self):
             if self._owner is None:
@@ -147,6 +148,23 @@ def make_torch():
             assert dt.itemsize == self.dtype.itemsize
             return Tensor(self._ptr, self.shape, dt, self.device, self._strides, owner=self)
 
+        def reshape(self, shape):  # (of a contiguous tensor: a view)
+            assert self.is_contiguous() and math.prod(shape) == self.numel()
+            return Tensor(self._ptr, shape, self.dtype, self.device, owner=self)
+
+        def is_neg(self):
+            return self._neg
+
+        def resolve_neg(self):  # (a copy with the values as they read, from the allocator)
+            LOG.append(("torch resolve_neg", self._ptr))
+            return empty(self.shape, dtype=self.dtype, device=self.device) if self._neg else self
+
+        def owns_memory(self):  # (the stand-in's: the allocator's tensor, or a view of one)
+            t = self
+            while isinstance(t._owner, Tensor):
+                t = t._owner
+            return t._owner is None
+
         def __getitem__(self, key):  # rows and column slices: enough for strided views
             rows, cols = key if isinstance(key, tuple) else (key, slice(None))
             r0, _, rs = rows.indices(self.shape[0])
@@ -163,7 +181,7 @@ def make_torch():
                                    "If gradients aren't required, use var.detach() to get Variable that "
                                    "doesn't require grad.")
             if self.dtype not in typestr:
-                raise TypeError(f"dtype {self.dtype} is not supported by __cuda_array_interface__")
+                raise KeyError(self.dtype)  # (torch 2.13's _dtype_to_typestr: a dict lookup)
             item = self.element_size()
             strides = None if self.is_contiguous() else tuple(s * item for s in self._strides)
             return {"typestr": typestr[self.dtype], "shape": self.shape, "strides": strides,

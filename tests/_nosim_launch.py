@@ -38,7 +38,7 @@ CURRENT = [0]  # the stack of current devices (their contexts): device 0's at th
 DEVICE_SPAN = 1 << 38  # as tests/_fake_libs.py's
 SYNCS = []  # what waited for the device or copied between host and device, in order
 # the modes that run with the CUDA torch and CuPy stand-ins (tests/_fake_libs.py)
-FAKE_LIBS = ("alloc", "devices", "replay", "host", "every")
+FAKE_LIBS = ("alloc", "devices", "replay", "host", "every", "edges")
 LENIENT = bool(__import__("os").environ.get("NN_LENIENT_STREAM"))  # to time code that passes raw streams
 
 
@@ -176,7 +176,7 @@ def main():
         def view(self, start, stop=None):  # a slice of an array: the same memory, later
             return Memory(0, self.device_ctypes_pointer.value + start)
 
-    def device_array(shape, dtype):
+    def device_array(shape, dtype, stream=0):
         device_array.count[0] += 1
         dtype = np.dtype(dtype)
         shape = tuple(shape)
@@ -184,7 +184,7 @@ def main():
         for d in reversed(shape):  # C order
             strides.insert(0, step)
             step *= d
-        a = devicearray.DeviceNDArray(shape, tuple(strides), dtype, gpu_data=Memory(step))
+        a = devicearray.DeviceNDArray(shape, tuple(strides), dtype, gpu_data=Memory(step), stream=stream)
         device_array.log.append(a.device_ctypes_pointer.value)
         device_array.sizes.append(step)
         return a
@@ -260,6 +260,8 @@ def main():
         return every(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], device_array, launches)
     if sys.argv[1] == "alloc":
         return allocators(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
+    if sys.argv[1] == "edges":
+        return edges(int(sys.argv[2]), int(sys.argv[3]), device_array)
     if sys.argv[1] == "transfers":
         return transfers(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], device_array)
     if sys.argv[1] == "count":
@@ -448,6 +450,7 @@ def allocators(M, N, device_array, launches):
                                 "kernels": [la["kernel"] for la in launches if "stream" in la],
                                 "lib_allocs": [e[2:] for e in _fake_libs.LOG if e[0].endswith("alloc")],
                                 "results": sorted({type(r).__module__ + "." + type(r).__name__ for r in res}),
+                                "owned": [r.owns_memory() for r in res if hasattr(r, "owns_memory")],
                                 "n_results": len(res)})
                     del res
                 out[f"{lib} {dtype} {name}"] = {"stream": handle, "calls": per}
@@ -551,6 +554,50 @@ def two_devices(M, N, device_array, launches):
     with cuda.gpus[1]:
         out["bfloat16 on 0, 1 current"] = seen(lambda: nc.rms_norm(bf16[0], N))
     out["current"] = CURRENT  # (every call's device scope closed)
+    print(json.dumps(out))
+
+
+def _error(call):
+    """``call()``'s exception as ``"Type: message"``, or None."""
+    try:
+        call()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def edges(M, N, device_array):
+    """The arrays a review of the launch code found mishandled, each called three times (the
+    full path, then replays where a call can be replayed): a CUDA torch tensor with the
+    negative bit as x (how often its values were resolved into a copy: once a call) and as
+    ``out``; a float8 tensor; the results' streams of a call on a numba array bound to a
+    stream; bfloat16 through another library's interface (typestr ``<V2``)."""
+    import _fake_libs
+    import ml_dtypes
+    import torch
+    from numba.cuda.cudadrv import driver
+
+    import numbanorm.cuda as nc
+
+    out = {}
+    make, on_stream, _ = _library_arrays("torch", "float16")
+    with on_stream:
+        x, w = make((M, N), None), make((N,), None)
+        neg = make((M, N), None)
+        neg._neg = True
+        out["neg_resolved"] = []
+        for _ in range(3):
+            del _fake_libs.LOG[:]
+            nc.layer_norm(neg, N, w)
+            out["neg_resolved"].append(sum(e == ("torch resolve_neg", neg.data_ptr()) for e in _fake_libs.LOG))
+        out["neg_out"] = _error(lambda: nc.layer_norm(x, N, w, out=neg))
+        f8 = torch.empty((M, N), dtype=torch.float8_e4m3fn, device="cuda:0")
+        out["float8"] = _error(lambda: nc.layer_norm(f8, N))
+    stream = driver.Stream(0x5EED)
+    xs, ws = device_array((M, N), np.float16).bind(stream), device_array((N,), np.float16)
+    out["numba_result_streams"] = [[r.stream is stream for r in nc.layer_norm_forward(xs, N, ws)] for _ in range(3)]
+    xb = device_array((M, N), ml_dtypes.bfloat16)
+    out["bfloat16_interface"] = [_error(lambda: nc.rms_norm(Foreign(xb), N)) for _ in range(3)]
     print(json.dumps(out))
 
 

@@ -307,11 +307,29 @@ def test_a_call_on_torch_or_cupy_arrays_takes_their_memory_and_stream_only(kerne
             assert call["syncs"] == [], where
             assert call["launch_streams"] == [got["stream"]], where
             assert call["results"] == [{"torch": "_fake_libs.Tensor", "cupy": "_fake_libs.ndarray"}[lib]], where
+            # the allocator's own tensors on every path (a wrapper of the full path's numba view
+            # made record_stream a no-op: PyTorch records streams of its own allocations only)
+            assert all(call["owned"]) and len(call["owned"]) == (call["n_results"] if lib == "torch" else 0), where
             assert call["lib_allocs"] and {tuple(a[1:]) for a in call["lib_allocs"]} == {(0, got["stream"])}, where
             if "backward" in case or "dy" in case:  # the partial sums beside the results (and dy's cast)
                 assert len(call["lib_allocs"]) > call["n_results"], where
             if "strided" in case:
                 assert call["kernels"][0] == "numba setitem", where
+
+
+def test_the_edges_of_the_arrays_a_call_takes(kernel_cache):
+    """A CUDA torch tensor with the negative bit (``z.conj().imag``) was read from its memory,
+    which holds the values negated: its values are resolved into a copy on every call (no
+    replay reads the memory), and such an ``out`` is refused; a float8 tensor got a bare
+    KeyError from torch's interface, now numbanorm's TypeError naming it; a call on a numba
+    array bound to a stream returned results bound to stream 0, now to the call's, on every
+    path; bfloat16 through another library's interface (typestr ``<V2``) was refused as void."""
+    res = _run("edges", 64, 256, env=kernel_cache)
+    assert res["neg_resolved"] == [1, 1, 1]
+    assert res["neg_out"].startswith("ValueError: `out` is a torch.Tensor with the negative bit")
+    assert res["float8"].startswith("TypeError: `x` has dtype torch.float8_e4m3fn")
+    assert res["numba_result_streams"] == [[True] * 3] * 3
+    assert res["bfloat16_interface"] == [None] * 3
 
 
 @pytest.mark.slow

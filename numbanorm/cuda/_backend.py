@@ -189,6 +189,12 @@ def native(role, a):
         return a if type(a) is np.ndarray else V.host_array(role, a)
     if _is_torch(a):
         V.refuse_gradient(role, a)
+        V.float_dtype(role, a)  # (before its interface, which has no typestr for float8 and others)
+        if a.is_neg():  # (a view such as z.conj().imag: its memory holds the values negated)
+            if role == "out":
+                raise ValueError("`out` is a torch.Tensor with the negative bit (`out.is_neg()`), "
+                                 "whose memory holds its values negated: pass a tensor of its own")
+            a = a.resolve_neg()  # (a copy on torch's current stream, from its allocator)
         return _torch_view(a)
     if _is_cupy(a):
         return _cupy_view(a)
@@ -196,6 +202,9 @@ def native(role, a):
     owner, desc = _dlpack_desc(a) if desc is None else (a, desc)
     if role == "out" and desc["data"][1]:  # (numba's view would not say so)
         raise ValueError("`out` is read-only")
+    if np.dtype(desc["typestr"]).kind == "V" and C.is_bfloat16(getattr(a, "dtype", None)):
+        # (bfloat16 has no typestr of its own: ml_dtypes' and torch's export it as void)
+        return _view_cai(owner, {**desc, "typestr": "<u2"}).view(C.BF16)
     return _view_cai(owner, desc)
 
 
@@ -294,7 +303,7 @@ def contiguous(ctx, a, shape, order="C"):  # (order: "C", the only one order_of 
 def empty(ctx, shape, dtype, order="C"):  # (order: as contiguous)
     shape = tuple(map(int, shape))
     if ctx.lib is None:
-        return C.device_empty(shape, dtype)
+        return C.device_empty(shape, dtype, ctx.stream)
     lib = _LIBRARIES[ctx.lib]
     native = lib.empty(shape, lib.dtype(dtype), ctx.like.device if ctx.lib == "torch" else ctx.device)
     view = _torch_view(native) if ctx.lib == "torch" else _cupy_view(native)
@@ -318,7 +327,7 @@ class _Torch:
         return sys.modules["torch"].empty(shape, dtype=dtype, device=device)
 
     @staticmethod
-    def allocate(specs, device):
+    def allocate(specs, device, stream):
         empty = sys.modules["torch"].empty
         arrays = [empty(shape, dtype=dtype, device=device) for shape, dtype in specs]
         return arrays, [t.data_ptr() for t in arrays]
@@ -339,19 +348,20 @@ class _Cupy:
             return cupy.empty(shape, dtype)
 
     @staticmethod
-    def allocate(specs, device):
+    def allocate(specs, device, stream):
         arrays = [_Cupy.empty(shape, dtype, device) for shape, dtype in specs]
         return arrays, [a.data.ptr for a in arrays]
 
 
 class _Numba:
-    """... with numba's (its allocator, or the EMM plugin installed)."""
+    """... with numba's (its allocator, or the EMM plugin installed), bound to the call's
+    numba ``stream``, as the full path's results are."""
 
     dtype = staticmethod(np.dtype)
 
     @staticmethod
-    def allocate(specs, device):
-        arrays = [cuda.device_array(shape, dtype) for shape, dtype in specs]
+    def allocate(specs, device, stream):
+        arrays = [cuda.device_array(shape, dtype, stream=stream) for shape, dtype in specs]
         return arrays, [a.device_ctypes_pointer.value for a in arrays]
 
 
@@ -439,13 +449,19 @@ def cast(ctx, a, dtype):
 
 def wrap(a, like):
     if getattr(type(like), "__cuda_ndarray__", False):  # numba's own: asked first, the usual case
-        return a
+        return _bound(a, like.stream)
     if type(like) is np.ndarray or V.side_of(like) == V.HOST:
         C.unrecordable()  # copied: not what a replay returns
         return to_host(a)
     if _is_torch(like):
         import torch
 
+        owner = getattr(getattr(a, "gpu_data", None), "owner", None)
+        if _is_torch(owner) and owner.data_ptr() == C._address(a) and owner.numel() == a.size \
+                and owner.is_contiguous() and a.is_c_contiguous():
+            # the tensor the call allocated (empty): the caching allocator's own, whose
+            # record_stream works, as a replay's results are (a wrapper's does nothing)
+            return owner if tuple(owner.shape) == a.shape else owner.reshape(a.shape)
         if C.is_bfloat16(a.dtype):
             return torch.as_tensor(a.view(np.int16), device=like.device).view(torch.bfloat16)
         return torch.as_tensor(a, device=like.device)
@@ -455,7 +471,13 @@ def wrap(a, like):
         if C.is_bfloat16(a.dtype):
             return cupy.asarray(a.view(np.uint16)).view(C.BF16)
         return cupy.asarray(a)
-    return a
+    return _bound(a, call_context(like).stream)
+
+
+def _bound(a, stream):
+    """A numba result ``a`` bound to the call's ``stream``, as it was allocated (numba's
+    ``reshape`` drops an array's stream), where a replay's results are too."""
+    return a if a.stream is stream or not getattr(type(a), "__cuda_ndarray__", False) else a.bind(stream)
 
 
 # how ``Replays.key`` keys an argument, by its type (``_kind``, learned per type); a NumPy
@@ -554,7 +576,7 @@ class Replays:
                 continue
             elif how is _TORCH:
                 p = a.data_ptr()
-                if not p or a.requires_grad or not a.is_cuda:  # (the full path's to refuse or copy)
+                if not p or a.requires_grad or not a.is_cuda or a.is_neg():  # (the full path's to refuse or copy)
                     return None
                 entry, nbytes = (t, a.shape, a.stride(), a.dtype), a.nbytes
                 if several:
@@ -604,18 +626,19 @@ class Replays:
             return None
         lead, lib, device, where, specs, launches, results = plan
         lead = arrays[lead]  # the call's stream: the leading array's own, or its library's current one
+        bound = None  # (numba's results: the call's numba stream, which they are bound to)
         if lib == "torch":
             stream = _core_stream(_torch_stream(lead))
         elif lib == "cupy":
             stream = _core_stream(_cupy_stream(device))
         else:
-            stream = C.core_stream(lead.stream if getattr(type(lead), "__cuda_ndarray__", False)
-                                   else call_context(lead).stream)
+            bound = lead.stream if getattr(type(lead), "__cuda_ndarray__", False) else call_context(lead).stream
+            stream = C.core_stream(bound)
         if device is None:  # (one GPU: no context to choose)
-            allocs = _run(_LIBRARIES[lib], specs, where, pointers, launches, stream)
+            allocs = _run(_LIBRARIES[lib], specs, where, pointers, launches, stream, bound)
         else:
             with C.on_device(device):
-                allocs = _run(_LIBRARIES[lib], specs, where, pointers, launches, stream)
+                allocs = _run(_LIBRARIES[lib], specs, where, pointers, launches, stream, bound)
         return tuple([allocs[k] if k >= 0 else arrays[~k] for k in results])
 
     @staticmethod
@@ -696,10 +719,11 @@ class Replays:
         self._plans[sig] = Replay(lead, ctx.lib, ctx.device, where, specs, tuple(launches), tuple(taken))
 
 
-def _run(made, specs, where, pointers, launches, stream):
-    """A plan's allocations (``specs``, from library ``made``, on ``where``) and launches,
-    with the call's ``pointers`` and then the allocations' in the slots; the allocations."""
-    allocs, at = made.allocate(specs, where)
+def _run(made, specs, where, pointers, launches, stream, bound):
+    """A plan's allocations (``specs``, from library ``made``, on ``where``; numba's bound to
+    ``bound``) and launches, with the call's ``pointers`` and then the allocations' in the
+    slots; the allocations."""
+    allocs, at = made.allocate(specs, where, bound)
     at = pointers + at
     for code, config, template, slots in launches:
         kargs = list(template)

@@ -858,8 +858,9 @@ def dtype_or_none(a):
     return None if a is None else np.dtype(a.dtype)
 
 
-def device_empty(shape, dtype):
-    a = cuda.device_array(shape, dtype)
+def device_empty(shape, dtype, stream=0):
+    """A numba device array bound to ``stream``: a result of a call on a stream goes on there."""
+    a = cuda.device_array(shape, dtype, stream=stream)
     allocated(a, a)
     return a
 
