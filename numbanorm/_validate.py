@@ -102,6 +102,8 @@ def host_array(name, a):
             f"numbanorm.dask's take it and stay lazy (`{name}.compute()` for a NumPy array)"
         )
     if isinstance(a, MaskedArray):
+        if name == "out":
+            raise TypeError("`out` is a masked array: numbanorm writes every element; pass its data (`out.data`)")
         raise TypeError(
             f"`{name}` is a masked array, whose masked elements numbanorm would normalize as "
             f"data: pass `{name}.filled(...)`, or the values to keep"
@@ -110,7 +112,17 @@ def host_array(name, a):
         refuse_gradient(name, a)
         if a.device.type != "cpu":  # (a meta tensor, ...: torch's own refusal names no argument)
             raise TypeError(f"`{name}` is a torch.Tensor on {a.device}: numbanorm's host functions take CPU tensors")
+        float_dtype(name, a)  # (before DLPack, whose refusal of float8 and others names no argument)
+        if a.layout != sys.modules["torch"].strided or a.is_quantized or a.is_nested:
+            raise TypeError(f"`{name}` is a torch.Tensor of layout {a.layout}"
+                            f"{' (quantized)' if a.is_quantized else ' (nested)' if a.is_nested else ''}: "
+                            "numbanorm takes strided tensors of floats")
+        if name == "out" and a.is_neg():  # (its NumPy view would be a copy, which the call would fill)
+            raise TypeError("`out` is a torch.Tensor with the negative bit (`out.is_neg()`), whose memory "
+                            "holds its values negated: pass a tensor of its own")
         return tensor_array(a)
+    if name == "out" and not isinstance(a, np.ndarray):  # (np.asarray of another may be a copy, filled unseen)
+        raise TypeError(f"`out` must be a NumPy array or a CPU torch.Tensor, got {type(a).__name__}")
     return np.asarray(a)
 
 

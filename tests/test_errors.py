@@ -300,6 +300,53 @@ def test_out_that_is_not_an_array_is_a_type_error():
             call()
 
 
+class _Subclass(np.ndarray):
+    pass
+
+
+def test_an_out_whose_array_would_be_a_copy_is_refused():
+    """An ``out`` whose NumPy array is a copy was filled unseen and returned unwritten: a
+    CPU tensor with the negative bit (its memory holds the values negated; torch writes
+    through it), an object whose ``__array__`` makes a new array; a masked ``out`` is
+    refused with words for an output.  An ndarray subclass is filled."""
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+
+    class Copied:
+        dtype, shape = np.dtype(np.float32), (3, 8)
+
+        def __array__(self, dtype=None, copy=None):
+            return np.zeros(self.shape, self.dtype)
+
+    for fn in (lambda out: nn.layer_norm(x, 8, out=out), lambda out: nn.rms_norm(x, 8, out=out),
+               lambda out: nn.group_norm(x, 2, out=out)):
+        with pytest.raises(TypeError, match="`out` is a torch.Tensor with the negative bit"):
+            fn(torch.zeros(3, 8, dtype=torch.complex64).conj().imag)
+        with pytest.raises(TypeError, match="`out` must be a NumPy array or a CPU torch.Tensor, got Copied"):
+            fn(Copied())
+        with pytest.raises(TypeError, match="`out` is a masked array: numbanorm writes every element"):
+            fn(np.ma.masked_array(np.zeros((3, 8), np.float32)))
+        want = fn(None)
+        for out in (np.zeros((3, 8), np.float32).view(_Subclass), torch.zeros(3, 8)):
+            assert fn(out) is out
+            np.testing.assert_array_equal(np.asarray(out), want)
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental", "ignore:torch.quantize_per_tensor")
+def test_a_torch_tensor_numbanorm_cannot_read_is_a_type_error_naming_it():
+    """float8 and complex32 CPU tensors, sparse, MKL-DNN and quantized ones got DLPack's
+    RuntimeError or BufferError, naming no argument."""
+    torch = pytest.importorskip("torch")
+    made = (lambda t: t.to(torch.float8_e4m3fn), lambda t: t.to(torch.complex32), lambda t: t.to_sparse(),
+            lambda t: t.to_mkldnn(), lambda t: torch.quantize_per_tensor(t, 0.1, 0, torch.qint8))
+    x, w = torch.randn(3, 8), torch.ones(8)
+    for make in made:
+        with pytest.raises(TypeError, match="`x`"):
+            nn.layer_norm(make(x), 8)
+        with pytest.raises(TypeError, match="`weight`"):
+            nn.layer_norm(x.numpy(), 8, make(w))
+
+
 @pytest.mark.parametrize("args", [("2", 4), (2, "4"), (2.0, 4), (True, 4), (None, 4)])
 def test_group_norm_layer_with_non_integer_sizes(args):
     with pytest.raises(TypeError, match="num_"):
