@@ -571,7 +571,8 @@ def edges(M, N, device_array):
     full path, then replays where a call can be replayed): a CUDA torch tensor with the
     negative bit as x (how often its values were resolved into a copy: once a call) and as
     ``out``; a float8 tensor; the results' streams of a call on a numba array bound to a
-    stream; bfloat16 through another library's interface (typestr ``<V2``)."""
+    stream; bfloat16 through another library's interface (typestr ``<V2``); the warnings of
+    a first call of one row."""
     import _fake_libs
     import ml_dtypes
     import torch
@@ -598,6 +599,13 @@ def edges(M, N, device_array):
     out["numba_result_streams"] = [[r.stream is stream for r in nc.layer_norm_forward(xs, N, ws)] for _ in range(3)]
     xb = device_array((M, N), ml_dtypes.bfloat16)
     out["bfloat16_interface"] = [_error(lambda: nc.rms_norm(Foreign(xb), N)) for _ in range(3)]
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:  # a first call's launches on a grid of 1 and more
+        warnings.simplefilter("always")
+        x64 = device_array((1, N), np.float64)
+        nc.layer_norm_backward(x64, x64, *nc.layer_norm_forward(x64, N)[1:], N)
+    out["first_call_warnings"] = [str(w.message) for w in seen]
     print(json.dumps(out))
 
 

@@ -323,13 +323,16 @@ def test_the_edges_of_the_arrays_a_call_takes(kernel_cache):
     replay reads the memory), and such an ``out`` is refused; a float8 tensor got a bare
     KeyError from torch's interface, now numbanorm's TypeError naming it; a call on a numba
     array bound to a stream returned results bound to stream 0, now to the call's, on every
-    path; bfloat16 through another library's interface (typestr ``<V2``) was refused as void."""
+    path; bfloat16 through another library's interface (typestr ``<V2``) was refused as void;
+    a first call on one row warned of the grid numbanorm chose ("Grid size 1 will likely
+    result in GPU under-utilization")."""
     res = _run("edges", 64, 256, env=kernel_cache)
     assert res["neg_resolved"] == [1, 1, 1]
     assert res["neg_out"].startswith("ValueError: `out` is a torch.Tensor with the negative bit")
     assert res["float8"].startswith("TypeError: `x` has dtype torch.float8_e4m3fn")
     assert res["numba_result_streams"] == [[True] * 3] * 3
     assert res["bfloat16_interface"] == [None] * 3
+    assert res["first_call_warnings"] == []
 
 
 @pytest.mark.slow

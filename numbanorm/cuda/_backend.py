@@ -420,7 +420,8 @@ def copy_into(ctx, dst, src):
     # default stream as a stream object, not 0, after which numba would synchronize.
     # [:], not [...]: a numba device array's indexing takes no Ellipsis; bfloat16 moved
     # as its bits, as the kernels index it (kview)
-    C.kview(dst).bind(ctx.stream or _default_stream())[:] = C.kview(src)
+    with C.quiet_grids():
+        C.kview(dst).bind(ctx.stream or _default_stream())[:] = C.kview(src)
 
 
 def copy(ctx, a):

@@ -45,8 +45,10 @@ here (``source_stamp``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+import warnings
 from collections import namedtuple
 from typing import NamedTuple
 
@@ -769,6 +771,17 @@ def _launch_config(grid, block, shared=0):
                                       is_cooperative=False)
 
 
+@contextlib.contextmanager
+def quiet_grids():
+    """numba's launch without its warning of a grid under 128 blocks: numbanorm sizes its
+    grids (a row's block, a persistent grid of the GPU's multiprocessors), and a decode
+    step's one row is not a user's mistake.  (Around numba's own launches: a first call,
+    a strided copy; direct launches never warn.)"""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"Grid size \d+ will likely result in GPU under-utilization")
+        yield
+
+
 def launch(kernel, grid, block, stream, *args, shared=0):
     """``kernel[grid, block, stream, shared](*args)``: ``stream`` is the call's (0: the
     default), ``shared`` the bytes of dynamic shared memory per block.
@@ -796,7 +809,8 @@ def launch(kernel, grid, block, stream, *args, shared=0):
         types = tuple(kernel.typeof_pyval(a) for a in args)
         if shared:  # compiled (and loaded) first, to be allowed the memory before its launch
             _cufunc(kernel.compile(types)._codelibrary, shared)
-    kernel[grid, block, stream, shared](*args)
+    with quiet_grids():
+        kernel[grid, block, stream, shared](*args)
     overloads = getattr(kernel, "overloads", None)  # None in the simulator
     if overloads and types is not None:
         compiled = overloads.get(types)
