@@ -158,6 +158,9 @@ DECLARED: dict[str, list[tuple[str | re.Pattern, str, str]]] = {
         ("lane 0", "definition", "the first lane of a warp"),
         ("(3 blocks of 2 rows each)", "setting", "the picture's grid"),
         ("Load 16 bytes per thread", "definition", "a 16-byte word"),
+        ("a row kernel of 1024 to 8192 elements a row", "setting", "the row lengths CI's gate holds"),
+        ("at row lengths up to 8192", "setting", "the row lengths CI's gate holds"),
+        ("(from 1024 up)", "setting", "the row lengths of the gate's in-flight check"),
     ],
     "08_groupnorm.md": [
         ("on a 3-D", "definition", "a spatial dimension count"),

@@ -141,7 +141,7 @@ def backward_rows(
     one = mean.dtype.type(1)
     n = mean.dtype.type(N)
     inv_n = one / n
-    # a block's partials in a local array (in L1/L2), not a row of dw_part (faster: book, ch. 5)
+    # a block's partials in a local array (in L1/L2), not a row of dw_part (faster: the CPU design log)
     dwp = empty_row(N, dw_part)
     dbp = empty_row(N, dw_part)
     if STREAMING:  # (the streamed stores: in the STREAMING variant alone, as forward_rows)

@@ -192,7 +192,7 @@ def stream_row(
     (a NumPy array can be unaligned).  Call :func:`store_fence` after the last
     row.  Rows are passed as (array, index), not as views: a view keeps an
     atomically counted reference, and an atomic drains the write-combining
-    buffers (measured: book, chapter 5).
+    buffers (measured: the book's CPU design log).
     """
     n = dst.shape[1]
     size = _itemsize(dst)

@@ -59,7 +59,7 @@ def normalize_span(
     ``((x - mu) - corr) * r`` must stay in that order: folded into
     ``x - (mu + corr)``, the correction would round onto the float32 grid near
     the mean and be lost (no 'reassoc' here; with it alone LLVM did not fold it
-    either, that also needs 'nsz': book, chapter 5), and the large-offset tests fail
+    either, that also needs 'nsz'), and the large-offset tests fail
     if a compiler ever does.  16-bit rows are folded on purpose: the rounding of
     ``mu + corr`` is 2^-24 of the mean, far under a 16-bit output's half ulp, and one
     subtraction fewer an element is what an AVX2 loop's narrowing needs (book, the

@@ -21,7 +21,7 @@ from .sums import deviation_sums
 
 # Elements whose mean is a row's shift: it misses the row's mean by more than a standard
 # deviation with probability erfc(sqrt(16 / 2)) = 6e-5 on independent elements (one
-# element: 32%, and those rows pay a second statistics pass; book, chapter 5)
+# element: erfc(sqrt(1 / 2)) = 32%, and those rows pay a second statistics pass)
 SHIFT_SAMPLE = 16
 
 
