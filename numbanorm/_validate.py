@@ -302,9 +302,10 @@ def rms_eps(eps, dt):
 
 
 def integer(name, value):
-    """``value`` as an int; ``TypeError`` naming ``name`` for anything else (a bool too)."""
+    """``value`` as an int; ``TypeError`` naming ``name`` for anything else (a bool too, and
+    a 0-d array, which ``operator.index`` takes: a ``normalized_shape`` of one is refused)."""
     try:
-        if isinstance(value, (bool, np.bool_)):
+        if isinstance(value, (bool, np.bool_, np.ndarray)):
             raise TypeError
         return operator.index(value)
     except TypeError:

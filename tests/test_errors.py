@@ -347,6 +347,19 @@ def test_a_torch_tensor_numbanorm_cannot_read_is_a_type_error_naming_it():
             nn.layer_norm(x.numpy(), 8, make(w))
 
 
+def test_a_size_given_as_a_0d_array_is_refused_as_for_every_size():
+    """``num_groups=np.array(2)`` ran (operator.index takes a 0-d array) where
+    ``normalized_shape=np.array(4)`` was refused; torch refuses both."""
+    x = np.ones((2, 4, 3), np.float32)
+    with pytest.raises(TypeError, match="num_groups"):
+        nn.group_norm(x, np.array(2))
+    with pytest.raises(TypeError, match="normalized_shape"):
+        nn.layer_norm(x, np.array(3))
+    with pytest.raises(TypeError, match="num_groups"):
+        nn.GroupNorm(np.array(2), 4)
+    np.testing.assert_array_equal(nn.group_norm(x, np.int64(2)), nn.group_norm(x, 2))  # (a NumPy int is an int)
+
+
 @pytest.mark.parametrize("args", [("2", 4), (2, "4"), (2.0, 4), (True, 4), (None, 4)])
 def test_group_norm_layer_with_non_integer_sizes(args):
     with pytest.raises(TypeError, match="num_"):
