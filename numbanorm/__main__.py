@@ -18,7 +18,6 @@ folder builds on both.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import os
 import sys
@@ -202,9 +201,11 @@ def _info_gpu():
 
 
 # The embedded inputs of ``check``, by layout: odd sizes (no multiple of a vector
-# width); for group norm a spatial size that is not a power of two, and one group
-# per channel (instance norm).
-CHECK_SHAPES = {"rows": [((48, 769), None)], "groups": [((4, 32, 5, 7), 8), ((3, 12, 4, 5), 12)]}
+# width); for group norm a spatial size that is not a power of two, one group per
+# channel (instance norm), and one large enough for the parallel kernel (the others
+# run serially: common.SERIAL_BELOW elements).
+CHECK_SHAPES = {"rows": [((48, 769), None)],
+                "groups": [((4, 32, 5, 7), 8), ((3, 12, 4, 5), 12), ((4, 32, 16, 17), 8)]}
 
 
 def check_cases(dtype):
@@ -222,7 +223,7 @@ def check(impls=None, dtypes=DTYPES, out=None):
     0 if all pass, else 1.
     """
     from . import machine, registry
-    from .operations import compare, tolerance
+    from .cpu._kernels import background
 
     p = lambda *a: print(*a, file=out or sys.stdout)  # noqa: E731
     oracle = registry.get("oracle")
@@ -238,6 +239,17 @@ def check(impls=None, dtypes=DTYPES, out=None):
     head = f"{'impl':<6} {'operation':<15} {'direction':<9} {'dtype':<8} {'shape':<15} {'worst':<8} {'rel. error':>10} {'tol':>8}  result"
     p(head)
     p("-" * len(head))
+    with background.synchronous():  # the parallel kernels, compiled here, not their serial stand-ins
+        total, failures = _check_all(names, dtypes, oracle, p)
+    p(f"{total - failures} of {total} checks passed" + (f", {failures} FAILED" if failures else ""))
+    return 1 if failures else 0
+
+
+def _check_all(names, dtypes, oracle, p):
+    """``check``'s rows, printed by ``p``: ``(checks, failures)``."""
+    from . import registry
+    from .operations import compare, tolerance
+
     total = failures = 0
     for name in names:
         impl = registry.get(name)
@@ -254,13 +266,13 @@ def check(impls=None, dtypes=DTYPES, out=None):
                         ok = all(e <= tol for _, e in errs)
                         note = ""
                     except Exception as e:  # a crash is a failure, reported and counted
-                        what, err, ok, note = "-", math.nan, False, f"  {type(e).__name__}: {e}"[:200]
+                        first = str(e).strip().splitlines()[0] if str(e).strip() else ""  # (a row a check)
+                        what, err, ok, note = "-", math.nan, False, f"  {type(e).__name__}: {first}"[:200]
                     total += 1
                     failures += not ok
                     p(f"{name:<6} {op.name:<15} {direction:<9} {dtype:<8} {shape:<15} {what:<8} "
                       f"{err:10.2e} {tol:8.1e}  {'pass' if ok else 'FAIL'}{note}")
-    p(f"{total - failures} of {total} checks passed" + (f", {failures} FAILED" if failures else ""))
-    return 1 if failures else 0
+    return total, failures
 
 
 # ------------------------------------------------------------------ bench
@@ -366,6 +378,10 @@ def compile_cpu(dtypes=("float32",), everything=False, show_progress=True, out=N
     if where.startswith(("none", "unknown")) or "NOT writable" in where:
         # what compile is for (an image's or a job's cache) would silently not be there
         p("nothing compiled: no kernel cache on disk to fill; set NUMBA_CACHE_DIR to a writable folder")
+        return 1
+    if "is not usable" in where:  # (the folder asked for is not the one filled)
+        p("nothing compiled: NUMBA_CACHE_DIR is not usable, and numba would fill another folder; "
+          "set it to a writable folder")
         return 1
     bar = measure.progress(len(jobs) * 2, "compile", disable=not show_progress)
     failed = 0
@@ -517,7 +533,7 @@ def _positive_float(s):
 def _bench_args(b):
     b.add_argument("--threads", type=_positive_int, help="threads for numba and torch alike (default: all)")
     b.add_argument("--repeats", type=_positive_int, help="round-robin repeats per case (default: fit --budget)")
-    b.add_argument("--budget", type=_positive_float, default=0.3, help="seconds of timed repeats per case (default 0.3)")
+    b.add_argument("--budget", type=_positive_float, default=0.3, help="seconds of timed repeats per case (default 0.3; at most 50 repeats)")
     b.add_argument("--dtype", action="append", type=_dtype_name, metavar="DTYPE",
                    help=f"CPU dtype, one of {', '.join(DTYPE_CHOICES)} (repeatable; default float32)")
     b.add_argument("--impl", action="append", type=_kernel_name, metavar="NAME",
@@ -560,8 +576,11 @@ def _main(argv):
             a.bench_parser.error(f"argument --threads: at most {limit} (NUMBA_NUM_THREADS), got {a.threads}")
         return _bench_from(a)
     if a.command == "compile":
-        if "bfloat16" in a.dtypes and importlib.util.find_spec("ml_dtypes") is None:
-            ap.error("bfloat16 needs ml_dtypes (pip install ml_dtypes)")
+        if "bfloat16" in a.dtypes:
+            try:
+                import ml_dtypes  # noqa: F401  (installed and importable, as check and bench ask)
+            except ImportError as e:
+                ap.error(f"bfloat16 needs ml_dtypes (pip install ml_dtypes): {e}")
         return compile_cpu(tuple(a.dtypes), a.all_variants, not a.no_progress)
     rc = check()
     print()

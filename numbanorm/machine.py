@@ -118,5 +118,5 @@ def versions():
 def loadavg():
     try:
         return [round(v, 2) for v in os.getloadavg()]
-    except OSError:
+    except (AttributeError, OSError):  # (Windows has no load average)
         return None

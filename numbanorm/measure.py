@@ -587,7 +587,8 @@ def progress(total, desc="", disable=False):
         from tqdm.auto import tqdm
     except ImportError:
         return _Lines(total, desc, None if disable else sys.stderr)
-    return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, leave=False, disable=disable)
+    # (disable=None: none where stderr is no terminal, a log's frames of carriage returns)
+    return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, leave=False, disable=True if disable else None)
 
 
 class _Lines:

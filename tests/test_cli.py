@@ -27,14 +27,40 @@ def test_check_passes_on_the_cpu_kernels(capsys):
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("cpu ")]
     # every operation of the table (fused ones included), group norm also with one group per
-    # channel, x forward/backward x float16/32/64: counted, not assumed
+    # channel and at a size for its parallel kernel, x forward/backward x float16/32/64:
+    # counted, not assumed
     from numbanorm import operations
 
     n = sum(len(cli.CHECK_SHAPES[op.layout]) for op in operations.OPERATIONS) * 2 * 3
-    assert n == 36 and len(lines) == n and all(line.endswith("pass") for line in lines)
+    assert n == 42 and len(lines) == n and all(line.endswith("pass") for line in lines)
     assert {line.split()[1] for line in lines} == {op.name for op in operations.OPERATIONS}
     assert f"{n} of {n} checks passed" in out
     _tolerances_shown(lines)
+
+
+@pytest.mark.parallel_kernels
+def test_check_runs_the_parallel_kernels_not_their_stand_ins(monkeypatch):
+    """With an empty kernel cache a first call runs a parallel kernel's row function on one
+    thread while the kernel compiles in the background, so a newcomer's check checked no
+    parallel kernel (and GroupNorm's shapes were all under the parallel size): check
+    compiles them where it calls them, and has a group norm shape past common.SERIAL_BELOW."""
+    import io
+
+    from numbanorm.cpu._kernels import background, common
+
+    seen = []
+    run = common._run
+
+    def recorded(kernel, size, args, optional):
+        seen.append((kernel.rows.py_func.__module__.rsplit(".", 1)[-1], size >= common.SERIAL_BELOW,
+                     getattr(background._local, "synchronous", False)))
+        return run(kernel, size, args, optional)
+
+    monkeypatch.setattr(common, "_run", recorded)
+    assert cli.check(impls=["cpu"], dtypes=("float32",), out=io.StringIO()) == 0
+    parallel = {module for module, big, synchronous in seen if big and synchronous}
+    assert {"layer_norm", "rms_norm", "group_norm"} <= parallel, seen
+    assert all(synchronous for _, _, synchronous in seen)
 
 
 def _tolerances_shown(lines):
@@ -80,8 +106,9 @@ def test_check_detects_a_wrong_gradient_and_a_crash(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert any("rms_norm" in line and "dweight" in line and "FAIL" in line for line in out.splitlines())
     assert "RuntimeError: kernel exploded" in out
-    # instance norm goes through group_norm_forward too: 2 crashes, 1 wrong gradient
-    assert "3 FAILED" in out
+    # every group norm shape (instance norm's too) goes through group_norm_forward: a crash
+    # each, and 1 wrong gradient
+    assert f"{len(cli.CHECK_SHAPES['groups']) + 1} FAILED" in out
 
 
 @pytest.mark.slow
@@ -305,6 +332,67 @@ def test_compile_without_a_writable_cache_compiles_nothing_and_fails(capsys, mon
     out = capsys.readouterr().out
     assert "none: the kernels are compiled in memory" in out and "nothing compiled" in out
     assert "NUMBA_CACHE_DIR" in out
+
+
+def test_compile_refuses_a_cache_folder_numba_passed_over(capsys, monkeypatch):
+    """NUMBA_CACHE_DIR set to a folder numba cannot use: numba fills another (the user-wide
+    one), and compile exited 0 after filling it; an image built so would start cold."""
+    from numbanorm.cpu._kernels import background
+
+    monkeypatch.setattr(cli, "_info_cache", lambda: "/root/.cache/numba (UserWide; NUMBA_CACHE_DIR=/ro is "
+                                                    "not usable, numba fell back to this)")
+    monkeypatch.setattr(background, "synchronous", None)  # (any compile would fail on it)
+    assert cli.main(["compile", "--no-progress"]) == 1
+    assert "nothing compiled: NUMBA_CACHE_DIR is not usable" in capsys.readouterr().out
+
+
+def test_compile_of_bfloat16_without_an_importable_ml_dtypes_is_a_usage_error(capsys, monkeypatch, tmp_path):
+    """An ml_dtypes that is installed but fails to import passed compile's check (find_spec)
+    and ended in a traceback; check and bench tried the import."""
+    from numbanorm.cpu._kernels import background
+
+    (tmp_path / "ml_dtypes").mkdir()
+    (tmp_path / "ml_dtypes" / "__init__.py").write_text("raise ImportError('a broken ml_dtypes')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "ml_dtypes", raising=False)
+    monkeypatch.setattr(background, "synchronous", None)  # (any compile would fail on it)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["compile", "--dtypes", "bfloat16", "--no-progress"])
+    assert e.value.code == 2 and "bfloat16 needs ml_dtypes" in capsys.readouterr().err
+
+
+def test_import_and_a_call_where_os_has_no_fork_and_no_load_average():
+    """Windows' os has neither register_at_fork nor getloadavg: ``import numbanorm`` raised
+    AttributeError at import (the fork handlers), and ``numbanorm bench`` at its load
+    average; the README and the workflow's matrix name Windows."""
+    code = """
+import os
+del os.register_at_fork, os.getloadavg
+import numpy as np
+import numbanorm
+from numbanorm import machine, reference
+assert machine.loadavg() is None
+x = np.arange(8, dtype=np.float32).reshape(2, 4)
+np.testing.assert_allclose(numbanorm.layer_norm(x, 4), reference.layer_norm(x, 4), rtol=1e-6, atol=1e-6)
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.split()[-1:] == ["ok"], r.stderr[-3000:]
+
+
+def test_numbas_own_cuda_module_is_not_numba_cuda():
+    """With numba-cuda missing, numba's built-in numba.cuda answered, and numbanorm.cuda said
+    no GPU was found and advised the simulator, which then failed: it says numba-cuda is
+    not installed."""
+    code = """
+from numba import cuda
+cuda.implementation = "Built-in"
+import numbanorm.cuda
+print(numbanorm.cuda.why_unavailable())
+"""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0 and "numba-cuda is not installed" in r.stdout, (r.stdout, r.stderr[-3000:])
 
 
 @pytest.mark.parametrize("argv", [["compile", "--dtypes", "int8"], ["compile", "--bogus"]])

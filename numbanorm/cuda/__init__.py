@@ -22,6 +22,8 @@ def _probe():
         from numba import cuda
     except Exception as e:  # numba-cuda missing, or its CUDA bindings
         return f"numba-cuda cannot be imported ({type(e).__name__}: {e}); install numbanorm[cuda]"
+    if getattr(cuda, "implementation", None) != "NVIDIA":  # (numba's own, older numba.cuda answered)
+        return "numba-cuda is not installed (numba's built-in numba.cuda answered); install numbanorm[cuda]"
     import numpy as np
 
     if not hasattr(np, "row_stack"):  # NumPy >= 2.5, which numba-cuda 0.30 predates

@@ -173,5 +173,6 @@ def _after_fork_in_child():
     _local.pending, waiting = [], 0  # (the forking thread's: the others are not copied)
 
 
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                    after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"):  # (where fork exists: not on Windows)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)

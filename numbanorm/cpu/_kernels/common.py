@@ -504,5 +504,6 @@ def _after_fork_in_child():
         _parallel_ok = False
 
 
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                    after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"):  # (where fork exists: not on Windows)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
