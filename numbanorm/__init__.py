@@ -20,3 +20,13 @@ from .operations import FUNCTIONS as _FUNCTIONS
 __version__ = "0.1.0"
 
 __all__ = [*_FUNCTIONS, "LayerNorm", "RMSNorm", "GroupNorm"]
+
+
+def __getattr__(name):
+    # numbanorm.cuda on its first use (numbanorm.cpu is there at once): its import of
+    # numba-cuda is a cost a CPU-only process does not pay
+    if name == "cuda":
+        import importlib
+
+        return importlib.import_module(".cuda", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

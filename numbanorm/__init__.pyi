@@ -5,7 +5,7 @@ from typing import Any, Protocol, SupportsFloat, SupportsIndex, TypeAlias, overl
 
 from numpy.typing import NDArray
 
-from . import cpu as cpu
+from . import cpu as cpu, cuda as cuda
 from .layers import GroupNorm as GroupNorm, LayerNorm as LayerNorm, RMSNorm as RMSNorm
 
 __version__: str

@@ -58,7 +58,7 @@ _LEVELS = {
 # what numbanorm/__init__.py, cuda/__init__.py and torch.py define besides the table's functions
 _EXTRA = {
     "numbanorm": '''
-from . import cpu as cpu
+from . import cpu as cpu, cuda as cuda
 from .layers import GroupNorm as GroupNorm, LayerNorm as LayerNorm, RMSNorm as RMSNorm
 
 __version__: str

@@ -380,6 +380,20 @@ print("ok")
     assert r.returncode == 0 and r.stdout.split()[-1:] == ["ok"], r.stderr[-3000:]
 
 
+def test_numbanorm_cuda_is_there_after_import_numbanorm():
+    """The README's ``numbanorm.cuda.is_available()`` after ``import numbanorm`` raised
+    AttributeError (numbanorm.cpu was there, numbanorm.cuda was not imported); it is
+    imported on first use, not with numbanorm."""
+    code = """
+import sys
+import numbanorm
+assert "numbanorm.cuda" not in sys.modules
+print(type(numbanorm.cuda.is_available()).__name__, "numbanorm.cuda" in sys.modules)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.split() == ["bool", "True"], r.stderr[-3000:]
+
+
 def test_numbas_own_cuda_module_is_not_numba_cuda():
     """With numba-cuda missing, numba's built-in numba.cuda answered, and numbanorm.cuda said
     no GPU was found and advised the simulator, which then failed: it says numba-cuda is
