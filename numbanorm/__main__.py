@@ -556,6 +556,13 @@ def main(argv=None):
     except BrokenPipeError:  # `numbanorm check | head`: stop quietly, as other commands do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except ValueError as e:  # numba's threads would not start: its message (and hint), not a traceback
+        if not str(e).startswith("No threading layer could be loaded"):
+            raise
+        import numba
+
+        print(f"numbanorm: {e} (NUMBA_THREADING_LAYER={numba.config.THREADING_LAYER})", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # Ctrl-C: a line, and the shell's status for it
         print("numbanorm: interrupted", file=sys.stderr)
         return 130

@@ -380,6 +380,19 @@ print("ok")
     assert r.returncode == 0 and r.stdout.split()[-1:] == ["ok"], r.stderr[-3000:]
 
 
+def test_a_threading_layer_that_cannot_load_is_a_message_not_a_traceback():
+    """NUMBA_THREADING_LAYER naming a layer that is not installed: bench ended in an
+    11-frame traceback; it prints numba's message and exits 1."""
+    env = {**os.environ, "NUMBA_THREADING_LAYER": "tbb"}
+    probe = subprocess.run([sys.executable, "-c", "import numba.np.ufunc.tbbpool"], env=env, capture_output=True)
+    if probe.returncode == 0:
+        pytest.skip("TBB is installed here")
+    r = subprocess.run([sys.executable, "-m", "numbanorm", "bench", "--tiny", "--repeats", "1", "--threads", "1",
+                        "--impl", "cpu", "--no-progress"], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "numbanorm: No threading layer could be loaded" in r.stderr and "NUMBA_THREADING_LAYER=tbb" in r.stderr
+
+
 def test_numbanorm_cuda_is_there_after_import_numbanorm():
     """The README's ``numbanorm.cuda.is_available()`` after ``import numbanorm`` raised
     AttributeError (numbanorm.cpu was there, numbanorm.cuda was not imported); it is
