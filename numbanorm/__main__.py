@@ -533,7 +533,8 @@ def _positive_float(s):
 def _bench_args(b):
     b.add_argument("--threads", type=_positive_int, help="threads for numba and torch alike (default: all)")
     b.add_argument("--repeats", type=_positive_int, help="round-robin repeats per case (default: fit --budget)")
-    b.add_argument("--budget", type=_positive_float, default=0.3, help="seconds of timed repeats per case (default 0.3; at most 50 repeats)")
+    b.add_argument("--budget", type=_positive_float, default=0.3,
+                   help="seconds of timed repeats per case (default 0.3; at most 50 repeats)")
     b.add_argument("--dtype", action="append", type=_dtype_name, metavar="DTYPE",
                    help=f"CPU dtype, one of {', '.join(DTYPE_CHOICES)} (repeatable; default float32)")
     b.add_argument("--impl", action="append", type=_kernel_name, metavar="NAME",

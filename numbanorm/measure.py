@@ -588,7 +588,8 @@ def progress(total, desc="", disable=False):
     except ImportError:
         return _Lines(total, desc, None if disable else sys.stderr)
     # (disable=None: none where stderr is no terminal, a log's frames of carriage returns)
-    return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, leave=False, disable=True if disable else None)
+    return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, leave=False,
+                disable=True if disable else None)
 
 
 class _Lines:
