@@ -92,9 +92,15 @@ def _backward_call(norm, x, dy, w):
 
 
 def _stores(stream):
-    """Every ``out=`` from now on written with streaming stores (True) or ordinary ones (a
-    replayed call with ``out=`` asks ``memory.should_stream`` each time)."""
-    memory.STREAM_MIN_BYTES = 0 if stream else 1 << 62
+    """Every ``out=`` from now on written with streaming stores (True) or ordinary ones.  A
+    CPU plan keeps the choice it learned (``memory.should_stream``, asked once), so the
+    plans are forgotten when the choice changes: without that, every forward after the
+    first variant's replayed its stores (LayerNorm's and RMSNorm's compared ordinary
+    stores with ordinary stores)."""
+    want = 0 if stream else 1 << 62
+    if memory.STREAM_MIN_BYTES != want:
+        memory.STREAM_MIN_BYTES = want
+        _backend.plans._plans.clear()
 
 
 def case(norm, nbytes, rounds, then_read=False, budget_s=0.02, rng=None, backward=False):

@@ -1245,6 +1245,30 @@ def test_the_streaming_sweep_times_each_store_kind_and_restores_the_threshold(ba
     assert memory.STREAM_MIN_BYTES == before
 
 
+def test_the_streaming_sweep_writes_each_variant_with_its_own_stores(monkeypatch):
+    """A CPU plan keeps the store kind it learned on its first call, so after the first
+    variant of the sweep every LayerNorm and RMSNorm forward into out= replayed it: the
+    sweep compared ordinary stores with ordinary stores.  Each variant's launches now get
+    the stores it asks for."""
+    from benchmarks import streaming
+    from numbanorm.cpu._kernels import layer_norm, memory, rms_norm
+
+    got = []
+    for module in (layer_norm, rms_norm):
+        launch = module.launch
+
+        def spy(*args, _launch=launch, _name=module.__name__.rsplit(".", 1)[-1], **kwargs):
+            got.append((_name, memory.STREAM_MIN_BYTES == 0, bool(args[-1])))  # (asked, its stream flag)
+            return _launch(*args, **kwargs)
+
+        monkeypatch.setattr(module, "launch", spy)
+    for norm in ("layer_norm", "rms_norm"):
+        streaming.case(norm, 1 << 20, rounds=2, budget_s=0)
+    asked = {(name, want) for name, want, _ in got}
+    assert asked == {(n, w) for n in ("layer_norm", "rms_norm") for w in (False, True)}, got
+    assert all(want == flag for _, want, flag in got), got
+
+
 @pytest.mark.slow
 def test_the_backward_sweep_compares_one_gradient_under_both_store_kinds(monkeypatch):
     """benchmarks.streaming --backward: the public backward's launcher takes its streamed
