@@ -94,8 +94,9 @@ def table_rows(results, dtype="float32", device="cpu"):
             if r is None:
                 continue
             shp = "x".join(map(str, shape)) + (f", G={r['groups']}" if norm == "group_norm" else "")
+            floors = [v for v in (r.get("x_floor"), r.get("x_floor_threads")) if v is not None]
             out.append((norm, shp, label, _time(r["median_s"]), f"{r['gbps']:.1f}",
-                        _ratio(r.get("x_floor")), _ratio(r.get("x_torch"))))
+                        _ratio(max(floors)) if floors else "-", _ratio(r.get("x_torch"))))
     return out
 
 
@@ -105,12 +106,15 @@ def render(results, source="benchmarks/results/cpu.json", dtype="float32", devic
     m, v = meta["machine"], meta["versions"]
     lines = [
         f"{dtype} on {m['cpu'] if device == 'cpu' else m['gpu']} ({m['cores']} cores), "
-        f"{meta['threads']} thread(s) for numba and torch, {meta['date'][:10]}; numbanorm "
+        f"{meta['threads']} thread(s) for numba and torch, {meta['date'][:10]}, at commit "
+        f"`{meta['git']['commit'][:7]}`; numbanorm "
         f"{v['numbanorm']}, numba {v['numba']}, NumPy {v['numpy']}, torch {v['torch']}. Median of "
-        "round-robin repeats. *x copy floor*: time over `np.copyto` of the same bytes (forward: x "
-        "into y; backward: x and dy); *x torch*: time over `torch.nn.functional` (backward through "
-        "autograd); below 1.00x is faster. GB/s counts x read and y written (backward: x and dy "
-        "read, dx written).",
+        "round-robin repeats. *x copy floor*: time over the faster of `np.copyto` on one thread and "
+        "the same copy on every numba thread (forward: x into y, the kernel's bytes; backward: x and "
+        "dy into two buffers, four arrays' bytes where the kernel moves three), into buffers the "
+        "copy reuses, so a row that allocates its output also pays the fresh output's page faults "
+        "against it; *x torch*: time over `torch.nn.functional` (backward through autograd); below "
+        "1.00x is faster. GB/s counts x read and y written (backward: x and dy read, dx written).",
     ]
     if meta.get("note"):
         lines.append("")
@@ -325,6 +329,8 @@ def _target_cell(e):
     if e is None or e["value"] is None:
         return "not measured"
     v = f"{e['value']:.2f}x" if e["unit"].startswith("x") else f"{e['value']:.3f} s"
+    if e.get("detail"):  # (what the row's case leaves to each run: the slowest dtype, SciPy, a count)
+        v += f" ({e['detail']})"
     return v if e["status"] == "PASS" else f"**{v} {e['status']}**"
 
 
@@ -337,7 +343,8 @@ def targets_rows(runs):
     per run (its value, FAIL in bold, or "not measured")."""
     from . import targets
 
-    evs = [{(e["rule"], e["case"]): e for e in targets.evaluate(run)} for run in runs]
+    # (a cold-start row by operation and direction; each run's slowest dtype goes in its cell)
+    evs = [{(e["rule"], e.get("row", e["case"])): e for e in targets.evaluate(run)} for run in runs]
     keys = list(dict.fromkeys(k for ev in evs for k in ev))
     return [(rule, case, _limit(next(ev[(rule, case)] for ev in evs if (rule, case) in ev)),
              *(_target_cell(ev.get((rule, case))) for ev in evs)) for rule, case in keys]

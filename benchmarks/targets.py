@@ -189,7 +189,8 @@ def evaluate_cold(cold):
             return out
     imports = sorted(c["import_s"] for c in cold.get("cached") or [])
     med = imports[len(imports) // 2] if imports else None
-    out.append({"rule": "import numbanorm <= 0.5 s (new process, median)", "case": f"{len(imports)} processes",
+    out.append({"rule": "import numbanorm <= 0.5 s (new process, median)", "case": f"{len(imports)} imports",
+                "row": "new processes", "detail": f"{len(imports)} imports",
                 "value": med, "unit": "s", "limit": COLD_LIMITS["import_s"],
                 "status": "MISSING" if med is None else ("PASS" if med <= COLD_LIMITS["import_s"] else "FAIL")})
     for kind, rule in COLD_RULES.items():
@@ -201,6 +202,7 @@ def evaluate_cold(cold):
         for (op, direction), c in worst.items():
             v = c["first_call_s"]
             out.append({"rule": rule, "case": f"{op} {direction}, {c.get('dtype', 'float32')}" + _with_scipy(c),
+                        "row": f"{op} {direction}", "detail": c.get("dtype", "float32") + _with_scipy(c),
                         "value": v, "unit": "s", "limit": COLD_LIMITS[kind],
                         "status": "PASS" if v <= COLD_LIMITS[kind] else "FAIL"})
         if not worst:

@@ -392,7 +392,8 @@ def torch_calls(case, inp, functional=None):
 
 
 def floor_call(side, x, dy=None, copy=None):
-    """The bandwidth floor: copy ``x`` (forward), or ``x`` and ``dy`` (backward), into fresh buffers.
+    """The bandwidth floor: copy ``x`` (forward), or ``x`` and ``dy`` (backward), into buffers
+    allocated once and reused by every call (their pages mapped by the warm-up).
 
     It moves ``FLOOR_ARRAYS`` arrays of x's size: 2 forward, 4 backward.  ``copy(dst, src)``
     is the side's own copy unless given (the benchmark suite's threaded copy, say).

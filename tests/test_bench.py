@@ -478,7 +478,7 @@ def test_targets_pass_fail_and_missing(tmp_path):
     assert e["value"] == pytest.approx(1.2) and e["status"] == "FAIL"  # 0.6 t / 0.5 t
     e = by[("forward <= 0.7x torch (large)", "layer_norm 16384x4096")]
     assert e["value"] == pytest.approx(0.5) and e["status"] == "PASS"
-    assert by[("import numbanorm <= 0.5 s (new process, median)", "0 processes")]["status"] == "MISSING"
+    assert by[("import numbanorm <= 0.5 s (new process, median)", "0 imports")]["status"] == "MISSING"
     assert by[(targets.COLD_RULES["fresh_cache"], "-")]["status"] == "MISSING"
     from benchmarks import cold_start
 
@@ -488,7 +488,7 @@ def test_targets_pass_fail_and_missing(tmp_path):
                    for i, c in enumerate(made)],
         "fresh_cache": [dict(c, import_s=0.5, first_call_s=1.5 + i / 5) for i, c in enumerate(made)]}
     ev = {(e["rule"], e["case"]): e for e in targets.evaluate(res)}
-    assert ev[("import numbanorm <= 0.5 s (new process, median)", "4 processes")]["status"] == "PASS"
+    assert ev[("import numbanorm <= 0.5 s (new process, median)", "4 imports")]["status"] == "PASS"
     cached, fresh = targets.COLD_RULES["cached"], targets.COLD_RULES["fresh_cache"]
     # each operation and direction, its slowest dtype: 0.2 s, and 0.2 + 0.1 * 3 s
     assert ev[(cached, "layer_norm forward, float32")]["status"] == "PASS"
