@@ -84,6 +84,16 @@ def large_over_torch(results, dtype="float32", device="cpu"):
     return (min(ratios), max(ratios)) if ratios else None
 
 
+LOOSE_SPREAD = 1.3  # q80 / q20 of a row's rounds past which its median is marked
+LOOSE_ROUNDS = 5   # ... and fewer rounds than this (a large case stopped at its time limit)
+
+
+def _loose(r):
+    """Whether a row's median is a loose one: few rounds, or rounds far apart."""
+    q20, q80 = r.get("q20_s"), r.get("q80_s")
+    return r.get("repeats", LOOSE_ROUNDS) < LOOSE_ROUNDS or bool(q20 and q80 and q80 / q20 > LOOSE_SPREAD)
+
+
 def table_rows(results, dtype="float32", device="cpu"):
     """The cells of the table, as strings, in order."""
     impl = "numbanorm.cpu" if device == "cpu" else "numbanorm.cuda"
@@ -95,7 +105,7 @@ def table_rows(results, dtype="float32", device="cpu"):
                 continue
             shp = "x".join(map(str, shape)) + (f", G={r['groups']}" if norm == "group_norm" else "")
             floors = [v for v in (r.get("x_floor"), r.get("x_floor_threads")) if v is not None]
-            out.append((norm, shp, label, _time(r["median_s"]), f"{r['gbps']:.1f}",
+            out.append((norm, shp, label, _time(r["median_s"]) + ("*" if _loose(r) else ""), f"{r['gbps']:.1f}",
                         _ratio(max(floors)) if floors else "-", _ratio(r.get("x_torch"))))
     return out
 
@@ -119,7 +129,12 @@ def render(results, source="benchmarks/results/cpu.json", dtype="float32", devic
     if meta.get("note"):
         lines.append("")
         lines.append(f"Note: {meta['note']}")
-    lines += ["", *_markdown_table(HEADER, table_rows(results, dtype, device), 3)]
+    rows = table_rows(results, dtype, device)
+    lines += ["", *_markdown_table(HEADER, rows, 3)]
+    if any(r[3].endswith("*") for r in rows):
+        lines += ["", f"\\* a median of fewer than {LOOSE_ROUNDS} rounds (a large case stops at its time "
+                      f"limit) or of rounds more than {LOOSE_SPREAD}x apart (80th over 20th percentile): "
+                      "a loose figure on a shared machine."]
     if span := large_over_torch(results, dtype, device):
         lines += ["", f"LayerNorm and RMSNorm at the large shapes above, allocating forward and backward: "
                       f"{span[0]:.2f}x to {span[1]:.2f}x the time of `torch.nn.functional`."]
