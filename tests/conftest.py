@@ -75,6 +75,19 @@ def rng():
 _NEVER = 1 << 62  # a threshold no array reaches
 
 
+def streamed_lines(out):
+    """Whole cache lines of ``out`` (C-contiguous, any shape) that a row writer streams,
+    row by row (``memory.stream_span``): a test of streamed bits against ordinary ones
+    asserts there are some, or it would pass with nothing streamed."""
+    from numbanorm.cpu._kernels import memory
+
+    rows = out.reshape(-1, out.shape[-1])
+    if rows.itemsize == 2:  # (the kernels' view of 16-bit rows: their bits)
+        rows = rows.view(np.uint16)
+    spans = [memory.stream_span(rows, i) for i in range(rows.shape[0])]
+    return sum(hi - lo for lo, hi in spans) * out.itemsize // 64
+
+
 def unstreamed(f, *args, **kwargs):
     """``f(*args, **kwargs)`` with every CPU output written by ordinary stores (the
     replayed calls' plans, which keep their choice of store, forgotten before and after):

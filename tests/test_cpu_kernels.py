@@ -15,7 +15,7 @@ import pytest
 
 import numbanorm as nn
 from _marks import first_then_exhaustive
-from conftest import ORACLE, assert_close, channels_last, unstreamed
+from conftest import ORACLE, assert_close, channels_last, streamed_lines, unstreamed
 
 stream = importlib.import_module("numbanorm.cpu._kernels.memory")
 ln_cpu = importlib.import_module("numbanorm.cpu._kernels.layer_norm")
@@ -74,6 +74,9 @@ def test_stream_span_is_every_whole_aligned_line(length, dtype, offset):
     assert (hi - lo) * item % 64 == 0
     assert lo * item < 64 or lo == length
     assert (length - hi) * item < 64
+    # and exactly that span (an empty one, (length, length), met every condition above)
+    first = min(length, (-dst.ctypes.data % 64) // item)
+    assert (lo, hi) == (first, first + (length - first) * item // 64 * (64 // item))
 
 
 def test_stream_span_of_an_unaligned_row_is_empty():
@@ -118,6 +121,7 @@ def test_streamed_out_at_every_alignment(stream_everything, rng, offset):
     raw = np.zeros(x.nbytes + 128, np.uint8)
     start = (-raw.ctypes.data) % 64 + offset
     out = raw[start : start + x.nbytes].view(np.float32).reshape(x.shape)
+    assert streamed_lines(out) > 0 and streamed_lines(out.reshape(9, 13, 47)) > 0
     nn.layer_norm(x, 611, out=out)
     np.testing.assert_array_equal(out, unstreamed(nn.layer_norm, x, 611))
     nn.rms_norm(x, 611, out=out)
@@ -144,6 +148,7 @@ def test_grouped_streamed_out_at_every_alignment(stream_everything, rng, offset)
     raw = np.zeros(x.nbytes + 128, np.uint8)
     start = (-raw.ctypes.data) % 64 + offset
     out = raw[start : start + x.nbytes].view(np.float32).reshape(x.shape)
+    assert (streamed_lines(out) > 0) == (offset % 4 == 0)  # (rows off their item size stream nothing)
     nn.layer_norm(x, n, w, b, out=out)
     np.testing.assert_array_equal(out, unstreamed(nn.layer_norm, x, n, w, b))
     assert not raw[:start].any() and not raw[start + x.nbytes :].any()

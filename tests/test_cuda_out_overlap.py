@@ -15,12 +15,21 @@ if not nc.is_available():
 
 from numba import cuda  # noqa: E402
 
-M, N = 6, 8
+# rows over several blocks (BLOCK_THREADS below): in one block every row is read before the
+# block's barrier, and an overlap could do no harm (6 rows were one block: the LayerNorm cases
+# passed with the overlap check switched off).  The simulator runs blocks in order, so a
+# shift of -1 (out one row before x) can only fail on a GPU.
+M, N = 70, 8
 NORMS = {  # name: (extra positional arguments, parameter roles)
     "layer_norm": ((N,), ("weight", "bias")),
     "rms_norm": ((N,), ("weight",)),
     "group_norm": ((2,), ("weight", "bias")),
 }
+
+
+@pytest.fixture(autouse=True)
+def _several_blocks(knobs):
+    knobs(BLOCK_THREADS=32)
 
 
 def _fresh(name, x, args, params):

@@ -17,7 +17,7 @@ import pytest
 from numba import njit
 
 import numbanorm as nn
-from conftest import ORACLE, unstreamed
+from conftest import ORACLE, streamed_lines, unstreamed
 from numbanorm.cpu._kernels import background
 from numbanorm.cpu._kernels import halves as H
 from numbanorm.cpu._kernels import memory, spans
@@ -454,6 +454,7 @@ def test_into_out_in_place_and_streamed(stream_everything, rng, dt, n):
     so does out=x in place."""
     x = _data(rng, (37, n), dt)
     out = np.empty_like(x)
+    assert streamed_lines(out) > 0 and streamed_lines(x) > 0
     for f in (nn.layer_norm, nn.rms_norm):
         want = unstreamed(f, x, n)
         np.testing.assert_array_equal(f(x, n).view(np.uint16), want.view(np.uint16))

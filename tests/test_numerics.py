@@ -6,7 +6,7 @@ import pytest
 
 import numbanorm as nn
 from _marks import EXHAUSTIVE
-from conftest import ORACLE, channels_last, to_host
+from conftest import ORACLE, assert_close, channels_last, to_host
 
 LONG = 1 << 22
 
@@ -33,28 +33,34 @@ def long_dy():
     return np.random.default_rng(6).standard_normal((1, LONG)).astype(np.float32)
 
 
+def _float32_close(pairs):
+    """Each ``(kernel's, oracle's, name)`` within float32's tolerance of the oracle: the kernels'
+    errors on these rows are under 3e-7 of max(1, |oracle|); the 1e-3 these tests allowed
+    passed with the last element of every 4096-element sum block dropped."""
+    for got, want, what in pairs:
+        assert_close(got, want, np.float32, what)
+
+
 def test_layer_norm_long_row(long_row, long_dy):
     x, dy = long_row, long_dy
     y, mean, rstd = nn.layer_norm_forward(x, LONG)
     yr, mr, rr = ORACLE.layer_norm_forward(x, LONG)
-    assert _rel(rstd, rr) < 1e-3, (rstd, rr)
-    assert np.max(np.abs(y - yr)) < 2e-3
+    _float32_close([(y, yr, "y"), (mean, mr, "mean"), (rstd, rr, "rstd")])
     # the contract's words: unit variance within 1e-3 (eps=0, else eps shrinks it)
     y0 = nn.layer_norm(x, LONG, eps=0.0)
     assert np.isfinite(y0).all() and abs(float(np.std(y0.astype(np.float64))) - 1) < 1e-3
     dx, dw, db = nn.layer_norm_backward(dy, x, mean, rstd, LONG)
     dxr, dwr, dbr = ORACLE.layer_norm_backward(dy, x, mean, rstd, LONG)
-    assert _rel(dx, dxr) < 1e-3 and _rel(dw, dwr) < 1e-3 and _rel(db, dbr) < 1e-5
+    _float32_close([(dx, dxr, "dx"), (dw, dwr, "dweight"), (db, dbr, "dbias")])
 
 
 def test_add_layer_norm_long_row(long_row, long_dy):
     res = np.full_like(long_row, 0.5)
     y, s, mean, rstd = nn.add_layer_norm_forward(long_row, res, LONG)
     yr, mr, rr = ORACLE.layer_norm_forward(s, LONG)
-    assert _rel(rstd, rr) < 1e-3 and np.max(np.abs(y - yr)) < 2e-3
     dx = nn.add_layer_norm_backward(long_dy, long_dy, s, mean, rstd, LONG)[0]
     dxr = ORACLE.add_layer_norm_backward(long_dy, long_dy, s, mean, rstd, LONG)[0]
-    assert _rel(dx, dxr) < 1e-3
+    _float32_close([(y, yr, "y"), (rstd, rr, "rstd"), (dx, dxr, "dx")])
 
 
 def test_rms_norm_long_row(long_row, long_dy):
@@ -76,11 +82,10 @@ def test_group_norm_long_group(long_row, long_dy):
     w = np.array([0.5, 1.0, 1.5, 2.0], np.float32)
     y, mean, rstd = nn.group_norm_forward(x, 1, w)
     yr, mr, rr = ORACLE.group_norm_forward(x, 1, w)
-    assert _rel(rstd, rr) < 1e-3, (rstd, rr)
-    assert np.max(np.abs(y - yr)) < 4e-3
     dx, dw, db = nn.group_norm_backward(dy, x, mean, rstd, w)
     dxr, dwr, dbr = ORACLE.group_norm_backward(dy, x, mean, rstd, w)
-    assert _rel(dx, dxr) < 1e-3 and _rel(dw, dwr) < 1e-3 and _rel(db, dbr) < 1e-5
+    _float32_close([(y, yr, "y"), (mean, mr, "mean"), (rstd, rr, "rstd"), (dx, dxr, "dx"), (dw, dwr, "dweight"),
+                    (db, dbr, "dbias")])
 
 
 @pytest.mark.slow
@@ -115,7 +120,7 @@ def test_block_edges(n):
     x = _offset_rows(np.random.default_rng(n), 3, n)
     y, mean, rstd = nn.layer_norm_forward(x, n)
     yr, mr, rr = ORACLE.layer_norm_forward(x, n)
-    assert _rel(rstd, rr) < 1e-3 and np.max(np.abs(y - yr)) < 2e-3
+    _float32_close([(y, yr, "y"), (rstd, rr, "rstd")])
     np.testing.assert_allclose(mean, mr, rtol=1e-7)
 
 
@@ -191,8 +196,14 @@ def test_huge_finite_rows_forward(dt):
         for g, r in zip(got, want):
             assert np.isfinite(g).all()
             np.testing.assert_allclose(g, r, rtol=tol, atol=tol * max(1.0, np.abs(r[np.abs(r) < 1e3]).max()))
-        # the normal row is the bits of its own call
-        np.testing.assert_array_equal(got[0][2], np.asarray(got[0])[2])
+    # the normal row (2) is the bits of its own call: the huge rows' rescaling leaves it alone
+    # (this compared y's row 2 with itself)
+    zeros = np.zeros_like
+    for y_of in (lambda x: nn.layer_norm_forward(x, 33, w, b)[0], lambda x: nn.rms_norm_forward(x, 33, w)[0],
+                 lambda x: nn.group_norm_forward(x.reshape(-1, 3, 11), 1, w[:3], b[:3])[0].reshape(len(x), 33),
+                 lambda x: nn.add_layer_norm_forward(x, zeros(x), 33, w, b)[0],
+                 lambda x: nn.add_rms_norm_forward(x, zeros(x), 33, w)[0]):
+        np.testing.assert_array_equal(y_of(x)[2], y_of(x[2:3])[0])
 
 
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
