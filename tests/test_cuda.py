@@ -114,12 +114,15 @@ def test_row_mapping_invariants(n, m):
 # striding over all rows (several rows per block, partial last block); 16 threads
 # per row with 4 rows per block
 LONG = {"MAX_TPR": 16, "MAX_VPT": 2}
+# one resident 32-thread block per SM, on the simulator's one SM: a grid of one block (the row
+# kernels' launch bounds are ROW_RESIDENT threads; MIN_RESIDENT alone left 7 blocks for 100 rows)
+ONE_BLOCK = {"MIN_RESIDENT": 1, "BLOCK_THREADS": 32, "ROW_RESIDENT": 32}
 MAPPINGS = {
     "default": ({}, [(5, 70), (2, 300), (3, 96)]),  # elements or 8-byte words; 16-byte words
     "loop": (LONG, [(3, 70), (2, 33), (2, 64)]),
     "loop_unstaged": ({**LONG, "STAGE_BYTES": 0}, [(3, 70), (2, 33), (2, 64)]),
     "stage_edge": ({**LONG, "STAGE_BYTES": 256}, [(3, 64), (2, 33)]),
-    "one_block": ({"MIN_RESIDENT": 1, "BLOCK_THREADS": 32}, [(7, 20), (5, 9)]),
+    "one_block": (ONE_BLOCK, [(100, 20), (5, 9)]),  # (100: see _strides)
     "subwarp": ({"REG_ELEMS": 2, "BLOCK_THREADS": 64}, [(6, 30)]),
 }
 
@@ -176,11 +179,21 @@ def test_every_mapping_against_the_oracle(knobs, rng, mapping, dtype):
                 assert_close(got, ref, dtype, f"GN backward {mapping} {shape}")
 
 
+def _strides(M, N):
+    """Whether a row kernel's grid is one block that strides over ``M`` rows of ``N``: more
+    rows than it takes in one step of every row group's rows in flight (9 rows of 24 were
+    one step of a grid of one block per row group: the grid-stride tests passed with the
+    loops cut to their first step)."""
+    cfg = C.row_config(M, N, resident=C.ROW_RESIDENT)
+    return cfg.grid == 1 and C.cdiv(M, cfg.rows * C.MAX_ROWS_IN_FLIGHT) > cfg.grid
+
+
 @pytest.mark.cudasim
 def test_grid_stride_backward_is_deterministic(knobs, rng):
     """One block strides over every row: partial sums across rows, bit for bit again."""
-    knobs(MIN_RESIDENT=1, BLOCK_THREADS=32)
-    x, dy = _rows(rng, (9, 24)), _rows(rng, (9, 24))
+    knobs(**ONE_BLOCK)
+    assert _strides(100, 24) and _strides(*MAPPINGS["one_block"][1][0])
+    x, dy = _rows(rng, (100, 24)), _rows(rng, (100, 24))
     w = rng.uniform(0.5, 1.5, 24).astype(np.float32)
     _, m, r = nc.layer_norm_forward(x, 24, w)
     first = nc.layer_norm_backward(dy, x, m, r, 24, w)

@@ -135,6 +135,46 @@ def test_row_kernels_load_and_store_128_bits_in_the_sass(tmp_path):
         assert (r["global_load_bits"], r["global_store_bits"]) == (128, 128), r
 
 
+_PACK_PTX = """
+import numpy as np
+from numba import cuda, types
+from numbanorm.cuda._kernels import vec as V
+
+def k(out):
+    out[0] = V.pack_bf16x2(np.float32(1.0), np.float32(2.0))
+    out[1] = V.pack_f16x2(np.float32(1.0), np.float32(2.0))
+
+try:
+    cuda.compile_ptx(lambda a: None, (types.float32[::1],), cc=(9, 0))
+except Exception as e:
+    print(f"cannot compile without the CUDA toolkit's NVVM: {e!r}"[:300])
+    raise SystemExit(3)
+print(cuda.compile_ptx(k, (types.uint32[::1],), cc=(9, 0))[0])
+"""
+
+
+def test_the_pack_intrinsics_round_to_nearest_low_half_first_in_the_ptx():
+    """The simulator's known answers of the pack intrinsics (below) run ``_simvec``'s NumPy
+    rounding, not the inline PTX a GPU runs, which round-toward-zero or swapped halves left
+    passing: compiled for sm_90 (no GPU), pack_bf16x2(1.0, 2.0) is one ``cvt.rn.bf16x2.f32``
+    whose first source (the upper half, per the PTX ISA) is 2.0's register, and pack_f16x2
+    two ``cvt.rn.f16.f32`` joined low half first."""
+    import re
+
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", PYTHONPATH=ROOT)
+    run = subprocess.run([sys.executable, "-c", _PACK_PTX], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    if run.returncode == 3:
+        pytest.skip(run.stdout.strip())
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    ptx = run.stdout
+    reg = {v: re.search(rf"mov\.f32\s+(%f\d+), {bits};", ptx).group(1)
+           for v, bits in (("lo", "0f3F800000"), ("hi", "0f40000000"))}
+    assert re.search(rf"cvt\.rn\.bf16x2\.f32 %r\d+, {reg['hi']}, {reg['lo']};", ptx), ptx
+    assert re.search(rf"cvt\.rn\.f16\.f32 l, {reg['lo']}; cvt\.rn\.f16\.f32 h, {reg['hi']}; "
+                     rf"mov\.b32 %r\d+, {{l, h}};", ptx), ptx
+
+
 def _pack_kernel(pack):
     """A kernel packing ``vals`` in pairs into ``out`` with ``pack`` (pack_bf16x2, pack_f16x2)."""
     @cuda.jit
@@ -174,7 +214,9 @@ _pack_f16_pairs = _pack_kernel(V.pack_f16x2)
 @pytest.mark.cudasim
 def test_pack_f16x2_rounds_as_numpy():
     """Two float32 -> two float16 in one uint32 (low half first), as NumPy rounds them:
-    nearest, ties to even, overflow to infinity, subnormals, signed zeros; NaN stays NaN."""
+    nearest, ties to even, overflow to infinity, subnormals, signed zeros; NaN stays NaN.
+    (In the simulator that is ``_simvec``'s NumPy rounding, and this checks its lane order;
+    the PTX a GPU runs is read by the test of the intrinsics in the PTX, above.)"""
     one, ulp = np.float32(1), np.float32(2.0 ** -10)
     vals = np.array([one + ulp / 2, one + 3 * ulp / 2, one + ulp / 2 + 2.0 ** -20, -(one + ulp / 2),
                      np.inf, -np.inf, 65520.0, -1e6, 1e-7, -3e-8, 0.0, -0.0, 3.14159, -2.71828, np.nan,
