@@ -114,6 +114,29 @@ def test_group_norm_group_whose_first_channel_is_an_outlier(dtype):
     assert np.max(np.abs(y - yr)) < 10 * tol * np.max(np.abs(yr))
 
 
+@pytest.mark.parametrize("head", [1e2, 1e4, "zeros"])
+def test_rows_whose_first_elements_are_far_from_their_mean(head):
+    """The one-pass statistics shift by the mean of a row's first elements; where those sit
+    far from the row's mean the one-pass sums lose digits and the row takes the corrected
+    two-pass (stats.one_pass_ok).  With that check loosened fourfold, y was 3e-4 to 9e-4 off
+    and rstd 1.5e-5 to 4e-5 (relative) on these rows, against 2e-6 and 1.5e-7; only a slow
+    GroupNorm test saw it."""
+    n = 8192
+    rng = np.random.default_rng(4)
+    if head == "zeros":  # mean 1e4, the first 16 elements 0
+        x = (1e4 + rng.standard_normal((4, n))).astype(np.float32)
+        x[:, :16] = 0
+    else:
+        x = rng.standard_normal((4, n)).astype(np.float32)
+        x[:, :16] += np.float32(head)
+    y, mean, rstd = nn.layer_norm_forward(x, n)
+    yr, mr, rr = ORACLE.layer_norm_forward(x, n)
+    np.testing.assert_allclose(y, yr, rtol=0, atol=2e-5)
+    np.testing.assert_allclose(rstd, rr, rtol=2e-6)
+    fused_y = nn.add_layer_norm(x, np.zeros_like(x), n)[0]
+    np.testing.assert_allclose(fused_y, yr, rtol=0, atol=2e-5)
+
+
 @pytest.mark.parametrize("n", [1, 7, 4095, 4096, 4097, 3 * 4096 + 5])
 def test_block_edges(n):
     """Rows just around the accumulation block, offset: every block boundary case."""

@@ -423,3 +423,42 @@ def test_a_call_gets_one_answer_whatever_was_called_before(learned, asked):
     learned()  # (the second call is the small-call path's)
     assert _backend.plans._plans
     assert _outcome(asked) == first
+
+
+@pytest.mark.parametrize("x_order, out_order", [("channels_last", "C"), ("C", "channels_last")])
+def test_a_repeated_group_norm_fills_an_out_of_the_other_memory_order(x_order, out_order):
+    """A group norm's plan is learned only where ``out`` has x's memory order: a plan that
+    took any order (the check removed) wrote from the second call on into a copy and left
+    ``out`` as it was, the first call (the full path) correct; every call fills ``out``."""
+    from numbanorm.cpu import _backend
+
+    _backend.plans._plans.clear()
+    x = np.random.default_rng(0).standard_normal((2, 4, 3, 5)).astype(np.float32)
+    as_order = {"C": np.ascontiguousarray, "channels_last": channels_last}
+    xs = as_order[x_order](x)
+    want = nn.group_norm(np.ascontiguousarray(x), 2)
+    for _ in range(3):
+        out = as_order[out_order](np.zeros_like(x))
+        assert nn.group_norm(xs, 2, out=out) is out
+        np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)  # (the two orders' sums: to rounding)
+    _backend.plans._plans.clear()
+
+
+def test_the_plan_cache_is_bounded():
+    """More distinct calls than the cache holds leave it at its bound, not growing with every
+    shape a process has seen."""
+    from numbanorm.cpu import _backend
+
+    plans = _backend.plans
+    saved = plans.MAX_PLANS
+    plans._plans.clear()
+    try:
+        plans.MAX_PLANS = 2
+        for n in (5, 6, 7, 8):
+            x = np.ones((3, n), np.float32)
+            nn.layer_norm(x, n)
+            nn.layer_norm(x, n)
+            assert 0 < len(plans._plans) <= 2
+    finally:
+        plans.MAX_PLANS = saved
+        plans._plans.clear()
