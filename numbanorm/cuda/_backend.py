@@ -192,7 +192,7 @@ def native(role, a):
         V.float_dtype(role, a)  # (before its interface, which has no typestr for float8 and others)
         if a.is_neg():  # (a view such as z.conj().imag: its memory holds the values negated)
             if role == "out":
-                raise ValueError("`out` is a torch.Tensor with the negative bit (`out.is_neg()`), "
+                raise TypeError("`out` is a torch.Tensor with the negative bit (`out.is_neg()`), "
                                  "whose memory holds its values negated: pass a tensor of its own")
             a = a.resolve_neg()  # (a copy on torch's current stream, from its allocator)
         return _torch_view(a)
