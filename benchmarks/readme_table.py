@@ -117,7 +117,7 @@ def render(results, source="benchmarks/results/cpu.json", dtype="float32", devic
     lines = [
         f"{dtype} on {m['cpu'] if device == 'cpu' else m['gpu']} ({m['cores']} cores), "
         f"{meta['threads']} thread(s) for numba and torch, {meta['date'][:10]}, at commit "
-        f"`{meta['git']['commit'][:7]}`; numbanorm "
+        f"`{_commit(meta)}`; numbanorm "
         f"{v['numbanorm']}, numba {v['numba']}, NumPy {v['numpy']}, torch {v['torch']}. Median of "
         "round-robin repeats. *x copy floor*: time over the faster of `np.copyto` on one thread and "
         "the same copy on every numba thread (forward: x into y, the kernel's bytes; backward: x and "
