@@ -259,21 +259,25 @@ def test_huge_groups_in_channels_last_order(dt):
         np.testing.assert_array_equal(g, r)
 
 
+@pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 @pytest.mark.parametrize("side", ["under", "over"])
-def test_group_norm_weights_whose_product_with_rstd_leaves_the_range(impl, side, layout):
+def test_group_norm_weights_whose_product_with_rstd_leaves_the_range(impl, side, layout, bias):
     """float32 groups whose y is normal where rstd * w, GroupNorm's factor per channel, is
     not: standard deviation 1e15 and weights near 2**-120 (y about 1e-36, the factor 1e-51:
     y was 0), or 1e-15 with eps 0 and weights near 2**100 (y about 1e30, the factor 1e45: y
-    was inf).  ``test_cuda_range.py`` has each GPU path."""
+    was inf); a bias of y's size, which the factors-in-turn form adds too.
+    ``test_cuda_range.py`` has each GPU path."""
     rng = np.random.default_rng(23)
     std, at, eps = (1e15, -120, 1e-5) if side == "under" else (1e-15, 100, 0.0)
     x = (rng.standard_normal((2, 4, 4, 4)) * std).astype(np.float32)
     w = np.ldexp(rng.uniform(0.5, 1.5, 4), at).astype(np.float32)
+    b = (w * rng.standard_normal(4)).astype(np.float32) if bias else None
     if layout == "channels_last":
         x = channels_last(x)
-    y = to_host(impl.group_norm(x, 2, w, None, eps))
-    want = ORACLE.group_norm_forward(x.astype(np.float64), 2, w.astype(np.float64), None, eps)[0]
+    y = to_host(impl.group_norm(x, 2, w, b, eps))
+    want = ORACLE.group_norm_forward(x.astype(np.float64), 2, w.astype(np.float64),
+                                     None if b is None else b.astype(np.float64), eps)[0]
     per = w.astype(np.float64)[None, :, None, None]
     assert _rel(y / per, want / per) < 1e-5
 
