@@ -337,6 +337,37 @@ def test_host_arrays_and_out(rng):
     np.testing.assert_array_equal(strided.copy_to_host(), out)
 
 
+def test_quiet_grids_in_two_threads_at_once_leaves_the_warning_filters_as_they_were():
+    """quiet_grids swaps the process's warning filters (catch_warnings): two threads inside
+    it at once restored each other's list, leaving its filter installed for good (numba's
+    warnings of the user's own launches, and any other filter set meanwhile, lost).  One
+    thread at a time now: the second waits for the first to leave."""
+    import threading
+    import warnings
+
+    before = list(warnings.filters)
+    inside, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+
+    def first():
+        with C.quiet_grids():
+            inside.set()
+            second_in.wait(0.5)  # without the lock the second is inside by now
+        first_out.set()
+
+    def second():  # in first, out last: the order that left the filter behind
+        inside.wait(5)
+        with C.quiet_grids():
+            second_in.set()
+            first_out.wait(5)
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert second_in.is_set() and warnings.filters == before
+
+
 def test_non_contiguous_device_input(rng):
     x = _rows(rng, (5, 40))
     xd = cuda.to_device(x)[:, ::2]

@@ -771,13 +771,18 @@ def _launch_config(grid, block, shared=0):
                                       is_cooperative=False)
 
 
+# catch_warnings swaps the process's one filter list (before Python 3.14): two threads
+# inside it at once restore each other's list, and the filter outlives both
+_QUIET = threading.RLock()
+
+
 @contextlib.contextmanager
 def quiet_grids():
     """numba's launch without its warning of a grid under 128 blocks: numbanorm sizes its
     grids (a row's block, a persistent grid of the GPU's multiprocessors), and a decode
     step's one row is not a user's mistake.  (Around numba's own launches: a first call,
     a strided copy; direct launches never warn.)"""
-    with warnings.catch_warnings():
+    with _QUIET, warnings.catch_warnings():
         warnings.filterwarnings("ignore", r"Grid size \d+ will likely result in GPU under-utilization")
         yield
 
