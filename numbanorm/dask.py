@@ -42,6 +42,7 @@ import operator
 import dask
 import dask.array as da
 import numpy as np
+from dask.array.utils import meta_from_array
 from dask.base import tokenize
 from dask.utils import parse_bytes
 from dask.highlevelgraph import HighLevelGraph
@@ -101,8 +102,9 @@ def _tuple_blocks(name, fn, ind, *arginds, **kwargs):
                         concatenate=True, **kwargs)
 
 
-def _leaf(tmp, i, chunks, dtype, name):
-    """Output ``i`` of ``tmp``'s tuple blocks as an array of ``chunks``.
+def _leaf(tmp, i, chunks, dtype, name, like):
+    """Output ``i`` of ``tmp``'s tuple blocks as an array of ``chunks``, of the block type of
+    ``like`` (x: a CuPy-backed x's results are CuPy blocks, which a backward takes with it).
 
     The leaf's block index is the first ``len(chunks)`` entries of tmp's (the
     dropped trailing axes of tmp are single chunks).
@@ -111,8 +113,7 @@ def _leaf(tmp, i, chunks, dtype, name):
     dsk = {(name,) + key[1:1 + nd]: (operator.getitem, key, i)
            for key in _flatten(tmp.__dask_keys__())}
     graph = HighLevelGraph.from_collections(name, dsk, dependencies=[tmp])
-    return da.Array(graph, name, chunks=chunks, dtype=dtype,
-                    meta=np.empty((0,) * nd, dtype))
+    return da.Array(graph, name, chunks=chunks, dtype=dtype, meta=meta_from_array(like, nd, dtype))
 
 
 def _bounded(x, chunks, splittable):
@@ -162,7 +163,7 @@ def _tree_sum(partials, axes, dtype, acc):
     """Sum per-block partials over ``axes`` as a tree, in ``acc``, cast to ``dtype`` as the
     in-memory call casts (a sum past ``dtype``'s largest value is inf, unwarned)."""
     summed = partials.astype(acc).sum(axis=axes, dtype=acc)
-    return summed.map_blocks(_cpu_backend._cast, dtype, dtype=dtype, meta=np.empty((0,) * summed.ndim, dtype))
+    return summed.map_blocks(_cpu_backend._cast, dtype, dtype=dtype, meta=meta_from_array(summed, summed.ndim, dtype))
 
 
 # ------------------------------------------------------------ layouts
@@ -327,8 +328,8 @@ def _forward(op, args):
     param_args = [arg for p in params for arg in (plan.param(p), plan.param_ind if p is not None else None)]
     tmp = _tuple_blocks(f"{op.name}_forward-{tok}", _forward_block, plan.ind, x, plan.ind, *param_args,
                         operation=op.name, eps=eps, **plan.block_kwargs)
-    return (_leaf(tmp, 0, x.chunks, plan.xdt, f"{op.name}-y-{tok}"),
-            *(_leaf(tmp, i, plan.stat_chunks, acc, f"{op.name}-{r}-{tok}") for i, r in enumerate(op.stats, 1)))
+    return (_leaf(tmp, 0, x.chunks, plan.xdt, f"{op.name}-y-{tok}", x),
+            *(_leaf(tmp, i, plan.stat_chunks, acc, f"{op.name}-{r}-{tok}", x) for i, r in enumerate(op.stats, 1)))
 
 
 def _backward(op, args):
@@ -349,8 +350,9 @@ def _backward(op, args):
                         plan.param(weight), plan.param_ind if weight is not None else None,
                         operation=op.name, align_arrays=plan.align, **plan.block_kwargs)
     pdt = weight.dtype if weight is not None else xdt  # as the in-memory backward returns them
-    grads = (_leaf(tmp, i, plan.part_chunks, acc, f"{op.name}-d{r[0]}-part-{tok}") for i, r in enumerate(op.params, 1))
-    return (_leaf(tmp, 0, x.chunks, xdt, f"{op.name}-dx-{tok}"),
+    grads = (_leaf(tmp, i, plan.part_chunks, acc, f"{op.name}-d{r[0]}-part-{tok}", x)
+             for i, r in enumerate(op.params, 1))
+    return (_leaf(tmp, 0, x.chunks, xdt, f"{op.name}-dx-{tok}", x),
             *(_tree_sum(g, plan.batch_axes, pdt, acc) for g in grads))
 
 

@@ -218,6 +218,33 @@ def test_errors_at_graph_construction(rng):
         nd.rms_norm_backward(da.ma.masked_greater(X, 1), X, r, 8)
 
 
+class _DeviceBlocks(np.ndarray):
+    """Blocks numbanorm takes for GPU memory (a CUDA Array Interface), as CuPy's are: the type
+    of a Dask array's ``_meta``, which is all a graph is built from (never computed here)."""
+
+    __cuda_array_interface__ = {}
+
+
+def test_results_of_gpu_blocks_are_gpu_blocks_and_their_backward_builds():
+    """A CuPy-backed x's results had NumPy metas: Dask took them for host arrays, and the
+    backward of that forward was refused as host statistics among GPU arrays.  Every result
+    (y, the statistics, dx, the summed dweight/dbias) has x's block type now."""
+    def dev(a, chunks):
+        return da.from_array(np.asarray(a).view(_DeviceBlocks), chunks=chunks, asarray=False)
+
+    X, W = dev(np.ones((6, 8), np.float32), (3, 4)), dev(np.ones(8, np.float32), 4)
+    G = dev(np.ones((2, 6, 5), np.float32), (1, 2, 5))
+    fwd = {"layer": nd.layer_norm_forward(X, 8, W, W), "rms": nd.rms_norm_forward(X, 8, W),
+           "group": nd.group_norm_forward(G, 3, W[:6], W[:6])}
+    bwd = {"layer": nd.layer_norm_backward(X, X, *fwd["layer"][1:], 8, W),
+           "rms": nd.rms_norm_backward(X, X, *fwd["rms"][1:], 8, W),
+           "group": nd.group_norm_backward(G, G, *fwd["group"][1:], W[:6])}
+    for name in fwd:
+        for a in (*fwd[name], *bwd[name]):
+            assert type(a._meta) is _DeviceBlocks, (name, a.name)
+    assert [a.dtype for a in bwd["layer"]] == [np.float32] * 3
+
+
 @pytest.mark.parametrize("chunks", [(1, 9, 7, 32), (2, 9, 7, 8)])
 def test_group_norm_bits_do_not_follow_the_blocks_memory_order(rng, chunks):
     """NHWC data made NCHW lazily (a transpose: every block a channels-last view) gives the
