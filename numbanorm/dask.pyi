@@ -39,7 +39,7 @@ def layer_norm(
     x : dask.array.Array
         The input; its trailing ``normalized_shape`` dimensions are normalized together:
         float16, float32, float64 or bfloat16. The backward takes the forward's.
-    normalized_shape : int or tuple of int
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``x`` normalized together, as in PyTorch.
     weight : dask.array.Array or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -60,9 +60,10 @@ def layer_norm(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
-        tuple of ints; host and device arrays mixed in one call; ``out`` given.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``eps`` that is not a real number;
+        ``normalized_shape`` that is not an int or a sequence of ints; host and device
+        arrays mixed in one call; ``out`` given.
     ValueError
         ``normalized_shape`` that is empty or does not match the trailing dimensions of
         ``x``; ``weight`` or ``bias`` of the wrong shape; ``eps`` negative, NaN or
@@ -86,7 +87,7 @@ def layer_norm_forward(
     x : dask.array.Array
         The input; its trailing ``normalized_shape`` dimensions are normalized together:
         float16, float32, float64 or bfloat16. The backward takes the forward's.
-    normalized_shape : int or tuple of int
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``x`` normalized together, as in PyTorch.
     weight : dask.array.Array or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -113,9 +114,10 @@ def layer_norm_forward(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
-        tuple of ints; host and device arrays mixed in one call.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``eps`` that is not a real number;
+        ``normalized_shape`` that is not an int or a sequence of ints; host and device
+        arrays mixed in one call.
     ValueError
         ``normalized_shape`` that is empty or does not match the trailing dimensions of
         ``x``; ``weight`` or ``bias`` of the wrong shape; ``eps`` negative, NaN or
@@ -152,7 +154,7 @@ def layer_norm_backward(
         ``x.shape[:-k] + (1,) * k`` with ``k = len(normalized_shape)`` (keep-dims), in
         float32 (float64 for float64 inputs): the forward returns it and the backward
         takes it.
-    normalized_shape : int or tuple of int
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``x`` normalized together, as in PyTorch.
     weight : dask.array.Array or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -172,11 +174,13 @@ def layer_norm_backward(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        host and device arrays mixed in one call.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``normalized_shape`` that is not an int
+        or a sequence of ints; host and device arrays mixed in one call.
     ValueError
-        ``dy`` not of ``x``'s shape; statistics that do not fit it; ``weight`` of the
-        wrong shape.
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``dy`` not of ``x``'s shape; statistics that do not fit it; ``weight`` of
+        the wrong shape.
     """
 
 def rms_norm(
@@ -197,7 +201,7 @@ def rms_norm(
     x : dask.array.Array
         The input; its trailing ``normalized_shape`` dimensions are normalized together:
         float16, float32, float64 or bfloat16. The backward takes the forward's.
-    normalized_shape : int or tuple of int
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``x`` normalized together, as in PyTorch.
     weight : dask.array.Array or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -217,9 +221,10 @@ def rms_norm(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
-        tuple of ints; host and device arrays mixed in one call; ``out`` given.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``eps`` that is not a real number;
+        ``normalized_shape`` that is not an int or a sequence of ints; host and device
+        arrays mixed in one call; ``out`` given.
     ValueError
         ``normalized_shape`` that is empty or does not match the trailing dimensions of
         ``x``; ``weight`` of the wrong shape; ``eps`` negative, NaN or infinite in the
@@ -242,7 +247,7 @@ def rms_norm_forward(
     x : dask.array.Array
         The input; its trailing ``normalized_shape`` dimensions are normalized together:
         float16, float32, float64 or bfloat16. The backward takes the forward's.
-    normalized_shape : int or tuple of int
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``x`` normalized together, as in PyTorch.
     weight : dask.array.Array or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -263,9 +268,10 @@ def rms_norm_forward(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
-        tuple of ints; host and device arrays mixed in one call.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``eps`` that is not a real number;
+        ``normalized_shape`` that is not an int or a sequence of ints; host and device
+        arrays mixed in one call.
     ValueError
         ``normalized_shape`` that is empty or does not match the trailing dimensions of
         ``x``; ``weight`` of the wrong shape; ``eps`` negative, NaN or infinite in the
@@ -296,7 +302,7 @@ def rms_norm_backward(
         ``1 / sqrt(mean(x**2) + eps)`` of each row, of shape ``x.shape[:-k] + (1,) * k``
         with ``k = len(normalized_shape)`` (keep-dims), in float32 (float64 for float64
         inputs): the forward returns it and the backward takes it.
-    normalized_shape : int or tuple of int
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``x`` normalized together, as in PyTorch.
     weight : dask.array.Array or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -313,11 +319,13 @@ def rms_norm_backward(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        host and device arrays mixed in one call.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``normalized_shape`` that is not an int
+        or a sequence of ints; host and device arrays mixed in one call.
     ValueError
-        ``dy`` not of ``x``'s shape; statistics that do not fit it; ``weight`` of the
-        wrong shape.
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``dy`` not of ``x``'s shape; statistics that do not fit it; ``weight`` of
+        the wrong shape.
     """
 
 def group_norm(
@@ -339,10 +347,9 @@ def group_norm(
     x : dask.array.Array
         The input of shape ``(N, C, *spatial)``; each group of ``C // num_groups``
         channels is normalized together with the spatial dimensions, per sample:
-        float16, float32, float64 or bfloat16. The backward takes the forward's. A host
-        ``x`` of 4 or 5 dimensions in channels-last order (laid out as ``(N, *spatial,
-        C)``: torch's ``channels_last``) is read in that order, and ``y`` and ``dx``
-        come back in it, as ``torch.nn.functional.group_norm``'s do on the CPU.
+        float16, float32, float64 or bfloat16. The backward takes the forward's. Every
+        block is normalized in C order, and ``y`` and ``dx`` come back C-contiguous
+        whatever ``x``'s layout.
     num_groups : int
         The number of groups the ``C`` channels are split into; it divides ``C``.
         ``num_groups == C`` is instance normalization, ``1`` a layer normalization over
@@ -366,9 +373,10 @@ def group_norm(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        ``eps`` that is not a real number; ``num_groups`` that is not an int; host and
-        device arrays mixed in one call; ``out`` given.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``eps`` that is not a real number;
+        ``num_groups`` that is not an int; host and device arrays mixed in one call;
+        ``out`` given.
     ValueError
         ``x`` of fewer than 2 dimensions; ``num_groups`` not positive or not dividing
         ``C``; ``weight`` or ``bias`` of the wrong shape; ``eps`` negative, NaN or
@@ -392,10 +400,9 @@ def group_norm_forward(
     x : dask.array.Array
         The input of shape ``(N, C, *spatial)``; each group of ``C // num_groups``
         channels is normalized together with the spatial dimensions, per sample:
-        float16, float32, float64 or bfloat16. The backward takes the forward's. A host
-        ``x`` of 4 or 5 dimensions in channels-last order (laid out as ``(N, *spatial,
-        C)``: torch's ``channels_last``) is read in that order, and ``y`` and ``dx``
-        come back in it, as ``torch.nn.functional.group_norm``'s do on the CPU.
+        float16, float32, float64 or bfloat16. The backward takes the forward's. Every
+        block is normalized in C order, and ``y`` and ``dx`` come back C-contiguous
+        whatever ``x``'s layout.
     num_groups : int
         The number of groups the ``C`` channels are split into; it divides ``C``.
         ``num_groups == C`` is instance normalization, ``1`` a layer normalization over
@@ -423,9 +430,9 @@ def group_norm_forward(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        ``eps`` that is not a real number; ``num_groups`` that is not an int; host and
-        device arrays mixed in one call.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``eps`` that is not a real number;
+        ``num_groups`` that is not an int; host and device arrays mixed in one call.
     ValueError
         ``x`` of fewer than 2 dimensions; ``num_groups`` not positive or not dividing
         ``C``; ``weight`` or ``bias`` of the wrong shape; ``eps`` negative, NaN or
@@ -452,10 +459,9 @@ def group_norm_backward(
     x : dask.array.Array
         The input of shape ``(N, C, *spatial)``; each group of ``C // num_groups``
         channels is normalized together with the spatial dimensions, per sample:
-        float16, float32, float64 or bfloat16. The backward takes the forward's. A host
-        ``x`` of 4 or 5 dimensions in channels-last order (laid out as ``(N, *spatial,
-        C)``: torch's ``channels_last``) is read in that order, and ``y`` and ``dx``
-        come back in it, as ``torch.nn.functional.group_norm``'s do on the CPU.
+        float16, float32, float64 or bfloat16. The backward takes the forward's. Every
+        block is normalized in C order, and ``y`` and ``dx`` come back C-contiguous
+        whatever ``x``'s layout.
     mean : dask.array.Array
         The mean of each (sample, group), of shape ``(N, num_groups)``, in float32
         (float64 for float64 inputs): the forward returns it and the backward takes it.
@@ -481,8 +487,9 @@ def group_norm_backward(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        host and device arrays mixed in one call.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; host and device arrays mixed in one
+        call.
     ValueError
         ``dy`` not of ``x``'s shape; statistics that do not fit it; ``weight`` of the
         wrong shape.

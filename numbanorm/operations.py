@@ -261,11 +261,10 @@ FUNCTIONS = tuple(f for op in OPERATIONS for f in op.functions)
 # both directions.  ``{...}`` fields are the operation's (``_doc_fields``); ``array`` in a
 # type becomes the level's array type (``LEVELS``).
 ROLES = {
-    "x": ("array", "The input{x_layout}: float16, float32, float64 or bfloat16. The backward "
-                   "takes the forward's.{x_order}"),
+    "x": ("array", "The input{x_layout}: float16, float32, float64 or bfloat16.{x_backward}{x_order}"),
     "residual": ("array", "The residual branch, added to ``x`` before the norm (``s = x + residual``): "
                           "``x``'s shape and dtype."),
-    "normalized_shape": ("int or tuple of int", "The trailing dimensions of ``x`` normalized together, "
+    "normalized_shape": ("int or sequence of int", "The trailing dimensions of ``x`` normalized together, "
                                                 "as in PyTorch."),
     "num_groups": ("int", "The number of groups the ``C`` channels are split into; it divides ``C``. "
                           "``num_groups == C`` is instance normalization, ``1`` a layer normalization "
@@ -284,8 +283,8 @@ ROLES = {
                       "float64 inputs): the forward returns it and the backward takes it."),
     "rstd": ("array", "{rstd} of each {unit}, of shape {stat_shape}, in float32 (float64 for float64 "
                       "inputs): the forward returns it and the backward takes it."),
-    "dy": ("array", "The gradient of the loss with respect to ``y``: ``x``'s shape, any floating dtype "
-                    "(read as ``x``'s)."),
+    "dy": ("array", "The gradient of the loss with respect to ``y``: ``{xs}``'s shape, any floating dtype "
+                    "(read as ``{xs}``'s)."),
     "ds": ("array or None", "The gradient reaching ``s`` from later layers, added to ``dx``: ``s``'s "
                             "shape; None: zero."),
     "dx": ("array", "The gradient with respect to ``x``{dx_fused}: ``x``'s shape and dtype."),
@@ -305,8 +304,15 @@ LEVELS = {
     "dask": {"array": "dask.array.Array", "lazy": True, "fills_out": False,
              "roles": {"out": ("None", "Must be None: a lazy result has nowhere to be written (see "
                                        "``dask.array.store``).")},
+             "fields": {"x_order": " Every block is normalized in C order, and ``y`` and ``dx`` come back "
+                                   "C-contiguous whatever ``x``'s layout."},
              "raises": {"TypeError": (("plain",), "``out`` given")}},
     "torch": {"array": "Tensor", "names": {"x": "input"}, "fills_out": False,
+              "fields": {"x_backward": "",  # (autograd's: no backward function at this level)
+                         "x_order": " A CPU tensor in ``torch.channels_last`` (or ``channels_last_3d``) "
+                                    "is read in that order, and ``y`` and its gradient come back in it, as "
+                                    "``torch.nn.functional.group_norm``'s do on the CPU; on CUDA they come "
+                                    "back contiguous."},
               "note": "Differentiable through ``torch.autograd`` and traced by ``torch.compile`` (a "
                       "PyTorch custom operator) on CPU and CUDA tensors.",
               "raises": {"TypeError": (KINDS, "an array argument that is not a ``torch.Tensor``")}},
@@ -315,20 +321,23 @@ LEVELS = {
 _NORMS = {"layer_norm": "LayerNorm", "rms_norm": "RMSNorm", "group_norm": "GroupNorm"}
 
 
-def _doc_fields(op):
-    """The ``{...}`` fields of ``ROLES`` and of the summaries, for ``op``."""
+def _doc_fields(op, level="numbanorm"):
+    """The ``{...}`` fields of ``ROLES`` and of the summaries, for ``op`` at ``level``."""
     rows, centred = op.layout == "rows", "mean" in op.stats
     x = "s" if op.fused else "x"
     rstd = f"``1 / sqrt(var({x}) + eps)`` (the biased variance)" if centred else f"``1 / sqrt(mean({x}**2) + eps)``"
-    return {
+    fields = {
         "norm": _NORMS[op.torch],
+        "xs": x,
+        "x_backward": " The backward takes ``s`` in its place." if op.fused else " The backward takes the forward's.",
         "x_layout": ("; its trailing ``normalized_shape`` dimensions are normalized together" if rows else
                      " of shape ``(N, C, *spatial)``; each group of ``C // num_groups`` channels is "
                      "normalized together with the spatial dimensions, per sample"),
         "x_order": ("" if rows else
-                    " A host ``x`` of 4 or 5 dimensions in channels-last order (laid out as ``(N, *spatial, "
-                    "C)``: torch's ``channels_last``) is read in that order, and ``y`` and ``dx`` come back "
-                    "in it, as ``torch.nn.functional.group_norm``'s do on the CPU."),
+                    " On the CPU, an ``x`` of 4 or 5 dimensions in channels-last order (laid out as ``(N, "
+                    "*spatial, C)``: torch's ``channels_last``) is read in that order, and ``y`` and ``dx`` "
+                    "come back in it, as ``torch.nn.functional.group_norm``'s do on the CPU; on a GPU "
+                    "(``numbanorm.cuda``, or device arrays) they come back C-contiguous."),
         "unit": "row" if rows else "(sample, group)",
         "param_shape": "``normalized_shape``" if rows else "``(C,)``",
         "stat_shape": ("``x.shape[:-k] + (1,) * k`` with ``k = len(normalized_shape)`` (keep-dims)" if rows
@@ -346,20 +355,30 @@ def _doc_fields(op):
                     + (" over each row" if rows else " over each (sample, group), weight and bias per channel")
                     + f", where ``rstd`` is {rstd}."),
     }
+    fields.update(LEVELS[level].get("fields", {}))
+    if rows:  # (a row's layout is its own: nothing to say of the order)
+        fields["x_order"] = ""
+    return fields
 
 
 def _raises(op, kind, fills_out):
     """``{exception: [condition]}``: the API contract's errors that ``kind``'s arguments can meet."""
-    types = ["an array argument of another dtype than float16, float32, float64 and bfloat16"]
+    types = ["a required array argument that is None",
+             "an array argument of another dtype than float16, float32, float64 and bfloat16"]
+    shape = ["``normalized_shape`` that is not an int or a sequence of ints"] if op.layout == "rows" else []
+    matching = (f"``normalized_shape`` that is empty or does not match the trailing dimensions of "
+                f"``{'s' if op.fused and kind == 'backward' else 'x'}``")
     if kind == "backward":
         like = ("dy", "ds") if op.fused else ("dy",)
-        values = [f"{_listed(like)} not of ``{'s' if op.fused else 'x'}``'s shape",
-                  "statistics that do not fit it", "``weight`` of the wrong shape"]
+        types += shape
+        values = [matching] if op.layout == "rows" else []
+        values += [f"{_listed(like)} not of ``{'s' if op.fused else 'x'}``'s shape",
+                   "statistics that do not fit it", "``weight`` of the wrong shape"]
     else:
         types.append("``eps`` that is not a real number")
         if op.layout == "rows":
-            types.append("``normalized_shape`` that is not an int or a tuple of ints")
-            values = ["``normalized_shape`` that is empty or does not match the trailing dimensions of ``x``"]
+            types += shape
+            values = [matching]
         else:
             types.append("``num_groups`` that is not an int")
             values = ["``x`` of fewer than 2 dimensions", "``num_groups`` not positive or not dividing ``C``"]
@@ -381,8 +400,9 @@ def _listed(roles):
 
 def _wrapped(text, indent=""):
     """``text``'s words filled into lines of at most ``88 - len(indent)`` characters, the
-    indent included: ``textwrap.wrap``'s lines for this prose (a test compares them), without
-    its regular expressions, since every public function's docstring is made at import."""
+    indent included: ``textwrap.wrap``'s lines for this prose with ``break_on_hyphens=False``
+    (a test compares them), without its regular expressions, since every public function's
+    docstring is made at import."""
     width = 88 - len(indent)
     lines, line = [], ""
     for word in text.split():
@@ -394,7 +414,7 @@ def _wrapped(text, indent=""):
 
 
 def _docstring(op, kind, level):
-    how, f = LEVELS[level], _doc_fields(op)
+    how, f = LEVELS[level], _doc_fields(op, level)
     outputs = {"plain": op.plain_outputs, "forward": op.forward_outputs, "backward": op.backward_outputs}[kind]
     shown = outputs[0] if len(outputs) == 1 else f"({', '.join(outputs)})"
     what = f"fused add + {f['norm']}" if op.fused else f["norm"]

@@ -63,8 +63,8 @@ def layer_norm(
     ----------
     input : Tensor
         The input; its trailing ``normalized_shape`` dimensions are normalized together:
-        float16, float32, float64 or bfloat16. The backward takes the forward's.
-    normalized_shape : int or tuple of int
+        float16, float32, float64 or bfloat16.
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``input`` normalized together, as in PyTorch.
     weight : Tensor or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -82,10 +82,10 @@ def layer_norm(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
-        tuple of ints; host and device arrays mixed in one call; an array argument that
-        is not a ``torch.Tensor``.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``eps`` that is not a real number;
+        ``normalized_shape`` that is not an int or a sequence of ints; host and device
+        arrays mixed in one call; an array argument that is not a ``torch.Tensor``.
     ValueError
         ``normalized_shape`` that is empty or does not match the trailing dimensions of
         ``input``; ``weight`` or ``bias`` of the wrong shape; ``eps`` negative, NaN or
@@ -110,8 +110,8 @@ def rms_norm(
     ----------
     input : Tensor
         The input; its trailing ``normalized_shape`` dimensions are normalized together:
-        float16, float32, float64 or bfloat16. The backward takes the forward's.
-    normalized_shape : int or tuple of int
+        float16, float32, float64 or bfloat16.
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``input`` normalized together, as in PyTorch.
     weight : Tensor or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -128,10 +128,10 @@ def rms_norm(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
-        tuple of ints; host and device arrays mixed in one call; an array argument that
-        is not a ``torch.Tensor``.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``eps`` that is not a real number;
+        ``normalized_shape`` that is not an int or a sequence of ints; host and device
+        arrays mixed in one call; an array argument that is not a ``torch.Tensor``.
     ValueError
         ``normalized_shape`` that is empty or does not match the trailing dimensions of
         ``input``; ``weight`` of the wrong shape; ``eps`` negative, NaN or infinite in
@@ -158,10 +158,10 @@ def group_norm(
     input : Tensor
         The input of shape ``(N, C, *spatial)``; each group of ``C // num_groups``
         channels is normalized together with the spatial dimensions, per sample:
-        float16, float32, float64 or bfloat16. The backward takes the forward's. A host
-        ``input`` of 4 or 5 dimensions in channels-last order (laid out as ``(N,
-        *spatial, C)``: torch's ``channels_last``) is read in that order, and ``y`` and
-        ``dx`` come back in it, as ``torch.nn.functional.group_norm``'s do on the CPU.
+        float16, float32, float64 or bfloat16. A CPU tensor in ``torch.channels_last``
+        (or ``channels_last_3d``) is read in that order, and ``y`` and its gradient come
+        back in it, as ``torch.nn.functional.group_norm``'s do on the CPU; on CUDA they
+        come back contiguous.
     num_groups : int
         The number of groups the ``C`` channels are split into; it divides ``C``.
         ``num_groups == C`` is instance normalization, ``1`` a layer normalization over
@@ -182,10 +182,10 @@ def group_norm(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        ``eps`` that is not a real number; ``num_groups`` that is not an int; host and
-        device arrays mixed in one call; an array argument that is not a
-        ``torch.Tensor``.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``eps`` that is not a real number;
+        ``num_groups`` that is not an int; host and device arrays mixed in one call; an
+        array argument that is not a ``torch.Tensor``.
     ValueError
         ``input`` of fewer than 2 dimensions; ``num_groups`` not positive or not
         dividing ``C``; ``weight`` or ``bias`` of the wrong shape; ``eps`` negative, NaN
@@ -212,11 +212,11 @@ def add_layer_norm(
     ----------
     x : Tensor
         The input; its trailing ``normalized_shape`` dimensions are normalized together:
-        float16, float32, float64 or bfloat16. The backward takes the forward's.
+        float16, float32, float64 or bfloat16.
     residual : Tensor
         The residual branch, added to ``x`` before the norm (``s = x + residual``):
         ``x``'s shape and dtype.
-    normalized_shape : int or tuple of int
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``x`` normalized together, as in PyTorch.
     weight : Tensor or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -237,10 +237,10 @@ def add_layer_norm(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
-        tuple of ints; host and device arrays mixed in one call; an array argument that
-        is not a ``torch.Tensor``.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``eps`` that is not a real number;
+        ``normalized_shape`` that is not an int or a sequence of ints; host and device
+        arrays mixed in one call; an array argument that is not a ``torch.Tensor``.
     ValueError
         ``normalized_shape`` that is empty or does not match the trailing dimensions of
         ``x``; ``weight`` or ``bias`` of the wrong shape; ``residual`` not of ``x``'s
@@ -267,11 +267,11 @@ def add_rms_norm(
     ----------
     x : Tensor
         The input; its trailing ``normalized_shape`` dimensions are normalized together:
-        float16, float32, float64 or bfloat16. The backward takes the forward's.
+        float16, float32, float64 or bfloat16.
     residual : Tensor
         The residual branch, added to ``x`` before the norm (``s = x + residual``):
         ``x``'s shape and dtype.
-    normalized_shape : int or tuple of int
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``x`` normalized together, as in PyTorch.
     weight : Tensor or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -291,10 +291,10 @@ def add_rms_norm(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
-        tuple of ints; host and device arrays mixed in one call; an array argument that
-        is not a ``torch.Tensor``.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``eps`` that is not a real number;
+        ``normalized_shape`` that is not an int or a sequence of ints; host and device
+        arrays mixed in one call; an array argument that is not a ``torch.Tensor``.
     ValueError
         ``normalized_shape`` that is empty or does not match the trailing dimensions of
         ``x``; ``weight`` of the wrong shape; ``residual`` not of ``x``'s shape and

@@ -115,6 +115,72 @@ def test_every_public_function_documents_its_parameters_results_and_errors(level
         assert all(f"{p} : " in shown for p in inspect.signature(fn).parameters), (name, fn.__name__)
 
 
+def _x_entry(fn):
+    """The text of a docstring's entry of x (input at the torch level) on one line; None where
+    the function takes no x (a fused backward)."""
+    lines = fn.__doc__.split("----------\n", 1)[1].splitlines()
+    at = next((i for i, t in enumerate(lines) if t.split(" : ")[0] in ("x", "input")), None)
+    if at is None:
+        return None
+    end = next(i for i, t in enumerate(lines[at + 1:], at + 1) if not t.startswith(" "))
+    return " ".join(line.strip() for line in lines[at + 1:end])
+
+
+@pytest.mark.parametrize("level", _documented(), ids=lambda level: level[0])
+def test_group_norms_docstring_says_the_layout_its_results_come_back_in(level):
+    """A channels-last x: the results' layout is the one the level's docstring names (every
+    level said "come back in it", where a Dask array's blocks and a GPU's are C order)."""
+    import numpy as np
+
+    name, mod, functions = level
+    x = np.random.default_rng(0).standard_normal((2, 3, 3, 6)).astype(np.float32).transpose(0, 3, 1, 2)
+    if name == "numbanorm.torch":
+        import torch
+
+        y = mod.group_norm(torch.from_numpy(x), 3)
+        kept = y.is_contiguous(memory_format=torch.channels_last)
+    else:
+        y = operations.to_host(np.asarray(mod.group_norm(x, 3))) if name != "numbanorm.dask" else \
+            mod.group_norm(x, 3).compute()
+        kept = y.strides == x.strides
+    told = _x_entry(mod.group_norm)
+    # numbanorm.cuda shares the top level's text, which names it among the GPU's
+    says = "come back in it" in told and not (name == "numbanorm.cuda" and "(``numbanorm.cuda``" in told)
+    assert says == kept == (name in ("numbanorm", "numbanorm.cpu", "numbanorm.torch")), (name, told)
+    for op, kind, function in functions:  # what the level has: the backward only where it is public
+        told = _x_entry(getattr(mod, function))
+        if told is not None:
+            assert ("backward takes" in told) == (name != "numbanorm.torch"), (name, function)
+            assert ("takes ``s``" in told) == (op.fused and name != "numbanorm.torch"), (name, function)
+
+
+@pytest.mark.parametrize("level", _levels(), ids=lambda level: level[0])
+def test_a_backwards_raises_section_names_its_normalized_shape_refusals(level):
+    """A row backward refuses a normalized_shape of floats (TypeError) and one that does not
+    match (ValueError), as the forward does: its Raises section says so (it named neither)."""
+    import numpy as np
+
+    name, mod, ops = level
+    for op in ops:
+        if op.layout != "rows":
+            continue
+        fn = getattr(mod, op.function("backward"))
+        values = {"x": np.ones((2, 4), np.float32), "normalized_shape": 4}
+        if op.fused:
+            values["residual"] = values["x"]
+        fwd = dict(zip(op.forward_outputs, op.call(numbanorm.cpu, "forward", values)))
+        args = {"dy": values["x"], "ds": None, "s": fwd.get("s"), "x": values["x"], **fwd, "weight": None}
+        raises = fn.__doc__.split("Raises\n------\n")[1]
+        type_part, value_part = raises.split("ValueError")
+        for bad, exc, part in [(4.0, TypeError, type_part), (5, ValueError, value_part)]:
+            call = [args[r] if r != "normalized_shape" else bad for r in op.backward_roles]
+            with pytest.raises(exc, match="normalized_shape"):
+                res = fn(*call)
+                if name == "numbanorm.dask":
+                    res[0].compute()
+            assert "``normalized_shape``" in part, (name, op.function("backward"))
+
+
 def test_public_names():
     assert set(operations.FUNCTIONS) <= set(numbanorm.__all__)
     assert list(numbanorm.cpu.__all__) == list(operations.FUNCTIONS)

@@ -44,7 +44,7 @@ def layer_norm(
     x : array
         The input; its trailing ``normalized_shape`` dimensions are normalized together:
         float16, float32, float64 or bfloat16. The backward takes the forward's.
-    normalized_shape : int or tuple of int
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``x`` normalized together, as in PyTorch.
     weight : array or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -66,9 +66,10 @@ def layer_norm(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
-        tuple of ints; host and device arrays mixed in one call.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``eps`` that is not a real number;
+        ``normalized_shape`` that is not an int or a sequence of ints; host and device
+        arrays mixed in one call.
     ValueError
         ``normalized_shape`` that is empty or does not match the trailing dimensions of
         ``x``; ``weight`` or ``bias`` of the wrong shape; ``out`` not of ``x``'s shape
@@ -93,7 +94,7 @@ def layer_norm_forward(
     x : array
         The input; its trailing ``normalized_shape`` dimensions are normalized together:
         float16, float32, float64 or bfloat16. The backward takes the forward's.
-    normalized_shape : int or tuple of int
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``x`` normalized together, as in PyTorch.
     weight : array or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -120,9 +121,10 @@ def layer_norm_forward(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
-        tuple of ints; host and device arrays mixed in one call.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``eps`` that is not a real number;
+        ``normalized_shape`` that is not an int or a sequence of ints; host and device
+        arrays mixed in one call.
     ValueError
         ``normalized_shape`` that is empty or does not match the trailing dimensions of
         ``x``; ``weight`` or ``bias`` of the wrong shape; ``eps`` negative, NaN or
@@ -159,7 +161,7 @@ def layer_norm_backward(
         ``x.shape[:-k] + (1,) * k`` with ``k = len(normalized_shape)`` (keep-dims), in
         float32 (float64 for float64 inputs): the forward returns it and the backward
         takes it.
-    normalized_shape : int or tuple of int
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``x`` normalized together, as in PyTorch.
     weight : array or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -179,11 +181,13 @@ def layer_norm_backward(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        host and device arrays mixed in one call.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``normalized_shape`` that is not an int
+        or a sequence of ints; host and device arrays mixed in one call.
     ValueError
-        ``dy`` not of ``x``'s shape; statistics that do not fit it; ``weight`` of the
-        wrong shape.
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``dy`` not of ``x``'s shape; statistics that do not fit it; ``weight`` of
+        the wrong shape.
     """
 
 def rms_norm(
@@ -204,7 +208,7 @@ def rms_norm(
     x : array
         The input; its trailing ``normalized_shape`` dimensions are normalized together:
         float16, float32, float64 or bfloat16. The backward takes the forward's.
-    normalized_shape : int or tuple of int
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``x`` normalized together, as in PyTorch.
     weight : array or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -225,9 +229,10 @@ def rms_norm(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
-        tuple of ints; host and device arrays mixed in one call.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``eps`` that is not a real number;
+        ``normalized_shape`` that is not an int or a sequence of ints; host and device
+        arrays mixed in one call.
     ValueError
         ``normalized_shape`` that is empty or does not match the trailing dimensions of
         ``x``; ``weight`` of the wrong shape; ``out`` not of ``x``'s shape and dtype;
@@ -251,7 +256,7 @@ def rms_norm_forward(
     x : array
         The input; its trailing ``normalized_shape`` dimensions are normalized together:
         float16, float32, float64 or bfloat16. The backward takes the forward's.
-    normalized_shape : int or tuple of int
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``x`` normalized together, as in PyTorch.
     weight : array or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -272,9 +277,10 @@ def rms_norm_forward(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
-        tuple of ints; host and device arrays mixed in one call.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``eps`` that is not a real number;
+        ``normalized_shape`` that is not an int or a sequence of ints; host and device
+        arrays mixed in one call.
     ValueError
         ``normalized_shape`` that is empty or does not match the trailing dimensions of
         ``x``; ``weight`` of the wrong shape; ``eps`` negative, NaN or infinite in the
@@ -305,7 +311,7 @@ def rms_norm_backward(
         ``1 / sqrt(mean(x**2) + eps)`` of each row, of shape ``x.shape[:-k] + (1,) * k``
         with ``k = len(normalized_shape)`` (keep-dims), in float32 (float64 for float64
         inputs): the forward returns it and the backward takes it.
-    normalized_shape : int or tuple of int
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``x`` normalized together, as in PyTorch.
     weight : array or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -322,11 +328,13 @@ def rms_norm_backward(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        host and device arrays mixed in one call.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``normalized_shape`` that is not an int
+        or a sequence of ints; host and device arrays mixed in one call.
     ValueError
-        ``dy`` not of ``x``'s shape; statistics that do not fit it; ``weight`` of the
-        wrong shape.
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``x``; ``dy`` not of ``x``'s shape; statistics that do not fit it; ``weight`` of
+        the wrong shape.
     """
 
 def group_norm(
@@ -348,10 +356,11 @@ def group_norm(
     x : array
         The input of shape ``(N, C, *spatial)``; each group of ``C // num_groups``
         channels is normalized together with the spatial dimensions, per sample:
-        float16, float32, float64 or bfloat16. The backward takes the forward's. A host
-        ``x`` of 4 or 5 dimensions in channels-last order (laid out as ``(N, *spatial,
-        C)``: torch's ``channels_last``) is read in that order, and ``y`` and ``dx``
-        come back in it, as ``torch.nn.functional.group_norm``'s do on the CPU.
+        float16, float32, float64 or bfloat16. The backward takes the forward's. On the
+        CPU, an ``x`` of 4 or 5 dimensions in channels-last order (laid out as ``(N,
+        *spatial, C)``: torch's ``channels_last``) is read in that order, and ``y`` and
+        ``dx`` come back in it, as ``torch.nn.functional.group_norm``'s do on the CPU;
+        on a GPU (``numbanorm.cuda``, or device arrays) they come back C-contiguous.
     num_groups : int
         The number of groups the ``C`` channels are split into; it divides ``C``.
         ``num_groups == C`` is instance normalization, ``1`` a layer normalization over
@@ -376,9 +385,9 @@ def group_norm(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        ``eps`` that is not a real number; ``num_groups`` that is not an int; host and
-        device arrays mixed in one call.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``eps`` that is not a real number;
+        ``num_groups`` that is not an int; host and device arrays mixed in one call.
     ValueError
         ``x`` of fewer than 2 dimensions; ``num_groups`` not positive or not dividing
         ``C``; ``weight`` or ``bias`` of the wrong shape; ``out`` not of ``x``'s shape
@@ -403,10 +412,11 @@ def group_norm_forward(
     x : array
         The input of shape ``(N, C, *spatial)``; each group of ``C // num_groups``
         channels is normalized together with the spatial dimensions, per sample:
-        float16, float32, float64 or bfloat16. The backward takes the forward's. A host
-        ``x`` of 4 or 5 dimensions in channels-last order (laid out as ``(N, *spatial,
-        C)``: torch's ``channels_last``) is read in that order, and ``y`` and ``dx``
-        come back in it, as ``torch.nn.functional.group_norm``'s do on the CPU.
+        float16, float32, float64 or bfloat16. The backward takes the forward's. On the
+        CPU, an ``x`` of 4 or 5 dimensions in channels-last order (laid out as ``(N,
+        *spatial, C)``: torch's ``channels_last``) is read in that order, and ``y`` and
+        ``dx`` come back in it, as ``torch.nn.functional.group_norm``'s do on the CPU;
+        on a GPU (``numbanorm.cuda``, or device arrays) they come back C-contiguous.
     num_groups : int
         The number of groups the ``C`` channels are split into; it divides ``C``.
         ``num_groups == C`` is instance normalization, ``1`` a layer normalization over
@@ -434,9 +444,9 @@ def group_norm_forward(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        ``eps`` that is not a real number; ``num_groups`` that is not an int; host and
-        device arrays mixed in one call.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``eps`` that is not a real number;
+        ``num_groups`` that is not an int; host and device arrays mixed in one call.
     ValueError
         ``x`` of fewer than 2 dimensions; ``num_groups`` not positive or not dividing
         ``C``; ``weight`` or ``bias`` of the wrong shape; ``eps`` negative, NaN or
@@ -463,10 +473,11 @@ def group_norm_backward(
     x : array
         The input of shape ``(N, C, *spatial)``; each group of ``C // num_groups``
         channels is normalized together with the spatial dimensions, per sample:
-        float16, float32, float64 or bfloat16. The backward takes the forward's. A host
-        ``x`` of 4 or 5 dimensions in channels-last order (laid out as ``(N, *spatial,
-        C)``: torch's ``channels_last``) is read in that order, and ``y`` and ``dx``
-        come back in it, as ``torch.nn.functional.group_norm``'s do on the CPU.
+        float16, float32, float64 or bfloat16. The backward takes the forward's. On the
+        CPU, an ``x`` of 4 or 5 dimensions in channels-last order (laid out as ``(N,
+        *spatial, C)``: torch's ``channels_last``) is read in that order, and ``y`` and
+        ``dx`` come back in it, as ``torch.nn.functional.group_norm``'s do on the CPU;
+        on a GPU (``numbanorm.cuda``, or device arrays) they come back C-contiguous.
     mean : array
         The mean of each (sample, group), of shape ``(N, num_groups)``, in float32
         (float64 for float64 inputs): the forward returns it and the backward takes it.
@@ -492,8 +503,9 @@ def group_norm_backward(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        host and device arrays mixed in one call.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; host and device arrays mixed in one
+        call.
     ValueError
         ``dy`` not of ``x``'s shape; statistics that do not fit it; ``weight`` of the
         wrong shape.
@@ -516,11 +528,11 @@ def add_layer_norm(
     ----------
     x : array
         The input; its trailing ``normalized_shape`` dimensions are normalized together:
-        float16, float32, float64 or bfloat16. The backward takes the forward's.
+        float16, float32, float64 or bfloat16. The backward takes ``s`` in its place.
     residual : array
         The residual branch, added to ``x`` before the norm (``s = x + residual``):
         ``x``'s shape and dtype.
-    normalized_shape : int or tuple of int
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``x`` normalized together, as in PyTorch.
     weight : array or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -541,9 +553,10 @@ def add_layer_norm(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
-        tuple of ints; host and device arrays mixed in one call.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``eps`` that is not a real number;
+        ``normalized_shape`` that is not an int or a sequence of ints; host and device
+        arrays mixed in one call.
     ValueError
         ``normalized_shape`` that is empty or does not match the trailing dimensions of
         ``x``; ``weight`` or ``bias`` of the wrong shape; ``residual`` not of ``x``'s
@@ -568,11 +581,11 @@ def add_layer_norm_forward(
     ----------
     x : array
         The input; its trailing ``normalized_shape`` dimensions are normalized together:
-        float16, float32, float64 or bfloat16. The backward takes the forward's.
+        float16, float32, float64 or bfloat16. The backward takes ``s`` in its place.
     residual : array
         The residual branch, added to ``x`` before the norm (``s = x + residual``):
         ``x``'s shape and dtype.
-    normalized_shape : int or tuple of int
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``x`` normalized together, as in PyTorch.
     weight : array or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -602,9 +615,10 @@ def add_layer_norm_forward(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
-        tuple of ints; host and device arrays mixed in one call.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``eps`` that is not a real number;
+        ``normalized_shape`` that is not an int or a sequence of ints; host and device
+        arrays mixed in one call.
     ValueError
         ``normalized_shape`` that is empty or does not match the trailing dimensions of
         ``x``; ``weight`` or ``bias`` of the wrong shape; ``residual`` not of ``x``'s
@@ -629,8 +643,8 @@ def add_layer_norm_backward(
     Parameters
     ----------
     dy : array
-        The gradient of the loss with respect to ``y``: ``x``'s shape, any floating
-        dtype (read as ``x``'s).
+        The gradient of the loss with respect to ``y``: ``s``'s shape, any floating
+        dtype (read as ``s``'s).
     ds : array or None
         The gradient reaching ``s`` from later layers, added to ``dx``: ``s``'s shape;
         None: zero.
@@ -646,7 +660,7 @@ def add_layer_norm_backward(
         ``x.shape[:-k] + (1,) * k`` with ``k = len(normalized_shape)`` (keep-dims), in
         float32 (float64 for float64 inputs): the forward returns it and the backward
         takes it.
-    normalized_shape : int or tuple of int
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``x`` normalized together, as in PyTorch.
     weight : array or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -667,11 +681,13 @@ def add_layer_norm_backward(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        host and device arrays mixed in one call.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``normalized_shape`` that is not an int
+        or a sequence of ints; host and device arrays mixed in one call.
     ValueError
-        ``dy`` or ``ds`` not of ``s``'s shape; statistics that do not fit it; ``weight``
-        of the wrong shape.
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``s``; ``dy`` or ``ds`` not of ``s``'s shape; statistics that do not fit it;
+        ``weight`` of the wrong shape.
     """
 
 def add_rms_norm(
@@ -690,11 +706,11 @@ def add_rms_norm(
     ----------
     x : array
         The input; its trailing ``normalized_shape`` dimensions are normalized together:
-        float16, float32, float64 or bfloat16. The backward takes the forward's.
+        float16, float32, float64 or bfloat16. The backward takes ``s`` in its place.
     residual : array
         The residual branch, added to ``x`` before the norm (``s = x + residual``):
         ``x``'s shape and dtype.
-    normalized_shape : int or tuple of int
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``x`` normalized together, as in PyTorch.
     weight : array or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -714,9 +730,10 @@ def add_rms_norm(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
-        tuple of ints; host and device arrays mixed in one call.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``eps`` that is not a real number;
+        ``normalized_shape`` that is not an int or a sequence of ints; host and device
+        arrays mixed in one call.
     ValueError
         ``normalized_shape`` that is empty or does not match the trailing dimensions of
         ``x``; ``weight`` of the wrong shape; ``residual`` not of ``x``'s shape and
@@ -740,11 +757,11 @@ def add_rms_norm_forward(
     ----------
     x : array
         The input; its trailing ``normalized_shape`` dimensions are normalized together:
-        float16, float32, float64 or bfloat16. The backward takes the forward's.
+        float16, float32, float64 or bfloat16. The backward takes ``s`` in its place.
     residual : array
         The residual branch, added to ``x`` before the norm (``s = x + residual``):
         ``x``'s shape and dtype.
-    normalized_shape : int or tuple of int
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``x`` normalized together, as in PyTorch.
     weight : array or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -768,9 +785,10 @@ def add_rms_norm_forward(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        ``eps`` that is not a real number; ``normalized_shape`` that is not an int or a
-        tuple of ints; host and device arrays mixed in one call.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``eps`` that is not a real number;
+        ``normalized_shape`` that is not an int or a sequence of ints; host and device
+        arrays mixed in one call.
     ValueError
         ``normalized_shape`` that is empty or does not match the trailing dimensions of
         ``x``; ``weight`` of the wrong shape; ``residual`` not of ``x``'s shape and
@@ -794,8 +812,8 @@ def add_rms_norm_backward(
     Parameters
     ----------
     dy : array
-        The gradient of the loss with respect to ``y``: ``x``'s shape, any floating
-        dtype (read as ``x``'s).
+        The gradient of the loss with respect to ``y``: ``s``'s shape, any floating
+        dtype (read as ``s``'s).
     ds : array or None
         The gradient reaching ``s`` from later layers, added to ``dx``: ``s``'s shape;
         None: zero.
@@ -806,7 +824,7 @@ def add_rms_norm_backward(
         ``1 / sqrt(mean(s**2) + eps)`` of each row, of shape ``x.shape[:-k] + (1,) * k``
         with ``k = len(normalized_shape)`` (keep-dims), in float32 (float64 for float64
         inputs): the forward returns it and the backward takes it.
-    normalized_shape : int or tuple of int
+    normalized_shape : int or sequence of int
         The trailing dimensions of ``x`` normalized together, as in PyTorch.
     weight : array or None
         The scale, of shape ``normalized_shape`` and any floating dtype; None: ones.
@@ -824,9 +842,11 @@ def add_rms_norm_backward(
     Raises
     ------
     TypeError
-        An array argument of another dtype than float16, float32, float64 and bfloat16;
-        host and device arrays mixed in one call.
+        A required array argument that is None; an array argument of another dtype than
+        float16, float32, float64 and bfloat16; ``normalized_shape`` that is not an int
+        or a sequence of ints; host and device arrays mixed in one call.
     ValueError
-        ``dy`` or ``ds`` not of ``s``'s shape; statistics that do not fit it; ``weight``
-        of the wrong shape.
+        ``normalized_shape`` that is empty or does not match the trailing dimensions of
+        ``s``; ``dy`` or ``ds`` not of ``s``'s shape; statistics that do not fit it;
+        ``weight`` of the wrong shape.
     """
