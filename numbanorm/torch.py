@@ -116,10 +116,12 @@ def _tensors(results):
     return tuple(map(_tensor, results))
 
 
-def _check_tensors(fn, **args):
-    """``TypeError`` for an argument that is neither a tensor nor None, or is a nested tensor
-    (before any operator runs)."""
+def _check_tensors(fn, optional, **args):
+    """``TypeError`` for an argument that is neither a tensor nor None (None only where its
+    name is ``optional``), or is a nested tensor (before any operator runs)."""
     for name, a in args.items():
+        if a is None and name not in optional:
+            raise TypeError(f"`{name}` must be a tensor, got None")
         if a is not None and not isinstance(a, torch.Tensor):
             kind = type(a).__name__ if type(a).__module__ == "builtins" else f"{type(a).__module__}.{type(a).__name__}"
             raise TypeError(f"`{name}` is a {kind}: numbanorm.torch.{fn} "
@@ -943,7 +945,7 @@ def _general(op, args):
     if (not torch.compiler.is_compiling() and _device_context_only()
             and all(given[r] is None or type(given[r]) in _PLAIN for r in op.forward_arrays)):
         return _unmoded(_FUNCTIONS[op.name], args)  # the whole call, its checks too, without the mode's handler
-    _check_tensors(op.name, **{_input_name(op, r): given[r] for r in op.forward_arrays})
+    _check_tensors(op.name, op.params, **{_input_name(op, r): given[r] for r in op.forward_arrays})
     if op.layout == "rows":
         given["normalized_shape"] = _shape(given["normalized_shape"])
     else:
@@ -965,6 +967,17 @@ def _general(op, args):
     else:  # no graph to record: the plain function, without the statistics
         return _IMPLEMENTATIONS[op.name, "plain"](*args)
     return results[0] if n == 1 else tuple(results[:n])
+
+
+_X = re.compile(r"(?<![\w.])x(?![\w(])")
+
+
+def _named_input(e):
+    """``e``'s message with x, the checks' name for the input, as torch.nn.functional's
+    parameter is named: ``input``.  (Not while Dynamo traces: it sets no exception's args.)"""
+    if (type(e) in (TypeError, ValueError) and len(e.args) == 1 and isinstance(e.args[0], str)
+            and not torch.compiler.is_compiling()):
+        e.args = (_X.sub("input", e.args[0]),)
 
 
 def _functional_of(op):
@@ -1004,12 +1017,16 @@ def _functional_of(op):
     saveable = [] if op.fused else ["    if input.is_inference():", "        input = input.clone()"]
     body = [f"if ({watched}", f"        or {plain}", f"        or {eps}):", f"    {general}", *sizes,
             f"if ({grads}) and GRAD_ENABLED():", *saveable, f"    return RECORD({names})", f"return PLAIN_CALL({names})"]
+    if not op.fused:  # the checks' messages name x, which this function calls input
+        body = ["try:", *(f"    {line}" for line in body), "except (TypeError, ValueError) as e:",
+                "    NAMED_INPUT(e)", "    raise"]
     function_modes, dispatch_modes, profiling, _, transforms, tracing = _CHECKS or (None,) * 6
     env = {"IS_COMPILING": torch.compiler.is_compiling, "FUNCTION_MODES": function_modes,
            "DISPATCH_MODES": dispatch_modes, "PROFILING": profiling, "TRANSFORMS": transforms, "TRACING": tracing,
            "FORWARD_AD": _FORWARD_AD,
            "PLAIN": _PLAIN, "GENERAL": _general, "OP": op, "INTS": _ints, "GRAD_ENABLED": torch.is_grad_enabled,
-           "RECORD": _RECORDING[op.name], "PLAIN_CALL": _IMPLEMENTATIONS[op.name, "plain"]}
+           "RECORD": _RECORDING[op.name], "PLAIN_CALL": _IMPLEMENTATIONS[op.name, "plain"],
+           "NAMED_INPUT": _named_input}
     fn = generate(op.name, inspect.Signature(params), body, env, op.doc("plain", "torch"), __name__)
     fn.__module__ = __name__
     return fn

@@ -590,6 +590,37 @@ def test_errors_cross_unchanged():
         nt.group_norm(torch.randn(2, 6, 3), 4)
 
 
+@pytest.mark.parametrize("grad", [False, True], ids=["no grad", "grad"])
+def test_errors_name_the_input_as_the_signature_does(grad):
+    """torch.nn.functional's names: the input is ``input`` in these functions' signatures and
+    in their errors (which said `x`, a keyword they refuse), on every path; the fused ones keep
+    numbanorm's ``x``."""
+    x = torch.randn(2, 3, 4, requires_grad=grad)
+    cases = [(lambda: nt.layer_norm(x.detach().int(), 4), TypeError, "`input` has dtype int32"),
+             (lambda: nt.layer_norm(x, 5), ValueError, "dimensions of input of shape"),
+             (lambda: nt.LayerNorm(5)(x), ValueError, "dimensions of input of shape"),
+             (lambda: nt.rms_norm(x, ()), ValueError, "for input of shape"),
+             (lambda: nt.group_norm(x, 2), ValueError, "channels of input of shape"),
+             (lambda: nt.group_norm(x[0, 0], 1), ValueError, "expects input of shape"),
+             (lambda: nt.add_rms_norm(x, x[:1], 4), ValueError, "expected x's shape")]
+    for call, exc, says in cases:
+        with pytest.raises(exc) as info:
+            call()
+        assert says in str(info.value)
+
+
+def test_a_missing_input_is_numbanorms_type_error():
+    """None for the input (or the residual) was an AttributeError from deep inside the call
+    ('NoneType' object has no attribute 'is_inference')."""
+    x = torch.randn(3, 8)
+    for call, name in [(lambda: nt.layer_norm(None, 8), "input"), (lambda: nt.rms_norm(None, 8), "input"),
+                       (lambda: nt.group_norm(None, 2), "input"), (lambda: nt.LayerNorm(8)(None), "input"),
+                       (lambda: nt.add_rms_norm(None, x, 8), "x"),
+                       (lambda: nt.add_layer_norm(x, None, 8), "residual")]:
+        with pytest.raises(TypeError, match=f"`{name}` must be a tensor, got None"):
+            call()
+
+
 SECOND = {  # each operation as a function of its differentiable arguments, float64
     "layer_norm": (lambda x, r, w, b: nt.layer_norm(x, (8,), w, b), True),
     "rms_norm": (lambda x, r, w, b: nt.rms_norm(x, (8,), w), False),
