@@ -1167,7 +1167,8 @@ def _probe(module, eps_attr):
     Runs the module's own forward (hooks bypassed, on a shallow copy holding a
     probe weight, on the weight's device: the CPU for a module on the meta device,
     whose tensors have no values) on rows with a non-zero mean (a LayerNorm fails), rows small
-    enough for eps to matter and a large one, in each of ``_PROBE_DTYPES``, and
+    enough for eps to matter and large ones, three to a sample (a norm over another axis
+    than the last, whose every 2-D probe would pass, fails), in each of ``_PROBE_DTYPES``, and
     keeps the forms that agree within 8 ulps of the output dtype (float32's for
     float64 outputs: the classes compute in float32) with the same output dtype,
     in 16 bits bit for bit in all but 1 % of the elements; of those, the closest
@@ -1177,7 +1178,7 @@ def _probe(module, eps_attr):
     device = "cpu" if weight is None or weight.is_meta else weight.device
     n = 48 if weight is None else weight.shape[0]
     g = torch.Generator().manual_seed(0)  # (the CPU's, as the probe's values: not a `with torch.device`'s)
-    x = torch.randn(4, n, generator=g, dtype=torch.float64, device="cpu") + 0.5
+    x = torch.randn(4, 3, n, generator=g, dtype=torch.float64, device="cpu") + 0.5
     x[1] *= 1e-3
     x[2] *= 50
     w = torch.rand(n, generator=g, dtype=torch.float64, device="cpu") * 1.5 + 0.25  # away from 0 and 1
@@ -1289,12 +1290,15 @@ def _eps_attr(m):
 
 
 def _plan(m):
-    """``(new class, how)`` for a childless module or a parametrized torch norm, ``(None, why
-    not)`` for a norm left alone, or None."""
+    """``(new class, how)`` for a childless module, a parametrized torch norm or a norm holding
+    modules (``_norm_holding_modules``), ``(None, why not)`` for a norm left alone, or None."""
     cls = type(m)
     if _parametrized(m):  # torch's parametrize made cls, a subclass of the module's own class
         inner, how = _plan_class(m, cls.__bases__[0])
         return (None, how) if inner is None else (_parametrized_class(inner, cls), f"{how}, parametrized")
+    if torch.nn.utils.parametrize.is_parametrized(m):  # (named a norm: _norm_holding_modules)
+        return None, ("parametrized (torch.nn.utils.parametrize): numbanorm keeps the parametrizations "
+                      "of torch.nn's norms only")
     return _plan_class(m, cls)
 
 
@@ -1317,6 +1321,14 @@ def _parametrized(m):
     """Whether ``m`` is a torch norm with parametrized tensors (``torch.nn.utils.parametrize``),
     whose parametrizations are its children."""
     return isinstance(m, tuple(_SWAPS)) and torch.nn.utils.parametrize.is_parametrized(m)
+
+
+def _norm_holding_modules(m):
+    """Whether ``m``, which has submodules, is planned as a norm (and reported where left alone)
+    rather than only walked into: a subclass of a torch norm (BiT's GroupNorm holding its
+    activation), or a parametrized module named a norm (its parametrizations its children)."""
+    return isinstance(m, tuple(_SWAPS)) or (torch.nn.utils.parametrize.is_parametrized(m)
+                                            and bool(_NORM_NAME.search(type(m).__name__)))
 
 
 def _parametrized_class(inner, cls):
@@ -1375,7 +1387,8 @@ def _plan_class(m, cls):
 
 
 def replace_norms(module, strict=False, *, report=False):
-    """Swap the norms in ``module`` for numbanorm's, in place; returns ``module``.
+    """Swap the norms in ``module`` for numbanorm's, in place; returns ``module`` (its
+    replacement where ``module`` itself is a norm).
 
     Replaced: ``torch.nn`` LayerNorm/RMSNorm/GroupNorm (and subclasses that keep
     torch's forward; parametrized ones, ``torch.nn.utils.parametrize``, keep their
@@ -1404,19 +1417,23 @@ def replace_norms(module, strict=False, *, report=False):
     frame = sys.modules.get("torch._dynamo.eval_frame")  # (not imported: nothing was compiled)
     compiled_module = getattr(frame, "OptimizedModule", ())
 
+    def children(m, path):
+        for name, child in m._modules.items():  # (named_children() names a module once: its first name)
+            if child is None:
+                continue
+            new_child = visit(child, f"{path}.{name}" if path else name,
+                              name == "_orig_mod" and isinstance(m, compiled_module))
+            if new_child is not None:
+                edits.append((m, name, new_child))
+
     def visit(m, path, compiled=False):
         if id(m) in memo:
             return memo[id(m)]
         new = None
         if not isinstance(m, (*_OURS, _PARAMETRIZATIONS)):  # (weight_norm's _WeightNorm: no norm of the model)
-            if any(True for _ in m.children()) and not _parametrized(m):
-                for name, child in m._modules.items():  # (named_children() names a module once: its first name)
-                    if child is None:
-                        continue
-                    new_child = visit(child, f"{path}.{name}" if path else name,
-                                      name == "_orig_mod" and isinstance(m, compiled_module))
-                    if new_child is not None:
-                        edits.append((m, name, new_child))
+            holds = any(True for _ in m.children())
+            if holds and not _parametrized(m) and not _norm_holding_modules(m):
+                children(m, path)
             else:
                 plan = _plan(m)
                 if plan is not None and plan[0] is not None:
@@ -1428,6 +1445,8 @@ def replace_norms(module, strict=False, *, report=False):
                     replaced.append((path, type(m).__name__, plan[1]))
                 elif plan is not None:
                     left_alone.append((path, type(m).__name__, plan[1]))
+                if new is None and holds and not _parametrized(m):
+                    children(m, path)  # (a norm left alone holding a norm)
         memo[id(m)] = new
         return new
 

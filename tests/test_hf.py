@@ -389,6 +389,60 @@ def test_what_a_replacement_could_not_compute_is_left_alone_and_parametrizations
     model(torch.randn(3, 8)).sum().backward()
 
 
+class _ChannelsFirstRMSNorm(torch.nn.Module):
+    """An RMSNorm over the channels of (N, C, *spatial), as a ConvNeXt-like model writes it: on
+    every 2-D probe it is the Gemma/OLMo-2 form."""
+
+    def __init__(self, n, eps=1e-6):
+        super().__init__()
+        self.weight, self.eps = torch.nn.Parameter(torch.rand(n) + 0.5), eps
+
+    def forward(self, x):
+        x32 = x.float()
+        y = x32 * torch.rsqrt(x32.pow(2).mean(1, keepdim=True) + self.eps)
+        return (y * self.weight.float().view(1, -1, *[1] * (x.dim() - 2))).to(x.dtype)
+
+
+def test_norms_holding_modules_are_reported_and_a_norm_over_another_axis_is_not_taken():
+    """BiT's GroupNorm subclass holds its activation, and a parametrized LlamaRMSNorm its
+    parametrizations: as modules with children both were walked into, neither replaced nor
+    reported, and strict=True passed with them in place.  A norm over the channels passed
+    the probe's 2-D rows as the last axis's, and was replaced: its outputs moved by 1.6 (or
+    it raised at its first call).  A norm left alone still has its own norms replaced."""
+    from torch.nn.utils import parametrize
+    from transformers.models.bit.modeling_bit import BitGroupNormActivation
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    class Positive(torch.nn.Module):
+        def forward(self, w):
+            return torch.nn.functional.softplus(w)
+
+    class Holding(torch.nn.LayerNorm):  # a norm of its own forward, holding one of torch's
+        def __init__(self, n):
+            super().__init__(n)
+            self.inner = torch.nn.LayerNorm(n)
+
+        def forward(self, x):
+            return self.inner(super().forward(x))
+
+    bit = BitGroupNormActivation(T.BitConfig(num_groups=4), 8)
+    llama = LlamaRMSNorm(8)
+    parametrize.register_parametrization(llama, "weight", Positive())
+    model = torch.nn.Sequential(bit, llama, _ChannelsFirstRMSNorm(8), Holding(8), torch.nn.LayerNorm(8))
+    with pytest.raises(ValueError, match="BitGroupNormActivation"):
+        nt.replace_norms(model, strict=True)
+    x = torch.randn(2, 8, 4, 8)
+    ref = copy.deepcopy(model)
+    _, report = nt.replace_norms(model, report=True)
+    why = {p: w for p, _, w in report.left_alone}
+    assert set(why) == {"0", "1", "2", "3"}, str(report)
+    assert "forward of its own" in why["0"] and "parametrized" in why["1"] and "forward of its own" in why["3"]
+    assert sorted(p for p, _, _ in report.replaced) == ["3.inner", "4"], str(report)
+    assert isinstance(model[3].inner, nt.LayerNorm) and type(model[2]) is _ChannelsFirstRMSNorm
+    for k in range(len(model) - 1):
+        torch.testing.assert_close(model[k](x), ref[k](x))
+
+
 # ------------------------------------------------------------ torch.compile
 
 @pytest.mark.slow
