@@ -219,8 +219,9 @@ class Run:
         sections after it, which time what phase 1 warmed (an H200 run's warm-ups, each
         compiling torch.compile's graphs, once ran a minute past their budget into the speed
         section's); in a run of correctness cases, the end at least KILL_MARGIN_S before the
-        kill, so that a case started just before the end has time to finish (a warm-up cut
-        short loses no result: its case is reported as not warmed)."""
+        kill, so that a case started just before the end has time to finish (a speed warm-up
+        cut short loses its compiled peers only: ``Pool.phase2`` times its cases on another
+        worker, which warms them eagerly)."""
         after = sum(self.budget[s] for s in self.sections if s != "correctness")
         hard = self.deadline - after
         end = min(self.section_deadline("correctness"), hard - KILL_MARGIN_S * self.wants("correctness"))
@@ -1309,7 +1310,9 @@ class SpeedCase:
         if name == "layer_norm":
             return lambda x, w, b=None, r=None: L.LigerLayerNormFunction.apply(x, w, b, eps)
         if name == "rms_norm":
-            return lambda x, w, b=None, r=None: L.LigerRMSNormFunction.apply(x, w, rms_eps)
+            # in_place=False: Liger's default writes dx over dy, which every implementation here is
+            # timed on (each Liger backward scaled it, to inf in float16 within a case's calls)
+            return lambda x, w, b=None, r=None: L.LigerRMSNormFunction.apply(x, w, rms_eps, 0.0, "llama", False)
         if name == "add_rms_norm":
             return lambda x, w, b=None, r=None: L.LigerFusedAddRMSNormFunction.apply(x, r, w, rms_eps)
         if name == "group_norm":
@@ -1790,7 +1793,7 @@ def model_rows(speed):
         row = {"norm": r["norm"], "pass": r["pass"], "dtype": r["dtype"], "shape": r["shape"],
                "measured_fraction_of_copy": round(r["gbps"] / c["gbps"], 3) if c else None,
                "model_fraction": None, "model_issue_memory_ratio": None, "calibrated_fraction": None,
-               "model_of_current_kernels": current}
+               "single_launch": None, "model_of_current_kernels": current}
         kernel = f"{r['norm']}_{r['pass']}"
         if BY_NAME[r["norm"]].layout == "rows":
             m = recs.get((kernel, r["dtype"], r["shape"][1]))
@@ -1802,6 +1805,7 @@ def model_rows(speed):
             busy = sum(max(x["memory_clocks_per_row"], x["issue_clocks_per_row"]) for x in launches)  # (count in)
             row["model_fraction"] = round(m["memory_clocks_per_row"] / busy, 3)
             row["model_issue_memory_ratio"] = m["issue_memory_ratio"]
+            row["single_launch"] = len(launches) == 1  # (the calibration fits these only)
             if cal and len(launches) == 1:  # (fitted on the committed device run: out of sample for any other)
                 row["calibrated_fraction"] = round(gpu_model.calibrated_fraction(m["issue_memory_ratio"],
                                                                                  cal["a"]), 3)
@@ -2019,9 +2023,17 @@ class Jobs:
         keep = state.setdefault("speed", {})
         res = []
         for case in job["cases"]:
+            if time.time() > job.get("deadline", math.inf):  # (speed_time warms it, eagerly)
+                res.append({})
+                continue
             sc = SpeedCase(case, peers=EAGER_PEERS)
-            with _gpu_memory(state.get("heavy"), _x_bytes(case)):
-                sc.warm()
+            try:
+                with _gpu_memory(state.get("heavy"), _x_bytes(case)):
+                    sc.warm()
+            except Exception as e:  # its own loss: the job's other case kept; speed_time tries again
+                res.append({"warm-up": f"{type(e).__name__}: {e}"[:300]})
+                _release()
+                continue
             keep[json.dumps(case, sort_keys=True)] = sc
             res.append(sc.skipped)
         return res
@@ -2034,6 +2046,8 @@ class Jobs:
         warmed last, never ran)."""
         keep = state.get("speed", {})
         for case in job["cases"]:
+            if time.time() > job.get("deadline", math.inf):  # no compile begun past phase 1's end
+                break
             sc = keep.get(json.dumps(case, sort_keys=True))
             if sc is None:  # its cheap part failed: nothing to time
                 continue
@@ -2056,10 +2070,15 @@ class Jobs:
                 skipped[_speed_label(case)] = "the speed budget ran out"
                 continue
             sc = state.get("speed", {}).get(json.dumps(case, sort_keys=True))
-            if sc is None:  # (no compiled peer: their compiles would take the timed phase's time)
-                sc = SpeedCase(case, peers=EAGER_PEERS)
-                sc.warm()
-            r, s = sc.time()
+            try:
+                if sc is None:  # (no compiled peer: their compiles would take the timed phase's time)
+                    sc = SpeedCase(case, peers=EAGER_PEERS)
+                    sc.warm()
+                r, s = sc.time()
+            except Exception as e:  # (an out-of-memory on an H200, twice): the job's other case kept
+                skipped[_speed_label(case)] = f"{type(e).__name__}: {e}"[:300]
+                _release()
+                continue
             rows += r
             for k, why in s.items():
                 skipped[_speed_label(case, k)] = why
@@ -2155,13 +2174,13 @@ def _worker(wid, tasks, results, cache_dir, heavy):
         if msg is None:
             return
         phase, job = msg
-        state["part"] = lambda item, jid=job["id"]: results.put((wid, jid, PART, item, None, 0.0))
+        state["part"] = lambda item, jid=job["id"]: results.send((wid, jid, PART, item, None, 0.0))
         t0 = time.time()
         try:
             res, err = PHASES[job["kind"]][phase](job, state), None
         except Exception as e:  # reported with the job; a sticky CUDA error ends the worker
             res, err = None, f"{type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}"
-        results.put((wid, job["id"], phase, res, err, round(time.time() - t0, 2)))
+        results.send((wid, job["id"], phase, res, err, round(time.time() - t0, 2)))
         if "sticky" in state or (err and any(s in err for s in STICKY)):
             return
         _release()
@@ -2202,7 +2221,10 @@ class Pool:
             import multiprocessing as mp
 
             self.ctx = mp.get_context("spawn")
-            self.results = self.ctx.Queue()
+            # a pipe of its own from each worker, not one queue: a worker killed while sending
+            # (its queue's feeder holding the lock every writer shares) left the lock held, and
+            # every other worker's results waited for it for good
+            self.results = {}  # worker id -> the receiving end of its pipe
             heavy = heavy or heavy_units(None)  # (the GiB of GPU memory the timed cases' warm-ups share)
             self.heavy = (self.ctx.BoundedSemaphore(heavy), self.ctx.Lock(), heavy)
             self._next = 0
@@ -2215,18 +2237,32 @@ class Pool:
         wid = self._next
         self._next += 1
         q = self.ctx.Queue()
-        p = self.ctx.Process(target=_worker, args=(wid, q, self.results, self.cache_dir, self.heavy), daemon=True)
+        receive, send = self.ctx.Pipe(duplex=False)
+        p = self.ctx.Process(target=_worker, args=(wid, q, send, self.cache_dir, self.heavy), daemon=True)
         p.start()
+        send.close()  # (the worker's end: its reader sees EOF when the worker is gone)
+        self.results[wid] = receive
         self.workers[wid] = (p, q)
         return wid
 
     def _get(self, timeout):
-        import queue
+        """The next message of any worker, or None after ``timeout`` seconds."""
+        from multiprocessing.connection import wait
 
-        try:
-            return self.results.get(timeout=timeout)
-        except queue.Empty:
-            return None
+        end = time.monotonic() + timeout
+        while self.results:
+            ready = wait(list(self.results.values()), max(0.0, end - time.monotonic()))
+            if not ready:
+                return None
+            for wid, conn in list(self.results.items()):
+                if conn in ready:
+                    try:
+                        return conn.recv()
+                    except (EOFError, OSError):  # its worker is gone (its last message, if cut, too)
+                        conn.close()
+                        del self.results[wid]
+        time.sleep(min(timeout, 0.1))  # (no worker left to hear from)
+        return None
 
     def phase1(self, jobs, deadline, on_result, kill_at=None):
         """Run each job's phase 1 on the first idle worker, in order, until ``deadline``;
@@ -2306,7 +2342,10 @@ class Pool:
                 return None, _error()
         wid = self.owner.get(job["id"])
         if wid not in self.workers:
-            return None, "the worker that warmed it is gone"
+            # killed at phase 1's end (mid-compile, as a rule): another worker, or a new one,
+            # warms what it times itself (a speed case without its compiled peers)
+            wid = min(self.workers) if self.workers else self._start()
+            self.owner[job["id"]] = wid
         p, q = self.workers[wid]
         q.put((1, job))
         end = time.monotonic() + timeout
@@ -2328,6 +2367,9 @@ class Pool:
             if p.is_alive():
                 p.kill()
         self.workers = {}
+        for conn in getattr(self, "results", {}).values():
+            conn.close()
+        self.results = {}
 
 
 # ---------------------------------------------------------------- the run
@@ -2372,8 +2414,8 @@ def build_jobs(run, ops, dtypes, lib_names):
     if torch_ok and run.wants("graph"):
         jobs.append({"kind": "graph"})
     if torch_ok and run.wants("speed"):  # every case's cheap part, then the compiled peers, each on its worker
-        warm = [{"kind": "speed", "cases": chunk} for chunk in _chunks(speed_cases(args.tiny), 2)]
-        jobs += warm + [{"kind": "speed_peers", "cases": j["cases"], "after": j} for j in warm]
+        warm = [{"kind": "speed", "cases": chunk, "deadline": wall} for chunk in _chunks(speed_cases(args.tiny), 2)]
+        jobs += warm + [{"kind": "speed_peers", "cases": j["cases"], "after": j, "deadline": wall} for j in warm]
     if run.wants("cpu_scaling") and not args.tiny:
         jobs.append({"kind": "cpu"})
     jobs += [j for j in correctness if j["tier"]]

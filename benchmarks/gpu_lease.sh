@@ -15,6 +15,8 @@
 # minute) fit a 15-minute lease, 20 s to spare at every run's time limit, only if call 2 is
 # sent within the machine's 30 s idle time after call 1 returns (its files are in /tmp there;
 # a fresh machine has neither them nor the caches, and call 2 then installs the wheels again).
+# Give call 2 a timeout_s of at most the device's budget_left_s less 30 s: a call cut at its
+# timeout_s returns what $OUT holds (run c's JSON among it), one cut by the lease's end returns nothing.
 # Correctness and speed run apart because their warm-ups share phase 1: with every row norm's
 # torch.compile peer compiling, one run's speed warm-ups took its whole phase 1 (2026-12-04).
 # The sanitizer runs in c alone: from run a's empty caches its tools, compiling every kernel

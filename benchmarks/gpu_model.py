@@ -531,9 +531,11 @@ def calibration(run):
     1/fraction - 1, through the origin.  On the H200 the uncalibrated model said 1.00 for
     every row kernel (its memory and issue clocks overlap perfectly, and every kernel keeps
     enough in flight): issue time does not hide behind memory time.  Returns
-    ``{"a", "rms", "worst", "rows", "run"}`` (errors in-sample, in fraction of the copy)."""
+    ``{"a", "rms", "worst", "rows", "run"}`` (errors in-sample, in fraction of the copy).  Rows
+    of calls of several launches (GroupNorm's backward) are left out: the main launch's ratio
+    is not theirs."""
     rows = [m for m in run.get("model", []) if m.get("model_issue_memory_ratio") is not None
-            and m.get("measured_fraction_of_copy")]
+            and m.get("measured_fraction_of_copy") and m.get("single_launch", True)]
     if not rows:
         return None
     ratio = np.array([m["model_issue_memory_ratio"] for m in rows])

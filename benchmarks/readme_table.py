@@ -544,7 +544,8 @@ def gpu_speed_rows(run):
         rows.append((norm, p, dtype, "x".join(map(str, shape)), f"{ours['gbps']:.0f}",
                      f"{copy['ms'] / ours['ms']:.2f}",
                      "-" if m.get("model_fraction") is None else f"{m['model_fraction']:.2f}",
-                     "-" if ratio is None or not cal else f"{gpu_model.calibrated_fraction(ratio, cal['a']):.2f}",
+                     "-" if ratio is None or not cal or not m.get("single_launch", True)
+                     else f"{gpu_model.calibrated_fraction(ratio, cal['a']):.2f}",
                      *(_ratio(ours["ms"] / impls[k]["ms"]) if k in impls else "-" for k in GPU_PEERS)))
     return rows
 

@@ -414,6 +414,95 @@ def test_a_job_killed_at_phase_ones_end_keeps_the_cases_it_finished(tmp_path, mo
     assert [x["status"] for x in G.job_records(job, res, None, False)] == ["pass", "not run"]
 
 
+def test_a_job_whose_worker_was_killed_runs_its_second_phase_on_another(tmp_path):
+    """Phase 1's end kills a worker still compiling a peer, and with it every case it warmed:
+    their second phase was lost ("the worker that warmed it is gone"), the cases' cheap
+    rows too.  It now goes to another live worker, or a new one where none is left (whose
+    speed job warms its cases itself); here a correctness job's second phase, which has
+    none: its TypeError comes back from the new worker (~15 s)."""
+    cases = G.plan(["rms_norm"], ["float32"], ["numba"], tiny=True, select="N = 1$")
+    job = {"kind": "correctness", "cases": cases[:1], "deadline": time.time() + 600, "id": "j0"}
+    pool = G.Pool(1, str(tmp_path / "cache"))
+    try:
+        pool.phase1([job], time.monotonic() + 600, lambda *a: None)
+        wid = pool.owner["j0"]
+        pool.workers.pop(wid)[0].kill()  # as phase 1's end kills a busy worker
+        res, err = pool.phase2(job, timeout=120)
+        assert res is None and err.startswith("TypeError") and pool.owner["j0"] != wid
+        assert list(pool.workers) == [pool.owner["j0"]]
+    finally:
+        pool.close()
+
+
+def test_a_worker_killed_while_sending_leaves_the_others_heard(tmp_path):
+    """Phase 1's end kills busy workers, one perhaps in the middle of sending: with one queue
+    for every worker's results, its partial message hung the reader and the lock it held
+    kept every other worker's results from being sent (the whole timed phase lost).  Here a
+    worker blocks sending a 1 MiB error (an unknown job kind's) that nobody reads, and is
+    killed; the other's result still arrives (~20 s)."""
+    import threading
+
+    pool = G.Pool(2, str(tmp_path / "cache"))
+    got = []
+
+    def hear():
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            msg = pool._get(1.0)
+            if msg is not None and msg[1] == "small":
+                got.append(msg)
+                return
+
+    try:
+        a, b = sorted(pool.workers)
+        q = pool.workers[a][1]
+        q.put((0, {"kind": "k" * (1 << 20), "id": "big"}))  # its error names the kind: over 1 MiB
+        end = time.monotonic() + 60
+        while not q.empty() and time.monotonic() < end:  # taken: then it sends, and blocks
+            time.sleep(0.2)
+        time.sleep(2)
+        pool.workers.pop(a)[0].kill()
+        pool.workers[b][1].put((1, {"kind": "correctness", "id": "small"}))  # (no phase 2: a TypeError)
+        reader = threading.Thread(target=hear, daemon=True)  # (a hung reader is the failure)
+        reader.start()
+        reader.join(90)
+        assert got and got[0][4].startswith("TypeError"), got
+    finally:
+        pool.close()
+
+
+def test_a_timed_case_that_fails_leaves_its_jobs_other_case(monkeypatch):
+    """A speed job holds two cases: an exception in one (an out-of-memory, as two H200 runs
+    had) took the other's rows with it, in its warm-up and in its timing.  Each case's loss
+    is its own now, said in ``skipped``; a warm-up that failed is tried again when timed;
+    no peer compile begins past phase 1's end (SpeedCase's calls stubbed)."""
+    pytest.importorskip("torch")
+    cases = [{"norm": "layer_norm", "pass": "forward", "dtype": "float32", "shape": [4, n], "groups": None}
+             for n in (24, 40)]
+    failing = {"warm": {24}, "time": {40}}
+
+    def warm(self, only=None):
+        if self.case["shape"][1] in failing["warm"] and only is None:
+            raise MemoryError("CUDA out of memory")
+
+    def timed(self):
+        if self.case["shape"][1] in failing["time"]:
+            raise MemoryError("CUDA out of memory")
+        return [{"impl": "numbanorm", "n": self.case["shape"][1]}], {}
+
+    monkeypatch.setattr(G.SpeedCase, "warm", warm)
+    monkeypatch.setattr(G.SpeedCase, "time", timed)
+    state = {"heavy": None}
+    warmed = G.Jobs.speed_warm({"cases": cases, "deadline": time.time() + 60}, state)
+    assert "MemoryError" in warmed[0]["warm-up"] and warmed[1] == {} and len(state["speed"]) == 1
+    G.Jobs.speed_peers({"cases": cases, "deadline": time.time() - 1}, state)  # past phase 1's end
+    assert all(sc.peers == G.EAGER_PEERS for sc in state["speed"].values())
+    failing["warm"] = set()
+    got = G.Jobs.speed_time({"cases": cases, "deadline": time.time() + 60}, state)
+    assert [r["n"] for r in got["rows"]] == [24]  # warmed again when timed
+    assert "MemoryError" in got["skipped"][G._speed_label(cases[1])]
+
+
 def test_targets_and_the_model_on_a_made_up_run():
     shape = [G.SPEED_ROWS, 4096]
 
@@ -463,6 +552,52 @@ def test_model_rows_of_group_norm_are_the_models_records_at_their_shape():
     assert fwd["measured_fraction_of_copy"] == pytest.approx(0.5, abs=1e-3)
     assert 0 < fwd["model_fraction"] <= 1 and 0 < fwd["calibrated_fraction"] < 1
     assert 0 < bwd["model_fraction"] <= 0.6 + 1e-3 and bwd["calibrated_fraction"] is None
+    # the backward's main launch's ratio is not its call's: the calibration fits the forward
+    # only, and the README's table shows no calibrated figure for the backward (it fitted both)
+    assert (fwd["single_launch"], bwd["single_launch"]) == (True, False)
+    from benchmarks import gpu_model, readme_table
+
+    run = {"speed": speed, "model": [fwd, bwd], "device": "made up"}
+    assert gpu_model.calibration(run)["rows"] == 1
+    shown = {r[1]: r[7] for r in readme_table.gpu_speed_rows(run)}
+    assert shown["backward"] == "-" and shown["forward"] != "-"
+
+
+def test_ligers_rmsnorm_backward_leaves_the_dy_every_peer_is_timed_on(monkeypatch):
+    """Liger's RMSNorm backward writes dx over dy by default (``in_place=True``), and every
+    implementation's backward here is timed on one dy: each Liger call scaled it (float16
+    rows inf within a case's calls).  Called out of place, dy stays as it was (CPU tensors, a
+    stand-in for Liger's Function with its signature and its in-place write)."""
+    torch = pytest.importorskip("torch")
+    import sys
+
+    class RMSNorm(torch.autograd.Function):  # forward(ctx, X, W, eps, offset, casting_mode, in_place, row_mode)
+        @staticmethod
+        def forward(ctx, x, w, eps, offset=0.0, casting_mode="llama", in_place=True, row_mode=None):
+            ctx.in_place = in_place
+            ctx.save_for_backward(x, w)
+            return x * w
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, w = ctx.saved_tensors
+            dx = dy * w * 1.4
+            if ctx.in_place:
+                dx = dy.copy_(dx)
+            return dx, (dy * x).sum(0), None, None, None, None, None
+
+    ops = types.SimpleNamespace(LigerRMSNormFunction=RMSNorm)
+    monkeypatch.setitem(sys.modules, "liger_kernel", types.SimpleNamespace(ops=ops))
+    monkeypatch.setitem(sys.modules, "liger_kernel.ops", ops)
+    monkeypatch.setattr(G.SpeedCase, "device", "cpu")
+    case = {"norm": "rms_norm", "pass": "backward", "dtype": "float32", "shape": [4, 16], "groups": None}
+    sc = G.SpeedCase(case, peers=("liger",))
+    v, grads = sc._tensors()
+    dy = grads["dy"].clone()
+    calls = sc.calls(v, grads)
+    for _ in range(3):
+        calls["liger"]()
+    assert "liger" not in sc.skipped and torch.equal(grads["dy"], dy)
 
 
 def test_cpu_scaling_times_the_kernel_against_the_threaded_copy():
