@@ -266,6 +266,8 @@ def main():
         return transfers(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], device_array)
     if sys.argv[1] == "count":
         return count(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
+    if sys.argv[1] == "aliases":
+        return aliases(int(sys.argv[2]), int(sys.argv[3]), device_array, launches)
     if sys.argv[1] == "sweep":
         return sweep(int(sys.argv[2]), int(sys.argv[3]), device_array, libraries, launches, C, LN, RW)
     M, N = int(sys.argv[1]), int(sys.argv[2])
@@ -325,6 +327,46 @@ def count(M, N, device_array, launches):
             # the backward's own launches (its forward, for the statistics, runs first)
             out[f"{name}_{wname}"] = len(launches) - n0 - (name != "layer_forward")
             out[f"{name}_{wname}_dtypes"] = [str(a.dtype) for a in res] if "backward" in name else []
+    print(json.dumps(out))
+
+
+def aliases(M, N, device_array, launches):
+    """Plans learned where two arguments are one object (dy given as x, out= as x), then
+    asked by a call of the same memory through other objects (``x.bind(stream)``): the
+    launches' streams and the results' streams, and whether out= comes back, by the public
+    frontend and by the full path; a sparse CPU tensor's error with numbanorm.cuda loaded."""
+    from numba.cuda.cudadrv import driver
+    import torch
+
+    import numbanorm
+
+    nc, full, seen = _seer(device_array, launches)
+    f16 = np.float16
+    x, w, xb = device_array((M, N), f16), device_array((N,), f16), device_array((M, N), f16)
+    st = full.layer_norm_forward(x, N, w)[1:]
+    other = driver.Stream(0x5EED)
+    xs, alias = x.bind(other), xb.bind(other)  # the same memory as x and xb, on another stream
+
+    def streams(res):
+        return sorted({la["stream"] for la in res["launches"]})
+
+    def bound(arrays):
+        return [getattr(a.stream, "handle", a.stream) for a in arrays]
+
+    out = {}
+    for _ in range(4):  # learned with dy given as x, and out= as x
+        nc.layer_norm_backward(x, x, *st, N, w)
+        nc.rms_norm(xb, N, w, out=xb)
+    ask = lambda fe: fe.layer_norm_backward(x, xs, *st, N, w)  # noqa: E731
+    for name, fe in (("public", nc), ("full", full)):
+        res = seen(ask, fe)
+        out[name] = {"launch_streams": streams(res), "result_streams": bound(ask(fe)),
+                     "out_returned": fe.rms_norm(xb, N, w, out=alias) is alias}
+    out["replayed"] = seen(ask, nc)["replayed"]
+    try:
+        numbanorm.layer_norm(torch.randn(4, 64).to_sparse(), 64)
+    except Exception as e:
+        out["sparse"] = f"{type(e).__name__}: {e}"
     print(json.dumps(out))
 
 

@@ -335,6 +335,19 @@ def test_the_edges_of_the_arrays_a_call_takes(kernel_cache):
     assert res["first_call_warnings"] == []
 
 
+def test_a_plan_learned_with_two_arguments_one_object_serves_them_apart(kernel_cache):
+    """A replay found its call's stream, and its out=, by object identity: learned with dy
+    given as x, a call of the same memory through x bound to another stream replayed on
+    dy's stream (0), its results bound there, where the full path runs on x's; learned with
+    out= as x, a call whose out= is another object over x's memory got x back, not its
+    out=.  Both by their roles' places now.  And with numbanorm.cuda loaded, a sparse CPU
+    tensor got torch's RuntimeError from the replays' key, not numbanorm's TypeError."""
+    res = _run("aliases", 64, 1024, env=kernel_cache)
+    assert res["full"] == {"launch_streams": [0x5EED], "result_streams": [0x5EED] * 3, "out_returned": True}
+    assert res["public"] == res["full"] and res["replayed"]
+    assert res["sparse"].startswith("TypeError: `x` is a torch.Tensor of layout torch.sparse_coo")
+
+
 @pytest.mark.slow
 def test_the_arrays_device_runs_the_call_and_two_devices_are_refused(kernel_cache):
     """Two GPUs (132 and 114 SMs), device 0 current: a call on arrays of device 1 (numba's,

@@ -545,13 +545,13 @@ class Replays:
 
     @staticmethod
     def key(kind, args):
-        """``(key, pointers, arrays)`` of a call of ``kind`` (an operation's name and
+        """``(key, pointers, arrays, places)`` of a call of ``kind`` (an operation's name and
         direction) on ``args`` (None, numba device arrays, CUDA torch tensors, CuPy arrays,
-        other CUDA Array Interface objects, ints, floats, tuples of ints), or None where a
-        call cannot be keyed."""
-        sig, pointers, arrays, spans, devices = [kind], [], [], [], []
+        other CUDA Array Interface objects, ints, floats, tuples of ints), ``places`` each
+        array's position among ``args``; or None where a call cannot be keyed."""
+        sig, pointers, arrays, places, spans, devices = [kind], [], [], [], [], []
         several = C.device_count() > 1
-        for a in args:
+        for i, a in enumerate(args):
             if a is None:
                 sig.append(None)
                 continue
@@ -576,8 +576,13 @@ class Replays:
                 sig.append((t, a))
                 continue
             elif how is _TORCH:
-                p = a.data_ptr()
-                if not p or a.requires_grad or not a.is_cuda or a.is_neg():  # (the full path's to refuse or copy)
+                if a.requires_grad or not a.is_cuda or a.is_neg():  # (the full path's to refuse or copy)
+                    return None
+                try:
+                    p = a.data_ptr()
+                except RuntimeError:  # (no storage: a sparse tensor's, the full path's to refuse)
+                    return None
+                if not p:
                     return None
                 entry, nbytes = (t, a.shape, a.stride(), a.dtype), a.nbytes
                 if several:
@@ -615,13 +620,14 @@ class Replays:
             sig.append((entry, p % C.WORD_BYTES[0], meets))
             pointers.append(p)
             arrays.append(a)
+            places.append(i)
         if several:  # a plan serves one device's calls; the driver asked once no argument is a host array
             sig.append(tuple(C.pointer_device(d[0]) if type(d) is tuple else d for d in devices))
-        return tuple(sig), pointers, arrays
+        return tuple(sig), pointers, arrays, places
 
     def run(self, key, args):
         """The results of the call ``key`` (``Replays.key``), or None if it is not one learned."""
-        sig, pointers, arrays = key
+        sig, pointers, arrays, _ = key
         plan = self._plans.get(sig)
         if plan is None:
             return None
@@ -676,9 +682,15 @@ class Replays:
         log = self.end()
         if log is None or None in log:
             return
-        leading, ctx, results = call.checked.leading, call.ctx, call.results
-        sig, pointers, arrays = key
-        lead = next((k for k, a in enumerate(arrays) if a is leading), None)
+        ctx, results, given = call.ctx, call.results, call.checked.given
+        sig, pointers, arrays, places = key
+        # the leading array and out= by their roles' places, not by identity: one learned
+        # with dy given as x, or out= as x, would replay another call of the same memory on
+        # dy's stream, or return x for its out=
+        roles = list(given)  # (in the arguments' order)
+        lead_at, out_at = roles.index("x" if "x" in given else "s"), len(roles) - 1
+        lead = places.index(lead_at) if lead_at in places else None
+        out = places.index(out_at) if roles[-1] == "out" and out_at in places else None
         allocs = [e[1:] for e in log if e[0] == "alloc"]  # (numba view, the library's array)
         # where each pointer may point: the caller's arrays, then the call's allocations
         spans = [(p, native(None, a).nbytes) for p, a in zip(pointers, arrays)]
@@ -703,9 +715,8 @@ class Replays:
         specs = [(a.shape, made.dtype) for a, made in allocs]
         taken = []
         for r in results:
-            k = next((k for k, a in enumerate(arrays) if r is a), None)
-            if k is not None:  # the caller's out=
-                taken.append(~k)
+            if out is not None and r is arrays[out]:  # the caller's out=
+                taken.append(~out)
                 continue
             p, shape, size, contiguous = _result_layout(r)
             k = next((k for k, _ in enumerate(allocs) if spans[len(arrays) + k][0] == p), None)
