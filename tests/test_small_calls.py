@@ -144,6 +144,27 @@ def test_a_replayed_out_call_apart_from_its_inputs_goes_straight_to_the_kernel(d
     np.testing.assert_array_equal(buf.view(np.uint8), want.view(np.uint8))
 
 
+def test_a_replayed_call_blocks_its_rows_for_the_thread_count_of_the_call(monkeypatch):
+    """A plan kept the rows per block of the thread count it was learned at: learned on one
+    thread, a (256, 4096) call on sixteen kept blocks of 64 rows, four blocks for sixteen
+    threads.  A replay large enough to run on Numba's threads blocks them for the count
+    of its own call (the thread count stood in for: ``num_threads``)."""
+    from numbanorm.cpu import _backend
+    from numbanorm.cpu._kernels import common
+    from numbanorm.cpu._kernels import layer_norm as ln_kernels
+
+    x = np.random.default_rng(3).standard_normal((256, 4096)).astype(np.float32)
+    blocks = []
+    real = ln_kernels.launch
+    monkeypatch.setattr(ln_kernels, "launch", lambda kernel, size, block, *a: blocks.append(block)
+                        or real(kernel, size, block, *a))
+    _backend.plans._plans.clear()
+    for threads in (1, 16):
+        monkeypatch.setattr(common, "num_threads", lambda threads=threads: threads)
+        nn.layer_norm(x, 4096)  # learned on one thread; replayed on sixteen
+    assert blocks[-1] == common.row_block(256) == 4
+
+
 @pytest.mark.parametrize("order", ["C", "last"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 def test_a_repeated_group_norm_takes_the_small_call_path_with_the_full_paths_bits(dtype, order):

@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import _validate as V
 from ._kernels import group_norm, layer_norm, rms_norm  # Plans launches these directly
+from ._kernels.common import SERIAL_BELOW
 from ._kernels.halves import kernel_view
 from ._kernels.memory import apart, should_stream
 
@@ -303,6 +304,12 @@ def _backward_key(kind, args):
     return tuple(sig)
 
 
+def _block(block, size, rows):
+    """The plan's rows per block where the call runs on the calling thread (a small call's:
+    unused), else as many as the thread count asks now (it may have changed since the plan)."""
+    return block if size < SERIAL_BELOW else layer_norm.row_block(rows)
+
+
 def _layer_norm(plan, args, plain=False):
     """``(y, mean, rstd)`` of a LayerNorm forward by its plan, ``(y,)`` of a ``plain`` call,
     or None (the full path's)."""
@@ -310,6 +317,7 @@ def _layer_norm(plan, args, plain=False):
     if out is not None and not out.flags.writeable:
         return None  # (the full path says why a read-only out= is refused)
     m, n, stat, acc, e, block, direct, half, flat, stream = plan
+    block = _block(block, x.size, m)
     y = np.empty(x.shape, x.dtype) if out is None else out
     if plain:  # the statistics, unreturned, in one allocation (two cost a share of a small call)
         kept = np.empty((2, m), acc)
@@ -336,6 +344,7 @@ def _rms_norm(plan, args, plain=False):
     if out is not None and not out.flags.writeable:
         return None  # (the full path says why a read-only out= is refused)
     m, n, stat, acc, e, block, direct, half, flat, stream = plan
+    block = _block(block, x.size, m)
     y = np.empty(x.shape, x.dtype) if out is None else out
     rstd = np.empty(m if plain else stat, acc)
     x2, y2 = (x, y) if flat else (x.reshape(m, n), y.reshape(m, n))
