@@ -114,30 +114,33 @@ class Calls:
     (the entry's arguments one to a line there)::
 
         def layer_norm_plain(x, normalized_shape, weight, bias, eps):
-            key = None
-            if (type(x) in PLAIN and x.is_cpu
-                    and x.is_contiguous() and not x.is_neg()
-                    and (weight is None or type(weight) in PLAIN and weight.is_cpu
-                         and weight.is_contiguous() and not weight.is_neg())
-                    and (bias is None or ...)):
-                key = (x.shape, x.dtype,
-                       tuple(normalized_shape),
-                       None if weight is None else weight.shape,
-                       None if weight is None else weight.dtype,
-                       ...,
-                       eps,)
-                plan = PLANS.get(key)
-                if plan is not None:
-                    entry, likes, eps_, m, n, blocks, stacked, step, spare = plan
-                    y = empty_like(x)
-                    try:
-                        left = entry(x.data_ptr(), 0 if weight is None else weight.data_ptr(),
-                                     0 if bias is None else bias.data_ptr(), eps_, y.data_ptr(), m, n)
-                    except NotCompiled as e:
-                        compile_later(e.dispatcher, e.sig)
-                    else:
-                        if not left:
-                            return y
+            key = plan = None
+            try:
+                if (type(x) in PLAIN and x.is_cpu
+                        and x.is_contiguous() and not x.is_neg()
+                        and (weight is None or type(weight) in PLAIN and weight.is_cpu
+                             and weight.is_contiguous() and not weight.is_neg())
+                        and (bias is None or ...)):
+                    key = (x.shape, x.dtype,
+                           tuple(normalized_shape),
+                           None if weight is None else weight.shape,
+                           None if weight is None else weight.dtype,
+                           ...,
+                           eps,)
+                    plan = PLANS.get(key)
+            except RuntimeError:  # (a nested or sparse tensor ...)
+                key = None
+            if plan is not None:
+                entry, likes, eps_, m, n, blocks, stacked, step, spare = plan
+                y = empty_like(x)
+                try:
+                    left = entry(x.data_ptr(), 0 if weight is None else weight.data_ptr(),
+                                 0 if bias is None else bias.data_ptr(), eps_, y.data_ptr(), m, n)
+                except NotCompiled as e:
+                    compile_later(e.dispatcher, e.sig)
+                else:
+                    if not left:
+                        return y
             return FULL(key, (x, normalized_shape, weight, bias, eps,))
 
     A key is each tensor's shape and dtype (None for an optional one that is None), the
@@ -225,20 +228,23 @@ class Calls:
         cond, keys = "\n            and ".join(checks), ",\n               ".join(key)
         given = ",\n                             ".join(given)
         body = [
-            "key = None",
-            f"if ({cond}):",
-            f"    key = ({keys},)",
-            "    plan = PLANS.get(key)",
-            "    if plan is not None:",
-            "        entry, likes, eps_, m, n, blocks, stacked, step, spare = plan",
-            *(f"        {line}" for line in made),
-            "        try:",
-            f"            left = entry({given})",
-            "        except NotCompiled as e:",
-            "            compile_later(e.dispatcher, e.sig)",
-            "        else:",
-            "            if not left:",
-            *(f"                {line}" for line in hit),
+            "key = plan = None",
+            "try:",
+            f"    if ({cond}):",
+            f"        key = ({keys},)",
+            "        plan = PLANS.get(key)",
+            "except RuntimeError:  # (a nested or sparse tensor has no strides or sizes: the full path refuses it)",
+            "    key = None",
+            "if plan is not None:",
+            "    entry, likes, eps_, m, n, blocks, stacked, step, spare = plan",
+            *(f"    {line}" for line in made),
+            "    try:",
+            f"        left = entry({given})",
+            "    except NotCompiled as e:",
+            "        compile_later(e.dispatcher, e.sig)",
+            "    else:",
+            "        if not left:",
+            *(f"            {line}" for line in hit),
             *miss]
         env = {"PLAIN": _PLAIN, "PLANS": self.plans, "FULL": full, "empty_like": torch.empty_like,
                "NotCompiled": background.NotCompiled, "compile_later": background.compile_later,

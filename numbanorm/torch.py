@@ -129,6 +129,9 @@ def _check_tensors(fn, optional, **args):
         if a is not None and a.is_nested:
             raise TypeError(f"`{name}` is a nested tensor: numbanorm.torch.{fn} does not support nested tensors "
                             "(pad them into one tensor, or call it on each component)")
+        if a is not None and a.layout is not torch.strided:
+            raise TypeError(f"`{name}` is a torch.Tensor of layout {a.layout}: numbanorm.torch.{fn} takes "
+                            f"strided tensors (`{name}.to_dense()`)")
 
 
 def _shape(normalized_shape):
@@ -219,7 +222,13 @@ def _implementation(op, kind, roles):
             return got[0] if n == 1 else got[:n] if n else got
         args = list(given)
         for i in arrays:
-            args[i] = _arr(args[i])
+            try:
+                args[i] = _arr(args[i])
+            except (BufferError, RuntimeError):  # DLPack's refusal (a sparse tensor's) names no argument
+                called = _input_name(op, roles[i])
+                _check_tensors(op.name, (called,), **{called: given[i]})  # the general path's TypeError
+                _V.host_array(roles[i], given[i].detach())
+                raise
         if shape is not None:
             args[shape] = tuple(args[shape])
         if shortcut is not None and type(args[0]) is np.ndarray:

@@ -578,6 +578,28 @@ def test_nested_tensors_are_type_errors(monkeypatch):
                 call()
 
 
+def test_a_nested_weight_and_sparse_tensors_get_one_type_error_on_every_path():
+    """A nested weight, or a sparse input, weight or residual, in a call that takes the eager
+    fast path (normalized_shape a tuple of ints) got torch's RuntimeError from the small
+    calls' key, or DLPack's BufferError, naming nothing; the general path's TypeError now,
+    with or without a gradient recorded."""
+    x = torch.randn(3, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (the strided nested layout's, CSR's: "prototype", "beta")
+        nested = torch.nested.nested_tensor([torch.randn(8)])
+        csr = x.to_sparse_csr()
+    cases = [(lambda s, g: nt.layer_norm(g(x), s, nested), "`weight` is a nested tensor"),
+             (lambda s, g: nt.layer_norm(g(x.to_sparse()), s), "`input` is a torch.Tensor of layout torch.sparse_coo"),
+             (lambda s, g: nt.layer_norm(csr, s), "`input` is a torch.Tensor of layout torch.sparse_csr"),
+             (lambda s, g: nt.rms_norm(g(x), s, torch.randn(8).to_sparse()), "`weight` is a torch.Tensor of layout"),
+             (lambda s, g: nt.add_rms_norm(g(x), x.to_sparse(), s), "`residual` is a torch.Tensor of layout")]
+    for call, says in cases:
+        for shape in ((8,), [8]):  # the fast path, then the general one
+            for grad in (lambda t: t, lambda t: t.clone().requires_grad_()):  # (a recorded call: the operator's)
+                with pytest.raises(TypeError, match=re.escape(says)):
+                    call(shape, grad)
+
+
 def test_errors_cross_unchanged():
     x = torch.randn(3, 8)
     with pytest.raises(ValueError, match="normalized_shape"):
