@@ -78,11 +78,22 @@ def _moments(x, axes, eps):
     dev_s = d - corr
     mean_s = first + corr
     var_s = (dev_s ** 2).mean(axis=axes, keepdims=True)
-    var = np.ldexp(var_s, 2 * e)
-    big = ~np.isfinite(var) & np.isfinite(var_s)  # beyond float64: eps is negligible
-    rstd = np.where(big, np.ldexp(1.0 / np.sqrt(var_s), -e), 1.0 / np.sqrt(var + eps))
-    xhat = np.where(big, dev_s / np.sqrt(var_s), np.ldexp(dev_s, e) * rstd)
+    rstd, xhat = _normalized(dev_s, var_s, e, eps)
     return np.ldexp(mean_s, e), rstd, xhat
+
+
+def _normalized(d_s, var_s, e, eps):
+    """``(rstd, d * rstd)`` of rows ``d = d_s * 2**e`` whose variance (RMSNorm: mean square)
+    is ``var_s * 4**e``: at the rows' own scale, but where ``var + eps`` leaves float64's
+    normal range there (a huge row's variance overflows; a tiny one's, with eps under the
+    smallest normal number, underflows: a row of 1e-170 with eps 0 was inf and NaN), at the
+    scaled rows', eps taken to their scale (a power of two: exact where it is normal)."""
+    var = np.ldexp(var_s, 2 * e)
+    scaled = ~np.isfinite(var) | (var + eps < np.finfo(np.float64).tiny)
+    rstd_s = 1.0 / np.sqrt(var_s + np.where(scaled, np.ldexp(eps, -2 * e), 0.0))
+    plain = 1.0 / np.sqrt(var + eps)
+    return (np.where(scaled, np.ldexp(rstd_s, -e), plain),
+            np.where(scaled, d_s * rstd_s, np.ldexp(d_s, e) * plain))
 
 
 def _xhat(x, mean, rstd, axes):
@@ -140,10 +151,7 @@ def rms_norm_forward(x, normalized_shape, weight=None, eps=None):
     e = _exponent(x, axes)
     xs = np.ldexp(x, -e)
     ms_s = (xs * xs).mean(axis=axes, keepdims=True)
-    ms = np.ldexp(ms_s, 2 * e)
-    big = ~np.isfinite(ms) & np.isfinite(ms_s)  # as in _moments
-    rstd = np.where(big, np.ldexp(1.0 / np.sqrt(ms_s), -e), 1.0 / np.sqrt(ms + eps))
-    y = np.where(big, xs / np.sqrt(ms_s), x * rstd)
+    rstd, y = _normalized(xs, ms_s, e, eps)
     if weight is not None:
         y = y * _f64(weight)
     return y, rstd
