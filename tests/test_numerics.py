@@ -234,7 +234,9 @@ def test_huge_groups_in_channels_last_order(dt):
     """A group whose sums overflow on finite values, in channels-last order: the call goes to
     the groups' kernels, which rescale it (the bits of its C-contiguous copy's call); so does
     a backward whose dy's sums overflow.  (float64 groups beyond float32's range were once
-    taken for groups holding inf, and gave zeros or NaN.)"""
+    taken for groups holding inf, and gave zeros or NaN.)  The first backward's sums stay in
+    range (each x - mean taken to rstd's units first): its channels-last kernels' dx, the
+    oracle's to rounding."""
     x = _huge_rows(dt).reshape(5, 3, 11)[:, :, :10].reshape(5, 3, 2, 5)
     x = channels_last(x)
     dy = np.random.default_rng(5).standard_normal(x.shape).astype(dt)
@@ -244,8 +246,9 @@ def test_huge_groups_in_channels_last_order(dt):
     for g, r in zip(got, want):
         assert np.isfinite(g).all()
         np.testing.assert_array_equal(g, r)
-    np.testing.assert_array_equal(nn.group_norm_backward(dy, x, *got[1:], w)[0],
-                                  nn.group_norm_backward(dy, np.ascontiguousarray(x), *want[1:], w)[0])
+    dx = nn.group_norm_backward(dy, x, *got[1:], w)[0]
+    assert np.isfinite(dx).all()
+    assert_close(dx, ORACLE.group_norm_backward(dy, x, *got[1:], w)[0], dt, "dx")
     # each sample's dy of one sign: its group's sums overflow, the gradients do not
     rng = np.random.default_rng(6)
     x = channels_last(rng.standard_normal(x.shape).astype(dt))
@@ -280,6 +283,92 @@ def test_group_norm_weights_whose_product_with_rstd_leaves_the_range(impl, side,
                                      None if b is None else b.astype(np.float64), eps)[0]
     per = w.astype(np.float64)[None, :, None, None]
     assert _rel(y / per, want / per) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [np.float32, "bfloat16"])
+def test_a_nan_in_dy_spoils_its_own_dweight_column_not_the_others(impl, dtype):
+    """A row of finite values near the float32 range's end (a sum of x - mean past it) whose
+    dy holds one NaN: every column's dweight was NaN (the row's xhat from a corr past the
+    range, the rescue skipped for the NaN), where the NaN's own column alone is.  GroupNorm
+    likewise: the other channel's sum of dy * (x - mean) past the range left its dweight
+    inf, where it is 64.  Its dx row is NaN, its dbias column NaN, the other rows untouched."""
+    from numbanorm.measure import host_dtype
+
+    dt = host_dtype(dtype)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 256))
+    x[0] = np.clip(x[0], -6, 6) * 5e37
+    x, dy = x.astype(dt), rng.standard_normal((2, 256)).astype(dt)
+    _, mean, rstd = nn.layer_norm_forward(x, 256)
+    dy[0, 0] = np.nan
+    dx, dw, db = (to_host(a).astype(np.float64) for a in impl.layer_norm_backward(dy, x, mean, rstd, 256))
+    want = ORACLE.layer_norm_backward(dy, x, mean, rstd, 256)
+    assert np.isnan(dw[0]) and np.isnan(db[0]) and np.isnan(dx[0]).all()
+    assert_close(dw[1:], want[1][1:], dt, "dweight")
+    assert_close(dx[1], want[0][1], dt, "dx")
+    alt = np.tile([1.0, -1.0], 32)
+    xg = (np.stack([alt, alt])[None] * 1e37).astype(dt)  # one group of two channels
+    dyg = np.stack([alt, alt])[None].astype(dt)
+    dyg[0, 0, 0] = np.nan
+    _, m, r = nn.group_norm_forward(xg, 1)
+    for layout in (lambda a: a, channels_last):
+        dw = to_host(impl.group_norm_backward(layout(dyg), layout(xg), m, r)[1]).astype(np.float64)
+        assert np.isnan(dw[0]) and abs(dw[1] - 64) < 64 * 4e-3, dw
+
+
+@pytest.mark.parametrize("dtype, scale", [(np.float32, 1e-25), ("bfloat16", 1e-25), (np.float64, 1e-170)])
+def test_the_backward_of_a_tiny_row_with_eps_0_is_the_scaled_up_rows(dtype, scale):
+    """eps 0 makes LayerNorm and GroupNorm scale-free: dx of (x, dy) * 1e-25 is dx of (x, dy).
+    The CPU's sum of (x - mean) * dy underflowed there (1e-50 in float32), and dx came back
+    finite and 6-50 % off; each (x - mean) is now taken to rstd's units first.  (The GPU's
+    GroupNorm backward still sums before it scales: the closing note of 2026-12-07.)"""
+    from numbanorm.measure import host_dtype
+
+    dt = host_dtype(dtype)
+    x, dy = np.array([[1.0, 2, 3, 4]]), np.array([[1.0, -2, 3, -4]])
+    tiny_x, tiny_dy = (x * scale).astype(dt), (dy * scale).astype(dt)
+    def dx(mod, x, dy):
+        return mod.layer_norm_backward(dy, x, *mod.layer_norm_forward(x, 4, eps=0.0)[1:], 4)[0]
+
+    for mod in (nn, nn.cpu):
+        want = dx(mod, x.astype(dt), dy.astype(dt))
+        got = dx(mod, tiny_x, tiny_dy)
+        assert_close(got, want.astype(np.float64), dt, "dx")
+        for layout in (lambda a: a, channels_last):
+            g = layout(tiny_x.reshape(1, 2, 2))
+            stats = mod.group_norm_forward(g, 1, eps=0.0)[1:]
+            got = mod.group_norm_backward(layout(tiny_dy.reshape(1, 2, 2)), g, *stats)[0]
+            assert_close(got.reshape(1, 4), want.astype(np.float64), dt, "group dx")
+
+
+@pytest.mark.parametrize("base", [1e300, 1e-300])
+def test_a_nearly_constant_float64_row_past_the_range_keeps_its_spread(base):
+    """70000 copies of 1e300 (or 1e-300, eps 0), one an ulp above: float64 rows that the
+    rescaling path normalizes.  Its variance was mean(d * d) - corr**2 about a first mean
+    whose rounding passed the row's spread, and the odd element's y, sqrt(69999), came back
+    5e-4 off (tolerance 1e-11); LayerNorm and GroupNorm alike."""
+    x = np.full((1, 70000), base)
+    x[0, 0] = np.nextafter(base, np.inf)
+    want = np.sqrt(69999.0)
+    assert abs(nn.layer_norm(x, 70000, eps=0.0)[0, 0] - want) < want * 1e-11
+    assert abs(nn.group_norm(x.reshape(1, 2, 35000), 1, eps=0.0)[0, 0, 0] - want) < want * 1e-11
+
+
+def test_the_oracle_normalizes_tiny_float64_rows():
+    """The oracle's variance at the rows' own scale underflowed for float64 rows under
+    about 1e-160 with eps 0: y was inf and NaN where the kernels' (right) y is finite."""
+    x = np.array([[5e-324, 0, 0, 0]])
+    third = 1 / np.sqrt(3)
+    np.testing.assert_allclose(ORACLE.layer_norm(x, 4, eps=0.0), [[3 * third, -third, -third, -third]], rtol=1e-15)
+    x = np.array([[1.0, 2, 3, 4]])
+    for tiny in (x * 1e-170, x * 1e-300):
+        np.testing.assert_allclose(ORACLE.layer_norm(tiny, 4, eps=0.0), ORACLE.layer_norm(x, 4, eps=0.0), rtol=1e-14)
+        np.testing.assert_allclose(ORACLE.rms_norm(tiny, 4, eps=0.0), ORACLE.rms_norm(x, 4, eps=0.0), rtol=1e-14)
+        np.testing.assert_allclose(ORACLE.group_norm(tiny.reshape(1, 2, 2), 1, eps=0.0),
+                                   ORACLE.group_norm(x.reshape(1, 2, 2), 1, eps=0.0), rtol=1e-14)
+    # where eps counts, it counts at its own scale: a tiny row's y is the row over sqrt(eps)
+    np.testing.assert_allclose(ORACLE.layer_norm(x * 1e-170, 4, eps=1e-5), (x - 2.5) * 1e-170 / np.sqrt(1e-5),
+                               rtol=1e-14)
 
 
 @pytest.mark.parametrize("side", ["under", "over"])

@@ -208,13 +208,13 @@ def backward_groups(
         n, g, c0 = ng // G, ng % G, ng % G * Cg  # sample, group, the group's first channel
         mu = mean[n, g]
         r = rstd[n, g]
-        # pass 1, per channel: A = sum(dy * (x - mu)) and dbias's sum(dy); over
+        # pass 1, per channel: A = sum(dy * (x - mu) * r) and dbias's sum(dy); over
         # the group, corr = mean(x - mu) corrects the saved mean's rounding (as
-        # in layer_norm._backward), so that sum(dy * xhat) = r * (A - corr * sum(dy))
+        # in layer_norm._backward), so that sum(dy * xhat) = A - corr * r * sum(dy)
         dsum = 0.0
         for c in range(c0, c0 + Cg):
             # dsum runs on over the group's channels, in float64 (sums.gradient_sums)
-            dsum, a, dys = channel_sums(dyc, xc, n * C + c, mu, zero, dsum)
+            dsum, a, dys = channel_sums(dyc, xc, n * C + c, mu, r, zero, dsum)
             dw_part[n, c] = a
             db_part[n, c] = dys
         corr = like(dsum, zero) * inv_n
@@ -222,15 +222,15 @@ def backward_groups(
         c1 = zero
         c2 = zero
         for c in range(c0, c0 + Cg):
-            dyx = r * (dw_part[n, c] - corr * db_part[n, c])
+            dyx = dw_part[n, c] - (corr * r) * db_part[n, c]
             dw_part[n, c] = dyx
             wc = w[c] if w is not None else one
             c1 += wc * dyx
             c2 += wc * db_part[n, c]
         c1 *= inv_n
         c2 *= inv_n
-        if (not (np.isfinite(corr) and np.isfinite(c1) and np.isfinite(c2))
-                and row_is_finite(x, ng) and row_is_finite(dy, ng)):
+        # (a non-finite dy too: another channel's sum past the range spoils its dweight)
+        if not (np.isfinite(corr) and np.isfinite(c1) and np.isfinite(c2)) and row_is_finite(x, ng):
             if RESCALE:  # as in layer_norm.backward_rows
                 for c in range(c0, c0 + Cg):
                     dw_part[n, c] = zero
@@ -252,13 +252,14 @@ def channel_sums(
     xc,     # (N * C, S) forward input, a channel a row
     i,      # scalar: the channel's row
     mu,     # scalar: saved group mean
+    r,      # scalar: saved group rstd
     zero,   # scalar 0 in the accumulation dtype
     d0,     # float64: the group's sum(x - mu) over its channels before this one
 ):
-    """``(d0 + sum(x - mu), sum(dy * (x - mu)), sum(dy))`` over channel row ``i``
+    """``(d0 + sum(x - mu), sum(dy * (x - mu) * r), sum(dy))`` over channel row ``i``
     (sums.gradient_sums)."""
     wide_vectors(dyc)
-    return gradient_sums(dyc, xc, i, mu, like(1.0, zero), None, zero, d0)
+    return gradient_sums(dyc, xc, i, mu, r, None, zero, d0)
 
 
 @njit(cache=True, nogil=True)
@@ -617,7 +618,8 @@ def last_gradient_sums(
     dy,      # (N, S, C) gradient of y in channels-last order
     x,       # (N, S, C) forward input in channels-last order
     mean,    # (N, G) saved mean
-    parts,   # (K, 3, C) output: each block's sum(dy * (x - mean)), sum(dy), sum(x - mean) per channel, float64
+    rstd,    # (N, G) saved rstd
+    parts,   # (K, 3, C) output: each block's sum(dy * (x - mean) * rstd), sum(dy), sum(x - mean) per channel, float64
     blocks,  # (K, 3) as last_sums
     lo,      # scalar: first block
     hi,      # scalar: one past the last
@@ -627,9 +629,11 @@ def last_gradient_sums(
     C = x.shape[2]
     zero = mean.dtype.type(0)
     mu, s1, s2, s3 = empty_row(C, mean), empty_row(C, mean), empty_row(C, mean), empty_row(C, mean)
+    rs = empty_row(C, mean)
     for q in range(lo, hi):
         n = blocks[q, 0]
         by_channel(mean, n, mu)
+        by_channel(rstd, n, rs)
         for c in range(C):
             s1[c] = zero
             s2[c] = zero
@@ -639,7 +643,7 @@ def last_gradient_sums(
                 j = np.uint64(c)
                 d = widen(x[n, s, j]) - mu[j]
                 g = widen(dy[n, s, j])
-                s1[j] += g * d
+                s1[j] += g * (d * rs[j])
                 s2[j] += g
                 s3[j] += d
         for c in range(C):
@@ -684,7 +688,7 @@ def last_gradient_constants(
             r = rstd[n, g]
             s1 = s2 = zero
             for c in range(g * Cg, (g + 1) * Cg):
-                dyx = r * (dw_part[n, c] - k * db_part[n, c])  # sum(dy * xhat) over the channel
+                dyx = dw_part[n, c] - (k * r) * db_part[n, c]  # sum(dy * xhat) over the channel
                 dw_part[n, c] = dyx
                 wc = w[c] if w is not None else one
                 s1 += wc * dyx
@@ -876,12 +880,12 @@ def _backward_samples(dy, x, mean, rstd, w, dx):
     blocks = last_blocks(N, S)
     dyl, xl, dxl = (kernel_view(a).transpose(0, 2, 1) for a in (dy, x, dx))
     parts = np.empty((blocks.shape[0], 3, C))
-    launch(_last_gradient_sums, x.size, 1, dyl, xl, mean, parts, blocks)
+    launch(_last_gradient_sums, x.size, 1, dyl, xl, mean, rstd, parts, blocks)
     corr, c1, c2 = (np.empty(mean.shape, rstd.dtype) for _ in range(3))
     dw_part, db_part = np.empty((N, C), rstd.dtype), np.empty((N, C), rstd.dtype)
     marked = np.empty(mean.shape, np.bool_)
     last_gradient_constants(parts, rstd, w, S, corr, c1, c2, dw_part, db_part, marked)
-    if marked.any() and _finite_group(x, marked) and _finite_group(dy, marked):
+    if marked.any() and _finite_group(x, marked):
         return None
     launch(_last_dx, x.size, 1, dyl, xl, mean, corr, rstd, w, c1, c2, dxl, blocks)
     return dw_part, db_part

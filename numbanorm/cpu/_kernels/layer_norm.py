@@ -160,13 +160,15 @@ def backward_rows(
             # saved mean for its rounding to the float32 grid (at mean 1e4 the
             # grid is 1e-3, 5% of the std of the tests' large-offset case,
             # which left dweight 1.4e-2 off; with corr it is 5e-8 off).
-            dsum, xw, c2 = backward_sums(dy, x, i, mu, w, zero)
+            dsum, xw, c2 = backward_sums(dy, x, i, mu, r, w, zero)
             corr = dsum * inv_n
             c2 *= inv_n
-            c1 = (xw * inv_n - corr * c2) * r
+            c1 = xw * inv_n - (corr * r) * c2
             # a sum past the range on a finite row, xw's in x's units or c1's in rstd's
-            # (row_factors; a non-finite corr or c2 makes c1 so)
-            if not np.isfinite(c1 * n) and row_is_finite(x, i) and row_is_finite(dy, i):
+            # (row_factors; a non-finite corr or c2 makes c1 so); a non-finite dy too, whose
+            # c1 is rightly so, but whose xhat, from a corr past the range, would spoil every
+            # column's dweight, not the dy's own
+            if not np.isfinite(c1 * n) and row_is_finite(x, i):
                 if RESCALE:  # as in forward_rows
                     scaled_backward_row(dy, x, i, mu, r, w, 0, 1, ds, dx, dwp, dbp)
                 else:
@@ -209,13 +211,14 @@ def backward_sums(
     x,      # (M, N) forward input
     i,      # scalar: the row
     mu,     # scalar: its saved mean
+    r,      # scalar: its saved rstd
     w,      # (N,) weight or None
     zero,   # scalar 0 in the accumulation dtype
 ):
-    """Row ``i``'s ``(sum(x - mu), sum((x - mu) * wdy), sum(wdy))``, wdy = w * dy,
+    """Row ``i``'s ``(sum(x - mu), sum((x - mu) * r * wdy), sum(wdy))``, wdy = w * dy,
     in the accumulation dtype (blocked: sums.gradient_sums)."""
     wide_vectors(dy)
-    dsum, xw, wsum = gradient_sums(dy, x, i, mu, like(1.0, zero), w, zero, 0.0)
+    dsum, xw, wsum = gradient_sums(dy, x, i, mu, r, w, zero, 0.0)
     return like(dsum, zero), like(xw, zero), like(wsum, zero)
 
 

@@ -65,10 +65,13 @@ def row_scale(
     x,      # (M, L) rows
     i,      # scalar: the row
 ):
-    """``e`` with every ``|x[i]| * 2**-e`` at most 1: scaling by it is exact."""
+    """``e`` with every finite ``|x[i]| * 2**-e`` at most 1: scaling by it is exact (a
+    gradient's NaN or inf, which stays one, does not set it)."""
     amax = 0.0
     for j in range(x.shape[1]):
-        amax = max(amax, abs(np.float64(widen(x[i, j]))))
+        v = abs(np.float64(widen(x[i, j])))
+        if amax < v < np.inf:
+            amax = v
     return math.frexp(amax)[1]
 
 
@@ -119,13 +122,17 @@ def scaled_row(
         total += math.ldexp(np.float64(widen(x[i, j])), -e)
     mu = total / n
     dsum = 0.0
+    for j in range(n):
+        dsum += math.ldexp(np.float64(widen(x[i, j])), -e) - mu
+    corr = dsum / n
+    # the squares of the corrected deviations, a pass of their own: mean(d * d) - corr**2
+    # cancelled where the first mean's rounding passed the row's spread (70000 copies of
+    # 1e300, one an ulp above: its y was 5e-4 off)
     sq = 0.0
     for j in range(n):
-        d = math.ldexp(np.float64(widen(x[i, j])), -e) - mu
-        dsum += d
-        sq += d * d
-    corr = dsum / n
-    var_s = max(sq / n - corr * corr, 0.0)
+        dev = (math.ldexp(np.float64(widen(x[i, j])), -e) - mu) - corr
+        sq += dev * dev
+    var_s = sq / n
     r, r_s = rstd_of(var_s, e, eps)
     for j in range(n):
         dev = (math.ldexp(np.float64(widen(x[i, j])), -e) - mu) - corr
@@ -169,7 +176,7 @@ def scaled_rms_row(
 
 @njit(cache=True, nogil=True)
 def scaled_backward_row(
-    dy,     # (M, N) gradient of y, row i finite
+    dy,     # (M, N) gradient of y (its non-finite elements' own results non-finite)
     x,      # (M, N) forward input, row i finite
     i,      # scalar: the row
     mu,     # scalar: its saved mean, or None (RMSNorm: not centered)

@@ -58,8 +58,9 @@ def gradient_sums(
     zero,   # scalar 0 in the accumulation dtype
     d0,     # float64 the first total starts from (group norm carries it across channels)
 ):
-    """float64 ``(d0 + sum(d), sum(d * wdy), sum(wdy))`` over row ``i``,
-    ``d = (x - mu) * s`` and ``wdy = dy * w``."""
+    """float64 ``(d0 + sum(d), sum(d * s * wdy), sum(wdy))`` over row ``i``,
+    ``d = x - mu`` and ``wdy = dy * w`` (``s`` the row's rstd: d * wdy of a tiny row with eps
+    0 underflowed, each d * s is of order 1)."""
     n = x.shape[1]
     dsum = d0
     xw = 0.0
@@ -70,11 +71,11 @@ def gradient_sums(
         xwpart = zero
         wpart = zero
         for j in range(least(n - lo, SUM_BLOCK)):  # from 0, as in deviation_sums
-            d = (widen(x[i, lo + j]) - mu) * s
+            d = widen(x[i, lo + j]) - mu
             g = widen(dy[i, lo + j])
             wdy = g * w[lo + j] if w is not None else g
             dpart += d
-            xwpart += d * wdy
+            xwpart += (d * s) * wdy
             wpart += wdy
         dsum += dpart
         xw += xwpart
