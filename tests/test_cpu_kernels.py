@@ -670,8 +670,8 @@ def test_the_sums_compiled_on_their_own_update_no_reference_count(dtype):
 
     x, w, z = np.ones((4, 64), dtype), np.ones(64, np.float32), np.float32(0)
     for fn, args in ((stats.row_stats, (x, 0, z)), (stats.row_sum_squares, (x, 0, z)),
-                     (ln_cpu.backward_sums, (x, x, 0, z, w, z)), (rms_cpu.backward_sum, (x, x, 0, z, w, z)),
-                     (gn_cpu.channel_sums, (x, x, 0, z, z, 0.0))):
+                     (ln_cpu.backward_sums, (x, x, 0, z, z, w, z)), (rms_cpu.backward_sum, (x, x, 0, z, w, z)),
+                     (gn_cpu.channel_sums, (x, x, 0, z, z, z, 0.0))):
         options = {k: v for k, v in fn.targetoptions.items() if k not in ("cache", "nopython")}
         fresh = njit(**options)(fn.py_func)  # not cached: inspectable
         fresh(*args)
