@@ -317,28 +317,27 @@ def test_a_nan_in_dy_spoils_its_own_dweight_column_not_the_others(impl, dtype):
 
 
 @pytest.mark.parametrize("dtype, scale", [(np.float32, 1e-25), ("bfloat16", 1e-25), (np.float64, 1e-170)])
-def test_the_backward_of_a_tiny_row_with_eps_0_is_the_scaled_up_rows(dtype, scale):
+def test_the_backward_of_a_tiny_row_with_eps_0_is_the_scaled_up_rows(impl, dtype, scale):
     """eps 0 makes LayerNorm and GroupNorm scale-free: dx of (x, dy) * 1e-25 is dx of (x, dy).
-    The CPU's sum of (x - mean) * dy underflowed there (1e-50 in float32), and dx came back
-    finite and 6-50 % off; each (x - mean) is now taken to rstd's units first.  (The GPU's
-    GroupNorm backward still sums before it scales: the closing note of 2026-12-07.)"""
+    The CPU's sum of (x - mean) * dy underflowed there (1e-50 in float32), as the GPU's
+    GroupNorm's did, and dx came back finite and 6-50 % off; each (x - mean) is now taken to
+    rstd's units first."""
     from numbanorm.measure import host_dtype
 
     dt = host_dtype(dtype)
     x, dy = np.array([[1.0, 2, 3, 4]]), np.array([[1.0, -2, 3, -4]])
     tiny_x, tiny_dy = (x * scale).astype(dt), (dy * scale).astype(dt)
-    def dx(mod, x, dy):
-        return mod.layer_norm_backward(dy, x, *mod.layer_norm_forward(x, 4, eps=0.0)[1:], 4)[0]
 
-    for mod in (nn, nn.cpu):
-        want = dx(mod, x.astype(dt), dy.astype(dt))
-        got = dx(mod, tiny_x, tiny_dy)
-        assert_close(got, want.astype(np.float64), dt, "dx")
-        for layout in (lambda a: a, channels_last):
-            g = layout(tiny_x.reshape(1, 2, 2))
-            stats = mod.group_norm_forward(g, 1, eps=0.0)[1:]
-            got = mod.group_norm_backward(layout(tiny_dy.reshape(1, 2, 2)), g, *stats)[0]
-            assert_close(got.reshape(1, 4), want.astype(np.float64), dt, "group dx")
+    def dx(x, dy):
+        return to_host(impl.layer_norm_backward(dy, x, *impl.layer_norm_forward(x, 4, eps=0.0)[1:], 4)[0])
+
+    want = dx(x.astype(dt), dy.astype(dt)).astype(np.float64)
+    assert_close(dx(tiny_x, tiny_dy), want, dt, "dx")
+    for layout in (lambda a: a, channels_last):
+        g = layout(tiny_x.reshape(1, 2, 2))
+        stats = impl.group_norm_forward(g, 1, eps=0.0)[1:]
+        got = to_host(impl.group_norm_backward(layout(tiny_dy.reshape(1, 2, 2)), g, *stats)[0])
+        assert_close(got.reshape(1, 4), want, dt, "group dx")
 
 
 @pytest.mark.parametrize("base", [1e300, 1e-300])

@@ -28,10 +28,11 @@ two factors in turn (``_fold_fns``).
 
 Backward, in three kernels (the dx of a group needs sums over all its channels):
 
-1. per (n, c) row of S elements: A = sum(dy * (x - mean)) * rstd, B = sum(dy) and
-   D = sum(x - mean) * rstd (in rstd's units: a group's sums are summed over its
-   channels, and a row whose sums of x - mean overflowed is summed again with
-   (x - mean) * rstd, ``stats.rescue_fns``' counterpart);
+1. per (n, c) row of S elements: A = sum(dy * (x - mean) * rstd), B = sum(dy) and
+   D = sum((x - mean) * rstd) (in rstd's units, each deviation before it is summed: a
+   group's sums are summed over its channels, a huge row's would overflow and a tiny
+   one's products with dy underflow; a row whose sum of dy overflowed is summed again
+   with dy scaled down, ``stats.rescue_fns``' counterpart);
 2. per (n, c) row, from its group's Cg rows of sums (one 3-value reduction):
    cr = sum(D) / L = corr * rstd corrects the saved float32 mean's rounding (as in
    ``layer_norm``), dyx = A - cr * B = sum(dy * xhat) is this row's
@@ -549,12 +550,13 @@ def _advance(pos, src, dst, by, Cg, C_):
 
 
 @functools.lru_cache(maxsize=None)
-def _channel_row_sums_fn(xdt, code, scaled=False):
+def _channel_row_sums_fn(xdt, code, down=False):
     """``sums(xr, dyr, raw, mu, r, sg, live, t, NW, v, at)``: this thread's sum(dy), sum(dy * (x -
-    mu)), sum(x - mu) over a (sample, channel) row into v[at:at + 3]: from its fetched
-    words (registers path), or loaded word by word.  ``scaled``: the deviations in rstd's
-    units, (x - mu) * r, and dy times ``sg`` (``r``, ``sg`` unread otherwise), for a group
-    whose sums overflowed."""
+    mu) * r), sum((x - mu) * r) over a (sample, channel) row into v[at:at + 3]: from its
+    fetched words (registers path), or loaded word by word.  The deviations in rstd's units
+    before they meet dy (with eps 0 a tiny group's dy * (x - mu) underflowed, where dx is of
+    order one); ``down``: dy times ``sg`` too (unread otherwise), for a row whose sum of dy
+    overflowed."""
     ACC, _, WPT, _ = _consts(xdt, code)
     TPR, V, LOOP, VPT = code.tpr, code.vec, code.loop, code.vpt
     LOADW = C.word_fns(xdt, ACC.name, V)[0]
@@ -563,8 +565,8 @@ def _channel_row_sums_fn(xdt, code, scaled=False):
     @cuda.jit(device=True)
     def word_sums(xs, gs, e0, mu, r, sg, f, v, at):
         for e in range(e0, e0 + V):
-            d = (xs[e] - mu) * r if scaled else xs[e] - mu
-            fg = f * gs[e] * sg if scaled else f * gs[e]
+            d = (xs[e] - mu) * r
+            fg = f * gs[e] * sg if down else f * gs[e]
             v[at] += fg
             v[at + 1] += fg * d
             v[at + 2] += f * d
@@ -575,8 +577,8 @@ def _channel_row_sums_fn(xdt, code, scaled=False):
         dyr,    # (SW,) ... of dy
         raw,    # (slots,) the row's fetched words, x then dy (registers path)
         mu,     # scalar: the group's saved mean
-        r,      # scalar: its saved rstd (scaled), else unread
-        sg,     # scalar: dy's scale (scaled), else unread
+        r,      # scalar: its saved rstd
+        sg,     # scalar: dy's scale (down), else unread
         live,   # bool: the row exists
         t,      # int: thread within the row group
         NW,     # int: words per row
@@ -606,13 +608,12 @@ def _channel_row_sums_fn(xdt, code, scaled=False):
 
 @functools.lru_cache(maxsize=None)
 def _channel_rescue_fns(xdt, code):
-    """``(overflowed, in_rstd_units, rescaled)``, kernel 1's steps after a row's sums are
-    reduced: whether they left the range; in range, two of them taken into rstd's units;
-    out of it, summed again scaled (``rescaled(x, dy, row, raw, mu, r, out, t, NW, v, again,
-    at, scratch, it, tid)`` -> ``it``)."""
+    """``(overflowed, rescaled)``, kernel 1's steps after a row's sums are reduced: whether
+    they left the range; out of it, summed again with dy scaled down (``rescaled(x, dy, row,
+    raw, mu, r, out, t, NW, v, again, at, scratch, it, tid)`` -> ``it``)."""
     ACC = C.acc_type(xdt)
     TPR = code.tpr
-    SCALED = _channel_row_sums_fn(xdt, code, scaled=True)
+    SCALED = _channel_row_sums_fn(xdt, code, down=True)
     DOWN = stats.GRAD_RANGE[ACC.name][0]
     INF = ACC(math.inf)
 
@@ -621,16 +622,11 @@ def _channel_rescue_fns(xdt, code):
         return live and not (abs(v[at]) < INF and abs(v[at + 1]) < INF and abs(v[at + 2]) < INF)
 
     @cuda.jit(device=True)
-    def in_rstd_units(v, at, r):  # a row's sums of dy * (x - mean) and of x - mean, times its rstd
-        v[at + 1] *= r
-        v[at + 2] *= r
-
-    @cuda.jit(device=True)
     def rescaled(x, dy, row, raw, mu, r, out, t, NW, v, again, at, scratch, it, tid):  # -> it
-        # the sums of a row whose sums overflowed, again with (x - mean) * rstd, and with dy
-        # times DOWN where its sum overflowed (a thread's part may where the row's does not;
-        # its elements stay far above the subnormals), scaled back: every row of the vote
-        # reduces (zeros where not ``out``), only ``out`` rows adopt
+        # the sums of a row whose sums overflowed, again with dy times DOWN where its sum
+        # overflowed (a thread's part may where the row's does not; its elements stay far
+        # above the subnormals), scaled back: every row of the vote reduces (zeros where not
+        # ``out``), only ``out`` rows adopt
         rr = min(row, x.shape[0] - 1)
         sg = ACC(1) if abs(v[at]) < INF else ACC(DOWN)
         SCALED(x[rr], dy[rr], raw, mu, r, sg, out, t, NW, again, 0)
@@ -640,11 +636,9 @@ def _channel_rescue_fns(xdt, code):
             v[at] = again[0] * up
             v[at + 1] = again[1] * up
             v[at + 2] = again[2]
-        else:
-            in_rstd_units(v, at, r)
         return it + 1
 
-    return overflowed, in_rstd_units, rescaled
+    return overflowed, rescaled
 
 
 @functools.lru_cache(maxsize=None)
@@ -658,7 +652,7 @@ def _channel_sums_kernel(xdt, code):
     RAW, RAWN, D = _backward_raw(xdt, code)
     RAWN1, RAWN2, NV = (RAWN if D > 1 else 1), (RAWN if D > 2 else 1), 3 * D
     SUMS = _channel_row_sums_fn(xdt, code)
-    overflowed, in_rstd_units, rescaled = _channel_rescue_fns(xdt, code)
+    overflowed, rescaled = _channel_rescue_fns(xdt, code)
     FETCH = stats.fetch_rows_fn(xdt, code, 2, D)
     GROUP = group_sums_fn(NV)
     VOTE = stats.vote_fn(TPR, R)
@@ -670,9 +664,9 @@ def _channel_sums_kernel(xdt, code):
         return a[min(pos[at], U32(a.shape[0] - 1))]  # group n * G + g, as row = n * C + g * Cg + c
 
     @cuda.jit(device=True)
-    def row_sums(x, dy, row, raw, mu, t, NW, v, at):
+    def row_sums(x, dy, row, raw, mu, r, t, NW, v, at):
         rr = min(row, x.shape[0] - 1)
-        SUMS(x[rr], dy[rr], raw, mu, ACC(1), ACC(1), row < x.shape[0], t, NW, v, at)
+        SUMS(x[rr], dy[rr], raw, mu, r, ACC(1), row < x.shape[0], t, NW, v, at)
 
     @C.kernel_jit(BLOCK, C.ROW_RESIDENT)
     def channel_sums(
@@ -681,7 +675,7 @@ def _channel_sums_kernel(xdt, code):
         mean,   # (N*G,) saved mean
         rstd,   # (N*G,) saved rstd
         Cg,     # int: channels per group
-        part,   # (4, N*C) output rows 1-3: sum(dy), sum(dy * (x - mean)) * rstd, sum(x - mean) * rstd
+        part,   # (4, N*C) output rows 1-3: sum(dy), sum(dy * (x - mean) * rstd), sum((x - mean) * rstd)
     ):
         M = x.shape[0]
         NW = x.shape[1] // KW
@@ -712,11 +706,11 @@ def _channel_sums_kernel(xdt, code):
             r1 = saved(rstd, pos, 3) if D > 1 else ACC(0)
             r2 = saved(rstd, pos, 6) if D > 2 else ACC(0)
             _advance(pos, 3 * D - 3, 0, by, Cg, Cg)
-            row_sums(x, dy, row, raw0, mu0, t, NW, v, 0)
+            row_sums(x, dy, row, raw0, mu0, r0, t, NW, v, 0)
             if D > 1:
-                row_sums(x, dy, row + step, raw1, mu1, t, NW, v, 3)
+                row_sums(x, dy, row + step, raw1, mu1, r1, t, NW, v, 3)
             if D > 2:
-                row_sums(x, dy, row + 2 * step, raw2, mu2, t, NW, v, 6)
+                row_sums(x, dy, row + 2 * step, raw2, mu2, r2, t, NW, v, 6)
             GROUP(v, scratch, it & 1, tid, TPR)
             it += 1
             o0 = overflowed(v, 0, row < M)
@@ -728,12 +722,6 @@ def _channel_sums_kernel(xdt, code):
                     it = rescaled(x, dy, row + step, raw1, mu1, r1, o1, t, NW, v, again, 3, scratch, it, tid)
                 if D > 2:
                     it = rescaled(x, dy, row + 2 * step, raw2, mu2, r2, o2, t, NW, v, again, 6, scratch, it, tid)
-            else:  # in rstd's units: the group's dx kernel sums them over its channels
-                in_rstd_units(v, 0, r0)
-                if D > 1:
-                    in_rstd_units(v, 3, r1)
-                if D > 2:
-                    in_rstd_units(v, 6, r2)
             for d in range(D):
                 if t == 0 and row + d * step < M:
                     for i in range(3):
@@ -1076,7 +1064,7 @@ def backward(dy, x, mean, rstd, weight, dx, dweight, dbias, *, stream=0, empty=N
     G = mean.shape[1]
     acc = C.F64 if x.dtype == C.F64 else C.F32  # dweight/dbias: any float dtype (column_sums)
     # rows: sum(dy * xhat) and sum(dy) (the dweight/dbias partials, summed over
-    # samples at the end), then sum(dy * (x - mean)) and sum(x - mean), times rstd
+    # samples at the end), then sum(dy * (x - mean) * rstd) and sum((x - mean) * rstd)
     part = (empty or C.device_empty)((4, n, c), acc)
     if n:
         xdt = np.dtype(x.dtype)
