@@ -164,7 +164,7 @@ def backward_rows(
             corr = dsum * inv_n
             c2 *= inv_n
             c1 = xw * inv_n - (corr * r) * c2
-            # a sum past the range on a finite row, xw's in x's units or c1's in rstd's
+            # a sum past the range on a finite row, corr's in x's units or c1's in rstd's
             # (row_factors; a non-finite corr or c2 makes c1 so); a non-finite dy too, whose
             # c1 is rightly so, but whose xhat, from a corr past the range, would spoil every
             # column's dweight, not the dy's own
