@@ -128,7 +128,7 @@ class Calls:
                            ...,
                            eps,)
                     plan = PLANS.get(key)
-            except RuntimeError:  # (a nested or sparse tensor ...)
+            except RuntimeError:  # (a nested or sparse tensor's: the full path's)
                 key = None
             if plan is not None:
                 entry, likes, eps_, m, n, blocks, stacked, step, spare = plan
@@ -178,8 +178,8 @@ class Calls:
                 first = f"{r}.is_cpu" if recorded else f"type({r}) in PLAIN and {r}.is_cpu"
                 second = f"{r}.is_contiguous() and not {r}.is_neg()"
                 # (a recorded call's caller checked its tensors' types: _direct)
-                checks.append(f"({r} is None or {first}\n                 and {second})" if r in self.optional
-                              else f"{first}\n            and {second}")
+                checks.append(f"({r} is None or {first}\n                     and {second})" if r in self.optional
+                              else f"{first}\n                and {second}")
                 key += ([f"None if {r} is None else {r}.shape", f"None if {r} is None else {r}.dtype"]
                         if r in self.optional else [f"{r}.shape, {r}.dtype"])
             elif r == "normalized_shape":
@@ -225,15 +225,15 @@ class Calls:
                    f"return {returned if k == len(self.made) else ', '.join(self.made[:k])}"]
             miss = [f"output = FULL(key, {args})", f"SETUP(ctx, {args}, output, False)",
                     "return output[0]" if k == 1 else f"return output[:{k}]"]
-        cond, keys = "\n            and ".join(checks), ",\n               ".join(key)
-        given = ",\n                             ".join(given)
+        cond, keys = "\n                and ".join(checks), ",\n                   ".join(key)
+        given = ",\n                         ".join(given)
         body = [
             "key = plan = None",
             "try:",
             f"    if ({cond}):",
             f"        key = ({keys},)",
             "        plan = PLANS.get(key)",
-            "except RuntimeError:  # (a nested or sparse tensor has no strides or sizes: the full path refuses it)",
+            "except RuntimeError:  # (a nested or sparse tensor's: the full path's)",
             "    key = None",
             "if plan is not None:",
             "    entry, likes, eps_, m, n, blocks, stacked, step, spare = plan",
