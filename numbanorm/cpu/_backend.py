@@ -121,7 +121,6 @@ class RowsForward(NamedTuple):
     stat_shape: tuple       # the statistics as returned (keep-dims)
     acc: np.dtype           # the accumulation dtype
     eps: Any                # eps as validated, in acc
-    block: int              # rows per block of the parallel kernel
     direct: bool            # weights in x's or acc's dtype: straight to the kernel (an out= apart from the inputs)
     half: Any               # 16-bit x: the integer dtypes of x and of weights in x's dtype, else None
     flat: bool              # x is (M, N) already: no reshape of x or y
@@ -251,8 +250,8 @@ def _learn_forward(name, c, acc):
         return GroupsForward(c.problem.flat, c.problem.stats, acc.type(c.eps), order)
     direct = all(a is None or a.dtype in (acc, x.dtype) for a in (weight, bias))
     n = x.size // rows
-    return RowsForward(rows, n, c.problem.kept, acc, acc.type(c.eps), layer_norm.row_block(rows), direct,
-                       _views(x, weight, bias), x.shape == (rows, n), should_stream(x))
+    return RowsForward(rows, n, c.problem.kept, acc, acc.type(c.eps), direct, _views(x, weight, bias),
+                       x.shape == (rows, n), should_stream(x))
 
 
 def _learn_backward(c, acc):
@@ -304,10 +303,11 @@ def _backward_key(kind, args):
     return tuple(sig)
 
 
-def _block(block, size, rows):
-    """The plan's rows per block where the call runs on the calling thread (a small call's:
-    unused), else as many as the thread count asks now (it may have changed since the plan)."""
-    return block if size < SERIAL_BELOW else layer_norm.row_block(rows)
+def _block(size, rows):
+    """Rows per block of the parallel kernel, as the thread count asks now (it may have
+    changed since the plan was learned); 0 where the call runs on the calling thread
+    (``launch`` reads no block there)."""
+    return 0 if size < SERIAL_BELOW else layer_norm.row_block(rows)
 
 
 def _layer_norm(plan, args, plain=False):
@@ -316,8 +316,8 @@ def _layer_norm(plan, args, plain=False):
     x, _, weight, bias, _, out = args
     if out is not None and not out.flags.writeable:
         return None  # (the full path says why a read-only out= is refused)
-    m, n, stat, acc, e, block, direct, half, flat, stream = plan
-    block = _block(block, x.size, m)
+    m, n, stat, acc, e, direct, half, flat, stream = plan
+    block = _block(x.size, m)
     y = np.empty(x.shape, x.dtype) if out is None else out
     if plain:  # the statistics, unreturned, in one allocation (two cost a share of a small call)
         kept = np.empty((2, m), acc)
@@ -343,8 +343,8 @@ def _rms_norm(plan, args, plain=False):
     x, _, weight, _, out = args
     if out is not None and not out.flags.writeable:
         return None  # (the full path says why a read-only out= is refused)
-    m, n, stat, acc, e, block, direct, half, flat, stream = plan
-    block = _block(block, x.size, m)
+    m, n, stat, acc, e, direct, half, flat, stream = plan
+    block = _block(x.size, m)
     y = np.empty(x.shape, x.dtype) if out is None else out
     rstd = np.empty(m if plain else stat, acc)
     x2, y2 = (x, y) if flat else (x.reshape(m, n), y.reshape(m, n))
