@@ -184,7 +184,7 @@ def _launcher(backend, qualified):
 
 class Checked(NamedTuple):
     """A call after validation (step 1): everything the launch depends on."""
-    given: dict             # role -> the caller's argument (out= too, for a forward)
+    given: dict             # role -> the caller's argument, in the arguments' order (a forward's out= last)
     arrays: dict            # role -> the backend's view of that argument (``native``)
     x: Any                  # the view of what is normalized: x, or the fused backward's s
     dtype: Any              # x's dtype

@@ -687,7 +687,7 @@ class Replays:
         # the leading array and out= by their roles' places, not by identity: one learned
         # with dy given as x, or out= as x, would replay another call of the same memory on
         # dy's stream, or return x for its out=
-        roles = list(given)  # (in the arguments' order)
+        roles = list(given)  # (in the arguments' order: Checked.given's)
         lead_at, out_at = roles.index("x" if "x" in given else "s"), len(roles) - 1
         lead = places.index(lead_at) if lead_at in places else None
         out = places.index(out_at) if roles[-1] == "out" and out_at in places else None
