@@ -470,6 +470,54 @@ def test_jit_script_says_numbanorms_modules_cannot_be_scripted():
             torch.jit.script(module)
 
 
+class _Exported(torch.nn.Module):
+    """One of each norm and a fused one, as a model that torch.export takes."""
+    def __init__(self):
+        super().__init__()
+        self.ln, self.rms, self.gn = nt.LayerNorm(8), nt.RMSNorm(8), nt.GroupNorm(2, 4)
+
+    def forward(self, x):
+        h = self.ln(x)
+        y, s = nt.add_rms_norm(h, x, 8, self.rms.weight)
+        return self.gn(y.reshape(3, 4, 2)), s
+
+
+def test_torch_export_saves_the_operators_and_a_process_that_imports_numbanorm_torch_loads_them(tmp_path):
+    """torch.export records numbanorm's operators (not the tensors one call returned), and the
+    program saved by torch.export.save runs, with the same bits, in a fresh process that
+    imports numbanorm.torch before torch.export.load (which registers them: the README says so)."""
+    import os
+    import subprocess
+    import sys
+
+    model = _Exported().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape))
+    x = torch.randn(3, 8)
+    program = torch.export.export(model, (x,))
+    assert "numbanorm." in str(program.graph)
+    x2 = torch.randn(3, 8)  # (another input: a recorded tensor would not follow it)
+    with torch.no_grad():
+        want = model(x2)
+    for a, e in zip(program.module()(x2), want):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
+    torch.export.save(program, tmp_path / "model.pt2")
+    torch.save({"x": x2, "want": want}, tmp_path / "io.pt")
+    script = (
+        "import sys, torch\n"
+        "import numbanorm.torch\n"
+        "program = torch.export.load(sys.argv[1])\n"
+        "io = torch.load(sys.argv[2])\n"
+        "for a, e in zip(program.module()(io['x']), io['want']):\n"
+        "    torch.testing.assert_close(a, e, rtol=0, atol=0)\n"
+        "print('same')\n")
+    env = dict(os.environ, NUMBA_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "model.pt2"), str(tmp_path / "io.pt")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "same", done.stderr[-3000:]
+
+
 def test_fx_and_fake_tensors_trace_the_calls():
     """torch.fx's symbolic tracing records a call of numbanorm's function (which its graph
     module calls again); under FakeTensorMode the operators' fake implementations answer."""
