@@ -246,6 +246,23 @@ def _env(threads, cache_dir, tree=ROOT):
     return env
 
 
+def python_lacks(python, dtypes=DTYPES):
+    """Why interpreter ``python`` (None: this one) cannot run the cold-start processes of
+    ``dtypes``, or None: numba and NumPy, and ml_dtypes for bfloat16, must import there.
+    Asked before a run measures anything (a run's cold starts come last)."""
+    modules = ["numba", "numpy"] + (["ml_dtypes"] if "bfloat16" in dtypes else [])
+    try:
+        proc = subprocess.run([python or sys.executable, "-c", f"import {', '.join(modules)}"],
+                              capture_output=True, text=True, timeout=300)
+    except OSError as e:
+        return f"the cold-start interpreter {python} does not run: {e}"
+    if proc.returncode:
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return (f"the cold-start interpreter {python or sys.executable} cannot import {', '.join(modules)}"
+                f" ({last}): install them there (ml_dtypes for the bfloat16 cases)")
+    return None
+
+
 def _run_child(python, args, env, timeout, what):
     proc = subprocess.run([python or sys.executable, os.path.abspath(__file__), *args], cwd=tempfile.gettempdir(),
                           env=env, capture_output=True, text=True, timeout=timeout)
@@ -455,6 +472,8 @@ def main(argv=None):
     ap.add_argument("--note", default="")
     ap.add_argument("--out", default="cold-start", help="results stem under benchmarks/results")
     a = ap.parse_args(argv)
+    if "first_calls" in a.only and (lacks := python_lacks(a.python, tuple(a.dtypes))):
+        ap.error(lacks)
     load_before = harness.measure.loadavg()
     cold = run(tuple(a.dtypes), tuple(filter(None, a.only.split(","))), a.threads, a.python, a.main_job,
                baseline=a.baseline and os.path.abspath(a.baseline), profile=not a.no_profile,

@@ -111,12 +111,18 @@ def main(argv=None):
         threads = measure.set_threads(a.threads)
     except ValueError as e:
         ap.error(str(e))
+    cold = a.device == "cpu" and not (a.no_cold_start or a.half or a.small)
+    if cold:  # (they run last: an interpreter that cannot run them would lose the whole run)
+        from . import cold_start
+
+        if lacks := cold_start.python_lacks(a.cold_python):
+            ap.error(lacks)
     timing = {"budget_s": a.budget, "min_repeats": a.min_repeats, "max_repeats": a.max_repeats}
     t0 = time.perf_counter()
     print(f"{len(cases)} cases on {a.device}, {threads} thread(s); {len(skipped)} skipped for memory",
           file=sys.stderr)
     res = harness.run(cases, threads, a.impl, a.peers, a.note, skipped,
-                      cold=a.device == "cpu" and not (a.no_cold_start or a.half or a.small),
+                      cold=cold,
                       compile_times=not a.no_compile_times, show_progress=not a.no_progress,
                       cold_python=a.cold_python, draws=targets.draws if a.targets else None,
                       drawn_timing=targets.DRAWN_TIMING, **timing)

@@ -723,6 +723,33 @@ def test_cold_start_processes_can_run_another_interpreter(monkeypatch):
     assert run.parser().parse_args(["--cold-python", "/elsewhere/python"]).cold_python == "/elsewhere/python"
 
 
+def test_a_cold_start_interpreter_that_cannot_run_them_is_refused_before_anything_is_measured(tmp_path, monkeypatch,
+                                                                                                capsys):
+    """A targets run measures its cold starts last: an interpreter without ml_dtypes (its
+    bfloat16 first calls) lost a whole run's measurements at its end.  run and cold_start
+    now ask it first and refuse it by name."""
+    import os
+
+    from benchmarks import cold_start as cs, run
+
+    fake = tmp_path / "python"  # (an interpreter with numba and NumPy but no ml_dtypes)
+    fake.write_text('#!/bin/sh\ncase "$2" in *ml_dtypes*) echo "ModuleNotFoundError: No module named '
+                    "'ml_dtypes'\" >&2; exit 1;; esac\nexit 0\n")
+    os.chmod(fake, 0o755)
+    assert "ml_dtypes" in cs.python_lacks(str(fake)) and str(fake) in cs.python_lacks(str(fake))
+    assert cs.python_lacks(str(fake), ("float32", "float16")) is None
+    assert cs.python_lacks(None) is None  # (this interpreter has them all)
+    assert "does not run" in cs.python_lacks(str(tmp_path / "missing"))
+    monkeypatch.setattr(harness, "run", lambda *a, **k: pytest.fail("measured before the check"))
+    with pytest.raises(SystemExit) as e:
+        run.main(["--norm", "rms_norm", "--dtype", "float32", "--rows", "8", "--hidden", "64", "--no-plot",
+                  "--dir", str(tmp_path), "--cold-python", str(fake)])
+    assert e.value.code == 2 and "No module named 'ml_dtypes'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        cs.main(["--python", str(fake), "--out", str(tmp_path / "never")])
+    assert e.value.code == 2
+
+
 # ------------------------------------------------------------------ fused-add and Dask tables
 
 
