@@ -778,6 +778,58 @@ def test_sixteen_bit_rows_ask_for_512_bits_from_sapphire_rapids_on(monkeypatch, 
     assert halves.wide_halves(tuple(features.split(",")), name) is wide
 
 
+_NO_AVX_CHILD = """
+import json, sys
+import ml_dtypes, numpy as np, numbanorm as nn
+from numbanorm.cpu._kernels import halves
+bf = ml_dtypes.bfloat16
+rng = np.random.default_rng(0)
+x, dy = rng.standard_normal((2, 5, 40)).astype(bf)
+w, b = rng.uniform(0.5, 1.5, (2, 40)).astype(bf)
+y, m, r = nn.layer_norm_forward(x, 40, w, b)
+dx = nn.layer_norm_backward(dy, x, m, r, 40, w)[0]
+yr = nn.rms_norm(x, 40, w)
+np.savez(sys.argv[1], *(a.view(np.int16) for a in (y, dx, yr)))
+print(json.dumps([halves.BFLOAT16_BY_INSTRUCTION, halves.WIDE_HALVES]))
+"""
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86's AVX")
+def test_bfloat16_where_numba_compiles_without_avx(tmp_path):
+    """With NUMBA_ENABLE_AVX=0 (or a CPU name for which Numba turns AVX off itself) Numba
+    compiles without AVX: the 16-bit rows read the features Numba compiles with, so
+    bfloat16 runs by integer code with this process's bits.  Before, on a host with
+    AVX512-BF16, the vcvtneps2bf16 intrinsic met a target without it and LLVM aborted the
+    process ("Do not know how to promote this operator!"), and info said AVX-512 yes."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("ml_dtypes")
+    env = dict(os.environ, NUMBA_ENABLE_AVX="0", NUMBA_NUM_THREADS="1", NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("NUMBA_CPU_FEATURES", None), env.pop("NUMBA_CPU_NAME", None)
+    out = tmp_path / "out.npz"
+    done = subprocess.run([sys.executable, "-c", _NO_AVX_CHILD, str(out)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [False, False]
+    import ml_dtypes
+    bf = ml_dtypes.bfloat16
+    rng = np.random.default_rng(0)
+    x, dy = rng.standard_normal((2, 5, 40)).astype(bf)
+    w, b = rng.uniform(0.5, 1.5, (2, 40)).astype(bf)
+    y, m, r = nn.layer_norm_forward(x, 40, w, b)
+    want = (y, nn.layer_norm_backward(dy, x, m, r, 40, w)[0], nn.rms_norm(x, 40, w))
+    got = np.load(out)
+    for i, a in enumerate(want):
+        np.testing.assert_array_equal(got[f"arr_{i}"], a.view(np.int16))
+    info = subprocess.run([sys.executable, "-m", "numbanorm", "info"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    line = next(s for s in info.stdout.splitlines() if s.startswith("cpu target"))
+    assert "AVX off" in line and "AVX-512 no" in line and "AVX2 no" in line and line.endswith("integer code")
+
+
 def test_backward_dx_of_a_row_does_not_depend_on_the_others(rng):
     """A row's dx is the same bits alone or among others, wherever it falls in a block."""
     x = (rng.standard_normal((37, 129)) + 3).astype(np.float32)

@@ -63,16 +63,17 @@ def kernel_view(a):
 
 
 def _x86_features():
-    """The x86 features Numba compiles for (``"+f16c,..."``), or None: another
-    architecture, or a named target CPU whose features are not listed."""
+    """The x86 features Numba compiles for (``["+f16c", ...]``), or None on another
+    architecture: ``NUMBA_CPU_FEATURES`` (none for ``NUMBA_CPU_NAME=generic``), else the
+    host's as Numba's code generator takes them, without AVX where ``NUMBA_ENABLE_AVX``
+    is 0 or Numba turns it off for the CPU (an intrinsic of a feature Numba compiles
+    without aborts the process in LLVM)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None
-    if config.CPU_FEATURES is not None:
-        return config.CPU_FEATURES.split(",")
-    if config.CPU_NAME in (None, "host"):
-        from llvmlite import binding
-        return binding.get_host_cpu_features().flatten().split(",")
-    return None
+    from numba.core import codegen
+
+    flat = config.CPU_FEATURES if config.CPU_FEATURES is not None else codegen.get_host_cpu_features()
+    return flat.split(",")
 
 
 def _native_half():
