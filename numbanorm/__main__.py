@@ -58,7 +58,7 @@ def info(out=None):
     p("optional       " + ", ".join(f"{n} {v or 'not installed'}" for n, v in have.items()))
     m = machine.machine_info(include_gpu=False)
     p(f"cpu            {m['cpu']}, {m['cores']} logical CPUs ({_info_usable_cpus()} usable here), "
-      f"{m['mem_gib']} GiB")
+      + (f"{m['mem_gib']} GiB" if m["mem_gib"] is not None else "memory not read from the OS"))
     p(f"cpu target     {_info_cpu_target()}")
     p(f"streaming      {_info_streaming()}")
     in_use, layers = _info_threading()  # first: numba.get_num_threads() raises without a layer
@@ -119,10 +119,13 @@ def _info_streaming():
     from .cpu._kernels import memory as m
 
     mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
+    levels = {level for level, _, _ in m._data_caches(m._SYSFS_CACHE)}  # (none: the defaults)
+    guessed = " (none read from the OS: a default)"
     return (f"outputs of {mib(m.STREAM_MIN_BYTES)} or more ({m.STREAM_FRACTION} x the {mib(m.CACHE_BYTES)} of "
-            f"cache counted on: a {mib(m.LAST_LEVEL_CACHE)} last-level cache, {m.CACHE_CPUS} usable CPU(s) "
-            f"sharing it, at most {mib(m.CACHE_PER_CPU)} each); streamed rows in groups where x, weight and "
-            f"bias take more than the {m.L1_DATA_BYTES // 1024} KiB L1 data cache")
+            f"cache counted on: a {mib(m.LAST_LEVEL_CACHE)} last-level cache{'' if levels else guessed}, "
+            f"{m.CACHE_CPUS} usable CPU(s) sharing it, at most {mib(m.CACHE_PER_CPU)} each); streamed rows in "
+            f"groups where x, weight and bias take more than the {m.L1_DATA_BYTES // 1024} KiB L1 data cache"
+            + ("" if 1 in levels else guessed))
 
 
 def _info_threading():

@@ -546,6 +546,22 @@ def test_info_follows_numbas_settings(tmp_path):
     assert "is not usable, numba fell back to this" in f["kernel cache"]
 
 
+def test_info_says_which_sizes_it_could_not_read_from_the_os(capsys, monkeypatch):
+    """Where the OS shows no caches (macOS, Windows, a masked /sys) the kernels count on
+    defaults, and without /proc/meminfo the memory is unknown: info said so as if read
+    ("a 32.0 MiB last-level cache", "None GiB")."""
+    from numbanorm import machine
+    from numbanorm.cpu._kernels import memory
+
+    monkeypatch.setattr(memory, "_data_caches", lambda folder: [])
+    monkeypatch.setattr(machine, "mem_total_bytes", lambda: None)
+    assert cli.main(["info"]) == 0
+    f = _info_fields(capsys.readouterr().out)
+    assert f["cpu"].endswith("usable here), memory not read from the OS") and "None" not in f["cpu"]
+    assert "last-level cache (none read from the OS: a default), " in f["streaming"]
+    assert f["streaming"].endswith("L1 data cache (none read from the OS: a default)")
+
+
 def test_info_says_when_the_cache_is_not_writable(capsys, monkeypatch):
     """Root writes anywhere, so a read-only folder is played by the write test failing."""
     import tempfile
