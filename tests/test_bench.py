@@ -1234,6 +1234,18 @@ def test_the_fresh_dx_probe_keeps_every_round_and_its_children_get_their_environ
     assert harness.in_child(code, env=design_probes.KEEP_MAPPED) == design_probes.KEEP_MAPPED["MALLOC_MMAP_THRESHOLD_"]
 
 
+def test_the_fresh_dx_probe_keeps_a_round_of_a_few_microseconds(monkeypatch):
+    """A round kept to 0.01 ms was 0.0 where a tiny shape's call took under 5 us (the test
+    above failed so on a fast day, its 4 KiB-page call at 0.01 ms)."""
+    pytest.importorskip("torch")
+    from benchmarks import design_probes
+
+    monkeypatch.setattr(design_probes, "timed_rounds",
+                        lambda variants, rounds, **kw: {k: np.full(rounds, 3e-6) for k in variants})
+    fd = design_probes.fresh_dx(2, shape=(2, 8, 4, 4), groups=(2,))
+    assert all(r == [0.003, 0.003] for r in fd["cases"][0]["ms_rounds"].values())
+
+
 def test_the_streaming_sweep_spans_its_range_of_the_cache_in_whole_mib():
     from fractions import Fraction
 
