@@ -340,6 +340,27 @@ def test_the_backward_of_a_tiny_row_with_eps_0_is_the_scaled_up_rows(impl, dtype
         assert_close(got.reshape(1, 4), want, dt, "group dx")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, "bfloat16"])
+@pytest.mark.parametrize("scale, eps, along", [(1e-30, 0.0, 1e9), (1e-2, 1e-5, 5e36)])
+def test_a_group_whose_dy_runs_along_xhat_with_a_large_rstd_has_a_finite_dx(impl, dtype, scale, eps, along):
+    """rstd * c1 leaves the range where dy runs along xhat (c1 about |weight * dy|) and rstd is
+    large, while xhat * c1 and dx stay in it: the GPU's GroupNorm backward formed rstd * c1
+    once a group and wrote dx as +-inf where the oracle's is about 1e37."""
+    from numbanorm.measure import host_dtype
+
+    dt = host_dtype(dtype)
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((1, 2, 4)) * scale).astype(dt)  # one group of 8
+    _, mean, rstd = impl.group_norm_forward(x, 1, None, None, eps)
+    y = ORACLE.group_norm_forward(x, 1, None, None, eps)[0]
+    # (a tenth across: dx a tenth of dy's terms, which it is the difference of)
+    dy = (y.astype(np.float64) * along + rng.standard_normal(x.shape) * along * 0.1).astype(dt)
+    got = to_host(impl.group_norm_backward(dy, x, mean, rstd)[0])
+    want = ORACLE.group_norm_backward(dy, x, to_host(mean), to_host(rstd))[0]
+    assert np.isfinite(want.astype(np.float64)).all() and np.isfinite(got.astype(np.float64)).all()
+    assert_close(got, want.astype(np.float64), dt, "dx")
+
+
 @pytest.mark.parametrize("base", [1e300, 1e-300])
 def test_a_nearly_constant_float64_row_past_the_range_keeps_its_spread(base):
     """70000 copies of 1e300 (or 1e-300, eps 0), one an ulp above: float64 rows that the

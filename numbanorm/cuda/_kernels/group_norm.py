@@ -781,10 +781,11 @@ def _dx_row_fn(xdt, wdt, code):
     FACTORS = stats.grad_factors_fn(ACC.name)
 
     @cuda.jit(device=True)
-    def word_dx(xs, gs, mu, f, rf, wc, rc1, c2c):  # (rc1 = rstd * c1: xhat * c1 without xhat; c2c = c2 -
-        for e in range(V):                         # corr * rc1; wc times f: stats.grad_factors_fn)
-            # (f on the bracket, not on rc1: rstd * c1 * f could leave the range, xhat * c1 * f not)
-            gs[e] = (MUL(gs[e], wc) - ((xs[e] - mu) * rc1 + c2c) * f) * rf
+    def word_dx(xs, gs, mu, f, rf, wc, r, c1, c2c):  # (c2c = c2 - corr * rstd * c1; wc times f:
+        for e in range(V):                           # stats.grad_factors_fn)
+            # (xhat before c1, and f on the bracket: rstd * c1 leaves the range where dy runs
+            # along xhat with a large rstd, xhat * c1 (* f) does not)
+            gs[e] = (MUL(gs[e], wc) - ((xs[e] - mu) * r * c1 + c2c) * f) * rf
 
     @cuda.jit(device=True)
     def dx_row(x, dy, dx, w, part, row, c, raw, mu, r, inv_n, v, at, t, NW):  # (kernel's; c: channel; v: sums) -> noted
@@ -801,17 +802,16 @@ def _dx_row_fn(xdt, wdt, code):
         wc = LW(w[c]) if has_w else ACC(1)
         xs = cuda.local.array(V, ACC)
         gs = cuda.local.array(V, ACC)
-        # once a row: (x - mu - corr) * rc1 + c2 = (x - mu) * rc1 + c2c, an instruction an
-        # element fewer; a group of one element has corr = 0, so c2c = c2 and dx stays exactly 0
+        # once a row: (x - mu - corr) * r * c1 + c2 = (x - mu) * r * c1 + c2c, an instruction
+        # an element fewer; a group of one element has corr = 0, so c2c = c2 and dx stays exactly 0
         f, rf = FACTORS(r)
-        rc1 = r * c1
         c2c = c2 - cr * c1
         wc *= f
         if LOOP:
             for q in range(t, NW, TPR):
                 LOADW(x[row], q, xs, 0)
                 LOADW(dy[row], q, gs, 0)
-                word_dx(xs, gs, mu, f, rf, wc, rc1, c2c)
+                word_dx(xs, gs, mu, f, rf, wc, r, c1, c2c)
                 STOREW(dx[row], q, gs, 0)
         else:
             for k in range(WPT):
@@ -819,7 +819,7 @@ def _dx_row_fn(xdt, wdt, code):
                 if q < NW:
                     WIDEN(raw, k, xs, 0)
                     WIDEN(raw, WPT + k, gs, 0)
-                    word_dx(xs, gs, mu, f, rf, wc, rc1, c2c)
+                    word_dx(xs, gs, mu, f, rf, wc, r, c1, c2c)
                     STOREW(dx[row], q, gs, 0)
         return bad
 
