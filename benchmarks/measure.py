@@ -129,7 +129,7 @@ def cpu_target():
     whether bfloat16 is narrowed by vcvtneps2bf16 (halves.BFLOAT16_BY_INSTRUCTION)."""
     from numbanorm.cpu._kernels import halves
 
-    features = halves._x86_features() or ()
+    features = halves.X86_FEATURES or ()
     return {"llvm_cpu": halves._cpu_name(),
             "avx512": {f: f"+{f}" in features for f in ("avx512bw", "avx512fp16", "avx512bf16")},
             "wide_16bit_rows": bool(halves.WIDE_HALVES),

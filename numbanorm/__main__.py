@@ -98,17 +98,17 @@ def _info_cpu_target():
     """The CPU numba compiles for and its vector features, as numba's code generator sees them
     (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES override the host's, e.g. for portable caches)."""
     import llvmlite.binding as ll
-    from numba.core import codegen, config
+    from numba.core import config
+
+    # (the kernels' own choices beside the features: a VM may hide features its CPU has)
+    from .cpu._kernels.halves import BFLOAT16_BY_INSTRUCTION, WIDE_HALVES, compiled_features
 
     name = config.CPU_NAME or ll.get_host_cpu_name()
-    flat = config.CPU_FEATURES if config.CPU_FEATURES is not None else codegen.get_host_cpu_features()
-    on = {f[1:] for f in flat.split(",") if f.startswith("+")}
+    on = {f[1:] for f in compiled_features().split(",") if f.startswith("+")}
     known = INFO_ARM_FEATURES if {"neon", "fullfp16", "sve"} & on else INFO_X86_FEATURES
     where = "NUMBA_CPU_NAME/NUMBA_CPU_FEATURES" if config.CPU_NAME or config.CPU_FEATURES else "this host"
     if config.CPU_FEATURES is None and not config.ENABLE_AVX:
         where += ", AVX off: NUMBA_ENABLE_AVX=0 or this CPU's name"
-    from .cpu._kernels.halves import BFLOAT16_BY_INSTRUCTION, WIDE_HALVES  # a VM may hide features its CPU has
-
     return (f"{name} ({where}): " + ", ".join(f"{label} {'yes' if key in on else 'no'}" for label, key in known)
             + f"; 16-bit rows 512 bits wide {'yes' if WIDE_HALVES else 'no'}"
             + f"; bfloat16 narrowed by {'vcvtneps2bf16' if BFLOAT16_BY_INSTRUCTION else 'integer code'}")

@@ -62,25 +62,27 @@ def kernel_view(a):
     return a
 
 
-def _x86_features():
-    """The x86 features Numba compiles for (``["+f16c", ...]``), or None on another
-    architecture: ``NUMBA_CPU_FEATURES`` (none for ``NUMBA_CPU_NAME=generic``), else the
-    host's as Numba's code generator takes them, without AVX where ``NUMBA_ENABLE_AVX``
-    is 0 or Numba turns it off for the CPU (an intrinsic of a feature Numba compiles
-    without aborts the process in LLVM)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return None
+def compiled_features():
+    """The features Numba compiles for, as LLVM lists them (``"+f16c,-avx512f,..."``):
+    ``NUMBA_CPU_FEATURES`` (none for ``NUMBA_CPU_NAME=generic``), else the host's as
+    Numba's code generator takes them, without AVX where ``NUMBA_ENABLE_AVX`` is 0 or
+    Numba turns it off for the CPU (an intrinsic of a feature Numba compiles without
+    aborts the process in LLVM)."""
     from numba.core import codegen
 
-    flat = config.CPU_FEATURES if config.CPU_FEATURES is not None else codegen.get_host_cpu_features()
-    return flat.split(",")
+    return config.CPU_FEATURES if config.CPU_FEATURES is not None else codegen.get_host_cpu_features()
+
+
+# ``compiled_features`` as a list on x86, or None on another architecture (read once: LLVM's
+# host query costs a fraction of a millisecond, and four module constants test it)
+X86_FEATURES = compiled_features().split(",") if platform.machine().lower() in ("x86_64", "amd64") else None
 
 
 def _native_half():
     """Whether LLVM lowers half <-> float to instructions for Numba's target CPU."""
     if platform.machine().lower() in ("aarch64", "arm64"):
         return True
-    return "+f16c" in (_x86_features() or ())
+    return "+f16c" in (X86_FEATURES or ())
 
 
 def host_cpu_name():
@@ -111,7 +113,7 @@ def wide_halves(features, cpu_name):
 
 
 NATIVE_HALF = _native_half()
-WIDE_HALVES = wide_halves(_x86_features(), _cpu_name())
+WIDE_HALVES = wide_halves(X86_FEATURES, _cpu_name())
 
 
 # ---------------------------------------------------------------- bit casts
@@ -280,7 +282,7 @@ def _llvm_major():
 # its subnormal test, is AVX512-DQ's, which every such CPU has unless a VM hides it), with
 # the LLVM it was written and tested on (22: Numba 0.68; an older X86 backend may have no
 # pattern for the conversion, and a missing one aborts the process)
-BFLOAT16_BY_INSTRUCTION = ({"+avx512bf16", "+avx512dq"} <= set(_x86_features() or ())
+BFLOAT16_BY_INSTRUCTION = ({"+avx512bf16", "+avx512dq"} <= set(X86_FEATURES or ())
                            and _llvm_major() >= 22)
 CHUNK = 256  # float32 elements a row writer narrows at a time: 1 KiB of stack, in L1
 _LANES = 16  # float32 elements one vcvtneps2bf16 takes (512 bits)

@@ -23,7 +23,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .halves import _x86_features, host_cpu_name
+from .halves import X86_FEATURES, host_cpu_name
 
 _VEC = 32  # bytes per streaming store: one AVX register; LLVM splits it on narrower machines
 
@@ -89,7 +89,7 @@ def put_streaming(typingctx, arr, o, j, v):
 
 # Whether the CPU compiled for may fold a truncation into its store (vpmovdw: AVX-512F);
 # any CPU not known to be x86 is taken to
-TRUNCATING_STORES = "+avx512f" in (_x86_features() or ("+avx512f",))
+TRUNCATING_STORES = "+avx512f" in (X86_FEATURES or ("+avx512f",))
 
 
 def _opaque_zero(builder, ary, ty):
