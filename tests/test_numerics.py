@@ -361,6 +361,30 @@ def test_a_group_whose_dy_runs_along_xhat_with_a_large_rstd_has_a_finite_dx(impl
     assert_close(got, want.astype(np.float64), dt, "dx")
 
 
+@pytest.mark.parametrize("dtype, tiny, large", [(np.float32, 1e-30, 1e25), (np.float64, 1e-300, 1e290)])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_a_tiny_weight_in_a_group_with_a_small_rstd_keeps_its_channels_dx(impl, impl_name, dtype, tiny, large, layout):
+    """weight * rstd underflows (a tiny weight, x about 1e20), weight * dy does not (dy
+    large in that channel): the GroupNorm backwards formed weight * rstd once a channel
+    and gave that channel's dx a wrong sign and size (7.7e-27 where the oracle has -6.3e-26)."""
+    if layout == "channels_last" and impl_name != "cpu":
+        pytest.skip("channels-last order is the CPU kernels' own path")
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((1, 2, 8)) * 1e20).astype(dtype)
+    w = np.array([tiny, 1], dtype)
+    dy = rng.standard_normal(x.shape)
+    dy[0, 0] *= large  # weight * dy about 1e-5 in channel 0, and 1e-8 in channel 1
+    dy[0, 1] *= 1e-8
+    dy = dy.astype(dtype)
+    if layout == "channels_last":
+        x, dy = channels_last(x), channels_last(dy)
+    _, mean, rstd = impl.group_norm_forward(x, 1, w, None, 0.0)
+    got = to_host(impl.group_norm_backward(dy, x, mean, rstd, w)[0]).astype(np.float64)
+    want = ORACLE.group_norm_backward(dy, x, to_host(mean), to_host(rstd), w)[0].astype(np.float64)
+    for c in range(2):  # each channel at its own scale: channel 0's dx is about 1e-26
+        assert_close(got[0, c] / np.abs(want[0, c]).max(), want[0, c] / np.abs(want[0, c]).max(), dtype, f"dx[:, {c}]")
+
+
 @pytest.mark.parametrize("base", [1e300, 1e-300])
 def test_a_nearly_constant_float64_row_past_the_range_keeps_its_spread(base):
     """70000 copies of 1e300 (or 1e-300, eps 0), one an ulp above: float64 rows that the

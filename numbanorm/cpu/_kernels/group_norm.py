@@ -22,7 +22,7 @@ from .halves import kernel_view, like, narrow, widen
 from .memory import (CACHE_BYTES, ahead_chunk, ask_ahead, put_streaming, should_stream, store_fence, stream_apart,
                      stream_span)
 from .rescale import rescue_row, scaled_backward_row
-from .stats import SHIFT_SAMPLE, one_pass_ok, overflowed, row_factors, row_is_finite, row_stats
+from .stats import SHIFT_SAMPLE, one_pass_ok, overflowed, row_factors, row_is_finite, row_stats, weight_factors
 from .sums import gradient_sums
 
 
@@ -290,13 +290,13 @@ def dx_channels(
     f, rf = row_factors(r, one)  # (as layer_norm.backward_rows)
     c1f, c2f = c1 * f, c2 * f
     for ch in range(lo, hi):
-        wc = (w[c0 + ch - lo] if w is not None else one) * f
+        p, q = weight_factors(w[c0 + ch - lo] if w is not None else one, f, one)
         s0, s1 = stream_span(dxc, ch) if STREAMING and stream else (S, S)  # spans as write_channels's
         lo_e, hi_e = 0, s0
         for part in range(2):
-            dx_span(dyc, xc, ch, mu, corr, r, wc, c1f, c2f, rf, dxc, lo_e, hi_e, False)
+            dx_span(dyc, xc, ch, mu, corr, r, p, q, c1f, c2f, rf, dxc, lo_e, hi_e, False)
             if STREAMING and part == 0:
-                dx_span(dyc, xc, ch, mu, corr, r, wc, c1f, c2f, rf, dxc, s0, s1, True)
+                dx_span(dyc, xc, ch, mu, corr, r, p, q, c1f, c2f, rf, dxc, s0, s1, True)
             lo_e, hi_e = s1, S
 
 
@@ -308,7 +308,8 @@ def dx_span(
     mu,     # scalar: saved group mean
     corr,   # scalar: its correction
     r,      # scalar: saved group rstd
-    wc,     # scalar: weight[c] (1 without weight), times the group's f (stats.row_factors)
+    p,      # scalar: dy's first factor towards weight[c] (1 without weight) times the group's f
+    q,      # scalar: its second (stats.weight_factors)
     c1,     # scalar: mean(xhat * wdy) over the group, times f
     c2,     # scalar: mean(wdy) over the group, times f
     rf,     # scalar: r / f
@@ -322,7 +323,7 @@ def dx_span(
     for k in range(hi - lo):
         j = np.uint64(lo + k)  # unsigned, as in spans.normalize_span
         xhat = ((widen(x[i, j]) - mu) - corr) * r
-        v = narrow((widen(dy[i, j]) * wc - (xhat * c1 + c2)) * rf, dx)
+        v = narrow(((widen(dy[i, j]) * p) * q - (xhat * c1 + c2)) * rf, dx)
         if nt:
             put_streaming(dx, i, j, v)
         else:
@@ -717,8 +718,8 @@ def last_dx(
     wide_vectors(dy)
     C = x.shape[2]
     one = rstd.dtype.type(1)
-    mu, k, r, wc, a1, a2, rf = (empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd),
-                                empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd))
+    mu, k, r, pc, qc, a1, a2, rf = (empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd),
+                                    empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd), empty_row(C, rstd))
     for q in range(lo, hi):
         n = blocks[q, 0]
         by_channel(mean, n, mu)
@@ -728,14 +729,14 @@ def last_dx(
         by_channel(c2, n, a2)
         for c in range(C):  # (the factors of dx_channels)
             f, rf[c] = row_factors(r[c], one)
-            wc[c] = (w[c] if w is not None else one) * f
+            pc[c], qc[c] = weight_factors(w[c] if w is not None else one, f, one)
             a1[c] *= f
             a2[c] *= f
         for s in range(blocks[q, 1], blocks[q, 2]):
             for c in range(C):
                 j = np.uint64(c)
                 xhat = ((widen(x[n, s, j]) - mu[j]) - k[j]) * r[j]
-                dx[n, s, j] = narrow((widen(dy[n, s, j]) * wc[j] - (xhat * a1[j] + a2[j])) * rf[j], dx)
+                dx[n, s, j] = narrow(((widen(dy[n, s, j]) * pc[j]) * qc[j] - (xhat * a1[j] + a2[j])) * rf[j], dx)
     return 0
 
 

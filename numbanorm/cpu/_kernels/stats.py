@@ -14,7 +14,7 @@ row applies its rstd so that no product leaves the range before dx does.  The su
 import numpy as np
 
 from .cache import njit  # numba.njit with a cache keyed on this package's source
-from .common import FASTMATH, least, wide_vectors
+from .common import FASTMATH, least, smallest_normal, wide_vectors
 from .halves import like, widen
 from .sums import deviation_sums
 
@@ -137,3 +137,19 @@ def row_factors(
     if r > one:
         return one, r
     return r, one
+
+
+@njit(cache=True, nogil=True, inline="always")
+def weight_factors(
+    wc,     # scalar: a channel's weight (1 without weight), accumulation dtype
+    f,      # scalar: its group's f (row_factors)
+    one,    # scalar 1 in the accumulation dtype
+):
+    """``(p, q)``: a GroupNorm backward takes ``wdy * f`` as ``(dy * p) * q``.  ``(wc * f, 1)``
+    (dy * weight may overflow where dy * (weight * f) does not), but ``(wc, f)`` where wc * f
+    left the normal range below and wc is not 0 (a tiny weight times f underflows where
+    weight * dy times f does not)."""
+    wf = wc * f
+    if abs(wf) < smallest_normal(wf) and wc != 0:
+        return wc, f
+    return wf, one

@@ -613,7 +613,7 @@ def _channel_rescue_fns(xdt, code):
     raw, mu, r, out, t, NW, v, again, at, scratch, it, tid)`` -> ``it``)."""
     ACC = C.acc_type(xdt)
     TPR = code.tpr
-    SCALED = _channel_row_sums_fn(xdt, code, down=True)
+    SUMS_DOWN = _channel_row_sums_fn(xdt, code, down=True)
     DOWN = stats.GRAD_RANGE[ACC.name][0]
     INF = ACC(math.inf)
 
@@ -629,7 +629,7 @@ def _channel_rescue_fns(xdt, code):
         # ``out``), only ``out`` rows adopt
         rr = min(row, x.shape[0] - 1)
         sg = ACC(1) if abs(v[at]) < INF else ACC(DOWN)
-        SCALED(x[rr], dy[rr], raw, mu, r, sg, out, t, NW, again, 0)
+        SUMS_DOWN(x[rr], dy[rr], raw, mu, r, sg, out, t, NW, again, 0)
         again[0], again[1], again[2] = group_sum3(again[0], again[1], again[2], scratch, it & 1, tid, TPR)
         if out:
             up = ACC(1) if sg == ACC(1) else ACC(1 / DOWN)
@@ -779,13 +779,14 @@ def _dx_row_fn(xdt, wdt, code):
     NOTED = stats.grad_noted_fn(xdt)
 
     FACTORS = stats.grad_factors_fn(ACC.name)
+    WEIGHT_FACTORS = stats.weight_factors_fn(ACC.name)
 
     @cuda.jit(device=True)
-    def word_dx(xs, gs, mu, f, rf, wc, r, c1, c2c):  # (c2c = c2 - corr * rstd * c1; wc times f:
-        for e in range(V):                           # stats.grad_factors_fn)
+    def word_dx(xs, gs, mu, f, rf, p, q, r, c1, c2c):  # (c2c = c2 - corr * rstd * c1; f, rf:
+        for e in range(V):                              # grad_factors_fn; p, q: weight_factors_fn)
             # (xhat before c1, and f on the bracket: rstd * c1 leaves the range where dy runs
             # along xhat with a large rstd, xhat * c1 (* f) does not)
-            gs[e] = (MUL(gs[e], wc) - ((xs[e] - mu) * r * c1 + c2c) * f) * rf
+            gs[e] = (MUL(gs[e], p) * q - ((xs[e] - mu) * r * c1 + c2c) * f) * rf
 
     @cuda.jit(device=True)
     def dx_row(x, dy, dx, w, part, row, c, raw, mu, r, inv_n, v, at, t, NW):  # (kernel's; c: channel; v: sums) -> noted
@@ -806,12 +807,12 @@ def _dx_row_fn(xdt, wdt, code):
         # an element fewer; a group of one element has corr = 0, so c2c = c2 and dx stays exactly 0
         f, rf = FACTORS(r)
         c2c = c2 - cr * c1
-        wc *= f
+        wp, wq = WEIGHT_FACTORS(wc, f)
         if LOOP:
             for q in range(t, NW, TPR):
                 LOADW(x[row], q, xs, 0)
                 LOADW(dy[row], q, gs, 0)
-                word_dx(xs, gs, mu, f, rf, wc, r, c1, c2c)
+                word_dx(xs, gs, mu, f, rf, wp, wq, r, c1, c2c)
                 STOREW(dx[row], q, gs, 0)
         else:
             for k in range(WPT):
@@ -819,7 +820,7 @@ def _dx_row_fn(xdt, wdt, code):
                 if q < NW:
                     WIDEN(raw, k, xs, 0)
                     WIDEN(raw, WPT + k, gs, 0)
-                    word_dx(xs, gs, mu, f, rf, wc, r, c1, c2c)
+                    word_dx(xs, gs, mu, f, rf, wp, wq, r, c1, c2c)
                     STOREW(dx[row], q, gs, 0)
         return bad
 

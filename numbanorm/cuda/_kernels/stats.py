@@ -697,6 +697,25 @@ def grad_factors_fn(acc_name):
 
 
 @functools.lru_cache(maxsize=None)
+def weight_factors_fn(acc_name):
+    """``weight_factors(wc, f)`` -> ``(p, q)``: GroupNorm's dx takes ``wdy * f`` as ``(dy * p) *
+    q`` (the CPU's ``stats.weight_factors``).  ``(wc * f, 1)`` (dy * weight may overflow where
+    dy * (weight * f) does not), but ``(wc, f)`` where wc * f left the normal range below and
+    wc is not 0 (a tiny weight times f underflows where weight * dy times f does not)."""
+    ACC = getattr(cuda, acc_name)
+    TINY = float(np.finfo(np.dtype(acc_name)).tiny)
+
+    @cuda.jit(device=True)
+    def weight_factors(wc, f):
+        wf = wc * f
+        if abs(wf) < ACC(TINY) and wc != ACC(0):
+            return wc, f
+        return wf, ACC(1)
+
+    return weight_factors
+
+
+@functools.lru_cache(maxsize=None)
 def grad_noted_fn(xdt):
     """``noted(c1, c2)``: a backward row's reduced c1, c2 (c1 = mean(xhat * wdy), c2 =
     mean(wdy)) are not both finite: its sums left the range, or it holds Inf or NaN; False
