@@ -99,11 +99,14 @@ def _normalized(d_s, var_s, e, eps):
 def _xhat(x, mean, rstd, axes):
     """``(x - mean) * rstd`` for given statistics, on the scaled rows (overflow-free), with the
     deviations' own mean taken out as ``_moments`` does: the saved ``mean`` is rounded (to
-    float32 for 16- and 32-bit inputs), and the kernels' backward corrects it the same way."""
+    float32 for 16- and 32-bit inputs), and the kernels' backward corrects it the same way.
+    A deviation of 0 gives xhat 0 where rstd times the scale overflows, but NaN where rstd
+    itself is inf (a row of one value with eps 0), as that row's y, the kernels' and torch's:
+    its terms of dweight are NaN too."""
     e = _exponent(x, axes)
     d = np.ldexp(x, -e) - np.ldexp(mean, -e)
     dev_s = d - d.mean(axis=axes, keepdims=True)
-    return np.where(dev_s == 0, 0.0, dev_s * np.ldexp(rstd, e))
+    return np.where((dev_s == 0) & np.isfinite(rstd), 0.0, dev_s * np.ldexp(rstd, e))
 
 
 # ---------------------------------------------------------------- LayerNorm

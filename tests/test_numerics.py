@@ -455,6 +455,39 @@ def test_constant_top_row_and_tiny_row_with_eps_zero():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("op", ["layer_norm", "group_norm"])
+def test_a_row_of_one_value_with_eps_zero_gives_nan_dweight_as_torch(impl, op):
+    """A row (a group) of one value with eps 0: rstd inf, y NaN, and its terms of dweight
+    NaN (0 * inf), the other row's (the other channel's) finite, as torch's; the oracle
+    took that xhat as 0 and gave dweight 0 there."""
+    x = np.array([[2.0, 2.0, 2.0, 2.0], [0.0, 1.0, 2.0, 4.0]], np.float32)
+    w = np.array([1.5, 2.0, 0.5, 1.0], np.float32)
+    dy = np.ones_like(x)
+    for side in (impl, ORACLE):
+        if op == "layer_norm":
+            _, mean, rstd = side.layer_norm_forward(x, 4, w, None, 0.0)
+            dw = to_host(side.layer_norm_backward(dy, x, to_host(mean), to_host(rstd), 4, w)[1])
+            assert np.isnan(dw).all()  # (every column has a term of the constant row)
+        else:
+            xg, wg = x.reshape(1, 2, 4), w[:2]
+            _, mean, rstd = side.group_norm_forward(xg, 2, wg, None, 0.0)
+            dw = to_host(side.group_norm_backward(np.ones_like(xg), xg, to_host(mean), to_host(rstd), wg)[1])
+            assert np.isnan(dw[0]) and abs(dw[1]) < 1e-6  # (sum(xhat) over the spread channel: 0)
+
+
+def test_torch_gives_a_row_of_one_value_with_eps_zero_nan_dweight_too():
+    """The rule above is torch's: its LayerNorm and GroupNorm backwards give the same NaN
+    terms of dweight there (numbanorm.torch's calls, which run numbanorm's kernels, aside)."""
+    torch = pytest.importorskip("torch")
+    x = torch.tensor([[2.0, 2.0, 2.0, 2.0], [0.0, 1.0, 2.0, 4.0]], requires_grad=True)
+    w = torch.tensor([1.5, 2.0, 0.5, 1.0], requires_grad=True)
+    torch.nn.functional.layer_norm(x, (4,), w, None, 0.0).sum().backward()
+    assert torch.isnan(w.grad).all()
+    wg = torch.tensor([1.5, 2.0], requires_grad=True)
+    torch.nn.functional.group_norm(x.detach().reshape(1, 2, 4), 2, wg, None, 0.0).sum().backward()
+    assert torch.isnan(wg.grad[0]) and abs(float(wg.grad[1])) < 1e-6
+
+
 _TINY_CALLS = {
     "layer_norm": lambda x: nn.layer_norm_forward(x, 8, eps=0.0),
     "rms_norm": lambda x: nn.rms_norm_forward(x, 8, eps=0.0),
