@@ -257,7 +257,7 @@ def test_a_streamed_backward_compiles_to_non_temporal_vector_stores(module, dtyp
             rms_cpu.backward_span(dy, x, 0, f, w, None, f, f, f, dx, dwp, lo, hi, True)
     else:
         def span(dy, x, w, dx, dwp, lo, hi):
-            gn_cpu.dx_span(dy, x, 0, f, f, f, f, f, f, f, dx, lo, hi, True)
+            gn_cpu.dx_span(dy, x, 0, f, f, f, f, f, f, f, f, dx, lo, hi, True)
     span = njit(inline="always")(span)
 
     def write(dy, x, w, dx, dwp):
