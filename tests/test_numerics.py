@@ -385,6 +385,27 @@ def test_a_tiny_weight_in_a_group_with_a_small_rstd_keeps_its_channels_dx(impl, 
         assert_close(got[0, c] / np.abs(want[0, c]).max(), want[0, c] / np.abs(want[0, c]).max(), dtype, f"dx[:, {c}]")
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_a_group_with_a_subnormal_rstd_keeps_its_dx_finite(impl, impl_name, layout):
+    """rstd subnormal (x near +-1.7e38, float32) with a weight above 1: weight * f is
+    subnormal, and taking dy * weight first (as for a tiny weight) overflowed where dy
+    (3e38) times the weight passes the largest float; dx is about 3.5 there."""
+    if layout == "channels_last" and impl_name != "cpu":
+        pytest.skip("channels-last order is the CPU kernels' own path")
+    x = np.tile(np.array([1.7e38, -1.7e38, 1.7e38, -1.7e38, 0, 0, 0, 0], np.float32), (1, 2, 1))
+    w = np.array([1.4, 1.0], np.float32)
+    dy = np.random.default_rng(4).standard_normal(x.shape).astype(np.float32)
+    dy[0, 0, 6], dy[0, 0, 7] = 3e38, -3e38
+    if layout == "channels_last":
+        x, dy = channels_last(x), channels_last(dy)
+    _, mean, rstd = impl.group_norm_forward(x, 1, w, None, 1e-5)
+    assert 0 < float(to_host(rstd)[0, 0]) < np.finfo(np.float32).tiny
+    got = to_host(impl.group_norm_backward(dy, x, mean, rstd, w)[0]).astype(np.float64)
+    want = ORACLE.group_norm_backward(dy, x, to_host(mean), to_host(rstd), w)[0].astype(np.float64)
+    assert np.isfinite(got).all()
+    assert_close(got, want, np.float32, "dx")
+
+
 @pytest.mark.parametrize("base", [1e300, 1e-300])
 def test_a_nearly_constant_float64_row_past_the_range_keeps_its_spread(base):
     """70000 copies of 1e300 (or 1e-300, eps 0), one an ulp above: float64 rows that the

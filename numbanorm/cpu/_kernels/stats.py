@@ -147,9 +147,10 @@ def weight_factors(
 ):
     """``(p, q)``: a GroupNorm backward takes ``wdy * f`` as ``(dy * p) * q``.  ``(wc * f, 1)``
     (dy * weight may overflow where dy * (weight * f) does not), but ``(wc, f)`` where wc * f
-    left the normal range below and wc is not 0 (a tiny weight times f underflows where
-    weight * dy times f does not)."""
+    left the normal range below and 0 < |wc| <= 1: a tiny weight times f underflows where
+    weight * dy times f does not, and dy * wc cannot overflow (a subnormal f with a larger
+    weight keeps the product)."""
     wf = wc * f
-    if abs(wf) < smallest_normal(wf) and wc != 0:
+    if abs(wf) < smallest_normal(wf) and wc != 0 and abs(wc) <= one:
         return wc, f
     return wf, one

@@ -782,11 +782,11 @@ def _dx_row_fn(xdt, wdt, code):
     WEIGHT_FACTORS = stats.weight_factors_fn(ACC.name)
 
     @cuda.jit(device=True)
-    def word_dx(xs, gs, mu, f, rf, p, q, r, c1, c2c):  # (c2c = c2 - corr * rstd * c1; f, rf:
-        for e in range(V):                              # grad_factors_fn; p, q: weight_factors_fn)
-            # (xhat before c1, and f on the bracket: rstd * c1 leaves the range where dy runs
-            # along xhat with a large rstd, xhat * c1 (* f) does not)
-            gs[e] = (MUL(gs[e], p) * q - ((xs[e] - mu) * r * c1 + c2c) * f) * rf
+    def word_dx(xs, gs, mu, rf, p, q, r, c1f, c2f):  # (c1f, c2f: c1 and c2 - corr * rstd * c1,
+        for e in range(V):                            # times f; rf: grad_factors_fn; p, q:
+            # weight_factors_fn) (xhat before c1: rstd * c1 leaves the range where dy runs
+            # along xhat with a large rstd, where f = 1, xhat * c1 does not)
+            gs[e] = (MUL(gs[e], p) * q - ((xs[e] - mu) * r * c1f + c2f)) * rf
 
     @cuda.jit(device=True)
     def dx_row(x, dy, dx, w, part, row, c, raw, mu, r, inv_n, v, at, t, NW):  # (kernel's; c: channel; v: sums) -> noted
@@ -806,13 +806,13 @@ def _dx_row_fn(xdt, wdt, code):
         # once a row: (x - mu - corr) * r * c1 + c2 = (x - mu) * r * c1 + c2c, an instruction
         # an element fewer; a group of one element has corr = 0, so c2c = c2 and dx stays exactly 0
         f, rf = FACTORS(r)
-        c2c = c2 - cr * c1
+        c1f, c2f = c1 * f, (c2 - cr * c1) * f  # (once a row, as the rows' ``_grad_dx_fn``)
         wp, wq = WEIGHT_FACTORS(wc, f)
         if LOOP:
             for q in range(t, NW, TPR):
                 LOADW(x[row], q, xs, 0)
                 LOADW(dy[row], q, gs, 0)
-                word_dx(xs, gs, mu, f, rf, wp, wq, r, c1, c2c)
+                word_dx(xs, gs, mu, rf, wp, wq, r, c1f, c2f)
                 STOREW(dx[row], q, gs, 0)
         else:
             for k in range(WPT):
@@ -820,7 +820,7 @@ def _dx_row_fn(xdt, wdt, code):
                 if q < NW:
                     WIDEN(raw, k, xs, 0)
                     WIDEN(raw, WPT + k, gs, 0)
-                    word_dx(xs, gs, mu, f, rf, wp, wq, r, c1, c2c)
+                    word_dx(xs, gs, mu, rf, wp, wq, r, c1f, c2f)
                     STOREW(dx[row], q, gs, 0)
         return bad
 

@@ -680,7 +680,8 @@ def grad_redo_consts(xdt, wdt, acc_name, vec):
 @functools.lru_cache(maxsize=None)
 def grad_factors_fn(acc_name):
     """``factors(r)`` -> ``(f, rf)``, ``f * rf = r``: a backward writes dx as ``(wdy * f -
-    (xhat * c1 + c2) * f) * rf`` (c1, c2 taken times f once a row), so that no term leaves
+    (xhat * c1 + c2) * f) * rf`` (the rows take c1, c2 times f once a row; GroupNorm the
+    bracket times f), so that no term leaves
     the range where dx is in it, given sums in range (``grad_noted_fn``'s; the CPU's
     ``stats.row_factors``): r > 1, the difference first (f = 1: wdy * r could overflow);
     else each term times r first (f = r: wdy near the largest value less a term of the
@@ -701,14 +702,15 @@ def weight_factors_fn(acc_name):
     """``weight_factors(wc, f)`` -> ``(p, q)``: GroupNorm's dx takes ``wdy * f`` as ``(dy * p) *
     q`` (the CPU's ``stats.weight_factors``).  ``(wc * f, 1)`` (dy * weight may overflow where
     dy * (weight * f) does not), but ``(wc, f)`` where wc * f left the normal range below and
-    wc is not 0 (a tiny weight times f underflows where weight * dy times f does not)."""
+    0 < |wc| <= 1: a tiny weight times f underflows where weight * dy times f does not, and
+    dy * wc cannot overflow (a subnormal f with a larger weight keeps the product)."""
     ACC = getattr(cuda, acc_name)
     TINY = float(np.finfo(np.dtype(acc_name)).tiny)
 
     @cuda.jit(device=True)
     def weight_factors(wc, f):
         wf = wc * f
-        if abs(wf) < ACC(TINY) and wc != ACC(0):
+        if abs(wf) < ACC(TINY) and wc != ACC(0) and abs(wc) <= ACC(1):
             return wc, f
         return wf, ACC(1)
 
