@@ -803,10 +803,11 @@ def _dx_row_fn(xdt, wdt, code):
         wc = LW(w[c]) if has_w else ACC(1)
         xs = cuda.local.array(V, ACC)
         gs = cuda.local.array(V, ACC)
-        # once a row: (x - mu - corr) * r * c1 + c2 = (x - mu) * r * c1 + c2c, an instruction
-        # an element fewer; a group of one element has corr = 0, so c2c = c2 and dx stays exactly 0
+        # once a row: ((x - mu - corr) * r * c1 + c2) * f = (x - mu) * r * c1f + c2f, an instruction
+        # an element fewer (the rows' ``_grad_dx_fn`` likewise); a group of one element has
+        # corr = 0 and f = 1 (rstd > 1), so c2f = c2 and dx stays exactly 0
         f, rf = FACTORS(r)
-        c1f, c2f = c1 * f, (c2 - cr * c1) * f  # (once a row, as the rows' ``_grad_dx_fn``)
+        c1f, c2f = c1 * f, (c2 - cr * c1) * f
         wp, wq = WEIGHT_FACTORS(wc, f)
         if LOOP:
             for q in range(t, NW, TPR):

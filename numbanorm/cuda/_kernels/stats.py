@@ -680,8 +680,7 @@ def grad_redo_consts(xdt, wdt, acc_name, vec):
 @functools.lru_cache(maxsize=None)
 def grad_factors_fn(acc_name):
     """``factors(r)`` -> ``(f, rf)``, ``f * rf = r``: a backward writes dx as ``(wdy * f -
-    (xhat * c1 + c2) * f) * rf`` (the rows take c1, c2 times f once a row; GroupNorm the
-    bracket times f), so that no term leaves
+    (xhat * c1 + c2) * f) * rf`` (c1, c2 taken times f once a row), so that no term leaves
     the range where dx is in it, given sums in range (``grad_noted_fn``'s; the CPU's
     ``stats.row_factors``): r > 1, the difference first (f = 1: wdy * r could overflow);
     else each term times r first (f = r: wdy near the largest value less a term of the
